@@ -1,0 +1,118 @@
+//! Build for libloaderx: the record engine, codecs, sampler and executor in one
+//! shared library, with zstd (fetched into vendor/zstd by scripts/fetch_zstd.py)
+//! compiled in from source so that every target cross-compiles from one machine.
+//!
+//!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
+//!   zig build test       the native test suite, Debug and ReleaseFast
+//!   zig build dist       every release target into zig-out/dist/<wheel platform tag>/
+const std = @import("std");
+const builtin = @import("builtin");
+
+/// The one table of release targets: Zig target triple -> wheel platform tag.
+/// scripts/build_wheels.py reads the tags back from the folder names.
+pub const release_targets = [_]struct { triple: []const u8, tag: []const u8 }{
+    .{ .triple = "x86_64-linux-gnu.2.17", .tag = "manylinux_2_17_x86_64" },
+    .{ .triple = "aarch64-linux-gnu.2.17", .tag = "manylinux_2_17_aarch64" },
+    .{ .triple = "x86_64-linux-musl", .tag = "musllinux_1_2_x86_64" },
+    .{ .triple = "aarch64-linux-musl", .tag = "musllinux_1_2_aarch64" },
+    .{ .triple = "x86_64-macos.11.0", .tag = "macosx_11_0_x86_64" },
+    .{ .triple = "aarch64-macos.11.0", .tag = "macosx_11_0_arm64" },
+    .{ .triple = "x86_64-windows-gnu", .tag = "win_amd64" },
+    .{ .triple = "aarch64-windows-gnu", .tag = "win_arm64" },
+};
+
+/// A portable query for the machine running the build: the host's architecture
+/// and OS with the baseline CPU and, on glibc Linux, the oldest glibc we support.
+fn portableHostQuery() std.Target.Query {
+    const triple = switch (builtin.os.tag) {
+        .linux => if (builtin.abi.isMusl())
+            @tagName(builtin.cpu.arch) ++ "-linux-musl"
+        else
+            @tagName(builtin.cpu.arch) ++ "-linux-gnu.2.17",
+        .macos => @tagName(builtin.cpu.arch) ++ "-macos.11.0",
+        .windows => @tagName(builtin.cpu.arch) ++ "-windows-gnu",
+        else => @tagName(builtin.cpu.arch) ++ "-" ++ @tagName(builtin.os.tag),
+    };
+    return std.Target.Query.parse(.{ .arch_os_abi = triple }) catch @panic("bad host triple");
+}
+
+fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
+    mod.addIncludePath(b.path("vendor/zstd"));
+    mod.addCSourceFile(.{
+        .file = b.path("vendor/zstd/zstd.c"),
+        // zstd.h forces default visibility; these keep every zstd symbol private
+        // so the library exports only lx_* functions.
+        .flags = &.{
+            "-O3",                    "-fvisibility=hidden",      "-DZSTDLIB_VISIBLE=",
+            "-DZSTDERRORLIB_VISIBLE=", "-DZDICTLIB_VISIBLE=",
+        },
+    });
+}
+
+fn createModule(
+    b: *std.Build,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) *std.Build.Module {
+    const mod = b.createModule(.{
+        .root_source_file = b.path("src/capi.zig"),
+        .target = target,
+        .optimize = optimize,
+        .link_libc = true,
+        .pic = true,
+        .strip = optimize != .debug,
+    });
+    addZstd(b, mod);
+    return mod;
+}
+
+fn addLib(
+    b: *std.Build,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) *std.Build.Step.Compile {
+    return b.addLibrary(.{
+        .name = "loaderx",
+        .linkage = .dynamic,
+        .root_module = createModule(b, target, optimize),
+    });
+}
+
+pub fn build(b: *std.Build) void {
+    const target = b.standardTargetOptions(.{ .default_target = portableHostQuery() });
+    const optimize = b.option(
+        std.builtin.OptimizeMode,
+        "optimize",
+        "Optimization mode (default ReleaseFast)",
+    ) orelse .fast;
+
+    // zig build: the host library, installed next to the Python package.
+    const lib = addLib(b, target, optimize);
+    const install = b.addInstallArtifact(lib, .{
+        .dest_dir = .{ .override = .{ .custom = "../loaderx/lib" } },
+        .implib_dir = .disabled,
+        .pdb_dir = .disabled,
+    });
+    b.getInstallStep().dependOn(&install.step);
+
+    // zig build test: the native suite in Debug (safety checks, UBSan on zstd)
+    // and ReleaseFast (the code that ships).
+    const test_step = b.step("test", "Run the native test suite (Debug and ReleaseFast)");
+    for ([_]std.builtin.OptimizeMode{ .debug, .fast }) |mode| {
+        const t = b.addTest(.{ .root_module = createModule(b, b.graph.host, mode) });
+        test_step.dependOn(&b.addRunArtifact(t).step);
+    }
+
+    // zig build dist: every release target, each into its wheel tag's folder.
+    const dist_step = b.step("dist", "Cross-compile libloaderx for every release target");
+    for (release_targets) |rt| {
+        const q = std.Target.Query.parse(.{ .arch_os_abi = rt.triple }) catch @panic("bad triple");
+        const l = addLib(b, b.resolveTargetQuery(q), .fast);
+        const inst = b.addInstallArtifact(l, .{
+            .dest_dir = .{ .override = .{ .custom = b.fmt("dist/{s}", .{rt.tag}) } },
+            .implib_dir = .disabled,
+            .pdb_dir = .disabled,
+        });
+        dist_step.dependOn(&inst.step);
+    }
+}

@@ -1,0 +1,379 @@
+//! The C ABI of libloaderx: the only file that exports symbols. Read it as the
+//! library's header; loaderx/_lib.py declares exactly these functions for cffi
+//! (tests/test_abi.py checks the two agree, and that nothing else is exported).
+//!
+//! Conventions for every function below:
+//! - Results are `lx_result` codes: 0 is success, negative is an error. After
+//!   an error, `lx_last_error()` returns a message naming what was wrong (the
+//!   offending index, size, file); it is thread-local and valid until the next
+//!   failing call on the same thread.
+//! - Handles (`lx_store*`) are opaque, created by `lx_open` and freed by
+//!   `lx_close`. Any number of threads may call `lx_gather`, `lx_sizes`,
+//!   `lx_len`, `lx_stats`, `lx_verify` and `lx_append` on one handle at once.
+//!   `lx_delete` and `lx_compact` need exclusive use of the store: they return
+//!   LX_EBUSY (changing nothing) while another handle has the store open or a
+//!   gather is running on this one. `lx_close` must not race any other call on
+//!   the same handle.
+//! - Sizes and indices are uint64. Pointers to caller memory are only read or
+//!   written during the call; the library keeps none of them.
+//! - Durability: `lx_append` publishes data, then the record table, then the
+//!   commit; a process crash at any instant leaves an openable store holding a
+//!   committed prefix. `lx_sync` makes everything appended so far survive a
+//!   power loss; `lx_close` does not sync (Python's close() calls both).
+const std = @import("std");
+const builtin = @import("builtin");
+const Store = @import("Store.zig");
+const format = @import("format.zig");
+const codec = @import("codec.zig");
+const pool = @import("pool.zig");
+const diag = @import("diag.zig");
+const sampler = @import("sampler.zig");
+
+comptime {
+    // The ABI passes sizes as uint64 and hands them to zstd as size_t.
+    std.debug.assert(@sizeOf(usize) == 8);
+}
+
+pub const version_major = 0;
+pub const version_minor = 1;
+pub const version_patch = 0;
+
+/// lx_result: every code a function here can return.
+pub const Result = enum(c_int) {
+    ok = 0,
+    /// An operating-system I/O error (message names the file and the error).
+    io = -1,
+    /// A bad argument (unknown codec, level out of range, null pointer, ...).
+    invalid = -2,
+    /// No store at the path (and create was not asked for).
+    not_found = -3,
+    /// The path holds something that is not a loaderx store.
+    not_a_store = -4,
+    /// The store is damaged (truncated file, checksum mismatch, bad record).
+    corrupt = -5,
+    /// The store was written by a newer format version.
+    newer_format = -6,
+    /// Another handle holds the store's writer lock.
+    locked = -7,
+    /// Exclusive access (delete/compact) refused: other handles or gathers.
+    busy = -8,
+    /// A record index is >= the number of records.
+    out_of_range = -9,
+    out_of_memory = -10,
+    /// A destination is too small or a record has an unexpected size.
+    size_mismatch = -11,
+    /// A missing, unexpected or invalid zstd dictionary.
+    bad_dictionary = -12,
+    /// The store cannot be written (permissions, read-only file system).
+    read_only = -13,
+    /// The disk is full.
+    no_space = -14,
+};
+
+fn code(err: Store.Error) c_int {
+    const r: Result = switch (err) {
+        error.IoFailed => .io,
+        error.InvalidArgument => .invalid,
+        error.NotFound => .not_found,
+        error.NotAStore => .not_a_store,
+        error.Corrupt => .corrupt,
+        error.NewerFormat => .newer_format,
+        error.Locked => .locked,
+        error.Busy => .busy,
+        error.OutOfRange => .out_of_range,
+        error.OutOfMemory => .out_of_memory,
+        error.SizeMismatch => .size_mismatch,
+        error.BadDictionary => .bad_dictionary,
+        error.ReadOnly => .read_only,
+        error.NoSpace => .no_space,
+    };
+    return @intFromEnum(r);
+}
+
+fn invalid(comptime fmt: []const u8, args: anytype) c_int {
+    diag.set(fmt, args);
+    return @intFromEnum(Result.invalid);
+}
+
+const gpa = std.heap.c_allocator;
+
+/// Library version as (major << 16) | (minor << 8) | patch.
+export fn lx_version() u32 {
+    return (version_major << 16) | (version_minor << 8) | version_patch;
+}
+
+/// The on-disk format version this library writes (and the newest it reads).
+export fn lx_format_version() u32 {
+    return format.format_version;
+}
+
+/// The version of the zstd compiled in, as zstd's ZSTD_versionNumber().
+export fn lx_zstd_version() u32 {
+    return codec.versionNumber();
+}
+
+/// A static description of a result code (never null).
+export fn lx_strerror(result: c_int) [*:0]const u8 {
+    const r = std.enums.fromInt(Result, result) orelse return "unknown error";
+    return switch (r) {
+        .ok => "ok",
+        .io => "I/O error",
+        .invalid => "invalid argument",
+        .not_found => "store not found",
+        .not_a_store => "not a loaderx store",
+        .corrupt => "store is damaged",
+        .newer_format => "store format is newer than this library",
+        .locked => "store is locked by another writer",
+        .busy => "store is busy",
+        .out_of_range => "index out of range",
+        .out_of_memory => "out of memory",
+        .size_mismatch => "size mismatch",
+        .bad_dictionary => "bad dictionary",
+        .read_only => "store is read-only",
+        .no_space => "no space left on device",
+    };
+}
+
+/// The calling thread's message for its last failed call (never null).
+export fn lx_last_error() [*:0]const u8 {
+    return diag.get();
+}
+
+/// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
+/// missing store is created with `codec` (0 raw, 1 zstd, 2 zstd_dict), `level`
+/// (zstd level; 0 = default 3), dictionary `dict` (required for zstd_dict,
+/// refused otherwise) and the opaque `user` blob (the typed identity); these
+/// are ignored when the store exists. Errors: not_found, not_a_store, corrupt,
+/// newer_format, busy (a delete/compact is running), bad_dictionary, invalid,
+/// io. On success `*out` owns the handle until lx_close.
+export fn lx_open(
+    path: ?[*:0]const u8,
+    create: c_int,
+    codec_id: c_int,
+    level: c_int,
+    dict: ?[*]const u8,
+    dict_len: u64,
+    user: ?[*]const u8,
+    user_len: u64,
+    out: ?*?*Store,
+) c_int {
+    diag.clear();
+    const p = path orelse return invalid("path is null", .{});
+    const o = out orelse return invalid("out is null", .{});
+    o.* = null;
+    const c = std.enums.fromInt(format.Codec, codec_id) orelse return invalid("unknown codec {d}", .{codec_id});
+    if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
+    if (user_len > 0 and user == null) return invalid("user is null", .{});
+    const s = Store.open(gpa, std.mem.span(p), .{
+        .create = create != 0,
+        .codec = c,
+        .level = if (level == 0) codec.level_default else level,
+        .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
+        .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
+    }) catch |e| return code(e);
+    o.* = s;
+    return 0;
+}
+
+/// Frees the handle: unmaps, releases its locks, closes its files. Does not sync.
+export fn lx_close(h: ?*Store) void {
+    if (h) |s| s.close();
+}
+
+/// Committed records (0..len are live).
+export fn lx_len(h: *Store) u64 {
+    return h.recordCount();
+}
+
+pub const Info = extern struct {
+    codec: u32,
+    level: i32,
+    format_version: u32,
+    writable: u32,
+    dict_size: u64,
+    user_size: u64,
+};
+
+/// Fills `*out` with the store's identity.
+export fn lx_info(h: *Store, out: *Info) c_int {
+    out.* = .{
+        .codec = @intFromEnum(h.codecOf()),
+        .level = h.header.level,
+        .format_version = h.header.format_version,
+        .writable = @intFromBool(h.writable),
+        .dict_size = h.header.dict_size,
+        .user_size = h.header.user_size,
+    };
+    return 0;
+}
+
+/// Points `*ptr`/`*len` at the store's dictionary (which = 0) or user blob
+/// (which = 1). The memory belongs to the handle and lives until lx_close.
+export fn lx_blob(h: *Store, which: c_int, ptr: *[*]const u8, len: *u64) c_int {
+    const b = switch (which) {
+        0 => h.dictionary(),
+        1 => h.userBlob(),
+        else => return invalid("unknown blob {d}", .{which}),
+    };
+    ptr.* = b.ptr;
+    len.* = b.len;
+    return 0;
+}
+
+/// Appends `count` records: record i is `sizes[i]` bytes at `ptrs[i]`, with
+/// optional raw aux bytes `aux_sizes[i]` (<= 65535) at `aux_ptrs[i]` (both
+/// null for none). Writes the first new index to `*first`. Compresses on all
+/// usable cores; records that do not shrink are stored raw. Errors: locked,
+/// read_only, invalid, no_space, io, out_of_memory (nothing is committed then).
+export fn lx_append(
+    h: *Store,
+    count: u64,
+    ptrs: ?[*]const [*]const u8,
+    sizes: ?[*]const u64,
+    aux_ptrs: ?[*]const [*]const u8,
+    aux_sizes: ?[*]const u64,
+    first: *u64,
+) c_int {
+    diag.clear();
+    if (count > 0 and (ptrs == null or sizes == null)) return invalid("ptrs or sizes is null", .{});
+    if ((aux_ptrs == null) != (aux_sizes == null)) return invalid("aux_ptrs and aux_sizes must both be given or both be null", .{});
+    const empty: [*]const [*]const u8 = @ptrFromInt(@alignOf([*]const u8));
+    first.* = h.append(.{
+        .ptrs = ptrs orelse empty,
+        .sizes = sizes orelse @ptrFromInt(@alignOf(u64)),
+        .aux_ptrs = aux_ptrs,
+        .aux_sizes = aux_sizes,
+        .count = @intCast(count),
+    }) catch |e| return code(e);
+    return 0;
+}
+
+/// Reads records `indices[0..count]` into `dest` (`dest_len` bytes), decoding
+/// straight into it: record i goes to `dest + offsets[i]` when `offsets` is not
+/// null, else to `dest + i * stride` and must then be exactly `stride` bytes.
+/// `part` 0 reads payloads, 1 reads aux bytes. `lanes` caps the threads used
+/// (0 = every usable core; small batches run on the caller alone). All indices
+/// and sizes are checked before anything is written. Errors: out_of_range,
+/// size_mismatch, corrupt, busy.
+export fn lx_gather(
+    h: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    dest: ?[*]u8,
+    dest_len: u64,
+    stride: u64,
+    offsets: ?[*]const u64,
+    part: c_int,
+    lanes: u32,
+) c_int {
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    const d = dest orelse return invalid("dest is null", .{});
+    const p = std.enums.fromInt(Store.Part, part) orelse return invalid("unknown part {d}", .{part});
+    h.gather(idx[0..@intCast(count)], .{
+        .base = d,
+        .len = @intCast(dest_len),
+        .stride = @intCast(stride),
+        .offsets = offsets,
+    }, p, lanes) catch |e| return code(e);
+    return 0;
+}
+
+/// Writes records' decoded payload sizes to `raw_sizes[i]` and aux sizes to
+/// `aux_sizes[i]` (either may be null). Errors: out_of_range.
+export fn lx_sizes(h: *Store, indices: ?[*]const u64, count: u64, raw_sizes: ?[*]u64, aux_sizes: ?[*]u64) c_int {
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    h.sizes(idx[0..@intCast(count)], raw_sizes, aux_sizes) catch |e| return code(e);
+    return 0;
+}
+
+/// Deletes records (any order, duplicates allowed): every deleted position
+/// below the new length takes the highest surviving record above it, so
+/// indices stay 0..len and are stable only until a delete. Atomic across
+/// crashes. Errors: out_of_range (nothing deleted), busy, locked, io.
+export fn lx_delete(h: *Store, indices: ?[*]const u64, count: u64) c_int {
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    h.delete(idx[0..@intCast(count)]) catch |e| return code(e);
+    return 0;
+}
+
+/// Reclaims deleted bytes in place; interrupted, it leaves a consistent store
+/// and a second call finishes. Errors: busy, locked, io.
+export fn lx_compact(h: *Store) c_int {
+    h.compact() catch |e| return code(e);
+    return 0;
+}
+
+/// Fills `*out` with {records, live_bytes, chunk_bytes, reclaimable}; O(1).
+export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
+    out.* = h.stats();
+    return 0;
+}
+
+/// Makes every record appended through this handle durable (fsync of data,
+/// table, then commit). A no-op for a handle that never wrote. Errors: io.
+export fn lx_sync(h: *Store) c_int {
+    h.sync() catch |e| return code(e);
+    return 0;
+}
+
+/// Checks every record (location, checksum, decode). On corrupt, `*bad_index`
+/// is the first damaged record (UINT64_MAX when the damage is not one record's).
+export fn lx_verify(h: *Store, bad_index: *u64) c_int {
+    h.verify(bad_index) catch |e| return code(e);
+    return 0;
+}
+
+/// Trains a zstd dictionary of at most `cap` bytes into `out` from `count`
+/// samples laid end to end at `samples` with sizes `sizes`; writes its size to
+/// `*out_len`. Errors: bad_dictionary (training failed: too few or too uniform
+/// samples), invalid.
+export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64, out: ?[*]u8, cap: u64, out_len: *u64) c_int {
+    const smp = samples orelse return invalid("samples is null", .{});
+    const szs = sizes orelse return invalid("sizes is null", .{});
+    const o = out orelse return invalid("out is null", .{});
+    if (count == 0) return invalid("no samples", .{});
+    var total: u64 = 0;
+    for (szs[0..@intCast(count)]) |s| total += s;
+    const sz: [*]const usize = @ptrCast(szs);
+    out_len.* = codec.trainDict(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)]) catch {
+        diag.set("zstd could not train a dictionary: {s}", .{codec.trainErrorName(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)])});
+        return @intFromEnum(Result.bad_dictionary);
+    };
+    return 0;
+}
+
+/// Fills `out[0..batch_size]` with the sampler's indices for `step` (mode 0
+/// sequential, 1 iid, 2 cyclic; rank < world). Pure; any thread.
+/// Errors: invalid (length 0, batch_size 0, world 0, rank >= world, bad mode).
+export fn lx_sampler_fill(length: u64, batch_size: u64, mode: c_int, seed: u64, step: u64, rank: u64, world: u64, out: ?[*]u64) c_int {
+    const o = out orelse return invalid("out is null", .{});
+    const m = std.enums.fromInt(sampler.Mode, mode) orelse return invalid("unknown sampler mode {d}", .{mode});
+    if (length == 0) return invalid("length must be >= 1", .{});
+    if (batch_size == 0) return invalid("batch_size must be >= 1", .{});
+    if (world == 0 or rank >= world) return invalid("bad shard ({d}, {d})", .{ rank, world });
+    sampler.fill(length, m, seed, step, rank, world, o[0..@intCast(batch_size)]);
+    return 0;
+}
+
+/// Lanes (threads, the caller included) one call may use: the cores this
+/// process may run on, capped by lx_set_lanes.
+export fn lx_lanes() u32 {
+    return @intCast(pool.lanes());
+}
+
+/// Caps the lanes of every later call (0 removes the cap).
+export fn lx_set_lanes(n: u32) void {
+    pool.setLaneLimit(n);
+}
+
+test {
+    _ = format;
+    _ = codec;
+    _ = pool;
+    _ = diag;
+    _ = sampler;
+    _ = Store;
+}

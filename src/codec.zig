@@ -1,0 +1,237 @@
+//! Codecs: the zstd bindings (hand-written externs; zstd is compiled into the
+//! library from the fetched amalgamation), pooled per-thread contexts, and the
+//! encode/decode of one record payload.
+//!
+//! Contexts are expensive to create (~100-200 KiB each) and not thread-safe, so
+//! they live in a small global pool: a worker claims one slot with an atomic
+//! bit mask, reuses it for a whole block of records, and returns it. Slots are
+//! created on first use and kept for the life of the process. Dictionaries are
+//! digested once per store into a CDict/DDict, which zstd documents as
+//! read-only and shareable by any number of threads.
+const std = @import("std");
+const assert = std.debug.assert;
+const format = @import("format.zig");
+
+pub const ZSTD_CCtx = opaque {};
+pub const ZSTD_DCtx = opaque {};
+pub const ZSTD_CDict = opaque {};
+pub const ZSTD_DDict = opaque {};
+
+extern fn ZSTD_versionNumber() c_uint;
+extern fn ZSTD_compressBound(src_size: usize) usize;
+extern fn ZSTD_isError(code: usize) c_uint;
+extern fn ZSTD_getErrorName(code: usize) [*:0]const u8;
+extern fn ZSTD_createCCtx() ?*ZSTD_CCtx;
+extern fn ZSTD_freeCCtx(cctx: ?*ZSTD_CCtx) usize;
+extern fn ZSTD_createDCtx() ?*ZSTD_DCtx;
+extern fn ZSTD_freeDCtx(dctx: ?*ZSTD_DCtx) usize;
+extern fn ZSTD_compressCCtx(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, level: c_int) usize;
+extern fn ZSTD_decompressDCtx(dctx: *ZSTD_DCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize) usize;
+extern fn ZSTD_createCDict(dict: [*]const u8, size: usize, level: c_int) ?*ZSTD_CDict;
+extern fn ZSTD_freeCDict(cdict: ?*ZSTD_CDict) usize;
+extern fn ZSTD_createDDict(dict: [*]const u8, size: usize) ?*ZSTD_DDict;
+extern fn ZSTD_freeDDict(ddict: ?*ZSTD_DDict) usize;
+extern fn ZSTD_compress_usingCDict(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, cdict: *const ZSTD_CDict) usize;
+extern fn ZSTD_decompress_usingDDict(dctx: *ZSTD_DCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, ddict: *const ZSTD_DDict) usize;
+extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
+extern fn ZSTD_minCLevel() c_int;
+extern fn ZSTD_maxCLevel() c_int;
+extern fn ZDICT_trainFromBuffer(dict: [*]u8, cap: usize, samples: [*]const u8, sizes: [*]const usize, count: c_uint) usize;
+extern fn ZDICT_isError(code: usize) c_uint;
+extern fn ZDICT_getErrorName(code: usize) [*:0]const u8;
+
+pub const Error = error{ Corrupt, OutOfMemory, BadDictionary, BadLevel };
+
+pub const level_default: i32 = 3;
+
+pub fn versionNumber() u32 {
+    return ZSTD_versionNumber();
+}
+
+pub fn levelValid(level: i32) bool {
+    return level >= ZSTD_minCLevel() and level <= ZSTD_maxCLevel() and level != 0;
+}
+
+pub fn compressBound(size: usize) usize {
+    return ZSTD_compressBound(size);
+}
+
+/// A fixed pool of contexts of one kind, claimed with an atomic bit mask.
+fn Pool(comptime Ctx: type, comptime create: fn () callconv(.c) ?*Ctx, comptime free: fn (?*Ctx) callconv(.c) usize) type {
+    return struct {
+        const slot_count = 64;
+        var slots: [slot_count]std.atomic.Value(?*Ctx) = @splat(.init(null));
+        var busy: std.atomic.Value(u64) = .init(0);
+
+        pub const Lease = struct {
+            ctx: *Ctx,
+            /// slot_count means "not pooled": freed on release.
+            slot: usize,
+        };
+
+        pub fn acquire() error{OutOfMemory}!Lease {
+            var mask = busy.load(.monotonic);
+            while (mask != std.math.maxInt(u64)) {
+                const slot: usize = @ctz(~mask);
+                const bit = @as(u64, 1) << @intCast(slot);
+                if (busy.cmpxchgWeak(mask, mask | bit, .acquire, .monotonic)) |current| {
+                    mask = current;
+                    continue;
+                }
+                if (slots[slot].load(.acquire)) |ctx| return .{ .ctx = ctx, .slot = slot };
+                const ctx = create() orelse {
+                    _ = busy.fetchAnd(~bit, .release);
+                    return error.OutOfMemory;
+                };
+                slots[slot].store(ctx, .release);
+                return .{ .ctx = ctx, .slot = slot };
+            }
+            // Every slot is busy (more than 64 concurrent workers): a private one.
+            return .{ .ctx = create() orelse return error.OutOfMemory, .slot = slot_count };
+        }
+
+        pub fn release(lease: Lease) void {
+            if (lease.slot == slot_count) {
+                _ = free(lease.ctx);
+                return;
+            }
+            const bit = @as(u64, 1) << @intCast(lease.slot);
+            const before = busy.fetchAnd(~bit, .release);
+            assert(before & bit != 0);
+        }
+    };
+}
+
+pub const CPool = Pool(ZSTD_CCtx, ZSTD_createCCtx, ZSTD_freeCCtx);
+pub const DPool = Pool(ZSTD_DCtx, ZSTD_createDCtx, ZSTD_freeDCtx);
+
+/// A store's digested dictionary; null members when the store has none.
+pub const Dict = struct {
+    cdict: ?*ZSTD_CDict = null,
+    ddict: ?*ZSTD_DDict = null,
+
+    /// zstd's dictionary magic number (little-endian) at the start of a trained dictionary.
+    pub const magic: u32 = 0xEC30A437;
+
+    /// Digests `bytes`, which must be a trained zstd dictionary (train_dict).
+    pub fn init(bytes: []const u8, level: i32) Error!Dict {
+        if (bytes.len < 8) return error.BadDictionary;
+        if (std.mem.readInt(u32, bytes[0..4], .little) != magic) return error.BadDictionary;
+        if (ZSTD_getDictID_fromDict(bytes.ptr, bytes.len) == 0) return error.BadDictionary;
+        const ddict = ZSTD_createDDict(bytes.ptr, bytes.len) orelse return error.BadDictionary;
+        errdefer _ = ZSTD_freeDDict(ddict);
+        const cdict = ZSTD_createCDict(bytes.ptr, bytes.len, level) orelse return error.BadDictionary;
+        return .{ .cdict = cdict, .ddict = ddict };
+    }
+
+    pub fn deinit(d: *Dict) void {
+        _ = ZSTD_freeCDict(d.cdict);
+        _ = ZSTD_freeDDict(d.ddict);
+        d.* = .{};
+    }
+};
+
+/// Compresses `src` into `dst` (capacity compressBound(src.len)) with the store's
+/// codec. Returns the frame size, or null when the frame would not be smaller
+/// than `src` (the record is then stored raw, so compression never costs space).
+pub fn encode(
+    cctx: *ZSTD_CCtx,
+    codec: format.Codec,
+    level: i32,
+    dict: *const Dict,
+    src: []const u8,
+    dst: []u8,
+) ?usize {
+    assert(codec != .raw);
+    assert(dst.len >= compressBound(src.len));
+    const n = switch (codec) {
+        .raw => unreachable,
+        .zstd => ZSTD_compressCCtx(cctx, dst.ptr, dst.len, src.ptr, src.len, level),
+        .zstd_dict => ZSTD_compress_usingCDict(cctx, dst.ptr, dst.len, src.ptr, src.len, dict.cdict.?),
+    };
+    // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
+    if (ZSTD_isError(n) != 0) return null;
+    if (n >= src.len) return null;
+    return n;
+}
+
+/// Decodes one stored payload into exactly `dst` (the record's raw size).
+pub fn decode(
+    dctx: ?*ZSTD_DCtx,
+    codec: format.Codec,
+    dict: *const Dict,
+    src: []const u8,
+    dst: []u8,
+) Error!void {
+    switch (codec) {
+        .raw => {
+            if (src.len != dst.len) return error.Corrupt;
+            @memcpy(dst, src);
+        },
+        .zstd, .zstd_dict => {
+            const n = if (codec == .zstd)
+                ZSTD_decompressDCtx(dctx.?, dst.ptr, dst.len, src.ptr, src.len)
+            else blk: {
+                const ddict = dict.ddict orelse return error.Corrupt;
+                break :blk ZSTD_decompress_usingDDict(dctx.?, dst.ptr, dst.len, src.ptr, src.len, ddict);
+            };
+            if (ZSTD_isError(n) != 0) return error.Corrupt;
+            if (n != dst.len) return error.Corrupt;
+        },
+    }
+}
+
+/// Trains a zstd dictionary of at most `out.len` bytes from samples laid end to
+/// end in `samples` with sizes `sizes`. Returns the dictionary size.
+pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8) error{TrainingFailed}!usize {
+    if (sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) return error.TrainingFailed;
+    const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
+    if (ZDICT_isError(n) != 0) return error.TrainingFailed;
+    return n;
+}
+
+pub fn trainErrorName(samples: []const u8, sizes: []const usize, out: []u8) [*:0]const u8 {
+    const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
+    return ZDICT_getErrorName(n);
+}
+
+test "encode falls back to raw for incompressible input and round-trips compressible input" {
+    const gpa = std.testing.allocator;
+    const lease = try CPool.acquire();
+    defer CPool.release(lease);
+    const dlease = try DPool.acquire();
+    defer DPool.release(dlease);
+    const no_dict: Dict = .{};
+
+    var noise: [4096]u8 = undefined;
+    var prng = std.Random.DefaultPrng.init(1);
+    prng.random().bytes(&noise);
+    const dst = try gpa.alloc(u8, compressBound(noise.len));
+    defer gpa.free(dst);
+    try std.testing.expect(encode(lease.ctx, .zstd, 3, &no_dict, &noise, dst) == null);
+
+    const text: [2400]u8 = @bitCast(@as([200][12]u8, @splat("abcabcabcabc".*)));
+    const n = encode(lease.ctx, .zstd, 3, &no_dict, &text, dst).?;
+    try std.testing.expect(n < text.len);
+    var back: [text.len]u8 = undefined;
+    try decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &back);
+    try std.testing.expectEqualStrings(&text, &back);
+    // A damaged frame is an error, never a crash.
+    dst[n / 2] ^= 0xFF;
+    var out2: [text.len]u8 = undefined;
+    if (decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &out2)) |_| {} else |e| try std.testing.expectEqual(error.Corrupt, e);
+    // Wrong raw size is an error.
+    try std.testing.expectError(error.Corrupt, decode(dlease.ctx, .zstd, &no_dict, dst[0..1], back[0..5]));
+}
+
+test "a dictionary that is not one is refused" {
+    try std.testing.expectError(error.BadDictionary, Dict.init("not a dictionary at all", 3));
+}
+
+test "pool hands out distinct contexts" {
+    const a = try DPool.acquire();
+    const b = try DPool.acquire();
+    try std.testing.expect(a.ctx != b.ctx);
+    DPool.release(a);
+    DPool.release(b);
+}

@@ -1,0 +1,43 @@
+//! Error detail for the C ABI: every failing engine call leaves a human-readable
+//! message in a thread-local buffer (what went wrong, with the offending value),
+//! which `lx_last_error` hands to Python. Thread-local, so concurrent calls on
+//! other threads never overwrite it.
+const std = @import("std");
+
+threadlocal var buffer: [1024]u8 = undefined;
+threadlocal var length: usize = 0;
+
+/// Formats the message; too long a message is truncated, never an error.
+pub fn set(comptime fmt: []const u8, args: anytype) void {
+    const out = std.fmt.bufPrint(buffer[0 .. buffer.len - 1], fmt, args) catch blk: {
+        break :blk buffer[0 .. buffer.len - 1];
+    };
+    length = out.len;
+    buffer[length] = 0;
+}
+
+pub fn clear() void {
+    length = 0;
+    buffer[0] = 0;
+}
+
+pub fn get() [*:0]const u8 {
+    if (length == 0) return "";
+    return @ptrCast(&buffer);
+}
+
+/// Returns `err` after recording the message: `return diag.fail(error.X, "...", .{..})`.
+pub fn fail(err: anytype, comptime fmt: []const u8, args: anytype) @TypeOf(err) {
+    set(fmt, args);
+    return err;
+}
+
+test "messages are formatted and truncated safely" {
+    set("index {d} out of range", .{7});
+    try std.testing.expectEqualStrings("index 7 out of range", std.mem.span(get()));
+    const long: [2000]u8 = @splat('x');
+    set("{s}", .{&long});
+    try std.testing.expectEqual(@as(usize, 1023), std.mem.span(get()).len);
+    clear();
+    try std.testing.expectEqualStrings("", std.mem.span(get()));
+}

@@ -1,0 +1,183 @@
+//! On-disk format of a loaderx store. A store is a directory of four files:
+//!
+//!   meta   page 0: `Header` (identity, written once at create, checksummed)
+//!          page 1: `Commit` (the published state, rewritten by every mutation)
+//!          from `blob_offset`: the zstd dictionary, then the user blob (identity
+//!          of the typed store, msgpack written by Python), both covered by the
+//!          header checksum.
+//!   index  the record table: `RecordLoc` i at byte i * 32, no header.
+//!   data   record bytes: for each record its aux bytes (raw) then its payload
+//!          (raw or a zstd frame). Records never overlap; gaps are reclaimable.
+//!   lock   empty; its exclusive file lock is the writer lock.
+//!
+//! Publication order (what makes a kill -9 safe): data bytes, then table
+//! entries, then the commit. A reader trusts only records below
+//! `Commit.record_count`, so a crash at any instant leaves a committed prefix.
+//! All integers are little-endian on every platform we ship; `magic` read in
+//! the other byte order reveals a store written by a big-endian machine.
+const std = @import("std");
+const assert = std.debug.assert;
+
+/// "LXSTORE\x01" read as a little-endian u64.
+pub const magic: u64 = 0x0145524F5453584C;
+pub const magic_swapped: u64 = @byteSwap(magic);
+/// The on-disk format version; independent of the package version.
+pub const format_version: u32 = 1;
+
+pub const page_size: u64 = 4096;
+pub const commit_offset: u64 = page_size;
+pub const blob_offset: u64 = 2 * page_size;
+/// Bytes of meta mapped by every handle (header + commit pages).
+pub const meta_map_size: u64 = 2 * page_size;
+
+pub const Codec = enum(u8) {
+    raw = 0,
+    zstd = 1,
+    zstd_dict = 2,
+};
+
+pub const Header = extern struct {
+    magic: u64,
+    format_version: u32,
+    /// Size of this struct as written; lets a reader refuse a layout it does not know.
+    header_size: u32,
+    /// The store's codec for new records (a record may still be stored raw).
+    codec: u8,
+    _reserved0: [3]u8,
+    /// zstd level used for new records.
+    level: i32,
+    flags: u64,
+    dict_size: u64,
+    user_size: u64,
+    /// xxhash64 of the dictionary followed by the user blob.
+    blob_checksum: u64,
+    _reserved1: [6]u64,
+    /// xxhash64 of every byte above.
+    checksum: u64,
+
+    comptime {
+        assert(@sizeOf(Header) == 112);
+        assert(@alignOf(Header) == 8);
+        assert(@sizeOf(Header) <= page_size);
+    }
+
+    pub fn computeChecksum(h: *const Header) u64 {
+        const bytes = std.mem.asBytes(h);
+        return std.hash.XxHash64.hash(0x4C58, bytes[0 .. @sizeOf(Header) - 8]);
+    }
+};
+
+/// The published state. Rewritten (one positional write) after the data and the
+/// table entries it covers are written.
+pub const Commit = extern struct {
+    /// Live records: 0..record_count. Read atomically by other handles.
+    record_count: u64,
+    /// Bytes of the data file in use; appends go here.
+    data_size: u64,
+    /// Stored bytes (aux + payload) of live records.
+    live_bytes: u64,
+    /// record_count at the last completed sync(); informational.
+    durable_count: u64,
+    /// Bumped by every commit.
+    generation: u64,
+    _reserved: [2]u64,
+    /// xxhash64 of every byte above.
+    checksum: u64,
+
+    comptime {
+        assert(@sizeOf(Commit) == 64);
+        assert(@alignOf(Commit) == 8);
+    }
+
+    pub fn computeChecksum(c: *const Commit) u64 {
+        const bytes = std.mem.asBytes(c);
+        return std.hash.XxHash64.hash(0x4C59, bytes[0 .. @sizeOf(Commit) - 8]);
+    }
+};
+
+/// One record-table entry.
+pub const RecordLoc = extern struct {
+    /// Offset in the data file of the record's aux bytes; the payload follows them.
+    offset: u64,
+    /// Payload bytes as stored (after the codec).
+    stored_size: u64,
+    /// Payload bytes after decoding.
+    raw_size: u64,
+    /// Low 32 bits of xxhash64 over aux bytes ++ stored payload.
+    checksum: u32,
+    /// `Codec` of this record's payload (raw or the store's codec).
+    codec: u8,
+    _reserved: u8,
+    /// Raw bytes stored before the payload (shapes of ragged records).
+    aux_size: u16,
+
+    comptime {
+        assert(@sizeOf(RecordLoc) == 32);
+        assert(@alignOf(RecordLoc) == 8);
+    }
+
+    /// Byte just past this record in the data file.
+    pub fn end(loc: RecordLoc) u64 {
+        return loc.offset + loc.aux_size + loc.stored_size;
+    }
+
+    pub fn storedTotal(loc: RecordLoc) u64 {
+        return loc.aux_size + loc.stored_size;
+    }
+};
+
+pub fn recordChecksum(aux: []const u8, stored: []const u8) u32 {
+    var h = std.hash.XxHash64.init(0x4C5A);
+    h.update(aux);
+    h.update(stored);
+    return @truncate(h.final());
+}
+
+/// The delete journal (file `journal`): the table writes of one delete, made
+/// durable-in-page-cache before any of them is applied, so an interrupted delete
+/// is replayed in full on the next open instead of leaving duplicates.
+pub const JournalHeader = extern struct {
+    magic: u64,
+    /// Entries that follow: (index u64, RecordLoc) pairs.
+    entry_count: u64,
+    /// The commit to publish after the entries are applied.
+    commit: Commit,
+    /// xxhash64 of the entries.
+    entries_checksum: u64,
+    /// xxhash64 of every byte above.
+    checksum: u64,
+
+    pub const magic_value: u64 = 0x4C584A524E4C0001;
+
+    comptime {
+        assert(@sizeOf(JournalHeader) == 96);
+    }
+
+    pub fn computeChecksum(j: *const JournalHeader) u64 {
+        const bytes = std.mem.asBytes(j);
+        return std.hash.XxHash64.hash(0x4C5B, bytes[0 .. @sizeOf(JournalHeader) - 8]);
+    }
+};
+
+pub const JournalEntry = extern struct {
+    index: u64,
+    loc: RecordLoc,
+
+    comptime {
+        assert(@sizeOf(JournalEntry) == 40);
+    }
+};
+
+test "layout has no padding" {
+    inline for (.{ Header, Commit, RecordLoc, JournalHeader, JournalEntry }) |T| {
+        var size: usize = 0;
+        inline for (@typeInfo(T).@"struct".field_types) |F| size += @sizeOf(F);
+        try std.testing.expectEqual(@sizeOf(T), size);
+    }
+}
+
+test "magic reveals byte order" {
+    try std.testing.expect(magic != magic_swapped);
+    const bytes = std.mem.toBytes(std.mem.nativeToLittle(u64, magic));
+    try std.testing.expectEqualStrings("LXSTORE\x01", &bytes);
+}
