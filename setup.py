@@ -1,0 +1,52 @@
+"""Build hook: `pip install .` / `pip install -e .` compiles libloaderx with the
+Zig compiler from PyPI (the `ziglang` build requirement), after fetching and
+verifying the pinned zstd sources (scripts/fetch_zstd.py). No other step."""
+import os
+import platform
+import subprocess
+import sys
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def portable_target() -> str:
+    """An explicit, portable Zig target for this machine (never the host CPU)."""
+    machine = platform.machine().lower()
+    arch = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}.get(machine, machine)
+    if sys.platform.startswith("linux"):
+        libc = platform.libc_ver()[0]
+        return f"{arch}-linux-gnu.2.17" if libc == "glibc" else f"{arch}-linux-musl"
+    if sys.platform == "darwin":
+        return f"{arch}-macos.11.0"
+    if sys.platform == "win32":
+        return f"{arch}-windows-gnu"
+    raise RuntimeError(f"unsupported platform {sys.platform}/{machine}")
+
+
+def build_native() -> None:
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import fetch_zstd
+    finally:
+        sys.path.pop(0)
+    try:
+        fetch_zstd.fetch()
+    except fetch_zstd.FetchError as e:
+        raise SystemExit(f"loaderx build: {e}")
+    target = os.environ.get("LOADERX_ZIG_TARGET") or portable_target()
+    cmd = [sys.executable, "-m", "ziglang", "build", f"-Dtarget={target}", "-Doptimize=ReleaseFast"]
+    print("loaderx build:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+class BuildWithZig(build_py):
+    def run(self):
+        if not os.environ.get("LOADERX_SKIP_NATIVE"):
+            build_native()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildWithZig})
