@@ -641,6 +641,12 @@ fn writeSlices(file: File, slices: []const []const u8, offset: u64) !void {
         while (i < slices.len and n < vec.len) : (i += 1) {
             const sl = if (i == first) slices[i][skip..] else slices[i];
             if (sl.len == 0) continue;
+            // Records adjacent in memory (a dense array) become one large write,
+            // which also lets the page cache use large folios.
+            if (n > 0 and vec[n - 1].ptr + vec[n - 1].len == sl.ptr) {
+                vec[n - 1] = vec[n - 1].ptr[0 .. vec[n - 1].len + sl.len];
+                continue;
+            }
             vec[n] = sl;
             n += 1;
         }
