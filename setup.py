@@ -39,7 +39,13 @@ def build_native() -> None:
     target = os.environ.get("LOADERX_ZIG_TARGET") or portable_target()
     cmd = [sys.executable, "-m", "ziglang", "build", f"-Dtarget={target}", "-Doptimize=ReleaseFast"]
     print("loaderx build:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    # SystemExit, not CalledProcessError: setuptools' editable builds turn
+    # ordinary exceptions from build commands into warnings.
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        raise SystemExit("loaderx build: `zig build` failed (see its output above)")
+    lib_dir = os.path.join(ROOT, "loaderx", "lib")
+    if not os.path.isdir(lib_dir) or not os.listdir(lib_dir):
+        raise SystemExit(f"loaderx build: zig build produced no library in {lib_dir}")
 
 
 class BuildWithZig(build_py):

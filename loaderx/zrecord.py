@@ -75,6 +75,12 @@ def _byte_ptr(arr: np.ndarray, writable: bool = False):
 
 def _normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     """Turns a read/delete key into (uint64 indices, is_scalar)."""
+    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.kind in "iu" and key.size and key.flags.c_contiguous \
+            and key.dtype.itemsize == 8:
+        # The hot path (a sampler's int64 batch): no copy when nothing wraps.
+        lo, hi = int(key.min()), int(key.max())
+        if lo >= 0 and hi < n:
+            return key.view(_U64), False
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         i = int(key)
         if i < 0:

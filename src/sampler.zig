@@ -1,0 +1,580 @@
+//! The batch sampler: which record indices make up the batch at a given step.
+//!
+//! Everything here is a pure function of `(length, batch size, mode, seed, step,
+//! rank, world)`: there is no state to save, seeking is O(1), and the sequence is
+//! the same whatever thread or process asks. Nothing allocates.
+//!
+//! Positions. Step `s` of a run with per-rank batch `B` and `world` ranks owns the
+//! global positions `p = s*G + j`, `j` in `[0, G)`, `G = B*world`; rank `r` takes
+//! `j` in `[r*B, (r+1)*B)`. Positions are exact 192-bit integers: with `s`, `B` and
+//! `world` each below 2^64, `p < 2^64 * (2^64-1)^2 < 2^192`, so no input can wrap.
+//! The cycle number `p / length` and offset `p % length` are computed once per
+//! batch and then advanced incrementally, so the per-index cost has no division.
+//!
+//! Modes.
+//! - `sequential`: index `p mod length`, a circular window that never truncates.
+//! - `iid`: uniform on `[0, length)` with replacement. A counter-based generator
+//!   keyed by `(seed, p, attempt)` gives 64-bit words; Lemire's multiply-shift
+//!   with rejection maps them without bias.
+//! - `cyclic`: without replacement. Cycle `c = p / length` is the permutation
+//!   `perm_{seed,c}` of `[0, length)`, evaluated at `p mod length`: a keyed Feistel
+//!   network over the smallest bit width `k` with `2^k >= length` (halves of
+//!   `floor(k/2)` and `ceil(k/2)` bits), restricted to `[0, length)` by cycle
+//!   walking. It is O(1) in memory for every length up to 2^64-1.
+//!
+//! Trade-off: the Feistel rounds are cheap multiply-xorshift hashes, chosen for a
+//! shuffle of good statistical quality at a few nanoseconds per index; they are
+//! not a cryptographic permutation.
+const std = @import("std");
+const assert = std.debug.assert;
+
+pub const Mode = enum(u8) { sequential = 0, iid = 1, cyclic = 2 };
+
+/// A global sample position. See the file comment for why 192 bits never wrap.
+const Position = u192;
+
+/// Fills `out` (len = per-rank batch size B) with the indices for global step `step`.
+/// Global batch G = B * world; global positions p = step*G + j, j in [0,G); rank r takes
+/// j in [r*B, (r+1)*B). Pure function of (length, B, mode, seed, step, rank, world).
+/// Every index written is `< length`. The caller validates the arguments; breaking
+/// a precondition is a programmer error.
+pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64, out: []u64) void {
+    assert(length >= 1);
+    assert(out.len >= 1);
+    assert(world >= 1);
+    assert(rank < world);
+    const batch_size: u128 = out.len;
+    const global_batch_size: u128 = batch_size * world;
+    const position_first: Position = @as(Position, step) * global_batch_size + @as(u128, rank) * batch_size;
+    switch (mode) {
+        .sequential => fillSequential(length, position_first, out),
+        .iid => fillIid(length, seed, position_first, out),
+        .cyclic => fillCyclic(length, seed, position_first, out),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Position arithmetic.
+
+const Split = struct { cycle: Position, offset: u64 };
+
+/// `p / length` and `p % length`. The common case (p < 2^64) is one hardware
+/// division; otherwise long division by 64-bit limbs, most significant first.
+fn split(p: Position, length: u64) Split {
+    assert(length >= 1);
+    if (p <= std.math.maxInt(u64)) {
+        const p64: u64 = @intCast(p);
+        return .{ .cycle = p64 / length, .offset = p64 % length };
+    }
+    var quotient: Position = 0;
+    var remainder: u64 = 0;
+    inline for (.{ 2, 1, 0 }) |limb| {
+        const digit: u64 = @truncate(p >> (64 * limb));
+        const dividend: u128 = (@as(u128, remainder) << 64) | digit;
+        // remainder < length, so this quotient digit is < 2^64.
+        const quotient_digit: u64 = @intCast(dividend / length);
+        remainder = @intCast(dividend % length);
+        quotient |= @as(Position, quotient_digit) << (64 * limb);
+    }
+    return .{ .cycle = quotient, .offset = remainder };
+}
+
+// ---------------------------------------------------------------------------
+// Hashing.
+
+/// The odd 64-bit golden-ratio constant (Weyl sequence increment of SplitMix64).
+const golden_gamma: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The SplitMix64 finalizer: a bijection on u64 with full avalanche.
+fn mix64(x: u64) u64 {
+    var z = x;
+    z = (z ^ (z >> 30)) *% 0xBF58_476D_1CE4_E5B9;
+    z = (z ^ (z >> 27)) *% 0x94D0_49BB_1331_11EB;
+    return z ^ (z >> 31);
+}
+
+/// Folds a domain tag, the seed and a wide counter into one 64-bit key. Chaining
+/// full mixes keeps keys for different inputs unrelated.
+fn deriveKey(domain: u64, seed: u64, wide: Position) u64 {
+    var h = mix64(seed ^ domain);
+    inline for (.{ 0, 1, 2 }) |limb| {
+        h = mix64(h ^ @as(u64, @truncate(wide >> (64 * limb))) +% golden_gamma);
+    }
+    return h;
+}
+
+const domain_iid: u64 = 0x6969_6469_7261_7773; // Distinct tags keep iid and cyclic keys apart.
+const domain_cyclic: u64 = 0x6379_636C_6963_7065;
+
+// ---------------------------------------------------------------------------
+// Sequential.
+
+fn fillSequential(length: u64, position_first: Position, out: []u64) void {
+    var index = split(position_first, length).offset;
+    for (out) |*slot| {
+        slot.* = index;
+        // index < length <= 2^64-1, so the increment cannot overflow.
+        index += 1;
+        if (index == length) index = 0;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// IID: counter-based words plus Lemire's unbiased multiply-shift.
+
+const IidKeys = struct {
+    inner: u64,
+    outer: u64,
+
+    /// Keys for the positions whose high 128 bits are `position_high`.
+    fn init(seed: u64, position_high: u128) IidKeys {
+        const base = deriveKey(domain_iid, seed, position_high);
+        return .{ .inner = mix64(base +% golden_gamma), .outer = mix64(base +% 2 *% golden_gamma) };
+    }
+
+    /// The random word for (seed, position, attempt). Two keyed mixes: with one,
+    /// streams for different seeds would be shifted copies of each other.
+    fn word(keys: IidKeys, position_low: u64, attempt: u64) u64 {
+        const inner = mix64(position_low +% keys.inner);
+        return mix64(inner ^ (keys.outer +% attempt *% golden_gamma));
+    }
+};
+
+fn fillIid(length: u64, seed: u64, position_first: Position, out: []u64) void {
+    // Lemire: the high half of word*length is uniform once the low half is at
+    // least 2^64 mod length; rejecting the rest removes the bias.
+    const threshold = (0 -% length) % length;
+    var position_low: u64 = @truncate(position_first);
+    var position_high: u128 = @intCast(position_first >> 64);
+    var keys = IidKeys.init(seed, position_high);
+    for (out) |*slot| {
+        slot.* = draw(keys, position_low, length, threshold);
+        position_low +%= 1;
+        if (position_low == 0) {
+            position_high += 1;
+            keys = IidKeys.init(seed, position_high);
+        }
+    }
+}
+
+fn draw(keys: IidKeys, position_low: u64, length: u64, threshold: u64) u64 {
+    var attempt: u64 = 0;
+    while (true) : (attempt += 1) {
+        const product = @as(u128, keys.word(position_low, attempt)) * length;
+        if (@as(u64, @truncate(product)) >= threshold) return @intCast(product >> 64);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Cyclic: a keyed Feistel network with cycle walking.
+
+/// The number of Feistel rounds. Even, so that each half is updated equally often.
+const feistel_rounds = 4;
+
+/// Lanes per vector step of `permuteRun`: four SSE2 registers of two u64 lanes,
+/// enough independent work to hide the multiply latency.
+const lanes = 8;
+const Lanes = @Vector(lanes, u64);
+
+/// A keyed bijection on `[0, width_high * 2^low_bits)`, built for one length and
+/// one (seed, cycle). A value `x` is the pair `high = x >> low_bits` (in
+/// `[0, width_high)`) and `low = x mod 2^low_bits`. Even rounds add a keyed hash
+/// of `high` to `low` modulo `2^low_bits`; odd rounds add a keyed hash of `low`
+/// to `high` modulo `width_high`. Each round is invertible whatever the hash is
+/// (subtract it back), so the network is a bijection: an unbalanced,
+/// mixed-radix Feistel network as in format-preserving encryption.
+///
+/// For a length of `k` bits, `low_bits = ceil(k/2)` and `width_high =
+/// ceil(length / 2^low_bits) <= 2^floor(k/2)`: the halves are balanced within a
+/// factor of two and the domain exceeds `length` by less than `2^low_bits <=
+/// 2*sqrt(length)`, so cycle walking is rare, where a binary network over `2^k`
+/// values walks for up to half of the indices. The low width is a power of two
+/// so that splitting and joining a value are a shift and a mask, and round 0
+/// hashes the high half, which consecutive inputs share: `permuteLanes` does
+/// that hash once per vector.
+pub const Feistel = struct {
+    width_high: u64,
+    low_bits: u6,
+    low_mask: u64,
+    keys_xor: [feistel_rounds]u32,
+    keys_multiply: [feistel_rounds]u32,
+
+    comptime {
+        assert(feistel_rounds % 2 == 0);
+        assert(feistel_rounds >= 4);
+    }
+
+    pub fn init(length: u64, seed: u64, cycle: Position) Feistel {
+        assert(length >= 1);
+        const bits: u7 = 64 - @as(u7, @clz(length - 1)); // The smallest k with 2^k >= length.
+        const low_bits: u6 = @intCast(bits - bits / 2);
+        var feistel: Feistel = .{
+            .width_high = ((length - 1) >> low_bits) + 1,
+            .low_bits = low_bits,
+            .low_mask = (@as(u64, 1) << low_bits) - 1,
+            .keys_xor = undefined,
+            .keys_multiply = undefined,
+        };
+        assert(feistel.width_high <= @as(u64, 1) << @as(u6, @intCast(bits / 2)));
+        assert(feistel.domainSize() >= length);
+        const base = deriveKey(domain_cyclic, seed, cycle);
+        for (0..feistel_rounds) |r| {
+            const key = mix64(base +% (r + 1) *% golden_gamma);
+            feistel.keys_xor[r] = @truncate(key);
+            // An odd multiplier keeps the product a bijection of the hashed half.
+            feistel.keys_multiply[r] = @as(u32, @truncate(key >> 32)) | 1;
+        }
+        return feistel;
+    }
+
+    pub fn domainSize(feistel: *const Feistel) u128 {
+        return @as(u128, feistel.width_high) << feistel.low_bits;
+    }
+
+    /// The round hash of a half (both halves fit in 32 bits): one keyed
+    /// 32x32->64 multiply folded to 32 bits, the "mulhilo" step of Philox.
+    inline fn roundHash(feistel: *const Feistel, comptime r: usize, half: u32) u32 {
+        const product = @as(u64, half ^ feistel.keys_xor[r]) * feistel.keys_multiply[r];
+        return @truncate(product ^ (product >> 32));
+    }
+
+    /// The permutation of `x < domainSize()`.
+    pub fn permute(feistel: *const Feistel, x: u64) u64 {
+        assert(x < feistel.domainSize());
+        var high = x >> feistel.low_bits;
+        var low = x & feistel.low_mask;
+        inline for (0..feistel_rounds) |r| {
+            if (r % 2 == 0) {
+                low = (low + feistel.roundHash(r, @intCast(high))) & feistel.low_mask;
+            } else {
+                // Scale the hash into [0, width_high) by a multiply-shift, not a division.
+                const hash: u64 = feistel.roundHash(r, @intCast(low));
+                const sum = high + ((hash * feistel.width_high) >> 32);
+                high = if (sum >= feistel.width_high) sum - feistel.width_high else sum;
+            }
+        }
+        return (high << feistel.low_bits) | low;
+    }
+
+    /// Whether `permuteLanes` applies: it needs `8 <= 2^low_bits` and both
+    /// halves, and every domain value, below 2^31 (true for lengths up to 2^62).
+    fn vectorizable(feistel: *const Feistel) bool {
+        return feistel.low_bits >= 3 and feistel.low_bits <= 31 and feistel.width_high <= 1 << 31;
+    }
+
+    /// `permute(x_first + lane)` for every lane, with `x_first` a multiple of
+    /// `lanes`, so that all lanes share one high half (`2^low_bits` is a
+    /// multiple of `lanes`). The same arithmetic as `permute`, written for
+    /// baseline SIMD: the `low32` masks let the compiler prove that both
+    /// factors of each multiply fit in 32 bits (one `pmuludq` on x86-64), and
+    /// the modular add subtracts the width and adds it back under the sign
+    /// mask, as SSE2 has no unsigned 64-bit lane compare.
+    fn permuteLanes(feistel: *const Feistel, x_first: u64) Lanes {
+        assert(feistel.vectorizable());
+        assert(x_first % lanes == 0);
+        assert(x_first + lanes <= feistel.domainSize());
+        const Signed = @Vector(lanes, i64);
+        const low32: Lanes = @splat(std.math.maxInt(u32));
+        const width_high: Lanes = @splat(feistel.width_high);
+        const low_mask: Lanes = @splat(feistel.low_mask);
+        const high_first = x_first >> feistel.low_bits;
+        const low_first = x_first & feistel.low_mask;
+        var high: Lanes = @splat(high_first);
+        var low: Lanes = @as(Lanes, @splat(low_first + feistel.roundHash(0, @intCast(high_first)))) + std.simd.iota(u64, lanes);
+        low &= low_mask;
+        inline for (1..feistel_rounds) |r| {
+            const half = if (r % 2 == 0) high else low;
+            const keyed = (half ^ @as(Lanes, @splat(feistel.keys_xor[r]))) & low32;
+            const product = keyed * (@as(Lanes, @splat(feistel.keys_multiply[r])) & low32);
+            const hash = (product ^ (product >> @splat(32))) & low32;
+            if (r % 2 == 0) {
+                low = (low + hash) & low_mask;
+            } else {
+                const scaled = (hash * (width_high & low32)) >> @splat(32);
+                const difference: Signed = @bitCast(high + scaled -% width_high);
+                const negative: Lanes = @bitCast(difference >> @splat(63));
+                high = @as(Lanes, @bitCast(difference)) +% (width_high & negative);
+            }
+        }
+        const low_width: Lanes = @splat(feistel.low_mask + 1);
+        return (high & low32) * (low_width & low32) + low;
+    }
+};
+
+fn fillCyclic(length: u64, seed: u64, position_first: Position, out: []u64) void {
+    const first = split(position_first, length);
+    var cycle = first.cycle;
+    var offset = first.offset;
+    var done: usize = 0;
+    while (true) {
+        const feistel = Feistel.init(length, seed, cycle);
+        const run_size: usize = @intCast(@min(out.len - done, length - offset));
+        permuteRun(&feistel, length, offset, out[done..][0..run_size]);
+        done += run_size;
+        if (done == out.len) break;
+        // The run ended the cycle; the next one starts a fresh permutation.
+        offset = 0;
+        cycle += 1;
+    }
+}
+
+/// `out[i] = perm(offset + i)` within one cycle, where `perm` is the Feistel
+/// network restricted to `[0, length)` by cycle walking: a value outside is
+/// permuted again until it lands inside. The walk from an in-range value must
+/// come back into range (the network is a bijection on a finite set), so the
+/// result is a bijection on `[0, length)`.
+fn permuteRun(feistel: *const Feistel, length: u64, offset: u64, out: []u64) void {
+    assert(out.len <= length - offset);
+    var i: usize = 0;
+    if (feistel.vectorizable()) {
+        // Scalar up to the first multiple of `lanes`, then whole vectors.
+        while (i < out.len and (offset + i) % lanes != 0) : (i += 1) {
+            out[i] = walk(feistel, length, feistel.permute(offset + i));
+        }
+        // Lanes hold values below 2^62 and `length <= 2^62`, so bit 63 of
+        // `value -% length` is set exactly when `value < length`.
+        const limit: Lanes = @splat(length);
+        while (i + lanes <= out.len) : (i += lanes) {
+            const values = feistel.permuteLanes(offset + i);
+            out[i..][0..lanes].* = values;
+            // Walking is rare: the domain exceeds length by < 2*sqrt(length).
+            if (@reduce(.And, values -% limit) >> 63 == 0) {
+                for (out[i..][0..lanes]) |*slot| slot.* = walk(feistel, length, slot.*);
+            }
+        }
+    }
+    for (out[i..], i..) |*slot, j| slot.* = walk(feistel, length, feistel.permute(offset + j));
+}
+
+fn walk(feistel: *const Feistel, length: u64, first: u64) u64 {
+    var value = first;
+    while (value >= length) value = feistel.permute(value);
+    return value;
+}
+
+// ---------------------------------------------------------------------------
+// Tests.
+
+const testing = std.testing;
+
+fn expectCyclePermutation(length: u64, seed: u64, cycle: u64) !void {
+    const buffer = try testing.allocator.alloc(u64, @intCast(length));
+    defer testing.allocator.free(buffer);
+    fill(length, .cyclic, seed, cycle, 0, 1, buffer);
+    var seen = try std.DynamicBitSetUnmanaged.initEmpty(testing.allocator, @intCast(length));
+    defer seen.deinit(testing.allocator);
+    for (buffer) |index| {
+        try testing.expect(index < length);
+        try testing.expect(!seen.isSet(@intCast(index)));
+        seen.set(@intCast(index));
+    }
+    try testing.expectEqual(@as(usize, @intCast(length)), seen.count());
+}
+
+test "cyclic covers every index exactly once per cycle" {
+    for ([_]u64{ 1, 2, 3, 7, 64, 1000, 1023, 1025, 1_000_003 }) |length| {
+        for ([_]u64{ 0, 1, 0xDEAD_BEEF }) |seed| {
+            // With batch == length, step s is exactly cycle s.
+            for ([_]u64{ 0, 1, 5 }) |cycle| try expectCyclePermutation(length, seed, cycle);
+        }
+    }
+}
+
+test "cyclic batches that straddle cycles are permutations piecewise" {
+    const length = 1000;
+    const batch_size = 333;
+    var buffer: [batch_size]u64 = undefined;
+    var counts: [length]u32 = @splat(0);
+    // 3000 positions = three full cycles, read as 9 batches plus a tail.
+    var position: u64 = 0;
+    var step: u64 = 0;
+    while (position + batch_size <= 3 * length) : (step += 1) {
+        fill(length, .cyclic, 42, step, 0, 1, &buffer);
+        for (buffer) |index| counts[index] += 1;
+        position += batch_size;
+    }
+    // 9 batches cover positions [0, 2997): the first two cycles completely.
+    var whole_cycles: [length]u64 = undefined;
+    fill(length, .cyclic, 42, 2, 0, 1, &whole_cycles);
+    for (whole_cycles[997..]) |index| counts[index] += 1;
+    for (counts) |count| try testing.expectEqual(@as(u32, 3), count);
+}
+
+test "different seeds and different cycles give different permutations" {
+    const length = 1000;
+    var a: [length]u64 = undefined;
+    var b: [length]u64 = undefined;
+    fill(length, .cyclic, 1, 0, 0, 1, &a);
+    fill(length, .cyclic, 2, 0, 0, 1, &b);
+    try testing.expect(!std.mem.eql(u64, &a, &b));
+    fill(length, .cyclic, 1, 1, 0, 1, &b);
+    try testing.expect(!std.mem.eql(u64, &a, &b));
+    // Small domains have few permutations, but consecutive cycles should still move.
+    var distinct: usize = 0;
+    var previous: [7]u64 = undefined;
+    fill(7, .cyclic, 9, 0, 0, 1, &previous);
+    for (1..50) |cycle| {
+        var current: [7]u64 = undefined;
+        fill(7, .cyclic, 9, cycle, 0, 1, &current);
+        if (!std.mem.eql(u64, &previous, &current)) distinct += 1;
+        previous = current;
+    }
+    try testing.expect(distinct >= 40);
+}
+
+test "feistel is a bijection on its full domain" {
+    for ([_]u64{ 1, 2, 3, 4, 5, 7, 64, 100, 1000, 1025, 65536, 100_000, 1 << 20 }, 0..) |length, cycle| {
+        const feistel = Feistel.init(length, 77, cycle);
+        const size: usize = @intCast(feistel.domainSize());
+        var seen = try std.DynamicBitSetUnmanaged.initEmpty(testing.allocator, size);
+        defer seen.deinit(testing.allocator);
+        for (0..size) |x| {
+            const y = feistel.permute(x);
+            try testing.expect(y < size);
+            try testing.expect(!seen.isSet(@intCast(y)));
+            seen.set(@intCast(y));
+        }
+    }
+}
+
+test "feistel domain covers the length with little slack" {
+    const max = std.math.maxInt(u64);
+    for ([_]u64{ 1, 2, 3, 4, 5, 7, 1000, 1025, 1 << 32, (1 << 32) + 1, 1 << 63, (1 << 63) + 1, max - (1 << 32), max - 1, max }) |length| {
+        const feistel = Feistel.init(length, 0, 0);
+        try testing.expect(feistel.domainSize() >= length);
+        try testing.expect(feistel.domainSize() - length < @as(u64, 1) << feistel.low_bits);
+        try testing.expect(feistel.width_high <= @as(u64, 1) << feistel.low_bits);
+    }
+}
+
+test "feistel lanes agree with the scalar permutation" {
+    const lengths = [_]u64{ 17, 64, 1000, 1025, 1 << 20, 1 << 32, (1 << 40) + 3, (1 << 62) - 5, 1 << 62 };
+    for (lengths, 0..) |length, cycle| {
+        const feistel = Feistel.init(length, 3, cycle);
+        try testing.expect(feistel.vectorizable());
+        const vector_count: u64 = @intCast(feistel.domainSize() / lanes);
+        var state: u64 = length;
+        for (0..200) |_| {
+            state = mix64(state);
+            const x_first = (state % vector_count) * lanes;
+            const output = feistel.permuteLanes(x_first);
+            inline for (0..lanes) |lane| try testing.expectEqual(feistel.permute(x_first + lane), output[lane]);
+        }
+    }
+    for ([_]u64{ 1, 2, 8, 9, 16, (1 << 62) + 1, std.math.maxInt(u64) }) |length| {
+        try testing.expect(!Feistel.init(length, 0, 0).vectorizable());
+    }
+}
+
+test "feistel is not the identity on wide domains" {
+    const feistel = Feistel.init(std.math.maxInt(u64), 5, 0);
+    var fixed: usize = 0;
+    for (0..1000) |x| {
+        if (feistel.permute(x) == x) fixed += 1;
+    }
+    try testing.expect(fixed <= 1);
+}
+
+test "iid counts are close to uniform" {
+    const length = 10;
+    const draws = 100_000;
+    var counts: [length]u64 = @splat(0);
+    var buffer: [1000]u64 = undefined;
+    for (0..draws / buffer.len) |step| {
+        fill(length, .iid, 123, step, 0, 1, &buffer);
+        for (buffer) |index| counts[index] += 1;
+    }
+    // Chi-square with 9 degrees of freedom: mean 9, P(X > 40) is about 1e-5.
+    const expected: f64 = @as(f64, draws) / length;
+    var chi_square: f64 = 0;
+    for (counts) |count| {
+        const delta = @as(f64, @floatFromInt(count)) - expected;
+        chi_square += delta * delta / expected;
+    }
+    try testing.expect(chi_square < 40);
+}
+
+test "iid depends only on seed and position" {
+    // Step 6 with B=32 and world=2: rank 1 owns positions [6*64 + 32, 6*64 + 64) = [416, 448),
+    // which is step 13 of an unsharded run with B=32.
+    var sharded: [32]u64 = undefined;
+    fill(1_000_000, .iid, 8, 6, 1, 2, &sharded);
+    var plain: [32]u64 = undefined;
+    fill(1_000_000, .iid, 8, 13, 0, 1, &plain);
+    try testing.expectEqualSlices(u64, &plain, &sharded);
+    fill(1_000_000, .iid, 9, 13, 0, 1, &plain);
+    try testing.expect(!std.mem.eql(u64, &plain, &sharded));
+}
+
+test "iid rejection keeps large lengths in range" {
+    // 2^63 + 1 rejects almost half of all words.
+    const length: u64 = (1 << 63) + 1;
+    var buffer: [4096]u64 = undefined;
+    fill(length, .iid, 1, 0, 0, 1, &buffer);
+    var high: usize = 0;
+    for (buffer) |index| {
+        try testing.expect(index < length);
+        if (index >= 1 << 62) high += 1;
+    }
+    // Half of [0, 2^63 + 1) lies at or above 2^62: 2048 expected, standard deviation 32.
+    try testing.expect(high > 1750 and high < 2350);
+}
+
+test "sequential wraps circularly" {
+    var buffer: [5]u64 = undefined;
+    fill(7, .sequential, 0, 3, 0, 1, &buffer); // positions 15..19
+    try testing.expectEqualSlices(u64, &.{ 1, 2, 3, 4, 5 }, &buffer);
+    fill(7, .sequential, 0, 1, 0, 1, &buffer); // positions 5..9
+    try testing.expectEqualSlices(u64, &.{ 5, 6, 0, 1, 2 }, &buffer);
+    var ones: [3]u64 = undefined;
+    fill(1, .sequential, 0, 99, 0, 1, &ones);
+    try testing.expectEqualSlices(u64, &.{ 0, 0, 0 }, &ones);
+}
+
+test "sharded ranks together give the unsharded global batch" {
+    const world = 3;
+    const batch_size = 50;
+    for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
+        for ([_]u64{ 0, 1, 7, 1 << 40 }) |step| {
+            var global: [batch_size * world]u64 = undefined;
+            fill(137, mode, 5, step, 0, 1, &global);
+            var union_batch: [batch_size * world]u64 = undefined;
+            for (0..world) |rank| {
+                fill(137, mode, 5, step, rank, world, union_batch[rank * batch_size ..][0..batch_size]);
+            }
+            try testing.expectEqualSlices(u64, &global, &union_batch);
+        }
+    }
+}
+
+test "huge lengths and steps stay in range" {
+    const max = std.math.maxInt(u64);
+    var buffer: [300]u64 = undefined;
+    for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
+        for ([_]u64{ 1, 2, 3, 1 << 32, (1 << 32) + 1, 1 << 63, max - 1, max }) |length| {
+            for ([_]u64{ 0, 1 << 63, max }) |step| {
+                for ([_][2]u64{ .{ 0, 1 }, .{ 5, 7 }, .{ max - 1, max } }) |shard| {
+                    fill(length, mode, max, step, shard[0], shard[1], &buffer);
+                    for (buffer) |index| try testing.expect(index < length);
+                }
+            }
+        }
+    }
+}
+
+test "huge lengths: cyclic has no repeats within a batch" {
+    const max = std.math.maxInt(u64);
+    var buffer: [2048]u64 = undefined;
+    fill(max, .cyclic, 3, 1 << 63, 0, 1, &buffer);
+    std.mem.sortUnstable(u64, &buffer, {}, std.sort.asc(u64));
+    for (buffer[1..], buffer[0 .. buffer.len - 1]) |b, a| try testing.expect(a < b);
+}
+
+test "split divides exact 192-bit positions" {
+    const p: Position = (@as(Position, 0x1234_5678_9ABC_DEF0) << 128) | (@as(Position, 0x0FED_CBA9_8765_4321) << 64) | 0x1111_2222_3333_4444;
+    for ([_]u64{ 1, 2, 3, 1000, 1 << 63, std.math.maxInt(u64) }) |length| {
+        const s = split(p, length);
+        try testing.expect(s.offset < length);
+        try testing.expectEqual(p, s.cycle * length + s.offset);
+    }
+}
