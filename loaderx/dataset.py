@@ -2,6 +2,7 @@
 `open_store` by persisted identity, and `pad` for ragged batches."""
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Iterable
 
@@ -34,16 +35,41 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
         step = max(1, chunk_bytes // row_bytes)
         n = array.shape[0]
+        release = _page_releaser(array)
         for start in range(0, n, step):
-            # Only this chunk is read into memory (and dropped from the page cache
-            # as the kernel sees fit); the store copies nothing else.
             store.append(np.ascontiguousarray(array[start:start + step]))
+            # A memory-mapped source keeps every page it touched mapped (and
+            # counted in RSS) until unmapped; drop the chunk's pages once copied.
+            release(start, min(start + step, n))
             if progress is not None:
                 progress(min(start + step, n), n)
     except BaseException:
         store.close()
         raise
     return store
+
+
+def _page_releaser(array: np.ndarray):
+    """A function (start_row, stop_row) that unmaps the pages of those rows of a
+    C-contiguous np.memmap source (MADV_DONTNEED: file-backed pages are simply
+    re-read if touched again); a no-op for anything else."""
+    mm = getattr(array, "_mmap", None)
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") \
+            or not array.flags.c_contiguous:
+        return lambda start, stop: None
+    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    data = array.ctypes.data
+    row_bytes = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
+    page = mmap.PAGESIZE
+
+    def release(start: int, stop: int) -> None:
+        lo = data - base + start * row_bytes
+        hi = data - base + stop * row_bytes
+        lo = (lo // page) * page
+        hi = (hi // page) * page
+        if hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return release
 
 
 def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd", level: int | None = None,

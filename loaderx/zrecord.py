@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, Iterable, Iterator
 
 import msgpack
@@ -161,6 +162,7 @@ class _Store:
                  dict_bytes: bytes | None, identity: dict | None):
         self._handle = None
         self._path = os.fspath(path)
+        self._append_lock = threading.Lock()
         if codec is None:
             codec = "zstd"
         if codec not in _lib.CODECS:
@@ -300,7 +302,8 @@ class _Store:
         return f"{type(self).__name__}({self._path!r}, len={len(self)}{extra}, codec={self._codec!r})"
 
     # -- native calls shared by the typed stores
-    def _append_raw(self, ptrs: np.ndarray, sizes: np.ndarray, aux_ptrs=None, aux_sizes=None) -> int:
+    def _append_raw(self, ptrs: np.ndarray, sizes: np.ndarray, aux_ptrs=None, aux_sizes=None,
+                    keep=None, *, stage: bool = False) -> int:
         first = ffi.new("uint64_t *")
         n = len(sizes)
         rc = lib.lx_append(
@@ -309,9 +312,35 @@ class _Store:
             _u64_ptr(sizes),
             ffi.cast("const uint8_t *const *", ffi.from_buffer(aux_ptrs)) if aux_ptrs is not None else ffi.NULL,
             _u64_ptr(aux_sizes) if aux_sizes is not None else ffi.NULL,
+            1 if stage else 0,
             first)
         check(rc, self._path, "append")
         return int(first[0])
+
+    def _append_chunks(self, chunks) -> int:
+        """Appends chunks `(ptrs, sizes, aux_ptrs, aux_sizes, keep_alive)` as ONE
+        atomic append: every chunk but the last is staged (written, invisible),
+        the last publishes them all; an error drops what was staged. One chunk
+        is held in memory ahead of the one being written."""
+        with self._append_lock:
+            first = None
+            staged = False
+            try:
+                pending = None
+                for chunk in chunks:
+                    if pending is not None:
+                        f = self._append_raw(*pending, stage=True)
+                        staged = True
+                        first = f if first is None else first
+                    pending = chunk
+                if pending is not None:
+                    f = self._append_raw(*pending, stage=False)
+                    first = f if first is None else first
+                staged = False
+            finally:
+                if staged and self._handle is not None:
+                    lib.lx_publish(self._handle, 0)
+            return len(self) if first is None else first
 
     def _sizes(self, idx: np.ndarray, aux: bool) -> tuple[np.ndarray, np.ndarray | None]:
         raw = np.empty(len(idx), dtype=_U64)
@@ -403,13 +432,13 @@ class Zrecord(_Store):
 
     def append(self, records: Iterable) -> int:
         """Append bytes-like records; returns the index of the first one."""
-        first = None
-        for chunk in _chunks(_bytes_records(records)):
-            ptrs, sizes, keep = _pointers(chunk)
-            f = self._append_raw(ptrs, sizes)
-            first = f if first is None else first
-            del keep
-        return len(self) if first is None else first
+        self._h()
+
+        def chunks():
+            for chunk in _chunks(_bytes_records(records)):
+                ptrs, sizes, keep = _pointers(chunk)
+                yield ptrs, sizes, None, None, keep
+        return self._append_chunks(chunks())
 
     def gather(self, indices, out=None) -> list[bytes]:
         """Records `indices` as a list of bytes, in request order."""
@@ -531,18 +560,17 @@ class DenseStore(_Store):
         if n == 0:
             return len(self)
         rb = self._record_bytes
-        first = None
         step = max(1, _APPEND_CHUNK_BYTES // max(rb, 1))
-        for start in range(0, n, step):
-            part = np.ascontiguousarray(array[start:start + step])
-            keep = _byte_ptr(part)
-            base = int(ffi.cast("uintptr_t", keep))
-            ptrs = np.arange(len(part), dtype=_U64) * _U64(rb) + _U64(base)
-            sizes = np.full(len(part), rb, dtype=_U64)
-            f = self._append_raw(ptrs, sizes)
-            del keep
-            first = f if first is None else first
-        return first
+
+        def chunks():
+            for start in range(0, n, step):
+                part = np.ascontiguousarray(array[start:start + step])
+                buf = _byte_ptr(part)
+                base = int(ffi.cast("uintptr_t", buf))
+                ptrs = np.arange(len(part), dtype=_U64) * _U64(rb) + _U64(base)
+                sizes = np.full(len(part), rb, dtype=_U64)
+                yield ptrs, sizes, None, None, (part, buf)
+        return self._append_chunks(chunks())
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0) -> np.ndarray:
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
@@ -651,23 +679,21 @@ class RaggedStore(_Store):
         self._h()
         if isinstance(records, np.ndarray) and records.dtype == self._dtype and records.ndim >= 1:
             records = list(records)
-        first = None
         arrays = (self._as_record(i, x) for i, x in enumerate(records))
-        for chunk in _chunks(arrays):
-            for a in chunk:
-                if a.ndim > _MAX_NDIM:
-                    raise ValueError(f"record has {a.ndim} dimensions; at most {_MAX_NDIM} are supported")
-            ptrs, sizes, keep = _pointers(chunk)
-            auxes = [np.frombuffer(_encode_shape(a.shape), dtype=np.uint8) for a in chunk]
-            if any(len(x) for x in auxes):
-                aux_ptrs, aux_sizes, keep2 = _pointers(auxes)
-                f = self._append_raw(ptrs, sizes, aux_ptrs, aux_sizes)
-                del keep2
-            else:
-                f = self._append_raw(ptrs, sizes)
-            del keep
-            first = f if first is None else first
-        return len(self) if first is None else first
+
+        def chunks():
+            for chunk in _chunks(arrays):
+                for a in chunk:
+                    if a.ndim > _MAX_NDIM:
+                        raise ValueError(f"record has {a.ndim} dimensions; at most {_MAX_NDIM} are supported")
+                ptrs, sizes, keep = _pointers(chunk)
+                auxes = [np.frombuffer(_encode_shape(a.shape), dtype=np.uint8) for a in chunk]
+                if any(len(x) for x in auxes):
+                    aux_ptrs, aux_sizes, keep2 = _pointers(auxes)
+                    yield ptrs, sizes, aux_ptrs, aux_sizes, (chunk, keep, auxes, keep2)
+                else:
+                    yield ptrs, sizes, None, None, (chunk, keep)
+        return self._append_chunks(chunks())
 
     def _shapes(self, idx: np.ndarray, raw: np.ndarray, aux: np.ndarray) -> list[tuple]:
         """Each record's shape, checked against its byte size before anything is sized by it."""

@@ -80,6 +80,9 @@ data_maps: MapSet = .{},
 write_mutex: Io.Mutex = .init,
 /// The last commit this handle published; valid while it holds the writer lock.
 commit: Commit = undefined,
+/// The end state of appends made with `stage`, written to disk but not yet
+/// published: readers (and a crash) see only `commit`.
+staged: ?Commit = null,
 /// Gathers in flight through this handle, and the flag delete/compact raise.
 readers_active: std.atomic.Value(u32) = .init(0),
 exclusive: std.atomic.Value(bool) = .init(false),
@@ -738,9 +741,15 @@ const EncodeJob = struct {
 
 /// Appends `batch`; returns the index of its first record. Compresses on all
 /// lanes, then places, writes and publishes under the handle's write mutex.
-pub fn append(s: *Store, batch: Batch) Error!u64 {
+/// With `stage`, the records are written but not published: several staged
+/// appends become visible together at `publish(true)` (an append larger than
+/// memory, atomic as a whole), or are dropped by `publish(false)`.
+pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
     const io = pool.io();
-    if (batch.count == 0) return s.recordCount();
+    if (batch.count == 0) {
+        if (s.staged) |st| return st.record_count;
+        return s.recordCount();
+    }
     var raw_total: u64 = 0;
     for (0..batch.count) |i| {
         if (batch.aux(i).len > aux_size_max) return diag.fail(error.InvalidArgument, "record {d}: aux of {d} bytes exceeds {d}", .{ i, batch.aux(i).len, aux_size_max });
@@ -783,7 +792,7 @@ pub fn append(s: *Store, batch: Batch) Error!u64 {
     try s.becomeWriter();
 
     // Place serially, then write: data, then table, then the commit.
-    var c = s.commit;
+    var c = s.staged orelse s.commit;
     const first = c.record_count;
     var at = c.data_size;
     var stored_total: u64 = 0;
@@ -803,8 +812,27 @@ pub fn append(s: *Store, batch: Batch) Error!u64 {
     c.record_count = first + batch.count;
     c.data_size = at;
     c.live_bytes += stored_total;
-    try s.writeCommit(c);
+    if (stage) {
+        s.staged = c;
+    } else {
+        s.staged = null;
+        try s.writeCommit(c);
+    }
     return first;
+}
+
+/// Publishes (or, with `keep` false, drops) the records of staged appends.
+pub fn publish(s: *Store, keep: bool) Error!void {
+    const io = pool.io();
+    s.write_mutex.lockUncancelable(io);
+    defer s.write_mutex.unlock(io);
+    const st = s.staged orelse return;
+    s.staged = null;
+    if (keep) try s.writeCommit(st);
+}
+
+fn refuseStaged(s: *Store) Error!void {
+    if (s.staged != null) return diag.fail(error.Busy, "a staged append is not yet published on this handle", .{});
 }
 
 /// Makes everything appended so far durable: data, then table, then the commit.
@@ -857,6 +885,7 @@ pub fn delete(s: *Store, indices: []const u64) Error!void {
     s.write_mutex.lockUncancelable(io);
     defer s.write_mutex.unlock(io);
     try s.becomeWriter();
+    try s.refuseStaged();
     try s.acquireExclusive();
     defer s.releaseExclusive();
 
@@ -996,6 +1025,7 @@ pub fn compact(s: *Store) Error!void {
     s.write_mutex.lockUncancelable(io);
     defer s.write_mutex.unlock(io);
     try s.becomeWriter();
+    try s.refuseStaged();
     try s.acquireExclusive();
     defer s.releaseExclusive();
 
@@ -1107,7 +1137,7 @@ fn appendSlices(s: *Store, records: []const []const u8) !u64 {
         ptrs[i] = r.ptr;
         szs[i] = r.len;
     }
-    return s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = records.len });
+    return s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = records.len }, false);
 }
 
 fn readOne(s: *Store, index: u64, out: *std.ArrayList(u8)) !void {

@@ -223,8 +223,10 @@ export fn lx_blob(h: *Store, which: c_int, ptr: *[*]const u8, len: *u64) c_int {
 /// Appends `count` records: record i is `sizes[i]` bytes at `ptrs[i]`, with
 /// optional raw aux bytes `aux_sizes[i]` (<= 65535) at `aux_ptrs[i]` (both
 /// null for none). Writes the first new index to `*first`. Compresses on all
-/// usable cores; records that do not shrink are stored raw. Errors: locked,
-/// read_only, invalid, no_space, io, out_of_memory (nothing is committed then).
+/// usable cores; records that do not shrink are stored raw. With `stage` != 0
+/// the records are written but stay invisible until `lx_publish`, so several
+/// calls can form one atomic append. Errors: locked, read_only, invalid,
+/// no_space, io, out_of_memory (nothing is committed then).
 export fn lx_append(
     h: *Store,
     count: u64,
@@ -232,6 +234,7 @@ export fn lx_append(
     sizes: ?[*]const u64,
     aux_ptrs: ?[*]const [*]const u8,
     aux_sizes: ?[*]const u64,
+    stage: c_int,
     first: *u64,
 ) c_int {
     diag.clear();
@@ -244,7 +247,15 @@ export fn lx_append(
         .aux_ptrs = aux_ptrs,
         .aux_sizes = aux_sizes,
         .count = @intCast(count),
-    }) catch |e| return code(e);
+    }, stage != 0) catch |e| return code(e);
+    return 0;
+}
+
+/// Publishes the records of staged appends (`keep` != 0) or drops them
+/// (`keep` == 0, e.g. after an error). While records are staged, delete and
+/// compact return busy. Errors: io.
+export fn lx_publish(h: *Store, keep: c_int) c_int {
+    h.publish(keep != 0) catch |e| return code(e);
     return 0;
 }
 
