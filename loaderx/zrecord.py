@@ -166,9 +166,10 @@ class _Store:
         if codec is None:
             codec = "zstd"
         if codec not in _lib.CODECS:
-            raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(_lib.CODECS)}")
+            raise InvalidArgumentError(f"{self._path}: unknown codec {codec!r}; choose one of {sorted(_lib.CODECS)}",
+                                       path=self._path)
         if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
-            raise TypeError(f"level must be an int, not {type(level).__name__}")
+            raise InvalidArgumentError(f"{self._path}: level must be an int, not {type(level).__name__}", path=self._path)
         if dict_bytes is not None:
             dict_bytes = bytes(dict_bytes)
         if create:

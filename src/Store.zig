@@ -332,13 +332,15 @@ fn initialCommit() Commit {
 
 fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
     const io = pool.io();
+    if (dir.access(io, "meta", .{})) |_| return else |_| {}
+    // Before creating anything: a refused create leaves the directory as it was.
+    try refuseForeignFiles(dir);
     // The writer lock serializes concurrent creators: only one writes meta.
     const lock = dir.createFile(io, "lock", .{ .truncate = false, .read = true }) catch |e| return ioFail(e, "creating lock");
     defer lock.close(io);
     lock.lock(io, .exclusive) catch |e| return ioFail(e, "locking lock");
     defer lock.unlock(io);
     if (dir.access(io, "meta", .{})) |_| return else |_| {}
-    try refuseForeignFiles(dir);
 
     for ([_][]const u8{ "index", "data" }) |name| {
         const f = dir.createFile(io, name, .{ .truncate = true }) catch |e| return ioFail(e, "creating store files");
@@ -542,16 +544,14 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     if (indices.len == 0) return;
     const count = s.recordCount();
     const locs = try s.table(count);
-    var max_end: u64 = 0;
+    const data_size = s.committedDataSize();
+    const data = try s.data_maps.cover(s.data, data_size, "data");
     var raw_bytes: u64 = 0;
     var decoded_bytes: u64 = 0;
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
         const loc = locs[index];
-        if (loc.codec > @intFromEnum(Codec.zstd_dict)) return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{index});
-        const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch
-            return diag.fail(error.Corrupt, "record {d} has an impossible location", .{index});
-        max_end = @max(max_end, end);
+        try checkLoc(loc, index, data, data_size);
         const size: u64 = if (part == .aux) loc.aux_size else loc.raw_size;
         if (dest.offsets) |offsets| {
             const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
@@ -564,8 +564,6 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     if (dest.offsets == null and indices.len * dest.stride > dest.len) {
         return diag.fail(error.SizeMismatch, "destination holds {d} bytes, the batch needs {d}", .{ dest.len, indices.len * dest.stride });
     }
-    const data = try s.data_maps.cover(s.data, max_end, "data");
-
     var lanes = pool.lanes();
     if (lane_cap != 0) lanes = @min(lanes, lane_cap);
     if (raw_bytes < inline_raw_bytes and decoded_bytes < inline_decoded_bytes) lanes = 1;
@@ -587,14 +585,34 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     }
 }
 
+fn committedDataSize(s: *const Store) u64 {
+    return @atomicLoad(u64, &mappedCommit(s).data_size, .acquire);
+}
+
+/// A table entry is trusted only once it lies inside the committed data and
+/// its sizes agree with its payload: a damaged entry is an error, never an
+/// out-of-bounds read or an allocation sized by garbage.
+fn checkLoc(loc: RecordLoc, index: u64, data: [*]const u8, data_size: u64) Error!void {
+    if (loc.codec > @intFromEnum(Codec.zstd_dict)) return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{index});
+    const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch std.math.maxInt(u64);
+    if (end > data_size) return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
+    const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
+    if (!codec.plausible(@enumFromInt(loc.codec), stored, loc.raw_size)) {
+        return diag.fail(error.Corrupt, "record {d} is damaged (its sizes disagree with its payload)", .{index});
+    }
+}
+
 /// Payload (raw) and aux sizes of records `indices`; either output may be null.
 pub fn sizes(s: *Store, indices: []const u64, raw_out: ?[*]u64, aux_out: ?[*]u64) Error!void {
     try s.enterRead();
     defer s.exitRead();
     const count = s.recordCount();
     const locs = try s.table(count);
+    const data_size = s.committedDataSize();
+    const data = try s.data_maps.cover(s.data, data_size, "data");
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
+        try checkLoc(locs[index], index, data, data_size);
         if (raw_out) |r| r[i] = locs[index].raw_size;
         if (aux_out) |a| a[i] = locs[index].aux_size;
     }
@@ -1091,9 +1109,7 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
     for (0..@intCast(count)) |i| {
         const loc = locs[i];
         bad_index.* = i;
-        if (loc.codec > @intFromEnum(Codec.zstd_dict)) return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{i});
-        const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch std.math.maxInt(u64);
-        if (end > data_size) return diag.fail(error.Corrupt, "record {d} lies outside the data file", .{i});
+        try checkLoc(loc, i, data, data_size);
         const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
         const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
         if (format.recordChecksum(aux, stored) != loc.checksum) return diag.fail(error.Corrupt, "record {d} fails its checksum", .{i});

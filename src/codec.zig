@@ -33,6 +33,11 @@ extern fn ZSTD_createDDict(dict: [*]const u8, size: usize) ?*ZSTD_DDict;
 extern fn ZSTD_freeDDict(ddict: ?*ZSTD_DDict) usize;
 extern fn ZSTD_compress_usingCDict(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, cdict: *const ZSTD_CDict) usize;
 extern fn ZSTD_decompress_usingDDict(dctx: *ZSTD_DCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, ddict: *const ZSTD_DDict) usize;
+extern fn ZSTD_CCtx_reset(cctx: *ZSTD_CCtx, reset: c_int) usize;
+extern fn ZSTD_CCtx_setParameter(cctx: *ZSTD_CCtx, param: c_int, value: c_int) usize;
+extern fn ZSTD_CCtx_refCDict(cctx: *ZSTD_CCtx, cdict: ?*const ZSTD_CDict) usize;
+extern fn ZSTD_compress2(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize) usize;
+extern fn ZSTD_getFrameContentSize(src: [*]const u8, size: usize) c_ulonglong;
 extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
 extern fn ZSTD_minCLevel() c_int;
 extern fn ZSTD_maxCLevel() c_int;
@@ -144,15 +149,34 @@ pub fn encode(
 ) ?usize {
     assert(codec != .raw);
     assert(dst.len >= compressBound(src.len));
-    const n = switch (codec) {
+    // Every frame carries zstd's content checksum, so a damaged record fails
+    // to decode instead of decoding to wrong bytes.
+    const reset_session_and_parameters = 3;
+    const c_compression_level = 100;
+    const c_checksum_flag = 201;
+    _ = ZSTD_CCtx_reset(cctx, reset_session_and_parameters);
+    _ = ZSTD_CCtx_setParameter(cctx, c_checksum_flag, 1);
+    switch (codec) {
         .raw => unreachable,
-        .zstd => ZSTD_compressCCtx(cctx, dst.ptr, dst.len, src.ptr, src.len, level),
-        .zstd_dict => ZSTD_compress_usingCDict(cctx, dst.ptr, dst.len, src.ptr, src.len, dict.cdict.?),
-    };
+        .zstd => _ = ZSTD_CCtx_setParameter(cctx, c_compression_level, level),
+        .zstd_dict => _ = ZSTD_CCtx_refCDict(cctx, dict.cdict.?),
+    }
+    const n = ZSTD_compress2(cctx, dst.ptr, dst.len, src.ptr, src.len);
     // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
     if (ZSTD_isError(n) != 0) return null;
     if (n >= src.len) return null;
     return n;
+}
+
+/// True when a stored payload of `codec` can decode to `raw_size` bytes: the
+/// sizes agree for raw records, and the zstd frame header names `raw_size`.
+/// Cheap (reads a few header bytes); lets callers refuse a damaged table entry
+/// before they size anything by it.
+pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
+    return switch (codec) {
+        .raw => stored.len == raw_size,
+        .zstd, .zstd_dict => ZSTD_getFrameContentSize(stored.ptr, stored.len) == raw_size,
+    };
 }
 
 /// Decodes one stored payload into exactly `dst` (the record's raw size).
