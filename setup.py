@@ -8,6 +8,7 @@ import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,4 +56,12 @@ class BuildWithZig(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithZig})
+class BinaryDistribution(Distribution):
+    """The package carries a native library: wheels built from source get a
+    platform tag, not py3-none-any (release wheels come from build_wheels.py)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithZig}, distclass=BinaryDistribution)

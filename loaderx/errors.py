@@ -68,6 +68,10 @@ class InvalidArgumentError(ZrecordError, ValueError):
     """An argument the native core refused (codec, level, ...)."""
 
 
+class ArgumentTypeError(ZrecordError, TypeError):
+    """An argument of the wrong type (raised in Python, no native code)."""
+
+
 class ReadOnlyError(ZrecordError, PermissionError):
     """The store cannot be written."""
 

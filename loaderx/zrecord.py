@@ -32,6 +32,7 @@ import numpy as np
 from . import _lib
 from ._lib import check, ffi, lib
 from .errors import (
+    ArgumentTypeError,
     ClosedError,
     CorruptStoreError,
     DictionaryError,
@@ -169,7 +170,7 @@ class _Store:
             raise InvalidArgumentError(f"{self._path}: unknown codec {codec!r}; choose one of {sorted(_lib.CODECS)}",
                                        path=self._path)
         if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
-            raise InvalidArgumentError(f"{self._path}: level must be an int, not {type(level).__name__}", path=self._path)
+            raise ArgumentTypeError(f"{self._path}: level must be an int, not {type(level).__name__}", path=self._path)
         if dict_bytes is not None:
             dict_bytes = bytes(dict_bytes)
         if create:
