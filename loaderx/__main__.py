@@ -148,10 +148,14 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_compact)
     p = sub.add_parser("bench", help="quick local figures")
     p.set_defaults(fn=cmd_bench)
-    p = sub.add_parser("demo", help="build a small store and run the loader")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser("demo", help="build a small store and run the loader (options: demo --help)")
     p.set_defaults(fn=cmd_demo)
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:
+        # The demo parses its own options (--records, --steps, ...).
+        args = argparse.Namespace(cmd="demo", fn=cmd_demo, rest=argv[1:])
+    else:
+        args = ap.parse_args(argv)
     from .errors import ZrecordError
     try:
         return args.fn(args)

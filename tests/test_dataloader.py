@@ -1,0 +1,653 @@
+"""Tests for loaderx.dataloader.DataLoader: order, determinism, checkpoints,
+errors, shutdown, validation, recycled buffers and framework hand-off.
+
+Most tests run twice: on small in-memory fake stores with the store interface
+(always), and on real DenseStore/RaggedStore files (skipped, with the reason,
+only while ``loaderx.zrecord`` cannot be imported).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+import random
+import threading
+import time
+import traceback
+import weakref
+
+import numpy as np
+import pytest
+
+from loaderx.dataloader import DataLoader
+from loaderx.zsampler import Sampler
+
+LENGTH = 1000
+
+
+# -- stores ---------------------------------------------------------------------------
+
+
+class FakeDenseStore:
+    """An in-memory dense store with the loaderx store interface."""
+
+    kind = "dense"
+
+    def __init__(self, data, fail_on=None):
+        self._data = np.ascontiguousarray(data)
+        self.dtype = self._data.dtype
+        self.item_shape = self._data.shape[1:]
+        self.path = "<memory>"
+        # A gather whose first index is fail_on raises, to inject errors.
+        self.fail_on = fail_on
+
+    def __len__(self):
+        return len(self._data)
+
+    def gather(self, indices, out=None):
+        indices = np.asarray(indices, dtype=np.int64)
+        if self.fail_on is not None and len(indices) and indices[0] == self.fail_on:
+            raise OSError(f"injected read error at index {self.fail_on}")
+        if out is None:
+            return self._data[indices]
+        np.take(self._data, indices, axis=0, out=out)
+        return out
+
+
+class FakeRaggedStore:
+    kind = "ragged"
+
+    def __init__(self, records, dtype):
+        self._records = [np.asarray(record, dtype=dtype) for record in records]
+        self.dtype = np.dtype(dtype)
+        self.item_shape = None
+        self.path = "<memory>"
+
+    def __len__(self):
+        return len(self._records)
+
+    def gather(self, indices, out=None):
+        return [self._records[i].copy() for i in np.asarray(indices, dtype=np.int64)]
+
+
+class FakeBytesStore:
+    kind = "bytes"
+    dtype = None
+    item_shape = None
+    path = "<memory>"
+
+    def __init__(self, records):
+        self._records = list(records)
+
+    def __len__(self):
+        return len(self._records)
+
+    def gather(self, indices, out=None):
+        return [self._records[i] for i in np.asarray(indices, dtype=np.int64)]
+
+
+def dense_rows(length):
+    """Record i is [i, 3i + 1]: the content reveals the index."""
+    index = np.arange(length, dtype=np.int64)
+    return np.stack([index, 3 * index + 1], axis=1)
+
+
+def ragged_rows(length):
+    """Record i is i repeated i % 5 times (so zero-length records occur)."""
+    return [np.full(i % 5, i, dtype=np.int32) for i in range(length)]
+
+
+def import_zrecord():
+    try:
+        import loaderx.zrecord as zrecord
+    except ImportError as exc:  # The native store engine is built separately.
+        pytest.skip(f"real-store variant: loaderx.zrecord is not importable yet ({exc})")
+    return zrecord
+
+
+@pytest.fixture(params=["fake", "real"])
+def streams(request, tmp_path):
+    """{"x": dense int64 (2,), "r": ragged int32} of LENGTH records."""
+    if request.param == "fake":
+        yield {"x": FakeDenseStore(dense_rows(LENGTH)), "r": FakeRaggedStore(ragged_rows(LENGTH), np.int32)}
+        return
+    zrecord = import_zrecord()
+    dense = zrecord.DenseStore(str(tmp_path / "x"), np.int64, (2,))
+    ragged = zrecord.RaggedStore(str(tmp_path / "r"), np.int32)
+    try:
+        dense.append(dense_rows(LENGTH))
+        ragged.append(ragged_rows(LENGTH))
+        yield {"x": dense, "r": ragged}
+    finally:
+        dense.close()
+        ragged.close()
+
+
+def fake_streams(length=LENGTH, fail_on=None):
+    return {"x": FakeDenseStore(dense_rows(length), fail_on=fail_on)}
+
+
+def indices_of(batch):
+    return batch["x"][:, 0].copy()
+
+
+def expected_indices(step, batch_size, mode=Sampler.Mode.CYCLIC, seed=0, shard=None, length=LENGTH):
+    return Sampler(length, batch_size, mode, seed, shard=shard).at(step)
+
+
+def take(loader, count):
+    return [next(loader) for _ in range(count)]
+
+
+def worker_threads():
+    return [thread for thread in threading.enumerate() if thread.name.startswith("loaderx-worker")]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_leaks():
+    yield
+    gc.collect()
+    assert worker_threads() == [], "a test left loaderx worker threads running"
+
+
+def jitter(batch):
+    """A transform that finishes batches out of order."""
+    time.sleep(random.random() * 0.002)
+    return batch
+
+
+# -- content and order ----------------------------------------------------------------
+
+
+def test_dense_streams_stack_and_ragged_streams_list(streams):
+    with DataLoader(streams, batch_size=16, seed=3, workers=2) as loader:
+        for step in range(5):
+            batch = next(loader)
+            want = expected_indices(step, 16, seed=3)
+            assert set(batch) == {"x", "r"}
+            assert isinstance(batch["x"], np.ndarray)
+            assert batch["x"].shape == (16, 2)
+            assert batch["x"].dtype == np.int64
+            assert batch["x"].flags.c_contiguous
+            np.testing.assert_array_equal(batch["x"][:, 0], want)
+            np.testing.assert_array_equal(batch["x"][:, 1], 3 * want + 1)
+            assert isinstance(batch["r"], list)
+            assert len(batch["r"]) == 16
+            for record, index in zip(batch["r"], want):
+                assert record.dtype == np.int32
+                np.testing.assert_array_equal(record, np.full(index % 5, index, dtype=np.int32))
+
+
+def test_bytes_stream_gives_list_of_bytes():
+    records = [f"record-{i}".encode() for i in range(50)]
+    with DataLoader({"b": FakeBytesStore(records)}, batch_size=4, workers=1) as loader:
+        batch = next(loader)
+    want = expected_indices(0, 4, length=50)
+    assert batch["b"] == [records[i] for i in want]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("prefetch", [1, 2, 3, 4])
+def test_same_batches_whatever_workers_and_prefetch(workers, prefetch):
+    reference = [expected_indices(step, 32, seed=11) for step in range(40)]
+    with DataLoader(fake_streams(), 32, seed=11, workers=workers, prefetch=prefetch, transform=jitter) as loader:
+        for step, want in enumerate(reference):
+            assert loader.step == step
+            np.testing.assert_array_equal(indices_of(next(loader)), want)
+
+
+@pytest.mark.parametrize("mode", list(Sampler.Mode))
+def test_every_mode_follows_the_sampler(mode, streams):
+    with DataLoader(streams, 24, mode=mode, seed=5, workers=3, prefetch=2) as loader:
+        for step in range(12):
+            want = expected_indices(step, 24, mode=mode, seed=5)
+            np.testing.assert_array_equal(indices_of(next(loader)), want)
+
+
+def test_mode_accepts_names():
+    with DataLoader(fake_streams(), 8, mode="sequential", workers=1) as loader:
+        assert loader.state_dict()["mode"] == "SEQUENTIAL"
+        np.testing.assert_array_equal(indices_of(next(loader)), np.arange(8))
+
+
+def test_iteration_is_endless_and_has_no_len():
+    with DataLoader(fake_streams(length=10), 4, workers=2) as loader:
+        assert iter(loader) is loader
+        assert bool(loader)
+        with pytest.raises(TypeError, match="endless"):
+            len(loader)
+        for count, _ in enumerate(loader):
+            if count == 30:  # 12 epochs of 10 records: iteration never stops.
+                break
+        assert loader.step == 31
+
+
+def test_default_workers_follow_affinity():
+    import os
+
+    with DataLoader(fake_streams(), 8) as loader:
+        want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert loader.workers == want
+
+
+def test_repr_describes_the_loader():
+    loader = DataLoader(fake_streams(), 8, seed=2, workers=1, prefetch=3)
+    next(loader)
+    text = repr(loader)
+    for part in ("x: dense", "batch_size=8", "CYCLIC", "seed=2", "workers=1", "prefetch=3", "step=1", "open"):
+        assert part in text
+    loader.close()
+    assert "closed" in repr(loader)
+
+
+# -- checkpoints ----------------------------------------------------------------------
+
+
+def test_checkpoint_at_every_step_continues_exactly():
+    """Grain's generic test: restore at every step of a run, compare the continuation."""
+    steps, follow = 200, 5
+    transform = jitter
+    run = DataLoader(fake_streams(), 16, seed=7, workers=3, prefetch=4, transform=transform)
+    states, reference, ahead = [], [], 0
+    with run:
+        for step in range(steps + follow):
+            if step % 10 == 0:
+                time.sleep(0.01)  # Let the workers fill the prefetch window.
+            engine = run._engine
+            with engine.lock:
+                ahead += engine.step_claim > engine.step_deliver
+            states.append(run.state_dict())
+            reference.append(indices_of(next(run)))
+    assert ahead > 0, "no checkpoint was taken with batches in flight"
+
+    # One long-lived loader restored again and again: every restore discards
+    # whatever it had prefetched for the previous continuation.
+    with DataLoader(fake_streams(), 16, seed=7, workers=3, prefetch=4, transform=transform) as resumed:
+        for step in range(steps):
+            state = json.loads(json.dumps(states[step]))
+            assert state["step"] == step
+            resumed.load_state_dict(state)
+            assert resumed.step == step
+            for offset in range(follow):
+                np.testing.assert_array_equal(indices_of(next(resumed)), reference[step + offset])
+
+    # Fresh loaders restored before their first batch.
+    for step in range(0, steps, 25):
+        state = pickle.loads(pickle.dumps(states[step]))
+        with DataLoader(fake_streams(), 16, seed=7, workers=2, prefetch=1) as fresh:
+            fresh.load_state_dict(state)
+            for offset in range(follow):
+                np.testing.assert_array_equal(indices_of(next(fresh)), reference[step + offset])
+
+
+def test_checkpoint_on_real_stores_resumes(streams):
+    with DataLoader(streams, 8, seed=1, workers=2, prefetch=3) as run:
+        take(run, 7)
+        state = run.state_dict()
+        after = [indices_of(batch) for batch in take(run, 6)]
+    with DataLoader(streams, 8, seed=1, workers=1) as resumed:
+        resumed.load_state_dict(state)
+        for want in after:
+            np.testing.assert_array_equal(indices_of(next(resumed)), want)
+
+
+def test_state_dict_contents():
+    with DataLoader(fake_streams(), 8, seed=9, mode="iid", shard=(1, 4), workers=2) as loader:
+        take(loader, 3)
+        state = loader.state_dict()
+    assert state == {
+        "version": 1,
+        "seed": 9,
+        "mode": "IID",
+        "step": 3,
+        "batch_size": 8,
+        "shard": [1, 4],
+        "lengths": {"x": LENGTH},
+    }
+
+
+def test_step_constructor_argument_resumes():
+    with DataLoader(fake_streams(), 16, seed=4, workers=2) as run:
+        reference = [indices_of(batch) for batch in take(run, 30)]
+    with DataLoader(fake_streams(), 16, seed=4, workers=3, step=17) as resumed:
+        assert resumed.step == 17
+        assert resumed.state_dict()["step"] == 17
+        for want in reference[17:]:
+            np.testing.assert_array_equal(indices_of(next(resumed)), want)
+
+
+def test_resume_beyond_many_epochs_is_immediate():
+    step = 10**9
+    with DataLoader(fake_streams(), 16, seed=4, workers=1, step=step) as loader:
+        start = time.perf_counter()
+        np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(step, 16, seed=4))
+        assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s.update(version=2), "version 2"),
+        (lambda s: s.pop("version"), "version None"),
+        (lambda s: s.pop("seed"), "missing \\['seed'\\]"),
+        (lambda s: s.update(extra=1), "unknown keys \\['extra'\\]"),
+        (lambda s: s.update(seed=8), "seed is 8 but this loader has 7"),
+        (lambda s: s.update(batch_size=32), "batch_size is 32 but this loader has 16"),
+        (lambda s: s.update(mode="SEQUENTIAL"), "mode is 'SEQUENTIAL' but this loader has 'CYCLIC'"),
+        (lambda s: s.update(lengths={"x": 999}), "lengths\\['x'\\] is 999 but this loader has 1000"),
+        (lambda s: s.update(lengths={"y": 1000}), "streams \\['y'\\] differ"),
+        (lambda s: s.update(shard=[1, 2]), "world size is 2 but this loader has world size 1"),
+    ],
+)
+def test_state_from_another_configuration_is_refused(change, message):
+    with DataLoader(fake_streams(), 16, seed=7, workers=1) as loader:
+        state = loader.state_dict()
+        change(state)
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(state)
+        assert loader.step == 0
+
+
+def test_state_with_other_rank_is_refused():
+    with DataLoader(fake_streams(), 16, shard=(0, 2), workers=1) as rank0:
+        state = rank0.state_dict()
+    with DataLoader(fake_streams(), 16, shard=(1, 2), workers=1) as rank1:
+        with pytest.raises(ValueError, match="shard rank is 0 but this loader has 1"):
+            rank1.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("step", -1), ("step", "3"), ("step", 2.0), ("seed", "7"), ("mode", 2), ("shard", "0,1"), ("lengths", [1000])],
+)
+def test_state_with_wrong_types_is_refused(field, value):
+    with DataLoader(fake_streams(), 16, seed=7, workers=1) as loader:
+        state = loader.state_dict()
+        state[field] = value
+        with pytest.raises(TypeError, match=field):
+            loader.load_state_dict(state)
+        with pytest.raises(TypeError, match="state must be a dict"):
+            loader.load_state_dict([("version", 1)])
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_transform_error_surfaces_at_its_step(workers):
+    fail_step = 7
+    fail_index = expected_indices(fail_step, 10, mode="sequential")[0]
+    raised = []
+
+    def failing_transform(batch):
+        if batch["x"][0, 0] == fail_index:
+            error = Boom(f"bad batch at step {fail_step}")
+            raised.append(error)
+            raise error
+        return batch
+
+    loader = DataLoader(fake_streams(), 10, mode="sequential", workers=workers, prefetch=4, transform=failing_transform)
+    for step in range(fail_step):
+        np.testing.assert_array_equal(indices_of(next(loader)), np.arange(10) + 10 * step)
+    with pytest.raises(Boom, match="bad batch at step 7") as excinfo:
+        next(loader)
+    assert excinfo.value is raised[0]
+    frames = [frame.name for frame in traceback.extract_tb(excinfo.value.__traceback__)]
+    assert "failing_transform" in frames
+    assert loader.state_dict()["step"] == fail_step
+    assert worker_threads() == []
+
+    with pytest.raises(RuntimeError, match="stopped after an error at step 7") as later:
+        next(loader)
+    assert later.value.__cause__ is raised[0]
+    with pytest.raises(RuntimeError, match="stopped after an error"):
+        loader.load_state_dict(loader.state_dict())
+    loader.close()
+
+
+def test_gather_error_surfaces_at_its_step():
+    fail_step = 3
+    fail_index = int(expected_indices(fail_step, 10)[0])
+    loader = DataLoader(fake_streams(fail_on=fail_index), 10, workers=2)
+    take(loader, fail_step)
+    with pytest.raises(OSError, match=f"injected read error at index {fail_index}") as excinfo:
+        next(loader)
+    frames = [frame.name for frame in traceback.extract_tb(excinfo.value.__traceback__)]
+    assert "gather" in frames
+    loader.close()
+
+
+# -- shutdown -------------------------------------------------------------------------
+
+
+def test_close_is_prompt_while_another_thread_is_blocked():
+    def slow(batch):
+        time.sleep(0.3)
+        return batch
+
+    loader = DataLoader(fake_streams(), 8, workers=2, prefetch=1, transform=slow)
+    outcome = {}
+
+    def consume():
+        try:
+            while True:
+                next(loader)
+        except RuntimeError as exc:
+            outcome["error"] = exc
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.45)  # The consumer is now waiting inside next().
+    start = time.perf_counter()
+    loader.close()
+    elapsed = time.perf_counter() - start
+    consumer.join(1.0)
+    assert elapsed < 1.0
+    assert not consumer.is_alive()
+    assert "closed" in str(outcome["error"])
+    assert worker_threads() == []
+
+
+def test_close_is_idempotent_and_final():
+    loader = DataLoader(fake_streams(), 8, workers=3)
+    next(loader)
+    assert len(worker_threads()) == 3
+    assert {thread.name for thread in worker_threads()} == {f"loaderx-worker-{i}" for i in range(3)}
+    loader.close()
+    loader.close()
+    assert loader.closed
+    assert worker_threads() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        next(loader)
+    with pytest.raises(RuntimeError, match="closed"):
+        loader.load_state_dict(loader.state_dict())
+
+
+def test_context_manager_closes():
+    with DataLoader(fake_streams(), 8, workers=2) as loader:
+        next(loader)
+    assert loader.closed
+    assert worker_threads() == []
+
+
+def test_garbage_collection_stops_threads():
+    loader = DataLoader(fake_streams(), 8, workers=2)
+    next(loader)
+    reference = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert reference() is None
+    assert worker_threads() == []
+
+
+def test_threads_start_lazily():
+    loader = DataLoader(fake_streams(), 8, workers=2)
+    assert worker_threads() == []
+    loader.load_state_dict(dict(loader.state_dict(), step=5))
+    assert worker_threads() == []
+    np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(5, 8))
+    loader.close()
+
+
+# -- bounded memory -------------------------------------------------------------------
+
+
+def test_batches_alive_stay_bounded():
+    workers, prefetch = 3, 2
+    lock = threading.Lock()
+    count = {"alive": 0, "peak": 0}
+
+    class Tracked:
+        def __init__(self):
+            with lock:
+                count["alive"] += 1
+                count["peak"] = max(count["peak"], count["alive"])
+            weakref.finalize(self, self.release)
+
+        @staticmethod
+        def release():
+            with lock:
+                count["alive"] -= 1
+
+    loader = DataLoader(fake_streams(), 8, workers=workers, prefetch=prefetch, transform=lambda batch: Tracked())
+    with loader:
+        for step in range(40):
+            batch = next(loader)
+            if step % 10 == 0:
+                time.sleep(0.05)  # A slow consumer: the workers fill the window.
+            del batch
+    # The window holds prefetch + workers batches; the consumer holds one more.
+    assert count["peak"] <= prefetch + workers + 1
+    assert count["peak"] >= prefetch + 1
+
+
+# -- recycled output buffers ----------------------------------------------------------
+
+
+def test_recycled_output_buffers(streams):
+    workers, prefetch, spare = 2, 2, 3
+    count = workers + prefetch + spare
+    buffers = [np.empty((8, 2), dtype=np.int64) for _ in range(count)]
+    with DataLoader(streams, 8, seed=6, workers=workers, prefetch=prefetch, out={"x": buffers}) as loader:
+        held = []
+        for step in range(30):
+            batch = next(loader)
+            assert batch["x"] is buffers[step % count] or np.shares_memory(batch["x"], buffers[step % count])
+            held.append((step, batch["x"]))
+            # The contract: a batch stays valid for `spare` more batches.
+            held = held[-spare:]
+            for held_step, array in held:
+                np.testing.assert_array_equal(array[:, 0], expected_indices(held_step, 8, seed=6))
+            if step % 4 == 0:
+                time.sleep(0.01)
+
+
+def test_recycled_buffers_after_restore():
+    buffers = [np.empty((8, 2), dtype=np.int64) for _ in range(4)]
+    with DataLoader(fake_streams(), 8, workers=1, prefetch=2, out={"x": buffers}) as loader:
+        take(loader, 5)
+        loader.load_state_dict(dict(loader.state_dict(), step=2))
+        for step in range(2, 12):
+            np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(step, 8))
+
+
+@pytest.mark.parametrize(
+    "out, error, message",
+    [
+        ({"x": [np.empty((8, 2), np.int64)] * 2}, ValueError, "needs at least prefetch \\+ workers \\+ 1 = 4"),
+        ({"y": []}, ValueError, "stream 'y'"),
+        ({"r": []}, ValueError, "only for dense streams"),
+        ({"x": np.empty((4, 8, 2), np.int64)}, TypeError, "must be a list"),
+        ({"x": [np.empty((8, 2), np.int32) for _ in range(4)]}, ValueError, "int32\\[8, 2\\], the stream needs int64\\[8, 2\\]"),
+        ({"x": [np.empty((7, 2), np.int64) for _ in range(4)]}, ValueError, "the stream needs int64\\[8, 2\\]"),
+        ({"x": [np.empty((8, 4), np.int64)[:, :2] for _ in range(4)]}, ValueError, "C-contiguous"),
+        ({"x": [np.empty((8, 2), np.int64)] * 4}, ValueError, "must not share memory"),
+    ],
+)
+def test_bad_output_buffers_are_refused(out, error, message):
+    streams = {"x": FakeDenseStore(dense_rows(LENGTH)), "r": FakeRaggedStore(ragged_rows(LENGTH), np.int32)}
+    with pytest.raises(error, match=message):
+        DataLoader(streams, 8, workers=1, prefetch=2, out=out)
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(streams={}), ValueError, "streams is empty"),
+        (dict(streams=[FakeDenseStore(dense_rows(4))]), TypeError, "must be a dict"),
+        (dict(streams={"x": np.zeros((4, 2))}), TypeError, "stream 'x' is not a loaderx store.*ndarray"),
+        (
+            dict(streams={"x": FakeDenseStore(dense_rows(10)), "y": FakeDenseStore(dense_rows(9))}),
+            ValueError,
+            "same length, got \\{'x': 10, 'y': 9\\}",
+        ),
+        (dict(streams={"x": FakeDenseStore(dense_rows(0))}), ValueError, "stream 'x' is empty \\(len 0\\)"),
+        (dict(batch_size=0), ValueError, "batch_size must be in \\[1, .*got 0"),
+        (dict(batch_size=-3), ValueError, "batch_size must be in \\[1, .*got -3"),
+        (dict(batch_size=2.5), TypeError, "batch_size must be an integer, got float 2.5"),
+        (dict(prefetch=0), ValueError, "prefetch must be >= 1, got 0"),
+        (dict(workers=0), ValueError, "workers must be >= 1, got 0"),
+        (dict(workers=True), TypeError, "workers must be an int, got True"),
+        (dict(step=-1), ValueError, "step must be in \\[0, .*got -1"),
+        (dict(shard=(2, 2)), ValueError, "shard rank must be in \\[0, world\\), got shard=\\(2, 2\\)"),
+        (dict(shard=(-1, 2)), ValueError, "shard rank must be in \\[0, world\\), got shard=\\(-1, 2\\)"),
+        (dict(shard=(0, 0)), ValueError, "shard world must be in \\[1, .*got shard=\\(0, 0\\)"),
+        (dict(shard=(0,)), ValueError, "shard must be a \\(rank, world\\) pair, got \\(0,\\)"),
+        (dict(shard=(0.0, 2)), TypeError, "shard rank must be an integer, got float 0.0"),
+        (dict(mode="shuffled"), ValueError, "mode must be one of .*got 'shuffled'"),
+        (dict(transform=3), TypeError, "transform must be callable"),
+        (dict(seed="a"), TypeError, "seed must be an integer, got str 'a'"),
+        (dict(seed=-1), ValueError, "seed must be in \\[0, .*got -1"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, error, message):
+    kwargs = dict(kwargs)
+    streams = kwargs.pop("streams", fake_streams())
+    with pytest.raises(error, match=message):
+        DataLoader(streams, **kwargs)
+
+
+def test_real_stores_of_unequal_length_are_refused(tmp_path):
+    zrecord = import_zrecord()
+    with zrecord.DenseStore(str(tmp_path / "a"), np.int64, (2,)) as a, zrecord.DenseStore(
+        str(tmp_path / "b"), np.float32, ()
+    ) as b, zrecord.DenseStore(str(tmp_path / "c"), np.float32, ()) as c:
+        a.append(dense_rows(10))
+        b.append(np.zeros(9, np.float32))
+        with pytest.raises(ValueError, match="same length, got \\{'a': 10, 'b': 9\\}"):
+            DataLoader({"a": a, "b": b})
+        with pytest.raises(ValueError, match="stream 'c' is empty"):
+            DataLoader({"c": c})
+
+
+# -- framework hand-off ---------------------------------------------------------------
+
+
+def test_torch_from_numpy_shares_memory(streams):
+    torch = pytest.importorskip("torch")
+    with DataLoader(streams, 8, workers=1) as loader:
+        array = next(loader)["x"]
+    tensor = torch.from_numpy(array)
+    assert tensor.data_ptr() == array.ctypes.data
+    array[0, 0] = -5
+    assert int(tensor[0, 0]) == -5
+
+
+def test_dlpack_round_trip_is_zero_copy(streams):
+    if not hasattr(np, "from_dlpack"):
+        pytest.skip(f"numpy {np.__version__} has no from_dlpack (added in 1.22)")
+    with DataLoader(streams, 8, workers=1) as loader:
+        array = next(loader)["x"]
+    view = np.from_dlpack(array)
+    assert view.ctypes.data == array.ctypes.data
+    np.testing.assert_array_equal(view, array)
+    assert view.dtype == np.int64
+    assert view.shape == (8, 2)
