@@ -74,19 +74,112 @@ pub fn setLaneLimit(n: usize) void {
     lanes_limit.store(n, .monotonic);
 }
 
-/// Runs `work(ctx, lane)` on `lane_count` lanes (the caller is lane 0) and
-/// returns when all have finished. `work` must claim its share of the job itself.
+// The worker pool: lanes_usable - 1 persistent threads, started on first use,
+// sleeping on a futex between jobs. One job runs at a time; a caller that finds
+// the pool busy (another thread's gather) runs its job alone rather than
+// oversubscribing the cores. Job state lives in globals, never on a caller's
+// stack, and lanes are claimed with a generation-tagged CAS, so a worker that
+// wakes late can never join a finished job or a newer one it was not woken for.
+
+const Job = struct {
+    /// (generation << 32) | next lane to hand out; lane == closed when closed.
+    claim: std.atomic.Value(u64) = .init(0),
+    /// Futex word: bumped to start a job; workers sleep on it.
+    generation: std.atomic.Value(u32) = .init(0),
+    /// Futex word: workers that claimed a lane and finished it.
+    finished: std.atomic.Value(u32) = .init(0),
+    lanes: u32 = 0,
+    ctx: *anyopaque = undefined,
+    run: *const fn (*anyopaque, usize) void = undefined,
+};
+
+const lane_closed: u32 = std.math.maxInt(u32);
+var job: Job = .{};
+var pool_busy: std.atomic.Value(bool) = .init(false);
+var workers_started: usize = 0;
+var workers_pid: i64 = 0;
+
+fn workerMain() void {
+    const the_io = io();
+    var seen = job.generation.load(.acquire);
+    while (true) {
+        var spins: u32 = 0;
+        while (job.generation.load(.acquire) == seen) : (spins += 1) {
+            if (spins < 2000) {
+                std.atomic.spinLoopHint();
+            } else {
+                the_io.futexWaitUncancelable(u32, &job.generation.raw, seen);
+            }
+        }
+        seen = job.generation.load(.acquire);
+        // Claim a lane of generation `seen`, if it still has one to give.
+        var c = job.claim.load(.acquire);
+        while (true) {
+            const gen: u32 = @truncate(c >> 32);
+            const lane: u32 = @truncate(c);
+            if (gen != seen or lane == lane_closed or lane >= job.lanes) break;
+            if (job.claim.cmpxchgWeak(c, c + 1, .acq_rel, .acquire)) |cur| {
+                c = cur;
+                continue;
+            }
+            job.run(job.ctx, lane);
+            _ = job.finished.fetchAdd(1, .acq_rel);
+            the_io.futexWake(u32, &job.finished.raw, 1);
+            break;
+        }
+    }
+}
+
+fn ensureWorkers(want: usize) void {
+    const pid = currentPid();
+    if (workers_pid != pid) {
+        // First use, or a forked child: the parent's workers do not exist here.
+        workers_pid = pid;
+        workers_started = 0;
+    }
+    while (workers_started < want) : (workers_started += 1) {
+        const t = std.Thread.spawn(.{ .stack_size = 1 << 20 }, workerMain, .{}) catch return;
+        t.detach();
+    }
+}
+
+/// Runs `work(ctx, lane)` on up to `lane_count` lanes (the caller is lane 0)
+/// and returns when all have finished. `work` must claim its share of the job
+/// itself, so however many lanes actually join, all the work is done.
 pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usize) void) void {
     assert(lane_count >= 1);
-    if (lane_count == 1) return work(ctx, 0);
+    const Ctx = @TypeOf(ctx);
+    const Erased = struct {
+        fn call(p: *anyopaque, lane: usize) void {
+            work(@as(Ctx, @ptrCast(@alignCast(p))), lane);
+        }
+    };
+    if (lane_count == 1 or pool_busy.swap(true, .acquire)) return work(ctx, 0);
+    defer pool_busy.store(false, .release);
     const the_io = io();
-    var group: Io.Group = .init;
-    var lane: usize = 1;
-    while (lane < @min(lane_count, lanes_max)) : (lane += 1) {
-        group.concurrent(the_io, work, .{ ctx, lane }) catch break;
-    }
+    const lanes_wanted: u32 = @intCast(@min(lane_count, lanes_usable, lanes_max));
+    ensureWorkers(lanes_wanted - 1);
+
+    job.ctx = @ptrCast(ctx);
+    job.run = Erased.call;
+    job.lanes = lanes_wanted;
+    job.finished.store(0, .release);
+    const gen = job.generation.load(.monotonic) +% 1;
+    job.claim.store((@as(u64, gen) << 32) | 1, .release);
+    job.generation.store(gen, .release);
+    the_io.futexWake(u32, &job.generation.raw, lanes_wanted - 1);
+
     work(ctx, 0);
-    group.await(the_io) catch {};
+
+    // Close the job to late wakers, then wait for the lanes that were claimed.
+    var c = job.claim.load(.acquire);
+    while (job.claim.cmpxchgWeak(c, (@as(u64, gen) << 32) | lane_closed, .acq_rel, .acquire)) |cur| c = cur;
+    const claimed: u32 = @as(u32, @truncate(c)) - 1;
+    while (true) {
+        const f = job.finished.load(.acquire);
+        if (f >= claimed) break;
+        the_io.futexWaitUncancelable(u32, &job.finished.raw, f);
+    }
 }
 
 test "run executes every lane's share exactly once" {
