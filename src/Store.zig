@@ -731,12 +731,15 @@ const EncodeJob = struct {
                 var c: Codec = .raw;
                 var stored = src;
                 if (store_codec != .raw and src.len > 0) {
-                    if (lease == null) lease = codec.CPool.acquire() catch {
-                        job.failed.store(true, .release);
-                        return;
-                    };
+                    if (lease == null) {
+                        lease = codec.CPool.acquire() catch {
+                            job.failed.store(true, .release);
+                            return;
+                        };
+                        codec.configure(lease.?.ctx, store_codec, s.header.level, &s.dict);
+                    }
                     const dst = job.scratch[job.scratch_offsets[i]..job.scratch_offsets[i + 1]];
-                    if (codec.encode(lease.?.ctx, store_codec, s.header.level, &s.dict, src, dst)) |n| {
+                    if (codec.encode(lease.?.ctx, src, dst)) |n| {
                         c = store_codec;
                         stored = dst[0..n];
                     }

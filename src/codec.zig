@@ -136,21 +136,12 @@ pub const Dict = struct {
     }
 };
 
-/// Compresses `src` into `dst` (capacity compressBound(src.len)) with the store's
-/// codec. Returns the frame size, or null when the frame would not be smaller
-/// than `src` (the record is then stored raw, so compression never costs space).
-pub fn encode(
-    cctx: *ZSTD_CCtx,
-    codec: format.Codec,
-    level: i32,
-    dict: *const Dict,
-    src: []const u8,
-    dst: []u8,
-) ?usize {
+/// Sets a compression context up for a store's codec: its level or
+/// dictionary, and zstd's content checksum in every frame (so a damaged record
+/// fails to decode instead of decoding to wrong bytes). The parameters stick
+/// to the context, so a worker configures once per block of records.
+pub fn configure(cctx: *ZSTD_CCtx, codec: format.Codec, level: i32, dict: *const Dict) void {
     assert(codec != .raw);
-    assert(dst.len >= compressBound(src.len));
-    // Every frame carries zstd's content checksum, so a damaged record fails
-    // to decode instead of decoding to wrong bytes.
     const reset_session_and_parameters = 3;
     const c_compression_level = 100;
     const c_checksum_flag = 201;
@@ -161,6 +152,14 @@ pub fn encode(
         .zstd => _ = ZSTD_CCtx_setParameter(cctx, c_compression_level, level),
         .zstd_dict => _ = ZSTD_CCtx_refCDict(cctx, dict.cdict.?),
     }
+}
+
+/// Compresses `src` into `dst` (capacity compressBound(src.len)) with a context
+/// set up by `configure`. Returns the frame size, or null when the frame would
+/// not be smaller than `src` (the record is then stored raw, so compression
+/// never costs space).
+pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
+    assert(dst.len >= compressBound(src.len));
     const n = ZSTD_compress2(cctx, dst.ptr, dst.len, src.ptr, src.len);
     // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
     if (ZSTD_isError(n) != 0) return null;
@@ -232,10 +231,11 @@ test "encode falls back to raw for incompressible input and round-trips compress
     prng.random().bytes(&noise);
     const dst = try gpa.alloc(u8, compressBound(noise.len));
     defer gpa.free(dst);
-    try std.testing.expect(encode(lease.ctx, .zstd, 3, &no_dict, &noise, dst) == null);
+    configure(lease.ctx, .zstd, 3, &no_dict);
+    try std.testing.expect(encode(lease.ctx, &noise, dst) == null);
 
     const text: [2400]u8 = @bitCast(@as([200][12]u8, @splat("abcabcabcabc".*)));
-    const n = encode(lease.ctx, .zstd, 3, &no_dict, &text, dst).?;
+    const n = encode(lease.ctx, &text, dst).?;
     try std.testing.expect(n < text.len);
     var back: [text.len]u8 = undefined;
     try decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &back);
