@@ -1,0 +1,233 @@
+"""loaderx benchmark suite against real contenders (SPEC §9).
+
+    python scripts/bench.py LAYER [--size tiny|small|default] [--repeat N]
+                                  [--json OUT.json] [--workdir DIR] [--keep]
+
+LAYER is one of sampler, dense, ragged, images, loader, or all. Contenders
+come from the `bench` extra (pip install ".[bench]"); one that cannot be
+imported or run is a row saying "missing: ..." or "failed: ...".
+
+How figures are made (see bench_harness for the details):
+  * every path goes through the public Python API, with cffi, the GIL and
+    numpy allocation inside the timing;
+  * every backend's output for the planned indices is validated (exact dtype,
+    shape, order, values) before any timing; a mismatch fails the run (exit 1);
+  * each figure is the median of --repeat rounds, the backends run round-robin
+    inside every round, and each ratio is the median of per-round ratios;
+  * the loader layer runs every configuration in a fresh process, for a
+    clean peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+for entry in (str(SCRIPTS), str(ROOT)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+import numpy as np  # noqa: E402
+
+import bench_layers  # noqa: E402
+import bench_loader  # noqa: E402
+from bench_harness import Section  # noqa: E402
+
+LAYERS = ("sampler", "dense", "ragged", "images", "loader")
+
+# (label, distribution name for the version, module proving it imports)
+CONTENDERS = (
+    ("lmdb", "lmdb", "lmdb"),
+    ("h5py", "h5py", "h5py"),
+    ("pyarrow", "pyarrow", "pyarrow"),
+    ("array-record", "array-record", "array_record.python.array_record_module"),
+    ("grain", "grain", "grain"),
+    ("torch", "torch", "torch"),
+    ("zstandard", "zstandard", "zstandard"),
+)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory() -> str:
+    fields = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+    except OSError:
+        return "unknown"
+    gib = float(1 << 30)
+    return f"{fields.get('MemTotal', 0) / gib:.1f} GiB total, {fields.get('MemAvailable', 0) / gib:.1f} GiB available"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _loaderx_version() -> str:
+    try:
+        import loaderx
+        import loaderx.zrecord  # noqa: F401 - proves the native library loads
+    except Exception as exc:  # the loaderx rows will say "missing" with the same reason
+        return f"missing: {type(exc).__name__}: {exc}"
+    version = getattr(loaderx, "__version__", None)
+    return f"{version or 'unknown version'} ({Path(loaderx.__file__).parent}{_git_revision()})"
+
+
+def _git_revision() -> str:
+    """The checkout's commit, so a saved report says which code it measured."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f", git {done.stdout.strip()}" if done.returncode == 0 and done.stdout.strip() else ""
+
+
+def _contender_version(dist: str, module: str, quick: bool) -> str:
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing: not installed"
+    if quick:
+        # torch and grain load for seconds; the loader children import them and report failures.
+        return version
+    try:
+        __import__(module)
+    except Exception as exc:  # an optional contender
+        return f"{version}, missing: import fails: {type(exc).__name__}: {exc}"
+    return version
+
+
+def load_average() -> str:
+    """The machines are shared: a busy neighbour shows here and in every absolute figure."""
+    one, five, _fifteen = os.getloadavg()
+    busy = "  (busy: absolute figures are unreliable, ratios less so)" if one > 0.5 * usable_cores() else ""
+    return f"{one:.2f} (1 min), {five:.2f} (5 min){busy}"
+
+
+def machine_block() -> dict:
+    info = {
+        "cpu": _cpu_model(),
+        "cores usable": f"{usable_cores()} (sched_getaffinity) of {os.cpu_count()} online",
+        "memory": _memory(),
+        "load at start": load_average(),
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "numpy": np.__version__,
+        "loaderx": _loaderx_version(),
+    }
+    for label, dist, module in CONTENDERS:
+        info[label] = _contender_version(dist, module, quick=label in ("torch", "grain"))
+    return info
+
+
+def print_machine(info: dict) -> None:
+    print("== machine ==")
+    for key, value in info.items():
+        print(f"  {key:<14} {value}")
+    print(flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layer", choices=LAYERS + ("all",))
+    parser.add_argument("--size", choices=tuple(bench_layers.SIZES), default="default", help="tiny: seconds (smoke test); default: a few minutes")
+    parser.add_argument("--repeat", type=int, default=None, help="rounds per figure (default by size)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
+    parser.add_argument("--workdir", type=Path, default=None, help="where stores are written (default: a temporary directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the stores after the run")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    return args
+
+
+def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
+    if name == "loader":
+        return bench_loader.run_loader(ctx, ctx.log)
+    return getattr(bench_layers, f"run_{name}")(ctx)
+
+
+def summary_lines(sections: list[Section]) -> list[str]:
+    lines = ["== summary: SPEC §9 targets =="]
+    for section in sections:
+        lines.extend(t.line() for t in section.targets)
+    unavailable = [f"  {section.key}: {row.name}: {row.status}" for section in sections for row in section.rows if not row.ok]
+    if unavailable:
+        lines.append("== rows that did not run ==")
+        lines.extend(unavailable)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    size = bench_layers.SIZES[args.size]
+    base = args.workdir or Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="loaderx-bench-", dir=base))
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+    ctx = bench_layers.Context(size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log)
+    info = machine_block()
+    print_machine(info)
+    sections: list[Section] = []
+    try:
+        for name in LAYERS if args.layer == "all" else (args.layer,):
+            log(f"layer {name}")
+            for section in run_layer(name, ctx):
+                sections.append(section)
+                print("\n".join(section.lines), end="\n\n", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print("\n".join(summary_lines(sections)))
+    info["load at end"] = load_average()
+    print(f"  load at end: {info['load at end']}")
+    invalid = [f"{s.key}: {r.name}: {r.status}" for s in sections for r in s.rows if r.status.startswith("INVALID")]
+    if invalid:
+        print("\n!!! VALIDATION FAILED: a backend returned data that differs from the source:", file=sys.stderr)
+        print("\n".join(invalid), file=sys.stderr)
+    if args.json:
+        payload = {
+            "machine": info,
+            "size": args.size,
+            "repeat": ctx.repeat,
+            "seconds": time.perf_counter() - started,
+            "sections": [s.to_json() for s in sections],
+            "invalid": invalid,
+        }
+        args.json.write_text(json.dumps(payload, indent=1))
+    log(f"done in {time.perf_counter() - started:.1f} s")
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
