@@ -93,8 +93,10 @@ Recycled output buffers (``out=``)
 
 from __future__ import annotations
 
+import collections
 import numbers
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -103,6 +105,10 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import numpy as np
 
 from loaderx.zsampler import Sampler
+
+# Reference counts prove an output array is free only where they are exact
+# (not on free-threaded builds, whose counts are biased and deferred).
+_REFCOUNT_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 __all__ = ["DataLoader"]
 
@@ -238,6 +244,11 @@ class _Engine:
         self.sampler = sampler
         self.transform = transform
         self.out = out
+        # Dense output arrays kept for reuse once the consumer drops them.
+        self.recycle: Dict[str, Any] = {}
+        # Enough to cover every batch that can be alive at once (the window,
+        # plus the one the consumer holds), so a free one is found in steady state.
+        self.recycle_max = window + 2
         self.worker_count = worker_count
         self.window = window
 
@@ -359,6 +370,35 @@ class _Engine:
                 self.ready[step] = (batch, error)
             self.ready_changed.notify_all()
 
+    def recycled(self, name: str) -> Optional[Any]:
+        """A previously delivered output array of stream `name` that nobody
+        holds any more (only this pool references it), or None.
+
+        Fresh multi-MiB batch arrays cost page faults on every batch (the
+        allocator hands freed ones back to the OS); reusing arrays the consumer
+        has dropped avoids that. The reference count proves an array is free:
+        a caller's variable, a view, a torch tensor from torch.from_numpy, all
+        hold a reference. Off on free-threaded Python, where counts are not exact.
+        """
+        if not _REFCOUNT_EXACT:
+            return None
+        with self.lock:
+            pool = self.recycle.setdefault(name, collections.deque())
+            for _ in range(len(pool)):
+                arr = pool.popleft()
+                # References: the local name `arr` and getrefcount's argument.
+                if sys.getrefcount(arr) <= 2:
+                    return arr
+                pool.append(arr)
+        return None
+
+    def keep_for_recycling(self, name: str, arr: Any) -> None:
+        with self.lock:
+            pool = self.recycle.setdefault(name, collections.deque())
+            pool.append(arr)
+            while len(pool) > self.recycle_max:
+                pool.popleft()
+
     def build(self, step: int) -> Any:
         """Gather every stream at the indices of ``step``, then transform."""
         # Sampler.at() is pure and documented safe to call from any thread.
@@ -366,10 +406,16 @@ class _Engine:
         batch: Dict[str, Any] = {}
         for name, store in self.streams.items():
             buffers = self.out.get(name)
-            if buffers is None:
-                batch[name] = store.gather(indices)
-            else:
+            if buffers is not None:
                 batch[name] = store.gather(indices, out=buffers[step % len(buffers)])
+            elif getattr(store, "kind", None) == "dense":
+                reuse = self.recycled(name)
+                arr = store.gather(indices) if reuse is None else store.gather(indices, out=reuse)
+                del reuse
+                self.keep_for_recycling(name, arr)
+                batch[name] = arr
+            else:
+                batch[name] = store.gather(indices)
         if self.transform is not None:
             return self.transform(batch)
         return batch

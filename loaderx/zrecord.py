@@ -64,25 +64,35 @@ _MAX_NDIM = 32
 
 # ----------------------------------------------------------------- helpers
 
+_T_U64 = ffi.typeof("uint64_t[]")
+_T_U8 = ffi.typeof("uint8_t[]")
+_RC_OUT_OF_RANGE = -9
+
+
 def _u64_ptr(arr: np.ndarray):
     """A `uint64_t *` to a C-contiguous uint64 array (kept alive by the caller)."""
-    return ffi.from_buffer("uint64_t[]", arr)
+    return ffi.from_buffer(_T_U64, arr)
 
 
 def _byte_ptr(arr: np.ndarray, writable: bool = False):
     if arr.nbytes == 0:
-        return ffi.from_buffer("uint8_t[]", _EMPTY_U64, require_writable=writable)
-    return ffi.from_buffer("uint8_t[]", arr.reshape(-1).view(np.uint8), require_writable=writable)
+        return ffi.from_buffer(_T_U8, _EMPTY_U64, require_writable=writable)
+    return ffi.from_buffer(_T_U8, arr, require_writable=writable)
+
+
+def _unchecked_indices(key: Any) -> np.ndarray | None:
+    """The hot path (a sampler's int64 batch): the key itself as uint64, with
+    no Python-side check. The native call checks every index; a negative one
+    reads as >= 2^63, fails that check, and the caller retries the slow path,
+    which wraps negatives and names the bad index."""
+    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.itemsize == 8 and key.dtype.kind in "iu" \
+            and key.flags.c_contiguous:
+        return key.view(_U64)
+    return None
 
 
 def _normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     """Turns a read/delete key into (uint64 indices, is_scalar)."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.kind in "iu" and key.size and key.flags.c_contiguous \
-            and key.dtype.itemsize == 8:
-        # The hot path (a sampler's int64 batch): no copy when nothing wraps.
-        lo, hi = int(key.min()), int(key.max())
-        if lo >= 0 and hi < n:
-            return key.view(_U64), False
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         i = int(key)
         if i < 0:
@@ -450,9 +460,9 @@ class Zrecord(_Store):
     def _read(self, idx: np.ndarray) -> list[bytes]:
         sizes, _ = self._sizes(idx, aux=False)
         buf, offsets = self._gather_packed_bytes(idx, sizes)
-        raw = buf.tobytes()
         o = offsets.tolist()
-        return [raw[o[i]:o[i + 1]] for i in range(len(idx))]
+        mv = memoryview(buf)
+        return [mv[o[i]:o[i + 1]].tobytes() for i in range(len(idx))]
 
     def gather_into(self, indices, out, offsets=None) -> np.ndarray:
         """Read records into the caller's writable buffer `out` (bytes-like or
@@ -576,11 +586,20 @@ class DenseStore(_Store):
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0) -> np.ndarray:
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
-        when given (C-contiguous, writable, exact dtype and shape)."""
+        when given (C-contiguous, writable, exact dtype and shape). `threads`
+        caps the native threads (0: every usable core)."""
+        fast = _unchecked_indices(indices)
+        if fast is not None:
+            result = self._gather(fast, out, threads, exact=False)
+            if result is not None:
+                return result
         idx, _ = self._indices(indices)
         return self._gather(idx, out, threads)
 
-    def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0) -> np.ndarray:
+    def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
+                exact: bool = True) -> np.ndarray | None:
+        """With ``exact=False`` (unchecked indices) returns None instead of
+        raising on an out-of-range index, so the caller can retry the slow path."""
         shape = (len(idx),) + self._item_shape
         if out is None:
             out = np.empty(shape, dtype=self._dtype)
@@ -596,12 +615,20 @@ class DenseStore(_Store):
             if not out.flags.writeable:
                 raise SizeMismatchError("out is read-only", path=self._path)
         if len(idx):
-            rc = lib.lx_gather(self._h(), _u64_ptr(idx), len(idx), _byte_ptr(out, True), out.nbytes,
-                               self._record_bytes, ffi.NULL, 0, threads)
+            rc = lib.lx_gather(self._h(), ffi.from_buffer(_T_U64, idx), len(idx),
+                               ffi.from_buffer(_T_U8, out, require_writable=True) if out.nbytes else _byte_ptr(out, True),
+                               out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
+            if rc == _RC_OUT_OF_RANGE and not exact:
+                return None
             check(rc, self._path, "gather")
         return out
 
     def __getitem__(self, key):
+        fast = _unchecked_indices(key)
+        if fast is not None:
+            result = self._gather(fast, None, exact=False)
+            if result is not None:
+                return result
         idx, scalar = self._indices(key)
         out = self._gather(idx, None)
         return out[0] if scalar else out

@@ -552,6 +552,9 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
         const loc = locs[index];
         try checkLoc(loc, index, data, data_size);
+        // Start fetching the record now: the copy pass then finds it in cache,
+        // and the misses of many records overlap instead of queueing.
+        @prefetch(data + loc.offset, .{});
         const size: u64 = if (part == .aux) loc.aux_size else loc.raw_size;
         if (dest.offsets) |offsets| {
             const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);

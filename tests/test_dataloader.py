@@ -651,3 +651,32 @@ def test_dlpack_round_trip_is_zero_copy(streams):
     np.testing.assert_array_equal(view, array)
     assert view.dtype == np.int64
     assert view.shape == (8, 2)
+
+
+def test_recycled_outputs_never_overwrite_a_batch_still_held(tmp_path):
+    """Dense outputs are reused only once nothing references them: batches (and
+    views of them) that the consumer keeps stay intact; dropped ones are reused."""
+    from loaderx.zrecord import DenseStore
+    data = np.arange(600 * 16, dtype=np.int32).reshape(600, 16)
+    with DenseStore(tmp_path / "d", np.int32, (16,), codec="raw") as ds:
+        ds.append(data)
+        with DataLoader({"x": ds}, batch_size=32, seed=3, workers=2, prefetch=2) as loader:
+            kept, views, pointers = [], [], set()
+            for step in range(40):
+                batch = next(loader)
+                x = batch["x"]
+                pointers.add(x.ctypes.data)
+                if step % 3 == 0:
+                    kept.append((step, x))
+                elif step % 3 == 1:
+                    views.append((step, x[1:5]))
+                del batch, x
+            reference = DataLoader({"x": ds}, batch_size=32, seed=3, workers=1, prefetch=1)
+            expected = [next(reference)["x"].copy() for _ in range(40)]
+            reference.close()
+            for step, x in kept:
+                np.testing.assert_array_equal(x, expected[step])
+            for step, v in views:
+                np.testing.assert_array_equal(v, expected[step][1:5])
+            # Every third batch was dropped at once: their arrays were reused.
+            assert len(pointers) < 40
