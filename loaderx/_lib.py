@@ -37,7 +37,7 @@ uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int result);
 const char *lx_last_error(void);
-int lx_open(const char *path, int create, int codec_id, int level, const uint8_t *dict, uint64_t dict_len, const uint8_t *user, uint64_t user_len, lx_store **out);
+int lx_open(const char *path, int create, int codec_id, int level, const uint8_t *dict, uint64_t dict_len, const uint8_t *user, uint64_t user_len, uint64_t fixed_size, lx_store **out);
 void lx_close(lx_store *h);
 uint64_t lx_len(lx_store *h);
 int lx_info(lx_store *h, lx_info_t *out);

@@ -170,7 +170,7 @@ class _Store:
     kind: str = ""
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, identity: dict | None):
+                 dict_bytes: bytes | None, identity: dict | None, fixed_size: int = 0):
         self._handle = None
         self._path = os.fspath(path)
         self._append_lock = threading.Lock()
@@ -192,7 +192,8 @@ class _Store:
         out = ffi.new("lx_store **")
         d = dict_bytes or b""
         rc = lib.lx_open(self._path.encode(), 1 if create else 0, _lib.CODECS[codec], level or 0,
-                         d if d else ffi.NULL, len(d), user if user else ffi.NULL, len(user), out)
+                         d if d else ffi.NULL, len(d), user if user else ffi.NULL, len(user),
+                         fixed_size if codec == "raw" else 0, out)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_close)
         info = ffi.new("lx_info_t *")
@@ -521,10 +522,11 @@ class DenseStore(_Store):
             if codec is not None or dict_bytes is not None:
                 raise TypeError("codec/dict_bytes apply only when creating: pass dtype and item_shape")
             identity = None
-        try:
-            super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes, identity=identity)
-        except StoreNotFoundError:
-            raise
+        # A raw dense store uses the fixed-width layout: locations computed,
+        # not looked up, and 4 bytes of index per record instead of 32.
+        fixed = dt.itemsize * math.prod(shape) if create else 0
+        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
+                         identity=identity, fixed_size=fixed)
         ident = self._identity
         if ident.get("kind") != "dense":
             self.close()

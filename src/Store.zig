@@ -178,9 +178,12 @@ pub const OpenOptions = struct {
     level: i32 = codec.level_default,
     dict: []const u8 = &.{},
     user: []const u8 = &.{},
+    /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
+    fixed_size: u64 = 0,
 };
 
 fn validateCreate(opts: OpenOptions) Error!void {
+    if (opts.fixed_size != 0 and opts.codec != .raw) return diag.fail(error.InvalidArgument, "the fixed-width layout needs codec raw", .{});
     if (!codec.levelValid(opts.level)) return diag.fail(error.InvalidArgument, "zstd level {d} is out of range", .{opts.level});
     if (opts.codec == .zstd_dict) {
         if (opts.dict.len == 0) return diag.fail(error.BadDictionary, "codec zstd_dict needs a dictionary (dict_bytes); train one with train_dict", .{});
@@ -310,8 +313,15 @@ fn load(s: *Store) Error!void {
     s.user_bytes = blob[dict_len..];
 
     const index_len = s.index.length(io) catch |e| return ioFail(e, "index");
-    if (index_len / @sizeOf(RecordLoc) < c.record_count) {
-        return diag.fail(error.Corrupt, "index file is truncated: holds {d} of {d} committed records", .{ index_len / @sizeOf(RecordLoc), c.record_count });
+    const entry_size = s.entrySize();
+    if (index_len / entry_size < c.record_count) {
+        return diag.fail(error.Corrupt, "index file is truncated: holds {d} of {d} committed records", .{ index_len / entry_size, c.record_count });
+    }
+    if (s.header.fixed_size != 0) {
+        const want = std.math.mul(u64, c.record_count, s.header.fixed_size) catch std.math.maxInt(u64);
+        if (s.header.codec != @intFromEnum(Codec.raw) or c.data_size != want or c.live_bytes != want) {
+            return diag.fail(error.Corrupt, "fixed-width store's commit disagrees with its record count", .{});
+        }
     }
     const data_len = s.data.length(io) catch |e| return ioFail(e, "data");
     if (data_len < c.data_size) return diag.fail(error.Corrupt, "data file is truncated: {d} of {d} committed bytes", .{ data_len, c.data_size });
@@ -354,6 +364,7 @@ fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
     header.level = opts.level;
     header.dict_size = opts.dict.len;
     header.user_size = opts.user.len;
+    header.fixed_size = opts.fixed_size;
     var hasher = std.hash.XxHash64.init(0x4C5C);
     hasher.update(opts.dict);
     hasher.update(opts.user);
@@ -445,10 +456,42 @@ pub fn stats(s: *Store) Stats {
     };
 }
 
-fn table(s: *Store, count: u64) Error![*]const RecordLoc {
-    const bytes = std.math.mul(u64, count, @sizeOf(RecordLoc)) catch return diag.fail(error.Corrupt, "record count overflows", .{});
+fn entrySize(s: *const Store) u64 {
+    return if (s.header.fixed_size != 0) @sizeOf(u32) else @sizeOf(RecordLoc);
+}
+
+/// The record table of either layout: a mapped RecordLoc array, or (fixed
+/// width) locations computed from the index and a mapped u32 checksum array.
+const Table = struct {
+    locs: [*]const RecordLoc = undefined,
+    sums: [*]const u32 = undefined,
+    fixed: u64 = 0,
+
+    /// Record `i`'s location. In the fixed layout this touches no memory and
+    /// leaves `checksum` 0 (use `checksumOf`).
+    fn get(t: Table, i: u64) RecordLoc {
+        if (t.fixed == 0) return t.locs[i];
+        return .{
+            .offset = i * t.fixed,
+            .stored_size = t.fixed,
+            .raw_size = t.fixed,
+            .checksum = 0,
+            .codec = @intFromEnum(Codec.raw),
+            ._reserved = 0,
+            .aux_size = 0,
+        };
+    }
+
+    fn checksumOf(t: Table, i: u64) u32 {
+        return if (t.fixed == 0) t.locs[i].checksum else t.sums[i];
+    }
+};
+
+fn table(s: *Store, count: u64) Error!Table {
+    const bytes = std.math.mul(u64, count, s.entrySize()) catch return diag.fail(error.Corrupt, "record count overflows", .{});
     const base = try s.index_maps.cover(s.index, bytes, "index");
-    return @ptrCast(@alignCast(base));
+    if (s.header.fixed_size != 0) return .{ .sums = @ptrCast(@alignCast(base)), .fixed = s.header.fixed_size };
+    return .{ .locs = @ptrCast(@alignCast(base)) };
 }
 
 fn enterRead(s: *Store) Error!void {
@@ -479,7 +522,7 @@ pub const Dest = struct {
 const GatherJob = struct {
     store: *Store,
     indices: []const u64,
-    locs: [*]const RecordLoc,
+    locs: Table,
     data: [*]const u8,
     dest: Dest,
     part: Part,
@@ -502,7 +545,7 @@ const GatherJob = struct {
             if (start >= job.indices.len) return;
             const stop = @min(start + job.block_size, job.indices.len);
             for (start..stop) |i| {
-                const loc = job.locs[job.indices[i]];
+                const loc = job.locs.get(job.indices[i]);
                 const at = job.destOffset(i);
                 const src_aux = job.data + loc.offset;
                 if (job.part == .aux) {
@@ -550,7 +593,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     var decoded_bytes: u64 = 0;
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
-        const loc = locs[index];
+        const loc = locs.get(index);
         try checkLoc(loc, index, data, data_size);
         // Start fetching the record now: the copy pass then finds it in cache,
         // and the misses of many records overlap instead of queueing.
@@ -615,9 +658,10 @@ pub fn sizes(s: *Store, indices: []const u64, raw_out: ?[*]u64, aux_out: ?[*]u64
     const data = try s.data_maps.cover(s.data, data_size, "data");
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
-        try checkLoc(locs[index], index, data, data_size);
-        if (raw_out) |r| r[i] = locs[index].raw_size;
-        if (aux_out) |a| a[i] = locs[index].aux_size;
+        const loc = locs.get(index);
+        try checkLoc(loc, index, data, data_size);
+        if (raw_out) |r| r[i] = loc.raw_size;
+        if (aux_out) |a| a[i] = loc.aux_size;
     }
 }
 
@@ -775,8 +819,12 @@ pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
         return s.recordCount();
     }
     var raw_total: u64 = 0;
+    const fixed = s.header.fixed_size;
     for (0..batch.count) |i| {
         if (batch.aux(i).len > aux_size_max) return diag.fail(error.InvalidArgument, "record {d}: aux of {d} bytes exceeds {d}", .{ i, batch.aux(i).len, aux_size_max });
+        if (fixed != 0 and (batch.sizes[i] != fixed or batch.aux(i).len != 0)) {
+            return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes; this fixed-width store takes exactly {d}", .{ i, batch.sizes[i], fixed });
+        }
         raw_total += batch.sizes[i];
     }
     const gpa = s.gpa;
@@ -832,7 +880,15 @@ pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
         slices[2 * i + 1] = stored[i];
     }
     writeSlices(s.data, slices, c.data_size) catch |e| return ioFail(e, "writing data");
-    s.index.writePositionalAll(io, std.mem.sliceAsBytes(locs), first * @sizeOf(RecordLoc)) catch |e| return ioFail(e, "writing the record table");
+    if (fixed != 0) {
+        // Fixed width: the location is implied; only the checksums are stored.
+        const sums = gpa.alloc(u32, batch.count) catch return error.OutOfMemory;
+        defer gpa.free(sums);
+        for (locs, sums) |loc, *sum| sum.* = loc.checksum;
+        s.index.writePositionalAll(io, std.mem.sliceAsBytes(sums), first * @sizeOf(u32)) catch |e| return ioFail(e, "writing the record table");
+    } else {
+        s.index.writePositionalAll(io, std.mem.sliceAsBytes(locs), first * @sizeOf(RecordLoc)) catch |e| return ioFail(e, "writing the record table");
+    }
     c.record_count = first + batch.count;
     c.data_size = at;
     c.live_bytes += stored_total;
@@ -926,7 +982,7 @@ pub fn delete(s: *Store, indices: []const u64) Error!void {
     const locs = try s.table(count);
 
     var freed: u64 = 0;
-    for (unique) |index| freed += locs[index].storedTotal();
+    for (unique) |index| freed += locs.get(index).storedTotal();
     // Holes: deleted positions below new_count, ascending. Survivors: live
     // positions at or above new_count, taken from the top.
     const entries = s.gpa.alloc(format.JournalEntry, unique.len) catch return error.OutOfMemory;
@@ -945,12 +1001,17 @@ pub fn delete(s: *Store, indices: []const u64) Error!void {
             break;
         }
         assert(survivor >= new_count);
-        entries[entry_count] = .{ .index = hole, .loc = locs[survivor] };
+        var moved = locs.get(survivor);
+        moved.checksum = locs.checksumOf(survivor);
+        entries[entry_count] = .{ .index = hole, .loc = moved };
         entry_count += 1;
     }
     var c = s.commit;
     c.record_count = new_count;
     c.live_bytes -= freed;
+    // Fixed width: survivors' bytes move into the holes, so the data stays
+    // exactly record_count * fixed_size (nothing for compact to reclaim).
+    if (s.header.fixed_size != 0) c.data_size = new_count * s.header.fixed_size;
     try s.writeJournal(entries[0..entry_count], c);
     try s.applyJournal(entries[0..entry_count], c);
 }
@@ -985,7 +1046,18 @@ fn writeJournal(s: *Store, entries: []const format.JournalEntry, c: Commit) Erro
 }
 
 fn applyJournal(s: *Store, entries: []const format.JournalEntry, c: Commit) Error!void {
-    for (entries) |e| try s.writeLoc(e.index, e.loc);
+    const fixed = s.header.fixed_size;
+    for (entries) |e| {
+        if (fixed == 0) {
+            try s.writeLoc(e.index, e.loc);
+            continue;
+        }
+        // The survivor sits at or above the new length, which nothing writes
+        // until this delete is published: replaying the copy is idempotent.
+        try s.copyData(e.loc.offset, e.index * fixed, fixed);
+        s.index.writePositionalAll(pool.io(), std.mem.asBytes(&e.loc.checksum), e.index * @sizeOf(u32)) catch |err|
+            return ioFail(err, "writing the record table");
+    }
     try s.writeCommit(c);
     s.dir.deleteFile(pool.io(), "journal") catch |e| return ioFail(e, "removing the delete journal");
 }
@@ -1054,7 +1126,12 @@ pub fn compact(s: *Store) Error!void {
     defer s.releaseExclusive();
 
     const count = s.commit.record_count;
-    const locs = try s.table(count);
+    if (s.header.fixed_size != 0) {
+        // Deletes already keep the data dense: only a longer file to trim.
+        s.data.setLength(io, s.commit.data_size) catch |e| return ioFail(e, "shrinking data");
+        return;
+    }
+    const locs = (try s.table(count)).locs;
     const order = s.gpa.alloc(ByOffset, @intCast(count)) catch return error.OutOfMemory;
     defer s.gpa.free(order);
     for (order, 0..) |*o, i| o.* = .{ .offset = locs[i].offset, .index = i };
@@ -1113,7 +1190,8 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
     const lease = codec.DPool.acquire() catch return error.OutOfMemory;
     defer codec.DPool.release(lease);
     for (0..@intCast(count)) |i| {
-        const loc = locs[i];
+        var loc = locs.get(i);
+        loc.checksum = locs.checksumOf(i);
         bad_index.* = i;
         try checkLoc(loc, i, data, data_size);
         const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
@@ -1244,6 +1322,30 @@ test "fuzz against an in-memory model" {
     }
     var s = try Store.open(gpa, path, .{ .create = true, .codec = .zstd });
     defer s.close();
+    try fuzzStore(gpa, path, &s, &model, rnd, 0);
+}
+
+test "fuzz the fixed-width layout against an in-memory model" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var buf: [4096]u8 = undefined;
+    const path = try tmpPath(&tmp, &buf, "fixed");
+    var prng = std.Random.DefaultPrng.init(0xF1AED);
+    var model: std.ArrayList([]u8) = .empty;
+    defer {
+        for (model.items) |r| gpa.free(r);
+        model.deinit(gpa);
+    }
+    var s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = 24 });
+    defer s.close();
+    try testing.expectError(error.SizeMismatch, appendSlices(s, &.{"too short"}));
+    try fuzzStore(gpa, path, &s, &model, prng.random(), 24);
+}
+
+/// Random appends (records of `fixed` bytes when non-zero), deletes, compacts
+/// and reopens of `s`, checking every record against `model` after each step.
+fn fuzzStore(gpa: Allocator, path: []const u8, s: **Store, model: *std.ArrayList([]u8), rnd: std.Random, fixed: usize) !void {
     var out: std.ArrayList(u8) = .empty;
     defer out.deinit(gpa);
 
@@ -1253,7 +1355,7 @@ test "fuzz against an in-memory model" {
                 const n = rnd.uintLessThan(usize, 8) + 1;
                 var recs: [8][]const u8 = undefined;
                 for (0..n) |i| {
-                    const len = switch (rnd.uintLessThan(u8, 4)) {
+                    const len = if (fixed != 0) fixed else switch (rnd.uintLessThan(u8, 4)) {
                         0 => 0,
                         1 => rnd.uintLessThan(usize, 16),
                         2 => rnd.uintLessThan(usize, 2000),
@@ -1267,33 +1369,33 @@ test "fuzz against an in-memory model" {
                     recs[i] = r;
                     try model.append(gpa, r);
                 }
-                _ = try appendSlices(s, recs[0..n]);
+                _ = try appendSlices(s.*, recs[0..n]);
             },
             5, 6 => if (model.items.len > 0) {
                 const k = rnd.uintLessThan(usize, @min(model.items.len, 6)) + 1;
                 var idx: [6]u64 = undefined;
                 for (0..k) |i| idx[i] = rnd.uintLessThan(u64, model.items.len);
-                try s.delete(idx[0..k]);
-                try modelDelete(gpa, &model, idx[0..k]);
+                try s.*.delete(idx[0..k]);
+                try modelDelete(gpa, model, idx[0..k]);
             },
-            7 => try s.compact(),
+            7 => try s.*.compact(),
             else => {
-                s.close();
-                s = try Store.open(gpa, path, .{});
+                s.*.close();
+                s.* = try Store.open(gpa, path, .{});
             },
         }
-        try testing.expectEqual(@as(u64, model.items.len), s.recordCount());
+        try testing.expectEqual(@as(u64, model.items.len), s.*.recordCount());
         for (model.items, 0..) |r, i| {
-            try readOne(s, i, &out);
+            try readOne(s.*, i, &out);
             try testing.expectEqualSlices(u8, r, out.items);
         }
-        const st = s.stats();
+        const st = s.*.stats();
         try testing.expectEqual(st.chunk_bytes, st.live_bytes + st.reclaimable);
     }
     var bad: u64 = 0;
-    try s.verify(&bad);
-    try s.compact();
-    const st = s.stats();
+    try s.*.verify(&bad);
+    try s.*.compact();
+    const st = s.*.stats();
     try testing.expectEqual(@as(u64, 0), st.reclaimable);
 }
 

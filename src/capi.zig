@@ -143,7 +143,10 @@ export fn lx_last_error() [*:0]const u8 {
 /// missing store is created with `codec` (0 raw, 1 zstd, 2 zstd_dict), `level`
 /// (zstd level; 0 = default 3), dictionary `dict` (required for zstd_dict,
 /// refused otherwise) and the opaque `user` blob (the typed identity); these
-/// are ignored when the store exists. Errors: not_found, not_a_store, corrupt,
+/// are ignored when the store exists. `fixed_size` != 0 (raw codec only)
+/// creates the fixed-width layout: every record exactly that many bytes, found
+/// by arithmetic instead of a table lookup, 4 bytes of index per record.
+/// Errors: not_found, not_a_store, corrupt,
 /// newer_format, busy (a delete/compact is running), bad_dictionary, invalid,
 /// io. On success `*out` owns the handle until lx_close.
 export fn lx_open(
@@ -155,6 +158,7 @@ export fn lx_open(
     dict_len: u64,
     user: ?[*]const u8,
     user_len: u64,
+    fixed_size: u64,
     out: ?*?*Store,
 ) c_int {
     diag.clear();
@@ -170,6 +174,7 @@ export fn lx_open(
         .level = if (level == 0) codec.level_default else level,
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
         .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
+        .fixed_size = fixed_size,
     }) catch |e| return code(e);
     o.* = s;
     return 0;

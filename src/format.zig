@@ -5,7 +5,8 @@
 //!          from `blob_offset`: the zstd dictionary, then the user blob (identity
 //!          of the typed store, msgpack written by Python), both covered by the
 //!          header checksum.
-//!   index  the record table: `RecordLoc` i at byte i * 32, no header.
+//!   index  the record table: `RecordLoc` i at byte i * 32, no header (or,
+//!          for a fixed-width raw store, a u32 checksum i at byte i * 4).
 //!   data   record bytes: for each record its aux bytes (raw) then its payload
 //!          (raw or a zstd frame). Records never overlap; gaps are reclaimable.
 //!   lock   empty; its exclusive file lock is the writer lock.
@@ -51,7 +52,12 @@ pub const Header = extern struct {
     user_size: u64,
     /// xxhash64 of the dictionary followed by the user blob.
     blob_checksum: u64,
-    _reserved1: [6]u64,
+    /// Non-zero: the fixed-width raw layout. Every record is exactly this many
+    /// raw bytes with no aux, record i lives at data offset i * fixed_size, and
+    /// `index` holds only a u32 checksum per record (4 bytes, not 32): a dense
+    /// raw store computes locations instead of looking them up.
+    fixed_size: u64,
+    _reserved1: [5]u64,
     /// xxhash64 of every byte above.
     checksum: u64,
 

@@ -263,7 +263,11 @@ def test_dense_reads_through_lifecycle(tmp_path, codec, dtype_name, item_shape):
     after = ds.stats()
     assert after["records"] == len(ref)
     assert after["live_bytes"] < before["live_bytes"]
-    assert after["reclaimable"] > 0
+    if ds.codec == "raw":
+        # The fixed-width layout moves survivors' bytes at delete time.
+        assert after["reclaimable"] == 0 and after["chunk_bytes"] == after["live_bytes"]
+    else:
+        assert after["reclaimable"] > 0
 
     ds.compact()
     assert ds.stats()["reclaimable"] == 0
