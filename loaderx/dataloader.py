@@ -104,6 +104,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
+from loaderx.zrecord import _Store
 from loaderx.zsampler import Sampler
 
 # Reference counts prove an output array is free only where they are exact
@@ -249,6 +250,8 @@ class _Engine:
         # Enough to cover every batch that can be alive at once (the window,
         # plus the one the consumer holds), so a free one is found in steady state.
         self.recycle_max = window + 2
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.gather_kwargs = {"threads": 1} if worker_count >= cores else {}
         self.worker_count = worker_count
         self.window = window
 
@@ -406,16 +409,19 @@ class _Engine:
         batch: Dict[str, Any] = {}
         for name, store in self.streams.items():
             buffers = self.out.get(name)
+            # With a loader thread per core, each gather runs on its own thread
+            # alone (threads=1) rather than fanning out and oversubscribing.
+            kw = self.gather_kwargs if isinstance(store, _Store) else {}
             if buffers is not None:
-                batch[name] = store.gather(indices, out=buffers[step % len(buffers)])
+                batch[name] = store.gather(indices, out=buffers[step % len(buffers)], **kw)
             elif getattr(store, "kind", None) == "dense":
                 reuse = self.recycled(name)
-                arr = store.gather(indices) if reuse is None else store.gather(indices, out=reuse)
+                arr = store.gather(indices, out=reuse, **kw)
                 del reuse
                 self.keep_for_recycling(name, arr)
                 batch[name] = arr
             else:
-                batch[name] = store.gather(indices)
+                batch[name] = store.gather(indices, **kw)
         if self.transform is not None:
             return self.transform(batch)
         return batch

@@ -453,14 +453,16 @@ class Zrecord(_Store):
                 yield ptrs, sizes, None, None, keep
         return self._append_chunks(chunks())
 
-    def gather(self, indices, out=None) -> list[bytes]:
+    def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
         """Records `indices` as a list of bytes, in request order."""
+        if out is not None:
+            raise TypeError("Zrecord.gather returns bytes; use gather_into(indices, buffer) to fill a buffer")
         idx, _ = self._indices(indices)
-        return self._read(idx)
+        return self._read(idx, threads)
 
-    def _read(self, idx: np.ndarray) -> list[bytes]:
+    def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
         sizes, _ = self._sizes(idx, aux=False)
-        buf, offsets = self._gather_packed_bytes(idx, sizes)
+        buf, offsets = self._gather_packed_bytes(idx, sizes, threads=threads)
         o = offsets.tolist()
         mv = memoryview(buf)
         return [mv[o[i]:o[i + 1]].tobytes() for i in range(len(idx))]
@@ -774,6 +776,8 @@ class RaggedStore(_Store):
 
     def gather(self, indices, out=None, *, threads: int = 0) -> list[np.ndarray]:
         """Records `indices` as a list of arrays, in request order."""
+        if out is not None:
+            raise TypeError("RaggedStore.gather returns a list; out= applies to DenseStore only")
         idx, _ = self._indices(indices)
         return self._read(idx, threads)
 

@@ -109,7 +109,7 @@ pub const RecordLoc = extern struct {
     stored_size: u64,
     /// Payload bytes after decoding.
     raw_size: u64,
-    /// Low 32 bits of xxhash64 over aux bytes ++ stored payload.
+    /// Low 32 bits of XXH3-64 over aux bytes ++ stored payload (recordChecksum).
     checksum: u32,
     /// `Codec` of this record's payload (raw or the store's codec).
     codec: u8,
@@ -132,8 +132,11 @@ pub const RecordLoc = extern struct {
     }
 };
 
+/// Low 32 bits of XXH3-64 over aux ++ stored (one-shot when there is no aux,
+/// the common case: XXH3 is several times faster than XXH64 on small records).
 pub fn recordChecksum(aux: []const u8, stored: []const u8) u32 {
-    var h = std.hash.XxHash64.init(0x4C5A);
+    if (aux.len == 0) return @truncate(std.hash.XxHash3.hash(0x4C5A, stored));
+    var h = std.hash.XxHash3.init(0x4C5A);
     h.update(aux);
     h.update(stored);
     return @truncate(h.final());
