@@ -893,12 +893,7 @@ pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
     c.record_count = first + batch.count;
     c.data_size = at;
     c.live_bytes += stored_total;
-    if (stage) {
-        s.staged = c;
-    } else {
-        s.staged = null;
-        try s.writeCommit(c);
-    }
+    try s.settle(c, stage);
     return first;
 }
 
@@ -962,13 +957,19 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
     c.record_count = first + batch.count;
     c.data_size += total;
     c.live_bytes += total;
+    try s.settle(c, stage);
+    return first;
+}
+
+/// Ends an append whose data and table are written: publishes commit `c`, or
+/// with `stage` keeps it staged (written, invisible) for a later publish.
+fn settle(s: *Store, c: Commit, stage: bool) Error!void {
     if (stage) {
         s.staged = c;
-    } else {
-        s.staged = null;
-        try s.writeCommit(c);
+        return;
     }
-    return first;
+    s.staged = null;
+    try s.writeCommit(c);
 }
 
 /// Publishes (or, with `keep` false, drops) the records of staged appends.
