@@ -906,15 +906,24 @@ fn contiguous(batch: Batch, fixed: u64) bool {
     return true;
 }
 
-const ChecksumJob = struct {
+/// The dense append's two jobs, overlapped: lane 0 writes the block to the
+/// data file while the other lanes checksum it, then lane 0 joins them.
+const DenseAppendJob = struct {
     src: [*]const u8,
     fixed: usize,
     sums: []u32,
     block_size: usize,
+    file: File,
+    offset: u64,
     next_block: std.atomic.Value(usize) = .init(0),
+    write_error: ?anyerror = null,
 
-    fn work(job: *ChecksumJob, lane: usize) void {
-        _ = lane;
+    fn work(job: *DenseAppendJob, lane: usize) void {
+        if (lane == 0) {
+            job.file.writePositionalAll(pool.io(), job.src[0 .. job.sums.len * job.fixed], job.offset) catch |e| {
+                job.write_error = e;
+            };
+        }
         while (true) {
             const start = job.next_block.fetchAdd(1, .monotonic) * job.block_size;
             if (start >= job.sums.len) return;
@@ -926,25 +935,14 @@ const ChecksumJob = struct {
 };
 
 /// append() for a fixed-width store given one contiguous array: one write of
-/// the whole block, checksums straight into the index, no per-record tables.
+/// the whole block, overlapped with its checksums, which go straight into the
+/// index; no per-record tables.
 fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
     const io = pool.io();
     const fixed: usize = @intCast(s.header.fixed_size);
     const total = batch.count * fixed;
-    const block = batch.ptrs[0][0..total];
     const sums = s.gpa.alloc(u32, batch.count) catch return error.OutOfMemory;
     defer s.gpa.free(sums);
-    var lanes = pool.lanes();
-    if (total < inline_raw_bytes) lanes = 1;
-    lanes = @min(lanes, batch.count);
-    const block_count = if (lanes == 1) 1 else @min(batch.count, lanes * 4);
-    var job: ChecksumJob = .{
-        .src = block.ptr,
-        .fixed = fixed,
-        .sums = sums,
-        .block_size = std.math.divCeil(usize, batch.count, block_count) catch unreachable,
-    };
-    pool.run(lanes, &job, ChecksumJob.work);
 
     s.write_mutex.lockUncancelable(io);
     defer s.write_mutex.unlock(io);
@@ -952,7 +950,21 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
     var c = s.staged orelse s.commit;
     const first = c.record_count;
     assert(c.data_size == first * fixed);
-    s.data.writePositionalAll(io, block, c.data_size) catch |e| return ioFail(e, "writing data");
+
+    var lanes = pool.lanes();
+    if (total < inline_raw_bytes) lanes = 1;
+    lanes = @min(lanes, batch.count);
+    const block_count = if (lanes == 1) 1 else @min(batch.count, lanes * 8);
+    var job: DenseAppendJob = .{
+        .src = batch.ptrs[0],
+        .fixed = fixed,
+        .sums = sums,
+        .block_size = std.math.divCeil(usize, batch.count, block_count) catch unreachable,
+        .file = s.data,
+        .offset = c.data_size,
+    };
+    pool.run(lanes, &job, DenseAppendJob.work);
+    if (job.write_error) |e| return ioFail(e, "writing data");
     s.index.writePositionalAll(io, std.mem.sliceAsBytes(sums), first * @sizeOf(u32)) catch |e| return ioFail(e, "writing the record table");
     c.record_count = first + batch.count;
     c.data_size += total;
