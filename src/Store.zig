@@ -7,6 +7,11 @@
 //! path takes no lock. Committed records are immutable; only delete and compact
 //! rewrite them, and both demand exclusive access (refused, never forced).
 //!
+//! Two layouts share every code path through `Table`: the general one (a
+//! 32-byte RecordLoc per record: any size, codec and aux bytes) and the
+//! fixed-width raw one (locations computed as i * fixed_size, a u32 checksum
+//! per record; deletes move survivors' bytes so the data stays dense).
+//!
 //! Writers: the first mutation through a handle takes the store's writer lock
 //! (an exclusive file lock on `lock`), held until close; a mutation through any
 //! other handle, in this process or another, then fails with `Locked`. Within a
