@@ -599,10 +599,13 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
         const loc = locs.get(index);
-        try checkLoc(loc, index, data, data_size);
+        // Raw records must still be exactly their stored size (a memcpy has no
+        // frame to fail on); compressed ones are checked by the decoder.
+        try checkLoc(loc, index, data, data_size, loc.codec != @intFromEnum(Codec.raw));
         // Start fetching the record now: the copy pass then finds it in cache,
         // and the misses of many records overlap instead of queueing.
         @prefetch(data + loc.offset, .{});
+        if (loc.storedTotal() > 64) @prefetch(data + loc.offset + 64, .{});
         const size: u64 = if (part == .aux) loc.aux_size else loc.raw_size;
         if (dest.offsets) |offsets| {
             const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
@@ -643,10 +646,17 @@ fn committedDataSize(s: *const Store) u64 {
 /// A table entry is trusted only once it lies inside the committed data and
 /// its sizes agree with its payload: a damaged entry is an error, never an
 /// out-of-bounds read or an allocation sized by garbage.
-fn checkLoc(loc: RecordLoc, index: u64, data: [*]const u8, data_size: u64) Error!void {
+///
+/// `sizes_trusted` skips the payload check (which reads the frame header): a
+/// gather decodes into exactly the recorded size and fails on any mismatch, so
+/// only callers that size allocations by the entry need it. Skipping it keeps
+/// the gather's first pass free of blocking reads, so the frames' cache misses
+/// overlap (prefetched) instead of queueing one per record.
+fn checkLoc(loc: RecordLoc, index: u64, data: [*]const u8, data_size: u64, sizes_trusted: bool) Error!void {
     if (loc.codec > @intFromEnum(Codec.zstd_dict)) return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{index});
     const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch std.math.maxInt(u64);
     if (end > data_size) return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
+    if (sizes_trusted) return;
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
     if (!codec.plausible(@enumFromInt(loc.codec), stored, loc.raw_size)) {
         return diag.fail(error.Corrupt, "record {d} is damaged (its sizes disagree with its payload)", .{index});
@@ -664,7 +674,7 @@ pub fn sizes(s: *Store, indices: []const u64, raw_out: ?[*]u64, aux_out: ?[*]u64
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
         const loc = locs.get(index);
-        try checkLoc(loc, index, data, data_size);
+        try checkLoc(loc, index, data, data_size, false);
         if (raw_out) |r| r[i] = loc.raw_size;
         if (aux_out) |a| a[i] = loc.aux_size;
     }
@@ -1281,7 +1291,7 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
         var loc = locs.get(i);
         loc.checksum = locs.checksumOf(i);
         bad_index.* = i;
-        try checkLoc(loc, i, data, data_size);
+        try checkLoc(loc, i, data, data_size, false);
         const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
         const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
         if (format.recordChecksum(aux, stored) != loc.checksum) return diag.fail(error.Corrupt, "record {d} fails its checksum", .{i});
