@@ -1,8 +1,8 @@
 //! The parallel executor and the library's one `Io` instance.
 //!
 //! Work fans out over the cores this process may use (sched_getaffinity on
-//! Linux), never `cpu_count * k`: lanes - 1 pooled worker threads plus the
-//! calling thread, which always takes part. Callers split their work into
+//! Linux), never `cpu_count * k`: lanes - 1 persistent worker threads parked
+//! on a futex, plus the calling thread, which always takes part. Callers split their work into
 //! contiguous blocks and claim them with an atomic counter, so a lane that could
 //! not be started (pool exhausted) only means fewer lanes, never lost work.
 //!
@@ -33,10 +33,10 @@ fn initLocked() void {
     lanes_usable = @max(1, @min(cpus, lanes_max));
     threaded = .init_single_threaded;
     threaded.allocator = std.heap.c_allocator;
-    // Several Python threads may gather at once, each fanning out: allow a few
-    // pools' worth of threads; past that a call just runs on fewer lanes.
-    threaded.async_limit = .limited(4 * lanes_usable);
-    threaded.concurrent_limit = .limited(4 * lanes_usable);
+    // The Io serves files and futexes only; parallel work runs on this file's
+    // own worker pool, so it needs no async or concurrent task threads.
+    threaded.async_limit = .nothing;
+    threaded.concurrent_limit = .nothing;
     owner_pid = currentPid();
 }
 
