@@ -145,9 +145,3 @@ def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np
         out[i, :a.shape[0]] = a
     return out, lengths
 
-
-def identity(path) -> dict:
-    """The persisted identity dict of the store at `path` (for tools)."""
-    with open_store(path) as s:
-        return dict(s._identity)
-

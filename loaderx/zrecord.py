@@ -165,7 +165,12 @@ def _check_dtype(dtype: Any) -> np.dtype:
 # ----------------------------------------------------------------- base
 
 class _Store:
-    """Shared machinery: the native handle, identity, common operations."""
+    """Shared machinery: the native handle, identity, common operations.
+
+    The native handle is freed by close() or, if a store is dropped unclosed,
+    by ffi.gc (which does not sync: records appended are still in the page
+    cache and survive a process exit, but only sync()/close() survive power loss).
+    """
 
     kind: str = ""
 
@@ -297,10 +302,6 @@ class _Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        # ffi.gc frees the native handle; nothing else to do without syncing.
-        pass
 
     def __getstate__(self):
         raise TypeError(f"{type(self).__name__} cannot be pickled; reopen it by path in the other process")
@@ -619,8 +620,7 @@ class DenseStore(_Store):
             if not out.flags.writeable:
                 raise SizeMismatchError("out is read-only", path=self._path)
         if len(idx):
-            rc = lib.lx_gather(self._h(), ffi.from_buffer(_T_U64, idx), len(idx),
-                               ffi.from_buffer(_T_U8, out, require_writable=True) if out.nbytes else _byte_ptr(out, True),
+            rc = lib.lx_gather(self._h(), _u64_ptr(idx), len(idx), _byte_ptr(out, True),
                                out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
             if rc == _RC_OUT_OF_RANGE and not exact:
                 return None

@@ -354,8 +354,9 @@ export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64,
     var total: u64 = 0;
     for (szs[0..@intCast(count)]) |s| total += s;
     const sz: [*]const usize = @ptrCast(szs);
-    out_len.* = codec.trainDict(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)]) catch {
-        diag.set("zstd could not train a dictionary: {s}", .{codec.trainErrorName(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)])});
+    var why: [*:0]const u8 = "";
+    out_len.* = codec.trainDict(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)], &why) catch {
+        diag.set("zstd could not train a dictionary: {s}", .{why});
         return @intFromEnum(Result.bad_dictionary);
     };
     return 0;

@@ -205,17 +205,19 @@ pub fn decode(
 }
 
 /// Trains a zstd dictionary of at most `out.len` bytes from samples laid end to
-/// end in `samples` with sizes `sizes`. Returns the dictionary size.
-pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8) error{TrainingFailed}!usize {
-    if (sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) return error.TrainingFailed;
+/// end in `samples` with sizes `sizes`. Returns the dictionary size; on failure
+/// `why` names zstd's reason.
+pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8, why: *[*:0]const u8) error{TrainingFailed}!usize {
+    if (sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) {
+        why.* = "no samples";
+        return error.TrainingFailed;
+    }
     const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
-    if (ZDICT_isError(n) != 0) return error.TrainingFailed;
+    if (ZDICT_isError(n) != 0) {
+        why.* = ZDICT_getErrorName(n);
+        return error.TrainingFailed;
+    }
     return n;
-}
-
-pub fn trainErrorName(samples: []const u8, sizes: []const usize, out: []u8) [*:0]const u8 {
-    const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
-    return ZDICT_getErrorName(n);
 }
 
 test "encode falls back to raw for incompressible input and round-trips compressible input" {
