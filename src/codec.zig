@@ -48,6 +48,8 @@ extern fn ZDICT_getErrorName(code: usize) [*:0]const u8;
 pub const Error = error{ Corrupt, OutOfMemory, BadDictionary, BadLevel };
 
 pub const level_default: i32 = 3;
+/// Fewest sample bytes trainDict passes to zstd's trainer.
+pub const train_samples_min: usize = 256;
 
 pub fn versionNumber() u32 {
     return ZSTD_versionNumber();
@@ -212,6 +214,12 @@ pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8, why: *[*:
         why.* = "no samples";
         return error.TrainingFailed;
     }
+    // zstd's trainer reads out of bounds on a few bytes of samples (8 one-byte
+    // samples crash it); refuse such inputs before they reach it.
+    if (samples.len < train_samples_min) {
+        why.* = "samples too small (at least 256 bytes in all are needed)";
+        return error.TrainingFailed;
+    }
     const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
     if (ZDICT_isError(n) != 0) {
         why.* = ZDICT_getErrorName(n);
@@ -248,6 +256,15 @@ test "encode falls back to raw for incompressible input and round-trips compress
     if (decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &out2)) |_| {} else |e| try std.testing.expectEqual(error.Corrupt, e);
     // Wrong raw size is an error.
     try std.testing.expectError(error.Corrupt, decode(dlease.ctx, .zstd, &no_dict, dst[0..1], back[0..5]));
+}
+
+test "training on a few bytes is refused, not passed to zstd" {
+    var sample_bytes: [8]u8 = .{ 1, 2, 3, 4, 5, 6, 7, 8 };
+    const sizes: [8]usize = @splat(1);
+    var out: [4096]u8 = undefined;
+    var why: [*:0]const u8 = "";
+    try std.testing.expectError(error.TrainingFailed, trainDict(&sample_bytes, &sizes, &out, &why));
+    try std.testing.expect(std.mem.span(why).len > 0);
 }
 
 test "a dictionary that is not one is refused" {

@@ -980,3 +980,9 @@ def test_train_dict_bad_tier_and_too_few_samples(tmp_path):
             train_dict(rs)
     with pytest.raises(TypeError):
         train_dict([object()] * 20)
+
+
+def test_train_dict_on_a_few_bytes_is_a_clear_error_not_a_crash():
+    # Eight one-byte samples once crashed zstd's trainer inside the library.
+    with pytest.raises(DictionaryError, match="too small"):
+        train_dict([bytes([i]) for i in range(8)], tier="fast")
