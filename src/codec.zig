@@ -49,7 +49,7 @@ pub const Error = error{ Corrupt, OutOfMemory, BadDictionary, BadLevel };
 
 pub const level_default: i32 = 3;
 /// Fewest sample bytes trainDict passes to zstd's trainer.
-pub const train_samples_min: usize = 256;
+pub const train_samples_min: usize = 32;
 
 pub fn versionNumber() u32 {
     return ZSTD_versionNumber();
@@ -217,7 +217,7 @@ pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8, why: *[*:
     // zstd's trainer reads out of bounds on a few bytes of samples (8 one-byte
     // samples crash it); refuse such inputs before they reach it.
     if (samples.len < train_samples_min) {
-        why.* = "samples too small (at least 256 bytes in all are needed)";
+        why.* = "samples too small (at least 32 bytes in all are needed)";
         return error.TrainingFailed;
     }
     const n = ZDICT_trainFromBuffer(out.ptr, out.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
