@@ -487,6 +487,11 @@ const Table = struct {
         };
     }
 
+    /// Starts fetching record `i`'s table entry (nothing to fetch when fixed).
+    fn prefetch(t: Table, i: u64) void {
+        if (t.fixed == 0) @prefetch(&t.locs[i], .{});
+    }
+
     fn checksumOf(t: Table, i: u64) u32 {
         return if (t.fixed == 0) t.locs[i].checksum else t.sums[i];
     }
@@ -549,6 +554,14 @@ const GatherJob = struct {
             const start = block * job.block_size;
             if (start >= job.indices.len) return;
             const stop = @min(start + job.block_size, job.indices.len);
+            // Pull this block's records into this lane's cache, all misses in
+            // flight at once (the first pass prefetched them to lane 0's core).
+            for (start..stop) |i| {
+                const loc = job.locs.get(job.indices[i]);
+                const first = job.data + loc.offset;
+                @prefetch(first, .{});
+                if (loc.storedTotal() > 64) @prefetch(first + 64, .{});
+            }
             for (start..stop) |i| {
                 const loc = job.locs.get(job.indices[i]);
                 const at = job.destOffset(i);
@@ -596,6 +609,11 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     const data = try s.data_maps.cover(s.data, data_size, "data");
     var raw_bytes: u64 = 0;
     var decoded_bytes: u64 = 0;
+    // Random indices miss the cache on their table entries: put every miss in
+    // flight before the checks below wait on the first one.
+    for (indices) |index| {
+        if (index < count) locs.prefetch(index);
+    }
     for (indices, 0..) |index, i| {
         if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
         const loc = locs.get(index);
@@ -623,7 +641,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     if (raw_bytes < inline_raw_bytes and decoded_bytes < inline_decoded_bytes) lanes = 1;
     lanes = @min(lanes, indices.len);
     // A few blocks per lane balance uneven records; blocks stay contiguous.
-    const block_count = if (lanes == 1) 1 else @min(indices.len, lanes * 4);
+    const block_count = if (lanes == 1) 1 else @min(indices.len, lanes * 16);
     var job: GatherJob = .{
         .store = s,
         .indices = indices,

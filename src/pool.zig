@@ -94,6 +94,8 @@ const Job = struct {
 };
 
 const lane_closed: u32 = std.math.maxInt(u32);
+/// Pause iterations (~30-140 cycles each) a thread polls before it sleeps.
+const spin_limit: u32 = 4000;
 var job: Job = .{};
 var pool_busy: std.atomic.Value(bool) = .init(false);
 var workers_started: usize = 0;
@@ -105,7 +107,7 @@ fn workerMain() void {
     while (true) {
         var spins: u32 = 0;
         while (job.generation.load(.acquire) == seen) : (spins += 1) {
-            if (spins < 2000) {
+            if (spins < spin_limit) {
                 std.atomic.spinLoopHint();
             } else {
                 the_io.futexWaitUncancelable(u32, &job.generation.raw, seen);
@@ -175,10 +177,18 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     var c = job.claim.load(.acquire);
     while (job.claim.cmpxchgWeak(c, (@as(u64, gen) << 32) | lane_closed, .acq_rel, .acquire)) |cur| c = cur;
     const claimed: u32 = @as(u32, @truncate(c)) - 1;
-    while (true) {
+    // The other lanes are usually a block or two from done: spin briefly, as
+    // a futex sleep would add a wake-up (tens of µs on a virtual CPU) to a job
+    // that may itself be only ~100 µs long.
+    var spins: u32 = 0;
+    while (true) : (spins += 1) {
         const f = job.finished.load(.acquire);
         if (f >= claimed) break;
-        the_io.futexWaitUncancelable(u32, &job.finished.raw, f);
+        if (spins < spin_limit) {
+            std.atomic.spinLoopHint();
+        } else {
+            the_io.futexWaitUncancelable(u32, &job.finished.raw, f);
+        }
     }
 }
 
