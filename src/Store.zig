@@ -567,7 +567,7 @@ const GatherJob = struct {
                 const at = job.destOffset(i);
                 const src_aux = job.data + loc.offset;
                 if (job.part == .aux) {
-                    @memcpy(job.dest.base[at..][0..loc.aux_size], src_aux[0..loc.aux_size]);
+                    codec.copy(job.dest.base[at..][0..loc.aux_size], src_aux[0..loc.aux_size]);
                     continue;
                 }
                 const src = (src_aux + loc.aux_size)[0..@intCast(loc.stored_size)];
