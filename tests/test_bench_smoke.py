@@ -43,7 +43,8 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
             assert row["gather_mib_s"] and row["gather_mib_s"] > 0, row
     for section in report["sections"]:
         for target in section["targets"]:
-            assert target["status"] in ("met", "NOT MET") or target["status"].startswith("n/a"), target
+            settled = ("met", "NOT MET") if target["spec"] else ("context: reached", "context: below")
+            assert target["status"] in settled or target["status"].startswith("n/a"), target
     # Every run leaves its stores only in its own temporary directory, and removes them.
     assert not list(tmp_path.glob("loaderx-bench-*"))
 
