@@ -371,7 +371,11 @@ class _Engine:
             # A result from before a reset (or after close) is stale: drop it.
             if generation == self.generation and not self.closed:
                 self.ready[step] = (batch, error)
-            self.ready_changed.notify_all()
+            # Wake the consumer only for the step it waits on (a batch that
+            # finishes ahead of an earlier one cannot be delivered yet), and a
+            # draining reset for every batch that leaves the builders.
+            if step == self.step_deliver or self.draining:
+                self.ready_changed.notify_all()
 
     def recycled(self, name: str) -> Optional[Any]:
         """A previously delivered output array of stream `name` that nobody
