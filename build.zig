@@ -63,7 +63,33 @@ fn createModule(
         .strip = optimize != .debug,
     });
     addZstd(b, mod);
+    if (target.result.cpu.arch == .x86_64) addAvx2Unit(b, mod, target, optimize);
     return mod;
+}
+
+/// src/sampler_avx2.zig compiled for x86-64-v3 and linked into the library;
+/// the portable code calls it only on CPUs with AVX2 (see sampler.zig).
+fn addAvx2Unit(
+    b: *std.Build,
+    mod: *std.Build.Module,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) void {
+    var query = target.query;
+    query.cpu_model = .{ .explicit = &std.Target.x86.cpu.x86_64_v3 };
+    query.cpu_features_add = .empty;
+    query.cpu_features_sub = .empty;
+    const obj = b.addObject(.{
+        .name = "sampler_avx2",
+        .root_module = b.createModule(.{
+            .root_source_file = b.path("src/sampler_avx2.zig"),
+            .target = b.resolveTargetQuery(query),
+            .optimize = optimize,
+            .pic = true,
+            .strip = optimize != .debug,
+        }),
+    });
+    mod.addObject(obj);
 }
 
 fn addLib(
@@ -99,7 +125,7 @@ pub fn build(b: *std.Build) void {
     // and ReleaseFast (the code that ships).
     const test_step = b.step("test", "Run the native test suite (Debug and ReleaseFast)");
     for ([_]std.builtin.OptimizeMode{ .debug, .fast }) |mode| {
-        const t = b.addTest(.{ .root_module = createModule(b, b.graph.host, mode) });
+        const t = b.addTest(.{ .root_module = createModule(b, target, mode) });
         test_step.dependOn(&b.addRunArtifact(t).step);
     }
 

@@ -387,6 +387,7 @@ export fn lx_set_lanes(n: u32) void {
 }
 
 test {
+    _ = @import("cpu.zig");
     _ = format;
     _ = codec;
     _ = pool;

@@ -12,6 +12,7 @@ const std = @import("std");
 const builtin = @import("builtin");
 const assert = std.debug.assert;
 const format = @import("format.zig");
+const cpu = @import("cpu.zig");
 
 pub const ZSTD_CCtx = opaque {};
 pub const ZSTD_DCtx = opaque {};
@@ -213,7 +214,7 @@ pub fn decode(
 /// the bundled memcpy on 12 KiB rows).
 pub fn copy(dst: []u8, src: []const u8) void {
     assert(dst.len == src.len);
-    if (builtin.cpu.arch == .x86_64 and dst.len >= rep_movsb_min and fastRepMovsb()) {
+    if (builtin.cpu.arch == .x86_64 and dst.len >= rep_movsb_min and cpu.hasErms()) {
         var d = dst.ptr;
         var s = src.ptr;
         var n = dst.len;
@@ -229,40 +230,6 @@ pub fn copy(dst: []u8, src: []const u8) void {
 }
 
 const rep_movsb_min = 2048;
-/// 0: not yet probed, 1: no, 2: yes.
-var erms_state: std.atomic.Value(u8) = .init(0);
-
-fn fastRepMovsb() bool {
-    const state = erms_state.load(.monotonic);
-    if (state != 0) return state == 2;
-    // CPUID leaf 7, sub-leaf 0: EBX bit 9 is ERMS (enhanced rep movsb/stosb).
-    var eax: u32 = 0;
-    var ebx: u32 = 0;
-    var ecx: u32 = 0;
-    var edx: u32 = 0;
-    asm volatile ("cpuid"
-        : [a] "={eax}" (eax),
-          [b] "={ebx}" (ebx),
-          [c] "={ecx}" (ecx),
-          [d] "={edx}" (edx),
-        : [leaf] "{eax}" (@as(u32, 0)),
-          [sub] "{ecx}" (@as(u32, 0)),
-    );
-    var erms = false;
-    if (eax >= 7) {
-        asm volatile ("cpuid"
-            : [a] "={eax}" (eax),
-              [b] "={ebx}" (ebx),
-              [c] "={ecx}" (ecx),
-              [d] "={edx}" (edx),
-            : [leaf] "{eax}" (@as(u32, 7)),
-              [sub] "{ecx}" (@as(u32, 0)),
-        );
-        erms = (ebx >> 9) & 1 == 1;
-    }
-    erms_state.store(if (erms) 2 else 1, .monotonic);
-    return erms;
-}
 
 /// Trains a zstd dictionary of at most `out.len` bytes from samples laid end to
 /// end in `samples` with sizes `sizes`. Returns the dictionary size; on failure

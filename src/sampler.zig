@@ -35,6 +35,7 @@
 const std = @import("std");
 const builtin = @import("builtin");
 const assert = std.debug.assert;
+const cpu = @import("cpu.zig");
 
 pub const Mode = enum(u8) { sequential = 0, iid = 1, cyclic = 2 };
 
@@ -57,8 +58,26 @@ pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64
     switch (mode) {
         .sequential => fillSequential(length, position_first, out),
         .iid => fillIid(length, seed, position_first, out),
-        .cyclic => fillCyclic(length, seed, position_first, out),
+        .cyclic => if (avx2_unit and cpu.hasAvx2()) {
+            const words: [3]u64 = @bitCast(position_first);
+            loaderx_fill_cyclic_avx2(length, seed, &words, out.ptr, out.len);
+        } else fillCyclic(length, seed, position_first, out),
     }
+}
+
+/// Whether this build links `sampler_avx2.zig`: the same CYCLIC code compiled
+/// for x86-64-v3, where the Feistel lanes run four to a register instead of
+/// two (the portable build targets baseline x86-64, SSE2 only). A build whose
+/// target already has AVX2 has no need of it.
+const avx2_unit = builtin.cpu.arch == .x86_64 and
+    !std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
+
+/// Defined (hidden, never exported) in sampler_avx2.zig.
+extern fn loaderx_fill_cyclic_avx2(length: u64, seed: u64, position_first: *const [3]u64, out: [*]u64, count: usize) void;
+
+/// The CYCLIC fill of `fill`, for sampler_avx2.zig to compile for its target.
+pub fn fillCyclicWords(length: u64, seed: u64, position_first: *const [3]u64, out: [*]u64, count: usize) void {
+    fillCyclic(length, seed, @bitCast(position_first.*), out[0..count]);
 }
 
 // ---------------------------------------------------------------------------
@@ -726,5 +745,29 @@ test "split divides exact 192-bit positions" {
         const s = split(p, length);
         try testing.expect(s.offset < length);
         try testing.expectEqual(p, s.cycle * length + s.offset);
+    }
+}
+
+test "the AVX2 build of CYCLIC gives the portable build's indices" {
+    if (!avx2_unit or !cpu.hasAvx2()) return error.SkipZigTest;
+    var prng = std.Random.DefaultPrng.init(0x5A3D);
+    const random = prng.random();
+    var portable: [700]u64 = undefined;
+    var vectorized: [700]u64 = undefined;
+    for (0..200) |trial| {
+        // Small, mid-size and huge lengths; batches that straddle cycle ends.
+        const length: u64 = switch (trial % 4) {
+            0 => random.intRangeAtMost(u64, 1, 300),
+            1 => random.intRangeAtMost(u64, 129, 1 << 20),
+            2 => random.intRangeAtMost(u64, 1 << 20, 1 << 40),
+            else => random.intRangeAtMost(u64, 1 << 40, std.math.maxInt(u64)),
+        };
+        const count = random.intRangeAtMost(usize, 1, portable.len);
+        const seed = random.int(u64);
+        const first: Position = random.int(u128) % (@as(u128, length) * 5 + 1);
+        fillCyclic(length, seed, first, portable[0..count]);
+        const words: [3]u64 = @bitCast(first);
+        loaderx_fill_cyclic_avx2(length, seed, &words, &vectorized, count);
+        try testing.expectEqualSlices(u64, portable[0..count], vectorized[0..count]);
     }
 }

@@ -1,0 +1,80 @@
+//! Run-time x86-64 feature checks for the few hot loops that pick a faster
+//! instruction sequence than the portable (baseline) build may assume.
+//! Each answer is probed once and cached; on other architectures every check
+//! is false at compile time.
+const std = @import("std");
+const builtin = @import("builtin");
+
+const is_x86_64 = builtin.cpu.arch == .x86_64;
+
+const Features = packed struct(u8) {
+    probed: bool = false,
+    erms: bool = false,
+    avx2: bool = false,
+    _: u5 = 0,
+};
+
+var cached: std.atomic.Value(u8) = .init(0);
+
+/// Fast `rep movsb` (ERMS): large copies move whole lines without reading the
+/// destination first.
+pub fn hasErms() bool {
+    return is_x86_64 and features().erms;
+}
+
+/// AVX2 usable: the CPU has it and the OS saves the YMM registers.
+pub fn hasAvx2() bool {
+    return is_x86_64 and features().avx2;
+}
+
+fn features() Features {
+    const known: Features = @bitCast(cached.load(.monotonic));
+    if (known.probed) return known;
+    var found: Features = .{ .probed = true };
+    const max_leaf = cpuid(0, 0).eax;
+    if (max_leaf >= 7) {
+        const leaf1 = cpuid(1, 0);
+        const leaf7 = cpuid(7, 0);
+        found.erms = (leaf7.ebx >> 9) & 1 == 1;
+        const osxsave = (leaf1.ecx >> 27) & 1 == 1;
+        const avx = (leaf1.ecx >> 28) & 1 == 1;
+        // XCR0 bits 1 and 2: the OS saves SSE and AVX state on a context switch.
+        const os_saves_ymm = osxsave and xcr0() & 0b110 == 0b110;
+        found.avx2 = avx and os_saves_ymm and (leaf7.ebx >> 5) & 1 == 1;
+    }
+    cached.store(@bitCast(found), .monotonic);
+    return found;
+}
+
+const Registers = struct { eax: u32, ebx: u32, ecx: u32, edx: u32 };
+
+fn cpuid(leaf: u32, subleaf: u32) Registers {
+    if (!is_x86_64) unreachable;
+    var eax: u32 = undefined;
+    var ebx: u32 = undefined;
+    var ecx: u32 = undefined;
+    var edx: u32 = undefined;
+    asm volatile ("cpuid"
+        : [a] "={eax}" (eax),
+          [b] "={ebx}" (ebx),
+          [c] "={ecx}" (ecx),
+          [d] "={edx}" (edx),
+        : [leaf] "{eax}" (leaf),
+          [sub] "{ecx}" (subleaf),
+    );
+    return .{ .eax = eax, .ebx = ebx, .ecx = ecx, .edx = edx };
+}
+
+fn xcr0() u32 {
+    if (!is_x86_64) unreachable;
+    return asm volatile ("xgetbv"
+        : [lo] "={eax}" (-> u32),
+        : [reg] "{ecx}" (@as(u32, 0)),
+        : .{ .edx = true });
+}
+
+test "feature probe is stable and consistent" {
+    try std.testing.expectEqual(hasErms(), hasErms());
+    try std.testing.expectEqual(hasAvx2(), hasAvx2());
+    if (!is_x86_64) try std.testing.expect(!hasAvx2() and !hasErms());
+}
