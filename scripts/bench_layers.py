@@ -74,7 +74,7 @@ SIZES = {
     ),
     "default": Size(
         dense_mib=64, plan_batches=4096, plan_payload_mib=1024, dense_batch=256, token_sequences=50000, image_count=320, image_batch=32,
-        budget_s=0.3, repeat=5, write_repeat=2, sampler_calls=32768,
+        budget_s=0.3, repeat=5, write_repeat=3, sampler_calls=32768,
         loader_records=16384, loader_batches=3000, loader_warmup=30, loader_seconds=2.0, loader_repeat_max=5,
         loader_torch_workers=(0, 1, 2, 4), loader_grain_workers=(0, 2),
     ),
