@@ -558,9 +558,7 @@ const GatherJob = struct {
             // flight at once (the first pass prefetched them to lane 0's core).
             for (start..stop) |i| {
                 const loc = job.locs.get(job.indices[i]);
-                const first = job.data + loc.offset;
-                @prefetch(first, .{});
-                if (loc.storedTotal() > 64) @prefetch(first + 64, .{});
+                prefetchRecord(job.data, loc);
             }
             for (start..stop) |i| {
                 const loc = job.locs.get(job.indices[i]);
@@ -591,6 +589,18 @@ const GatherJob = struct {
         if (job.failed.cmpxchgStrong(false, true, .acq_rel, .monotonic) == null) job.fail_index = index;
     }
 };
+
+/// Starts fetching a record's first lines: every line of a small record (a
+/// 200 B record spans up to 4), the first few of a large one, after which the
+/// hardware prefetcher follows the sequential copy.
+inline fn prefetchRecord(data: [*]const u8, loc: RecordLoc) void {
+    const first = data + loc.offset;
+    const span = @min(loc.storedTotal(), prefetch_span_max);
+    const lines = (span + (loc.offset & 63) + 63) / 64;
+    for (0..@intCast(lines)) |line| @prefetch(first + line * 64, .{});
+}
+
+const prefetch_span_max: u64 = 256;
 
 /// Bytes of work below which a batch runs inline on the caller: handing half
 /// to a second lane costs more than it saves. Measured on 200 B records (batch
@@ -624,8 +634,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
         try checkLoc(loc, index, data, data_size, loc.codec != @intFromEnum(Codec.raw));
         // Start fetching the record now: the copy pass then finds it in cache,
         // and the misses of many records overlap instead of queueing.
-        @prefetch(data + loc.offset, .{});
-        if (loc.storedTotal() > 64) @prefetch(data + loc.offset + 64, .{});
+        prefetchRecord(data, loc);
         const size: u64 = if (part == .aux) loc.aux_size else loc.raw_size;
         if (dest.offsets) |offsets| {
             const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
