@@ -74,3 +74,12 @@ def test_validation_rejects_wrong_order(tmp_path):
     options = bench_harness.Options(workdir=tmp_path, repeat=1, write_repeat=1, budget_s=0.01)
     (row,) = bench_harness.Measurement("wrong", [_WrongOrder(data)], plan, options, print).run()
     assert row.status.startswith("INVALID"), row.status
+
+
+def test_loader_overhead_probe_runs(tmp_path):
+    """The loader-overhead diagnostic runs and reports all three rows."""
+    import probe_loader_overhead
+
+    rows = probe_loader_overhead.run(30, probe_loader_overhead.RECORD_BYTES, tmp_path)
+    assert [r["name"] for r in rows] == ["plain loop (one thread)", "DataLoader workers=1", "DataLoader workers=2"]
+    assert all(r["wall_us"] > 0 and r["cpu_us"] >= 0 for r in rows)
