@@ -106,7 +106,7 @@ fn workerMain() void {
     var seen = job.generation.load(.acquire);
     while (true) {
         var spins: u32 = 0;
-        while (job.generation.load(.acquire) == seen) : (spins += 1) {
+        while (job.generation.load(.acquire) == seen) : (spins +|= 1) {
             if (spins < spin_limit) {
                 std.atomic.spinLoopHint();
             } else {
@@ -181,7 +181,7 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     // a futex sleep would add a wake-up (tens of µs on a virtual CPU) to a job
     // that may itself be only ~100 µs long.
     var spins: u32 = 0;
-    while (true) : (spins += 1) {
+    while (true) : (spins +|= 1) {
         const f = job.finished.load(.acquire);
         if (f >= claimed) break;
         if (spins < spin_limit) {
