@@ -73,8 +73,40 @@ fn xcr0() u32 {
         : .{ .edx = true });
 }
 
-test "feature probe is stable and consistent" {
-    try std.testing.expectEqual(hasErms(), hasErms());
-    try std.testing.expectEqual(hasAvx2(), hasAvx2());
-    if (!is_x86_64) try std.testing.expect(!hasAvx2() and !hasErms());
+test "probed features agree with the kernel's /proc/cpuinfo flags" {
+    if (!is_x86_64) {
+        try std.testing.expect(!hasAvx2() and !hasErms());
+        return;
+    }
+    if (builtin.os.tag != .linux) return error.SkipZigTest;
+    // /proc files report size 0: read until the end rather than by size.
+    const io = std.testing.io;
+    const file = std.Io.Dir.cwd().openFile(io, "/proc/cpuinfo", .{}) catch return error.SkipZigTest;
+    defer file.close(io);
+    var buffer: [64 << 10]u8 = undefined;
+    var len: usize = 0;
+    while (len < buffer.len) {
+        const n = file.readStreaming(io, &.{buffer[len..]}) catch |e| switch (e) {
+            error.EndOfStream => break,
+            else => return e,
+        };
+        if (n == 0) break;
+        len += n;
+    }
+    const info = buffer[0..len];
+    // The first "flags" line: space-separated names, e.g. "... erms ... avx2 ...".
+    const start = std.mem.indexOf(u8, info, "\nflags") orelse return error.SkipZigTest;
+    const line_end = std.mem.indexOfScalarPos(u8, info, start + 1, '\n') orelse info.len;
+    const flags = info[start..line_end];
+    var it = std.mem.tokenizeAny(u8, flags, " \t:");
+    var erms = false;
+    var avx2 = false;
+    while (it.next()) |flag| {
+        if (std.mem.eql(u8, flag, "erms")) erms = true;
+        if (std.mem.eql(u8, flag, "avx2")) avx2 = true;
+    }
+    try std.testing.expectEqual(erms, hasErms());
+    try std.testing.expectEqual(avx2, hasAvx2());
+    // The second call answers from the cache, the same.
+    try std.testing.expectEqual(erms, hasErms());
 }
