@@ -537,6 +537,7 @@ const GatherJob = struct {
     dest: Dest,
     part: Part,
     block_size: usize,
+    multi_lane: bool,
     next_block: std.atomic.Value(usize) = .init(0),
     failed: std.atomic.Value(bool) = .init(false),
     fail_index: u64 = 0,
@@ -554,12 +555,10 @@ const GatherJob = struct {
             const start = block * job.block_size;
             if (start >= job.indices.len) return;
             const stop = @min(start + job.block_size, job.indices.len);
-            // Pull this block's records into this lane's cache, all misses in
-            // flight at once (the first pass prefetched them to lane 0's core).
-            for (start..stop) |i| {
-                const loc = job.locs.get(job.indices[i]);
-                prefetchRecord(job.data, loc);
-            }
+            // With several lanes, pull this block's records into this lane's
+            // cache, all misses in flight at once (the first pass prefetched
+            // them to lane 0's core). A single lane has them already.
+            if (job.multi_lane) for (start..stop) |i| prefetchRecord(job.data, job.locs.get(job.indices[i]));
             for (start..stop) |i| {
                 const loc = job.locs.get(job.indices[i]);
                 const at = job.destOffset(i);
@@ -661,6 +660,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
         .dest = dest,
         .part = part,
         .block_size = std.math.divCeil(usize, indices.len, block_count) catch unreachable,
+        .multi_lane = lanes > 1,
     };
     pool.run(lanes, &job, GatherJob.work);
     if (job.failed.load(.acquire)) {
