@@ -647,6 +647,7 @@ class ZstdLimit(Backend):
             if self.dict_owner.dict_bytes is None:
                 raise Unavailable("missing", f"the dictionary of the '{self.dict_owner.name}' row, which did not run")
             options = {"dict_data": zstd.ZstdCompressionDict(self.dict_owner.dict_bytes)}
+        self.options = options
         self.compressor = zstd.ZstdCompressor(level=3, **options)
         self.decompressor = zstd.ZstdDecompressor(**options)
         self.frames: dict[int, bytes] = {}
@@ -681,10 +682,7 @@ class ZstdLimit(Backend):
             return super().timed_pass(plan, plan_bytes, chunk)
         inputs = [self._input(indices) for indices in plan]  # all built at validation already
         latencies: list[list[float]] = [[] for _ in range(self.threads)]
-        options = {}
-        if self.dict_owner is not None:
-            options = {"dict_data": self.zstd.ZstdCompressionDict(self.dict_owner.dict_bytes)}
-        decompressors = [self.zstd.ZstdDecompressor(**options) for _ in range(self.threads)]
+        decompressors = [self.zstd.ZstdDecompressor(**self.options) for _ in range(self.threads)]
         barrier = threading.Barrier(self.threads + 1)
 
         def share(k: int) -> None:
