@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import assert_same
 
 from loaderx.dataset import from_iterator, from_numpy, open_store, pad
 from loaderx.errors import IdentityError, NotAStoreError, ZrecordError
@@ -20,15 +21,6 @@ from loaderx.zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 ROOT = Path(__file__).resolve().parent.parent
 STRUCT = np.dtype([("a", "<i4"), ("b", "<f8", (2,))])
 
-
-def assert_same(got, expected) -> None:
-    got = np.asarray(got)
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        np.testing.assert_array_equal(got, expected)
-        raise AssertionError("bytes differ")
 
 
 # ----------------------------------------------------------------- from_numpy: 1 GiB in bounded memory

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 import pytest
+from _helpers import assert_same
 
 import loaderx._lib
 import loaderx.zrecord as zrecord
@@ -40,17 +41,6 @@ ZSTD_DICT_MAGIC = bytes.fromhex("37a430ec")
 
 
 # ----------------------------------------------------------------- helpers
-
-def assert_same(got, expected) -> None:
-    """Byte-exact equality with the same dtype and shape (works for structured
-    dtypes, bools and -0.0 alike)."""
-    got = np.asarray(got)
-    expected = np.asarray(expected)
-    assert got.dtype == expected.dtype, (got.dtype, expected.dtype)
-    assert got.shape == expected.shape, (got.shape, expected.shape)
-    if got.tobytes() != expected.tobytes():
-        np.testing.assert_array_equal(got, expected)
-        raise AssertionError(f"bytes differ:\n{got!r}\n!=\n{expected!r}")
 
 
 def assert_same_list(got, expected) -> None:
