@@ -15,6 +15,7 @@ from . import errors
 
 CDEF = """
 typedef struct lx_store lx_store;
+typedef struct lx_loader lx_loader;
 
 typedef struct {
     uint32_t codec;
@@ -55,6 +56,12 @@ int lx_train_dict(const uint8_t *samples, const uint64_t *sizes, uint64_t count,
 int lx_sampler_fill(uint64_t length, uint64_t batch_size, int mode, uint64_t seed, uint64_t step, uint64_t rank, uint64_t world, uint64_t *out);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t n);
+int lx_loader_open(lx_store *const *stores, const uint64_t *record_sizes, uint32_t count, uint64_t length, uint64_t batch_size, int mode, uint64_t seed, uint64_t rank, uint64_t world, uint64_t step, uint32_t window, uint32_t threads, uint32_t lanes, lx_loader **out);
+int lx_loader_submit(lx_loader *l, uint64_t step, uint8_t *const *dests);
+int lx_loader_wait(lx_loader *l, uint64_t step, uint32_t *failed_stream);
+void lx_loader_reset(lx_loader *l, uint64_t step);
+void lx_loader_stop(lx_loader *l);
+void lx_loader_free(lx_loader *l);
 """
 
 # Result codes (src/capi.zig `Result`) -> exception class.
@@ -74,6 +81,7 @@ _ERRORS = {
     -12: errors.DictionaryError,
     -13: errors.ReadOnlyError,
     -14: errors.NoSpaceError,
+    -15: errors.ClosedError,
 }
 
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}

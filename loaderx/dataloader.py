@@ -7,13 +7,27 @@ come from one :class:`loaderx.zsampler.Sampler`, the bytes from the stores'
 native ``gather``.
 
 Threads, not processes
-    Every batch is built on a plain Python thread (named ``loaderx-worker-N``):
-    no pickling, no IPC, no ``/dev/shm``, one copy of every open store. The
-    stores release the GIL inside their single native ``gather`` call, so the
-    threads really gather in parallel. The default thread count is the number of
-    cores this process may run on (``os.sched_getaffinity``), not
-    ``os.cpu_count()``. A ``transform`` (collate) also runs on those threads; it
-    holds the GIL for whatever Python it runs, like any thread.
+    No pickling, no IPC, no ``/dev/shm``, one copy of every open store. The
+    default thread count is the number of cores this process may run on
+    (``os.sched_getaffinity``), not ``os.cpu_count()``.
+
+    ``DenseStore`` streams are built by a native prefetch ring
+    (``src/Loader.zig``): library threads compute each step's indices and
+    gather every dense stream into that step's output arrays, with no Python
+    and no GIL between the two, and ``next()`` waits for its step once, with
+    the GIL released. Every other stream (ragged and byte stores, or any other
+    object with a ``gather`` and a ``kind``) and the ``transform`` run on
+    Python threads named ``loaderx-worker-N``, which take the ring's arrays
+    for their step and add the rest; the stores release the GIL inside their
+    native ``gather``, so those threads also gather in parallel. A
+    ``transform`` holds the GIL for whatever Python it runs, like any thread.
+    Without such streams and without a transform there are no Python worker
+    threads at all (measured: the loader's own cost fell from 55-145 us to
+    ~40 us of CPU per batch, ``scripts/probe_loader_overhead.py``).
+
+    The ring keeps the stores it reads open: a store closed by its owner
+    while the loader runs is never unmapped under the threads; the first step
+    built afterwards fails with ``ClosedError`` instead.
 
 Order and determinism
     The batch at step ``s`` is ``{name: stores[name].gather(sampler.at(s))}``,
@@ -104,7 +118,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from loaderx.zrecord import _Store
+from loaderx import _lib
+from loaderx._lib import ffi, lib
+from loaderx.zrecord import DenseStore, _Store
 from loaderx.zsampler import Sampler
 
 # Reference counts prove an output array is free only where they are exact
@@ -218,8 +234,93 @@ def _check_buffer(label: str, buffer: Any, shape: Tuple[int, ...], dtype: np.dty
         raise ValueError(f"{label} must be C-contiguous and writable")
 
 
+class _Ring:
+    """The native prefetch ring (``src/Loader.zig``) for a loader's
+    ``DenseStore`` streams: library threads compute each step's indices and
+    gather every one of these streams into buffers submitted here, with no
+    Python (and no GIL) between a step's submission and its finished arrays.
+
+    Steps are submitted in order with one buffer per stream; ``wait(step)``
+    releases the GIL until the step is built. The native side retains the
+    stores, so closing one while the ring runs fails the next step with
+    ``ClosedError`` rather than unmapping memory under the threads.
+    """
+
+    def __init__(self, stores: Sequence[Any], sampler: Sampler, window: int, threads: int,
+                 lanes: int, step: int) -> None:
+        self.stores = list(stores)
+        count = len(self.stores)
+        handles = ffi.new("lx_store *[]", [store._h() for store in self.stores])
+        sizes = ffi.new("uint64_t[]", [store._record_bytes for store in self.stores])
+        rank, world = sampler.shard
+        out = ffi.new("lx_loader **")
+        _lib.check(lib.lx_loader_open(
+            handles, sizes, count, sampler.length, sampler.batch_size, int(sampler.mode), sampler.seed,
+            rank, world, step, window, threads, lanes, out), None, "DataLoader")
+        self.handle = ffi.gc(out[0], lib.lx_loader_free)
+        self._dests = ffi.new("uint8_t *[]", count)
+        self._failed = ffi.new("uint32_t *")
+        # Threads inside lx_loader_wait: close() frees the ring (and lets go
+        # of the stores) only once none is left.
+        self._users = 0
+        self._users_changed = threading.Condition(threading.Lock())
+        self._closed = False
+
+    def submit(self, step: int, arrays: Sequence[np.ndarray]) -> None:
+        """Caller holds the engine's lock and has checked it is not closed."""
+        dests = self._dests
+        for position, array in enumerate(arrays):
+            dests[position] = ffi.cast("uint8_t *", array.__array_interface__["data"][0])
+        _lib.check(lib.lx_loader_submit(self.handle, step, dests), None, "DataLoader")
+
+    def wait(self, step: int) -> Optional[BaseException]:
+        """Blocks (GIL released) until ``step`` is built; its error, if any."""
+        with self._users_changed:
+            if self._closed:
+                return RuntimeError("DataLoader is closed")
+            self._users += 1
+        try:
+            rc = lib.lx_loader_wait(self.handle, step, self._failed)
+            if rc == _lib.LX_OK:
+                return None
+            failed = self._failed[0]
+            store = self.stores[failed] if failed < len(self.stores) else None
+            error = _lib.error_for(rc, getattr(store, "path", None), "gather")
+        finally:
+            with self._users_changed:
+                self._users -= 1
+                self._users_changed.notify_all()
+        if hasattr(error, "add_note"):
+            error.add_note(f"(loaderx: raised by the native prefetch ring building step {step})")
+        return error
+
+    def reset(self, step: int) -> None:
+        """Caller holds the engine's lock and has checked it is not closed."""
+        lib.lx_loader_reset(self.handle, step)
+
+    def close(self) -> None:
+        """Stop the threads, wait for every waiter to leave, free the ring."""
+        with self._users_changed:
+            if self._closed:
+                return
+            self._closed = True
+        lib.lx_loader_stop(self.handle)  # wakes every waiter with "closed"
+        with self._users_changed:
+            while self._users:
+                self._users_changed.wait()
+        ffi.release(self.handle)
+
+
 class _Engine:
     """The shared state of one loader's threads.
+
+    Two stages build a batch. ``DenseStore`` streams go through the native
+    prefetch ring (:class:`_Ring`). Every other stream (ragged, bytes, or any
+    other object with the store interface) and the ``transform`` run on Python
+    worker threads, which take the ring's arrays for their step and add the
+    rest. Without such streams and without a transform there are no Python
+    worker threads at all: the consumer submits steps to the ring and waits
+    for the one it delivers.
 
     Workers hold a reference to the engine, never to the ``DataLoader``, so a
     loader nobody references any more can be garbage collected (and its
@@ -227,8 +328,11 @@ class _Engine:
 
     Invariants, under ``lock``:
       * ``step_deliver <= step_claim <= step_deliver + window`` unless draining;
+      * ``step_deliver <= step_submit <= step_deliver + window``: the ring holds
+        steps ``[step_deliver or later, step_submit)``, their arrays in
+        ``ring_arrays``;
       * ``ready`` only holds steps in ``[step_deliver, step_claim)``;
-      * ``in_flight`` counts claimed steps that are being built right now.
+      * ``in_flight`` counts claimed steps that Python workers build right now.
     """
 
     def __init__(
@@ -245,13 +349,22 @@ class _Engine:
         self.sampler = sampler
         self.transform = transform
         self.out = out
+        self.ring_names = [name for name, store in streams.items() if isinstance(store, DenseStore)]
+        self.python_names = [name for name in streams if name not in self.ring_names]
+        # Python workers run only where Python has work: other streams or a transform.
+        self.staged = bool(self.python_names) or transform is not None
+        self.ring: Optional[_Ring] = None
+        self.ring_arrays: Dict[int, List[np.ndarray]] = {}
         # Dense output arrays kept for reuse once the consumer drops them.
         self.recycle: Dict[str, Any] = {}
         # Enough to cover every batch that can be alive at once (the window,
         # plus the one the consumer holds), so a free one is found in steady state.
         self.recycle_max = window + 2
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.gather_kwargs = {"threads": 1} if worker_count >= cores else {}
+        # With a thread per core, each gather runs on its own thread alone
+        # rather than fanning out and oversubscribing the cores.
+        self.single_lane = worker_count >= cores
+        self.gather_kwargs = {"threads": 1} if self.single_lane else {}
         self.worker_count = worker_count
         self.window = window
 
@@ -264,18 +377,32 @@ class _Engine:
 
         self.step_claim = step
         self.step_deliver = step
+        self.step_submit = step
         self.ready: Dict[int, Tuple[Any, Optional[BaseException]]] = {}
         self.in_flight = 0
         self.generation = 0
         self.draining = False
         self.closed = False
+        self.started = False
         self.threads: List[threading.Thread] = []
 
     # -- consumer side ----------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker threads (once). Caller holds ``lock``."""
-        if self.threads:
+        """Start the ring and the worker threads (once). Caller holds ``lock``."""
+        if self.started:
+            return
+        self.started = True
+        if self.ring_names:
+            self.ring = _Ring(
+                [self.streams[name] for name in self.ring_names],
+                self.sampler,
+                self.window,
+                self.worker_count,
+                1 if self.single_lane else 0,
+                self.step_submit,
+            )
+        if not self.staged:
             return
         for worker_index in range(self.worker_count):
             thread = threading.Thread(
@@ -293,19 +420,31 @@ class _Engine:
             if self.closed:
                 raise RuntimeError("DataLoader is closed")
             self.start()
-            while True:
-                step = self.step_deliver
-                if step in self.ready:
-                    break
-                self.ready_changed.wait()
-                if self.closed:
-                    raise RuntimeError("DataLoader was closed while next() was waiting")
-            batch, error = self.ready.pop(step)
-            if error is None:
-                self.step_deliver = step + 1
-                # One more step fits into the window now.
-                self.room_changed.notify()
-            return step, batch, error
+            step = self.step_deliver
+            if not self.staged:
+                # The consumer feeds the ring itself: everything up to the window.
+                self.submit_until(step + self.window)
+                arrays = self.ring_arrays.pop(step)
+            else:
+                while step not in self.ready:
+                    self.ready_changed.wait()
+                    if self.closed:
+                        raise RuntimeError("DataLoader was closed while next() was waiting")
+                batch, error = self.ready.pop(step)
+                if error is None:
+                    self.step_deliver = step + 1
+                    # One more step fits into the window now.
+                    self.room_changed.notify()
+                return step, batch, error
+        assert self.ring is not None
+        error = self.ring.wait(step)
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("DataLoader was closed while next() was waiting")
+            if error is not None:
+                return step, None, error
+            self.step_deliver = step + 1
+        return step, dict(zip(self.ring_names, arrays)), None
 
     def reset(self, step: int) -> None:
         """Drop everything prefetched and continue at ``step``.
@@ -323,18 +462,26 @@ class _Engine:
             while self.in_flight > 0 and not self.closed:
                 self.ready_changed.wait()
             self.draining = False
+            if self.ring is not None:
+                self.ring.reset(step)
+            self.ring_arrays.clear()
+            self.step_submit = step
             self.step_claim = step
             self.step_deliver = step
             self.room_changed.notify_all()
 
     def shutdown(self) -> None:
-        """Stop and join every worker. Idempotent; safe from any thread."""
+        """Stop and join every thread. Idempotent; safe from any thread."""
         with self.lock:
             self.closed = True
             self.ready.clear()
             self.ready_changed.notify_all()
             self.room_changed.notify_all()
             threads = list(self.threads)
+            ring = self.ring
+        # Outside the lock: a consumer blocked in the ring's wait returns now.
+        if ring is not None:
+            ring.close()
         current = threading.current_thread()
         alive = []
         for thread in threads:
@@ -351,17 +498,75 @@ class _Engine:
                 stacklevel=3,
             )
 
+    # -- the ring's buffers (caller holds ``lock``) -------------------------------
+
+    def submit_until(self, stop: int) -> None:
+        """Submit steps ``[step_submit, stop)`` to the ring with their output arrays."""
+        if self.ring is None:
+            self.step_submit = max(self.step_submit, stop)
+            return
+        while self.step_submit < stop:
+            step = self.step_submit
+            arrays = [self.output_array(name, step) for name in self.ring_names]
+            self.ring.submit(step, arrays)
+            self.ring_arrays[step] = arrays
+            self.step_submit = step + 1
+
+    def output_array(self, name: str, step: int) -> np.ndarray:
+        """Where stream ``name`` of ``step`` is gathered: the caller's ``out=``
+        buffer, a recycled array nobody holds, or a fresh one."""
+        buffers = self.out.get(name)
+        if buffers is not None:
+            return buffers[step % len(buffers)]
+        arr = self.recycled(name)
+        if arr is None:
+            store = self.streams[name]
+            arr = np.empty((self.sampler.batch_size,) + tuple(store.item_shape), dtype=store.dtype)
+        self.keep_for_recycling(name, arr)
+        return arr
+
+    def recycled(self, name: str) -> Optional[Any]:
+        """A previously delivered output array of stream `name` that nobody
+        holds any more (only this pool references it), or None.
+
+        Fresh multi-MiB batch arrays cost page faults on every batch (the
+        allocator hands freed ones back to the OS); reusing arrays the consumer
+        has dropped avoids that. The reference count proves an array is free:
+        a caller's variable, a view, a torch tensor from torch.from_numpy, all
+        hold a reference. Off on free-threaded Python, where counts are not exact.
+        """
+        if not _REFCOUNT_EXACT:
+            return None
+        pool = self.recycle.setdefault(name, collections.deque())
+        for _ in range(len(pool)):
+            arr = pool.popleft()
+            # References: the local name `arr` and getrefcount's argument.
+            if sys.getrefcount(arr) <= 2:
+                return arr
+            pool.append(arr)
+        return None
+
+    def keep_for_recycling(self, name: str, arr: Any) -> None:
+        pool = self.recycle.setdefault(name, collections.deque())
+        pool.append(arr)
+        while len(pool) > self.recycle_max:
+            pool.popleft()
+
     # -- worker side --------------------------------------------------------------
 
-    def claim(self) -> Optional[Tuple[int, int]]:
-        """Wait for a step inside the window; ``None`` once the loader is closed."""
+    def claim(self) -> Optional[Tuple[int, int, List[np.ndarray]]]:
+        """Wait for a step inside the window; ``None`` once the loader is closed.
+
+        Claiming a step also submits it to the ring, so ring steps are
+        submitted in step order."""
         with self.lock:
             while not self.closed:
                 if not self.draining and self.step_claim < self.step_deliver + self.window:
                     step = self.step_claim
                     self.step_claim = step + 1
                     self.in_flight += 1
-                    return step, self.generation
+                    self.submit_until(step + 1)
+                    return step, self.generation, self.ring_arrays.pop(step, [])
                 self.room_changed.wait()
             return None
 
@@ -377,52 +582,31 @@ class _Engine:
             if step == self.step_deliver or self.draining:
                 self.ready_changed.notify_all()
 
-    def recycled(self, name: str) -> Optional[Any]:
-        """A previously delivered output array of stream `name` that nobody
-        holds any more (only this pool references it), or None.
-
-        Fresh multi-MiB batch arrays cost page faults on every batch (the
-        allocator hands freed ones back to the OS); reusing arrays the consumer
-        has dropped avoids that. The reference count proves an array is free:
-        a caller's variable, a view, a torch tensor from torch.from_numpy, all
-        hold a reference. Off on free-threaded Python, where counts are not exact.
-        """
-        if not _REFCOUNT_EXACT:
-            return None
-        with self.lock:
-            pool = self.recycle.setdefault(name, collections.deque())
-            for _ in range(len(pool)):
-                arr = pool.popleft()
-                # References: the local name `arr` and getrefcount's argument.
-                if sys.getrefcount(arr) <= 2:
-                    return arr
-                pool.append(arr)
-        return None
-
-    def keep_for_recycling(self, name: str, arr: Any) -> None:
-        with self.lock:
-            pool = self.recycle.setdefault(name, collections.deque())
-            pool.append(arr)
-            while len(pool) > self.recycle_max:
-                pool.popleft()
-
-    def build(self, step: int) -> Any:
-        """Gather every stream at the indices of ``step``, then transform."""
+    def build(self, step: int, ring_arrays: List[np.ndarray]) -> Any:
+        """The ring's arrays of ``step`` plus every other stream, then transform."""
+        if self.ring is not None:
+            error = self.ring.wait(step)
+            if error is not None:
+                raise error
+        from_ring = dict(zip(self.ring_names, ring_arrays))
         # Sampler.at() is pure and documented safe to call from any thread.
-        indices = self.sampler.at(step)
+        indices = self.sampler.at(step) if self.python_names else None
         batch: Dict[str, Any] = {}
         for name, store in self.streams.items():
+            if name in from_ring:
+                batch[name] = from_ring[name]
+                continue
             buffers = self.out.get(name)
-            # With a loader thread per core, each gather runs on its own thread
-            # alone (threads=1) rather than fanning out and oversubscribing.
             kw = self.gather_kwargs if isinstance(store, _Store) else {}
             if buffers is not None:
                 batch[name] = store.gather(indices, out=buffers[step % len(buffers)], **kw)
-            elif getattr(store, "kind", None) == "dense":
-                reuse = self.recycled(name)
+            elif store.kind == "dense":
+                with self.lock:
+                    reuse = self.recycled(name)
                 arr = store.gather(indices, out=reuse, **kw)
                 del reuse
-                self.keep_for_recycling(name, arr)
+                with self.lock:
+                    self.keep_for_recycling(name, arr)
                 batch[name] = arr
             else:
                 batch[name] = store.gather(indices, **kw)
@@ -436,11 +620,11 @@ def _worker_main(engine: _Engine, worker_index: int) -> None:
         claimed = engine.claim()
         if claimed is None:
             return
-        step, generation = claimed
+        step, generation, ring_arrays = claimed
         batch: Any = None
         error: Optional[BaseException] = None
         try:
-            batch = engine.build(step)
+            batch = engine.build(step, ring_arrays)
         except BaseException as exc:  # noqa: B036 - handed to the consumer, never dropped.
             error = exc
             if hasattr(exc, "add_note"):
@@ -448,7 +632,7 @@ def _worker_main(engine: _Engine, worker_index: int) -> None:
         engine.finish(step, generation, batch, error)
         # Drop our references before waiting for the next claim, so the
         # memory bound counts only batches in the buffer or with the consumer.
-        del batch, error
+        del batch, error, ring_arrays
 
 
 class DataLoader:

@@ -91,6 +91,11 @@ staged: ?Commit = null,
 /// Gathers in flight through this handle, and the flag delete/compact raise.
 readers_active: std.atomic.Value(u32) = .init(0),
 exclusive: std.atomic.Value(bool) = .init(false),
+/// Owners of this handle: its opener, plus every Loader reading it. The last
+/// `release` closes it, so a loader's threads never read an unmapped store.
+refs: std.atomic.Value(u32) = .init(1),
+/// Set when the opener has let go (lx_close); loaders stop reading then.
+owner_closed: std.atomic.Value(bool) = .init(false),
 
 // ---------------------------------------------------------------- mappings
 
@@ -416,6 +421,16 @@ fn refuseForeignFiles(dir: Io.Dir) Error!void {
             if (std.mem.eql(u8, k, entry.name)) break;
         } else return diag.fail(error.NotAStore, "directory is not empty and holds no loaderx store (found '{s}')", .{entry.name});
     }
+}
+
+/// Adds an owner (see `refs`).
+pub fn retain(s: *Store) void {
+    _ = s.refs.fetchAdd(1, .monotonic);
+}
+
+/// Drops an owner; the last one closes the handle.
+pub fn release(s: *Store) void {
+    if (s.refs.fetchSub(1, .acq_rel) == 1) s.close();
 }
 
 pub fn close(s: *Store) void {

@@ -28,6 +28,7 @@ const codec = @import("codec.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const sampler = @import("sampler.zig");
+const Loader = @import("Loader.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -68,9 +69,11 @@ pub const Result = enum(c_int) {
     read_only = -13,
     /// The disk is full.
     no_space = -14,
+    /// The loader (or a store it reads) was closed.
+    closed = -15,
 };
 
-fn code(err: Store.Error) c_int {
+fn code(err: Loader.Error) c_int {
     const r: Result = switch (err) {
         error.IoFailed => .io,
         error.InvalidArgument => .invalid,
@@ -86,6 +89,7 @@ fn code(err: Store.Error) c_int {
         error.BadDictionary => .bad_dictionary,
         error.ReadOnly => .read_only,
         error.NoSpace => .no_space,
+        error.Closed => .closed,
     };
     return @intFromEnum(r);
 }
@@ -131,6 +135,7 @@ export fn lx_strerror(result: c_int) [*:0]const u8 {
         .bad_dictionary => "bad dictionary",
         .read_only => "store is read-only",
         .no_space => "no space left on device",
+        .closed => "closed",
     };
 }
 
@@ -182,7 +187,10 @@ export fn lx_open(
 
 /// Frees the handle: unmaps, releases its locks, closes its files. Does not sync.
 export fn lx_close(h: ?*Store) void {
-    if (h) |s| s.close();
+    if (h) |s| {
+        s.owner_closed.store(true, .release);
+        s.release();
+    }
 }
 
 /// Committed records (0..len are live).
@@ -386,7 +394,100 @@ export fn lx_set_lanes(n: u32) void {
     pool.setLaneLimit(n);
 }
 
+// ---------------------------------------------------------------- loader ring
+
+/// Starts a prefetch ring over `count` dense streams: `stores[i]` holds
+/// records of exactly `record_sizes[i]` bytes. `threads` library threads build
+/// steps in order: the sampler's indices for the step (`length`, `batch_size`,
+/// `mode`, `seed`, shard `rank`/`world`, as lx_sampler_fill), then one gather
+/// per stream using `lanes` lanes (0 = every usable core). At most `window`
+/// steps are submitted and not yet waited for; the first step to submit is
+/// `step`. The stores are retained until lx_loader_free: lx_close on one
+/// while the ring runs makes its next step fail with closed instead of
+/// unmapping it under the threads. Errors: invalid, out_of_memory.
+/// On success `*out` owns the ring until lx_loader_free.
+export fn lx_loader_open(
+    stores: ?[*]const *Store,
+    record_sizes: ?[*]const u64,
+    count: u32,
+    length: u64,
+    batch_size: u64,
+    mode: c_int,
+    seed: u64,
+    rank: u64,
+    world: u64,
+    step: u64,
+    window: u32,
+    threads: u32,
+    lanes: u32,
+    out: ?*?*Loader,
+) c_int {
+    diag.clear();
+    const o = out orelse return invalid("out is null", .{});
+    o.* = null;
+    const st = stores orelse return invalid("stores is null", .{});
+    const rs = record_sizes orelse return invalid("record_sizes is null", .{});
+    const m = std.enums.fromInt(sampler.Mode, mode) orelse return invalid("unknown sampler mode {d}", .{mode});
+    if (count == 0 or count > Loader.streams_max) return invalid("a loader needs 1 to {d} streams, got {d}", .{ Loader.streams_max, count });
+    var streams: [Loader.streams_max]Loader.Stream = undefined;
+    for (0..count) |i| streams[i] = .{ .store = st[i], .record_size = rs[i] };
+    o.* = Loader.create(gpa, streams[0..count], .{
+        .length = length,
+        .batch_size = batch_size,
+        .mode = m,
+        .seed = seed,
+        .rank = rank,
+        .world = world,
+        .step = step,
+        .window = window,
+        .threads = threads,
+        .lanes = lanes,
+    }) catch |e| return code(e);
+    return 0;
+}
+
+/// Hands step `step` (the next in order) to the ring with its destinations:
+/// `dests[i]` receives stream i's batch, batch_size * record_sizes[i] bytes,
+/// and must stay valid and untouched until lx_loader_wait returns for the
+/// step (or lx_loader_reset). Errors: closed, invalid (out of order, or more
+/// than `window` steps outstanding).
+export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8) c_int {
+    const d = dests orelse return invalid("dests is null", .{});
+    l.submit(step, d[0..l.streams.len]) catch |e| return code(e);
+    return 0;
+}
+
+/// Blocks until submitted step `step` is built; its destinations are the
+/// caller's again. Steps may be waited for in any order, each once, from any
+/// thread. On a gather error returns it (message in lx_last_error) with the
+/// failing stream in `*failed_stream`. Errors: closed (the ring was stopped,
+/// also while waiting, or a store was closed), invalid (not submitted), or
+/// any lx_gather error.
+export fn lx_loader_wait(l: *Loader, step: u64, failed_stream: *u32) c_int {
+    l.wait(step, failed_stream) catch |e| return code(e);
+    return 0;
+}
+
+/// Drops every submitted step, after the ones being built finish (so no
+/// destination is written afterwards); the next step to submit is `step`.
+export fn lx_loader_reset(l: *Loader, step: u64) void {
+    l.reset(step);
+}
+
+/// Stops and joins the ring's threads; waiters return closed. Idempotent; any
+/// thread may call it, also while another waits.
+export fn lx_loader_stop(l: *Loader) void {
+    l.stop();
+}
+
+/// Stops the ring, releases its stores and frees it. Must not race any other
+/// call on the same ring.
+export fn lx_loader_free(l: ?*Loader) void {
+    if (l) |ring| ring.destroy();
+}
+
 test {
+    _ = Loader;
     _ = @import("cpu.zig");
     _ = format;
     _ = codec;

@@ -20,6 +20,8 @@ ZIG_TO_C = {
     "?[*]const u64": "const uint64_t *", "?[*]u64": "uint64_t *", "*u64": "uint64_t *",
     "?[*]const [*]const u8": "const uint8_t *const *",
     "*Store": "lx_store *", "?*Store": "lx_store *", "?*?*Store": "lx_store **",
+    "?[*]const *Store": "lx_store *const *", "*Loader": "lx_loader *", "?*Loader": "lx_loader *",
+    "?*?*Loader": "lx_loader **", "?[*]const [*]u8": "uint8_t *const *", "*u32": "uint32_t *",
     "*Info": "lx_info_t *", "*Store.Stats": "lx_stats_t *", "*[*]const u8": "const uint8_t **",
 }
 

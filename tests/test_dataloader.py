@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import pickle
 import random
 import threading
@@ -680,3 +681,170 @@ def test_recycled_outputs_never_overwrite_a_batch_still_held(tmp_path):
                 np.testing.assert_array_equal(v, expected[step][1:5])
             # Every third batch was dropped at once: their arrays were reused.
             assert len(pointers) < 40
+
+
+# -- the native prefetch ring (DenseStore streams, no transform) ----------------------
+
+
+def native_thread_count():
+    """Threads of this process as the kernel sees them (native ones included)."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc/self/task (Linux)")
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture
+def dense_pair(tmp_path):
+    """Two real DenseStores of LENGTH records: x int64 (2,) rows, y = 7 i + 3."""
+    zrecord = import_zrecord()
+    x = zrecord.DenseStore(str(tmp_path / "x"), np.int64, (2,), codec="zstd")
+    y = zrecord.DenseStore(str(tmp_path / "y"), np.int64, (), codec="raw")
+    try:
+        x.append(dense_rows(LENGTH))
+        y.append(np.arange(LENGTH, dtype=np.int64) * 7 + 3)
+        yield {"x": x, "y": y}
+    finally:
+        x.close()
+        y.close()
+
+
+@pytest.mark.parametrize("workers, prefetch", [(1, 1), (2, 4), (3, 2)])
+@pytest.mark.parametrize("mode", ["SEQUENTIAL", "IID", "CYCLIC"])
+def test_ring_batches_follow_the_sampler(dense_pair, workers, prefetch, mode):
+    with DataLoader(dense_pair, 24, mode=mode, seed=9, workers=workers, prefetch=prefetch) as loader:
+        for step in range(40):
+            batch = next(loader)
+            expected = expected_indices(step, 24, mode=getattr(Sampler.Mode, mode), seed=9)
+            assert list(batch) == ["x", "y"]
+            assert batch["x"].dtype == np.int64 and batch["x"].shape == (24, 2)
+            assert batch["y"].dtype == np.int64 and batch["y"].shape == (24,)
+            np.testing.assert_array_equal(batch["x"], dense_rows(LENGTH)[expected])
+            np.testing.assert_array_equal(batch["y"], expected * 7 + 3)
+
+
+def test_ring_resumes_exactly_with_batches_in_flight(dense_pair):
+    with DataLoader(dense_pair, 16, seed=2, workers=2, prefetch=3) as reference:
+        expected = [indices_of(next(reference)) for _ in range(30)]
+    with DataLoader(dense_pair, 16, seed=2, workers=2, prefetch=3) as loader:
+        take(loader, 9)
+        time.sleep(0.02)  # let the ring fill its window
+        state = loader.state_dict()
+        assert state["step"] == 9
+        take(loader, 5)
+        loader.load_state_dict(state)
+        for step in range(9, 30):
+            np.testing.assert_array_equal(indices_of(next(loader)), expected[step])
+    with DataLoader(dense_pair, 16, seed=2, workers=1, step=20) as resumed:
+        np.testing.assert_array_equal(indices_of(next(resumed)), expected[20])
+
+
+def test_ring_fills_caller_buffers(dense_pair):
+    count = 2 + 2 + 1
+    buffers = {
+        "x": [np.empty((8, 2), dtype=np.int64) for _ in range(count)],
+        "y": [np.empty((8,), dtype=np.int64) for _ in range(count)],
+    }
+    with DataLoader(dense_pair, 8, seed=4, workers=2, prefetch=2, out=buffers) as loader:
+        for step in range(25):
+            batch = next(loader)
+            assert batch["x"] is buffers["x"][step % count]
+            assert batch["y"] is buffers["y"][step % count]
+            np.testing.assert_array_equal(batch["y"], expected_indices(step, 8, seed=4) * 7 + 3)
+
+
+def test_ring_gather_error_surfaces_at_its_step(tmp_path):
+    """A damaged record fails exactly the step that reads it; earlier steps arrive."""
+    zrecord = import_zrecord()
+    from test_engine import LOC, flip
+
+    rows = np.repeat(np.arange(100, dtype=np.int64)[:, None], 64, axis=1)  # compressible
+    path = tmp_path / "z"
+    with zrecord.DenseStore(str(path), np.int64, (64,), codec="zstd") as store:
+        store.append(rows)
+    victim = 57
+    with open(path / "index", "rb") as f:
+        f.seek(victim * LOC.size)
+        offset, stored, *_ = LOC.unpack(f.read(LOC.size))
+    flip(path / "data", offset + stored // 2, 0x20)
+    with zrecord.DenseStore(str(path)) as store:
+        loader = DataLoader({"x": store}, 10, mode="SEQUENTIAL", workers=2, prefetch=3)
+        for step in range(5):
+            np.testing.assert_array_equal(next(loader)["x"], rows[step * 10:(step + 1) * 10])
+        with pytest.raises(zrecord.CorruptStoreError, match=f"record {victim}") as excinfo:
+            next(loader)
+        assert str(path) in str(excinfo.value)
+        if hasattr(excinfo.value, "__notes__"):
+            assert any("step 5" in note for note in excinfo.value.__notes__)
+        with pytest.raises(RuntimeError, match="stopped after an error at step 5"):
+            next(loader)
+        loader.close()
+
+
+def test_ring_store_closed_under_a_running_loader(dense_pair):
+    """Closing a store the ring reads never unmaps it under the threads: the
+    first step built afterwards fails with ClosedError naming the store."""
+    zrecord = import_zrecord()
+    loader = DataLoader(dense_pair, 8, workers=2, prefetch=2)
+    take(loader, 3)
+    dense_pair["y"].close()
+    with pytest.raises(zrecord.ClosedError, match="closed") as excinfo:
+        for _ in range(10):
+            next(loader)
+    assert dense_pair["y"].path in str(excinfo.value)
+    loader.close()
+    # The ring let go of the store: its path opens again, writable.
+    with zrecord.DenseStore(dense_pair["y"].path) as again:
+        again.append(np.array([1], dtype=np.int64))
+
+
+def test_ring_threads_live_from_first_batch_to_close(dense_pair):
+    before = native_thread_count()
+    loader = DataLoader(dense_pair, 8, workers=3)
+    assert native_thread_count() == before  # nothing starts before the first next()
+    next(loader)
+    assert native_thread_count() >= before + 3
+    assert worker_threads() == []  # no Python worker threads: nothing for Python to do
+    loader.close()
+    assert native_thread_count() == before
+    loader = DataLoader(dense_pair, 8, workers=2)
+    next(loader)
+    del loader
+    gc.collect()
+    assert native_thread_count() == before
+
+
+def test_ring_close_from_another_thread_stops_the_consumer(tmp_path):
+    zrecord = import_zrecord()
+    with zrecord.DenseStore(str(tmp_path / "big"), np.uint8, (64 << 10,), codec="raw") as store:
+        store.append(np.zeros((64, 64 << 10), dtype=np.uint8))
+        loader = DataLoader({"x": store}, 64, workers=1, prefetch=1)
+        outcome = {}
+
+        def consume():
+            try:
+                while True:
+                    next(loader)
+            except RuntimeError as exc:
+                outcome["error"] = exc
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        time.sleep(0.2)
+        loader.close()
+        consumer.join(5.0)
+        assert not consumer.is_alive()
+        assert "closed" in str(outcome["error"])
+
+
+def test_ring_and_python_streams_together(dense_pair):
+    """DenseStores go through the ring, other streams and the transform through
+    Python workers; the batch keeps the streams' order."""
+    streams = {"r": FakeRaggedStore(ragged_rows(LENGTH), np.int32), **dense_pair}
+    with DataLoader(streams, 12, seed=1, workers=2, transform=jitter) as loader:
+        for step in range(20):
+            batch = next(loader)
+            expected = expected_indices(step, 12, seed=1)
+            assert list(batch) == ["r", "x", "y"]
+            np.testing.assert_array_equal(batch["y"], expected * 7 + 3)
+            np.testing.assert_array_equal(batch["x"][:, 0], expected)
+            assert [list(r) for r in batch["r"]] == [list(ragged_rows(LENGTH)[i]) for i in expected]
