@@ -135,6 +135,12 @@ STATE_VERSION = 1
 _STATE_KEYS = ("version", "seed", "mode", "step", "batch_size", "shard", "lengths")
 _STORE_KINDS = ("dense", "ragged", "bytes")
 
+#: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
+#: flight (prefetch + workers) and DenseStore streams.
+_WORKERS_MAX = 256
+_WINDOW_MAX = 1 << 16
+_RING_STREAMS_MAX = 1024
+
 #: How long ``close()`` waits for a worker that is inside a gather or transform.
 _JOIN_TIMEOUT_S = 10.0
 
@@ -675,6 +681,13 @@ class DataLoader:
         streams = _check_streams(streams)
         prefetch = _check_int("prefetch", prefetch, 1)
         workers = _default_worker_count() if workers is None else _check_int("workers", workers, 1)
+        if workers > _WORKERS_MAX:
+            raise ValueError(f"workers must be <= {_WORKERS_MAX}, got {workers}")
+        if prefetch + workers > _WINDOW_MAX:
+            raise ValueError(f"prefetch + workers must be <= {_WINDOW_MAX}, got {prefetch} + {workers}")
+        dense_count = sum(isinstance(store, DenseStore) for store in streams.values())
+        if dense_count > _RING_STREAMS_MAX:
+            raise ValueError(f"at most {_RING_STREAMS_MAX} DenseStore streams, got {dense_count}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {transform!r}")
         self._lengths = {name: len(store) for name, store in streams.items()}

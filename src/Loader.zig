@@ -31,7 +31,7 @@ const Loader = @This();
 pub const Error = Store.Error || error{Closed};
 
 /// Bounds chosen at open (TigerStyle: everything bounded).
-pub const streams_max: usize = 64;
+pub const streams_max: usize = 1024;
 pub const window_max: usize = 1 << 16;
 pub const threads_max: usize = 256;
 const message_size_max: usize = 256;

@@ -597,6 +597,8 @@ def test_bad_output_buffers_are_refused(out, error, message):
         (dict(prefetch=0), ValueError, "prefetch must be >= 1, got 0"),
         (dict(workers=0), ValueError, "workers must be >= 1, got 0"),
         (dict(workers=True), TypeError, "workers must be an int, got True"),
+        (dict(workers=257), ValueError, "workers must be <= 256, got 257"),
+        (dict(prefetch=1 << 16, workers=1), ValueError, "prefetch \\+ workers must be <= 65536, got 65536 \\+ 1"),
         (dict(step=-1), ValueError, "step must be in \\[0, .*got -1"),
         (dict(shard=(2, 2)), ValueError, "shard rank must be in \\[0, world\\), got shard=\\(2, 2\\)"),
         (dict(shard=(-1, 2)), ValueError, "shard rank must be in \\[0, world\\), got shard=\\(-1, 2\\)"),
