@@ -14,8 +14,12 @@
 //!   LX_EBUSY (changing nothing) while another handle has the store open or a
 //!   gather is running on this one. `lx_close` must not race any other call on
 //!   the same handle.
+//! - Loader rings (`lx_loader*`) are opaque too, created by `lx_loader_open`
+//!   and freed by `lx_loader_free`; they retain the stores they read.
 //! - Sizes and indices are uint64. Pointers to caller memory are only read or
-//!   written during the call; the library keeps none of them.
+//!   written during the call; the library keeps none of them, except the
+//!   destinations given to `lx_loader_submit`, which the ring's threads write
+//!   until `lx_loader_wait` returns for that step (or `lx_loader_reset`).
 //! - Durability: `lx_append` publishes data, then the record table, then the
 //!   commit; a process crash at any instant leaves an openable store holding a
 //!   committed prefix. `lx_sync` makes everything appended so far survive a
@@ -185,7 +189,9 @@ export fn lx_open(
     return 0;
 }
 
-/// Frees the handle: unmaps, releases its locks, closes its files. Does not sync.
+/// Frees the handle: unmaps, releases its locks, closes its files. Does not
+/// sync. A loader ring (lx_loader_open) that reads the store keeps it mapped
+/// until lx_loader_free; its steps fail with closed from now on.
 export fn lx_close(h: ?*Store) void {
     if (h) |s| {
         s.owner_closed.store(true, .release);
