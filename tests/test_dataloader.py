@@ -152,6 +152,23 @@ def no_thread_leaks():
     assert worker_threads() == [], "a test left loaderx worker threads running"
 
 
+def consume_in_thread(loader):
+    """Starts a thread that takes batches until next() raises RuntimeError
+    (kept in outcome["error"])."""
+    outcome = {}
+
+    def consume():
+        try:
+            while True:
+                next(loader)
+        except RuntimeError as exc:
+            outcome["error"] = exc
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    return consumer, outcome
+
+
 def jitter(batch):
     """A transform that finishes batches out of order."""
     time.sleep(random.random() * 0.002)
@@ -432,17 +449,7 @@ def test_close_is_prompt_while_another_thread_is_blocked():
         return batch
 
     loader = DataLoader(fake_streams(), 8, workers=2, prefetch=1, transform=slow)
-    outcome = {}
-
-    def consume():
-        try:
-            while True:
-                next(loader)
-        except RuntimeError as exc:
-            outcome["error"] = exc
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
+    consumer, outcome = consume_in_thread(loader)
     time.sleep(0.45)  # The consumer is now waiting inside next().
     start = time.perf_counter()
     loader.close()
@@ -820,17 +827,7 @@ def test_ring_close_from_another_thread_stops_the_consumer(tmp_path):
     with zrecord.DenseStore(str(tmp_path / "big"), np.uint8, (64 << 10,), codec="raw") as store:
         store.append(np.zeros((64, 64 << 10), dtype=np.uint8))
         loader = DataLoader({"x": store}, 64, workers=1, prefetch=1)
-        outcome = {}
-
-        def consume():
-            try:
-                while True:
-                    next(loader)
-            except RuntimeError as exc:
-                outcome["error"] = exc
-
-        consumer = threading.Thread(target=consume)
-        consumer.start()
+        consumer, outcome = consume_in_thread(loader)
         time.sleep(0.2)
         loader.close()
         consumer.join(5.0)
