@@ -807,6 +807,8 @@ def test_ring_store_closed_under_a_running_loader(dense_pair):
 
 
 def test_ring_threads_live_from_first_batch_to_close(dense_pair):
+    # Batches of 8 small records run inline in each gather (below the pool's
+    # threshold), so the only native threads that come and go are the ring's.
     before = native_thread_count()
     loader = DataLoader(dense_pair, 8, workers=3)
     assert native_thread_count() == before  # nothing starts before the first next()
