@@ -509,7 +509,6 @@ class _Engine:
     def submit_until(self, stop: int) -> None:
         """Submit steps ``[step_submit, stop)`` to the ring with their output arrays."""
         if self.ring is None:
-            self.step_submit = max(self.step_submit, stop)
             return
         while self.step_submit < stop:
             step = self.step_submit

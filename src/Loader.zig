@@ -379,8 +379,7 @@ test "a failing step reports its error and stream; close wakes a waiter" {
             };
         }
     };
-    // Step 2 is never submitted with work a worker can finish: reset the
-    // worker's view by submitting nothing and closing while a thread waits.
+    // Close while another thread waits for a submitted step.
     l.reset(2);
     var result: ?Error = null;
     try l.submit(2, &.{ @ptrCast(&xa), @ptrCast(&xb) });
