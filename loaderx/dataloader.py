@@ -334,9 +334,8 @@ class _Engine:
 
     Invariants, under ``lock``:
       * ``step_deliver <= step_claim <= step_deliver + window`` unless draining;
-      * ``step_deliver <= step_submit <= step_deliver + window``: the ring holds
-        steps ``[step_deliver or later, step_submit)``, their arrays in
-        ``ring_arrays``;
+      * with a ring, ``step_submit <= step_deliver + window``: the ring holds
+        the submitted steps not yet taken back, their arrays in ``ring_arrays``;
       * ``ready`` only holds steps in ``[step_deliver, step_claim)``;
       * ``in_flight`` counts claimed steps that Python workers build right now.
     """
@@ -504,7 +503,7 @@ class _Engine:
                 stacklevel=3,
             )
 
-    # -- the ring's buffers (caller holds ``lock``) -------------------------------
+    # -- output arrays (caller holds ``lock``) -----------------------------------
 
     def submit_until(self, stop: int) -> None:
         """Submit steps ``[step_submit, stop)`` to the ring with their output arrays."""
@@ -601,18 +600,12 @@ class _Engine:
             if name in from_ring:
                 batch[name] = from_ring[name]
                 continue
-            buffers = self.out.get(name)
             kw = self.gather_kwargs if isinstance(store, _Store) else {}
-            if buffers is not None:
-                batch[name] = store.gather(indices, out=buffers[step % len(buffers)], **kw)
-            elif store.kind == "dense":
+            if store.kind == "dense":
+                # The same output arrays as the ring's: out= buffer, recycled or fresh.
                 with self.lock:
-                    reuse = self.recycled(name)
-                arr = store.gather(indices, out=reuse, **kw)
-                del reuse
-                with self.lock:
-                    self.keep_for_recycling(name, arr)
-                batch[name] = arr
+                    out = self.output_array(name, step)
+                batch[name] = store.gather(indices, out=out, **kw)
             else:
                 batch[name] = store.gather(indices, **kw)
         if self.transform is not None:
@@ -653,9 +646,12 @@ class DataLoader:
         seed: sampler seed.
         transform: called on the worker threads with each batch dict; its
             return value is what ``next()`` yields.
-        workers: worker threads, >= 1; default: the cores this process may use.
+        workers: threads, 1..256; default: the cores this process may use.
+            The ring runs this many library threads; Python worker threads
+            (as many) start only for non-DenseStore streams or a transform.
         prefetch: >= 1; the loader works at most ``prefetch + workers`` steps
-            ahead of the next undelivered one (finished or being built).
+            (at most 65536) ahead of the next undelivered one (finished or
+            being built).
         shard: ``(rank, world)`` for multi-process training, or ``None``.
         step: the first step to deliver.
         out: recycled output buffers for dense streams (see the module docs).
