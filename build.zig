@@ -5,6 +5,8 @@
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
 //!   zig build test       the native test suite, Debug and ReleaseFast
 //!   zig build dist       every release target into zig-out/dist/<wheel platform tag>/
+//!   zig build bindings   regenerate loaderx/_abi.py from src/capi.zig (committed)
+//!   zig build bindings-print   the same file into <prefix>/bindings/ (tests compare)
 const std = @import("std");
 const builtin = @import("builtin");
 
@@ -54,8 +56,17 @@ fn createModule(
     target: std.Build.ResolvedTarget,
     optimize: std.builtin.OptimizeMode,
 ) *std.Build.Module {
+    return createModuleAt(b, "src/capi.zig", target, optimize);
+}
+
+fn createModuleAt(
+    b: *std.Build,
+    root: []const u8,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) *std.Build.Module {
     const mod = b.createModule(.{
-        .root_source_file = b.path("src/capi.zig"),
+        .root_source_file = b.path(root),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
@@ -128,6 +139,18 @@ pub fn build(b: *std.Build) void {
         const t = b.addTest(.{ .root_module = createModule(b, target, mode) });
         test_step.dependOn(&b.addRunArtifact(t).step);
     }
+
+    // zig build bindings: loaderx/_abi.py, generated from the ABI's own types.
+    const gen = b.addExecutable(.{
+        .name = "gen_bindings",
+        .root_module = createModuleAt(b, "src/gen_bindings.zig", b.graph.host, .debug),
+    });
+    const abi = b.addRunArtifact(gen).captureStdOut(.{});
+    const update = b.addUpdateSourceFiles();
+    update.addCopyFileToSource(abi, "loaderx/_abi.py");
+    b.step("bindings", "Regenerate loaderx/_abi.py from src/capi.zig").dependOn(&update.step);
+    const print = b.addInstallFile(abi, "bindings/_abi.py");
+    b.step("bindings-print", "Write the generated _abi.py to <prefix>/bindings/").dependOn(&print.step);
 
     // zig build dist: every release target, each into its wheel tag's folder.
     const dist_step = b.step("dist", "Cross-compile libloaderx for every release target");

@@ -120,7 +120,8 @@ import numpy as np
 
 from loaderx import _lib
 from loaderx._lib import ffi, lib
-from loaderx.zrecord import DenseStore, _Store
+from loaderx._store import Store as _Store
+from loaderx.dense import DenseStore
 from loaderx.zsampler import Sampler
 
 # Reference counts prove an output array is free only where they are exact
@@ -137,9 +138,9 @@ _STORE_KINDS = ("dense", "ragged", "bytes")
 
 #: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
 #: flight (prefetch + workers) and DenseStore streams.
-_WORKERS_MAX = 256
-_WINDOW_MAX = 1 << 16
-_RING_STREAMS_MAX = 1024
+_WORKERS_MAX = _lib._abi.LOADER_THREADS_MAX
+_WINDOW_MAX = _lib._abi.LOADER_WINDOW_MAX
+_RING_STREAMS_MAX = _lib._abi.LOADER_STREAMS_MAX
 
 #: How long ``close()`` waits for a worker that is inside a gather or transform.
 _JOIN_TIMEOUT_S = 10.0
@@ -257,7 +258,7 @@ class _Ring:
         self.stores = list(stores)
         count = len(self.stores)
         handles = ffi.new("lx_store *[]", [store._h() for store in self.stores])
-        sizes = ffi.new("uint64_t[]", [store._record_bytes for store in self.stores])
+        sizes = ffi.new("uint64_t[]", [store.record_bytes for store in self.stores])
         rank, world = sampler.shard
         out = ffi.new("lx_loader **")
         _lib.check(lib.lx_loader_open(

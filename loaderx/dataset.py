@@ -8,8 +8,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import NotAStoreError
-from .zrecord import DenseStore, RaggedStore, Zrecord, _Store
+from ._store import Store, stored_kind
+from .zrecord import DenseStore, RaggedStore, Zrecord
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "pad"]
 
@@ -100,20 +100,15 @@ def _chain(head, rest):
     yield from rest
 
 
-def open_store(path) -> _Store:
+def open_store(path) -> Store:
     """Open an existing store as the class its persisted identity names
     (DenseStore, RaggedStore or Zrecord)."""
-    z = Zrecord.__new__(Zrecord)
-    _Store.__init__(z, path, create=False, codec=None, level=None, dict_bytes=None, identity=None)
-    kind = z._identity.get("kind")
-    z.close()
+    kind = stored_kind(path)
     if kind == "dense":
         return DenseStore(path)
     if kind == "ragged":
         return RaggedStore(path)
-    if kind == "bytes":
-        return Zrecord(path)
-    raise NotAStoreError(f"{os.fspath(path)}: unknown store kind {kind!r}", path=os.fspath(path))
+    return Zrecord(path)
 
 
 def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """loaderx's exceptions: one base class, subclasses users catch by meaning.
 
-Every native result code maps to exactly one class (see ``_lib._ERRORS``).
+Every native result code maps to exactly one class (see ``_lib.ERROR_CLASSES``).
 Where a standard exception says the same thing, the class also derives from it,
 so ``except FileNotFoundError`` / ``IndexError`` / ``TypeError`` work as usual.
 """
@@ -82,6 +82,13 @@ class NoSpaceError(ZrecordError, OSError):
 
 class ZrecordIOError(ZrecordError, OSError):
     """An operating-system I/O error."""
+
+
+class HandleFailedError(ZrecordIOError):
+    """An earlier I/O error (a failed fsync, a failure inside delete or
+    compact) left this handle unsure of what is on disk: every later call
+    fails until the store is closed and reopened; the reopen finishes or
+    rolls back the interrupted operation."""
 
 
 class ZrecordMemoryError(ZrecordError, MemoryError):

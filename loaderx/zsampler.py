@@ -36,7 +36,8 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
-from loaderx._lib import ffi, lib
+from loaderx import _abi
+from loaderx._lib import check, ffi, lib
 
 __all__ = ["Sampler"]
 
@@ -125,9 +126,9 @@ class Sampler:
         Also constructible from a name in any case: ``Sampler.Mode("cyclic")``.
         """
 
-        SEQUENTIAL = 0
-        IID = 1
-        CYCLIC = 2
+        SEQUENTIAL = _abi.SAMPLER_MODES["sequential"]
+        IID = _abi.SAMPLER_MODES["iid"]
+        CYCLIC = _abi.SAMPLER_MODES["cyclic"]
 
         @classmethod
         def _missing_(cls, value: object) -> Optional["Sampler.Mode"]:
@@ -282,9 +283,8 @@ class Sampler:
     def _call(self, count: int, step: int, rank: int, world: int, out: np.ndarray) -> None:
         rc = _fill(self._length, count, self._mode_value, self._seed, step, rank, world,
                    _from_buffer(_U64_ARRAY, out, require_writable=True))
-        if rc != 0:
-            # Unreachable: every argument was validated at construction.
-            raise RuntimeError(f"lx_sampler_fill failed with code {rc} for {self!r} at step {step}")
+        if rc != 0:  # every argument was validated at construction: a bug
+            check(rc, None, f"lx_sampler_fill for {self!r} at step {step}")
 
     def __repr__(self) -> str:
         return (

@@ -10,9 +10,10 @@
 //! holds the steps submitted and not yet waited for (slot = step % window);
 //! submitting into a slot that is still in use is refused, never a race.
 //!
-//! Stores are retained for the loader's lifetime, so a store its owner closes
-//! while the loader runs stays mapped; the loader reports such a store's next
-//! step as failed (`error.Closed`) instead of reading it.
+//! The loader counts itself as a user of every store it reads (Store.enter,
+//! Store.hold) until `destroy`, so a store its owner closes while the loader
+//! runs stays mapped; the loader reports such a store's next step as failed
+//! (`error.Closed`) instead of reading it.
 //!
 //! Trade-off: every worker runs whole steps, one after another; a step's
 //! gather uses `lanes` lanes of the shared pool (1 when the workers already
@@ -28,7 +29,7 @@ const diag = @import("diag.zig");
 
 const Loader = @This();
 
-pub const Error = Store.Error || error{Closed};
+pub const Error = Store.Error;
 
 /// Bounds chosen at open (TigerStyle: everything bounded).
 pub const streams_max: usize = 1024;
@@ -93,7 +94,7 @@ closed: bool = false,
 stop_started: std.atomic.Value(bool) = .init(false),
 joined: std.atomic.Value(bool) = .init(false),
 
-/// Starts `config.threads` workers over `streams` (retained until `destroy`).
+/// Starts `config.threads` workers over `streams` (kept alive until `destroy`).
 pub fn create(gpa: Allocator, streams: []const Stream, config: Config) Error!*Loader {
     if (streams.len == 0 or streams.len > streams_max) return diag.fail(error.InvalidArgument, "a loader needs 1 to {d} streams, got {d}", .{ streams_max, streams.len });
     if (config.window == 0 or config.window > window_max) return diag.fail(error.InvalidArgument, "window must be 1..{d}, got {d}", .{ window_max, config.window });
@@ -129,6 +130,9 @@ pub fn create(gpa: Allocator, streams: []const Stream, config: Config) Error!*Lo
         .next_submit = config.step,
         .next_claim = config.step,
     };
+    var entered: usize = 0;
+    errdefer for (own_streams[0..entered]) |st| st.store.leave();
+    while (entered < own_streams.len) : (entered += 1) try own_streams[entered].store.enter();
     var started: usize = 0;
     errdefer {
         l.closeAndWake();
@@ -138,7 +142,7 @@ pub fn create(gpa: Allocator, streams: []const Stream, config: Config) Error!*Lo
         threads[started] = std.Thread.spawn(.{ .stack_size = 1 << 20 }, workerMain, .{ l, started }) catch
             return diag.fail(error.OutOfMemory, "could not start loader thread {d}", .{started});
     }
-    for (own_streams) |st| st.store.retain();
+    for (own_streams) |st| st.store.hold();
     return l;
 }
 
@@ -210,7 +214,10 @@ pub fn destroy(l: *Loader) void {
     l.stop();
     // A stop begun on another thread may still be joining.
     while (!l.joined.load(.acquire)) std.Thread.yield() catch {};
-    for (l.streams) |st| st.store.release();
+    for (l.streams) |st| {
+        st.store.leave();
+        st.store.unhold();
+    }
     const gpa = l.gpa;
     gpa.free(l.threads);
     gpa.free(l.indices);
@@ -280,7 +287,7 @@ fn build(l: *Loader, step: u64, dests: []const [*]u8, indices: []u64, failed_str
     sampler.fill(c.length, c.mode, c.seed, step, c.rank, c.world, indices);
     for (l.streams, dests, 0..) |st, dest, i| {
         failed_stream.* = @intCast(i);
-        if (st.store.owner_closed.load(.acquire)) return diag.fail(error.Closed, "the store was closed while a loader was reading it", .{});
+        if (st.store.isClosed()) return diag.fail(error.Closed, "the store was closed while a loader was reading it", .{});
         const len: usize = @intCast(st.record_size * c.batch_size);
         try st.store.gather(indices, .{ .base = dest, .len = len, .stride = @intCast(st.record_size) }, .payload, c.lanes);
     }
@@ -318,7 +325,7 @@ test "the ring builds every step in order, exactly as the sampler says" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     const s = try testStore(&tmp, "x", 100);
-    defer s.release();
+    defer s.close();
     const config: Config = .{ .length = 100, .batch_size = 7, .mode = .cyclic, .seed = 5, .window = 3, .threads = 2, .step = 10 };
     const l = try Loader.create(testing.allocator, &.{.{ .store = s, .record_size = 8 }}, config);
     defer l.destroy();
@@ -349,9 +356,9 @@ test "a failing step reports its error and stream; close wakes a waiter" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     const a = try testStore(&tmp, "a", 50);
-    defer a.release();
+    defer a.close();
     const b = try testStore(&tmp, "b", 40);
-    defer b.release();
+    defer b.close();
     // The sampler draws from 50 records, stream 1 holds only 40: some step fails.
     const streams = [_]Stream{ .{ .store = a, .record_size = 8 }, .{ .store = b, .record_size = 8 } };
     const l = try Loader.create(testing.allocator, &streams, .{ .length = 50, .batch_size = 50, .mode = .sequential, .seed = 0, .window = 2, .threads = 1 });
@@ -364,12 +371,12 @@ test "a failing step reports its error and stream; close wakes a waiter" {
     try testing.expectEqual(@as(u32, 1), failed);
     try testing.expect(std.mem.indexOf(u8, std.mem.span(diag.get()), "out of range") != null);
 
-    // A store closed by its owner fails the next step instead of being read.
-    a.owner_closed.store(true, .release);
+    // A store closed by its owner fails the next step instead of being read
+    // (the loader keeps it mapped until destroy).
+    a.shutdown();
     try l.submit(1, &.{ @ptrCast(&xa), @ptrCast(&xb) });
     try testing.expectError(error.Closed, l.wait(1, &failed));
     try testing.expectEqual(@as(u32, 0), failed);
-    a.owner_closed.store(false, .release);
 
     const Waiter = struct {
         fn run(loader: *Loader, result: *?Error) void {

@@ -1,29 +1,59 @@
 //! The C ABI of libloaderx: the only file that exports symbols. Read it as the
-//! library's header; loaderx/_lib.py declares exactly these functions for cffi
-//! (tests/test_abi.py checks the two agree, and that nothing else is exported).
+//! library's header. loaderx/_abi.py (the cffi declarations and every shared
+//! constant) is generated from this file by `zig build bindings`
+//! (src/gen_bindings.zig); tests/test_abi.py regenerates it and fails on any
+//! difference, and checks that the library exports nothing else.
 //!
 //! Conventions for every function below:
 //! - Results are `lx_result` codes: 0 is success, negative is an error. After
 //!   an error, `lx_last_error()` returns a message naming what was wrong (the
 //!   offending index, size, file); it is thread-local and valid until the next
 //!   failing call on the same thread.
-//! - Handles (`lx_store*`) are opaque, created by `lx_open` and freed by
-//!   `lx_close`. Any number of threads may call `lx_gather`, `lx_sizes`,
-//!   `lx_len`, `lx_stats`, `lx_verify` and `lx_append` on one handle at once.
+//! - Store handles (`lx_store*`) are opaque, created by `lx_open`. Any number
+//!   of threads may call any function on one handle at once, `lx_close`
+//!   included: each call counts itself in and out, `lx_close` only marks the
+//!   handle closed (later calls return LX_CLOSED), and the files are unmapped
+//!   and closed when the last call in flight returns. The handle's memory is
+//!   freed by `lx_free`, which the opener calls once, when no other thread
+//!   can still pass the handle (Python: when the handle object is collected).
 //!   `lx_delete` and `lx_compact` need exclusive use of the store: they return
-//!   LX_EBUSY (changing nothing) while another handle has the store open or a
-//!   gather is running on this one. `lx_close` must not race any other call on
-//!   the same handle.
+//!   LX_BUSY (changing nothing) while another handle has the store open or a
+//!   gather is running on this one.
+//! - A handle inherited by a forked child reads normally but never writes: its
+//!   mutations return LX_LOCKED (the writer lock is the parent's) and its
+//!   `lx_sync` does nothing. A child that writes opens the store itself.
+//! - After an error that leaves a handle unsure of what is on disk (a failed
+//!   fsync or commit write, a failure inside delete or compact after it began
+//!   changing records), every later call on it but lx_close/lx_free returns
+//!   LX_FAILED; the next open of the store finishes or rolls back the
+//!   interrupted operation.
 //! - Loader rings (`lx_loader*`) are opaque too, created by `lx_loader_open`
-//!   and freed by `lx_loader_free`; they retain the stores they read.
+//!   and freed by `lx_loader_free`; they keep the stores they read alive.
 //! - Sizes and indices are uint64. Pointers to caller memory are only read or
 //!   written during the call; the library keeps none of them, except the
 //!   destinations given to `lx_loader_submit`, which the ring's threads write
 //!   until `lx_loader_wait` returns for that step (or `lx_loader_reset`).
-//! - Durability: `lx_append` publishes data, then the record table, then the
-//!   commit; a process crash at any instant leaves an openable store holding a
-//!   committed prefix. `lx_sync` makes everything appended so far survive a
-//!   power loss; `lx_close` does not sync (Python's close() calls both).
+//!   Memory the library returns (lx_gather_alloc) belongs to the caller, who
+//!   frees it with lx_free_buffer.
+//!
+//! Durability, per operation (what survives what):
+//! - lx_append: atomic. It writes data, then the record table, then one commit
+//!   write; a process crash (kill -9) at any instant leaves a store that opens
+//!   and holds a committed prefix, byte-exact. Not durable against a power
+//!   loss until lx_sync.
+//! - lx_sync: makes every record appended through the handle survive a power
+//!   loss (fsync of data, then table, then the commit). After a power loss,
+//!   records appended after the last sync may be missing: the first open after
+//!   a writer died without syncing checks them and keeps the longest intact
+//!   prefix (O(records since the last sync)).
+//! - lx_delete, lx_compact: sync first, and are durable when they return.
+//!   Atomic: a crash or power loss during a delete leaves the store as before
+//!   it or as after it (the next writable open finishes it from its fsynced
+//!   journal); during a compact, every record stays readable and a second
+//!   compact finishes the job.
+//! - lx_open with create: the new store (its directory entries included) is
+//!   durable when lx_open returns.
+//! - lx_close does not sync (Python's close() calls lx_sync first).
 const std = @import("std");
 const builtin = @import("builtin");
 const Store = @import("Store.zig");
@@ -32,7 +62,9 @@ const codec = @import("codec.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const sampler = @import("sampler.zig");
+const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
+const store_maintain = @import("store_maintain.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -58,7 +90,8 @@ pub const Result = enum(c_int) {
     corrupt = -5,
     /// The store was written by a newer format version.
     newer_format = -6,
-    /// Another handle holds the store's writer lock.
+    /// Another handle holds the store's writer lock (or this handle belongs
+    /// to the process that forked this one).
     locked = -7,
     /// Exclusive access (delete/compact) refused: other handles or gathers.
     busy = -8,
@@ -73,8 +106,10 @@ pub const Result = enum(c_int) {
     read_only = -13,
     /// The disk is full.
     no_space = -14,
-    /// The loader (or a store it reads) was closed.
+    /// The store handle (or loader, or a store it reads) was closed.
     closed = -15,
+    /// An earlier error left this handle unusable; reopen the store.
+    failed = -16,
 };
 
 fn code(err: Loader.Error) c_int {
@@ -94,6 +129,7 @@ fn code(err: Loader.Error) c_int {
         error.ReadOnly => .read_only,
         error.NoSpace => .no_space,
         error.Closed => .closed,
+        error.Failed => .failed,
     };
     return @intFromEnum(r);
 }
@@ -103,25 +139,33 @@ fn invalid(comptime fmt: []const u8, args: anytype) c_int {
     return @intFromEnum(Result.invalid);
 }
 
+/// Counts a call on `h` in (the caller defers h.leave()); a result code when
+/// the handle is closed.
+fn enter(h: *Store) ?c_int {
+    diag.clear();
+    h.enter() catch |e| return code(e);
+    return null;
+}
+
 const gpa = std.heap.c_allocator;
 
 /// Library version as (major << 16) | (minor << 8) | patch.
-export fn lx_version() u32 {
+pub export fn lx_version() u32 {
     return (version_major << 16) | (version_minor << 8) | version_patch;
 }
 
-/// The on-disk format version this library writes (and the newest it reads).
-export fn lx_format_version() u32 {
+/// The on-disk format version this library writes (and the only one it reads).
+pub export fn lx_format_version() u32 {
     return format.format_version;
 }
 
 /// The version of the zstd compiled in, as zstd's ZSTD_versionNumber().
-export fn lx_zstd_version() u32 {
+pub export fn lx_zstd_version() u32 {
     return codec.versionNumber();
 }
 
 /// A static description of a result code (never null).
-export fn lx_strerror(result: c_int) [*:0]const u8 {
+pub export fn lx_strerror(result: c_int) [*:0]const u8 {
     const r = std.enums.fromInt(Result, result) orelse return "unknown error";
     return switch (r) {
         .ok => "ok",
@@ -140,25 +184,30 @@ export fn lx_strerror(result: c_int) [*:0]const u8 {
         .read_only => "store is read-only",
         .no_space => "no space left on device",
         .closed => "closed",
+        .failed => "handle failed after an earlier error; reopen the store",
     };
 }
 
 /// The calling thread's message for its last failed call (never null).
-export fn lx_last_error() [*:0]const u8 {
+pub export fn lx_last_error() [*:0]const u8 {
     return diag.get();
 }
 
 /// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
-/// missing store is created with `codec` (0 raw, 1 zstd, 2 zstd_dict), `level`
-/// (zstd level; 0 = default 3), dictionary `dict` (required for zstd_dict,
-/// refused otherwise) and the opaque `user` blob (the typed identity); these
-/// are ignored when the store exists. `fixed_size` != 0 (raw codec only)
-/// creates the fixed-width layout: every record exactly that many bytes, found
-/// by arithmetic instead of a table lookup, 4 bytes of index per record.
-/// Errors: not_found, not_a_store, corrupt,
-/// newer_format, busy (a delete/compact is running), bad_dictionary, invalid,
-/// io. On success `*out` owns the handle until lx_close.
-export fn lx_open(
+/// missing store is created (with any missing parent directories) with
+/// `codec` (Codec: raw, zstd, zstd_dict), `level` (zstd level; 0 = default
+/// 3), dictionary `dict` (required for zstd_dict, refused otherwise) and the
+/// opaque `user` blob (the typed identity); these are ignored when the store
+/// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
+/// every record exactly that many bytes, found by arithmetic instead of a
+/// table lookup, 4 bytes of index per record. Files inside the store are
+/// opened without following symlinks. An open may finish a delete a crash
+/// interrupted, or check the records a dead writer appended after its last
+/// sync (see Durability). Errors: not_found, not_a_store, corrupt,
+/// newer_format, busy (a delete/compact is running, or an unfinished delete
+/// waits for another handle to close), locked, read_only, bad_dictionary,
+/// invalid, io, no_space. On success `*out` owns the handle until lx_free.
+pub export fn lx_open(
     path: ?[*:0]const u8,
     create: c_int,
     codec_id: c_int,
@@ -189,19 +238,30 @@ export fn lx_open(
     return 0;
 }
 
-/// Frees the handle: unmaps, releases its locks, closes its files. Does not
-/// sync. A loader ring (lx_loader_open) that reads the store keeps it mapped
-/// until lx_loader_free; its steps fail with closed from now on.
-export fn lx_close(h: ?*Store) void {
+/// Marks the handle closed: later calls return closed. The files are unmapped
+/// and closed, and the writer lock released, when the last call in flight on
+/// another thread returns (at once when there is none) or, if a loader ring
+/// reads the store, when the ring is freed. Does not sync. Idempotent.
+pub export fn lx_close(h: ?*Store) void {
+    if (h) |s| s.shutdown();
+}
+
+/// Closes the handle (as lx_close) and frees it. Call once, when no thread
+/// can pass `h` any more.
+pub export fn lx_free(h: ?*Store) void {
     if (h) |s| {
-        s.owner_closed.store(true, .release);
-        s.release();
+        s.shutdown();
+        s.unhold();
     }
 }
 
-/// Committed records (0..len are live).
-export fn lx_len(h: *Store) u64 {
-    return h.recordCount();
+/// Writes the number of committed records (0..len are live) to `*out`.
+/// Errors: closed, failed, corrupt (the published commit is unreadable).
+pub export fn lx_len(h: *Store, out: *u64) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    out.* = h.recordCount() catch |e| return code(e);
+    return 0;
 }
 
 pub const Info = extern struct {
@@ -211,10 +271,17 @@ pub const Info = extern struct {
     writable: u32,
     dict_size: u64,
     user_size: u64,
+
+    comptime {
+        std.debug.assert(@sizeOf(Info) == 32);
+        std.debug.assert(@alignOf(Info) == 8);
+    }
 };
 
-/// Fills `*out` with the store's identity.
-export fn lx_info(h: *Store, out: *Info) c_int {
+/// Fills `*out` with the store's identity. Errors: closed.
+pub export fn lx_info(h: *Store, out: *Info) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     out.* = .{
         .codec = @intFromEnum(h.codecOf()),
         .level = h.header.level,
@@ -226,16 +293,30 @@ export fn lx_info(h: *Store, out: *Info) c_int {
     return 0;
 }
 
-/// Points `*ptr`/`*len` at the store's dictionary (which = 0) or user blob
-/// (which = 1). The memory belongs to the handle and lives until lx_close.
-export fn lx_blob(h: *Store, which: c_int, ptr: *[*]const u8, len: *u64) c_int {
-    const b = switch (which) {
-        0 => h.dictionary(),
-        1 => h.userBlob(),
-        else => return invalid("unknown blob {d}", .{which}),
+/// Which stored blob lx_blob copies.
+pub const Blob = enum(c_int) {
+    /// The zstd dictionary (zstd_dict stores).
+    dictionary = 0,
+    /// The opaque user blob given at create (the typed identity).
+    user = 1,
+};
+
+/// Copies the store's blob `which` (Blob) into `out` (`cap` bytes) when it
+/// fits, and writes its size to `*len` either way (call with cap 0 to size
+/// the buffer). Errors: closed, invalid (unknown blob, out null with cap > 0).
+pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    const w = std.enums.fromInt(Blob, which) orelse return invalid("unknown blob {d}", .{which});
+    const b = switch (w) {
+        .dictionary => h.dictionary(),
+        .user => h.userBlob(),
     };
-    ptr.* = b.ptr;
     len.* = b.len;
+    if (cap >= b.len and b.len > 0) {
+        const o = out orelse return invalid("out is null", .{});
+        @memcpy(o[0..b.len], b);
+    }
     return 0;
 }
 
@@ -244,9 +325,10 @@ export fn lx_blob(h: *Store, which: c_int, ptr: *[*]const u8, len: *u64) c_int {
 /// null for none). Writes the first new index to `*first`. Compresses on all
 /// usable cores; records that do not shrink are stored raw. With `stage` != 0
 /// the records are written but stay invisible until `lx_publish`, so several
-/// calls can form one atomic append. Errors: locked, read_only, invalid,
-/// no_space, io, out_of_memory (nothing is committed then).
-export fn lx_append(
+/// calls can form one atomic append. Errors: closed, failed, locked,
+/// read_only, invalid, size_mismatch, no_space, io, out_of_memory (nothing is
+/// committed then).
+pub export fn lx_append(
     h: *Store,
     count: u64,
     ptrs: ?[*]const [*]const u8,
@@ -256,9 +338,12 @@ export fn lx_append(
     stage: c_int,
     first: *u64,
 ) c_int {
-    diag.clear();
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     if (count > 0 and (ptrs == null or sizes == null)) return invalid("ptrs or sizes is null", .{});
-    if ((aux_ptrs == null) != (aux_sizes == null)) return invalid("aux_ptrs and aux_sizes must both be given or both be null", .{});
+    if ((aux_ptrs == null) != (aux_sizes == null)) {
+        return invalid("aux_ptrs and aux_sizes must both be given or both be null", .{});
+    }
     const empty: [*]const [*]const u8 = @ptrFromInt(@alignOf([*]const u8));
     first.* = h.append(.{
         .ptrs = ptrs orelse empty,
@@ -272,8 +357,10 @@ export fn lx_append(
 
 /// Publishes the records of staged appends (`keep` != 0) or drops them
 /// (`keep` == 0, e.g. after an error). While records are staged, delete and
-/// compact return busy. Errors: io.
-export fn lx_publish(h: *Store, keep: c_int) c_int {
+/// compact return busy. Errors: closed, failed, io.
+pub export fn lx_publish(h: *Store, keep: c_int) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     h.publish(keep != 0) catch |e| return code(e);
     return 0;
 }
@@ -281,11 +368,11 @@ export fn lx_publish(h: *Store, keep: c_int) c_int {
 /// Reads records `indices[0..count]` into `dest` (`dest_len` bytes), decoding
 /// straight into it: record i goes to `dest + offsets[i]` when `offsets` is not
 /// null, else to `dest + i * stride` and must then be exactly `stride` bytes.
-/// `part` 0 reads payloads, 1 reads aux bytes. `lanes` caps the threads used
-/// (0 = every usable core; small batches run on the caller alone). All indices
-/// and sizes are checked before anything is written. Errors: out_of_range,
-/// size_mismatch, corrupt, busy.
-export fn lx_gather(
+/// `part` (Part) 0 reads payloads, 1 reads aux bytes. `lanes` caps the threads
+/// used (0 = every usable core; small batches run on the caller alone). All
+/// indices and sizes are checked before anything is written. Errors: closed,
+/// failed, out_of_range, size_mismatch, corrupt, busy.
+pub export fn lx_gather(
     h: *Store,
     indices: ?[*]const u64,
     count: u64,
@@ -296,6 +383,8 @@ export fn lx_gather(
     part: c_int,
     lanes: u32,
 ) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const d = dest orelse return invalid("dest is null", .{});
@@ -309,49 +398,118 @@ export fn lx_gather(
     return 0;
 }
 
+/// Reads records `indices[0..count]` back to back into one new buffer that
+/// the library allocates: every payload in request order, then every record's
+/// aux bytes in request order. Writes record i's payload size to
+/// `raw_sizes[i]` and its aux size to `aux_sizes[i]`, the buffer to `*out`
+/// and its length to `*out_len` (`*out` is null when the length is 0). Sizes
+/// and bytes come from one snapshot of the store, so a record is never
+/// stitched from two. The caller owns the buffer and frees it with
+/// lx_free_buffer. Errors: closed, failed, out_of_range, corrupt, busy,
+/// out_of_memory.
+pub export fn lx_gather_alloc(
+    h: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    lanes: u32,
+    raw_sizes: ?[*]u64,
+    aux_sizes: ?[*]u64,
+    out: *?[*]u8,
+    out_len: *u64,
+) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    out.* = null;
+    out_len.* = 0;
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    const raw = raw_sizes orelse return invalid("raw_sizes is null", .{});
+    const aux = aux_sizes orelse return invalid("aux_sizes is null", .{});
+    const n: usize = @intCast(count);
+    const buf = h.gatherAlloc(idx[0..n], lanes, raw[0..n], aux[0..n]) catch |e| return code(e);
+    if (buf.len > 0) out.* = buf.ptr;
+    out_len.* = buf.len;
+    return 0;
+}
+
+/// Frees a buffer returned by lx_gather_alloc (null is ignored).
+pub export fn lx_free_buffer(buf: ?[*]u8) void {
+    if (buf) |b| std.c.free(b);
+}
+
 /// Writes records' decoded payload sizes to `raw_sizes[i]` and aux sizes to
-/// `aux_sizes[i]` (either may be null). Errors: out_of_range.
-export fn lx_sizes(h: *Store, indices: ?[*]const u64, count: u64, raw_sizes: ?[*]u64, aux_sizes: ?[*]u64) c_int {
+/// `aux_sizes[i]` (either may be null). Errors: closed, failed, out_of_range,
+/// corrupt.
+pub export fn lx_sizes(h: *Store, indices: ?[*]const u64, count: u64, raw_sizes: ?[*]u64, aux_sizes: ?[*]u64) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     h.sizes(idx[0..@intCast(count)], raw_sizes, aux_sizes) catch |e| return code(e);
     return 0;
 }
 
-/// Deletes records (any order, duplicates allowed): every deleted position
-/// below the new length takes the highest surviving record above it, so
-/// indices stay 0..len and are stable only until a delete. Atomic across
-/// crashes. Errors: out_of_range (nothing deleted), busy, locked, io.
-export fn lx_delete(h: *Store, indices: ?[*]const u64, count: u64) c_int {
+/// One record's move in a delete: the survivor at index `from` is now at `to`.
+pub const Move = store_maintain.Move;
+
+/// Deletes records (any order, duplicates allowed) by the original swap-last
+/// rule: in descending index order, each deleted index receives the current
+/// last record, then the length drops by one (deleting {2, 3} from ten
+/// records leaves [0,1,8,9,4,5,6,7]). Indices stay 0..len and are stable only
+/// until a delete. Writes the net moves, ascending by `to`, to `moves` (room
+/// for `count`; may be null) and their number to `*move_count`; every other
+/// survivor keeps its index. Durable and atomic (see Durability).
+/// Errors: closed, failed, out_of_range (nothing deleted), busy, locked,
+/// read_only, io, no_space.
+pub export fn lx_delete(h: *Store, indices: ?[*]const u64, count: u64, moves: ?[*]Move, move_count: *u64) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    move_count.* = 0;
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
-    h.delete(idx[0..@intCast(count)]) catch |e| return code(e);
+    const n: usize = @intCast(count);
+    const own = moves == null;
+    const out: [*]Move = moves orelse (gpa.alloc(Move, n) catch return code(error.OutOfMemory)).ptr;
+    defer if (own) gpa.free(out[0..n]);
+    move_count.* = h.delete(idx[0..n], out[0..n]) catch |e| return code(e);
     return 0;
 }
 
-/// Reclaims deleted bytes in place; interrupted, it leaves a consistent store
-/// and a second call finishes. Errors: busy, locked, io.
-export fn lx_compact(h: *Store) c_int {
+/// Reclaims deleted bytes in place (see Durability). Errors: closed, failed,
+/// busy, locked, read_only, io, no_space.
+pub export fn lx_compact(h: *Store) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     h.compact() catch |e| return code(e);
     return 0;
 }
 
 /// Fills `*out` with {records, live_bytes, chunk_bytes, reclaimable}; O(1).
-export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
-    out.* = h.stats();
+/// Errors: closed, corrupt.
+pub export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    out.* = h.stats() catch |e| return code(e);
     return 0;
 }
 
 /// Makes every record appended through this handle durable (fsync of data,
-/// table, then commit). A no-op for a handle that never wrote. Errors: io.
-export fn lx_sync(h: *Store) c_int {
+/// table, then commit). A no-op for a handle that never wrote (or that a
+/// forked child inherited). Errors: closed, failed (also from now on, when
+/// the fsync fails: the kernel may have dropped the pages), io.
+pub export fn lx_sync(h: *Store) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     h.sync() catch |e| return code(e);
     return 0;
 }
 
 /// Checks every record (location, checksum, decode). On corrupt, `*bad_index`
 /// is the first damaged record (UINT64_MAX when the damage is not one record's).
-export fn lx_verify(h: *Store, bad_index: *u64) c_int {
+/// Errors: closed, failed, corrupt, busy, out_of_memory.
+pub export fn lx_verify(h: *Store, bad_index: *u64) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     h.verify(bad_index) catch |e| return code(e);
     return 0;
 }
@@ -360,13 +518,13 @@ export fn lx_verify(h: *Store, bad_index: *u64) c_int {
 /// samples laid end to end at `samples` with sizes `sizes`; writes its size to
 /// `*out_len`. Errors: bad_dictionary (training failed: too few or too uniform
 /// samples), invalid.
-export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64, out: ?[*]u8, cap: u64, out_len: *u64) c_int {
+pub export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64, out: ?[*]u8, cap: u64, out_len: *u64) c_int {
     const smp = samples orelse return invalid("samples is null", .{});
     const szs = sizes orelse return invalid("sizes is null", .{});
     const o = out orelse return invalid("out is null", .{});
     if (count == 0) return invalid("no samples", .{});
     var total: u64 = 0;
-    for (szs[0..@intCast(count)]) |s| total += s;
+    for (szs[0..@intCast(count)]) |s| total = std.math.add(u64, total, s) catch return invalid("sample sizes overflow", .{});
     const sz: [*]const usize = @ptrCast(szs);
     var why: [*:0]const u8 = "";
     out_len.* = codec.trainDict(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)], &why) catch {
@@ -379,7 +537,7 @@ export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64,
 /// Fills `out[0..batch_size]` with the sampler's indices for `step` (mode 0
 /// sequential, 1 iid, 2 cyclic; rank < world). Pure; any thread.
 /// Errors: invalid (length 0, batch_size 0, world 0, rank >= world, bad mode).
-export fn lx_sampler_fill(length: u64, batch_size: u64, mode: c_int, seed: u64, step: u64, rank: u64, world: u64, out: ?[*]u64) c_int {
+pub export fn lx_sampler_fill(length: u64, batch_size: u64, mode: c_int, seed: u64, step: u64, rank: u64, world: u64, out: ?[*]u64) c_int {
     const o = out orelse return invalid("out is null", .{});
     const m = std.enums.fromInt(sampler.Mode, mode) orelse return invalid("unknown sampler mode {d}", .{mode});
     if (length == 0) return invalid("length must be >= 1", .{});
@@ -391,12 +549,12 @@ export fn lx_sampler_fill(length: u64, batch_size: u64, mode: c_int, seed: u64, 
 
 /// Lanes (threads, the caller included) one call may use: the cores this
 /// process may run on, capped by lx_set_lanes.
-export fn lx_lanes() u32 {
+pub export fn lx_lanes() u32 {
     return @intCast(pool.lanes());
 }
 
 /// Caps the lanes of every later call (0 removes the cap).
-export fn lx_set_lanes(n: u32) void {
+pub export fn lx_set_lanes(n: u32) void {
     pool.setLaneLimit(n);
 }
 
@@ -412,7 +570,7 @@ export fn lx_set_lanes(n: u32) void {
 /// while the ring runs makes its next step fail with closed instead of
 /// unmapping it under the threads. Errors: invalid, out_of_memory.
 /// On success `*out` owns the ring until lx_loader_free.
-export fn lx_loader_open(
+pub export fn lx_loader_open(
     stores: ?[*]const *Store,
     record_sizes: ?[*]const u64,
     count: u32,
@@ -457,7 +615,7 @@ export fn lx_loader_open(
 /// and must stay valid and untouched until lx_loader_wait returns for the
 /// step (or lx_loader_reset). Errors: closed, invalid (out of order, or more
 /// than `window` steps outstanding).
-export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8) c_int {
+pub export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8) c_int {
     const d = dests orelse return invalid("dests is null", .{});
     l.submit(step, d[0..l.streams.len]) catch |e| return code(e);
     return 0;
@@ -469,31 +627,69 @@ export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8) c_int 
 /// failing stream in `*failed_stream`. Errors: closed (the ring was stopped,
 /// also while waiting, or a store was closed), invalid (not submitted), or
 /// any lx_gather error.
-export fn lx_loader_wait(l: *Loader, step: u64, failed_stream: *u32) c_int {
+pub export fn lx_loader_wait(l: *Loader, step: u64, failed_stream: *u32) c_int {
     l.wait(step, failed_stream) catch |e| return code(e);
     return 0;
 }
 
 /// Drops every submitted step, after the ones being built finish (so no
 /// destination is written afterwards); the next step to submit is `step`.
-export fn lx_loader_reset(l: *Loader, step: u64) void {
+pub export fn lx_loader_reset(l: *Loader, step: u64) void {
     l.reset(step);
 }
 
 /// Stops and joins the ring's threads; waiters return closed. Idempotent; any
 /// thread may call it, also while another waits.
-export fn lx_loader_stop(l: *Loader) void {
+pub export fn lx_loader_stop(l: *Loader) void {
     l.stop();
 }
 
 /// Stops the ring, releases its stores and frees it. Must not race any other
 /// call on the same ring.
-export fn lx_loader_free(l: ?*Loader) void {
+pub export fn lx_loader_free(l: ?*Loader) void {
     if (l) |ring| ring.destroy();
+}
+
+// ---------------------------------------------------------------- test hooks
+
+/// Test hook (does nothing unless armed): the `nth` (1-based) file-system call
+/// whose kind is in `mask` (bits of fsio.Op: create, write, sync, truncate,
+/// rename, unlink, mkdir, sync_dir) fails with an I/O error, and with
+/// `sticky` != 0 every later one too. `nth` 0 only counts; mask 0 disarms.
+/// Process-wide.
+pub export fn lx_debug_fault(mask: u32, nth: u64, sticky: c_int) void {
+    fsio.armFault(mask, nth, sticky != 0);
+}
+
+/// Test hook: matching file-system calls and injected faults since the last
+/// lx_debug_fault.
+pub export fn lx_debug_fault_counts(calls: *u64, faults: *u64) void {
+    calls.* = fsio.callCount();
+    faults.* = fsio.faultCount();
+}
+
+/// Test hook: starts (`on` != 0, dropping any earlier log) or stops recording
+/// every file-system call the engine makes (see fsio.zig for the format).
+pub export fn lx_debug_record(on: c_int) void {
+    fsio.setRecording(on != 0);
+}
+
+/// Test hook: copies the recording into `out` when it fits in `cap` bytes and
+/// writes its size to `*len`. Errors: out_of_memory (recording ran out of
+/// memory and is incomplete).
+pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: *u64) c_int {
+    const n = fsio.takeRecording(if (out) |o| o[0..@intCast(cap)] else null) orelse {
+        diag.set("the recording ran out of memory and is incomplete", .{});
+        return @intFromEnum(Result.out_of_memory);
+    };
+    len.* = n;
+    return 0;
 }
 
 test {
     _ = Loader;
+    _ = fsio;
+    _ = store_maintain;
     _ = @import("cpu.zig");
     _ = format;
     _ = codec;

@@ -23,7 +23,11 @@ const assert = std.debug.assert;
 pub const magic: u64 = 0x0145524F5453584C;
 pub const magic_swapped: u64 = @byteSwap(magic);
 /// The on-disk format version; independent of the package version.
-pub const format_version: u32 = 1;
+/// 2: the commit records what the last sync made durable (durable_data_size,
+/// durable_live_bytes), so the first open after a crash can check the
+/// records appended since then; the delete journal carries its commit's
+/// generation, so a journal older than the published commit is never replayed.
+pub const format_version: u32 = 2;
 
 pub const page_size: u64 = 4096;
 pub const commit_offset: u64 = page_size;
@@ -82,11 +86,15 @@ pub const Commit = extern struct {
     data_size: u64,
     /// Stored bytes (aux + payload) of live records.
     live_bytes: u64,
-    /// record_count at the last completed sync(); informational.
+    /// record_count at the last completed sync() (or delete/compact, which
+    /// sync): records below it survived a power loss; records from it up to
+    /// record_count are checked by the first open after a writer died.
     durable_count: u64,
     /// Bumped by every commit.
     generation: u64,
-    _reserved: [2]u64,
+    /// data_size and live_bytes when durable_count was made durable.
+    durable_data_size: u64,
+    durable_live_bytes: u64,
     /// xxhash64 of every byte above.
     checksum: u64,
 
@@ -98,6 +106,12 @@ pub const Commit = extern struct {
     pub fn computeChecksum(c: *const Commit) u64 {
         const bytes = std.mem.asBytes(c);
         return std.hash.XxHash64.hash(0x4C59, bytes[0 .. @sizeOf(Commit) - 8]);
+    }
+
+    /// The invariants every commit keeps, on disk and in memory.
+    pub fn consistent(c: *const Commit) bool {
+        return c.live_bytes <= c.data_size and c.durable_count <= c.record_count and
+            c.durable_data_size <= c.data_size and c.durable_live_bytes <= c.durable_data_size;
     }
 };
 
@@ -146,8 +160,11 @@ pub fn recordChecksum(aux: []const u8, stored: []const u8) u32 {
 }
 
 /// The delete journal (file `journal`): the table writes of one delete, made
-/// durable-in-page-cache before any of them is applied, so an interrupted delete
-/// is replayed in full on the next open instead of leaving duplicates.
+/// durable (fsync) before any of them is applied, so an interrupted delete is
+/// replayed in full on the next open instead of leaving duplicates. Its
+/// commit's generation is the published commit's plus one: a journal whose
+/// generation is not above the published one was already applied (its removal
+/// was lost) and is discarded, never replayed over later commits.
 pub const JournalHeader = extern struct {
     magic: u64,
     /// Entries that follow: (index u64, RecordLoc) pairs.

@@ -23,7 +23,7 @@ var owner_pid: i64 = 0;
 var lanes_usable: usize = 1;
 var lanes_limit: std.atomic.Value(usize) = .init(0); // 0 = no user limit
 
-fn currentPid() i64 {
+pub fn currentPid() i64 {
     if (builtin.os.tag == .windows) return 0;
     return @intCast(std.c.getpid());
 }
@@ -72,6 +72,26 @@ pub fn lanes() usize {
 /// 0 removes the limit.
 pub fn setLaneLimit(n: usize) void {
     lanes_limit.store(n, .monotonic);
+}
+
+/// How a job of `count` items runs: on how many lanes, in blocks of how many
+/// items. One lane when the caller says the job is too small to be worth a
+/// wake-up (`worth_lanes` false), else up to the usable lanes capped by `cap`
+/// (0: no cap), each with about `blocks_per_lane` contiguous blocks, so lanes
+/// that finish early take over uneven work.
+pub const Plan = struct {
+    lanes: usize,
+    block_size: usize,
+};
+
+pub fn plan(count: usize, worth_lanes: bool, cap: usize, blocks_per_lane: usize) Plan {
+    assert(count >= 1);
+    assert(blocks_per_lane >= 1);
+    var n: usize = if (worth_lanes) lanes() else 1;
+    if (cap != 0) n = @min(n, cap);
+    n = @max(1, @min(n, count));
+    const blocks = if (n == 1) 1 else @min(count, n * blocks_per_lane);
+    return .{ .lanes = n, .block_size = std.math.divCeil(usize, count, blocks) catch unreachable };
 }
 
 // The worker pool: lanes_usable - 1 persistent threads, started on first use,

@@ -14,3 +14,21 @@ def assert_same(got, expected) -> None:
     if got.tobytes() != expected.tobytes():
         np.testing.assert_array_equal(got, expected)
         raise AssertionError(f"bytes differ:\n{got!r}\n!=\n{expected!r}")
+
+
+def swap_last_order(n: int, positions) -> list[int]:
+    """The original loaderx delete rule, one record at a time, written
+    independently of the engine: in descending order, each deleted position
+    receives the current last record, then the last position goes. Returns
+    the new order as old positions."""
+    order = list(range(n))
+    for d in sorted(set(int(p) for p in positions), reverse=True):
+        order[d] = order[-1]
+        order.pop()
+    return order
+
+
+def expected_moves(order: list[int]) -> list[list[int]]:
+    """The (from, to) pairs `delete` reports for a new `order`: every record
+    now at a position other than its old one, ascending by `to`."""
+    return [[old, new] for new, old in enumerate(order) if old != new]

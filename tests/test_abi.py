@@ -1,97 +1,81 @@
-"""The cffi declarations in loaderx/_lib.py must match the exports of
-src/capi.zig exactly, and the library must export nothing else."""
+"""The bindings cannot drift: loaderx/_abi.py is generated from src/capi.zig
+(`zig build bindings`), this test regenerates it and fails on any difference,
+and the library exports exactly the functions it declares."""
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from loaderx import _lib
+from loaderx import _abi, _lib, errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CAPI = os.path.join(ROOT, "src", "capi.zig")
-
-# Zig parameter/return types used at the boundary -> their C spelling in the cdef.
-ZIG_TO_C = {
-    "u32": "uint32_t", "i32": "int32_t", "u64": "uint64_t", "c_int": "int", "void": "void",
-    "[*:0]const u8": "const char *", "?[*:0]const u8": "const char *",
-    "?[*]const u8": "const uint8_t *", "?[*]u8": "uint8_t *",
-    "?[*]const u64": "const uint64_t *", "?[*]u64": "uint64_t *", "*u64": "uint64_t *",
-    "?[*]const [*]const u8": "const uint8_t *const *",
-    "*Store": "lx_store *", "?*Store": "lx_store *", "?*?*Store": "lx_store **",
-    "?[*]const *Store": "lx_store *const *", "*Loader": "lx_loader *", "?*Loader": "lx_loader *",
-    "?*?*Loader": "lx_loader **", "?[*]const [*]u8": "uint8_t *const *", "*u32": "uint32_t *",
-    "*Info": "lx_info_t *", "*Store.Stats": "lx_stats_t *", "*[*]const u8": "const uint8_t **",
-}
 
 
-def _norm(c_type: str) -> str:
-    return re.sub(r"\s+", " ", c_type.replace("*", " * ")).replace("* *", "**").strip()
+def test_generated_bindings_are_current(tmp_path):
+    """Regenerate _abi.py from the Zig source; the committed file must match."""
+    cmd = [sys.executable, "-m", "ziglang", "build", "bindings-print", "--prefix", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fresh = (tmp_path / "bindings" / "_abi.py").read_text()
+    committed = open(os.path.join(ROOT, "loaderx", "_abi.py")).read()
+    assert fresh == committed, "loaderx/_abi.py is stale: run `python -m ziglang build bindings`"
 
 
-def zig_exports():
-    src = open(CAPI).read()
-    out = {}
-    for m in re.finditer(r"export fn (\w+)\((.*?)\)\s*([^{]+?)\s*\{", src, re.S):
-        name, params, ret = m.group(1), m.group(2), m.group(3).strip()
-        types = []
-        for p in filter(None, (x.strip() for x in params.split(","))):
-            types.append(ZIG_TO_C[p.split(":", 1)[1].strip()])
-        out[name] = (ZIG_TO_C[ret], types)
-    return out
-
-
-def cdef_functions():
-    out = {}
-    for m in re.finditer(r"^([\w\s\*]+?)\s*\**\s*\b(lx_\w+)\((.*?)\);", _lib.CDEF, re.M | re.S):
-        decl = m.group(0)
-        head = decl[:decl.index(m.group(2))]
-        params = m.group(3)
-        types = []
-        if params.strip() != "void":
-            for p in params.split(","):
-                p = p.strip()
-                types.append(_norm(re.sub(r"\b\w+$", "", p)))
-        out[m.group(2)] = (_norm(head), types)
-    return out
-
-
-def test_cdef_matches_zig_exports():
-    zig = zig_exports()
-    cdef = cdef_functions()
-    assert sorted(zig) == sorted(cdef), "exported functions differ between capi.zig and _lib.CDEF"
-    for name, (ret, params) in zig.items():
-        c_ret, c_params = cdef[name]
-        assert _norm(ret) == c_ret, f"{name}: return {ret} vs cdef {c_ret}"
-        assert [_norm(p) for p in params] == c_params, f"{name}: params {params} vs cdef {c_params}"
+def declared_functions():
+    return re.findall(r"\b(lx_\w+)\(", _abi.CDEF)
 
 
 def test_every_declared_function_resolves():
-    for name in cdef_functions():
+    names = declared_functions()
+    assert len(names) > 20
+    for name in names:
         assert getattr(_lib.lib, name) is not None
 
 
-@pytest.mark.skipif(shutil.which("nm") is None or not _lib.LIBRARY_PATH.endswith(".so"), reason="needs nm and an ELF build")
+def test_exports_are_exactly_the_zig_exports():
+    """capi.zig's `export fn lx_*` set equals the generated declarations."""
+    src = open(os.path.join(ROOT, "src", "capi.zig")).read()
+    assert sorted(re.findall(r"export fn (lx_\w+)\(", src)) == sorted(declared_functions())
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or not _lib.LIBRARY_PATH.endswith(".so"),
+                    reason="needs nm and an ELF build")
 def test_library_exports_only_loaderx_symbols():
-    out = subprocess.run(["nm", "-D", "--defined-only", _lib.LIBRARY_PATH], capture_output=True, text=True, check=True)
+    out = subprocess.run(["nm", "-D", "--defined-only", _lib.LIBRARY_PATH], capture_output=True, text=True,
+                         check=True)
     names = {line.split()[-1] for line in out.stdout.splitlines() if line.split()[-2] in "TtDdBbRrWwVv"}
     assert names, "nm found no symbols"
     foreign = sorted(n for n in names if not n.startswith("lx_"))
     assert not foreign, f"unexpected exported symbols: {foreign[:10]}"
-    assert names == set(zig_exports())
+    assert names == set(declared_functions())
 
 
-def test_error_codes_cover_the_zig_result_enum():
-    src = open(CAPI).read()
-    body = src[src.index("pub const Result = enum(c_int) {"):]
-    body = body[:body.index("};")]
-    codes = {int(v) for v in re.findall(r"=\s*(-?\d+),", body)}
-    assert codes - {0} == set(_lib._ERRORS), "every native error code needs exactly one exception class"
+def test_every_result_code_has_one_exception_class():
+    assert set(_lib.ERROR_CLASSES) == set(_abi.RESULTS) - {"ok"}
+    for name, cls in _lib.ERROR_CLASSES.items():
+        assert issubclass(cls, errors.ZrecordError), name
+    assert len(set(_lib.ERROR_CLASSES.values())) == len(_lib.ERROR_CLASSES)
+
+
+def test_struct_layouts_match_cffi():
+    for name, size in _abi.STRUCT_SIZES.items():
+        assert _lib.ffi.sizeof(name) == size, name
+
+
+def test_python_constants_come_from_the_abi():
+    from loaderx import dataloader
+    from loaderx.zsampler import Sampler
+    assert {m.name.lower(): int(m) for m in Sampler.Mode} == _abi.SAMPLER_MODES
+    assert _lib.CODECS == _abi.CODECS
+    assert dataloader._WORKERS_MAX == _abi.LOADER_THREADS_MAX
+    assert dataloader._WINDOW_MAX == _abi.LOADER_WINDOW_MAX
 
 
 def test_versions():
     assert re.fullmatch(r"\d+\.\d+\.\d+", _lib.version())
-    assert _lib.lib.lx_format_version() >= 1
+    assert _lib.lib.lx_format_version() == _abi.FORMAT_VERSION
     assert _lib.lib.lx_zstd_version() >= 10500
     assert _lib.lib.lx_lanes() >= 1

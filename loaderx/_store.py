@@ -1,0 +1,410 @@
+"""The machinery every store kind shares: the native handle's lifetime, index
+normalisation, marshalling of records to the C ABI, and the common API
+(len, delete, compact, stats, sync, verify, close, pickling).
+
+Handle lifetime: every native call counts itself in and out, so `close()`
+may run on any thread at any time. It syncs, then marks the handle closed:
+calls already running finish normally, later ones raise `ClosedError`, and
+the files are unmapped when the last call leaves. The handle's memory is
+freed when the last Python reference to it goes (``ffi.gc``), which also
+closes a store that was dropped without `close()` (without syncing: records
+appended are in the page cache and survive the process, but only
+``sync()``/``close()`` survive a power loss).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from . import _lib, identity
+from ._lib import check, ffi, lib
+from .errors import (
+    ArgumentTypeError,
+    ClosedError,
+    DictionaryError,
+    IdentityError,
+    InvalidArgumentError,
+    ReadOnlyError,
+    RecordIndexError,
+)
+
+U64 = np.uint64
+_EMPTY_U64 = np.zeros(1, dtype=U64)
+APPEND_CHUNK_BYTES = 64 << 20
+APPEND_CHUNK_RECORDS = 16384
+RC_OUT_OF_RANGE = _lib.RESULTS["out_of_range"]
+_T_U64 = ffi.typeof("uint64_t[]")
+_T_U8 = ffi.typeof("uint8_t[]")
+
+
+# ----------------------------------------------------------------- marshalling
+
+def u64_ptr(arr: np.ndarray):
+    """A `uint64_t *` to a C-contiguous uint64 array (kept alive by the caller)."""
+    return ffi.from_buffer(_T_U64, arr)
+
+
+def byte_ptr(arr: Any, writable: bool = False):
+    """A `uint8_t *` to a contiguous buffer (a 1-byte dummy when it is empty)."""
+    if isinstance(arr, np.ndarray) and arr.nbytes == 0:
+        return ffi.from_buffer(_T_U8, _EMPTY_U64, require_writable=writable)
+    return ffi.from_buffer(_T_U8, arr, require_writable=writable)
+
+
+def unchecked_indices(key: Any) -> np.ndarray | None:
+    """The hot path (a sampler's int64 batch): the key itself as uint64, with
+    no Python-side check. The native call checks every index; a negative one
+    reads as >= 2^63, fails that check, and the caller retries the slow path,
+    which wraps negatives and names the bad index."""
+    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.itemsize == 8 and key.dtype.kind in "iu" \
+            and key.flags.c_contiguous:
+        return key.view(U64)
+    return None
+
+
+def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
+    """Turns a read/delete key into (uint64 indices, is_scalar)."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        i = int(key)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise RecordIndexError(f"index {int(key)} is out of range for {n} records")
+        return np.array([i], dtype=U64), True
+    if isinstance(key, slice):
+        return np.arange(*key.indices(n), dtype=np.int64).astype(U64), False
+    if isinstance(key, tuple):
+        key = list(key)
+    arr = np.asarray(key)
+    if arr.dtype == np.bool_:
+        if arr.shape != (n,):
+            raise RecordIndexError(f"boolean mask has shape {arr.shape}, expected ({n},)")
+        return np.flatnonzero(arr).astype(U64), False
+    if arr.size == 0:
+        return np.zeros(0, dtype=U64), False
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}")
+    if arr.ndim != 1:
+        raise TypeError(f"record indices must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype.kind == "i":
+        # Wrap negatives in int64: a narrow type (int8) would overflow.
+        arr = arr.astype(np.int64, copy=False)
+        lo = int(arr.min())
+        if lo < 0:
+            arr = np.where(arr < 0, arr + n, arr)
+            if int(arr.min()) < 0:
+                raise RecordIndexError(f"index {lo} is out of range for {n} records")
+    hi = int(arr.max())
+    if hi >= n:
+        raise RecordIndexError(f"index {hi} is out of range for {n} records")
+    return np.ascontiguousarray(arr, dtype=U64), False
+
+
+def chunks_of(arrays: Iterable[np.ndarray]) -> Iterator[list[np.ndarray]]:
+    """Bounded-memory chunks of an iterator of arrays."""
+    chunk, nbytes = [], 0
+    for a in arrays:
+        chunk.append(a)
+        nbytes += a.nbytes
+        if nbytes >= APPEND_CHUNK_BYTES or len(chunk) >= APPEND_CHUNK_RECORDS:
+            yield chunk
+            chunk, nbytes = [], 0
+    if chunk:
+        yield chunk
+
+
+def pointers(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list]:
+    """(pointer array, size array, keep-alive list) for a list of contiguous arrays."""
+    keep = []
+    ptrs = np.empty(len(arrays), dtype=U64)
+    sizes = np.empty(len(arrays), dtype=U64)
+    for i, a in enumerate(arrays):
+        buf = byte_ptr(a)
+        keep.append(buf)
+        ptrs[i] = int(ffi.cast("uintptr_t", buf))
+        sizes[i] = a.nbytes
+    return ptrs, sizes, keep
+
+
+def _store_path(path: Any) -> str:
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if "\0" in p:
+        raise InvalidArgumentError(f"store path {p!r} contains a NUL byte", path=p)
+    if not p:
+        raise InvalidArgumentError("store path is empty")
+    return p
+
+
+# ----------------------------------------------------------------- the base class
+
+class Store:
+    """Shared machinery of `Zrecord`, `DenseStore` and `RaggedStore`."""
+
+    kind: str = ""
+
+    def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
+                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):
+        self._handle = None
+        self._path = _store_path(path)
+        self._readonly = False
+        self._append_lock = threading.Lock()
+        _check_codec_args(self._path, create, codec, level, dict_bytes)
+        user = identity.pack(ident) if ident is not None else b""
+        d = bytes(dict_bytes) if dict_bytes else b""
+        out = ffi.new("lx_store **")
+        create_codec = codec if codec is not None else "zstd"
+        rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec], level or 0,
+                         d if d else ffi.NULL, len(d), user if user else ffi.NULL, len(user),
+                         fixed_size if create_codec == "raw" else 0, out)
+        check(rc, self._path)
+        self._handle = ffi.gc(out[0], lib.lx_free)
+        try:
+            info = ffi.new("lx_info_t *")
+            check(lib.lx_info(self._handle, info), self._path)
+            self._codec = _lib.CODEC_NAMES[info.codec]
+            self._level = int(info.level)
+            self._identity = identity.decode(self._blob("user"), self._path)
+            self._check_reopen(codec, level, d)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_reopen(self, codec: str | None, level: int | None, dict_bytes: bytes) -> None:
+        """An explicit codec, level or dictionary must match an existing store's."""
+        mismatch = []
+        if codec is not None and codec != self._codec:
+            mismatch.append(f"codec={self._codec!r} (asked for {codec!r})")
+        if level is not None and self._codec != "raw" and level != self._level:
+            mismatch.append(f"level={self._level} (asked for {level})")
+        if dict_bytes and dict_bytes != (self._blob("dictionary") or b""):
+            mismatch.append("a different dictionary")
+        if mismatch:
+            raise IdentityError(f"{self._path}: existing store has {', '.join(mismatch)}", path=self._path)
+
+    def _blob(self, which: str) -> bytes:
+        h = self._h()
+        n = ffi.new("uint64_t *")
+        code = _lib._abi.BLOBS[which]
+        check(lib.lx_blob(h, code, ffi.NULL, 0, n), self._path)
+        if n[0] == 0:
+            return b""
+        buf = bytearray(n[0])
+        check(lib.lx_blob(h, code, ffi.from_buffer(buf), len(buf), n), self._path)
+        return bytes(buf[:n[0]])
+
+    def _h(self):
+        """The native handle; `ClosedError` once closed."""
+        h = self._handle
+        if h is None:
+            raise ClosedError(f"{self._path}: store is closed", path=self._path)
+        return h
+
+    def _w(self):
+        """The native handle for a mutation; `ReadOnlyError` for a store
+        reopened from a pickle (a read-only reference)."""
+        if self._readonly:
+            raise ReadOnlyError(f"{self._path}: this store was reopened from a pickle, read-only; "
+                                "open it by path to write", path=self._path)
+        return self._h()
+
+    # -- common API
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def codec(self) -> str:
+        return self._codec
+
+    @property
+    def level(self) -> int:
+        return self._level
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __len__(self) -> int:
+        n = ffi.new("uint64_t *")
+        check(lib.lx_len(self._h(), n), self._path)
+        return int(n[0])
+
+    def _indices(self, key) -> tuple[np.ndarray, bool]:
+        return normalize_indices(key, len(self))
+
+    def delete(self, key) -> np.ndarray:
+        """Delete records (int, slice, index array or mask; duplicates allowed).
+
+        The original swap-last rule: in descending index order, each deleted
+        index receives the current last record, then the length drops by one
+        (deleting {2, 3} from ten records leaves ``[0,1,8,9,4,5,6,7]``).
+        Returns the moves as an ``(M, 2)`` uint64 array of ``(from, to)``
+        rows, ascending by ``to``: the record that was at ``from`` is now at
+        ``to``; every other survivor kept its index. Durable when it returns.
+        """
+        h = self._w()
+        idx, _ = self._indices(key)
+        moves = np.zeros((len(idx), 2), dtype=U64)
+        if len(idx):
+            count = ffi.new("uint64_t *")
+            check(lib.lx_delete(h, u64_ptr(idx), len(idx), ffi.cast("lx_move_t *", u64_ptr(moves.reshape(-1))),
+                                count), self._path, "delete")
+            moves = moves[:count[0]]
+        return moves
+
+    def compact(self) -> None:
+        """Reclaim the bytes of deleted records in place (durable when it
+        returns; re-runnable if interrupted)."""
+        check(lib.lx_compact(self._w()), self._path, "compact")
+
+    def stats(self) -> dict:
+        """``{records, live_bytes, chunk_bytes, reclaimable}``; O(1)."""
+        st = ffi.new("lx_stats_t *")
+        check(lib.lx_stats(self._h(), st), self._path)
+        return {"records": int(st.records), "live_bytes": int(st.live_bytes),
+                "chunk_bytes": int(st.chunk_bytes), "reclaimable": int(st.reclaimable)}
+
+    def sync(self) -> None:
+        """Make every record appended through this handle survive a power loss."""
+        check(lib.lx_sync(self._h()), self._path, "sync")
+
+    def verify(self) -> None:
+        """Check every record (checksum, location, decode); raises CorruptStoreError."""
+        bad = ffi.new("uint64_t *")
+        check(lib.lx_verify(self._h(), bad), self._path, "verify")
+
+    def dictionary(self) -> bytes | None:
+        """The store's zstd dictionary (``zstd_dict`` stores), else None."""
+        return self._blob("dictionary") or None
+
+    def close(self) -> None:
+        """Sync and release the handle. Idempotent; safe from any thread, also
+        while other threads are inside calls on this store."""
+        h = self._handle
+        if h is None:
+            return
+        try:
+            rc = lib.lx_sync(h)
+        finally:
+            self._handle = None
+            lib.lx_close(h)
+        check(rc, self._path, "sync")
+
+    def __enter__(self):
+        self._h()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # A reference, not the data: unpickling reopens the store by path,
+        # read-only (torch workers, multiprocessing spawn, Lightning).
+        return (_reopen, (type(self), self._path))
+
+    def _describe(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return f"{type(self).__name__}({self._path!r}, closed)"
+        return f"{type(self).__name__}({self._path!r}, len={len(self)}{self._describe()}, codec={self._codec!r})"
+
+    # -- native calls shared by the typed stores
+    def _append_raw(self, ptrs: np.ndarray, sizes: np.ndarray, aux_ptrs=None, aux_sizes=None,
+                    keep=None, *, stage: bool = False) -> int:
+        first = ffi.new("uint64_t *")
+        rc = lib.lx_append(
+            self._w(), len(sizes),
+            ffi.cast("const uint8_t *const *", ffi.from_buffer(ptrs)),
+            u64_ptr(sizes),
+            ffi.cast("const uint8_t *const *", ffi.from_buffer(aux_ptrs)) if aux_ptrs is not None else ffi.NULL,
+            u64_ptr(aux_sizes) if aux_sizes is not None else ffi.NULL,
+            1 if stage else 0,
+            first)
+        check(rc, self._path, "append")
+        return int(first[0])
+
+    def _append_chunks(self, chunks) -> int:
+        """Appends chunks `(ptrs, sizes, aux_ptrs, aux_sizes, keep_alive)` as ONE
+        atomic append: every chunk but the last is staged (written, invisible),
+        the last publishes them all; an error drops what was staged. One chunk
+        is held in memory ahead of the one being written."""
+        self._w()
+        with self._append_lock:
+            first = None
+            staged = False
+            try:
+                pending = None
+                for chunk in chunks:
+                    if pending is not None:
+                        f = self._append_raw(*pending, stage=True)
+                        staged = True
+                        first = f if first is None else first
+                    pending = chunk
+                if pending is not None:
+                    f = self._append_raw(*pending, stage=False)
+                    first = f if first is None else first
+                staged = False
+            finally:
+                h = self._handle
+                if staged and h is not None:
+                    lib.lx_publish(h, 0)
+            return len(self) if first is None else first
+
+    def _gather_alloc(self, idx: np.ndarray, threads: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``;
+        the buffer holds every payload back to back, then every aux part, in
+        request order. The buffer is library memory, freed with the array."""
+        n = len(idx)
+        raw = np.empty(n, dtype=U64)
+        aux = np.empty(n, dtype=U64)
+        if n == 0:
+            return np.zeros(0, np.uint8), raw, aux
+        out = ffi.new("uint8_t **")
+        length = ffi.new("uint64_t *")
+        check(lib.lx_gather_alloc(self._h(), u64_ptr(idx), n, threads, u64_ptr(raw), u64_ptr(aux), out, length),
+              self._path, "gather")
+        if length[0] == 0:
+            return np.zeros(0, np.uint8), raw, aux
+        owned = ffi.gc(out[0], lib.lx_free_buffer)
+        return np.frombuffer(ffi.buffer(owned, length[0]), dtype=np.uint8), raw, aux
+
+
+def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,
+                      dict_bytes: bytes | None) -> None:
+    if codec is not None and codec not in _lib.CODECS:
+        raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; choose one of {sorted(_lib.CODECS)}",
+                                   path=path)
+    if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
+        raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}", path=path)
+    if not create:
+        return
+    if codec == "zstd_dict" and not dict_bytes:
+        raise DictionaryError(f"{path}: codec 'zstd_dict' needs dict_bytes (train one with train_dict)",
+                              path=path)
+    if codec != "zstd_dict" and dict_bytes:
+        raise DictionaryError(f"{path}: dict_bytes given but codec is {codec!r}; use codec='zstd_dict'",
+                              path=path)
+
+
+def stored_kind(path) -> str:
+    """The kind (``bytes``, ``dense`` or ``ragged``) of the store at `path`,
+    from its checked identity."""
+    probe = Store.__new__(Store)
+    Store.__init__(probe, path, create=False, codec=None, level=None, dict_bytes=None, ident=None)
+    try:
+        return probe._identity.kind
+    finally:
+        probe.close()
+
+
+def _reopen(cls, path):
+    store = cls(path)
+    store._readonly = True
+    return store

@@ -1,0 +1,121 @@
+"""`Zrecord`: the raw byte-record store (pre-encoded images, opaque payloads)."""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from . import identity
+from ._store import U64, Store, chunks_of, pointers
+from .errors import IdentityError, SizeMismatchError
+
+
+def _bytes_records(records: Iterable) -> Iterator[np.ndarray]:
+    for i, r in enumerate(records):
+        if isinstance(r, np.ndarray):
+            if not r.flags.c_contiguous:
+                r = np.ascontiguousarray(r)
+            yield r.reshape(-1).view(np.uint8) if r.nbytes else np.zeros(0, np.uint8)
+            continue
+        try:
+            mv = memoryview(r)
+        except TypeError:
+            raise TypeError(f"record {i} is a {type(r).__name__}, not a bytes-like object") from None
+        yield np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+
+
+class Zrecord(Store):
+    """Raw byte records (pre-encoded images, opaque payloads).
+
+    ``Zrecord(path, create=True)`` makes the store if the path holds none (and
+    opens it if it does); without ``create`` a missing store raises
+    `FileNotFoundError` and nothing is created. Records in: any bytes-like;
+    out: ``bytes`` (``z[i]``) or a list of bytes (``z[list]``, slices).
+    `codec` (default ``"zstd"`` when creating) and `level`, when given for an
+    existing store, must match it (`IdentityError` otherwise).
+    """
+
+    kind = "bytes"
+    dtype = np.dtype(np.uint8)
+    item_shape = None
+
+    def __init__(self, path, *, create: bool = False, codec: str | None = None, level: int | None = None,
+                 dict_bytes: bytes | None = None):
+        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
+                         ident=identity.encode("bytes"))
+        kind = self._identity.kind
+        if kind != "bytes":
+            self.close()
+            other = "DenseStore" if kind == "dense" else "RaggedStore"
+            raise IdentityError(f"{self._path}: store holds {kind} records; open it with {other} "
+                                "or loaderx.dataset.open_store", path=self._path)
+
+    def append(self, records: Iterable) -> int:
+        """Append bytes-like records; returns the index of the first one."""
+        self._w()
+
+        def chunks():
+            for chunk in chunks_of(_bytes_records(records)):
+                ptrs, sizes, keep = pointers(chunk)
+                yield ptrs, sizes, None, None, keep
+        return self._append_chunks(chunks())
+
+    def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
+        """Records `indices` as a list of bytes, in request order."""
+        if out is not None:
+            raise TypeError("Zrecord.gather returns bytes; use gather_into(indices, buffer) to fill a buffer")
+        idx, _ = self._indices(indices)
+        return self._read(idx, threads)
+
+    def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
+        buf, sizes, _ = self._gather_alloc(idx, threads)
+        ends = np.cumsum(sizes).tolist()
+        mv = memoryview(buf)
+        starts = [0] + ends[:-1]
+        return [mv[a:b].tobytes() for a, b in zip(starts, ends)]
+
+    def gather_into(self, indices, out, offsets=None) -> np.ndarray:
+        """Read records into the caller's writable buffer `out` (bytes-like or
+        array), back to back from offset 0 or at byte `offsets[i]` (non-negative
+        integers). Returns the records' sizes (uint64), from the same snapshot
+        as the bytes. Nothing is allocated per record."""
+        idx, _ = self._indices(indices)
+        buf, sizes, _ = self._gather_alloc(idx)
+        if offsets is None:
+            starts = np.zeros(len(idx), dtype=U64)
+            if len(idx) > 1:
+                np.cumsum(sizes[:-1], out=starts[1:])
+        else:
+            starts = _checked_offsets(offsets, len(idx))
+        dest = np.frombuffer(memoryview(out).cast("B"), dtype=np.uint8) if not isinstance(out, np.ndarray) \
+            else out.reshape(-1).view(np.uint8)
+        if not dest.flags.writeable:
+            raise ValueError("out is read-only")
+        ends = starts + sizes
+        if len(idx) and int(ends.max()) > dest.nbytes:
+            i = int(np.argmax(ends > dest.nbytes))
+            raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes at offset "
+                                    f"{int(starts[i])}) does not fit the {dest.nbytes}-byte buffer", path=self._path)
+        if offsets is None:
+            dest[:buf.nbytes] = buf  # back to back: one copy
+            return sizes
+        src = np.cumsum(sizes) - sizes
+        for a, s, n in zip(starts.tolist(), src.tolist(), sizes.tolist()):
+            dest[a:a + n] = buf[s:s + n]
+        return sizes
+
+    def __getitem__(self, key):
+        idx, scalar = self._indices(key)
+        out = self._read(idx)
+        return out[0] if scalar else out
+
+
+def _checked_offsets(offsets, n: int) -> np.ndarray:
+    arr = np.asarray(offsets)
+    if arr.shape != (n,):
+        raise ValueError(f"offsets has shape {arr.shape}, expected ({n},)")
+    if n and arr.dtype.kind not in "iu":
+        raise TypeError(f"offsets must be integers, not {arr.dtype}")
+    if n and arr.dtype.kind == "i" and int(arr.min()) < 0:
+        raise ValueError(f"offsets must be non-negative, got {int(arr.min())}")
+    return arr.astype(U64)

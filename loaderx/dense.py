@@ -1,0 +1,155 @@
+"""`DenseStore`: records of one fixed ``(dtype, item_shape)``."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import identity
+from ._lib import check, ffi, lib
+from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, u64_ptr, unchecked_indices
+from .errors import IdentityError, SizeMismatchError
+
+
+def _item_shape(item_shape) -> tuple:
+    if item_shape is None:
+        return ()
+    dims = item_shape if isinstance(item_shape, tuple) else tuple(np.atleast_1d(item_shape).tolist())
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, (bool, np.bool_)) or d < 0:
+            raise ValueError(f"item_shape {dims} must hold non-negative integers")
+    return tuple(int(d) for d in dims)
+
+
+class DenseStore(Store):
+    """Fixed ``(dtype, item_shape)`` records.
+
+    ``DenseStore(path, dtype, item_shape)`` creates the store (or opens it and
+    checks the identity matches); ``DenseStore(path)`` opens an existing one.
+    ``append(array)`` takes ``(B, *item_shape)`` of exactly ``dtype``. Reads:
+    ``ds[i]`` → one record; ``ds[i, j]``, ``ds[a:b]``, ``ds[int_array]``,
+    ``ds[bool_mask]`` → stacked ``(B, *item_shape)``. ``gather(idx, out=buf)``
+    fills a caller's C-contiguous array (pinned memory, a reused buffer) with no
+    extra copy.
+    """
+
+    kind = "dense"
+
+    def __init__(self, path, dtype=None, item_shape=None, *, codec: str | None = None,
+                 level: int | None = None, dict_bytes: bytes | None = None):
+        create = dtype is not None or item_shape is not None
+        ident = None
+        fixed = 0
+        if create:
+            if dtype is None:
+                raise TypeError("DenseStore needs a dtype to create a store")
+            dt = identity.check_dtype(dtype)
+            shape = identity.check_shape(_item_shape(item_shape), dt.itemsize, "item_shape")
+            ident = identity.encode("dense", dt, shape)
+            # A raw dense store uses the fixed-width layout: locations computed,
+            # not looked up, and 4 bytes of index per record instead of 32.
+            fixed = dt.itemsize * math.prod(shape)
+        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
+                         ident=ident, fixed_size=fixed)
+        found = self._identity
+        if found.kind != "dense":
+            self.close()
+            raise IdentityError(f"{self._path}: store holds {found.kind} records, not dense ones "
+                                "(use loaderx.dataset.open_store)", path=self._path)
+        self._dtype, self._item_shape = found.dtype, found.item_shape
+        if create and (self._dtype != dt or self._item_shape != shape):
+            self.close()
+            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}, item_shape="
+                                f"{found.item_shape}; asked for dtype={dt}, item_shape={shape}", path=self._path)
+        self._record_bytes = self._dtype.itemsize * math.prod(self._item_shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def item_shape(self) -> tuple:
+        return self._item_shape
+
+    @property
+    def record_bytes(self) -> int:
+        return self._record_bytes
+
+    def _describe(self) -> str:
+        return f", dtype={self._dtype}, item_shape={self._item_shape}"
+
+    def append(self, array) -> int:
+        """Append ``(B, *item_shape)`` records of exactly this dtype; returns the first index."""
+        self._w()
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"append takes a numpy array of dtype {self._dtype}, not {type(array).__name__}")
+        if array.dtype != self._dtype:
+            raise IdentityError(f"{self._path}: array has dtype {array.dtype}, store holds {self._dtype}",
+                                path=self._path)
+        if array.shape[1:] != self._item_shape or array.ndim != len(self._item_shape) + 1:
+            raise SizeMismatchError(f"{self._path}: array has shape {array.shape}, expected "
+                                    f"(B, *{self._item_shape})", path=self._path)
+        n = array.shape[0]
+        if n == 0:
+            return len(self)
+        rb = self._record_bytes
+        step = max(1, APPEND_CHUNK_BYTES // max(rb, 1))
+
+        def chunks():
+            for start in range(0, n, step):
+                part = np.ascontiguousarray(array[start:start + step])
+                buf = byte_ptr(part)
+                base = int(ffi.cast("uintptr_t", buf))
+                ptrs = np.arange(len(part), dtype=U64) * U64(rb) + U64(base)
+                sizes = np.full(len(part), rb, dtype=U64)
+                yield ptrs, sizes, None, None, (part, buf)
+        return self._append_chunks(chunks())
+
+    def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0) -> np.ndarray:
+        """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
+        when given (C-contiguous, writable, exact dtype and shape). `threads`
+        caps the native threads (0: every usable core)."""
+        fast = unchecked_indices(indices)
+        if fast is not None:
+            result = self._gather(fast, out, threads, exact=False)
+            if result is not None:
+                return result
+        idx, _ = self._indices(indices)
+        return self._gather(idx, out, threads)
+
+    def _check_out(self, out, shape: tuple) -> np.ndarray:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        if out.dtype != self._dtype:
+            raise IdentityError(f"out has dtype {out.dtype}, store holds {self._dtype}", path=self._path)
+        if out.shape != shape:
+            raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}", path=self._path)
+        if not out.flags.c_contiguous:
+            raise SizeMismatchError("out must be C-contiguous", path=self._path)
+        if not out.flags.writeable:
+            raise SizeMismatchError("out is read-only", path=self._path)
+        return out
+
+    def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
+                exact: bool = True) -> np.ndarray | None:
+        """With ``exact=False`` (unchecked indices) returns None instead of
+        raising on an out-of-range index, so the caller can retry the slow path."""
+        shape = (len(idx),) + self._item_shape
+        out = np.empty(shape, dtype=self._dtype) if out is None else self._check_out(out, shape)
+        if len(idx):
+            rc = lib.lx_gather(self._h(), u64_ptr(idx), len(idx), byte_ptr(out, True),
+                               out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
+            if rc == RC_OUT_OF_RANGE and not exact:
+                return None
+            check(rc, self._path, "gather")
+        return out
+
+    def __getitem__(self, key):
+        fast = unchecked_indices(key)
+        if fast is not None:
+            result = self._gather(fast, None, exact=False)
+            if result is not None:
+                return result
+        idx, scalar = self._indices(key)
+        out = self._gather(idx, None)
+        return out[0] if scalar else out

@@ -1,0 +1,188 @@
+"""`RaggedStore`: one dtype, every record with its own shape."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from . import identity
+from ._store import Store, chunks_of, pointers
+from .errors import CorruptStoreError, IdentityError
+
+
+def encode_shape(shape: tuple) -> bytes:
+    """Aux bytes of a record: none for 1-D (the size gives the length), else
+    uint64 [ndim, *shape]."""
+    if len(shape) == 1:
+        return b""
+    return np.array([len(shape), *shape], dtype="<u8").tobytes()
+
+
+class RaggedStore(Store):
+    """One dtype; every record keeps its own shape (any rank, including ``()``
+    and zero-length). Reads return a list of arrays in request order;
+    ``gather_packed`` returns ``(values, row_splits)`` for records sharing
+    their trailing dimensions — one flat buffer, no Python object per record.
+    A batch's sizes, shapes and bytes come from one native call on one
+    snapshot of the store, so no record is ever stitched from two.
+    """
+
+    kind = "ragged"
+    item_shape = None
+
+    def __init__(self, path, dtype=None, *, codec: str | None = None, level: int | None = None,
+                 dict_bytes: bytes | None = None):
+        create = dtype is not None
+        ident = None
+        if create:
+            dt = identity.check_dtype(dtype)
+            ident = identity.encode("ragged", dt)
+        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes, ident=ident)
+        found = self._identity
+        if found.kind != "ragged":
+            self.close()
+            raise IdentityError(f"{self._path}: store holds {found.kind} records, not ragged ones "
+                                "(use loaderx.dataset.open_store)", path=self._path)
+        self._dtype = found.dtype
+        if create and self._dtype != dt:
+            self.close()
+            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}; asked for dtype={dt}",
+                                path=self._path)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    def _describe(self) -> str:
+        return f", dtype={self._dtype}"
+
+    def _as_record(self, i: int, x) -> np.ndarray:
+        if isinstance(x, np.ndarray):
+            if x.dtype != self._dtype:
+                raise IdentityError(f"{self._path}: record {i} has dtype {x.dtype}, store holds {self._dtype}",
+                                    path=self._path)
+            a = x
+        elif isinstance(x, (bytes, bytearray, memoryview)):
+            if self._dtype != np.uint8:
+                raise IdentityError(f"{self._path}: record {i} is bytes but the store holds {self._dtype}",
+                                    path=self._path)
+            a = np.frombuffer(x, dtype=np.uint8)
+        else:
+            try:
+                a = np.asarray(x, dtype=self._dtype)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"record {i} cannot be read as {self._dtype}: {e}") from None
+        if a.ndim > identity.NDIM_MAX:
+            raise ValueError(f"record {i} has {a.ndim} dimensions; at most {identity.NDIM_MAX} are supported")
+        # (np.ascontiguousarray would turn a 0-d record into a 1-d one)
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+
+    def append(self, records: Iterable) -> int:
+        """Append arrays (a one-pass iterator is fine); returns the first index."""
+        self._w()
+        if isinstance(records, np.ndarray) and records.dtype == self._dtype and records.ndim >= 1:
+            records = list(records)
+        arrays = (self._as_record(i, x) for i, x in enumerate(records))
+
+        def chunks():
+            for chunk in chunks_of(arrays):
+                ptrs, sizes, keep = pointers(chunk)
+                auxes = [np.frombuffer(encode_shape(a.shape), dtype=np.uint8) for a in chunk]
+                if any(len(x) for x in auxes):
+                    aux_ptrs, aux_sizes, keep2 = pointers(auxes)
+                    yield ptrs, sizes, aux_ptrs, aux_sizes, (chunk, keep, auxes, keep2)
+                else:
+                    yield ptrs, sizes, None, None, (chunk, keep)
+        return self._append_chunks(chunks())
+
+    def _fetch(self, idx: np.ndarray, threads: int = 0) -> tuple[np.ndarray, np.ndarray, list[tuple] | None]:
+        """(values, element offsets[B+1], shapes or None when all are 1-D) of
+        records `idx`, each record checked against its byte size."""
+        buf, raw, aux = self._gather_alloc(idx, threads)
+        item = self._dtype.itemsize
+        payload = int(raw.sum())
+        if item and (raw % item).any():
+            bad = int(idx[np.flatnonzero(raw % item)[0]])
+            raise CorruptStoreError(f"{self._path}: record {bad} size is not a multiple of {item}", path=self._path)
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        if item:
+            np.cumsum(raw // item, out=offsets[1:])
+        values = buf[:payload].view(self._dtype) if item else np.zeros(0, self._dtype)
+        shapes = self._shapes(idx, raw, aux, buf[payload:]) if aux.any() else None
+        return values, offsets, shapes
+
+    def _shapes(self, idx: np.ndarray, raw: np.ndarray, aux: np.ndarray, aux_bytes: np.ndarray) -> list[tuple]:
+        """Each record's shape from its aux bytes, checked before anything is sized by it."""
+        item = self._dtype.itemsize
+        bad = (aux % 8 != 0) | (aux > 8 * (identity.NDIM_MAX + 1))
+        if bad.any():
+            raise self._damaged(int(idx[np.flatnonzero(bad)[0]]), "shape")
+        words = aux_bytes.view("<u8")
+        ends = np.cumsum(aux // 8).tolist()
+        shapes, start = [], 0
+        for i, end in enumerate(ends):
+            if end == start:
+                shapes.append((int(raw[i]) // item if item else 0,))
+                continue
+            w = words[start:end].tolist()
+            start = end
+            try:
+                dims = identity.check_shape(w[1:], item, "shape")
+            except ValueError:
+                raise self._damaged(int(idx[i]), f"shape {tuple(w[1:])}") from None
+            if w[0] != len(dims) or np.prod(dims, dtype=object) * item != int(raw[i]):
+                raise self._damaged(int(idx[i]), f"shape {dims}")
+            shapes.append(dims)
+        return shapes
+
+    def _damaged(self, index: int, what: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{self._path}: record {index} has a damaged {what}", path=self._path)
+
+    def _read(self, idx: np.ndarray, threads: int = 0) -> list[np.ndarray]:
+        values, offsets, shapes = self._fetch(idx, threads)
+        if self._dtype.itemsize == 0:
+            return [np.zeros(s, self._dtype) for s in (shapes or [(0,)] * len(idx))]
+        eo = offsets.tolist()
+        out = [values[eo[i]:eo[i + 1]] for i in range(len(idx))]
+        if shapes is not None:
+            out = [v if len(s) == 1 else v.reshape(s) for v, s in zip(out, shapes)]
+        return out
+
+    def gather(self, indices, out=None, *, threads: int = 0) -> list[np.ndarray]:
+        """Records `indices` as a list of arrays, in request order."""
+        if out is not None:
+            raise TypeError("RaggedStore.gather returns a list; out= applies to DenseStore only")
+        idx, _ = self._indices(indices)
+        return self._read(idx, threads)
+
+    def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, row_splits)``: the records concatenated along their first
+        axis, and int64 row offsets (length B+1). Records must share their
+        trailing dimensions (all 1-D, or all ``(n, *t)`` with the same ``t``)."""
+        idx, _ = self._indices(indices)
+        values, offsets, shapes = self._fetch(idx, threads)
+        if shapes is None:
+            return values, offsets
+        trailing = _common_trailing(idx, shapes)
+        rows = np.array([s[0] for s in shapes], dtype=np.int64)
+        row_splits = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(rows, out=row_splits[1:])
+        return values.reshape((int(row_splits[-1]),) + trailing), row_splits
+
+    def __getitem__(self, key):
+        idx, scalar = self._indices(key)
+        out = self._read(idx)
+        return out[0] if scalar else out
+
+
+def _common_trailing(idx: np.ndarray, shapes: list[tuple]) -> tuple:
+    trailing = None
+    for i, s in enumerate(shapes):
+        if len(s) == 0:
+            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records with a first axis")
+        if trailing is None:
+            trailing = s[1:]
+        elif s[1:] != trailing:
+            raise ValueError(f"records do not share trailing dimensions: record {int(idx[i])} has shape {s}, "
+                             f"earlier ones (*, {', '.join(map(str, trailing))})")
+    return trailing or ()

@@ -1,0 +1,96 @@
+//! Read-only shared mappings of a store's files, grown by generations.
+//!
+//! A reader loads the newest generation's base address with one atomic load
+//! and no lock. A generation is never unmapped while the handle lives (only
+//! when its last user leaves, see Store.zig), and each new one is at least
+//! twice the last, so a handle maps at most ~2x a file's size of address
+//! space and a reader never sees its mapping disappear.
+const std = @import("std");
+const builtin = @import("builtin");
+const Io = std.Io;
+const File = Io.File;
+const pool = @import("pool.zig");
+const diag = @import("diag.zig");
+
+pub const Error = error{ Corrupt, OutOfMemory, IoFailed };
+
+pub const Region = struct {
+    memory: []align(std.heap.page_size_min) u8,
+    mm: if (builtin.os.tag == .windows) File.MemoryMap else void,
+
+    pub fn map(file: File, len: usize, file_len: u64) !Region {
+        if (builtin.os.tag == .windows) {
+            // A Windows section cannot extend past the end of a read-only file.
+            const n: usize = @intCast(@min(len, file_len));
+            const mm = try file.createMemoryMap(pool.io(), .{
+                .len = n,
+                .protection = .{ .read = true },
+                .populate = false,
+            });
+            return .{ .memory = mm.memory, .mm = mm };
+        }
+        const memory = try std.posix.mmap(null, len, .{ .READ = true }, .{ .TYPE = .SHARED }, file.handle, 0);
+        return .{ .memory = memory, .mm = {} };
+    }
+
+    pub fn unmap(r: *Region) void {
+        if (builtin.os.tag == .windows) {
+            r.mm.destroy(pool.io());
+        } else {
+            std.posix.munmap(r.memory);
+        }
+    }
+};
+
+/// Generations of one file's mapping; readers load the newest lock-free.
+pub const MapSet = struct {
+    const generations_max = 48;
+    const first_len: usize = 1 << 20;
+
+    regions: [generations_max]Region = undefined,
+    count: std.atomic.Value(usize) = .init(0),
+    mutex: Io.Mutex = .init,
+
+    /// Base address valid for bytes [0, end) of `file`.
+    pub fn cover(ms: *MapSet, file: File, end: u64, what: []const u8) Error![*]const u8 {
+        const n = ms.count.load(.acquire);
+        if (n > 0 and ms.regions[n - 1].memory.len >= end) return ms.regions[n - 1].memory.ptr;
+        return ms.grow(file, end, what);
+    }
+
+    fn grow(ms: *MapSet, file: File, end: u64, what: []const u8) Error![*]const u8 {
+        const io = pool.io();
+        ms.mutex.lockUncancelable(io);
+        defer ms.mutex.unlock(io);
+        const n = ms.count.load(.acquire);
+        const last_len: usize = if (n > 0) ms.regions[n - 1].memory.len else 0;
+        if (n > 0 and last_len >= end) return ms.regions[n - 1].memory.ptr;
+        if (n == generations_max) {
+            return diag.fail(error.OutOfMemory, "{s}: too many mapping generations", .{what});
+        }
+        const file_len = file.length(io) catch |e| {
+            return diag.fail(error.IoFailed, "{s}: {s}", .{ what, @errorName(e) });
+        };
+        if (file_len < end) {
+            return diag.fail(error.Corrupt, "{s} file is truncated: {d} bytes, committed records need {d}", .{
+                what, file_len, end,
+            });
+        }
+        if (end > std.math.maxInt(usize) / 2) {
+            return diag.fail(error.OutOfMemory, "{s}: store too large for this address space", .{what});
+        }
+        const want = @max(@max(end, 2 * last_len), @max(first_len, file_len));
+        const len = std.mem.alignForward(usize, @intCast(want), std.heap.pageSize());
+        const region = Region.map(file, len, file_len) catch |e| {
+            return diag.fail(error.OutOfMemory, "{s}: cannot map {d} bytes: {s}", .{ what, len, @errorName(e) });
+        };
+        ms.regions[n] = region;
+        ms.count.store(n + 1, .release);
+        return region.memory.ptr;
+    }
+
+    pub fn deinit(ms: *MapSet) void {
+        for (ms.regions[0..ms.count.raw]) |*r| r.unmap();
+        ms.count.raw = 0;
+    }
+};

@@ -1,0 +1,369 @@
+//! The write path of a store: append (compress on all lanes, place serially,
+//! write data, then the table, then publish the commit), staged appends that
+//! publish together, and sync.
+//!
+//! Publication order is what makes a kill -9 safe: a reader trusts only
+//! records below the published record count, and the data and table entries
+//! of those records are written before the commit that counts them.
+//!
+//! An append holds the handle's write mutex from start to end, compression
+//! included: its buffers live in the handle (`Scratch`, grown when a batch
+//! needs more and kept), so a steady stream of appends allocates nothing.
+const std = @import("std");
+const assert = std.debug.assert;
+const Allocator = std.mem.Allocator;
+const format = @import("format.zig");
+const codec = @import("codec.zig");
+const pool = @import("pool.zig");
+const diag = @import("diag.zig");
+const fsio = @import("fsio.zig");
+const Store = @import("Store.zig");
+const store_read = @import("store_read.zig");
+const Error = Store.Error;
+const Codec = format.Codec;
+const RecordLoc = format.RecordLoc;
+const Commit = format.Commit;
+
+pub const Batch = struct {
+    ptrs: [*]const [*]const u8,
+    sizes: [*]const u64,
+    aux_ptrs: ?[*]const [*]const u8 = null,
+    aux_sizes: ?[*]const u64 = null,
+    count: usize,
+
+    fn record(b: Batch, i: usize) []const u8 {
+        return b.ptrs[i][0..@intCast(b.sizes[i])];
+    }
+
+    fn aux(b: Batch, i: usize) []const u8 {
+        const sz = b.aux_sizes orelse return &.{};
+        return b.aux_ptrs.?[i][0..@intCast(sz[i])];
+    }
+};
+
+/// The buffers of one append, owned by the handle and reused.
+pub const Scratch = struct {
+    locs: std.ArrayList(RecordLoc) = .empty,
+    stored: std.ArrayList([]const u8) = .empty,
+    /// Where record i's frame may go in `frames`: [bounds[i], bounds[i + 1]).
+    bounds: std.ArrayList(usize) = .empty,
+    frames: std.ArrayList(u8) = .empty,
+    slices: std.ArrayList([]const u8) = .empty,
+    sums: std.ArrayList(u32) = .empty,
+
+    /// Frame space kept between appends; a larger batch's is given back.
+    const frames_kept_max: usize = 128 << 20;
+
+    fn reserve(sc: *Scratch, gpa: Allocator, count: usize) Error!void {
+        sc.locs.resize(gpa, count) catch return error.OutOfMemory;
+        sc.stored.resize(gpa, count) catch return error.OutOfMemory;
+        sc.slices.resize(gpa, 2 * count) catch return error.OutOfMemory;
+        sc.sums.resize(gpa, count) catch return error.OutOfMemory;
+        sc.bounds.resize(gpa, count + 1) catch return error.OutOfMemory;
+    }
+
+    fn trim(sc: *Scratch, gpa: Allocator) void {
+        if (sc.frames.capacity > frames_kept_max) sc.frames.clearAndFree(gpa);
+    }
+
+    pub fn deinit(sc: *Scratch, gpa: Allocator) void {
+        sc.locs.deinit(gpa);
+        sc.stored.deinit(gpa);
+        sc.bounds.deinit(gpa);
+        sc.frames.deinit(gpa);
+        sc.slices.deinit(gpa);
+        sc.sums.deinit(gpa);
+    }
+};
+
+fn validate(s: *const Store, batch: Batch) Error!void {
+    const fixed = s.header.fixed_size;
+    for (0..batch.count) |i| {
+        if (batch.aux(i).len > Store.aux_size_max) {
+            return diag.fail(error.InvalidArgument, "record {d}: aux of {d} bytes exceeds {d}", .{
+                i, batch.aux(i).len, Store.aux_size_max,
+            });
+        }
+        if (fixed != 0 and (batch.sizes[i] != fixed or batch.aux(i).len != 0)) {
+            return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes; this fixed-width store takes exactly {d}", .{
+                i, batch.sizes[i], fixed,
+            });
+        }
+    }
+}
+
+/// Appends `batch`; returns the index of its first record. With `stage`, the
+/// records are written but not published: several staged appends become
+/// visible together at `publish(true)` (an append larger than memory, atomic
+/// as a whole), or are dropped by `publish(false)`.
+pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
+    try validate(s, batch);
+    const io = pool.io();
+    s.write_mutex.lockUncancelable(io);
+    defer s.write_mutex.unlock(io);
+    if (batch.count == 0) {
+        try s.checkUsable();
+        if (s.staged) |st| return st.record_count;
+        return s.recordCount();
+    }
+    try s.beginMutation();
+    if (s.header.fixed_size != 0 and contiguous(batch, s.header.fixed_size)) return appendDense(s, batch, stage);
+    defer s.scratch.trim(s.gpa);
+    try encode(s, batch);
+    return place(s, batch, stage);
+}
+
+const EncodeJob = struct {
+    store: *Store,
+    batch: Batch,
+    block_size: usize,
+    next_block: std.atomic.Value(usize) = .init(0),
+    failed: std.atomic.Value(bool) = .init(false),
+
+    fn work(job: *EncodeJob, lane: usize) void {
+        _ = lane;
+        var lease: ?codec.CPool.Lease = null;
+        defer if (lease) |l| codec.CPool.release(l);
+        while (true) {
+            const block = job.next_block.fetchAdd(1, .monotonic);
+            const start = block * job.block_size;
+            if (start >= job.batch.count) return;
+            for (start..@min(start + job.block_size, job.batch.count)) |i| {
+                if (!job.encodeOne(i, &lease)) return;
+            }
+        }
+    }
+
+    fn encodeOne(job: *EncodeJob, i: usize, lease: *?codec.CPool.Lease) bool {
+        const s = job.store;
+        const sc = &s.scratch;
+        const store_codec: Codec = @enumFromInt(s.header.codec);
+        const src = job.batch.record(i);
+        var c: Codec = .raw;
+        var stored = src;
+        if (store_codec != .raw and src.len > 0) {
+            if (lease.* == null) {
+                lease.* = codec.CPool.acquire() catch {
+                    job.failed.store(true, .release);
+                    return false;
+                };
+                codec.configure(lease.*.?.ctx, store_codec, s.header.level, &s.dict);
+            }
+            const dst = sc.frames.items[sc.bounds.items[i]..sc.bounds.items[i + 1]];
+            if (codec.encode(lease.*.?.ctx, src, dst)) |n| {
+                c = store_codec;
+                stored = dst[0..n];
+            }
+        }
+        const aux = job.batch.aux(i);
+        sc.stored.items[i] = stored;
+        sc.locs.items[i] = .{
+            .offset = 0,
+            .stored_size = stored.len,
+            .raw_size = src.len,
+            .checksum = format.recordChecksum(aux, stored),
+            .codec = @intFromEnum(c),
+            ._reserved = 0,
+            .aux_size = @intCast(aux.len),
+        };
+        return true;
+    }
+};
+
+/// Compresses the batch into the handle's scratch, on all lanes when it is
+/// large enough to be worth them. Fills scratch.locs (offsets still 0) and
+/// scratch.stored (the bytes to write for each payload).
+fn encode(s: *Store, batch: Batch) Error!void {
+    const sc = &s.scratch;
+    try sc.reserve(s.gpa, batch.count);
+    const compressing = s.header.codec != @intFromEnum(Codec.raw);
+    var raw_total: u64 = 0;
+    sc.bounds.items[0] = 0;
+    for (0..batch.count) |i| {
+        const size: usize = @intCast(batch.sizes[i]);
+        raw_total += size;
+        const bound = if (compressing and size > 0) codec.compressBound(size) else 0;
+        sc.bounds.items[i + 1] = sc.bounds.items[i] + bound;
+    }
+    sc.frames.resize(s.gpa, sc.bounds.items[batch.count]) catch return error.OutOfMemory;
+    const threshold: u64 = if (compressing) 64 << 10 else store_read.inline_raw_bytes;
+    const p = pool.plan(batch.count, raw_total >= threshold, 0, 4);
+    var job: EncodeJob = .{ .store = s, .batch = batch, .block_size = p.block_size };
+    pool.run(p.lanes, &job, EncodeJob.work);
+    if (job.failed.load(.acquire)) return diag.fail(error.OutOfMemory, "no memory for a compression context", .{});
+}
+
+/// Places the encoded records after the last one, writes data then table,
+/// and publishes (or stages) the commit that counts them.
+fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
+    const sc = &s.scratch;
+    var c = s.staged orelse s.commit;
+    const first = c.record_count;
+    var at = c.data_size;
+    for (sc.locs.items[0..batch.count], 0..) |*loc, i| {
+        loc.offset = at;
+        at += loc.storedTotal();
+        sc.slices.items[2 * i] = batch.aux(i);
+        sc.slices.items[2 * i + 1] = sc.stored.items[i];
+    }
+    const stored_total = at - c.data_size;
+    writeSlices(s.data, sc.slices.items[0 .. 2 * batch.count], c.data_size) catch |e|
+        return Store.ioFail(e, "writing data");
+    if (s.header.fixed_size != 0) {
+        // Fixed width: the location is implied; only the checksums are stored.
+        for (sc.locs.items[0..batch.count], sc.sums.items[0..batch.count]) |loc, *sum| sum.* = loc.checksum;
+        fsio.write(s.index, "index", std.mem.sliceAsBytes(sc.sums.items[0..batch.count]), first * @sizeOf(u32)) catch |e|
+            return Store.ioFail(e, "writing the record table");
+    } else {
+        for (sc.locs.items[0..batch.count]) |loc| assert(loc.end() <= at);
+        fsio.write(s.index, "index", std.mem.sliceAsBytes(sc.locs.items[0..batch.count]), first * @sizeOf(RecordLoc)) catch |e|
+            return Store.ioFail(e, "writing the record table");
+    }
+    c.record_count = first + batch.count;
+    c.data_size = at;
+    c.live_bytes += stored_total;
+    try settle(s, c, stage);
+    return first;
+}
+
+/// Writes `slices` back to back at `offset`, handling short writes.
+fn writeSlices(file: std.Io.File, slices: []const []const u8, offset: u64) !void {
+    var at = offset;
+    var first: usize = 0;
+    var skip: usize = 0; // bytes of slices[first] already written
+    var vec: [64][]const u8 = undefined;
+    while (first < slices.len) {
+        var n: usize = 0;
+        var i = first;
+        while (i < slices.len and n < vec.len) : (i += 1) {
+            const sl = if (i == first) slices[i][skip..] else slices[i];
+            if (sl.len == 0) continue;
+            // Records adjacent in memory (a dense array) become one large write,
+            // which also lets the page cache use large folios.
+            if (n > 0 and vec[n - 1].ptr + vec[n - 1].len == sl.ptr) {
+                vec[n - 1] = vec[n - 1].ptr[0 .. vec[n - 1].len + sl.len];
+                continue;
+            }
+            vec[n] = sl;
+            n += 1;
+        }
+        if (n == 0) return;
+        var written = try fsio.writeVec(file, "data", vec[0..n], at);
+        if (written == 0) return error.NoSpaceLeft;
+        at += written;
+        while (first < slices.len) {
+            const left = slices[first].len - skip;
+            if (written < left) {
+                skip += written;
+                break;
+            }
+            written -= left;
+            first += 1;
+            skip = 0;
+        }
+    }
+}
+
+/// True when the batch's records lie back to back in memory (a dense array).
+fn contiguous(batch: Batch, fixed: u64) bool {
+    const base = @intFromPtr(batch.ptrs[0]);
+    for (0..batch.count) |i| {
+        if (@intFromPtr(batch.ptrs[i]) != base + i * fixed) return false;
+    }
+    return true;
+}
+
+/// The dense append's two jobs, overlapped: lane 0 writes the block to the
+/// data file while the other lanes checksum it, then lane 0 joins them.
+const DenseAppendJob = struct {
+    src: [*]const u8,
+    fixed: usize,
+    sums: []u32,
+    block_size: usize,
+    file: std.Io.File,
+    offset: u64,
+    next_block: std.atomic.Value(usize) = .init(0),
+    write_error: ?anyerror = null,
+
+    fn work(job: *DenseAppendJob, lane: usize) void {
+        if (lane == 0) {
+            fsio.write(job.file, "data", job.src[0 .. job.sums.len * job.fixed], job.offset) catch |e| {
+                job.write_error = e;
+            };
+        }
+        while (true) {
+            const start = job.next_block.fetchAdd(1, .monotonic) * job.block_size;
+            if (start >= job.sums.len) return;
+            for (start..@min(start + job.block_size, job.sums.len)) |i| {
+                job.sums[i] = format.recordChecksum(&.{}, job.src[i * job.fixed ..][0..job.fixed]);
+            }
+        }
+    }
+};
+
+/// append() for a fixed-width store given one contiguous array: one write of
+/// the whole block, overlapped with its checksums, which go straight into the
+/// index; no per-record tables.
+fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
+    const fixed: usize = @intCast(s.header.fixed_size);
+    const total = batch.count * fixed;
+    s.scratch.sums.resize(s.gpa, batch.count) catch return error.OutOfMemory;
+    const sums = s.scratch.sums.items[0..batch.count];
+    var c = s.staged orelse s.commit;
+    const first = c.record_count;
+    assert(c.data_size == first * fixed);
+
+    const p = pool.plan(batch.count, total >= store_read.inline_raw_bytes, 0, 8);
+    var job: DenseAppendJob = .{
+        .src = batch.ptrs[0],
+        .fixed = fixed,
+        .sums = sums,
+        .block_size = p.block_size,
+        .file = s.data,
+        .offset = c.data_size,
+    };
+    pool.run(p.lanes, &job, DenseAppendJob.work);
+    if (job.write_error) |e| return Store.ioFail(e, "writing data");
+    fsio.write(s.index, "index", std.mem.sliceAsBytes(sums), first * @sizeOf(u32)) catch |e|
+        return Store.ioFail(e, "writing the record table");
+    c.record_count = first + batch.count;
+    c.data_size += total;
+    c.live_bytes += total;
+    try settle(s, c, stage);
+    return first;
+}
+
+/// Ends an append whose data and table are written: publishes commit `c`, or
+/// with `stage` keeps it staged (written, invisible) for a later publish.
+fn settle(s: *Store, c: Commit, stage: bool) Error!void {
+    if (stage) {
+        s.staged = c;
+        return;
+    }
+    s.staged = null;
+    try s.writeCommit(c);
+}
+
+/// Publishes (or, with `keep` false, drops) the records of staged appends.
+pub fn publish(s: *Store, keep: bool) Error!void {
+    const io = pool.io();
+    s.write_mutex.lockUncancelable(io);
+    defer s.write_mutex.unlock(io);
+    const st = s.staged orelse return;
+    s.staged = null;
+    if (!keep) return;
+    try s.checkUsable();
+    try s.writeCommit(st);
+}
+
+/// Makes everything appended through this handle durable: data, then table,
+/// then the commit. A no-op for a handle that never wrote, and for a handle
+/// a forked child inherited (its parent owns the writes).
+pub fn sync(s: *Store) Error!void {
+    const io = pool.io();
+    s.write_mutex.lockUncancelable(io);
+    defer s.write_mutex.unlock(io);
+    if (s.writer_lock == null or s.open_pid != pool.currentPid()) return;
+    try s.checkUsable();
+    try s.syncLocked();
+}
