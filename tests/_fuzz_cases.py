@@ -14,6 +14,7 @@ journal allows before and after), where each record is an original's number, a
 literal payload, or None (no content expectation: the record is hostile by
 construction and only the crash/exception invariants apply).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,13 +27,25 @@ import msgpack
 import numpy as np
 
 from _lxformat import (
-    BLOB_OFFSET, COMMIT_OFFSET, LOC, U64_MAX, StoreImage, block, frame, raw_frame,
+    BLOB_OFFSET,
+    COMMIT_OFFSET,
+    LOC,
+    U64_MAX,
+    StoreImage,
+    block,
+    frame,
+    raw_frame,
 )
-from _xxhash import record_checksum, xxh64
+from _xxhash import record_checksum
 
 BASE_NAMES = ("dense_raw", "dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict")
-KINDS = {"dense_raw": "dense", "dense_zstd": "dense", "ragged_1d": "ragged",
-         "ragged_nd": "ragged", "bytes_dict": "bytes"}
+KINDS = {
+    "dense_raw": "dense",
+    "dense_zstd": "dense",
+    "ragged_1d": "ragged",
+    "ragged_nd": "ragged",
+    "bytes_dict": "bytes",
+}
 
 
 @dataclasses.dataclass
@@ -57,9 +70,20 @@ class Case:
 
 # ----------------------------------------------------------------- bases
 
+
 def _json_records(n: int, start: int = 0) -> list[bytes]:
-    return [json.dumps({"id": i, "name": f"user{i}", "tags": ["a", "b", str(i % 7)],
-                        "score": i * 3.5, "active": i % 3 == 0}).encode() for i in range(start, start + n)]
+    return [
+        json.dumps(
+            {
+                "id": i,
+                "name": f"user{i}",
+                "tags": ["a", "b", str(i % 7)],
+                "score": i * 3.5,
+                "active": i % 3 == 0,
+            }
+        ).encode()
+        for i in range(start, start + n)
+    ]
 
 
 def _typed_records(arrays) -> list:
@@ -69,13 +93,16 @@ def _typed_records(arrays) -> list:
 def build_bases(root) -> dict[str, Base]:
     """Writes the five base stores under `root` and returns their images."""
     from loaderx import DenseStore, RaggedStore, Zrecord, train_dict
+
     rng = np.random.default_rng(20240611)
     made = {}
     dense = rng.integers(-1000, 1000, size=(6, 2, 3)).astype("<i4")
     with DenseStore(os.path.join(root, "dense_raw"), "<i4", (2, 3), codec="raw") as s:
         s.append(dense)
     made["dense_raw"] = _typed_records(list(dense))
-    rows = np.concatenate([(np.arange(120) % 5).reshape(3, 40), rng.integers(0, 60000, size=(3, 40))])
+    rows = np.concatenate(
+        [(np.arange(120) % 5).reshape(3, 40), rng.integers(0, 60000, size=(3, 40))]
+    )
     rows = rows.astype("<u2")
     with DenseStore(os.path.join(root, "dense_zstd"), "<u2", (40,), codec="zstd") as s:
         s.append(rows)
@@ -92,15 +119,19 @@ def build_bases(root) -> dict[str, Base]:
     made["ragged_nd"] = _typed_records(nd)
     dict_bytes = train_dict(_json_records(300), size=1024)
     recs = _json_records(5, 1000) + [b"", bytes(rng.integers(0, 256, 50, dtype=np.uint8))]
-    with Zrecord(os.path.join(root, "bytes_dict"), create=True, codec="zstd_dict",
-                 dict_bytes=dict_bytes) as z:
+    with Zrecord(
+        os.path.join(root, "bytes_dict"), create=True, codec="zstd_dict", dict_bytes=dict_bytes
+    ) as z:
         z.append(recs)
     made["bytes_dict"] = [(None, None, r) for r in recs]
-    return {name: Base(name, KINDS[name], StoreImage.load(os.path.join(root, name)).files, made[name])
-            for name in BASE_NAMES}
+    return {
+        name: Base(name, KINDS[name], StoreImage.load(os.path.join(root, name)).files, made[name])
+        for name in BASE_NAMES
+    }
 
 
 # ----------------------------------------------------------------- helpers
+
 
 def _orig(base: Base) -> list:
     """The one allowed state: the base's records, unchanged."""
@@ -116,7 +147,11 @@ def _region(img: StoreImage, name: str, rng: random.Random) -> tuple[int, int]:
 
 
 def _pick_file(img: StoreImage, rng: random.Random) -> str:
-    names = [n for n in ("meta", "index", "data", "index", "data", "journal") if len(img.files.get(n, b""))]
+    names = [
+        n
+        for n in ("meta", "index", "data", "index", "data", "journal")
+        if len(img.files.get(n, b""))
+    ]
     return rng.choice(names)
 
 
@@ -124,9 +159,13 @@ def _payload_expect(img: StoreImage, loc: dict):
     """What a table entry denotes when that is knowable here: the payload of a
     raw record inside the committed data, else None."""
     end = loc["offset"] + loc["aux_size"] + loc["stored_size"]
-    if loc["codec"] != 0 or loc["stored_size"] != loc["raw_size"] or end > img.commit()["data_size"]:
+    if (
+        loc["codec"] != 0
+        or loc["stored_size"] != loc["raw_size"]
+        or end > img.commit()["data_size"]
+    ):
         return None
-    return bytes(img.files["data"][loc["offset"] + loc["aux_size"]:end])
+    return bytes(img.files["data"][loc["offset"] + loc["aux_size"] : end])
 
 
 def _reseal_live(img: StoreImage) -> None:
@@ -141,6 +180,7 @@ def _victim(img: StoreImage, rng: random.Random) -> int:
 
 
 # ----------------------------------------------------------------- random families
+
 
 def fam_flip(img, base, rng, k, bases):
     """Random bit flips in one file; no checksum is fixed."""
@@ -165,10 +205,10 @@ def fam_overwrite(img, base, rng, k, bases):
         new = rng.randbytes(n)
     elif how == "copy":
         src = rng.randrange(0, max(1, len(buf) - n))
-        new = bytes(buf[src:src + n])
+        new = bytes(buf[src : src + n])
     else:
         new = (b"\0" if how == "zero" else b"\xff") * n
-    buf[at:at + n] = new
+    buf[at : at + n] = new
     return f"overwrite {name}[{at}:{at + n}] with {how}", _orig(base), "typed"
 
 
@@ -182,9 +222,14 @@ def fam_truncate(img, base, rng, k, bases):
     elif how == "extend":
         buf.extend(rng.randbytes(rng.choice((1, 100, 5000))))
     else:
-        size = {"zero": 0, "minus1": max(0, len(buf) - 1), "random": rng.randrange(len(buf) + 1)}[how]
+        sizes = {"zero": 0, "minus1": max(0, len(buf) - 1), "random": rng.randrange(len(buf) + 1)}
+        size = sizes[how]
         del buf[size:]
-    return f"truncate {name}: {how} (now {len(img.files.get(name, b''))} bytes)", _orig(base), "typed"
+    return (
+        f"truncate {name}: {how} (now {len(img.files.get(name, b''))} bytes)",
+        _orig(base),
+        "typed",
+    )
 
 
 def fam_flip_sealed(img, base, rng, k, bases):
@@ -200,20 +245,22 @@ def fam_flip_sealed(img, base, rng, k, bases):
         img.files["meta"][0:104] = raw
         img.put_header()
     elif part == "commit":
-        raw = bytearray(img.files["meta"][COMMIT_OFFSET:COMMIT_OFFSET + 56])
+        raw = bytearray(img.files["meta"][COMMIT_OFFSET : COMMIT_OFFSET + 56])
         _flip_bits(raw, rng)
-        img.files["meta"][COMMIT_OFFSET:COMMIT_OFFSET + 56] = raw
+        img.files["meta"][COMMIT_OFFSET : COMMIT_OFFSET + 56] = raw
         img.put_commit()
         n = img.count
         if n <= len(base.records):
             states = [list(range(n))]
     elif part == "entry":
         i = _victim(img, rng)
-        raw = bytearray(img.files["index"][i * LOC.size:i * LOC.size + 24])
-        raw += img.files["index"][i * LOC.size + 28:(i + 1) * LOC.size]
+        raw = bytearray(img.files["index"][i * LOC.size : i * LOC.size + 24])
+        raw += img.files["index"][i * LOC.size + 28 : (i + 1) * LOC.size]
         _flip_bits(raw, rng)
         fields = dict(zip(("offset", "stored_size", "raw_size"), struct.unpack_from("<3Q", raw)))
-        fields["codec"], fields["_reserved"], fields["aux_size"] = struct.unpack_from("<BBH", raw, 24)
+        fields["codec"], fields["_reserved"], fields["aux_size"] = struct.unpack_from(
+            "<BBH", raw, 24
+        )
         loc = img.put_loc(i, **fields)
         states[0][i] = _payload_expect(img, loc)
     else:
@@ -230,6 +277,7 @@ def _flip_bits(buf: bytearray, rng: random.Random) -> None:
 
 
 # ----------------------------------------------------------------- crafted: header
+
 
 def _shift_split(img: StoreImage, d: int) -> None:
     """Moves the dictionary/identity boundary; the blob checksum stays valid."""
@@ -252,7 +300,7 @@ def _bytes_view(img: StoreImage) -> str:
 HEADER_VARIANTS = (
     ("format_version 0", lambda img: img.put_header(format_version=0)),
     ("format_version 2 (newer)", lambda img: img.put_header(format_version=2)),
-    ("format_version 2^32-1", lambda img: img.put_header(format_version=2 ** 32 - 1)),
+    ("format_version 2^32-1", lambda img: img.put_header(format_version=2**32 - 1)),
     ("header_size 0", lambda img: img.put_header(header_size=0)),
     ("header_size 113", lambda img: img.put_header(header_size=113)),
     ("codec 3", lambda img: img.put_header(codec=3)),
@@ -260,30 +308,46 @@ HEADER_VARIANTS = (
     ("codec raw", lambda img: img.put_header(codec=0)),
     ("codec zstd", lambda img: img.put_header(codec=1)),
     ("codec zstd_dict", lambda img: img.put_header(codec=2)),
-    ("level -2^31", lambda img: img.put_header(level=-2 ** 31)),
-    ("level 2^31-1", lambda img: img.put_header(level=2 ** 31 - 1)),
+    ("level -2^31", lambda img: img.put_header(level=-(2**31))),
+    ("level 2^31-1", lambda img: img.put_header(level=2**31 - 1)),
     ("level 0", lambda img: img.put_header(level=0)),
     ("flags all ones", lambda img: img.put_header(flags=U64_MAX)),
-    ("reserved fields set", lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _r0=U64_MAX, _r4=7)),
+    (
+        "reserved fields set",
+        lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _r0=U64_MAX, _r4=7),
+    ),
     ("dict/identity boundary +1", lambda img: _shift_split(img, 1)),
     ("dict/identity boundary -1", lambda img: _shift_split(img, -1)),
     ("identity moved into the dictionary", lambda img: _shift_split(img, 1 << 40)),
     ("dictionary moved into the identity", lambda img: _shift_split(img, -(1 << 40))),
     ("identity removed (blob resealed)", _bytes_view),
-    ("dict_size 2^32 (implausible)", lambda img: img.put_header(dict_size=2 ** 32)),
-    ("blob of 4 GiB - 1", lambda img: img.put_header(dict_size=2 ** 32 - 1 - img.header()["user_size"])),
-    ("dict_size 2^28 (past the file)", lambda img: img.put_header(dict_size=2 ** 28)),
-    ("user_size 2^40", lambda img: img.put_header(user_size=2 ** 40)),
-    ("blob sizes sum overflows", lambda img: img.put_header(dict_size=U64_MAX - img.header()["user_size"] + 2)),
-    ("blob checksum stale", lambda img: img.put_header(blob_checksum=img.header()["blob_checksum"] ^ 1)),
+    ("dict_size 2^32 (implausible)", lambda img: img.put_header(dict_size=2**32)),
+    (
+        "blob of 4 GiB - 1",
+        lambda img: img.put_header(dict_size=2**32 - 1 - img.header()["user_size"]),
+    ),
+    ("dict_size 2^28 (past the file)", lambda img: img.put_header(dict_size=2**28)),
+    ("user_size 2^40", lambda img: img.put_header(user_size=2**40)),
+    (
+        "blob sizes sum overflows",
+        lambda img: img.put_header(dict_size=U64_MAX - img.header()["user_size"] + 2),
+    ),
+    (
+        "blob checksum stale",
+        lambda img: img.put_header(blob_checksum=img.header()["blob_checksum"] ^ 1),
+    ),
     ("fixed_size 0", lambda img: img.put_header(fixed_size=0)),
     ("fixed_size 1", lambda img: img.put_header(fixed_size=1)),
-    ("fixed_size 2^63", lambda img: img.put_header(fixed_size=2 ** 63)),
+    ("fixed_size 2^63", lambda img: img.put_header(fixed_size=2**63)),
     ("fixed_size 2^64-1", lambda img: img.put_header(fixed_size=U64_MAX)),
     ("fixed_size 4, commit made consistent", lambda img: _fixed_consistent(img, 4)),
-    ("fixed_size 2^61, commit made consistent", lambda img: _fixed_consistent(img, 2 ** 61)),
-    ("magic byte-swapped", lambda img: img.put_header(magic=int.from_bytes(
-        img.header()["magic"].to_bytes(8, "little"), "big"))),
+    ("fixed_size 2^61, commit made consistent", lambda img: _fixed_consistent(img, 2**61)),
+    (
+        "magic byte-swapped",
+        lambda img: img.put_header(
+            magic=int.from_bytes(img.header()["magic"].to_bytes(8, "little"), "big")
+        ),
+    ),
     ("magic + 1", lambda img: img.put_header(magic=img.header()["magic"] + 1)),
 )
 
@@ -296,6 +360,7 @@ def fam_header(img, base, rng, k, bases):
 
 
 # ----------------------------------------------------------------- crafted: commit
+
 
 def _prefix(img: StoreImage, k: int, fix_live: bool = True) -> list:
     if img.fixed:
@@ -314,21 +379,31 @@ def _set_data_size(img: StoreImage, size: int) -> None:
 COMMIT_VARIANTS = (
     ("record_count 0", lambda img, r: _prefix(img, 0)),
     ("record_count a prefix", lambda img, r: _prefix(img, r.randrange(1, img.count))),
-    ("record_count a prefix, live_bytes stale", lambda img, r: _prefix(img, r.randrange(1, img.count), False)),
+    (
+        "record_count a prefix, live_bytes stale",
+        lambda img, r: _prefix(img, r.randrange(1, img.count), False),
+    ),
     ("record_count + 1", lambda img, r: img.put_commit(record_count=img.count + 1)),
-    ("record_count 2^32", lambda img, r: img.put_commit(record_count=2 ** 32)),
-    ("record_count 2^59 + 1", lambda img, r: img.put_commit(record_count=2 ** 59 + 1)),
-    ("record_count 2^62 + 1", lambda img, r: img.put_commit(record_count=2 ** 62 + 1)),
+    ("record_count 2^32", lambda img, r: img.put_commit(record_count=2**32)),
+    ("record_count 2^59 + 1", lambda img, r: img.put_commit(record_count=2**59 + 1)),
+    ("record_count 2^62 + 1", lambda img, r: img.put_commit(record_count=2**62 + 1)),
     ("record_count 2^64-1", lambda img, r: img.put_commit(record_count=U64_MAX)),
     ("data_size 0", lambda img, r: _set_data_size(img, 0)),
     ("data_size - 1", lambda img, r: _set_data_size(img, img.commit()["data_size"] - 1)),
     ("data_size past the file", lambda img, r: _set_data_size(img, len(img.files["data"]) + 1)),
-    ("data_size 2^63", lambda img, r: _set_data_size(img, 2 ** 63)),
+    ("data_size 2^63", lambda img, r: _set_data_size(img, 2**63)),
     ("data_size 2^64-1", lambda img, r: _set_data_size(img, U64_MAX)),
-    ("live_bytes > data_size", lambda img, r: img.put_commit(live_bytes=img.commit()["data_size"] + 1)),
+    (
+        "live_bytes > data_size",
+        lambda img, r: img.put_commit(live_bytes=img.commit()["data_size"] + 1),
+    ),
     ("live_bytes 0", lambda img, r: img.put_commit(live_bytes=0)),
-    ("durable, generation, reserved at max", lambda img, r: img.put_commit(
-        durable_count=U64_MAX, generation=U64_MAX, _r0=U64_MAX, _r1=1)),
+    (
+        "durable, generation, reserved at max",
+        lambda img, r: img.put_commit(
+            durable_count=U64_MAX, generation=U64_MAX, _r0=U64_MAX, _r1=1
+        ),
+    ),
 )
 
 
@@ -342,6 +417,7 @@ def fam_commit(img, base, rng, k, bases):
 
 # ----------------------------------------------------------------- crafted: table entries
 
+
 def _loc_set(img, i, rng, **fields):
     loc = img.put_loc(i, **fields)
     return _payload_expect(img, loc)
@@ -350,7 +426,9 @@ def _loc_set(img, i, rng, **fields):
 def _wrap_total(img, i, rng):
     """aux_size + stored_size overflows u64 to a small total (0 to 5)."""
     aux = max(img.loc(i)["aux_size"], 1)
-    return _loc_set(img, i, rng, aux_size=aux, stored_size=(1 << 64) - aux + rng.choice((0, min(5, aux - 1))))
+    return _loc_set(
+        img, i, rng, aux_size=aux, stored_size=(1 << 64) - aux + rng.choice((0, min(5, aux - 1)))
+    )
 
 
 def _alias(img, i, rng):
@@ -362,30 +440,53 @@ def _alias(img, i, rng):
 
 ENTRY_VARIANTS = (
     ("offset = data_size", lambda img, i, r: _loc_set(img, i, r, offset=img.commit()["data_size"])),
-    ("offset = data_size - 1", lambda img, i, r: _loc_set(img, i, r, offset=img.commit()["data_size"] - 1)),
-    ("offset 2^63", lambda img, i, r: _loc_set(img, i, r, offset=2 ** 63)),
+    (
+        "offset = data_size - 1",
+        lambda img, i, r: _loc_set(img, i, r, offset=img.commit()["data_size"] - 1),
+    ),
+    ("offset 2^63", lambda img, i, r: _loc_set(img, i, r, offset=2**63)),
     ("offset 2^64-1", lambda img, i, r: _loc_set(img, i, r, offset=U64_MAX)),
-    ("offset so that the end wraps", lambda img, i, r: _loc_set(
-        img, i, r, offset=(1 << 64) - img.loc(i)["stored_size"] - img.loc(i)["aux_size"] + 3)),
-    ("offset random inside the data", lambda img, i, r: _loc_set(
-        img, i, r, offset=r.randrange(max(1, img.commit()["data_size"])))),
+    (
+        "offset so that the end wraps",
+        lambda img, i, r: _loc_set(
+            img,
+            i,
+            r,
+            offset=((1 << 64) - img.loc(i)["stored_size"] - img.loc(i)["aux_size"] + 3) & U64_MAX,
+        ),
+    ),
+    (
+        "offset random inside the data",
+        lambda img, i, r: _loc_set(
+            img, i, r, offset=r.randrange(max(1, img.commit()["data_size"]))
+        ),
+    ),
     ("stored_size 0", lambda img, i, r: _loc_set(img, i, r, stored_size=0)),
-    ("stored_size + 1", lambda img, i, r: _loc_set(img, i, r, stored_size=img.loc(i)["stored_size"] + 1)),
-    ("stored_size 2^63", lambda img, i, r: _loc_set(img, i, r, stored_size=2 ** 63)),
+    (
+        "stored_size + 1",
+        lambda img, i, r: _loc_set(img, i, r, stored_size=img.loc(i)["stored_size"] + 1),
+    ),
+    ("stored_size 2^63", lambda img, i, r: _loc_set(img, i, r, stored_size=2**63)),
     ("stored_size 2^64-1", lambda img, i, r: _loc_set(img, i, r, stored_size=U64_MAX)),
     ("aux_size + stored_size wraps", _wrap_total),
     ("raw_size 0", lambda img, i, r: _loc_set(img, i, r, raw_size=0)),
     ("raw_size + 1", lambda img, i, r: _loc_set(img, i, r, raw_size=img.loc(i)["raw_size"] + 1)),
-    ("raw_size 2^40", lambda img, i, r: _loc_set(img, i, r, raw_size=2 ** 40)),
+    ("raw_size 2^40", lambda img, i, r: _loc_set(img, i, r, raw_size=2**40)),
     ("raw_size 2^64-1", lambda img, i, r: _loc_set(img, i, r, raw_size=U64_MAX)),
-    ("raw and stored size 2^64-1", lambda img, i, r: _loc_set(img, i, r, raw_size=U64_MAX, stored_size=U64_MAX)),
+    (
+        "raw and stored size 2^64-1",
+        lambda img, i, r: _loc_set(img, i, r, raw_size=U64_MAX, stored_size=U64_MAX),
+    ),
     ("codec 0", lambda img, i, r: _loc_set(img, i, r, codec=0)),
     ("codec 1", lambda img, i, r: _loc_set(img, i, r, codec=1)),
     ("codec 2", lambda img, i, r: _loc_set(img, i, r, codec=2)),
     ("codec 3", lambda img, i, r: _loc_set(img, i, r, codec=3)),
     ("aux_size 65535", lambda img, i, r: _loc_set(img, i, r, aux_size=65535)),
     ("aux_size 8", lambda img, i, r: _loc_set(img, i, r, aux_size=8)),
-    ("checksum stale", lambda img, i, r: img.put_loc(i, checksum=img.loc(i)["checksum"] ^ 0x10) and ("orig", i)),
+    (
+        "checksum stale",
+        lambda img, i, r: img.put_loc(i, checksum=img.loc(i)["checksum"] ^ 0x10) and ("orig", i),
+    ),
     ("alias of another entry", _alias),
 )
 
@@ -393,14 +494,17 @@ ENTRY_VARIANTS = (
 def _fixed_alias(img, i, rng):
     j = rng.choice([x for x in range(img.count) if x != i])
     f = img.fixed
-    img.files["data"][i * f:(i + 1) * f] = img.fixed_record(j)
+    img.files["data"][i * f : (i + 1) * f] = img.fixed_record(j)
     img.put_sum(i, img.sum(j))
     return ("orig", j)
 
 
 FIXED_VARIANTS = (
     ("checksum stale", lambda img, i, r: img.put_sum(i, img.sum(i) ^ 1) or ("orig", i)),
-    ("checksum of another record", lambda img, i, r: img.put_sum(i, img.sum((i + 1) % img.count)) or ("orig", i)),
+    (
+        "checksum of another record",
+        lambda img, i, r: img.put_sum(i, img.sum((i + 1) % img.count)) or ("orig", i),
+    ),
     ("record bytes of another record, checksum resealed", _fixed_alias),
     ("record bytes zeroed, checksum resealed", lambda img, i, r: _fixed_zero(img, i)),
 )
@@ -408,7 +512,7 @@ FIXED_VARIANTS = (
 
 def _fixed_zero(img, i):
     f = img.fixed
-    img.files["data"][i * f:(i + 1) * f] = bytes(f)
+    img.files["data"][i * f : (i + 1) * f] = bytes(f)
     img.put_sum(i, record_checksum(b"", bytes(f)))
     return bytes(f)
 
@@ -426,12 +530,15 @@ def fam_entry(img, base, rng, k, bases):
 
 # ----------------------------------------------------------------- crafted: zstd frames
 
+
 def _point_at(img: StoreImage, i: int, payload: bytes, raw_size: int, codec: int = 1) -> None:
     """Appends record i's aux bytes and `payload` to the data and points entry i there."""
     loc = img.loc(i)
-    aux = bytes(img.files["data"][loc["offset"]:loc["offset"] + loc["aux_size"]])
+    aux = bytes(img.files["data"][loc["offset"] : loc["offset"] + loc["aux_size"]])
     at = img.append_data(aux + payload, live=False)
-    img.put_loc(i, offset=at, aux_size=len(aux), stored_size=len(payload), raw_size=raw_size, codec=codec)
+    img.put_loc(
+        i, offset=at, aux_size=len(aux), stored_size=len(payload), raw_size=raw_size, codec=codec
+    )
     _reseal_live(img)
 
 
@@ -455,35 +562,87 @@ SKIPPABLE = (0x184D2A50).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"a
 # expectation "orig" means the record's own content.
 FRAME_VARIANTS = (
     ("valid raw-block frame", lambda p, r: (raw_frame(p), len(p), 1, "orig")),
-    ("valid frame without checksum", lambda p, r: (raw_frame(p, checksum=False), len(p), 1, "orig")),
-    ("valid frame of other bytes", lambda p, r: (raw_frame(_other_bytes(p, r)), len(p), 1, _other_bytes(p, r))),
+    (
+        "valid frame without checksum",
+        lambda p, r: (raw_frame(p, checksum=False), len(p), 1, "orig"),
+    ),
+    (
+        "valid frame of other bytes",
+        lambda p, r: (raw_frame(_other_bytes(p, r)), len(p), 1, _other_bytes(p, r)),
+    ),
     ("RLE frame of 1 MiB", lambda p, r: (_rle(1 << 20, 1 << 20), 1 << 20, 1, b"\x07" * (1 << 20))),
     ("frame claims 2^40 bytes", lambda p, r: (_rle(128 << 10, 1 << 40), 1 << 40, 1, None)),
-    ("frame claims 2^40 bytes, table says the true size", lambda p, r: (_rle(128 << 10, 1 << 40), len(p), 1, None)),
+    (
+        "frame claims 2^40 bytes, table says the true size",
+        lambda p, r: (_rle(128 << 10, 1 << 40), len(p), 1, None),
+    ),
     ("frame claims 2^33 bytes", lambda p, r: (_rle(128 << 10, 1 << 33), 1 << 33, 1, None)),
-    ("content size unknown, raw_size 2^64-1", lambda p, r: (
-        frame([block("raw", p, last=True)], None), U64_MAX, 1, None)),
-    ("content size unknown, raw_size true", lambda p, r: (
-        frame([block("raw", p, last=True)], None), len(p), 1, "orig")),
+    (
+        "content size unknown, raw_size 2^64-1",
+        lambda p, r: (frame([block("raw", p, last=True)], None), U64_MAX, 1, None),
+    ),
+    (
+        "content size unknown, raw_size true",
+        lambda p, r: (frame([block("raw", p, last=True)], None), len(p), 1, "orig"),
+    ),
     ("garbage, raw_size 2^64-2", lambda p, r: (r.randbytes(len(p) + 8), U64_MAX - 1, 1, None)),
     ("content size field 2^64-1", lambda p, r: (_rle(16, U64_MAX), U64_MAX, 1, None)),
-    ("wrong content checksum", lambda p, r: (
-        frame([block("raw", p, last=True)], len(p), checksum_of=p + b"!"), len(p), 1, "orig")),
-    ("window too large", lambda p, r: (
-        frame([block("raw", p, last=True)], len(p), single_segment=False, window_descriptor=0xF8), len(p), 1, None)),
-    ("reserved block type", lambda p, r: (frame([block("reserved", b"x", last=True)], len(p)), len(p), 1, None)),
-    ("compressed block of noise", lambda p, r: (
-        frame([block("compressed", r.randbytes(40), last=True)], len(p)), len(p), 1, None)),
-    ("frame names a dictionary id", lambda p, r: (raw_frame(p, dict_id=r.randrange(1, 2 ** 31)), len(p), 1, None)),
+    (
+        "wrong content checksum",
+        lambda p, r: (
+            frame([block("raw", p, last=True)], len(p), checksum_of=p + b"!"),
+            len(p),
+            1,
+            "orig",
+        ),
+    ),
+    (
+        "window too large",
+        lambda p, r: (
+            frame(
+                [block("raw", p, last=True)], len(p), single_segment=False, window_descriptor=0xF8
+            ),
+            len(p),
+            1,
+            None,
+        ),
+    ),
+    (
+        "reserved block type",
+        lambda p, r: (frame([block("reserved", b"x", last=True)], len(p)), len(p), 1, None),
+    ),
+    (
+        "compressed block of noise",
+        lambda p, r: (
+            frame([block("compressed", r.randbytes(40), last=True)], len(p)),
+            len(p),
+            1,
+            None,
+        ),
+    ),
+    (
+        "frame names a dictionary id",
+        lambda p, r: (raw_frame(p, dict_id=r.randrange(1, 2**31)), len(p), 1, None),
+    ),
     ("skippable frame, raw_size 0", lambda p, r: (SKIPPABLE, 0, 1, b"")),
     ("truncated frame", lambda p, r: (raw_frame(p)[:-3], len(p), 1, None)),
-    ("two frames, the second empty", lambda p, r: (raw_frame(p) + raw_frame(b""), len(p), 1, "orig")),
-    ("two frames, the second not empty", lambda p, r: (raw_frame(p) + raw_frame(b"zz"), len(p), 1, "orig")),
+    (
+        "two frames, the second empty",
+        lambda p, r: (raw_frame(p) + raw_frame(b""), len(p), 1, "orig"),
+    ),
+    (
+        "two frames, the second not empty",
+        lambda p, r: (raw_frame(p) + raw_frame(b"zz"), len(p), 1, "orig"),
+    ),
     ("zstd_dict frame in any store", lambda p, r: (raw_frame(p), len(p), 2, "orig")),
-    ("RLE block larger than the content size", lambda p, r: (
-        frame([block("rle", b"\x01", size=100, last=True)], 10), 10, 1, None)),
-    ("raw block longer than the payload", lambda p, r: (
-        frame([block("raw", b"x" * 10, size=1000, last=True)], 1000), 1000, 1, None)),
+    (
+        "RLE block larger than the content size",
+        lambda p, r: (frame([block("rle", b"\x01", size=100, last=True)], 10), 10, 1, None),
+    ),
+    (
+        "raw block longer than the payload",
+        lambda p, r: (frame([block("raw", b"x" * 10, size=1000, last=True)], 1000), 1000, 1, None),
+    ),
 )
 
 
@@ -493,8 +652,15 @@ def _frame_past_eof(img, i, rng):
     loc = img.loc(i)
     payload = frame([block("raw", b"", size=128 << 10, last=True)], 1 << 20)
     at = img.append_data(b"\0" + payload, live=False)
-    img.put_loc(i, offset=at, aux_size=1, stored_size=U64_MAX, raw_size=1 << 20, codec=1,
-                checksum=loc["checksum"])
+    img.put_loc(
+        i,
+        offset=at,
+        aux_size=1,
+        stored_size=U64_MAX,
+        raw_size=1 << 20,
+        codec=1,
+        checksum=loc["checksum"],
+    )
     return None
 
 
@@ -515,6 +681,7 @@ def fam_frame(img, base, rng, k, bases):
 
 
 # ----------------------------------------------------------------- crafted: identity
+
 
 def _dense(descr, shape, name="hostile"):
     return {"kind": "dense", "v": 1, "dtype": {"descr": descr, "name": name}, "item_shape": shape}
@@ -538,15 +705,21 @@ P = msgpack.packb
 # (name, fn(R) -> identity bytes), R = the byte size of a record of the base.
 IDENTITY_VARIANTS = (
     ("dense |O", lambda R: P(_dense("|O", [R // 8], "object"))),
-    ("dense struct with an object field", lambda R: P(_dense([["o", "|O"], ["pad", f"|V{R - 8}"]], []))),
+    (
+        "dense struct with an object field",
+        lambda R: P(_dense([["o", "|O"], ["pad", f"|V{R - 8}"]], [])),
+    ),
     ("dense object subarray field", lambda R: P(_dense([["o", "|O", [R // 8]]], []))),
-    ("dense nested struct with an object field", lambda R: P(_dense([["s", [["o", "|O"]]], ["p", f"|V{R - 8}"]], []))),
+    (
+        "dense nested struct with an object field",
+        lambda R: P(_dense([["s", [["o", "|O"]]], ["p", f"|V{R - 8}"]], [])),
+    ),
     ("ragged |O", lambda R: P(_ragged("|O"))),
     ("ragged struct with an object field", lambda R: P(_ragged([["o", "|O"]]))),
     ("dense item_shape [-R]", lambda R: P(_dense("|u1", [-R]))),
     ("dense item_shape [-1, -R]", lambda R: P(_dense("|u1", [-1, -R]))),
-    ("dense item_shape [2^40]", lambda R: P(_dense("|u1", [2 ** 40]))),
-    ("dense item_shape [2^62, 2^62]", lambda R: P(_dense("|u1", [2 ** 62, 2 ** 62]))),
+    ("dense item_shape [2^40]", lambda R: P(_dense("|u1", [2**40]))),
+    ("dense item_shape [2^62, 2^62]", lambda R: P(_dense("|u1", [2**62, 2**62]))),
     ("dense item_shape [2^64-1]", lambda R: P(_dense("|u1", [U64_MAX]))),
     ("dense item_shape [0, 2^64-1]", lambda R: P(_dense("|u1", [0, U64_MAX]))),
     ("dense item_shape [R, 0]", lambda R: P(_dense("|u1", [R, 0]))),
@@ -566,7 +739,7 @@ IDENTITY_VARIANTS = (
     ("descr [['a']]", lambda R: P(_dense([["a"]], [R]))),
     ("descr {'a': 1}", lambda R: P(_dense({"a": 1}, [R]))),
     ("descr nested 480 deep", lambda R: _deep_descr(480)),
-    ("descr subarray [2^40]", lambda R: P(_dense([["a", "<i4", [2 ** 40]]], []))),
+    ("descr subarray [2^40]", lambda R: P(_dense([["a", "<i4", [2**40]]], []))),
     ("descr subarray [-1]", lambda R: P(_dense([["a", "<i4", [-1]]], []))),
     ("descr field name 5", lambda R: P(_dense([[5, "<i4"]], []))),
     ("descr duplicate field names", lambda R: P(_dense([["a", "<i4"], ["a", "<i4"]], []))),
@@ -595,7 +768,10 @@ IDENTITY_VARIANTS = (
     ("identity truncated", lambda R: P(_dense("<i4", [R // 4]))[:-3]),
     ("identity with trailing bytes", lambda R: P({"kind": "bytes"}) + b"\x01"),
     ("identity nested 2000 deep", lambda R: b"\x91" * 2000 + b"\xc0"),
-    ("identity claims 2^32-1 map entries", lambda R: b"\xdf\xff\xff\xff\xff" + P("kind") + P("bytes")),
+    (
+        "identity claims 2^32-1 map entries",
+        lambda R: b"\xdf\xff\xff\xff\xff" + P("kind") + P("bytes"),
+    ),
     ("identity with invalid UTF-8", lambda R: b"\x81\xa4kind\xa5\xff\xfe\xfd\xfc\xfb"),
     ("identity version 999", lambda R: P({"kind": "bytes", "v": 999})),
 )
@@ -616,6 +792,7 @@ def fam_identity(img, base, rng, k, bases):
 
 # ----------------------------------------------------------------- crafted: ragged shapes
 
+
 def _words(*w: int) -> bytes:
     return struct.pack(f"<{len(w)}Q", *w)
 
@@ -625,9 +802,9 @@ def _words(*w: int) -> bytes:
 SHAPE_VARIANTS = (
     ("shape (0, 2^64-1)", lambda s: (_words(2, 0, U64_MAX), b"", None)),
     ("shape (2^64-1, 0)", lambda s: (_words(2, U64_MAX, 0), b"", None)),
-    ("shape (0, 2^63, 2^63)", lambda s: (_words(3, 0, 2 ** 63, 2 ** 63), b"", None)),
-    ("shape (2^32, 2^32)", lambda s: (_words(2, 2 ** 32, 2 ** 32), b"", None)),
-    ("shape (2^63, 2)", lambda s: (_words(2, 2 ** 63, 2), b"", None)),
+    ("shape (0, 2^63, 2^63)", lambda s: (_words(3, 0, 2**63, 2**63), b"", None)),
+    ("shape (2^32, 2^32)", lambda s: (_words(2, 2**32, 2**32), b"", None)),
+    ("shape (2^63, 2)", lambda s: (_words(2, 2**63, 2), b"", None)),
     ("shape (0, 5)", lambda s: (_words(2, 0, 5), b"", "payload")),
     ("shape (5,) spelled out", lambda s: (_words(1, 5), b"\x01" * 5 * s, "payload")),
     ("shape ()", lambda s: (_words(0), b"\x02" * s, "payload")),
@@ -638,7 +815,7 @@ SHAPE_VARIANTS = (
     ("32 dimensions", lambda s: (_words(32, *[1] * 32), b"\x05" * s, "payload")),
     ("33 dimensions", lambda s: (_words(33, *[1] * 33), b"\x05" * s, None)),
     ("aux of 65535 bytes", lambda s: (b"\x01" * 65535, b"", None)),
-    ("shape (1, 2^61), no bytes", lambda s: (_words(2, 1, 2 ** 61), b"", None)),
+    ("shape (1, 2^61), no bytes", lambda s: (_words(2, 1, 2**61), b"", None)),
 )
 
 
@@ -649,7 +826,9 @@ def fam_shape(img, base, rng, k, bases):
     item = np.dtype(base.records[0][0]).itemsize
     aux, payload, want = fn(item)
     at = img.append_data(aux + payload, live=False)
-    img.put_loc(i, offset=at, aux_size=len(aux), stored_size=len(payload), raw_size=len(payload), codec=0)
+    img.put_loc(
+        i, offset=at, aux_size=len(aux), stored_size=len(payload), raw_size=len(payload), codec=0
+    )
     _reseal_live(img)
     states = _orig(base)
     states[0][i] = payload if want == "payload" else want
@@ -658,12 +837,20 @@ def fam_shape(img, base, rng, k, bases):
 
 # ----------------------------------------------------------------- crafted: delete journals
 
+
 def _journal_loc(img: StoreImage, j: int) -> dict:
     if not img.fixed:
         return img.loc(j)
     f = img.fixed
-    return {"offset": j * f, "stored_size": f, "raw_size": f, "checksum": img.sum(j),
-            "codec": 0, "_reserved": 0, "aux_size": 0}
+    return {
+        "offset": j * f,
+        "stored_size": f,
+        "raw_size": f,
+        "checksum": img.sum(j),
+        "codec": 0,
+        "_reserved": 0,
+        "aux_size": 0,
+    }
 
 
 def _delete_plan(img: StoreImage, rng: random.Random, k: int):
@@ -735,7 +922,9 @@ def _journal_hostile(img, rng, variant, entries, c, after, pre):
     orig = list(range(n))
     if variant in ("entry past the data", "entry offset near 2^64"):
         hole, loc = entries[0]
-        far = img.commit()["data_size"] + 1000 if variant == "entry past the data" else (1 << 64) - 8
+        far = (
+            img.commit()["data_size"] + 1000 if variant == "entry past the data" else (1 << 64) - 8
+        )
         entries[0] = (hole, dict(loc, offset=far))
         after = list(after)
         after[hole] = None
@@ -757,18 +946,32 @@ def _journal_hostile(img, rng, variant, entries, c, after, pre):
     if variant == "entry_count 2^24":
         img.put_journal(entries, c, entry_count=1 << 24)
         return [orig]
-    bad = {"commit claims more records": dict(c, record_count=n + 5),
-           "commit live_bytes > data_size": dict(c, live_bytes=c["data_size"] + 1),
-           "commit data_size past the file": dict(c, data_size=len(img.files["data"]) + 7)}[variant]
+    bad = {
+        "commit claims more records": dict(c, record_count=n + 5),
+        "commit live_bytes > data_size": dict(c, live_bytes=c["data_size"] + 1),
+        "commit data_size past the file": dict(c, data_size=len(img.files["data"]) + 7),
+    }[variant]
     img.put_journal(entries, bad)
     return [orig]
 
 
 JOURNAL_VARIANTS = (
-    "valid", "valid, deletes every record", "entries checksum stale", "header checksum stale",
-    "header cut to 50 bytes", "empty", "noise", "entry past the data", "entry offset near 2^64",
-    "index wraps", "index 2^40", "index just past the count", "entry_count 2^40 - 1",
-    "entry_count 2^24", "commit claims more records", "commit live_bytes > data_size",
+    "valid",
+    "valid, deletes every record",
+    "entries checksum stale",
+    "header checksum stale",
+    "header cut to 50 bytes",
+    "empty",
+    "noise",
+    "entry past the data",
+    "entry offset near 2^64",
+    "index wraps",
+    "index 2^40",
+    "index just past the count",
+    "entry_count 2^40 - 1",
+    "entry_count 2^24",
+    "commit claims more records",
+    "commit live_bytes > data_size",
     "commit data_size past the file",
 )
 
@@ -780,6 +983,7 @@ def fam_journal(img, base, rng, k, bases):
 
 
 # ----------------------------------------------------------------- crafted: dictionaries
+
 
 def _dict_variant(d: bytes, name: str, rng: random.Random) -> bytes:
     if name == "noise of the same size":
@@ -793,7 +997,7 @@ def _dict_variant(d: bytes, name: str, rng: random.Random) -> bytes:
     if name == "entropy tables damaged":
         return d[:8] + bytes(b ^ 0xFF for b in d[8:40]) + d[40:]
     if name == "cut in half":
-        return d[:len(d) // 2]
+        return d[: len(d) // 2]
     if name == "first 8 bytes":
         return d[:8]
     if name == "empty":
@@ -801,8 +1005,17 @@ def _dict_variant(d: bytes, name: str, rng: random.Random) -> bytes:
     return d[:8] + bytes(60000)  # "64 KiB of zeros after the header"
 
 
-DICT_VARIANTS = ("noise of the same size", "magic then noise", "dictionary id changed", "content tail changed",
-                 "entropy tables damaged", "cut in half", "first 8 bytes", "empty", "zeros after the header")
+DICT_VARIANTS = (
+    "noise of the same size",
+    "magic then noise",
+    "dictionary id changed",
+    "content tail changed",
+    "entropy tables damaged",
+    "cut in half",
+    "first 8 bytes",
+    "empty",
+    "zeros after the header",
+)
 
 
 def fam_dict(img, base, rng, k, bases):
@@ -820,19 +1033,38 @@ def fam_dict(img, base, rng, k, bases):
 
 GENERAL = ("dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict")
 SCHEDULE = (
-    (fam_flip, BASE_NAMES), (fam_overwrite, BASE_NAMES), (fam_truncate, BASE_NAMES),
-    (fam_flip_sealed, BASE_NAMES), (fam_flip, BASE_NAMES), (fam_header, BASE_NAMES),
-    (fam_commit, BASE_NAMES), (fam_entry, BASE_NAMES), (fam_entry, GENERAL), (fam_frame, GENERAL),
-    (fam_identity, BASE_NAMES), (fam_identity, BASE_NAMES), (fam_journal, BASE_NAMES),
-    (fam_journal, BASE_NAMES), (fam_shape, ("ragged_1d", "ragged_nd")), (fam_dict, BASE_NAMES),
-    (fam_flip_sealed, BASE_NAMES), (fam_overwrite, BASE_NAMES),
+    (fam_flip, BASE_NAMES),
+    (fam_overwrite, BASE_NAMES),
+    (fam_truncate, BASE_NAMES),
+    (fam_flip_sealed, BASE_NAMES),
+    (fam_flip, BASE_NAMES),
+    (fam_header, BASE_NAMES),
+    (fam_commit, BASE_NAMES),
+    (fam_entry, BASE_NAMES),
+    (fam_entry, GENERAL),
+    (fam_frame, GENERAL),
+    (fam_identity, BASE_NAMES),
+    (fam_identity, BASE_NAMES),
+    (fam_journal, BASE_NAMES),
+    (fam_journal, BASE_NAMES),
+    (fam_shape, ("ragged_1d", "ragged_nd")),
+    (fam_dict, BASE_NAMES),
+    (fam_flip_sealed, BASE_NAMES),
+    (fam_overwrite, BASE_NAMES),
 )
 
 
 VARIANT_COUNTS = {
-    fam_truncate: 4, fam_flip_sealed: 5, fam_header: len(HEADER_VARIANTS), fam_commit: len(COMMIT_VARIANTS),
-    fam_entry: len(ENTRY_VARIANTS), fam_frame: len(FRAME_VARIANTS) + 1, fam_identity: len(IDENTITY_VARIANTS),
-    fam_shape: len(SHAPE_VARIANTS), fam_journal: len(JOURNAL_VARIANTS), fam_dict: len(DICT_VARIANTS),
+    fam_truncate: 4,
+    fam_flip_sealed: 5,
+    fam_header: len(HEADER_VARIANTS),
+    fam_commit: len(COMMIT_VARIANTS),
+    fam_entry: len(ENTRY_VARIANTS),
+    fam_frame: len(FRAME_VARIANTS) + 1,
+    fam_identity: len(IDENTITY_VARIANTS),
+    fam_shape: len(SHAPE_VARIANTS),
+    fam_journal: len(JOURNAL_VARIANTS),
+    fam_dict: len(DICT_VARIANTS),
 }
 
 

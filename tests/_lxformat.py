@@ -7,13 +7,19 @@ journal) and writes them back. The zstd frame builders write frames by hand
 from the zstd format description (RFC 8878): raw and RLE blocks, any frame
 content size, optional content checksum (low 32 bits of XXH64, seed 0).
 """
+
 from __future__ import annotations
 
 import os
 import struct
 
 from _xxhash import (
-    SEED_BLOB, SEED_COMMIT, SEED_HEADER, SEED_JOURNAL, record_checksum, xxh64,
+    SEED_BLOB,
+    SEED_COMMIT,
+    SEED_HEADER,
+    SEED_JOURNAL,
+    record_checksum,
+    xxh64,
 )
 
 PAGE = 4096
@@ -24,12 +30,36 @@ JOURNAL_MAGIC = 0x4C584A524E4C0001
 U64_MAX = (1 << 64) - 1
 
 HEADER = struct.Struct("<QIIB3siQQQQQ5QQ")
-HEADER_FIELDS = ("magic", "format_version", "header_size", "codec", "_reserved0", "level", "flags",
-                 "dict_size", "user_size", "blob_checksum", "fixed_size",
-                 "_r0", "_r1", "_r2", "_r3", "_r4", "checksum")
+HEADER_FIELDS = (
+    "magic",
+    "format_version",
+    "header_size",
+    "codec",
+    "_reserved0",
+    "level",
+    "flags",
+    "dict_size",
+    "user_size",
+    "blob_checksum",
+    "fixed_size",
+    "_r0",
+    "_r1",
+    "_r2",
+    "_r3",
+    "_r4",
+    "checksum",
+)
 COMMIT = struct.Struct("<8Q")
-COMMIT_FIELDS = ("record_count", "data_size", "live_bytes", "durable_count", "generation",
-                 "_r0", "_r1", "checksum")
+COMMIT_FIELDS = (
+    "record_count",
+    "data_size",
+    "live_bytes",
+    "durable_count",
+    "generation",
+    "_r0",
+    "_r1",
+    "checksum",
+)
 LOC = struct.Struct("<QQQIBBH")
 LOC_FIELDS = ("offset", "stored_size", "raw_size", "checksum", "codec", "_reserved", "aux_size")
 JOURNAL_HEADER = struct.Struct("<QQ64sQQ")
@@ -98,7 +128,7 @@ class StoreImage:
     def put_header(self, seal: bool = True, **fields) -> None:
         h = self.header()
         h.update(fields)
-        self.files["meta"][0:HEADER.size] = pack_header(h, seal)
+        self.files["meta"][0 : HEADER.size] = pack_header(h, seal)
 
     def commit(self) -> dict:
         return dict(zip(COMMIT_FIELDS, COMMIT.unpack_from(self.files["meta"], COMMIT_OFFSET)))
@@ -106,7 +136,7 @@ class StoreImage:
     def put_commit(self, seal: bool = True, **fields) -> None:
         c = self.commit()
         c.update(fields)
-        self.files["meta"][COMMIT_OFFSET:COMMIT_OFFSET + COMMIT.size] = pack_commit(c, seal)
+        self.files["meta"][COMMIT_OFFSET : COMMIT_OFFSET + COMMIT.size] = pack_commit(c, seal)
 
     @property
     def count(self) -> int:
@@ -118,15 +148,16 @@ class StoreImage:
 
     def dict_bytes(self) -> bytes:
         h = self.header()
-        return bytes(self.files["meta"][BLOB_OFFSET:BLOB_OFFSET + h["dict_size"]])
+        return bytes(self.files["meta"][BLOB_OFFSET : BLOB_OFFSET + h["dict_size"]])
 
     def user_bytes(self) -> bytes:
         h = self.header()
         at = BLOB_OFFSET + h["dict_size"]
-        return bytes(self.files["meta"][at:at + h["user_size"]])
+        return bytes(self.files["meta"][at : at + h["user_size"]])
 
-    def put_blobs(self, dict_bytes: bytes | None = None, user: bytes | None = None,
-                  seal: bool = True) -> None:
+    def put_blobs(
+        self, dict_bytes: bytes | None = None, user: bytes | None = None, seal: bool = True
+    ) -> None:
         """Replaces the dictionary and/or the identity blob (sizes, blob checksum)."""
         d = self.dict_bytes() if dict_bytes is None else bytes(dict_bytes)
         u = self.user_bytes() if user is None else bytes(user)
@@ -140,7 +171,7 @@ class StoreImage:
 
     # -- records
     def loc(self, i: int) -> dict:
-        return unpack_loc(self.files["index"][i * LOC.size:(i + 1) * LOC.size])
+        return unpack_loc(self.files["index"][i * LOC.size : (i + 1) * LOC.size])
 
     def record_parts(self, loc: dict) -> tuple[bytes, bytes] | None:
         """(aux, stored) bytes a table entry names, or None when outside the data file."""
@@ -149,12 +180,16 @@ class StoreImage:
         end = start + aux + loc["stored_size"]
         if end > len(data):
             return None
-        return bytes(data[start:start + aux]), bytes(data[start + aux:end])
+        return bytes(data[start : start + aux]), bytes(data[start + aux : end])
 
     def put_loc(self, i: int, seal: bool = True, **fields) -> dict:
         """Rewrites entry i; with `seal`, its checksum is recomputed over the
         bytes it now names (when they lie inside the data file)."""
-        loc = self.loc(i) if (i + 1) * LOC.size <= len(self.files["index"]) else dict.fromkeys(LOC_FIELDS, 0)
+        loc = (
+            self.loc(i)
+            if (i + 1) * LOC.size <= len(self.files["index"])
+            else dict.fromkeys(LOC_FIELDS, 0)
+        )
         loc.update(fields)
         if seal and "checksum" not in fields:
             parts = self.record_parts(loc)
@@ -163,7 +198,7 @@ class StoreImage:
         index = self.files["index"]
         if len(index) < (i + 1) * LOC.size:
             index.extend(bytes((i + 1) * LOC.size - len(index)))
-        index[i * LOC.size:(i + 1) * LOC.size] = pack_loc(loc)
+        index[i * LOC.size : (i + 1) * LOC.size] = pack_loc(loc)
         return loc
 
     def sum(self, i: int) -> int:
@@ -174,7 +209,7 @@ class StoreImage:
 
     def fixed_record(self, i: int) -> bytes:
         f = self.fixed
-        return bytes(self.files["data"][i * f:(i + 1) * f])
+        return bytes(self.files["data"][i * f : (i + 1) * f])
 
     def append_data(self, payload: bytes, live: bool = True) -> int:
         """Appends bytes to the data file and the commit's data_size (and live_bytes)."""
@@ -183,8 +218,9 @@ class StoreImage:
         data = self.files["data"]
         del data[at:]
         data.extend(payload)
-        self.put_commit(data_size=at + len(payload),
-                        live_bytes=c["live_bytes"] + (len(payload) if live else 0))
+        self.put_commit(
+            data_size=at + len(payload), live_bytes=c["live_bytes"] + (len(payload) if live else 0)
+        )
         return at
 
     def live_total(self) -> int:
@@ -195,16 +231,24 @@ class StoreImage:
         return sum(self.loc(i)["aux_size"] + self.loc(i)["stored_size"] for i in range(n))
 
     # -- the delete journal
-    def put_journal(self, entries: list[tuple[int, dict]], commit: dict, *,
-                    entries_checksum: int | None = None, seal: bool = True,
-                    entry_count: int | None = None) -> None:
+    def put_journal(
+        self,
+        entries: list[tuple[int, dict]],
+        commit: dict,
+        *,
+        entries_checksum: int | None = None,
+        seal: bool = True,
+        entry_count: int | None = None,
+    ) -> None:
         body = b"".join(JOURNAL_ENTRY.pack(index, pack_loc(loc)) for index, loc in entries)
         if entries_checksum is None:
             entries_checksum = xxh64(body, 0)
         count = len(entries) if entry_count is None else entry_count
         head = JOURNAL_HEADER.pack(JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, 0)
         checksum = xxh64(head[:88], SEED_JOURNAL) if seal else 0
-        head = JOURNAL_HEADER.pack(JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, checksum)
+        head = JOURNAL_HEADER.pack(
+            JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, checksum
+        )
         self.files["journal"] = bytearray(head + body)
 
     def single_record(self, i: int) -> "StoreImage":
@@ -216,8 +260,8 @@ class StoreImage:
         c = self.commit()
         if self.fixed:
             f = self.fixed
-            out.files["data"] = bytearray(self.files["data"][i * f:(i + 1) * f])
-            out.files["index"] = bytearray(self.files["index"][4 * i:4 * i + 4])
+            out.files["data"] = bytearray(self.files["data"][i * f : (i + 1) * f])
+            out.files["index"] = bytearray(self.files["index"][4 * i : 4 * i + 4])
             out.put_commit(record_count=1, data_size=f, live_bytes=f, durable_count=1)
             return out
         loc = self.loc(i)
@@ -244,8 +288,15 @@ def block(kind: str, payload: bytes = b"", size: int | None = None, last: bool =
     return head.to_bytes(3, "little") + payload
 
 
-def frame(blocks: list[bytes], content_size: int | None, *, checksum_of: bytes | None = None,
-          single_segment: bool = True, window_descriptor: int = 0, dict_id: int | None = None) -> bytes:
+def frame(
+    blocks: list[bytes],
+    content_size: int | None,
+    *,
+    checksum_of: bytes | None = None,
+    single_segment: bool = True,
+    window_descriptor: int = 0,
+    dict_id: int | None = None,
+) -> bytes:
     """A zstd frame from hand-made blocks. `content_size` None leaves the
     size unknown (then the frame cannot be single-segment); `checksum_of`
     appends the content checksum of those bytes."""
@@ -263,7 +314,12 @@ def frame(blocks: list[bytes], content_size: int | None, *, checksum_of: bytes |
     did_flag, did = 0, b""
     if dict_id is not None:
         did_flag, did = 3, dict_id.to_bytes(4, "little")
-    descriptor = (fcs_flag << 6) | (int(single_segment) << 5) | (int(checksum_of is not None) << 2) | did_flag
+    descriptor = (
+        (fcs_flag << 6)
+        | (int(single_segment) << 5)
+        | (int(checksum_of is not None) << 2)
+        | did_flag
+    )
     out = ZSTD_MAGIC.to_bytes(4, "little") + bytes([descriptor])
     if not single_segment:
         out += bytes([window_descriptor])
@@ -275,6 +331,6 @@ def frame(blocks: list[bytes], content_size: int | None, *, checksum_of: bytes |
 
 def raw_frame(content: bytes, checksum: bool = True, **kw) -> bytes:
     """A valid frame holding `content` in raw blocks."""
-    chunks = [content[i:i + BLOCK_MAX] for i in range(0, len(content), BLOCK_MAX)] or [b""]
+    chunks = [content[i : i + BLOCK_MAX] for i in range(0, len(content), BLOCK_MAX)] or [b""]
     blocks = [block("raw", c, last=(k == len(chunks) - 1)) for k, c in enumerate(chunks)]
     return frame(blocks, len(content), checksum_of=content if checksum else None, **kw)

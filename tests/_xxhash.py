@@ -7,6 +7,7 @@ four-lane accumulate/merge/avalanche, XXH3's 0-240 byte paths over its default
 Only what the store format needs is here: XXH3 inputs longer than 240 bytes
 never reach it (`record_checksum` switches to XXH64 there, as the engine does).
 """
+
 from __future__ import annotations
 
 import struct
@@ -29,7 +30,8 @@ SECRET = bytes.fromhex(
     "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
     "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
     "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
-    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
+)
 
 # Seeds the format uses (src/format.zig, src/Store.zig).
 SEED_HEADER = 0x4C58
@@ -53,6 +55,7 @@ def _u32(b: bytes, at: int) -> int:
 
 # ----------------------------------------------------------------- XXH64
 
+
 def _lane(acc: int, lane: int) -> int:
     acc = (acc + lane * P64_2) & MASK
     return (_rotl(acc, 31) * P64_1) & MASK
@@ -75,7 +78,12 @@ def xxh64(data: bytes, seed: int = 0) -> int:
     n = len(data)
     at = 0
     if n >= 32:
-        v = [(seed + P64_1 + P64_2) & MASK, (seed + P64_2) & MASK, seed & MASK, (seed - P64_1) & MASK]
+        v = [
+            (seed + P64_1 + P64_2) & MASK,
+            (seed + P64_2) & MASK,
+            seed & MASK,
+            (seed - P64_1) & MASK,
+        ]
         stripes = n // 32
         words = struct.unpack_from(f"<{4 * stripes}Q", data, 0)
         for s in range(stripes):
@@ -104,6 +112,7 @@ def xxh64(data: bytes, seed: int = 0) -> int:
 
 
 # ----------------------------------------------------------------- XXH3 (<= 240 bytes)
+
 
 def _avalanche3(h: int) -> int:
     h = ((h ^ (h >> 37)) * 0x165667919E3779F9) & MASK

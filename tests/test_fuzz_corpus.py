@@ -25,6 +25,9 @@ Invariants, per case:
   IndexError/TypeError/ValueError raised by a `raise` statement in loaderx's
   own code. A numpy, msgpack, Unicode, recursion, memory, runtime or system
   error escaping the library fails the case;
+* nothing leaks: once every handle of a case is closed (or failed to open),
+  the worker holds no more file descriptors than before the case (a leaked
+  descriptor of the `lock` file also keeps the writer lock held);
 * no wrong count: a store that opens holds as many records as an allowed
   state of the case (the base's records; for a delete journal, before or after
   the delete);
@@ -41,8 +44,11 @@ Invariants, per case:
 
 These tests fail on the engine of issue 11's filing: object-dtype identities
 that open and then crash the gather, numpy errors from hostile shapes and
-sizes, and journal entries whose index wraps around onto a live record.
+sizes, table entries whose aux_size + stored_size overflows (SIGBUS), journal
+entries whose index wraps around onto a live record, and failed opens that
+keep the writer lock's descriptor.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,9 +60,14 @@ import pytest
 
 import _fuzz
 import _fuzz_cases
-from _lxformat import LOC, StoreImage, block, frame, raw_frame
+from _lxformat import StoreImage, block, frame, raw_frame
 from _xxhash import (
-    SEED_BLOB, SEED_COMMIT, SEED_HEADER, record_checksum, xxh3_64, xxh64,
+    SEED_BLOB,
+    SEED_COMMIT,
+    SEED_HEADER,
+    record_checksum,
+    xxh3_64,
+    xxh64,
 )
 from loaderx import DenseStore, RaggedStore, Zrecord
 
@@ -75,6 +86,7 @@ def bases(tmp_path_factory):
 
 # ----------------------------------------------------------------- the checksum helpers
 
+
 def test_hashes_known_answers():
     assert xxh64(b"") == 0xEF46DB3751D8E999
     assert xxh64(b"", 1) != xxh64(b"")
@@ -87,7 +99,10 @@ def test_record_checksums_match_the_engine(tmp_path):
     """Every XXH3 length class (0, 1-3, 4-8, 9-16, 17-128, 129-240) and the
     XXH64 path (aux bytes, or more than 240 bytes), as the engine writes them."""
     rng = np.random.default_rng(5)
-    recs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in list(range(0, 260)) + [1000, 5000]]
+    recs = [
+        rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        for n in list(range(0, 260)) + [1000, 5000]
+    ]
     with Zrecord(tmp_path / "z", create=True, codec="raw") as z:
         z.append(recs)
     img = StoreImage.load(tmp_path / "z")
@@ -118,8 +133,10 @@ def test_meta_checksums_and_frame_checksums_match_the_engine(bases):
         img = StoreImage(base.files)
         meta = bytes(img.files["meta"])
         assert struct.unpack_from("<Q", meta, 104)[0] == xxh64(meta[:104], SEED_HEADER), base.name
-        assert img.commit()["checksum"] == xxh64(meta[4096:4096 + 56], SEED_COMMIT), base.name
-        assert img.header()["blob_checksum"] == xxh64(img.dict_bytes() + img.user_bytes(), SEED_BLOB)
+        assert img.commit()["checksum"] == xxh64(meta[4096 : 4096 + 56], SEED_COMMIT), base.name
+        assert img.header()["blob_checksum"] == xxh64(
+            img.dict_bytes() + img.user_bytes(), SEED_BLOB
+        )
     # zstd's own content checksum (low 32 bits of XXH64, seed 0) closes every frame.
     img = StoreImage(made["ragged_nd"].files)
     loc = img.loc(5)
@@ -138,8 +155,10 @@ def test_forged_stores_are_valid_to_the_engine(bases, tmp_path):
     recs = [r[2] for r in base.records]
     img = StoreImage(base.files)
     img.put_header(flags=123)
-    img.put_commit(record_count=4, live_bytes=sum(img.loc(i)["aux_size"] + img.loc(i)["stored_size"]
-                                                   for i in range(4)))
+    img.put_commit(
+        record_count=4,
+        live_bytes=sum(img.loc(i)["aux_size"] + img.loc(i)["stored_size"] for i in range(4)),
+    )
     img.write(tmp_path / "prefix")
     with Zrecord(tmp_path / "prefix") as z:
         assert z[:] == recs[:4]
@@ -148,7 +167,14 @@ def test_forged_stores_are_valid_to_the_engine(bases, tmp_path):
     img = StoreImage(base.files)
     payload = b"forged but valid " * 9
     at = img.append_data(raw_frame(payload), live=False)
-    img.put_loc(2, offset=at, stored_size=len(raw_frame(payload)), raw_size=len(payload), codec=1, aux_size=0)
+    img.put_loc(
+        2,
+        offset=at,
+        stored_size=len(raw_frame(payload)),
+        raw_size=len(payload),
+        codec=1,
+        aux_size=0,
+    )
     img.put_commit(live_bytes=img.live_total())
     img.write(tmp_path / "frame")
     with Zrecord(tmp_path / "frame") as z:
@@ -181,7 +207,9 @@ def test_hand_made_frames_decode_as_zstd_says(bases, tmp_path):
     for k, (stored, content) in enumerate(cases):
         img = StoreImage(made["bytes_dict"].files)
         at = img.append_data(stored, live=False)
-        img.put_loc(0, offset=at, stored_size=len(stored), raw_size=len(content), codec=1, aux_size=0)
+        img.put_loc(
+            0, offset=at, stored_size=len(stored), raw_size=len(content), codec=1, aux_size=0
+        )
         img.put_commit(live_bytes=img.live_total())
         img.write(tmp_path / f"f{k}")
         with Zrecord(tmp_path / f"f{k}") as z:
@@ -190,6 +218,7 @@ def test_hand_made_frames_decode_as_zstd_says(bases, tmp_path):
 
 
 # ----------------------------------------------------------------- the driver
+
 
 def test_driver_blames_crashes_and_hangs_on_their_case(bases, tmp_path, monkeypatch):
     """A worker killed by a signal, or silent past the timeout, is charged to
@@ -200,9 +229,14 @@ def test_driver_blames_crashes_and_hangs_on_their_case(bases, tmp_path, monkeypa
     assert sorted(results) == list(range(7))
     assert results[2]["outcome"] == "CRASH"
     assert "SIGSEGV" in results[2]["problems"][0]["message"]
-    assert "_selftest" in results[2]["problems"][0]["stderr"], "faulthandler's stack should name the crash site"
+    assert "_selftest" in results[2]["problems"][0]["stderr"], (
+        "faulthandler's stack should name the crash site"
+    )
     assert results[4]["outcome"] == "HANG"
-    assert "sleep" in results[4]["problems"][0]["stderr"] or "_selftest" in results[4]["problems"][0]["stderr"]
+    assert (
+        "sleep" in results[4]["problems"][0]["stderr"]
+        or "_selftest" in results[4]["problems"][0]["stderr"]
+    )
     others = [results[i]["outcome"] for i in (0, 1, 3, 5, 6)]
     assert not [o for o in others if o in ("CRASH", "HANG")], others
     counts = _fuzz.tally(results)
@@ -211,27 +245,32 @@ def test_driver_blames_crashes_and_hangs_on_their_case(bases, tmp_path, monkeypa
 
 # ----------------------------------------------------------------- the corpus
 
+
 def test_fuzz_corpus(bases, tmp_path, capsys):
     """The corpus (see the module docstring for the invariants and the exact
     meaning of "wrong bytes")."""
     made, path = bases
     start = time.monotonic()
-    results = _fuzz.run_corpus(path, SEED, range(CASES), str(tmp_path), jobs=min(2, os.cpu_count() or 1))
+    results = _fuzz.run_corpus(
+        path, SEED, range(CASES), str(tmp_path), jobs=min(2, os.cpu_count() or 1)
+    )
     wall = time.monotonic() - start
     counts = _fuzz.tally(results)
     failing = sorted(i for i, r in results.items() if r["problems"])
-    lines = [f"fuzz corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s, "
-             f"worker peak RSS {counts['max rss MiB']} MiB",
-             "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
-             "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, wrong count {wrong count}, "
-             "foreign exceptions {foreign exceptions}, harness errors {harness errors}".format(**counts)]
-    for i in failing[:60]:
-        case = _fuzz_cases.make_case(made, SEED, i)
-        lines.append(f"  case {i} ({case.base}, {case.family}): {case.what}")
-        lines.extend("      " + x for x in _fuzz.condense(results[i])[:6])
-    if len(failing) > 60:
-        lines.append(f"  ... and {len(failing) - 60} more failing cases")
-    lines.append(f"  reproduce one: python tests/_fuzz.py repro {SEED} CASE")
+    lines = [
+        f"fuzz corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s, "
+        f"worker peak RSS {counts['max rss MiB']} MiB",
+        "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
+        "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, wrong count {wrong count}, "
+        "foreign exceptions {foreign exceptions}, leaked descriptors {leaked descriptors}, "
+        "harness errors {harness errors}".format(**counts),
+    ]
+    if failing:
+        lines.append(f"  {len(failing)} failing cases, by problem:")
+        lines += _fuzz.failure_groups(
+            results, lambda i: _fuzz.case_title(made, SEED, i, results[i])
+        )
+        lines.append(f"  reproduce one: python tests/_fuzz.py repro {SEED} CASE")
     report = "\n".join(lines)
     with capsys.disabled():
         print("\n" + report)
@@ -239,6 +278,7 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
     families = {_fuzz_cases.make_case(made, SEED, i).family for i in range(min(CASES, 40))}
     assert len(families) >= 12, families
     assert counts["outcomes"].get("opened, verify ok", 0) > 0 and any(
-        k.startswith("refused") for k in counts["outcomes"]), "the corpus should hold both good and refused stores"
+        k.startswith("refused") for k in counts["outcomes"]
+    ), "the corpus should hold both good and refused stores"
     assert counts["max rss MiB"] < _fuzz.MEMORY_LIMIT >> 20
     assert not failing, report
