@@ -51,9 +51,12 @@ def allowed(exc: BaseException) -> bool:
     if tb is None:
         return False
     code = tb.tb_frame.f_code
-    if os.sep + "loaderx" + os.sep not in code.co_filename:
-        return False
     import linecache
+
+    import loaderx
+
+    if not os.path.abspath(code.co_filename).startswith(os.path.dirname(loaderx.__file__) + os.sep):
+        return False
 
     return linecache.getline(code.co_filename, tb.tb_lineno).lstrip().startswith("raise ")
 
@@ -534,7 +537,7 @@ def _died(w: Worker) -> dict:
 
 
 def run_corpus(
-    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 10.0
+    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 20.0
 ) -> dict[int, dict]:
     """Runs `cases` on `jobs` workers; returns each case's result."""
     todo = collections.deque(cases)
