@@ -744,6 +744,7 @@ IDENTITY_VARIANTS = (
     ("descr field name 5", lambda R: P(_dense([[5, "<i4"]], []))),
     ("descr duplicate field names", lambda R: P(_dense([["a", "<i4"], ["a", "<i4"]], []))),
     ("descr 'O'", lambda R: P(_dense("O", [R // 8]))),
+    ("descr ',i4' (numpy parses it as Python)", lambda R: P(_dense(",i4", [R // 4]))),
     ("descr '<U1'", lambda R: P(_dense("<U1", [R // 4]))),
     ("descr '|V0'", lambda R: P(_dense("|V0", [R]))),
     ("descr '|b1'", lambda R: P(_dense("|b1", [R]))),
