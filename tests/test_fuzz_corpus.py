@@ -52,6 +52,7 @@ keep the writer lock's descriptor.
 from __future__ import annotations
 
 import os
+import random
 import struct
 import sys
 import time
@@ -183,7 +184,7 @@ def test_forged_stores_are_valid_to_the_engine(bases, tmp_path):
     for name in ("bytes_dict", "dense_raw"):
         img = StoreImage(made[name].files)
         n = img.count
-        entries, c, after = _fuzz_cases._delete_plan(img, __import__("random").Random(3), 2)
+        entries, c, after = _fuzz_cases._delete_plan(img, random.Random(3), 2)
         img.put_journal(entries, c)
         img.write(tmp_path / f"journal-{name}")
         z = Zrecord if name == "bytes_dict" else DenseStore
