@@ -1,0 +1,336 @@
+"""A store's files as bytes, with the structs of src/format.zig, for tests
+that forge stores: change any field and re-seal every checksum that covers it
+(header, commit, blobs, record checksums, journal), or leave them stale.
+
+`StoreImage` holds the files of one store directory (meta, index, data, lock,
+journal) and writes them back. The zstd frame builders write frames by hand
+from the zstd format description (RFC 8878): raw and RLE blocks, any frame
+content size, optional content checksum (low 32 bits of XXH64, seed 0).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from _xxhash import (
+    SEED_BLOB,
+    SEED_COMMIT,
+    SEED_HEADER,
+    SEED_JOURNAL,
+    record_checksum,
+    xxh64,
+)
+
+PAGE = 4096
+COMMIT_OFFSET = PAGE
+BLOB_OFFSET = 2 * PAGE
+MAGIC = 0x0145524F5453584C
+JOURNAL_MAGIC = 0x4C584A524E4C0001
+U64_MAX = (1 << 64) - 1
+
+HEADER = struct.Struct("<QIIB3siQQQQQ5QQ")
+HEADER_FIELDS = (
+    "magic",
+    "format_version",
+    "header_size",
+    "codec",
+    "_reserved0",
+    "level",
+    "flags",
+    "dict_size",
+    "user_size",
+    "blob_checksum",
+    "fixed_size",
+    "_r0",
+    "_r1",
+    "_r2",
+    "_r3",
+    "_r4",
+    "checksum",
+)
+COMMIT = struct.Struct("<8Q")
+COMMIT_FIELDS = (
+    "record_count",
+    "data_size",
+    "live_bytes",
+    "durable_count",
+    "generation",
+    "_r0",
+    "_r1",
+    "checksum",
+)
+LOC = struct.Struct("<QQQIBBH")
+LOC_FIELDS = ("offset", "stored_size", "raw_size", "checksum", "codec", "_reserved", "aux_size")
+JOURNAL_HEADER = struct.Struct("<QQ64sQQ")
+JOURNAL_ENTRY = struct.Struct("<Q32s")
+
+assert HEADER.size == 112 and COMMIT.size == 64 and LOC.size == 32
+assert JOURNAL_HEADER.size == 96 and JOURNAL_ENTRY.size == 40
+
+FILES = ("meta", "index", "data", "lock", "journal")
+
+
+def pack_header(h: dict, seal: bool = True) -> bytes:
+    h = dict(h)
+    raw = HEADER.pack(*(h[f] for f in HEADER_FIELDS))
+    if seal:
+        h["checksum"] = xxh64(raw[:104], SEED_HEADER)
+        raw = HEADER.pack(*(h[f] for f in HEADER_FIELDS))
+    return raw
+
+
+def pack_commit(c: dict, seal: bool = True) -> bytes:
+    c = dict(c)
+    if seal:
+        c["checksum"] = xxh64(COMMIT.pack(*(c[f] for f in COMMIT_FIELDS))[:56], SEED_COMMIT)
+    return COMMIT.pack(*(c[f] for f in COMMIT_FIELDS))
+
+
+def pack_loc(loc: dict) -> bytes:
+    return LOC.pack(*(loc[f] for f in LOC_FIELDS))
+
+
+def unpack_loc(raw: bytes) -> dict:
+    return dict(zip(LOC_FIELDS, LOC.unpack(raw)))
+
+
+class StoreImage:
+    """The files of one store, editable as structs. Every `put_*` re-seals the
+    checksums covering what it changed unless told `seal=False`."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files = {k: bytearray(v) for k, v in files.items()}
+
+    @classmethod
+    def load(cls, path) -> "StoreImage":
+        files = {}
+        for name in FILES:
+            p = os.path.join(path, name)
+            if os.path.isfile(p):
+                with open(p, "rb") as f:
+                    files[name] = f.read()
+        return cls(files)
+
+    def copy(self) -> "StoreImage":
+        return StoreImage(self.files)
+
+    def write(self, path) -> None:
+        os.makedirs(path, exist_ok=True)
+        for name, data in self.files.items():
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(data)
+
+    # -- meta: header, commit, blobs
+    def header(self) -> dict:
+        return dict(zip(HEADER_FIELDS, HEADER.unpack_from(self.files["meta"], 0)))
+
+    def put_header(self, seal: bool = True, **fields) -> None:
+        h = self.header()
+        h.update(fields)
+        self.files["meta"][0 : HEADER.size] = pack_header(h, seal)
+
+    def commit(self) -> dict:
+        return dict(zip(COMMIT_FIELDS, COMMIT.unpack_from(self.files["meta"], COMMIT_OFFSET)))
+
+    def put_commit(self, seal: bool = True, **fields) -> None:
+        c = self.commit()
+        c.update(fields)
+        self.files["meta"][COMMIT_OFFSET : COMMIT_OFFSET + COMMIT.size] = pack_commit(c, seal)
+
+    @property
+    def count(self) -> int:
+        return self.commit()["record_count"]
+
+    @property
+    def fixed(self) -> int:
+        return self.header()["fixed_size"]
+
+    def dict_bytes(self) -> bytes:
+        h = self.header()
+        return bytes(self.files["meta"][BLOB_OFFSET : BLOB_OFFSET + h["dict_size"]])
+
+    def user_bytes(self) -> bytes:
+        h = self.header()
+        at = BLOB_OFFSET + h["dict_size"]
+        return bytes(self.files["meta"][at : at + h["user_size"]])
+
+    def put_blobs(
+        self, dict_bytes: bytes | None = None, user: bytes | None = None, seal: bool = True
+    ) -> None:
+        """Replaces the dictionary and/or the identity blob (sizes, blob checksum)."""
+        d = self.dict_bytes() if dict_bytes is None else bytes(dict_bytes)
+        u = self.user_bytes() if user is None else bytes(user)
+        meta = self.files["meta"]
+        del meta[BLOB_OFFSET:]
+        meta.extend(d + u)
+        fields = {"dict_size": len(d), "user_size": len(u)}
+        if seal:
+            fields["blob_checksum"] = xxh64(d + u, SEED_BLOB)
+        self.put_header(seal=seal, **fields)
+
+    # -- records
+    def loc(self, i: int) -> dict:
+        return unpack_loc(self.files["index"][i * LOC.size : (i + 1) * LOC.size])
+
+    def record_parts(self, loc: dict) -> tuple[bytes, bytes] | None:
+        """(aux, stored) bytes a table entry names, or None when outside the data file."""
+        data = self.files["data"]
+        start, aux = loc["offset"], loc["aux_size"]
+        end = start + aux + loc["stored_size"]
+        if end > len(data):
+            return None
+        return bytes(data[start : start + aux]), bytes(data[start + aux : end])
+
+    def put_loc(self, i: int, seal: bool = True, **fields) -> dict:
+        """Rewrites entry i; with `seal`, its checksum is recomputed over the
+        bytes it now names (when they lie inside the data file)."""
+        loc = (
+            self.loc(i)
+            if (i + 1) * LOC.size <= len(self.files["index"])
+            else dict.fromkeys(LOC_FIELDS, 0)
+        )
+        loc.update(fields)
+        if seal and "checksum" not in fields:
+            parts = self.record_parts(loc)
+            if parts is not None and loc["stored_size"] <= 1 << 24:
+                loc["checksum"] = record_checksum(*parts)
+        index = self.files["index"]
+        if len(index) < (i + 1) * LOC.size:
+            index.extend(bytes((i + 1) * LOC.size - len(index)))
+        index[i * LOC.size : (i + 1) * LOC.size] = pack_loc(loc)
+        return loc
+
+    def sum(self, i: int) -> int:
+        return struct.unpack_from("<I", self.files["index"], 4 * i)[0]
+
+    def put_sum(self, i: int, value: int) -> None:
+        struct.pack_into("<I", self.files["index"], 4 * i, value)
+
+    def fixed_record(self, i: int) -> bytes:
+        f = self.fixed
+        return bytes(self.files["data"][i * f : (i + 1) * f])
+
+    def append_data(self, payload: bytes, live: bool = True) -> int:
+        """Appends bytes to the data file and the commit's data_size (and live_bytes)."""
+        c = self.commit()
+        at = c["data_size"]
+        data = self.files["data"]
+        del data[at:]
+        data.extend(payload)
+        self.put_commit(
+            data_size=at + len(payload), live_bytes=c["live_bytes"] + (len(payload) if live else 0)
+        )
+        return at
+
+    def live_total(self) -> int:
+        """Stored bytes (aux + payload) of the committed records per the table."""
+        n = self.count
+        if self.fixed:
+            return n * self.fixed
+        return sum(self.loc(i)["aux_size"] + self.loc(i)["stored_size"] for i in range(n))
+
+    # -- the delete journal
+    def put_journal(
+        self,
+        entries: list[tuple[int, dict]],
+        commit: dict,
+        *,
+        entries_checksum: int | None = None,
+        seal: bool = True,
+        entry_count: int | None = None,
+    ) -> None:
+        body = b"".join(JOURNAL_ENTRY.pack(index, pack_loc(loc)) for index, loc in entries)
+        if entries_checksum is None:
+            entries_checksum = xxh64(body, 0)
+        count = len(entries) if entry_count is None else entry_count
+        head = JOURNAL_HEADER.pack(JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, 0)
+        checksum = xxh64(head[:88], SEED_JOURNAL) if seal else 0
+        head = JOURNAL_HEADER.pack(
+            JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, checksum
+        )
+        self.files["journal"] = bytearray(head + body)
+
+    def single_record(self, i: int) -> "StoreImage":
+        """A store holding only record i of this one, with the same header,
+        dictionary and data bytes and no identity: what verify() says of it
+        is what verify() says of record i alone."""
+        out = StoreImage({"meta": self.files["meta"], "lock": b""})
+        out.put_blobs(user=b"")
+        c = self.commit()
+        if self.fixed:
+            f = self.fixed
+            out.files["data"] = bytearray(self.files["data"][i * f : (i + 1) * f])
+            out.files["index"] = bytearray(self.files["index"][4 * i : 4 * i + 4])
+            out.put_commit(record_count=1, data_size=f, live_bytes=f, durable_count=1)
+            return out
+        loc = self.loc(i)
+        out.files["data"] = bytearray(self.files["data"])
+        out.files["index"] = bytearray(pack_loc(loc))
+        live = min(loc["aux_size"] + loc["stored_size"], c["data_size"])
+        out.put_commit(record_count=1, data_size=c["data_size"], live_bytes=live, durable_count=1)
+        return out
+
+
+# ----------------------------------------------------------------- zstd frames
+
+ZSTD_MAGIC = 0xFD2FB528
+BLOCK_MAX = 128 << 10
+
+
+def block(kind: str, payload: bytes = b"", size: int | None = None, last: bool = False) -> bytes:
+    """One block: `raw` (payload), `rle` (payload is one byte, repeated `size`
+    times), `compressed` (payload as given, usually garbage) or `reserved`."""
+    code = {"raw": 0, "rle": 1, "compressed": 2, "reserved": 3}[kind]
+    if size is None:
+        size = len(payload)
+    head = (size << 3) | (code << 1) | int(last)
+    return head.to_bytes(3, "little") + payload
+
+
+def frame(
+    blocks: list[bytes],
+    content_size: int | None,
+    *,
+    checksum_of: bytes | None = None,
+    single_segment: bool = True,
+    window_descriptor: int = 0,
+    dict_id: int | None = None,
+) -> bytes:
+    """A zstd frame from hand-made blocks. `content_size` None leaves the
+    size unknown (then the frame cannot be single-segment); `checksum_of`
+    appends the content checksum of those bytes."""
+    if content_size is None:
+        single_segment = False
+        fcs_flag, fcs = 0, b""
+    elif content_size < 256 and single_segment:
+        fcs_flag, fcs = 0, content_size.to_bytes(1, "little")
+    elif 256 <= content_size < 65536 + 256:
+        fcs_flag, fcs = 1, (content_size - 256).to_bytes(2, "little")
+    elif content_size < 1 << 32:
+        fcs_flag, fcs = 2, content_size.to_bytes(4, "little")
+    else:
+        fcs_flag, fcs = 3, content_size.to_bytes(8, "little")
+    did_flag, did = 0, b""
+    if dict_id is not None:
+        did_flag, did = 3, dict_id.to_bytes(4, "little")
+    descriptor = (
+        (fcs_flag << 6)
+        | (int(single_segment) << 5)
+        | (int(checksum_of is not None) << 2)
+        | did_flag
+    )
+    out = ZSTD_MAGIC.to_bytes(4, "little") + bytes([descriptor])
+    if not single_segment:
+        out += bytes([window_descriptor])
+    out += did + fcs + b"".join(blocks)
+    if checksum_of is not None:
+        out += (xxh64(checksum_of, 0) & 0xFFFFFFFF).to_bytes(4, "little")
+    return out
+
+
+def raw_frame(content: bytes, checksum: bool = True, **kw) -> bytes:
+    """A valid frame holding `content` in raw blocks."""
+    chunks = [content[i : i + BLOCK_MAX] for i in range(0, len(content), BLOCK_MAX)] or [b""]
+    blocks = [block("raw", c, last=(k == len(chunks) - 1)) for k, c in enumerate(chunks)]
+    return frame(blocks, len(content), checksum_of=content if checksum else None, **kw)
