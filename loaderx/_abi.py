@@ -13,6 +13,7 @@ typedef struct {
     uint32_t writable;
     uint64_t dict_size;
     uint64_t user_size;
+    uint64_t fixed_size;
 } lx_info_t;
 typedef struct {
     uint64_t records;
@@ -75,4 +76,4 @@ LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 32, "lx_stats_t": 32, "lx_move_t": 16}
+STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 32, "lx_move_t": 16}

@@ -36,6 +36,7 @@ _EMPTY_U64 = np.zeros(1, dtype=U64)
 APPEND_CHUNK_BYTES = 64 << 20
 APPEND_CHUNK_RECORDS = 16384
 RC_OUT_OF_RANGE = _lib.RESULTS["out_of_range"]
+_RC_FAILED = _lib.RESULTS["failed"]
 _T_U64 = ffi.typeof("uint64_t[]")
 _T_U8 = ffi.typeof("uint8_t[]")
 
@@ -168,6 +169,7 @@ class Store:
             check(lib.lx_info(self._handle, info), self._path)
             self._codec = _lib.CODEC_NAMES[info.codec]
             self._level = int(info.level)
+            self._fixed_size = int(info.fixed_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
         except BaseException:
@@ -284,7 +286,9 @@ class Store:
 
     def close(self) -> None:
         """Sync and release the handle. Idempotent; safe from any thread, also
-        while other threads are inside calls on this store."""
+        while other threads are inside calls on this store. A handle that an
+        earlier error left failed (`HandleFailedError`, already raised then)
+        closes without raising again."""
         h = self._handle
         if h is None:
             return
@@ -293,7 +297,8 @@ class Store:
         finally:
             self._handle = None
             lib.lx_close(h)
-        check(rc, self._path, "sync")
+        if rc != _RC_FAILED:
+            check(rc, self._path, "sync")
 
     def __enter__(self):
         self._h()

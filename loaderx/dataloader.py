@@ -691,6 +691,7 @@ class DataLoader:
         length = next(iter(self._lengths.values()))
         # The sampler checks batch_size, mode, seed, step and shard (and says
         # which value is wrong); the loader keeps its normalised values.
+        _check_step("step", step)
         sampler = Sampler(length, batch_size, mode, seed, step=step, shard=shard)
         self._sampler = sampler
         self._prefetch = prefetch
@@ -788,8 +789,9 @@ class DataLoader:
             raise ValueError(f"DataLoader state has unknown keys {unknown}")
 
         step = state["step"]
-        if not _is_int(step) or step < 0:
-            raise TypeError(f"state step must be an int >= 0, got {step!r}")
+        if not _is_int(step):
+            raise TypeError(f"state step must be an int, got {step!r}")
+        _check_step("state step", step)
         for key in ("seed", "batch_size"):
             if not _is_int(state[key]):
                 raise TypeError(f"state {key} must be an int, got {state[key]!r}")
@@ -890,6 +892,17 @@ class DataLoader:
         if self.closed:
             raise RuntimeError("DataLoader is closed")
         return engine
+
+
+#: Steps are int64 (JSON- and checkpoint-friendly), with room for the window.
+_STEP_MAX = 2**63 - 2**20
+
+
+def _check_step(field: str, step: Any) -> None:
+    if _is_int(step) and step < 0:
+        raise TypeError(f"{field} must be an int >= 0, got {step!r}")
+    if _is_int(step) and step > _STEP_MAX:
+        raise ValueError(f"{field} must be in [0, {_STEP_MAX}], got {step}")
 
 
 def _check_equal(field: str, state_value: Any, own_value: Any) -> None:

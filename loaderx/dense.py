@@ -8,7 +8,7 @@ import numpy as np
 from . import identity
 from ._lib import check, ffi, lib
 from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, u64_ptr, unchecked_indices
-from .errors import IdentityError, SizeMismatchError
+from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
 def _item_shape(item_shape) -> tuple:
@@ -62,6 +62,10 @@ class DenseStore(Store):
             raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}, item_shape="
                                 f"{found.item_shape}; asked for dtype={dt}, item_shape={shape}", path=self._path)
         self._record_bytes = self._dtype.itemsize * math.prod(self._item_shape)
+        if self._fixed_size and self._fixed_size != self._record_bytes:
+            self.close()
+            raise CorruptStoreError(f"{self._path}: the identity says {self._record_bytes}-byte records, the "
+                                    f"store holds {self._fixed_size}-byte records", path=self._path)
 
     @property
     def dtype(self) -> np.dtype:
@@ -130,12 +134,19 @@ class DenseStore(Store):
             raise SizeMismatchError("out is read-only", path=self._path)
         return out
 
+    def _new_batch(self, shape: tuple) -> np.ndarray:
+        try:
+            return np.empty(shape, dtype=self._dtype)
+        except MemoryError:
+            raise ZrecordMemoryError(f"{self._path}: a batch of shape {shape} ({self._dtype}) does not fit in "
+                                     "memory", path=self._path) from None
+
     def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
                 exact: bool = True) -> np.ndarray | None:
         """With ``exact=False`` (unchecked indices) returns None instead of
         raising on an out-of-range index, so the caller can retry the slow path."""
         shape = (len(idx),) + self._item_shape
-        out = np.empty(shape, dtype=self._dtype) if out is None else self._check_out(out, shape)
+        out = self._new_batch(shape) if out is None else self._check_out(out, shape)
         if len(idx):
             rc = lib.lx_gather(self._h(), u64_ptr(idx), len(idx), byte_ptr(out, True),
                                out.nbytes, self._record_bytes, ffi.NULL, 0, threads)

@@ -229,12 +229,14 @@ fn ioMessage(e: anyerror) []const u8 {
 }
 
 /// Puts the handle in the failed state (see the file comment) and returns
-/// Failed with a message naming what failed and why.
+/// the error `e` maps to, with a message saying the handle is now unusable.
+/// Later calls fail with Failed.
 pub fn failWith(s: *Store, e: anyerror, what: []const u8) Error {
     s.markFailed(e, what);
+    const err = ioFail(e, what);
     diag.set("{s}: {s}; this handle can no longer be used: close it and reopen the store " ++
         "(the reopen finishes or rolls back the interrupted operation)", .{ what, ioMessage(e) });
-    return error.Failed;
+    return err;
 }
 
 fn markFailed(s: *Store, e: anyerror, what: []const u8) void {
@@ -623,7 +625,7 @@ pub fn checkLoc(loc: RecordLoc, index: u64, data: [*]const u8, data_size: u64, s
     if (loc.codec > @intFromEnum(Codec.zstd_dict)) {
         return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{index});
     }
-    const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch std.math.maxInt(u64);
+    const end = loc.checkedEnd() orelse std.math.maxInt(u64);
     if (end > data_size) return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
     if (sizes_trusted) return;
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];

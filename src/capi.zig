@@ -271,9 +271,11 @@ pub const Info = extern struct {
     writable: u32,
     dict_size: u64,
     user_size: u64,
+    /// Non-zero: the fixed-width layout, every record exactly this many bytes.
+    fixed_size: u64,
 
     comptime {
-        std.debug.assert(@sizeOf(Info) == 32);
+        std.debug.assert(@sizeOf(Info) == 40);
         std.debug.assert(@alignOf(Info) == 8);
     }
 };
@@ -289,6 +291,7 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
         .writable = @intFromBool(h.writable),
         .dict_size = h.header.dict_size,
         .user_size = h.header.user_size,
+        .fixed_size = h.header.fixed_size,
     };
     return 0;
 }

@@ -178,8 +178,23 @@ pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
 pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
     return switch (codec) {
         .raw => stored.len == raw_size,
-        .zstd, .zstd_dict => ZSTD_getFrameContentSize(stored.ptr, stored.len) == raw_size,
+        .zstd, .zstd_dict => blk: {
+            // Frames always name their size (we write them so); zstd's
+            // "unknown" and "error" values are never a record's size.
+            if (raw_size >= content_size_unknown - 1) break :blk false;
+            if (raw_size > decodedSizeMax(stored.len)) break :blk false;
+            break :blk ZSTD_getFrameContentSize(stored.ptr, stored.len) == raw_size;
+        },
     };
+}
+
+const content_size_unknown: u64 = std.math.maxInt(u64);
+
+/// The most a zstd frame of `stored` bytes can decode to: every block holds at
+/// most 128 KiB and takes at least 4 bytes (a 3-byte header and one RLE byte).
+fn decodedSizeMax(stored: usize) u64 {
+    const blocks = stored / 4 + 1;
+    return std.math.mul(u64, blocks, 128 << 10) catch std.math.maxInt(u64);
 }
 
 /// Decodes one stored payload into exactly `dst` (the record's raw size).

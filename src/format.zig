@@ -136,9 +136,15 @@ pub const RecordLoc = extern struct {
         assert(@alignOf(RecordLoc) == 8);
     }
 
-    /// Byte just past this record in the data file.
+    /// Byte just past this record in the data file (a trusted entry).
     pub fn end(loc: RecordLoc) u64 {
         return loc.offset + loc.aux_size + loc.stored_size;
+    }
+
+    /// `end()` of an entry read from disk: null when it overflows.
+    pub fn checkedEnd(loc: RecordLoc) ?u64 {
+        const total = std.math.add(u64, loc.aux_size, loc.stored_size) catch return null;
+        return std.math.add(u64, loc.offset, total) catch null;
     }
 
     pub fn storedTotal(loc: RecordLoc) u64 {

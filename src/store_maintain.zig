@@ -122,8 +122,15 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
     const entries = s.gpa.alloc(JournalEntry, moves.len) catch return error.OutOfMemory;
     defer s.gpa.free(entries);
     const locs = try s.table(count);
+    const data = try s.dataMap(s.commit.data_size);
     var freed: u64 = 0;
-    for (unique) |index| freed += locs.get(index).storedTotal();
+    for (unique) |index| {
+        // A damaged entry must not reach the journal or the byte counts.
+        try Store.checkLoc(locs.get(index), index, data, s.commit.data_size, true);
+        freed += locs.get(index).storedTotal();
+    }
+    for (moves) |m| try Store.checkLoc(locs.get(m.from), m.from, data, s.commit.data_size, true);
+    if (freed > s.commit.live_bytes) return diag.fail(error.Corrupt, "live byte count is smaller than the deleted records", .{});
     for (moves, entries) |m, *e| e.* = .{ .index = m.to, .loc = locs.withChecksum(m.from) };
 
     var c = s.commit;
@@ -269,15 +276,19 @@ fn readJournal(s: *Store, f: std.Io.File, disk: Commit) Error!?Journal {
 /// every entry points inside what that commit covers.
 fn checkJournal(s: *Store, h: JournalHeader, entries: []const JournalEntry, disk: Commit) Error!void {
     const c = h.commit;
+    const fixed = s.header.fixed_size;
+    // A delete changes the count and the live bytes, and (fixed width) the
+    // data size with the count; everything it publishes is durable.
+    const data_size = if (fixed != 0) c.record_count * fixed else disk.data_size;
     if (c.generation != disk.generation + 1 or c.record_count >= disk.record_count or !c.consistent() or
-        c.checksum != c.computeChecksum())
+        c.checksum != c.computeChecksum() or c.data_size != data_size or c.live_bytes > disk.live_bytes or
+        c.durable_count != c.record_count or c.durable_data_size != c.data_size)
     {
         return diag.fail(error.Corrupt, "delete journal does not follow the store's last commit", .{});
     }
-    const fixed = s.header.fixed_size;
     for (entries) |e| {
         var bad = e.index >= c.record_count or e.loc.codec > @intFromEnum(format.Codec.zstd_dict);
-        const end = std.math.add(u64, e.loc.offset, e.loc.storedTotal()) catch std.math.maxInt(u64);
+        const end = e.loc.checkedEnd() orelse std.math.maxInt(u64);
         bad = bad or end > disk.data_size;
         if (fixed != 0) bad = bad or e.loc.offset % fixed != 0 or e.loc.offset < c.record_count * fixed;
         if (bad) return diag.fail(error.Corrupt, "delete journal entry for record {d} is out of bounds", .{e.index});
@@ -329,7 +340,10 @@ pub fn compact(s: *Store) Error!void {
     defer order.deinit(s.gpa);
     order.ensureTotalCapacity(s.gpa, @intCast(count)) catch return error.OutOfMemory;
     var empty_moved = false;
+    const data = try s.dataMap(s.commit.data_size);
     for (0..@intCast(count)) |i| {
+        // Compact moves bytes by the entries: a damaged one stops it first.
+        try Store.checkLoc(locs[i], i, data, s.commit.data_size, true);
         const size = locs[i].storedTotal();
         if (size != 0) order.appendAssumeCapacity(.{ .offset = locs[i].offset, .index = i, .size = size });
     }
@@ -541,7 +555,7 @@ fn intactPrefix(s: *Store, c: Commit, entries: u64, data_len: u64) Error!Commit 
 
 fn intact(loc: RecordLoc, expected_offset: u64, data: [*]const u8, data_limit: u64) bool {
     if (loc.offset != expected_offset or loc.codec > @intFromEnum(format.Codec.zstd_dict)) return false;
-    const end = std.math.add(u64, loc.offset, loc.storedTotal()) catch return false;
+    const end = loc.checkedEnd() orelse return false;
     if (end > data_limit) return false;
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];

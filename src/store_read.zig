@@ -322,7 +322,7 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
         bad_index.* = i;
         const loc = locs.withChecksum(i);
         try checkRecord(s, loc, i, data, c.data_size, lease.ctx, &scratch);
-        live += loc.storedTotal();
+        live +|= loc.storedTotal();
     }
     bad_index.* = std.math.maxInt(u64);
     if (live != c.live_bytes) {

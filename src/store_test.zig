@@ -382,7 +382,7 @@ test "an injected write fault fails the append cleanly and the handle stays usab
     try testing.expectEqual(@as(u64, 1), try appendSlices(s, &.{"two"}));
     // A failed fsync fails the handle for good (the pages may be gone).
     fsio.armFault(@as(u32, 1) << @intFromEnum(fsio.Op.sync), 1, false);
-    try testing.expectError(error.Failed, s.sync());
+    try testing.expectError(error.IoFailed, s.sync());
     fsio.armFault(0, 0, false);
     try testing.expectError(error.Failed, s.sync());
     try testing.expectError(error.Failed, appendSlices(s, &.{"three"}));

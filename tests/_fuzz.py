@@ -353,6 +353,20 @@ def _selftest(i: int) -> None:
             time.sleep(3600)
 
 
+def peak_rss_kib() -> int:
+    """This process's peak RSS since exec (VmHWM). ru_maxrss would also count
+    the parent's pages at fork time: a worker forked from a large pytest
+    process would report the parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def open_descriptors() -> int | None:
     """File descriptors this process holds (None where /proc is missing)."""
     try:
@@ -449,7 +463,7 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
         else:
             result = run_counted(case, bases[case.base].records, workdir)
             result["what"] = f"{case.base}, {case.family}: {case.what}"
-        result["rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result["rss_kib"] = peak_rss_kib()
         print(f"E {i} {json.dumps(result)}", flush=True)
 
 

@@ -401,7 +401,7 @@ COMMIT_VARIANTS = (
     (
         "durable, generation, reserved at max",
         lambda img, r: img.put_commit(
-            durable_count=U64_MAX, generation=U64_MAX, _r0=U64_MAX, _r1=1
+            durable_count=U64_MAX, generation=U64_MAX, durable_data_size=U64_MAX, durable_live_bytes=1
         ),
     ),
 )
@@ -874,6 +874,9 @@ def _delete_plan(img: StoreImage, rng: random.Random, k: int):
     else:
         freed = sum(img.loc(d)["aux_size"] + img.loc(d)["stored_size"] for d in gone)
         c.update(record_count=new, live_bytes=c["live_bytes"] - freed)
+    # A live journal publishes the next generation, with everything durable.
+    c.update(generation=c["generation"] + 1, durable_count=new, durable_data_size=c["data_size"],
+             durable_live_bytes=c["live_bytes"])
     return entries, c, after
 
 

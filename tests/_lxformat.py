@@ -56,8 +56,8 @@ COMMIT_FIELDS = (
     "live_bytes",
     "durable_count",
     "generation",
-    "_r0",
-    "_r1",
+    "durable_data_size",
+    "durable_live_bytes",
     "checksum",
 )
 LOC = struct.Struct("<QQQIBBH")
@@ -262,13 +262,15 @@ class StoreImage:
             f = self.fixed
             out.files["data"] = bytearray(self.files["data"][i * f : (i + 1) * f])
             out.files["index"] = bytearray(self.files["index"][4 * i : 4 * i + 4])
-            out.put_commit(record_count=1, data_size=f, live_bytes=f, durable_count=1)
+            out.put_commit(record_count=1, data_size=f, live_bytes=f, durable_count=1,
+                           durable_data_size=f, durable_live_bytes=f)
             return out
         loc = self.loc(i)
         out.files["data"] = bytearray(self.files["data"])
         out.files["index"] = bytearray(pack_loc(loc))
         live = min(loc["aux_size"] + loc["stored_size"], c["data_size"])
-        out.put_commit(record_count=1, data_size=c["data_size"], live_bytes=live, durable_count=1)
+        out.put_commit(record_count=1, data_size=c["data_size"], live_bytes=live, durable_count=1,
+                       durable_data_size=c["data_size"], durable_live_bytes=live)
         return out
 
 

@@ -155,10 +155,10 @@ def test_forged_stores_are_valid_to_the_engine(bases, tmp_path):
     recs = [r[2] for r in base.records]
     img = StoreImage(base.files)
     img.put_header(flags=123)
-    img.put_commit(
-        record_count=4,
-        live_bytes=sum(img.loc(i)["aux_size"] + img.loc(i)["stored_size"] for i in range(4)),
-    )
+    live = sum(img.loc(i)["aux_size"] + img.loc(i)["stored_size"] for i in range(4))
+    data_size = img.commit()["data_size"]
+    img.put_commit(record_count=4, live_bytes=live, durable_count=4, durable_data_size=data_size,
+                   durable_live_bytes=live)
     img.write(tmp_path / "prefix")
     with Zrecord(tmp_path / "prefix") as z:
         assert z[:] == recs[:4]
