@@ -715,22 +715,35 @@ pub fn writeCommit(s: *Store, c: Commit) Error!void {
     s.commit = next;
 }
 
+/// The store's files a writer fsyncs.
+pub const FileId = enum { meta, index, data };
+
 /// Fsyncs one of the store's files; a failure leaves the handle failed.
-pub fn syncFile(s: *Store, file: File, name: []const u8) Error!void {
-    fsio.sync(file, name) catch |e| return s.failWith(e, name);
+pub fn syncFile(s: *Store, id: FileId) Error!void {
+    const file = switch (id) {
+        .meta => s.meta,
+        .index => s.index,
+        .data => s.data,
+    };
+    const what = switch (id) {
+        .meta => "syncing meta",
+        .index => "syncing the record table",
+        .data => "syncing data",
+    };
+    fsio.sync(file, @tagName(id)) catch |e| return s.failWith(e, what);
 }
 
 /// Makes every appended record durable and records that in the commit:
 /// data, then table, then the commit. Caller holds write_mutex as a writer.
 pub fn syncLocked(s: *Store) Error!void {
-    try s.syncFile(s.data, "syncing data");
-    try s.syncFile(s.index, "syncing the record table");
+    try s.syncFile(.data);
+    try s.syncFile(.index);
     var c = s.commit;
     c.durable_count = c.record_count;
     c.durable_data_size = c.data_size;
     c.durable_live_bytes = c.live_bytes;
     try s.writeCommit(c);
-    try s.syncFile(s.meta, "syncing meta");
+    try s.syncFile(.meta);
 }
 
 /// Claims exclusive access for delete/compact: no gather in flight through

@@ -198,11 +198,11 @@ fn applyJournal(s: *Store, entries: []const JournalEntry, c: Commit) Error!void 
         fsio.write(s.index, "index", std.mem.asBytes(&e.loc.checksum), e.index * @sizeOf(u32)) catch |err|
             return s.failWith(err, "applying a delete to the record table");
     }
-    if (fixed != 0) try s.syncFile(s.data, "syncing data");
-    try s.syncFile(s.index, "syncing the record table");
+    if (fixed != 0) try s.syncFile(.data);
+    try s.syncFile(.index);
     try s.writeCommit(c);
     assert(s.commit.generation == c.generation);
-    try s.syncFile(s.meta, "syncing meta");
+    try s.syncFile(.meta);
     fsio.unlink(s.dir, "journal") catch |e| return s.failWith(e, "removing the delete journal");
     fsio.syncDir(s.dir, ".") catch |e| return s.failWith(e, "syncing the store directory");
 }
@@ -357,14 +357,14 @@ pub fn compact(s: *Store) Error!void {
         try writeLoc(s, i, loc);
         empty_moved = true;
     }
-    if (empty_moved) try s.syncFile(s.index, "syncing the record table");
+    if (empty_moved) try s.syncFile(.index);
     var c = s.commit;
     c.data_size = cursor;
     c.live_bytes = cursor;
     c.durable_data_size = cursor;
     c.durable_live_bytes = cursor;
     try s.writeCommit(c);
-    try s.syncFile(s.meta, "syncing meta");
+    try s.syncFile(.meta);
     try trimData(s);
 }
 
@@ -417,7 +417,7 @@ fn moveRound(s: *Store, round: []ByOffset, to: u64) Error!void {
         }
         k = end;
     }
-    try s.syncFile(s.data, "syncing data");
+    try s.syncFile(.data);
     try repoint(s, round);
 }
 
@@ -436,12 +436,12 @@ fn park(s: *Store, rest: []ByOffset, want: u64) Error!void {
         o.offset = at;
         at += o.size;
     }
-    try s.syncFile(s.data, "syncing data");
+    try s.syncFile(.data);
     var c = s.commit;
     c.data_size = at;
     c.durable_data_size = at;
     try s.writeCommit(c);
-    try s.syncFile(s.meta, "syncing meta");
+    try s.syncFile(.meta);
     try repoint(s, rest[0..n]);
     std.mem.rotate(ByOffset, rest, n);
 }
@@ -453,7 +453,7 @@ fn repoint(s: *Store, moved: []const ByOffset) Error!void {
         loc.offset = o.offset;
         try writeLoc(s, o.index, loc);
     }
-    try s.syncFile(s.index, "syncing the record table");
+    try s.syncFile(.index);
 }
 
 fn writeLoc(s: *Store, index: u64, loc: RecordLoc) Error!void {
@@ -466,7 +466,7 @@ fn trimData(s: *Store) Error!void {
     const len = s.data.length(pool.io()) catch |e| return Store.ioFail(e, "data");
     if (len <= s.commit.data_size) return;
     fsio.truncate(s.data, "data", s.commit.data_size) catch |e| return Store.ioFail(e, "shrinking data");
-    try s.syncFile(s.data, "syncing data");
+    try s.syncFile(.data);
 }
 
 // ---------------------------------------------------------------- open after a crash
@@ -501,10 +501,10 @@ pub fn checkTail(s: *Store) Error!Commit {
             "open it once with write permission to drop them", .{good.record_count});
     }
     s.commit = c;
-    try s.syncFile(s.data, "syncing data");
-    try s.syncFile(s.index, "syncing the record table");
+    try s.syncFile(.data);
+    try s.syncFile(.index);
     try s.writeCommit(good);
-    try s.syncFile(s.meta, "syncing meta");
+    try s.syncFile(.meta);
     return s.commit;
 }
 
