@@ -153,8 +153,55 @@ pub fn open(dir: Io.Dir, name: [:0]const u8, mode: Mode) !File {
     }
     var flags: posix.O = .{ .ACCMODE = if (mode == .read_only) .RDONLY else .RDWR, .CLOEXEC = true };
     flags.NOFOLLOW = true;
-    const fd = try posix.openatZ(dir.handle, name, flags, 0);
+    const fd = try openat(dir.handle, name, flags, 0);
     return .{ .handle = fd, .flags = .{ .nonblocking = false } };
+}
+
+pub const OpenError = error{
+    FileNotFound,
+    AccessDenied,
+    PermissionDenied,
+    ReadOnlyFileSystem,
+    SymLinkLoop,
+    IsDir,
+    NotDir,
+    NameTooLong,
+    PathAlreadyExists,
+    ProcessFdQuotaExceeded,
+    SystemFdQuotaExceeded,
+    NoSpaceLeft,
+    FileTooBig,
+    SystemResources,
+    InputOutput,
+    Unexpected,
+};
+
+/// openat(2) with its errors named (the std wrapper calls a read-only file
+/// system "Unexpected", and a store on one must open read-only instead).
+fn openat(dir_fd: posix.fd_t, name: [:0]const u8, flags: posix.O, mode: posix.mode_t) OpenError!posix.fd_t {
+    while (true) {
+        const rc = std.c.openat(dir_fd, name, flags, mode);
+        return switch (posix.errno(rc)) {
+            .SUCCESS => @intCast(rc),
+            .INTR => continue,
+            .NOENT => error.FileNotFound,
+            .ACCES => error.AccessDenied,
+            .PERM => error.PermissionDenied,
+            .ROFS => error.ReadOnlyFileSystem,
+            .LOOP => error.SymLinkLoop,
+            .ISDIR => error.IsDir,
+            .NOTDIR => error.NotDir,
+            .NAMETOOLONG => error.NameTooLong,
+            .EXIST => error.PathAlreadyExists,
+            .MFILE => error.ProcessFdQuotaExceeded,
+            .NFILE => error.SystemFdQuotaExceeded,
+            .NOSPC, .DQUOT => error.NoSpaceLeft,
+            .FBIG, .OVERFLOW => error.FileTooBig,
+            .NOMEM => error.SystemResources,
+            .IO => error.InputOutput,
+            else => error.Unexpected,
+        };
+    }
 }
 
 /// Creates (or opens, and with `empty` truncates) file `name` in `dir` for
@@ -167,7 +214,7 @@ pub fn create(dir: Io.Dir, name: [:0]const u8, empty: bool) !File {
         var flags: posix.O = .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true };
         flags.NOFOLLOW = true;
         flags.TRUNC = empty;
-        const fd = try posix.openatZ(dir.handle, name, flags, 0o644);
+        const fd = try openat(dir.handle, name, flags, 0o644);
         break :blk .{ .handle = fd, .flags = .{ .nonblocking = false } };
     };
     record(.create, name, @intFromBool(empty), &.{});

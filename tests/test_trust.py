@@ -524,3 +524,57 @@ def test_delete_follows_the_original_order_and_returns_its_moves(tmp_path):
             assert moves.tolist() == expected_moves(order)
             model = [model[p] for p in order]
             assert z[:] == model
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """A read-only bind mount of a directory (skipped where mounting is not
+    permitted): what a user without write permission sees."""
+    mounts = []
+
+    def view(src):
+        dst = tmp_path / f"ro{len(mounts)}"
+        dst.mkdir()
+        for cmd in (["mount", "--bind", str(src), str(dst)], ["mount", "-o", "remount,bind,ro", str(dst)]):
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True)
+            except FileNotFoundError:
+                pytest.skip("no mount command")
+            if done.returncode != 0:
+                pytest.skip(f"cannot make a read-only bind mount here: {done.stderr.strip()}")
+            mounts.append(dst) if cmd[1] == "--bind" else None
+        return dst
+    yield view
+    for dst in mounts:
+        subprocess.run(["umount", str(dst)], capture_output=True)
+
+
+def test_a_read_only_user_reads_a_store_with_a_leftover_journal(tmp_path, read_only_view, no_faults):
+    """Before the fix a read-only user got ReadOnlyError even for an empty
+    journal; a partial journal (the delete never began) is now ignored, and a
+    live one asks for one writable open."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([b"a", b"b", b"c"])
+    lib.lx_debug_fault(fault_bit("write"), 2, 0)  # the journal's header: a partial journal
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    z.close()
+    (path / "journal").write_bytes(b"")  # an empty one, too
+    ro = read_only_view(path)
+    with Zrecord(ro) as reader:
+        assert reader[:] == [b"a", b"b", b"c"]
+        with pytest.raises(ZrecordError):
+            reader.append([b"d"])
+    # A live journal (a delete failed after it was complete).
+    z = Zrecord(path)
+    lib.lx_debug_fault(fault_bit("write"), 3, 0)
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    z.close()
+    with pytest.raises(ZrecordError, match="write permission"):
+        Zrecord(read_only_view(path))
+    with Zrecord(path) as writer:
+        assert writer[:] == [b"c", b"b"]
