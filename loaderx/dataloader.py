@@ -789,8 +789,8 @@ class DataLoader:
             raise ValueError(f"DataLoader state has unknown keys {unknown}")
 
         step = state["step"]
-        if not _is_int(step):
-            raise TypeError(f"state step must be an int, got {step!r}")
+        if not _is_int(step) or step < 0:
+            raise TypeError(f"state step must be an int >= 0, got {step!r}")
         _check_step("state step", step)
         for key in ("seed", "batch_size"):
             if not _is_int(state[key]):
@@ -899,8 +899,7 @@ _STEP_MAX = 2**63 - 2**20
 
 
 def _check_step(field: str, step: Any) -> None:
-    if _is_int(step) and step < 0:
-        raise TypeError(f"{field} must be an int >= 0, got {step!r}")
+    """The upper bound of a step (the sampler refuses negative ones)."""
     if _is_int(step) and step > _STEP_MAX:
         raise ValueError(f"{field} must be in [0, {_STEP_MAX}], got {step}")
 
