@@ -16,6 +16,7 @@ Two entry points:
 Every contender reads the same records; y[i] = 7 i + 3 names the record, so the
 parent validates what each one delivers (bench_loader._validate).
 """
+
 from __future__ import annotations
 
 import functools
@@ -69,7 +70,9 @@ def build_mds(data: Path) -> None:
 
     x, y = _load(data)
     columns = {"x": "ndarray:uint8:" + ",".join(map(str, ITEM_SHAPE)), "y": "int64"}
-    with MDSWriter(out=str(data / "mds"), columns=columns, compression=None, size_limit=MDS_SHARD_BYTES) as writer:
+    with MDSWriter(
+        out=str(data / "mds"), columns=columns, compression=None, size_limit=MDS_SHARD_BYTES
+    ) as writer:
         for i in range(len(x)):
             writer.write({"x": np.asarray(x[i]), "y": np.int64(y[i])})
 
@@ -78,7 +81,11 @@ def _litdata_item(data: str, i: int) -> dict:
     """One record for LitData's `optimize`; its worker processes are spawned, so each
     maps the .npy files itself, once."""
     if _ARRAYS.get("data") != data:
-        _ARRAYS.update(data=data, x=np.load(Path(data) / "x.npy", mmap_mode="r"), y=np.load(Path(data) / "y.npy"))
+        _ARRAYS.update(
+            data=data,
+            x=np.load(Path(data) / "x.npy", mmap_mode="r"),
+            y=np.load(Path(data) / "y.npy"),
+        )
     return {"x": np.asarray(_ARRAYS["x"][i]), "y": int(_ARRAYS["y"][i])}
 
 
@@ -87,8 +94,15 @@ def build_litdata(data: Path) -> None:
     from litdata import optimize
 
     count = len(np.load(data / "y.npy"))
-    optimize(fn=functools.partial(_litdata_item, str(data)), inputs=list(range(count)), output_dir=str(data / "litdata"),
-             chunk_bytes=LITDATA_CHUNK_BYTES, num_workers=1, mode="overwrite", verbose=False)
+    optimize(
+        fn=functools.partial(_litdata_item, str(data)),
+        inputs=list(range(count)),
+        output_dir=str(data / "litdata"),
+        chunk_bytes=LITDATA_CHUNK_BYTES,
+        num_workers=1,
+        mode="overwrite",
+        verbose=False,
+    )
 
 
 def build_wds(data: Path) -> None:
@@ -108,7 +122,9 @@ def build_hf(data: Path) -> None:
     import datasets
 
     x, y = _load(data)
-    features = datasets.Features({"x": datasets.Array3D(shape=ITEM_SHAPE, dtype="uint8"), "y": datasets.Value("int64")})
+    features = datasets.Features(
+        {"x": datasets.Array3D(shape=ITEM_SHAPE, dtype="uint8"), "y": datasets.Value("int64")}
+    )
     table = datasets.Dataset.from_dict({"x": np.asarray(x), "y": y}, features=features)
     table.save_to_disk(str(data / "hf"))
 
@@ -143,11 +159,21 @@ def mds_source(cfg: dict):
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()  # a killed earlier child may have left its /dev/shm names
-    dataset = StreamingDataset(local=str(Path(cfg["data"]) / "mds"), shuffle=True, shuffle_seed=0,
-                               batch_size=cfg["batch_size"], epoch_size=_total_records(cfg))
+    dataset = StreamingDataset(
+        local=str(Path(cfg["data"]) / "mds"),
+        shuffle=True,
+        shuffle_seed=0,
+        batch_size=cfg["batch_size"],
+        epoch_size=_total_records(cfg),
+    )
     workers = cfg["workers"]
-    loader = StreamingDataLoader(dataset, batch_size=cfg["batch_size"], num_workers=workers,
-                                 prefetch_factor=2 if workers else None, drop_last=True)
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        drop_last=True,
+    )
     iterator = iter(loader)
 
     def close() -> None:
@@ -162,10 +188,17 @@ def litdata_source(cfg: dict):
     restarted at each epoch end (persistent workers keep the processes)."""
     from litdata import StreamingDataLoader, StreamingDataset
 
-    dataset = StreamingDataset(str(Path(cfg["data"]) / "litdata"), shuffle=True, seed=0, drop_last=True)
+    dataset = StreamingDataset(
+        str(Path(cfg["data"]) / "litdata"), shuffle=True, seed=0, drop_last=True
+    )
     workers = cfg["workers"]
-    loader = StreamingDataLoader(dataset, batch_size=cfg["batch_size"], num_workers=workers,
-                                 persistent_workers=bool(workers), drop_last=True)
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        persistent_workers=bool(workers),
+        drop_last=True,
+    )
     batches = _endless(lambda: loader)
     return (lambda: next(batches)), (lambda: None)
 
@@ -184,7 +217,9 @@ def wds_source(cfg: dict):
         .batched(cfg["batch_size"], partial=False)
     )
     workers = cfg["workers"]
-    loader = wds.WebLoader(pipeline, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None)
+    loader = wds.WebLoader(
+        pipeline, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None
+    )
     iterator = iter(loader)
     return (lambda: _as_dict(next(iterator))), (lambda: None)
 

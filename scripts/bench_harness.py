@@ -523,6 +523,11 @@ class Section:
         }
 
 
+def table_line(cells: list) -> str:
+    """One indented table line: cells are (value, format spec) pairs joined by spaces."""
+    return "  " + " ".join(format(value, spec) for value, spec in cells)
+
+
 def fmt(value: float | None, spec: str = ".1f", empty: str = "-") -> str:
     return empty if value is None else format(value, spec)
 

@@ -19,6 +19,7 @@ with Y[i] = 7 i + 3, so every delivered batch names the records it holds; the
 parent validates the first batches of every child against the numpy source
 (dtype, shape, order, and a hash of the pixel bytes).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -133,7 +134,9 @@ class TreeRss:
     def _run(self) -> None:
         me = os.getpid()
         while not self._stop.wait(0.05):
-            total = sum(_proc_kib(f"/proc/{pid}/status", "VmRSS:") for pid in [me] + _descendants(me))
+            total = sum(
+                _proc_kib(f"/proc/{pid}/status", "VmRSS:") for pid in [me] + _descendants(me)
+            )
             self.peak_kib = max(self.peak_kib, total)
 
     def __enter__(self) -> "TreeRss":
@@ -155,7 +158,8 @@ def _loaderx_source(cfg: dict):
     streams = {"x": DenseStore(str(data / "lx_x")), "y": DenseStore(str(data / "lx_y"))}
     out = None
     if cfg["backend"] == "loaderx_out":
-        # The loader needs at least prefetch + workers + 1 buffers; workers default to the usable cores.
+        # The loader needs at least prefetch + workers + 1 buffers; workers default to the
+        # usable cores.
         count = PREFETCH + len(os.sched_getaffinity(0)) + 2
         out = {
             "x": [np.empty((BATCH_SIZE, *ITEM_SHAPE), dtype=np.uint8) for _ in range(count)],
@@ -207,7 +211,11 @@ def _torch_source(cfg: dict):
     length = cfg["length"]
     total = (cfg["batches"] + cfg["warmup"] + 4) * BATCH_SIZE
     generator = torch.Generator().manual_seed(0)
-    sampler = BatchSampler(RandomSampler(range(length), num_samples=total, generator=generator), BATCH_SIZE, drop_last=True)
+    sampler = BatchSampler(
+        RandomSampler(range(length), num_samples=total, generator=generator),
+        BATCH_SIZE,
+        drop_last=True,
+    )
     workers = cfg["workers"]
     loader = DataLoader(
         _TorchBatches(cfg["data"], length),
@@ -233,7 +241,13 @@ def _grain_source(cfg: dict):
     import grain
 
     source = grain.sources.ArrayRecordDataSource([str(Path(cfg["data"]) / "data.array_record")])
-    dataset = grain.MapDataset.source(source).shuffle(seed=0).repeat().map(_GrainParse()).batch(BATCH_SIZE, drop_remainder=True)
+    dataset = (
+        grain.MapDataset.source(source)
+        .shuffle(seed=0)
+        .repeat()
+        .map(_GrainParse())
+        .batch(BATCH_SIZE, drop_remainder=True)
+    )
     iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=16, prefetch_buffer_size=500))
     if cfg["workers"]:
         iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["workers"]))
@@ -348,6 +362,7 @@ def child_main(argv: list[str]) -> int:
 
 # ============================================================================ parent side
 
+
 def _prepare(ctx, directory: Path, log) -> dict:
     """Writes the loader data set once: .npy files, loaderx stores, an ArrayRecord file,
     then each contender's own format (in the interpreter that contender runs in)."""
@@ -373,7 +388,10 @@ def _prepare(ctx, directory: Path, log) -> dict:
     problems.update(_write_array_record(directory, x, y))
     problems.update(_build_contenders(ctx, directory, log))
     log(f"loader: data set of {length} records written to {directory}")
-    store_bytes = {name: disk_usage_bytes(directory / name) if (directory / name).exists() else 0 for name in ("lx_x", "lx_y")}
+    store_bytes = {
+        name: disk_usage_bytes(directory / name) if (directory / name).exists() else 0
+        for name in ("lx_x", "lx_y")
+    }
     return {"x": x, "problems": problems, "store_bytes": store_bytes}
 
 
@@ -381,7 +399,9 @@ def _write_array_record(directory: Path, x: np.ndarray, y: np.ndarray) -> dict:
     try:
         from array_record.python.array_record_module import ArrayRecordWriter
 
-        writer = ArrayRecordWriter(str(directory / "data.array_record"), "group_size:1,uncompressed")
+        writer = ArrayRecordWriter(
+            str(directory / "data.array_record"), "group_size:1,uncompressed"
+        )
         for i in range(len(x)):
             writer.write(x[i].tobytes() + y[i : i + 1].tobytes())
         writer.close()
@@ -407,7 +427,7 @@ def python_for(ctx, backend: str) -> str:
 
 
 def _build_contenders(ctx, directory: Path, log) -> dict:
-    """backend -> "missing: ..."/"failed: ..." for every contender whose format could not be written."""
+    """backend -> "missing: ..." or "failed: ..." for each contender whose data was not written."""
     problems = {}
     script = str(Path(__file__).resolve().parent / "bench_contenders.py")
     for backend, kind in BUILDS.items():
@@ -416,7 +436,9 @@ def _build_contenders(ctx, directory: Path, log) -> dict:
         except Unavailable as exc:
             problems[backend] = str(exc)
             continue
-        result = run_child_json([python, script, "build", kind, str(directory)], timeout_s=1800, env=OFFLINE)
+        result = run_child_json(
+            [python, script, "build", kind, str(directory)], timeout_s=1800, env=OFFLINE
+        )
         if result["status"] != "ok":
             problems[backend] = f"{result['status']}: {result['reason']}"
         else:
@@ -435,9 +457,16 @@ def _validate(result: dict, x: np.ndarray, name: str) -> None:
             raise ValidationError(f"{what}: y is {check['y_dtype']} {check['y_shape']}")
         labels = np.asarray(check["y"], dtype=np.int64)
         indices = index_of(labels)
-        if not np.array_equal(label_of(indices), labels) or indices.min() < 0 or indices.max() >= len(x):
+        if (
+            not np.array_equal(label_of(indices), labels)
+            or indices.min() < 0
+            or indices.max() >= len(x)
+        ):
             raise ValidationError(f"{what}: labels are not labels of this data set")
-        if hashlib.blake2b(np.ascontiguousarray(x[indices]).data, digest_size=16).hexdigest() != check["x_hash"]:
+        if (
+            hashlib.blake2b(np.ascontiguousarray(x[indices]).data, digest_size=16).hexdigest()
+            != check["x_hash"]
+        ):
             raise ValidationError(f"{what}: x does not match the source rows its labels name")
 
 
@@ -447,7 +476,10 @@ FAMILIES = {
     "loaderx_out": ("loaderx DataLoader (threads, out= ring)", None),
     "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
     "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
-    "torchdata": ("torchdata StatefulDataLoader workers={w} (npy mmap)", "loader_contender_workers"),
+    "torchdata": (
+        "torchdata StatefulDataLoader workers={w} (npy mmap)",
+        "loader_contender_workers",
+    ),
     "grain": ("grain threads=16 mp_workers={w} (ArrayRecord)", "loader_grain_workers"),
     "mds": ("mosaicml-streaming workers={w} (MDS, py1e shuffle)", "loader_contender_workers"),
     "litdata": ("litdata workers={w} (optimize, chunk shuffle)", "loader_contender_workers"),
@@ -481,8 +513,13 @@ def _row_name(backend: str, workers: int | None) -> str:
 def run_loader(ctx, log):
     directory = ctx.workdir / "loader"
     prepared = _prepare(ctx, directory, log)
-    rows = {cfg: Row(_row_name(*cfg), "loaderx" if cfg[0].startswith("loaderx") else cfg[0], "raw") for cfg in _configs(ctx)}
-    extra = {cfg: {"first_s": [], "rss": [], "faults": [], "switches": [], "bound": None} for cfg in rows}
+    rows = {
+        cfg: Row(_row_name(*cfg), "loaderx" if cfg[0].startswith("loaderx") else cfg[0], "raw")
+        for cfg in _configs(ctx)
+    }
+    extra = {
+        cfg: {"first_s": [], "rss": [], "faults": [], "switches": [], "bound": None} for cfg in rows
+    }
     for cfg, row in rows.items():
         row.extra = extra[cfg]  # the same figures go to the JSON report
     for cfg in rows:
@@ -575,8 +612,9 @@ def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
         e = extra[cfg]
         versus = paired_ratio(lx, [row], "records_s")
         lines.append(
-            f"  {row.name:<{width}} {row.median('records_s') / BATCH_SIZE:>10.1f} {row.median('gather_mibs'):>8.1f}"
-            f" {np.median(e['first_s']):>8.3f} {max(e['rss']) / MIB:>12.1f}"
+            f"  {row.name:<{width}} {row.median('records_s') / BATCH_SIZE:>10.1f}"
+            f" {row.median('gather_mibs'):>8.1f} {np.median(e['first_s']):>8.3f}"
+            f" {max(e['rss']) / MIB:>12.1f}"
             f" {np.median(e['faults']):>9.1f} {np.median(e['switches']):>8.1f}"
             f" {fmt(versus, '.2f') + 'x' if versus else '-':>12}"
         )
@@ -588,18 +626,36 @@ def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], li
     targets = []
     for family, (label, threshold) in BARS.items():
         bases = [r.name for cfg, r in rows.items() if cfg[0] == family]
-        targets.append(Target(f"loader end to end vs {label}", lx.name, bases, threshold, metric="records_s").evaluate(named))
+        targets.append(
+            Target(
+                f"loader end to end vs {label}", lx.name, bases, threshold, metric="records_s"
+            ).evaluate(named)
+        )
     store = named[_row_name("loaderx_store", None)]
     hf = [r.name for cfg, r in rows.items() if cfg[0] == "hf"]
-    targets.append(Target("  (context) DenseStore[idx] loop vs HF datasets [idx], the same access", store.name, hf, 3.0,
-                          metric="records_s", spec=False).evaluate(named))
+    targets.append(
+        Target(
+            "  (context) DenseStore[idx] loop vs HF datasets [idx], the same access",
+            store.name,
+            hf,
+            3.0,
+            metric="records_s",
+            spec=False,
+        ).evaluate(named)
+    )
     lines = []
-    memory = Target("loader peak RSS within touched + prefetch x batch + 64 MiB (bound / peak)", lx.name, [], 1.0)
+    memory = Target(
+        "loader peak RSS within touched + prefetch x batch + 64 MiB (bound / peak)",
+        lx.name,
+        [],
+        1.0,
+    )
     if lx.ok and extra[lx_cfg]["rss"]:
         peak, bound = max(extra[lx_cfg]["rss"]), extra[lx_cfg]["bound"]
         memory.settle(bound / peak)
         lines.append(
-            f"  loaderx peak RSS {peak / MIB:.1f} MiB (VmHWM), bound {bound / MIB:.1f} MiB = store pages touched"
+            f"  loaderx peak RSS {peak / MIB:.1f} MiB (VmHWM), bound {bound / MIB:.1f} MiB"
+            " = store pages touched"
             f" (capped at store size) + {PREFETCH} x batch + 64 MiB"
         )
     else:
@@ -619,8 +675,10 @@ def _loader_section(ctx, rows: dict, extra: dict) -> Section:
     if ctx.venvs is not None:
         lines.extend(f"  {line}" for line in ctx.venvs.report_lines())
     title = (
-        f"loader end to end: x uint8 {ITEM_SHAPE} (12 KiB) + y int64, {ctx.size.loader_records} records, batch {BATCH_SIZE},"
-        f" random order, up to {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s per run,"
+        f"loader end to end: x uint8 {ITEM_SHAPE} (12 KiB) + y int64, {ctx.size.loader_records}"
+        f" records, batch {BATCH_SIZE},"
+        f" random order, up to {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s"
+        " per run,"
         f" each run a fresh process, {_rounds(ctx)} rounds"
     )
     lines.insert(0, f"== {title} ==")

@@ -10,6 +10,7 @@ Rows that did not run are listed in the bars with their status, never dropped.
 The title names the CPU model, the usable cores and the code revision.
 `python scripts/bench_plot.py REPORT.json OUT.png` redraws a saved --json report.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,13 +28,25 @@ def record_bytes(key: str) -> int | None:
 
 
 LOADERX_COLORS = ("#d62728", "#ff7f0e", "#8c2d04", "#e377c2")
-CONTENDER_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#7f7f7f", "#8c564b",
-                    "#aec7e8", "#98df8a", "#c5b0d5", "#9edae5", "#dbdb8d")
+CONTENDER_COLORS = (
+    "#1f77b4",
+    "#2ca02c",
+    "#9467bd",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#8c564b",
+    "#aec7e8",
+    "#98df8a",
+    "#c5b0d5",
+    "#9edae5",
+    "#dbdb8d",
+)
 LIMIT_DASHES = ((6, 2), (2, 2), (8, 2, 2, 2), (4, 1, 1, 1), (1, 1), (10, 3))
 
 
 def _line_style(group: str, name: str, counters: dict) -> dict:
-    """loaderx rows thick warm colours, contenders thin cool ones, limits grey with their own dashes."""
+    """loaderx rows thick and warm, contenders thin and cool, limits grey with their own dashes."""
     if group == "baseline":
         return dict(lw=2.0, marker="s", color="black")
     if group == "limit":
@@ -63,8 +76,17 @@ def _dense_panel(ax, sections: list[dict]) -> None:
             if size is not None and row["status"] == "ok" and row["gather_mib_s"]:
                 series.setdefault(row["name"], []).append((size, row["gather_mib_s"]))
                 groups[row["name"]] = row["group"]
-    order = sorted(series, key=lambda name: (["loaderx", "baseline", "contender", "limit"].index(groups[name])
-                                              if groups[name] in ("loaderx", "baseline", "contender", "limit") else 2, name))
+    order = sorted(
+        series,
+        key=lambda name: (
+            (
+                ["loaderx", "baseline", "contender", "limit"].index(groups[name])
+                if groups[name] in ("loaderx", "baseline", "contender", "limit")
+                else 2
+            ),
+            name,
+        ),
+    )
     counters = {"loaderx": 0, "contender": 0, "limit": 0}
     for name in order:
         points = sorted(series[name])
@@ -84,9 +106,18 @@ def _dense_panel(ax, sections: list[dict]) -> None:
 
 def _bars(ax, section: dict, per_batch: int, title: str) -> None:
     rows = section["rows"]
-    names = [r["name"] if r["status"] == "ok" else f"{r['name']}  [{r['status'][:40]}]" for r in rows]
+    names = [
+        r["name"] if r["status"] == "ok" else f"{r['name']}  [{r['status'][:40]}]" for r in rows
+    ]
     values = [(r["records_s"] or 0) / per_batch if r["status"] == "ok" else 0.0 for r in rows]
-    colors = [LOADERX_COLOR if r["group"] == "loaderx" else ("black" if r["group"] == "baseline" else "#1f77b4") for r in rows]
+    colors = [
+        (
+            LOADERX_COLOR
+            if r["group"] == "loaderx"
+            else ("black" if r["group"] == "baseline" else "#1f77b4")
+        )
+        for r in rows
+    ]
     positions = range(len(rows))
     ax.barh(positions, values, color=colors)
     ax.set_yticks(list(positions))
@@ -106,7 +137,9 @@ def _scale_panel(ax, section: dict) -> None:
     for row in section["rows"]:
         if row["status"] == "ok":
             extra = row["extra"]
-            kinds.setdefault(row["name"].rsplit(" ", 1)[0], []).append((extra["count"], row["gather_mib_s"]))
+            kinds.setdefault(row["name"].rsplit(" ", 1)[0], []).append(
+                (extra["count"], row["gather_mib_s"])
+            )
     for name, points in kinds.items():
         points.sort()
         xs, ys = zip(*points)
@@ -150,14 +183,23 @@ def draw(sections: list[dict], machine: dict, path: Path) -> None:
         if kind == "dense":
             _dense_panel(ax, payload)
         elif kind == "loader":
-            _bars(ax, payload, 256, "loader end to end, 12 KiB records + label, batch 256 (fresh process per run)")
+            _bars(
+                ax,
+                payload,
+                256,
+                "loader end to end, 12 KiB records + label, batch 256 (fresh process per run)",
+            )
         elif kind == "tokens":
             _bars(ax, payload, 32, "token windows, 32 x 2049 int32 per batch")
         else:
             _scale_panel(ax, payload)
     revision = machine.get("loaderx", "").rsplit("git ", 1)[-1].rstrip(")")
-    fig.suptitle(f"loaderx bench on {machine.get('cpu', '?')}, {machine.get('cores usable', '?').split(' (')[0]} cores"
-                 f" (git {revision}); medians of interleaved rounds", fontsize=11)
+    fig.suptitle(
+        f"loaderx bench on {machine.get('cpu', '?')},"
+        f" {machine.get('cores usable', '?').split(' (')[0]} cores"
+        f" (git {revision}); medians of interleaved rounds",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -168,6 +210,8 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3:
-        sys.exit("usage: bench_plot.py REPORT.json OUT.png  (redraws a saved `bench.py --json` report)")
+        sys.exit(
+            "usage: bench_plot.py REPORT.json OUT.png  (redraws a saved `bench.py --json` report)"
+        )
     report = json.loads(Path(sys.argv[1]).read_text())
     draw(report["sections"], report["machine"], Path(sys.argv[2]))

@@ -23,6 +23,7 @@ cache) are not built; the table says which and why. Stores are built once into
 small ones into the run's temporary directory. Record values are a function of
 the index, so every batch is validated exactly without a copy of the data.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_harness import (
+    table_line,
     child_reason,
     MIB,
     Row,
@@ -154,7 +156,10 @@ def _skip_reason(bytes_needed: int, cached: bool, root: Path, max_bytes: int | N
         return f"{bytes_needed / gib:.1f} GiB > --scale-max-gib {max_bytes / gib:g}"
     memory = _mem_available()
     if bytes_needed > memory // 2:
-        return f"{bytes_needed / gib:.1f} GiB > half the available memory ({memory / gib:.1f} GiB): not page-cache resident"
+        return (
+            f"{bytes_needed / gib:.1f} GiB > half the available memory ({memory / gib:.1f} GiB):"
+            " it would not stay in the page cache"
+        )
     free = _free_bytes(root)
     if not cached and bytes_needed > free // 2:
         return f"{bytes_needed / gib:.1f} GiB > half the free disk ({free / gib:.1f} GiB)"
@@ -189,7 +194,9 @@ def prepare_stores(ctx) -> tuple[dict, list[str]]:
                 try:
                     _build_store(kind, count, path)
                 except Exception as exc:  # reported as a skipped size; the others still run
-                    skipped.append(f"{KINDS[kind][0]} at 10^{exponent}: build failed: {short_error(exc)}")
+                    skipped.append(
+                        f"{KINDS[kind][0]} at 10^{exponent}: build failed: {short_error(exc)}"
+                    )
                     shutil.rmtree(path, ignore_errors=True)
                     continue
                 ctx.log(f"scale: built {kind} 10^{exponent} in {time.perf_counter() - start:.1f} s")
@@ -244,7 +251,9 @@ def size_child(cfg: dict) -> dict:
 
     kind, count = cfg["kind"], cfg["count"]
     rng = np.random.default_rng(cfg["seed"])
-    plan = [rng.integers(0, count, BATCH) for _ in range(max(cfg["rss_batches"], cfg["batches"] + 3))]
+    plan = [
+        rng.integers(0, count, BATCH) for _ in range(max(cfg["rss_batches"], cfg["batches"] + 3))
+    ]
     start = time.perf_counter()
     store = _open(kind, cfg["path"])
     open_s = time.perf_counter() - start
@@ -264,9 +273,18 @@ def size_child(cfg: dict) -> dict:
         _fetch(store, kind, indices)
     rss = {f: _status_kib(f + ":") * 1024 for f in ("VmRSS", "RssAnon", "RssFile", "VmHWM")}
     store.close()
-    return {"status": "ok", "open_s": open_s, "first_s": first_s, "seconds": seconds, "batches": len(timed),
-            "bytes": _payload_bytes(kind, timed), "rss": rss, "rss_after_batches": len(plan),
-            "faults_per_batch": (faults_end - faults) / len(timed), "switches_per_batch": (switches_end - switches) / len(timed)}
+    return {
+        "status": "ok",
+        "open_s": open_s,
+        "first_s": first_s,
+        "seconds": seconds,
+        "batches": len(timed),
+        "bytes": _payload_bytes(kind, timed),
+        "rss": rss,
+        "rss_after_batches": len(plan),
+        "faults_per_batch": (faults_end - faults) / len(timed),
+        "switches_per_batch": (switches_end - switches) / len(timed),
+    }
 
 
 def _time_calls(call, budget_s: float) -> float:
@@ -296,7 +314,9 @@ def batch_child(cfg: dict) -> dict:
             names = names[round_index % 3 :] + names[: round_index % 3]
             for name in names:
                 _validate("dense1k", variants[name](idx, out), idx, f"{name} batch {size}")
-                figures[name][str(size)].append(_time_calls(lambda: variants[name](idx, out), cfg["budget_s"]))
+                figures[name][str(size)].append(
+                    _time_calls(lambda: variants[name](idx, out), cfg["budget_s"])
+                )
     store.close()
     return {"status": "ok", "figures": figures}
 
@@ -328,11 +348,17 @@ def threads_child(cfg: dict) -> dict:
     gather = {str(n): [] for n in cfg["threads"]}
     loader = {str(n): [] for n in cfg["threads"]}
     for round_index in range(cfg["rounds"]):
-        order = cfg["threads"][round_index % len(cfg["threads"]) :] + cfg["threads"][: round_index % len(cfg["threads"])]
+        order = (
+            cfg["threads"][round_index % len(cfg["threads"]) :]
+            + cfg["threads"][: round_index % len(cfg["threads"])]
+        )
         for n in order:
             store.gather(idx, out=out, threads=n)
             _validate("dense1k", out, idx, f"gather threads={n}")
-            gather[str(n)].append(THREAD_BATCH / _time_calls(lambda: store.gather(idx, out=out, threads=n), cfg["budget_s"]))
+            gather[str(n)].append(
+                THREAD_BATCH
+                / _time_calls(lambda: store.gather(idx, out=out, threads=n), cfg["budget_s"])
+            )
             loader[str(n)].append(_loader_rate(store, n, cfg["count"], cfg["budget_s"]))
     store.close()
     return {"status": "ok", "gather_records_s": gather, "loader_batches_s": loader}
@@ -364,9 +390,17 @@ def _run(cfg: dict) -> dict:
 def _size_rows(ctx, stores: dict) -> dict:
     """(kind, count) -> Row, measured over interleaved rounds of fresh processes."""
     rows = {}
-    for (kind, count) in stores:
+    for kind, count in stores:
         row = Row(f"{KINDS[kind][0]} 10^{len(str(count)) - 1}", "loaderx", "raw")
-        row.extra = {"kind": kind, "count": count, "open_ms": [], "first_ms": [], "rss": [], "faults": [], "switches": []}
+        row.extra = {
+            "kind": kind,
+            "count": count,
+            "open_ms": [],
+            "first_ms": [],
+            "rss": [],
+            "faults": [],
+            "switches": [],
+        }
         rows[(kind, count)] = row
     rss_batches = RSS_BATCHES if ctx.size.scale_batches >= RSS_BATCHES else ctx.size.scale_batches
     for round_index in range(ctx.repeat):
@@ -376,8 +410,15 @@ def _size_rows(ctx, stores: dict) -> dict:
             row = rows[key]
             if not row.ok:
                 continue
-            cfg = {"mode": "size", "kind": key[0], "count": key[1], "path": str(stores[key]), "seed": ctx.seed + round_index,
-                   "batches": ctx.size.scale_batches, "rss_batches": rss_batches}
+            cfg = {
+                "mode": "size",
+                "kind": key[0],
+                "count": key[1],
+                "path": str(stores[key]),
+                "seed": ctx.seed + round_index,
+                "batches": ctx.size.scale_batches,
+                "rss_batches": rss_batches,
+            }
             _record_size(row, _run(cfg))
         ctx.log(f"scale: size round {round_index + 1} done")
     return rows
@@ -409,27 +450,60 @@ def _median(values: list) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
+SIZE_COLUMNS = (
+    ("records", 8),
+    ("store MiB", 10),
+    ("open ms", 8),
+    ("first ms", 9),
+    ("gather MiB/s", 12),
+    ("records/s", 10),
+    ("vs ref", 7),
+    ("RssAnon MiB", 11),
+    ("RssFile MiB", 11),
+    ("faults/b", 9),
+    ("ctxsw/b", 8),
+)
+
+
+def _size_cells(row: Row, ref: Row | None, store_mib: float) -> list:
+    e = row.extra
+    versus = paired_ratio(row, [ref]) if ref is not None else None
+    return [
+        (e["count"], ".0e"),
+        (store_mib, ".1f"),
+        (_median(e["open_ms"]), ".2f"),
+        (_median(e["first_ms"]), ".2f"),
+        (row.median("gather_mibs"), ".1f"),
+        (row.median("records_s"), ".3g"),
+        ("-" if versus is None else f"{versus:.2f}x", ""),
+        (max(r["RssAnon"] for r in e["rss"]) / MIB, ".1f"),
+        (max(r["RssFile"] for r in e["rss"]) / MIB, ".1f"),
+        (_median(e["faults"]), ".1f"),
+        (_median(e["switches"]), ".1f"),
+    ]
+
+
 def _size_table(kind: str, rows: dict, stores: dict) -> list[str]:
     ref = _reference(rows, kind)
-    head = (f"  {'records':>8} {'store MiB':>10} {'open ms':>8} {'first ms':>9} {'gather MiB/s':>12} {'records/s':>10}"
-            f" {'vs ref':>7} {'RssAnon MiB':>11} {'RssFile MiB':>11} {'faults/b':>9} {'ctxsw/b':>8}")
-    lines = [f"  {KINDS[kind][0]} (ref = {ref.name.rsplit(' ', 1)[1] if ref else '-'} records; RSS after"
-             f" {next((r.extra.get('rss_after_batches') for r in rows.values() if r.extra.get('rss_after_batches')), '-')}"
-             " random batches)", head, "  " + "-" * (len(head) - 2)]
+    head = table_line([(title, f">{width}") for title, width in SIZE_COLUMNS])
+    after = max([r.extra.get("rss_after_batches", 0) for r in rows.values()] + [0])
+    ref_label = ref.name.rsplit(" ", 1)[1] if ref else "-"
+    lines = [
+        f"  {KINDS[kind][0]} (ref = {ref_label} records; RSS after {after} random batches)",
+        head,
+        "  " + "-" * (len(head) - 2),
+    ]
     for (k, count), row in sorted(rows.items(), key=lambda item: item[0][1]):
         if k != kind:
             continue
         if not row.ok:
             lines.append(f"  {count:>8.0e} {row.status}")
             continue
-        versus = paired_ratio(row, [ref]) if ref is not None else None
-        store_mib = disk_usage_bytes(stores[(k, count)]) / MIB
-        e = row.extra
+        cells = _size_cells(row, ref, disk_usage_bytes(stores[(k, count)]) / MIB)
+        widths = [width for _title, width in SIZE_COLUMNS]
         lines.append(
-            f"  {count:>8.0e} {store_mib:>10.1f} {_median(e['open_ms']):>8.2f} {_median(e['first_ms']):>9.2f}"
-            f" {row.median('gather_mibs'):>12.1f} {row.median('records_s'):>10.3g} {versus or float('nan'):>6.2f}x"
-            f" {max(r['RssAnon'] for r in e['rss']) / MIB:>11.1f} {max(r['RssFile'] for r in e['rss']) / MIB:>11.1f}"
-            f" {_median(e['faults']):>9.1f} {_median(e['switches']):>8.1f}")
+            table_line([(format(v, spec), f">{w}") for (v, spec), w in zip(cells, widths)])
+        )
     return lines
 
 
@@ -442,41 +516,90 @@ def _size_targets(kind: str, rows: dict) -> list[Target]:
     top_row, exponent = mine[top], len(str(top)) - 1
     open_ms, first_ms = _median(top_row.extra["open_ms"]), _median(top_row.extra["first_ms"])
     targets = [
-        Target(f"scale {label}: open at 10^{exponent} records, {open_ms:.2f} ms (limit 10 ms / open)", top_row.name, [], 1.0)
-        .settle(10.0 / max(open_ms, 1e-6)),
-        Target(f"scale {label}: first batch at 10^{exponent}, {first_ms:.2f} ms (limit 50 ms / first)", top_row.name, [], 1.0)
-        .settle(50.0 / max(first_ms, 1e-6)),
+        Target(
+            f"scale {label}: open at 10^{exponent} records, {open_ms:.2f} ms (limit 10 ms / open)",
+            top_row.name,
+            [],
+            1.0,
+        ).settle(10.0 / max(open_ms, 1e-6)),
+        Target(
+            f"scale {label}: first batch at 10^{exponent}, {first_ms:.2f} ms (limit 50 ms / first)",
+            top_row.name,
+            [],
+            1.0,
+        ).settle(50.0 / max(first_ms, 1e-6)),
     ]
     ref = _reference(rows, kind)
-    ratios = {c: paired_ratio(r, [ref]) for c, r in mine.items() if ref is not None and r is not ref}
+    ratios = {
+        c: paired_ratio(r, [ref]) for c, r in mine.items() if ref is not None and r is not ref
+    }
     ratios = {c: v for c, v in ratios.items() if v is not None}
     worst = min(ratios, key=ratios.get) if ratios else None
     where = f"worst at 10^{len(str(worst)) - 1}" if worst else "one size only"
-    targets.append(Target(f"scale {label}: gather throughput vs {ref.name.rsplit(' ', 1)[1] if ref else '-'} at every size ({where})",
-                          top_row.name, [], 0.8).settle(ratios[worst] if worst else None, "one size only"))
+    targets.append(
+        Target(
+            f"scale {label}: gather throughput vs {ref_label} at every size ({where})",
+            top_row.name,
+            [],
+            0.8,
+        ).settle(ratios[worst] if worst else None, "one size only")
+    )
     anon = {c: max(x["RssAnon"] for x in r.extra["rss"]) for c, r in mine.items()}
     spread = (min(anon.values()) + (16 << 20)) / max(anon.values())
-    targets.append(Target(f"scale {label}: RssAnon independent of size ((smallest + 16 MiB) / largest)", top_row.name, [], 1.0)
-                   .settle(spread))
+    targets.append(
+        Target(
+            f"scale {label}: RssAnon independent of size ((smallest + 16 MiB) / largest)",
+            top_row.name,
+            [],
+            1.0,
+        ).settle(spread)
+    )
     return targets
 
 
 def _batch_section(ctx, path: Path, count: int) -> Section:
     budget = min(0.2, ctx.size.budget_s)
-    result = _run({"mode": "batch", "path": str(path), "count": count, "seed": ctx.seed, "rounds": ctx.repeat, "budget_s": budget})
-    title = f"scale: batch size {BATCH_SIZES[0]} .. {BATCH_SIZES[-1]}, 1 KiB records, 10^{len(str(count)) - 1} records"
+    result = _run(
+        {
+            "mode": "batch",
+            "path": str(path),
+            "count": count,
+            "seed": ctx.seed,
+            "rounds": ctx.repeat,
+            "budget_s": budget,
+        }
+    )
+    title = (
+        f"scale: batch size {BATCH_SIZES[0]} .. {BATCH_SIZES[-1]}, 1 KiB records,"
+        f" 10^{len(str(count)) - 1} records"
+    )
     if result["status"] != "ok":
-        row = Row("batch-size sweep", "loaderx", "raw", status=f"{result['status']}: {result['reason']}")
+        row = Row(
+            "batch-size sweep", "loaderx", "raw", status=f"{result['status']}: {result['reason']}"
+        )
         return Section("scale-batch", title, [f"== {title} ==", f"  {row.status}"], [row], [])
     figures = result["figures"]
     rows, names = [], list(figures)
-    head = f"  {'batch':>6} " + " ".join(f"{n + ' us':>26}" for n in names) + f" {'records/s best':>15} {'lanes pay':>10}"
-    lines = [f"== {title} ==", "  us: microseconds per batch (median of rounds); lanes pay: threads=1 time / all-lane time",
-             head, "  " + "-" * (len(head) - 2)]
+    head = (
+        f"  {'batch':>6} "
+        + " ".join(f"{n + ' us':>26}" for n in names)
+        + f" {'records/s best':>15} {'lanes pay':>10}"
+    )
+    lines = [
+        f"== {title} ==",
+        "  us: microseconds per batch (median of rounds);"
+        " lanes pay: threads=1 time / all-lane time",
+        head,
+        "  " + "-" * (len(head) - 2),
+    ]
     for size in BATCH_SIZES:
         us = [_median(figures[n][str(size)]) * 1e6 for n in names]
         pay = us[1] / us[2]
-        lines.append(f"  {size:>6} " + " ".join(f"{u:>26.2f}" for u in us) + f" {size / min(us) * 1e6:>15.3g} {pay:>9.2f}x")
+        lines.append(
+            f"  {size:>6} "
+            + " ".join(f"{u:>26.2f}" for u in us)
+            + f" {size / min(us) * 1e6:>15.3g} {pay:>9.2f}x"
+        )
     for name in names:
         row = Row(name, "loaderx", "raw")
         row.extra = {"us_per_batch": {b: [s * 1e6 for s in v] for b, v in figures[name].items()}}
@@ -489,24 +612,53 @@ def _batch_section(ctx, path: Path, count: int) -> Section:
 def _threads_section(ctx, path: Path, count: int) -> Section:
     threads = list(range(1, ctx.threads + 1))
     budget = min(0.3, max(0.02, ctx.size.budget_s))
-    result = _run({"mode": "threads", "path": str(path), "count": count, "seed": ctx.seed, "rounds": ctx.repeat,
-                   "budget_s": budget, "threads": threads})
-    title = f"scale: threads 1 .. {ctx.threads}, gather(out=) of {THREAD_BATCH} x 1 KiB and DataLoader batch {BATCH}"
+    result = _run(
+        {
+            "mode": "threads",
+            "path": str(path),
+            "count": count,
+            "seed": ctx.seed,
+            "rounds": ctx.repeat,
+            "budget_s": budget,
+            "threads": threads,
+        }
+    )
+    title = (
+        f"scale: threads 1 .. {ctx.threads}, gather(out=) of {THREAD_BATCH} x 1 KiB"
+        f" and DataLoader batch {BATCH}"
+    )
     if result["status"] != "ok":
-        row = Row("thread sweep", "loaderx", "raw", status=f"{result['status']}: {result['reason']}")
+        row = Row(
+            "thread sweep", "loaderx", "raw", status=f"{result['status']}: {result['reason']}"
+        )
         return Section("scale-threads", title, [f"== {title} ==", f"  {row.status}"], [row], [])
     gather = {int(n): _median(v) for n, v in result["gather_records_s"].items()}
     loader = {int(n): _median(v) for n, v in result["loader_batches_s"].items()}
-    head = f"  {'threads':>7} {'gather MiB/s':>12} {'efficiency':>10} {'loader batches/s':>16} {'efficiency':>10}"
-    lines = [f"== {title} ==", "  efficiency: rate(n) / (n x rate(1))", head, "  " + "-" * (len(head) - 2)]
+    head = table_line(
+        [("threads", ">7"), ("gather MiB/s", ">12"), ("efficiency", ">10")]
+        + [("loader batches/s", ">16"), ("efficiency", ">10")]
+    )
+    lines = [
+        f"== {title} ==",
+        "  efficiency: rate(n) / (n x rate(1))",
+        head,
+        "  " + "-" * (len(head) - 2),
+    ]
     for n in threads:
-        lines.append(f"  {n:>7} {gather[n] * 1024 / MIB:>12.1f} {gather[n] / (n * gather[1]):>10.2f}"
-                     f" {loader[n]:>16.1f} {loader[n] / (n * loader[1]):>10.2f}")
+        lines.append(
+            f"  {n:>7} {gather[n] * 1024 / MIB:>12.1f} {gather[n] / (n * gather[1]):>10.2f}"
+            f" {loader[n]:>16.1f} {loader[n] / (n * loader[1]):>10.2f}"
+        )
     rows = []
-    for name, rates in (("gather(out=) threads=n", result["gather_records_s"]), ("DataLoader workers=n", result["loader_batches_s"])):
+    for name, rates in (
+        ("gather(out=) threads=n", result["gather_records_s"]),
+        ("DataLoader workers=n", result["loader_batches_s"]),
+    ):
         row = Row(name, "loaderx", "raw")
         row.extra = {"per_threads": rates}
-        row.records_s = [_median(rates[str(threads[-1])]) * (1 if name.startswith("gather") else BATCH)]
+        row.records_s = [
+            _median(rates[str(threads[-1])]) * (1 if name.startswith("gather") else BATCH)
+        ]
         row.gather_mibs = [row.records_s[0] * 1024 / MIB]
         rows.append(row)
     return Section("scale-threads", title, lines, rows, [])
@@ -523,8 +675,13 @@ def run_scale(ctx) -> list[Section]:
     lines.extend(f"  {line}" for line in skipped)
     lines.append("  targets (issue 16; a figure over its limit reads as limit / figure):")
     lines.extend(t.line() for t in targets)
-    title = f"scale: store size, open / first batch / random gather of {BATCH} / RSS, each run a fresh process, {ctx.repeat} rounds"
-    sections = [Section("scale-size", title, [f"== {title} =="] + lines, list(rows.values()), targets)]
+    title = (
+        f"scale: store size, open / first batch / random gather of {BATCH} / RSS,"
+        f" each run a fresh process, {ctx.repeat} rounds"
+    )
+    sections = [
+        Section("scale-size", title, [f"== {title} =="] + lines, list(rows.values()), targets)
+    ]
     dense1k = sorted(c for k, c in stores if k == "dense1k")
     if dense1k:
         count = max([c for c in dense1k if c <= 10**6] or dense1k[:1])

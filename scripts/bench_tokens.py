@@ -23,6 +23,7 @@ parent finds the row in T (at the claimed window when the child knows it, at
 some window-aligned offset for the loader, at any offset for LitData) and
 compares digests.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,6 +38,7 @@ import numpy as np
 
 import bench_data
 from bench_harness import (
+    table_line,
     child_reason,
     MIB,
     OFFLINE,
@@ -60,7 +62,9 @@ MISSING_TW = "missing: loaderx.TokenWindows not available"
 
 
 def _digest(row: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(row, dtype=np.int32).data, digest_size=16).hexdigest()
+    return hashlib.blake2b(
+        np.ascontiguousarray(row, dtype=np.int32).data, digest_size=16
+    ).hexdigest()
 
 
 # ============================================================================ child side
@@ -119,11 +123,21 @@ def _tw_loader_source(cfg: dict):
 def _litdata_source(cfg: dict):
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
-    dataset = StreamingDataset(str(Path(cfg["data"]) / "litdata_tokens"), item_loader=TokensLoader(block_size=cfg["seq_len"] + 1),
-                               shuffle=True, drop_last=True, seed=0)
+    dataset = StreamingDataset(
+        str(Path(cfg["data"]) / "litdata_tokens"),
+        item_loader=TokensLoader(block_size=cfg["seq_len"] + 1),
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+    )
     workers = cfg["workers"]
-    loader = StreamingDataLoader(dataset, batch_size=cfg["batch_size"], num_workers=workers,
-                                 persistent_workers=bool(workers), drop_last=True)
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        persistent_workers=bool(workers),
+        drop_last=True,
+    )
 
     def batches():
         while True:  # an epoch ends; users restart it, and so does the bench (its cost counts)
@@ -176,9 +190,14 @@ def _measure(cfg: dict) -> dict:
     faults_end, switches_end = bench_loader.tree_counters()
     close()
     return {
-        "status": "ok", "batches": count, "seconds": seconds, "first_batch_s": first_s,
-        "faults_per_batch": (faults_end - faults) / count, "switches_per_batch": (switches_end - switches) / count,
-        "vmhwm_bytes": bench_loader._proc_kib("/proc/self/status", "VmHWM:") * 1024, "checks": checks,
+        "status": "ok",
+        "batches": count,
+        "seconds": seconds,
+        "first_batch_s": first_s,
+        "faults_per_batch": (faults_end - faults) / count,
+        "switches_per_batch": (switches_end - switches) / count,
+        "vmhwm_bytes": bench_loader._proc_kib("/proc/self/status", "VmHWM:") * 1024,
+        "checks": checks,
     }
 
 
@@ -190,7 +209,11 @@ def child_main(argv: list[str]) -> int:
         if module == "loaderx":
             from loaderx import TokenWindows  # noqa: F401
     except ImportError as exc:
-        reason = "loaderx.TokenWindows not available" if module == "loaderx" else f"{type(exc).__name__}: {exc}"
+        reason = (
+            "loaderx.TokenWindows not available"
+            if module == "loaderx"
+            else f"{type(exc).__name__}: {exc}"
+        )
         print(json.dumps({"status": "missing", "reason": reason[:200]}))
         return 0
     try:
@@ -207,7 +230,11 @@ def _litdata_document(data: str, i: int):
     import torch
 
     if _DOCS.get("data") != data:
-        _DOCS.update(data=data, flat=np.load(Path(data) / "flat.npy", mmap_mode="r"), splits=np.load(Path(data) / "splits.npy"))
+        _DOCS.update(
+            data=data,
+            flat=np.load(Path(data) / "flat.npy", mmap_mode="r"),
+            splits=np.load(Path(data) / "splits.npy"),
+        )
     return torch.from_numpy(np.array(_DOCS["flat"][_DOCS["splits"][i] : _DOCS["splits"][i + 1]]))
 
 
@@ -224,10 +251,16 @@ def build_litdata(data: str, seq_len: int) -> int:
     start = time.perf_counter()
     try:
         documents = len(np.load(Path(data) / "splits.npy")) - 1
-        optimize(fn=functools.partial(_litdata_document, data), inputs=list(range(documents)),
-                 output_dir=str(Path(data) / "litdata_tokens"),
-                 chunk_size=(seq_len + 1) * LITDATA_CHUNK_WINDOWS, item_loader=TokensLoader(), num_workers=1,
-                 mode="overwrite", verbose=False)
+        optimize(
+            fn=functools.partial(_litdata_document, data),
+            inputs=list(range(documents)),
+            output_dir=str(Path(data) / "litdata_tokens"),
+            chunk_size=(seq_len + 1) * LITDATA_CHUNK_WINDOWS,
+            item_loader=TokensLoader(),
+            num_workers=1,
+            mode="overwrite",
+            verbose=False,
+        )
     except Exception as exc:  # reported as a "failed" row by the parent
         print(json.dumps({"status": "failed", "reason": child_reason(exc, "build: ")}))
         return 0
@@ -263,7 +296,9 @@ class Stream:
             candidates = candidates[self.flat[candidates + k] == token]
         return candidates
 
-    def check_row(self, prefix: list, digest: str, claimed: int | None, rule: str, what: str) -> None:
+    def check_row(
+        self, prefix: list, digest: str, claimed: int | None, rule: str, what: str
+    ) -> None:
         length = self.seq_len
         if claimed is not None:
             starts = [claimed * length] if 0 <= claimed < self.windows else []
@@ -273,7 +308,9 @@ class Stream:
                 starts = [s for s in starts if s % length == 0]
         if not any(_digest(self.flat[s : s + length + 1]) == digest for s in starts):
             where = f"window {claimed}" if claimed is not None else f"any {rule} offset"
-            raise ValidationError(f"{what}: row is not T[{where} : +{length + 1}] of the token stream")
+            raise ValidationError(
+                f"{what}: row is not T[{where} : +{length + 1}] of the token stream"
+            )
 
 
 def _validate(result: dict, stream: Stream, backend: str, name: str) -> None:
@@ -281,10 +318,14 @@ def _validate(result: dict, stream: Stream, backend: str, name: str) -> None:
     for number, check in enumerate(result["checks"]):
         what = f"{name} batch {number}"
         if check["dtype"] != "int32" or check["shape"] != want_shape:
-            raise ValidationError(f"{what}: got {check['dtype']} {check['shape']}, want int32 {want_shape}")
+            raise ValidationError(
+                f"{what}: got {check['dtype']} {check['shape']}, want int32 {want_shape}"
+            )
         rule = "any" if backend == "litdata" else "aligned"
         claimed = check["indices"] or [None] * len(check["digests"])
-        for row, (prefix, digest, index) in enumerate(zip(check["prefixes"], check["digests"], claimed)):
+        for row, (prefix, digest, index) in enumerate(
+            zip(check["prefixes"], check["digests"], claimed)
+        ):
             stream.check_row(prefix, digest, index, rule, f"{what} row {row}")
     if not result["checks"]:
         raise ValidationError(f"{name}: no batch was checked")
@@ -328,7 +369,9 @@ def _build_litdata(ctx, directory: Path) -> dict:
 def _configs(ctx) -> list[tuple[str, int | None]]:
     configs = []
     for backend, (_name, workers_attr, _venv) in ROWS.items():
-        configs.extend((backend, w) for w in (getattr(ctx.size, workers_attr) if workers_attr else (None,)))
+        configs.extend(
+            (backend, w) for w in (getattr(ctx.size, workers_attr) if workers_attr else (None,))
+        )
     return configs
 
 
@@ -340,13 +383,24 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
     except Unavailable as exc:
         row.status = str(exc)
         return
-    child = {"backend": backend, "workers": workers, "data": str(directory), "seq_len": SEQ_LEN, "batch_size": BATCH,
-             "batches": ctx.size.loader_batches, "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
-             "seconds": ctx.size.loader_seconds}
+    child = {
+        "backend": backend,
+        "workers": workers,
+        "data": str(directory),
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "batches": ctx.size.loader_batches,
+        "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
+        "seconds": ctx.size.loader_seconds,
+    }
     argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
     result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
     if result["status"] != "ok":
-        row.status = MISSING_TW if result["reason"] == "loaderx.TokenWindows not available" else f"{result['status']}: {result['reason']}"
+        row.status = (
+            MISSING_TW
+            if result["reason"] == "loaderx.TokenWindows not available"
+            else f"{result['status']}: {result['reason']}"
+        )
         return
     try:
         _validate(result, stream, backend, row.name)
@@ -357,8 +411,12 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
     row.records_s.append(per_s * BATCH)
     row.gather_mibs.append(per_s * BATCH * (SEQ_LEN + 1) * 4 / MIB)
     row.batches_timed = result["batches"]
-    for key, value in (("first_s", result["first_batch_s"]), ("rss", result["vmhwm_bytes"]),
-                       ("faults", result["faults_per_batch"]), ("switches", result["switches_per_batch"])):
+    for key, value in (
+        ("first_s", result["first_batch_s"]),
+        ("rss", result["vmhwm_bytes"]),
+        ("faults", result["faults_per_batch"]),
+        ("switches", result["switches_per_batch"]),
+    ):
         extra[key].append(value)
     ctx.log(f"tokens: {row.name}: {per_s:.1f} batches/s")
 
@@ -366,8 +424,14 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
 def run_tokens(ctx) -> list[Section]:
     directory = ctx.workdir / "tokens"
     stream, problems = _prepare(ctx, directory)
-    rows = {cfg: Row(ROWS[cfg[0]][0].replace("{w}", str(cfg[1])), "loaderx" if cfg[0].startswith("tw") else "contender", "raw")
-            for cfg in _configs(ctx)}
+    rows = {
+        cfg: Row(
+            ROWS[cfg[0]][0].replace("{w}", str(cfg[1])),
+            "loaderx" if cfg[0].startswith("tw") else "contender",
+            "raw",
+        )
+        for cfg in _configs(ctx)
+    }
     rows[("numpy", None)].group = "baseline"
     extra = {cfg: {"first_s": [], "rss": [], "faults": [], "switches": []} for cfg in rows}
     for cfg, row in rows.items():
@@ -388,30 +452,54 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
     named = {r.name: r for r in rows.values()}
     base = rows[("numpy", None)]
     width = max(len(r.name) for r in rows.values())
-    head = (f"  {'token windows':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first s':>8} {'peak RSS MiB':>12}"
-            f" {'faults/b':>9} {'ctxsw/b':>8} {'vs numpy':>9}")
+    titles = ["batches/s", "MiB/s", "first s", "peak RSS MiB", "faults/b", "ctxsw/b", "vs numpy"]
+    widths = [10, 8, 8, 12, 9, 8, 9]
+    head = table_line(
+        [("token windows", f"<{width}")] + [(t, f">{w}") for t, w in zip(titles, widths)]
+    )
     lines = [head, "  " + "-" * (len(head) - 2)]
     for cfg, row in rows.items():
         if not row.ok:
             lines.append(f"  {row.name:<{width}} {row.status}")
             continue
         e, versus = extra[cfg], paired_ratio(row, [base], "records_s")
-        lines.append(
-            f"  {row.name:<{width}} {row.median('records_s') / BATCH:>10.1f} {row.median('gather_mibs'):>8.1f}"
-            f" {np.median(e['first_s']):>8.3f} {max(e['rss']) / MIB:>12.1f} {np.median(e['faults']):>9.1f}"
-            f" {np.median(e['switches']):>8.1f} {fmt(versus, '.2f') + 'x' if versus else '-':>9}")
+        values = [
+            (row.median("records_s") / BATCH, ".1f"),
+            (row.median("gather_mibs"), ".1f"),
+            (np.median(e["first_s"]), ".3f"),
+            (max(e["rss"]) / MIB, ".1f"),
+            (np.median(e["faults"]), ".1f"),
+            (np.median(e["switches"]), ".1f"),
+        ]
+        cells = [(format(v, spec), f">{w}") for (v, spec), w in zip(values, widths)]
+        cells.append((fmt(versus, ".2f") + "x" if versus else "-", f">{widths[-1]}"))
+        lines.append(table_line([(row.name, f"<{width}")] + cells))
     litdata = [r.name for cfg, r in rows.items() if cfg[0] == "litdata"]
     targets = [
-        Target("token windows tw[idx] vs numpy memmap get_batch", ROWS["tw_index"][0], [base.name], 1.0, metric="records_s"),
-        Target("token windows DataLoader vs LitData TokensLoader (best)", ROWS["tw_loader"][0], litdata, 3.0, metric="records_s"),
+        Target(
+            "token windows tw[idx] vs numpy memmap get_batch",
+            ROWS["tw_index"][0],
+            [base.name],
+            1.0,
+            metric="records_s",
+        ),
+        Target(
+            "token windows DataLoader vs LitData TokensLoader (best)",
+            ROWS["tw_loader"][0],
+            litdata,
+            3.0,
+            metric="records_s",
+        ),
     ]
     for target in targets:
         target.evaluate(named)
     lines.append("  targets (median of per-round ratios; SPEC §9 and issue 16):")
     lines.extend(t.line() for t in targets)
-    title = (f"token windows: B={BATCH} x (L+1={SEQ_LEN + 1}) int32 from {len(stream.flat) / 1e6:.1f} M tokens"
-             f" ({stream.windows} windows, {len(stream.flat) * 4 / MIB:.0f} MiB), random windows, each run a fresh process,"
-             f" {min(ctx.repeat, ctx.size.loader_repeat_max)} rounds")
+    title = (
+        f"token windows: B={BATCH} x (L+1={SEQ_LEN + 1}) int32 from {len(stream.flat) / 1e6:.1f} M"
+        f" tokens ({stream.windows} windows, {len(stream.flat) * 4 / MIB:.0f} MiB), random windows,"
+        f" each run a fresh process, {min(ctx.repeat, ctx.size.loader_repeat_max)} rounds"
+    )
     lines.insert(0, f"== {title} ==")
     return Section("tokens", title, lines, list(rows.values()), targets)
 
@@ -421,4 +509,7 @@ if __name__ == "__main__":
         sys.exit(child_main(sys.argv[2:]))
     if len(sys.argv) == 4 and sys.argv[1] == "build":
         sys.exit(build_litdata(sys.argv[2], int(sys.argv[3])))
-    sys.exit("usage: bench_tokens.py child CONFIG_JSON | build DATA_DIR SEQ_LEN (started by scripts/bench.py)")
+    sys.exit(
+        "usage: bench_tokens.py child CONFIG_JSON | build DATA_DIR SEQ_LEN"
+        " (started by scripts/bench.py)"
+    )

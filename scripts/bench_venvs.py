@@ -16,6 +16,7 @@ venv's folder to retry. Modes: "build" (create what is absent), "use" (only
 use ready venvs: the smoke test) and "off" (report every venv contender as
 missing).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,7 +61,8 @@ SPECS = {
         "litdata",
         ("litdata==0.2.76", "torch==2.13.0", "torchvision==0.28.0", "numpy==2.4.6"),
         ("litdata", "torch", "numpy"),
-        "import litdata; from litdata import optimize, StreamingDataset, StreamingDataLoader, TokensLoader",
+        "import litdata; from litdata import optimize, StreamingDataset, StreamingDataLoader;"
+        " from litdata import TokensLoader",
         "litdata pulls torchvision, which upgrades torch next to the bench extra",
     ),
 }
@@ -91,7 +93,7 @@ class Venvs:
         self.used: dict[str, dict] = {}  # name -> versions, for the report
 
     def python(self, name: str) -> str:
-        """The interpreter of venv `name`; raises Unavailable("missing", reason) if it cannot be had."""
+        """The interpreter of venv `name`; raises Unavailable("missing", why) if there is none."""
         spec = SPECS[name]
         if self.mode == "off":
             raise Unavailable("missing", f"private venv '{name}' disabled (--venvs off)")
@@ -99,7 +101,9 @@ class Venvs:
         marker = home / "bench-venv.json"
         state = self._state(marker, spec)
         if state is None and self.mode == "use":
-            raise Unavailable("missing", f"private venv '{name}' not built (run with --venvs build; {spec.why})")
+            raise Unavailable(
+                "missing", f"private venv '{name}' not built (run with --venvs build; {spec.why})"
+            )
         if state is None:
             state = self._build(home, marker, spec)
         if state["status"] != "ok":
@@ -118,7 +122,9 @@ class Venvs:
     def _build(self, home: Path, marker: Path, spec: VenvSpec) -> dict:
         shutil.rmtree(home, ignore_errors=True)
         home.parent.mkdir(parents=True, exist_ok=True)
-        self.log(f"venv {spec.name}: creating {home} ({' '.join(spec.requirements)}); this runs once")
+        self.log(
+            f"venv {spec.name}: creating {home} ({' '.join(spec.requirements)}); this runs once"
+        )
         start = time.perf_counter()
         state = self._install(home, spec)
         state["digest"] = _digest(spec)
@@ -137,11 +143,19 @@ class Venvs:
         ]
         for step in steps:
             try:
-                done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+                done = subprocess.run(
+                    step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S
+                )
             except (OSError, subprocess.TimeoutExpired) as exc:
-                return {"status": "missing", "reason": f"{step[2]}: {type(exc).__name__}: {exc}"[:300]}
+                return {
+                    "status": "missing",
+                    "reason": f"{step[2]}: {type(exc).__name__}: {exc}"[:300],
+                }
             if done.returncode != 0:
-                return {"status": "missing", "reason": f"{step[2]}: {_pip_reason(done.stdout + done.stderr)}"}
+                return {
+                    "status": "missing",
+                    "reason": f"{step[2]}: {_pip_reason(done.stdout + done.stderr)}",
+                }
         return {"status": "ok", "versions": self._versions(home, spec)}
 
     @staticmethod
@@ -151,7 +165,9 @@ class Venvs:
             f"print(json.dumps({{d: m.version(d) for d in {list(spec.report)!r}}}"
             " | {'python': sys.version.split()[0]}))"
         )
-        done = subprocess.run([str(home / "bin" / "python"), "-c", code], capture_output=True, text=True)
+        done = subprocess.run(
+            [str(home / "bin" / "python"), "-c", code], capture_output=True, text=True
+        )
         return json.loads(done.stdout) if done.returncode == 0 else {"versions": "unknown"}
 
     def report_lines(self) -> list[str]:
