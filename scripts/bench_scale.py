@@ -530,6 +530,7 @@ def _size_targets(kind: str, rows: dict) -> list[Target]:
         ).settle(50.0 / max(first_ms, 1e-6)),
     ]
     ref = _reference(rows, kind)
+    ref_label = ref.name.rsplit(" ", 1)[1] if ref else "-"
     ratios = {
         c: paired_ratio(r, [ref]) for c, r in mine.items() if ref is not None and r is not ref
     }
