@@ -124,6 +124,7 @@ def _bars(ax, section: dict, per_batch: int, title: str) -> None:
     ax.set_yticklabels(names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, max(values + [10.0]) * 4)  # room for the value labels
     ax.set_xlabel("batches / s (symlog)")
     ax.set_title(title)
     ax.grid(True, axis="x", which="both", alpha=0.3)
