@@ -104,10 +104,14 @@ def _dense_panel(ax, sections: list[dict]) -> None:
     ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
 
 
+def _short(status: str, limit: int = 44) -> str:
+    return status if len(status) <= limit else status[: limit - 3] + "..."
+
+
 def _bars(ax, section: dict, per_batch: int, title: str) -> None:
     rows = section["rows"]
     names = [
-        r["name"] if r["status"] == "ok" else f"{r['name']}  [{r['status'][:40]}]" for r in rows
+        r["name"] if r["status"] == "ok" else f"{r['name']}\n[{_short(r['status'])}]" for r in rows
     ]
     values = [(r["records_s"] or 0) / per_batch if r["status"] == "ok" else 0.0 for r in rows]
     colors = [

@@ -217,7 +217,14 @@ def child_main(argv: list[str]) -> int:
         print(json.dumps({"status": "missing", "reason": reason[:200]}))
         return 0
     try:
-        result = _measure(cfg)
+        if cfg["workers"]:
+            import bench_loader
+
+            with bench_loader.TreeRss() as rss:  # worker processes count in the peak
+                result = _measure(cfg)
+            result["vmhwm_bytes"] = max(result["vmhwm_bytes"], rss.peak_kib * 1024)
+        else:
+            result = _measure(cfg)
     except Exception as exc:  # reported as a "failed" row by the parent
         result = {"status": "failed", "reason": child_reason(exc)}
     print(json.dumps(result))
@@ -453,6 +460,7 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
     base = rows[("numpy", None)]
     width = max(len(r.name) for r in rows.values())
     titles = ["batches/s", "MiB/s", "first s", "peak RSS MiB", "faults/b", "ctxsw/b", "vs numpy"]
+    # peak RSS: VmHWM, or with worker processes the largest sampled RSS of the process tree
     widths = [10, 8, 8, 12, 9, 8, 9]
     head = table_line(
         [("token windows", f"<{width}")] + [(t, f">{w}") for t, w in zip(titles, widths)]

@@ -69,7 +69,7 @@ SPECS = {
 
 
 def _digest(spec: VenvSpec) -> str:
-    text = json.dumps([spec.requirements, spec.probe, sys.version_info[:2]])
+    text = json.dumps([spec.requirements, sys.version_info[:2]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
