@@ -2,10 +2,15 @@
 
     python scripts/bench.py LAYER [--size tiny|small|default] [--repeat N]
                                   [--json OUT.json] [--workdir DIR] [--keep]
+                                  [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
 
-LAYER is one of sampler, dense, ragged, images, loader, or all. Contenders
-come from the `bench` extra (pip install ".[bench]"); one that cannot be
-imported or run is a row saying "missing: ..." or "failed: ...".
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, or all.
+Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
+Streaming and LitData run from private venvs that the bench creates under
+--cache (default bench-out/, git-ignored) with pinned versions (bench_venvs).
+One that cannot be installed, imported or run is a row saying "missing: ..."
+(with pip's reason) or "failed: ...". The scale layer keeps its big stores
+under --cache too, and builds them once.
 
 How figures are made (see bench_harness for the details):
   * every path goes through the public Python API, with cffi, the GIL and
@@ -14,8 +19,11 @@ How figures are made (see bench_harness for the details):
     shape, order, values) before any timing; a mismatch fails the run (exit 1);
   * each figure is the median of --repeat rounds, the backends run round-robin
     inside every round, and each ratio is the median of per-round ratios;
-  * the loader layer runs every configuration in a fresh process, for a
-    clean peak RSS.
+  * the loader, tokens and scale layers run every configuration in a fresh
+    process, for a clean peak RSS, and print page faults and context switches
+    next to each throughput;
+  * --plot draws throughput against record size (dense layer, with the memcpy
+    and zstd limit rows) and the loader and token bars (bench_plot).
 """
 from __future__ import annotations
 
@@ -40,9 +48,12 @@ import numpy as np  # noqa: E402
 
 import bench_layers  # noqa: E402
 import bench_loader  # noqa: E402
+import bench_scale  # noqa: E402
+import bench_tokens  # noqa: E402
+import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
 
 # (label, distribution name for the version, module proving it imports)
 CONTENDERS = (
@@ -52,8 +63,13 @@ CONTENDERS = (
     ("array-record", "array-record", "array_record.python.array_record_module"),
     ("grain", "grain", "grain"),
     ("torch", "torch", "torch"),
+    ("torchdata", "torchdata", "torchdata"),
+    ("webdataset", "webdataset", "webdataset"),
+    ("datasets (HF)", "datasets", "datasets"),
     ("zstandard", "zstandard", "zstandard"),
+    ("matplotlib", "matplotlib", "matplotlib"),
 )
+SLOW_IMPORTS = ("torch", "grain", "torchdata", "datasets (HF)", "matplotlib")
 
 
 def _cpu_model() -> str:
@@ -141,7 +157,9 @@ def machine_block() -> dict:
         "loaderx": _loaderx_version(),
     }
     for label, dist, module in CONTENDERS:
-        info[label] = _contender_version(dist, module, quick=label in ("torch", "grain"))
+        info[label] = _contender_version(dist, module, quick=label in SLOW_IMPORTS)
+    for name, spec in bench_venvs.SPECS.items():
+        info[f"venv {name}"] = "pinned " + ", ".join(spec.requirements) + " (versions installed: see the layer tables)"
     return info
 
 
@@ -161,15 +179,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=None, help="where stores are written (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the stores after the run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, default=None, help="draw the figures into this PNG (needs matplotlib)")
+    parser.add_argument("--cache", type=Path, default=ROOT / "bench-out", help="private venvs and big stores kept between runs")
+    parser.add_argument("--venvs", choices=bench_venvs.MODES, default="build",
+                        help="build: create missing private venvs; use: only ready ones; off: none")
+    parser.add_argument("--scale-max-gib", type=float, default=None, help="largest scale-layer store to build (GiB)")
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.scale_max_gib is not None and args.scale_max_gib <= 0:
+        parser.error(f"--scale-max-gib must be > 0, got {args.scale_max_gib}")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            parser.error(f"--plot needs matplotlib (pip install '.[bench]'): {exc}")
     return args
 
 
 def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
     if name == "loader":
         return bench_loader.run_loader(ctx, ctx.log)
+    if name == "tokens":
+        return bench_tokens.run_tokens(ctx)
+    if name == "scale":
+        return bench_scale.run_scale(ctx)
     return getattr(bench_layers, f"run_{name}")(ctx)
 
 
@@ -195,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    ctx = bench_layers.Context(size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log)
+    venvs = bench_venvs.Venvs(args.cache / "venvs", args.venvs, log)
+    ctx = bench_layers.Context(
+        size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log, venvs, args.cache,
+        scale_max_bytes=None if args.scale_max_gib is None else int(args.scale_max_gib * (1 << 30)),
+    )
     info = machine_block()
     print_machine(info)
     sections: list[Section] = []
@@ -209,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print("\n".join(summary_lines(sections)))
+    for line in venvs.report_lines():
+        print(f"  {line}")
+        info[line.split(" (", 1)[0]] = line
     info["load at end"] = load_average()
     print(f"  load at end: {info['load at end']}")
     invalid = [f"{s.key}: {r.name}: {r.status}" for s in sections for r in s.rows if r.status.startswith("INVALID")]
@@ -225,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             "invalid": invalid,
         }
         args.json.write_text(json.dumps(payload, indent=1))
+    if args.plot:
+        import bench_plot
+
+        bench_plot.draw([s.to_json() for s in sections], info, args.plot)
+        log(f"figure written to {args.plot}")
     log(f"done in {time.perf_counter() - started:.1f} s")
     return 1 if invalid else 0
 

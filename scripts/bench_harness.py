@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -51,6 +53,13 @@ def short_error(exc: BaseException, limit: int = 110) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def child_reason(exc: BaseException, prefix: str = "") -> str:
+    """A child's one-line reason: the last lines of the error (a wrapped traceback ends there)."""
+    parts = [part.strip() for part in f"{prefix}{type(exc).__name__}: {exc}".splitlines() if part.strip()]
+    text = " | ".join(parts[-2:]) if len(parts) > 1 else (parts[0] if parts else type(exc).__name__)
+    return text if len(text) <= 200 else "..." + text[-197:]
+
+
 def import_or_missing(module: str):
     """Imports `module` or raises Unavailable("missing", ...)."""
     import importlib
@@ -59,6 +68,34 @@ def import_or_missing(module: str):
         return importlib.import_module(module)
     except Exception as exc:  # an optional contender: any import failure means "missing"
         raise Unavailable("missing", short_error(exc)) from exc
+
+
+# ----------------------------------------------------------------------------- child processes
+
+SCRIPTS = Path(__file__).resolve().parent
+# Children never reach a hub: Hugging Face and torch hub lookups are switched off.
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def run_child_json(argv: list[str], timeout_s: float, env: dict | None = None) -> dict:
+    """Runs a bench child (any interpreter) and returns the last JSON line it printed.
+
+    The child sees the checkout root and scripts/ on PYTHONPATH. A child that
+    prints no JSON line is a "failed" result carrying the tail of its stderr.
+    """
+    environment = dict(os.environ)
+    environment.update(env or {})
+    extra = [str(SCRIPTS.parent), str(SCRIPTS)] + ([environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else [])
+    environment["PYTHONPATH"] = os.pathsep.join(extra)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"status": "failed", "reason": f"exit {done.returncode}: {tail[:160]}"}
+    return json.loads(lines[-1])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -164,6 +201,7 @@ class Row:
     disk_bytes: int | None = None
     logical_bytes: int | None = None
     batches_timed: int = 0
+    extra: dict = dataclasses.field(default_factory=dict)  # per-layer figures (faults, RSS, open ms, ...)
 
     @property
     def ok(self) -> bool:
@@ -194,6 +232,7 @@ class Row:
             "batches_timed": self.batches_timed,
             "write_runs_mib_s": self.write_mibs,
             "gather_runs_mib_s": self.gather_mibs,
+            "extra": self.extra,
         }
 
 
@@ -482,6 +521,11 @@ class Section:
             "rows": [r.to_json() for r in self.rows],
             "targets": [t.to_json() for t in self.targets],
         }
+
+
+def table_line(cells: list) -> str:
+    """One indented table line: cells are (value, format spec) pairs joined by spaces."""
+    return "  " + " ".join(format(value, spec) for value, spec in cells)
 
 
 def fmt(value: float | None, spec: str = ".1f", empty: str = "-") -> str:

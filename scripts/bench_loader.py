@@ -1,22 +1,30 @@
-"""The loader layer: loaderx DataLoader end to end vs torch DataLoader and grain.
+"""The loader layer: loaderx end to end vs the loaders users pick.
+
+Contenders: torch DataLoader and torchdata StatefulDataLoader (over memory-
+mapped .npy), grain (ArrayRecord), MosaicML Streaming (MDS shards), LitData
+(`optimize` output), WebDataset (tar shards) and Hugging Face datasets
+(`save_to_disk`, random batch access); see bench_contenders. Contenders that
+cannot share the bench's environment run from a private venv (bench_venvs).
 
 Every configuration runs in its own fresh subprocess (this file, `child` mode),
 so its peak RSS is its own: VmHWM of the process, and for configurations with
 worker processes also the largest sampled sum of VmRSS over the process tree
-(read from /proc; shared pages count once per process there). Rounds run the
-configurations round-robin, so ratios compare runs made side by side.
+(read from /proc; shared pages count once per process there). Minor page
+faults and context switches of the whole process tree during the timed window
+are printed per batch next to the throughput. Rounds run the configurations
+round-robin, so ratios compare runs made side by side.
 
 Data: X = uint8 (64, 64, 3) image-like records (12 KiB) and Y = int64 labels
 with Y[i] = 7 i + 3, so every delivered batch names the records it holds; the
 parent validates the first batches of every child against the numpy source
 (dtype, shape, order, and a hash of the pixel bytes).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +33,21 @@ from pathlib import Path
 import numpy as np
 
 import bench_data
-from bench_harness import MIB, Row, Section, Target, ValidationError, disk_usage_bytes, fmt, paired_ratio, short_error
+from bench_harness import (
+    child_reason,
+    MIB,
+    OFFLINE,
+    Row,
+    Section,
+    Target,
+    Unavailable,
+    ValidationError,
+    disk_usage_bytes,
+    fmt,
+    paired_ratio,
+    run_child_json,
+    short_error,
+)
 
 ITEM_SHAPE = (64, 64, 3)
 RECORD_BYTES = int(np.prod(ITEM_SHAPE))
@@ -76,6 +98,31 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _process_counters(pid: int) -> tuple[int, int]:
+    """(minor page faults of the process, context switches summed over its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):  # the process ended between listing and reading
+        return 0, 0
+    switches = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    for task in tasks:
+        switches += _proc_kib(f"/proc/{pid}/task/{task}/status", "voluntary_ctxt_switches:")
+        switches += _proc_kib(f"/proc/{pid}/task/{task}/status", "nonvoluntary_ctxt_switches:")
+    return minflt, switches
+
+
+def tree_counters() -> tuple[int, int]:
+    """Minor faults and context switches of this process and every descendant (Linux)."""
+    me = os.getpid()
+    totals = [_process_counters(pid) for pid in [me] + _descendants(me)]
+    return sum(t[0] for t in totals), sum(t[1] for t in totals)
+
+
 class TreeRss:
     """Samples the RSS of this process and all its descendants every 50 ms; keeps the peak."""
 
@@ -87,7 +134,9 @@ class TreeRss:
     def _run(self) -> None:
         me = os.getpid()
         while not self._stop.wait(0.05):
-            total = sum(_proc_kib(f"/proc/{pid}/status", "VmRSS:") for pid in [me] + _descendants(me))
+            total = sum(
+                _proc_kib(f"/proc/{pid}/status", "VmRSS:") for pid in [me] + _descendants(me)
+            )
             self.peak_kib = max(self.peak_kib, total)
 
     def __enter__(self) -> "TreeRss":
@@ -109,7 +158,8 @@ def _loaderx_source(cfg: dict):
     streams = {"x": DenseStore(str(data / "lx_x")), "y": DenseStore(str(data / "lx_y"))}
     out = None
     if cfg["backend"] == "loaderx_out":
-        # The loader needs at least prefetch + workers + 1 buffers; workers default to the usable cores.
+        # The loader needs at least prefetch + workers + 1 buffers; workers default to the
+        # usable cores.
         count = PREFETCH + len(os.sched_getaffinity(0)) + 2
         out = {
             "x": [np.empty((BATCH_SIZE, *ITEM_SHAPE), dtype=np.uint8) for _ in range(count)],
@@ -150,13 +200,22 @@ class _TorchBatches:
 
 
 def _torch_source(cfg: dict):
+    """torch DataLoader, or with backend "torchdata" torchdata's StatefulDataLoader (the
+    same constructor arguments), over _TorchBatches with a seeded random batch sampler."""
     import torch
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    if cfg["backend"] == "torchdata":
+        from torchdata.stateful_dataloader import StatefulDataLoader as DataLoader  # noqa: F811
 
     length = cfg["length"]
     total = (cfg["batches"] + cfg["warmup"] + 4) * BATCH_SIZE
     generator = torch.Generator().manual_seed(0)
-    sampler = BatchSampler(RandomSampler(range(length), num_samples=total, generator=generator), BATCH_SIZE, drop_last=True)
+    sampler = BatchSampler(
+        RandomSampler(range(length), num_samples=total, generator=generator),
+        BATCH_SIZE,
+        drop_last=True,
+    )
     workers = cfg["workers"]
     loader = DataLoader(
         _TorchBatches(cfg["data"], length),
@@ -182,7 +241,13 @@ def _grain_source(cfg: dict):
     import grain
 
     source = grain.sources.ArrayRecordDataSource([str(Path(cfg["data"]) / "data.array_record")])
-    dataset = grain.MapDataset.source(source).shuffle(seed=0).repeat().map(_GrainParse()).batch(BATCH_SIZE, drop_remainder=True)
+    dataset = (
+        grain.MapDataset.source(source)
+        .shuffle(seed=0)
+        .repeat()
+        .map(_GrainParse())
+        .batch(BATCH_SIZE, drop_remainder=True)
+    )
     iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=16, prefetch_buffer_size=500))
     if cfg["workers"]:
         iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["workers"]))
@@ -190,8 +255,30 @@ def _grain_source(cfg: dict):
     return (lambda: next(iterator)), (lambda: None)
 
 
-SOURCES = {"loaderx": _loaderx_source, "loaderx_out": _loaderx_source, "torch": _torch_source, "grain": _grain_source}
-MODULES = {"loaderx": "loaderx.dataloader", "loaderx_out": "loaderx.dataloader", "torch": "torch", "grain": "grain"}
+SOURCES = {
+    "loaderx": _loaderx_source,
+    "loaderx_out": _loaderx_source,
+    "torch": _torch_source,
+    "torchdata": _torch_source,
+    "grain": _grain_source,
+}
+MODULES = {
+    "loaderx": "loaderx.dataloader",
+    "loaderx_out": "loaderx.dataloader",
+    "torch": "torch",
+    "torchdata": "torchdata.stateful_dataloader",
+    "grain": "grain",
+}
+
+
+def _source(backend: str):
+    """(module proving the contender imports, source function) of a backend."""
+    if backend in SOURCES:
+        return MODULES[backend], SOURCES[backend]
+    import bench_contenders
+
+    module, function = bench_contenders.SOURCES[backend]
+    return module, getattr(bench_contenders, function)
 
 
 def _as_numpy(batch) -> tuple[np.ndarray, np.ndarray]:
@@ -223,16 +310,18 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
         seen[np.clip(index_of(y), 0, len(seen) - 1)] = True
 
     start = time.perf_counter()
-    get, close = SOURCES[cfg["backend"]](cfg)
+    get, close = _source(cfg["backend"])[1](cfg)
     observe(get(), True)
     first_s = time.perf_counter() - start
     for _ in range(cfg["warmup"] - 1):
         observe(get(), len(checks) < CHECKED_BATCHES)
+    faults, switches = tree_counters()
     count, start = 0, time.perf_counter()
     while count < cfg["batches"] and (count < 3 or time.perf_counter() - start < cfg["seconds"]):
         observe(get(), False)
         count += 1
     seconds = time.perf_counter() - start
+    faults_end, switches_end = tree_counters()
     close()
     touched = np.flatnonzero(seen)
     return {
@@ -240,6 +329,8 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
         "batches": count,
         "seconds": seconds,
         "first_batch_s": first_s,
+        "faults_per_batch": (faults_end - faults) / count,
+        "switches_per_batch": (switches_end - switches) / count,
         "vmhwm_bytes": _proc_kib("/proc/self/status", "VmHWM:") * 1024,
         "tree_peak_bytes": (rss.peak_kib * 1024) if rss else 0,
         "touched_records": int(len(touched)),
@@ -251,9 +342,9 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
 def child_main(argv: list[str]) -> int:
     cfg = json.loads(argv[0])
     try:
-        __import__(MODULES[cfg["backend"]])
+        __import__(_source(cfg["backend"])[0])
     except Exception as exc:  # an optional contender: any import failure means "missing"
-        print(json.dumps({"status": "missing", "reason": f"{type(exc).__name__}: {exc}"[:200]}))
+        print(json.dumps({"status": "missing", "reason": child_reason(exc)}))
         return 0
     try:
         if cfg["workers"]:
@@ -262,7 +353,7 @@ def child_main(argv: list[str]) -> int:
         else:
             result = _measure(cfg, None)
     except Exception as exc:  # reported as a "failed" row by the parent
-        result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:200]}
+        result = {"status": "failed", "reason": child_reason(exc)}
     print(json.dumps(result))
     sys.stdout.flush()
     # grain and torch worker pools can linger at interpreter exit; the result is out already.
@@ -271,8 +362,10 @@ def child_main(argv: list[str]) -> int:
 
 # ============================================================================ parent side
 
+
 def _prepare(ctx, directory: Path, log) -> dict:
-    """Writes the loader data set once: .npy files, loaderx stores and an ArrayRecord file."""
+    """Writes the loader data set once: .npy files, loaderx stores, an ArrayRecord file,
+    then each contender's own format (in the interpreter that contender runs in)."""
     directory.mkdir(parents=True, exist_ok=True)
     length = ctx.size.loader_records
     rng = np.random.default_rng(ctx.seed + 3)
@@ -292,36 +385,65 @@ def _prepare(ctx, directory: Path, log) -> dict:
         problems["loaderx"] = f"missing: {short_error(exc)}"
     except Exception as exc:  # the loaderx row then says why
         problems["loaderx"] = f"failed: store build: {short_error(exc)}"
-    try:
-        from array_record.python.array_record_module import ArrayRecordWriter
-
-        writer = ArrayRecordWriter(str(directory / "data.array_record"), "group_size:1,uncompressed")
-        for i in range(length):
-            writer.write(x[i].tobytes() + y[i : i + 1].tobytes())
-        writer.close()
-    except Exception as exc:  # grain reads ArrayRecord; without it grain cannot run
-        problems["grain"] = f"missing: array-record ({short_error(exc)})"
+    problems.update(_write_array_record(directory, x, y))
+    problems.update(_build_contenders(ctx, directory, log))
     log(f"loader: data set of {length} records written to {directory}")
-    store_bytes = {name: disk_usage_bytes(directory / name) if (directory / name).exists() else 0 for name in ("lx_x", "lx_y")}
+    store_bytes = {
+        name: disk_usage_bytes(directory / name) if (directory / name).exists() else 0
+        for name in ("lx_x", "lx_y")
+    }
     return {"x": x, "problems": problems, "store_bytes": store_bytes}
 
 
-def _run_child(cfg: dict, timeout_s: float) -> dict:
-    scripts = str(Path(__file__).resolve().parent)
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, scripts] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+def _write_array_record(directory: Path, x: np.ndarray, y: np.ndarray) -> dict:
     try:
-        done = subprocess.run(
-            [sys.executable, __file__, "child", json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=timeout_s
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        writer = ArrayRecordWriter(
+            str(directory / "data.array_record"), "group_size:1,uncompressed"
         )
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"status": "failed", "reason": f"exit {done.returncode}: {tail[:160]}"}
-    return json.loads(lines[-1])
+        for i in range(len(x)):
+            writer.write(x[i].tobytes() + y[i : i + 1].tobytes())
+        writer.close()
+    except Exception as exc:  # grain reads ArrayRecord; without it grain cannot run
+        return {"grain": f"missing: array-record ({short_error(exc)})"}
+    return {}
+
+
+# backend -> private venv it runs from (bench_venvs.SPECS); others use this interpreter
+VENV_OF = {"mds": "streaming", "litdata": "litdata"}
+# backend -> the format it reads, written by bench_contenders.build_main
+BUILDS = {"mds": "mds", "litdata": "litdata", "wds": "wds", "hf": "hf"}
+
+
+def python_for(ctx, backend: str) -> str:
+    """The interpreter a backend runs in; raises Unavailable if its venv cannot be had."""
+    venv = VENV_OF.get(backend)
+    if venv is None:
+        return sys.executable
+    if ctx.venvs is None:
+        raise Unavailable("missing", f"private venv '{venv}' not configured")
+    return ctx.venvs.python(venv)
+
+
+def _build_contenders(ctx, directory: Path, log) -> dict:
+    """backend -> "missing: ..." or "failed: ..." for each contender whose data was not written."""
+    problems = {}
+    script = str(Path(__file__).resolve().parent / "bench_contenders.py")
+    for backend, kind in BUILDS.items():
+        try:
+            python = python_for(ctx, backend)
+        except Unavailable as exc:
+            problems[backend] = str(exc)
+            continue
+        result = run_child_json(
+            [python, script, "build", kind, str(directory)], timeout_s=1800, env=OFFLINE
+        )
+        if result["status"] != "ok":
+            problems[backend] = f"{result['status']}: {result['reason']}"
+        else:
+            log(f"loader: {kind} data written in {result['seconds']:.1f} s")
+    return problems
 
 
 def _validate(result: dict, x: np.ndarray, name: str) -> None:
@@ -335,37 +457,74 @@ def _validate(result: dict, x: np.ndarray, name: str) -> None:
             raise ValidationError(f"{what}: y is {check['y_dtype']} {check['y_shape']}")
         labels = np.asarray(check["y"], dtype=np.int64)
         indices = index_of(labels)
-        if not np.array_equal(label_of(indices), labels) or indices.min() < 0 or indices.max() >= len(x):
+        if (
+            not np.array_equal(label_of(indices), labels)
+            or indices.min() < 0
+            or indices.max() >= len(x)
+        ):
             raise ValidationError(f"{what}: labels are not labels of this data set")
-        if hashlib.blake2b(np.ascontiguousarray(x[indices]).data, digest_size=16).hexdigest() != check["x_hash"]:
+        if (
+            hashlib.blake2b(np.ascontiguousarray(x[indices]).data, digest_size=16).hexdigest()
+            != check["x_hash"]
+        ):
             raise ValidationError(f"{what}: x does not match the source rows its labels name")
 
 
+# family -> (row name pattern, what it reads, workers attribute of Size or None)
+FAMILIES = {
+    "loaderx": ("loaderx DataLoader (threads)", None),
+    "loaderx_out": ("loaderx DataLoader (threads, out= ring)", None),
+    "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
+    "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
+    "torchdata": (
+        "torchdata StatefulDataLoader workers={w} (npy mmap)",
+        "loader_contender_workers",
+    ),
+    "grain": ("grain threads=16 mp_workers={w} (ArrayRecord)", "loader_grain_workers"),
+    "mds": ("mosaicml-streaming workers={w} (MDS, py1e shuffle)", "loader_contender_workers"),
+    "litdata": ("litdata workers={w} (optimize, chunk shuffle)", "loader_contender_workers"),
+    "wds": ("webdataset workers={w} (tar, buffer shuffle)", "loader_contender_workers"),
+    "hf": ("HF datasets numpy[idx] (random batch, int64->uint8)", None),
+}
+# families the SPEC / issue 16 sets a bar against: (label, threshold)
+BARS = {
+    "torch": ("torch DataLoader (best worker count)", 2.0),
+    "grain": ("grain (best configuration)", 10.0),
+    "torchdata": ("torchdata StatefulDataLoader (best)", 3.0),
+    "mds": ("MosaicML Streaming (best)", 3.0),
+    "litdata": ("LitData (best)", 3.0),
+    "wds": ("WebDataset (best)", 3.0),
+    "hf": ("HF datasets random batch access", 3.0),
+}
+
+
 def _configs(ctx) -> list[tuple[str, int | None]]:
-    return (
-        [("loaderx", None), ("loaderx_out", None)]
-        + [("torch", w) for w in ctx.size.loader_torch_workers]
-        + [("grain", w) for w in ctx.size.loader_grain_workers]
-    )
+    configs = []
+    for family, (_pattern, workers_attr) in FAMILIES.items():
+        workers = getattr(ctx.size, workers_attr) if workers_attr else (None,)
+        configs.extend((family, w) for w in workers)
+    return configs
 
 
 def _row_name(backend: str, workers: int | None) -> str:
-    if backend == "loaderx":
-        return "loaderx DataLoader (threads)"
-    if backend == "loaderx_out":
-        return "loaderx DataLoader (threads, out= ring)"
-    if backend == "torch":
-        return f"torch DataLoader workers={workers}"
-    return f"grain threads=16 mp_workers={workers}"
+    return FAMILIES[backend][0].replace("{w}", str(workers))
 
 
 def run_loader(ctx, log):
     directory = ctx.workdir / "loader"
     prepared = _prepare(ctx, directory, log)
-    rows = {cfg: Row(_row_name(*cfg), "loaderx" if cfg[0].startswith("loaderx") else cfg[0], "raw") for cfg in _configs(ctx)}
-    extra = {cfg: {"first_s": [], "rss": [], "bound": None} for cfg in rows}
+    rows = {
+        cfg: Row(_row_name(*cfg), "loaderx" if cfg[0].startswith("loaderx") else cfg[0], "raw")
+        for cfg in _configs(ctx)
+    }
+    extra = {
+        cfg: {"first_s": [], "rss": [], "faults": [], "switches": [], "bound": None} for cfg in rows
+    }
+    for cfg, row in rows.items():
+        row.extra = extra[cfg]  # the same figures go to the JSON report
     for cfg in rows:
-        problem = prepared["problems"].get(cfg[0].split("_")[0])
+        family = "loaderx" if cfg[0].startswith("loaderx") else cfg[0]
+        problem = prepared["problems"].get(cfg[0]) or prepared["problems"].get(family)
         if problem:
             rows[cfg].status = problem
     for round_index in range(_rounds(ctx)):
@@ -398,11 +557,18 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, prepared: dict, l
         "workers": workers,
         "data": str(directory),
         "length": ctx.size.loader_records,
+        "batch_size": BATCH_SIZE,
         "batches": ctx.size.loader_batches,
         "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
         "seconds": ctx.size.loader_seconds,
     }
-    result = _run_child(child, timeout_s=120 + 10 * ctx.size.loader_seconds)
+    try:
+        python = python_for(ctx, backend)
+    except Unavailable as exc:
+        row.status = str(exc)
+        return
+    argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
+    result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
     if result["status"] != "ok":
         row.status = f"{result['status']}: {result['reason']}"
         return
@@ -411,66 +577,112 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, prepared: dict, l
     except ValidationError as exc:
         row.status = f"INVALID: {exc}"
         return
+    _record(row, extra, result, prepared if backend in ("loaderx", "loaderx_out") else None)
+    log(f"loader: {row.name}: {result['batches'] / result['seconds']:.1f} batches/s")
+
+
+def _record(row: Row, extra: dict, result: dict, prepared: dict | None) -> None:
     per_s = result["batches"] / result["seconds"]
     row.records_s.append(per_s * BATCH_SIZE)
     row.gather_mibs.append(per_s * BATCH_SIZE * (RECORD_BYTES + 8) / MIB)
     row.batches_timed = result["batches"]
     extra["first_s"].append(result["first_batch_s"])
     extra["rss"].append(max(result["vmhwm_bytes"], result["tree_peak_bytes"]))
-    if backend.startswith("loaderx"):
+    extra["faults"].append(result["faults_per_batch"])
+    extra["switches"].append(result["switches_per_batch"])
+    if prepared is not None:
         extra["bound"] = max(extra["bound"] or 0, _memory_bound(result, prepared["store_bytes"]))
-    log(f"loader: {row.name}: {per_s:.1f} batches/s")
 
 
-def _loader_section(ctx, rows: dict, extra: dict) -> Section:
-    torch_rows = [r for cfg, r in rows.items() if cfg[0] == "torch"]
-    grain_rows = [r for cfg, r in rows.items() if cfg[0] == "grain"]
-    lx_cfg = ("loaderx", None)
-    lx = rows[lx_cfg]
+def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
     width = max(len(r.name) for r in rows.values())
     head = (
-        f"  {'loader':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first batch s':>13} {'peak RSS MiB':>12}"
-        f" {'vs torch best':>13} {'vs grain best':>13}"
+        f"  {'loader':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first s':>8} {'peak RSS MiB':>12}"
+        f" {'faults/b':>9} {'ctxsw/b':>8} {'loaderx/this':>12}"
     )
-    lines = [head, "  " + "-" * (len(head) - 2)]
+    legend = (
+        "  faults/b, ctxsw/b: minor page faults and context switches of the process tree per batch;"
+        f" loaderx/this: '{lx.name}' over the row (median of per-round ratios)"
+    )
+    lines = [legend, head, "  " + "-" * (len(head) - 2)]
     for cfg, row in rows.items():
         if not row.ok:
             lines.append(f"  {row.name:<{width}} {row.status}")
             continue
         e = extra[cfg]
-        vt, vg = paired_ratio(row, torch_rows, "records_s"), paired_ratio(row, grain_rows, "records_s")
+        versus = paired_ratio(lx, [row], "records_s")
         lines.append(
-            f"  {row.name:<{width}} {row.median('records_s') / BATCH_SIZE:>10.1f} {row.median('gather_mibs'):>8.1f}"
-            f" {np.median(e['first_s']):>13.3f} {max(e['rss']) / MIB:>12.1f}"
-            f" {fmt(vt, '.2f') + 'x' if vt else '-':>13} {fmt(vg, '.2f') + 'x' if vg else '-':>13}"
+            f"  {row.name:<{width}} {row.median('records_s') / BATCH_SIZE:>10.1f}"
+            f" {row.median('gather_mibs'):>8.1f} {np.median(e['first_s']):>8.3f}"
+            f" {max(e['rss']) / MIB:>12.1f}"
+            f" {np.median(e['faults']):>9.1f} {np.median(e['switches']):>8.1f}"
+            f" {fmt(versus, '.2f') + 'x' if versus else '-':>12}"
         )
-    targets = [
-        Target("loader end to end vs torch DataLoader (best worker count)", lx.name, [r.name for r in torch_rows], 2.0, metric="records_s"),
-        Target("loader end to end vs grain (best configuration)", lx.name, [r.name for r in grain_rows], 10.0, metric="records_s"),
-    ]
+    return lines
+
+
+def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], list[str]]:
     named = {r.name: r for r in rows.values()}
-    for target in targets:
-        target.evaluate(named)
-    memory = Target("loader peak RSS within touched + prefetch x batch + 64 MiB (bound / peak)", lx.name, [], 1.0)
+    targets = []
+    for family, (label, threshold) in BARS.items():
+        bases = [r.name for cfg, r in rows.items() if cfg[0] == family]
+        targets.append(
+            Target(
+                f"loader end to end vs {label}", lx.name, bases, threshold, metric="records_s"
+            ).evaluate(named)
+        )
+    store = named[_row_name("loaderx_store", None)]
+    hf = [r.name for cfg, r in rows.items() if cfg[0] == "hf"]
+    targets.append(
+        Target(
+            "  (context) DenseStore[idx] loop vs HF datasets [idx], the same access",
+            store.name,
+            hf,
+            3.0,
+            metric="records_s",
+            spec=False,
+        ).evaluate(named)
+    )
+    lines = []
+    memory = Target(
+        "loader peak RSS within touched + prefetch x batch + 64 MiB (bound / peak)",
+        lx.name,
+        [],
+        1.0,
+    )
     if lx.ok and extra[lx_cfg]["rss"]:
         peak, bound = max(extra[lx_cfg]["rss"]), extra[lx_cfg]["bound"]
         memory.settle(bound / peak)
         lines.append(
-            f"  loaderx peak RSS {peak / MIB:.1f} MiB (VmHWM), bound {bound / MIB:.1f} MiB = store pages touched"
+            f"  loaderx peak RSS {peak / MIB:.1f} MiB (VmHWM), bound {bound / MIB:.1f} MiB"
+            " = store pages touched"
             f" (capped at store size) + {PREFETCH} x batch + 64 MiB"
         )
     else:
         memory.settle(None, "loaderx unavailable")
     targets.append(memory)
-    lines.append("  SPEC §9 targets (median of per-round ratios):")
+    return targets, lines
+
+
+def _loader_section(ctx, rows: dict, extra: dict) -> Section:
+    lx_cfg = ("loaderx", None)
+    lx = rows[lx_cfg]
+    lines = _table(rows, extra, lx)
+    targets, memory_lines = _targets(rows, lx, extra, lx_cfg)
+    lines.extend(memory_lines)
+    lines.append("  targets (median of per-round ratios; SPEC §9 and issue 16):")
     lines.extend(t.line() for t in targets)
+    if ctx.venvs is not None:
+        lines.extend(f"  {line}" for line in ctx.venvs.report_lines())
     title = (
-        f"loader end to end: x uint8 {ITEM_SHAPE} (12 KiB) + y int64, {ctx.size.loader_records} records, batch {BATCH_SIZE},"
-        f" up to {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s per run, each run a fresh process, {_rounds(ctx)} rounds"
+        f"loader end to end: x uint8 {ITEM_SHAPE} (12 KiB) + y int64, {ctx.size.loader_records}"
+        f" records, batch {BATCH_SIZE},"
+        f" random order, up to {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s"
+        " per run,"
+        f" each run a fresh process, {_rounds(ctx)} rounds"
     )
     lines.insert(0, f"== {title} ==")
-    all_rows = list(rows.values())
-    return Section("loader", title, lines, all_rows, targets)
+    return Section("loader", title, lines, list(rows.values()), targets)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,283 @@
+"""The loaders users pick, each through its documented public API (child side).
+
+This file runs inside fresh child processes, some of them from a private venv
+(bench_venvs), so it imports nothing of loaderx at module level: only numpy,
+the standard library and, inside each function, the contender itself.
+
+Two entry points:
+  * `python bench_contenders.py build KIND DATA_DIR`: writes KIND's own format
+    (MosaicML MDS shards, a LitData optimized dataset, WebDataset tar shards, a
+    Hugging Face `save_to_disk` folder) from DATA_DIR/x.npy and DATA_DIR/y.npy
+    and prints one JSON line;
+  * `SOURCES`: for the loader layer's child (bench_loader.child_main), one
+    function per contender that returns `(next_batch, close)`, where a batch
+    is `{"x": (B, 64, 64, 3) uint8, "y": (B,) int64}` as numpy or torch tensors.
+
+Every contender reads the same records; y[i] = 7 i + 3 names the record, so the
+parent validates what each one delivers (bench_loader._validate).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench_harness import child_reason
+
+ITEM_SHAPE = (64, 64, 3)
+WDS_SHARD_RECORDS = 1024
+MDS_SHARD_BYTES = 1 << 26
+LITDATA_CHUNK_BYTES = "64MB"
+SHUFFLE_BUFFER = 1000
+
+_ARRAYS: dict = {}  # x and y of the data set being written, per LitData worker process
+
+
+def _load(data: Path) -> tuple[np.ndarray, np.ndarray]:
+    x = np.load(data / "x.npy", mmap_mode="r")
+    y = np.load(data / "y.npy")
+    return x, y
+
+
+def _total_records(cfg: dict) -> int:
+    """Records a run may ask for, so loaders with epochs are given one long enough."""
+    return (cfg["batches"] + cfg["warmup"] + 8) * cfg["batch_size"]
+
+
+def _endless(make_iterator):
+    """Restarts an epoch-based loader when an epoch ends (its cost counts, as users pay it)."""
+
+    def batches():
+        while True:
+            for batch in make_iterator():
+                yield batch
+
+    return batches()
+
+
+# ============================================================================ builders
+
+
+def build_mds(data: Path) -> None:
+    """MosaicML Streaming: MDS shards, uncompressed, columns x (ndarray) and y (int64)."""
+    from streaming import MDSWriter
+
+    x, y = _load(data)
+    columns = {"x": "ndarray:uint8:" + ",".join(map(str, ITEM_SHAPE)), "y": "int64"}
+    with MDSWriter(
+        out=str(data / "mds"), columns=columns, compression=None, size_limit=MDS_SHARD_BYTES
+    ) as writer:
+        for i in range(len(x)):
+            writer.write({"x": np.asarray(x[i]), "y": np.int64(y[i])})
+
+
+def _litdata_item(data: str, i: int) -> dict:
+    """One record for LitData's `optimize`; its worker processes are spawned, so each
+    maps the .npy files itself, once."""
+    if _ARRAYS.get("data") != data:
+        _ARRAYS.update(
+            data=data,
+            x=np.load(Path(data) / "x.npy", mmap_mode="r"),
+            y=np.load(Path(data) / "y.npy"),
+        )
+    return {"x": np.asarray(_ARRAYS["x"][i]), "y": int(_ARRAYS["y"][i])}
+
+
+def build_litdata(data: Path) -> None:
+    """LitData: `optimize` of one dict per record into 64 MB chunks, one worker process."""
+    from litdata import optimize
+
+    count = len(np.load(data / "y.npy"))
+    optimize(
+        fn=functools.partial(_litdata_item, str(data)),
+        inputs=list(range(count)),
+        output_dir=str(data / "litdata"),
+        chunk_bytes=LITDATA_CHUNK_BYTES,
+        num_workers=1,
+        mode="overwrite",
+        verbose=False,
+    )
+
+
+def build_wds(data: Path) -> None:
+    """WebDataset: tar shards of WDS_SHARD_RECORDS samples, x as .npy and y as .cls."""
+    import webdataset as wds
+
+    x, y = _load(data)
+    (data / "wds").mkdir(exist_ok=True)
+    pattern = str(data / "wds" / "shard-%06d.tar")
+    with wds.ShardWriter(pattern, maxcount=WDS_SHARD_RECORDS, verbose=0) as writer:
+        for i in range(len(x)):
+            writer.write({"__key__": f"{i:08d}", "x.npy": np.asarray(x[i]), "y.cls": int(y[i])})
+
+
+def build_hf(data: Path) -> None:
+    """Hugging Face datasets: `Dataset.from_dict` with an Array3D feature, `save_to_disk`."""
+    import datasets
+
+    x, y = _load(data)
+    features = datasets.Features(
+        {"x": datasets.Array3D(shape=ITEM_SHAPE, dtype="uint8"), "y": datasets.Value("int64")}
+    )
+    table = datasets.Dataset.from_dict({"x": np.asarray(x), "y": y}, features=features)
+    table.save_to_disk(str(data / "hf"))
+
+
+BUILDERS = {"mds": build_mds, "litdata": build_litdata, "wds": build_wds, "hf": build_hf}
+BUILD_MODULES = {"mds": "streaming", "litdata": "litdata", "wds": "webdataset", "hf": "datasets"}
+
+
+def build_main(kind: str, data: str) -> int:
+    try:
+        __import__(BUILD_MODULES[kind])
+    except Exception as exc:  # an optional contender: any import failure means "missing"
+        print(json.dumps({"status": "missing", "reason": child_reason(exc)}))
+        return 0
+    start = time.perf_counter()
+    try:
+        BUILDERS[kind](Path(data))
+    except Exception as exc:  # reported as a "failed" row by the parent
+        print(json.dumps({"status": "failed", "reason": child_reason(exc, "build: ")}))
+        return 0
+    print(json.dumps({"status": "ok", "seconds": time.perf_counter() - start}))
+    return 0
+
+
+# ============================================================================ sources
+
+
+def mds_source(cfg: dict):
+    """`StreamingDataset(local=..., shuffle=True)` (its default py1e shuffle) in its
+    `StreamingDataLoader`; epoch_size covers the whole run, so there is one epoch."""
+    from streaming import StreamingDataLoader, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()  # a killed earlier child may have left its /dev/shm names
+    dataset = StreamingDataset(
+        local=str(Path(cfg["data"]) / "mds"),
+        shuffle=True,
+        shuffle_seed=0,
+        batch_size=cfg["batch_size"],
+        epoch_size=_total_records(cfg),
+    )
+    workers = cfg["workers"]
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        drop_last=True,
+    )
+    iterator = iter(loader)
+
+    def close() -> None:
+        del loader._iterator
+        clean_stale_shared_memory()
+
+    return (lambda: next(iterator)), close
+
+
+def litdata_source(cfg: dict):
+    """`StreamingDataset(dir, shuffle=True)` (chunk-wise shuffle) in `StreamingDataLoader`,
+    restarted at each epoch end (persistent workers keep the processes)."""
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    dataset = StreamingDataset(
+        str(Path(cfg["data"]) / "litdata"), shuffle=True, seed=0, drop_last=True
+    )
+    workers = cfg["workers"]
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        persistent_workers=bool(workers),
+        drop_last=True,
+    )
+    batches = _endless(lambda: loader)
+    return (lambda: next(batches)), (lambda: None)
+
+
+def wds_source(cfg: dict):
+    """`WebDataset(shards, resampled=True)` with a SHUFFLE_BUFFER sample shuffle, decoded
+    (.npy, .cls) and batched in the pipeline, in a `WebLoader`."""
+    import webdataset as wds
+
+    shards = sorted(str(p) for p in (Path(cfg["data"]) / "wds").glob("shard-*.tar"))
+    pipeline = (
+        wds.WebDataset(shards, resampled=True, shardshuffle=False, seed=0, nodesplitter=None)
+        .shuffle(SHUFFLE_BUFFER)
+        .decode()
+        .to_tuple("x.npy", "y.cls")
+        .batched(cfg["batch_size"], partial=False)
+    )
+    workers = cfg["workers"]
+    loader = wds.WebLoader(
+        pipeline, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None
+    )
+    iterator = iter(loader)
+    return (lambda: _as_dict(next(iterator))), (lambda: None)
+
+
+def _as_dict(pair) -> dict:
+    return {"x": pair[0], "y": pair[1]}
+
+
+def hf_source(cfg: dict):
+    """`load_from_disk(dir).with_format("numpy")` and one random batch `ds[indices]` per step.
+
+    HF's numpy format returns integer columns as int64 (8x the bytes of the uint8
+    pixels); the batch is cast back to uint8, as a user of these pixels must."""
+    import datasets
+
+    table = datasets.load_from_disk(str(Path(cfg["data"]) / "hf")).with_format("numpy")
+    rng = np.random.default_rng(0)
+    length, batch_size = len(table), cfg["batch_size"]
+
+    def get() -> dict:
+        batch = table[rng.integers(0, length, batch_size).tolist()]
+        return {"x": batch["x"].astype(np.uint8), "y": batch["y"]}
+
+    return get, (lambda: None)
+
+
+def loaderx_store_source(cfg: dict):
+    """loaderx DenseStore random batch access, `store[indices]` per stream (the HF idiom)."""
+    from loaderx.zrecord import DenseStore
+
+    data = Path(cfg["data"])
+    sx, sy = DenseStore(str(data / "lx_x")), DenseStore(str(data / "lx_y"))
+    rng = np.random.default_rng(0)
+    length, batch_size = len(sx), cfg["batch_size"]
+
+    def get() -> dict:
+        indices = rng.integers(0, length, batch_size)
+        return {"x": sx[indices], "y": sy[indices]}
+
+    def close() -> None:
+        sx.close()
+        sy.close()
+
+    return get, close
+
+
+# backend -> (module proving the contender imports, source function name in this file)
+SOURCES = {
+    "mds": ("streaming", "mds_source"),
+    "litdata": ("litdata", "litdata_source"),
+    "wds": ("webdataset", "wds_source"),
+    "hf": ("datasets", "hf_source"),
+    "loaderx_store": ("loaderx.zrecord", "loaderx_store_source"),
+}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "build":
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        sys.exit(build_main(sys.argv[2], sys.argv[3]))
+    sys.exit("usage: bench_contenders.py build KIND DATA_DIR (started by scripts/bench.py)")

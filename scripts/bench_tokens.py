@@ -1,0 +1,523 @@
+"""The tokens layer: fixed-length token windows for language-model training.
+
+The data: int32 token documents (lognormal lengths, Zipf ids; bench_data)
+concatenated in store order into one stream T. Window i of length L is
+T[i*L : i*L + L + 1] (L + 1 tokens: inputs and the shifted targets), and a
+batch is B = 32 windows of L = 2048. Rows, each run in a fresh process:
+
+  * numpy memmap get_batch: nanoGPT's loop, `np.stack` of B slices of a
+    memory-mapped flat token array at random window-aligned offsets;
+  * loaderx TokenWindows: `tw[idx]`, `tw.gather(idx, out=buf)` and
+    `DataLoader({"tokens": tw}, batch_size=32, seed=0)` over a RaggedStore of
+    the documents (the native TokenWindows API being built; until it exists
+    these rows say "missing: loaderx.TokenWindows not available");
+  * LitData: `optimize(..., item_loader=TokensLoader())` of the documents, read
+    with `StreamingDataset(item_loader=TokensLoader(block_size=L + 1),
+    shuffle=True)` in a `StreamingDataLoader` (its private venv). LitData cuts
+    blocks of L + 1 tokens without overlap inside each chunk, so its rows are
+    checked to be exact contiguous slices of T, not aligned windows.
+
+Validation is exact: the child sends, for its first batches, the dtype, the
+shape, and per row the first tokens and a digest of all L + 1 tokens; the
+parent finds the row in T (at the claimed window when the child knows it, at
+some window-aligned offset for the loader, at any offset for LitData) and
+compares digests.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import bench_data
+from bench_harness import (
+    table_line,
+    child_reason,
+    MIB,
+    OFFLINE,
+    Row,
+    Section,
+    Target,
+    Unavailable,
+    ValidationError,
+    fmt,
+    paired_ratio,
+    run_child_json,
+    short_error,
+)
+
+SEQ_LEN = 2048
+BATCH = 32
+CHECKED_BATCHES = 2
+PREFIX = 8  # tokens of each checked row sent to the parent to find the row in the stream
+LITDATA_CHUNK_WINDOWS = 256
+MISSING_TW = "missing: loaderx.TokenWindows not available"
+
+
+def _digest(row: np.ndarray) -> str:
+    return hashlib.blake2b(
+        np.ascontiguousarray(row, dtype=np.int32).data, digest_size=16
+    ).hexdigest()
+
+
+# ============================================================================ child side
+
+
+def _numpy_source(cfg: dict):
+    """nanoGPT's get_batch: B window-aligned random offsets, np.stack of memmap slices."""
+    data = np.load(Path(cfg["data"]) / "flat.npy", mmap_mode="r")
+    length, rng = cfg["seq_len"], np.random.default_rng(0)
+    windows = (len(data) - 1) // length
+
+    def get():
+        ix = rng.integers(0, windows, cfg["batch_size"])
+        return np.stack([data[i * length : i * length + length + 1] for i in ix.tolist()]), ix
+
+    return get, (lambda: None)
+
+
+def _token_windows(cfg: dict):
+    from loaderx import RaggedStore, TokenWindows  # ImportError until TokenWindows exists
+
+    store = RaggedStore(str(Path(cfg["data"]) / "lx_tokens"))
+    return store, TokenWindows(store, seq_len=cfg["seq_len"])
+
+
+def _tw_source(cfg: dict):
+    """`tw[idx]` (a fresh array) or, with backend "tw_gather", `tw.gather(idx, out=buf)`."""
+    store, tw = _token_windows(cfg)
+    rng, batch = np.random.default_rng(0), cfg["batch_size"]
+    buffer = np.empty((batch, cfg["seq_len"] + 1), dtype=np.int32)
+
+    def get():
+        ix = rng.integers(0, len(tw), batch)
+        if cfg["backend"] == "tw_gather":
+            tw.gather(ix, out=buffer)
+            return buffer, ix
+        return tw[ix], ix
+
+    return get, store.close
+
+
+def _tw_loader_source(cfg: dict):
+    from loaderx import DataLoader
+
+    store, tw = _token_windows(cfg)
+    loader = DataLoader({"tokens": tw}, batch_size=cfg["batch_size"], seed=0)
+    iterator = iter(loader)
+
+    def close() -> None:
+        loader.close()
+        store.close()
+
+    return (lambda: (next(iterator)["tokens"], None)), close
+
+
+def _litdata_source(cfg: dict):
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    dataset = StreamingDataset(
+        str(Path(cfg["data"]) / "litdata_tokens"),
+        item_loader=TokensLoader(block_size=cfg["seq_len"] + 1),
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+    )
+    workers = cfg["workers"]
+    loader = StreamingDataLoader(
+        dataset,
+        batch_size=cfg["batch_size"],
+        num_workers=workers,
+        persistent_workers=bool(workers),
+        drop_last=True,
+    )
+
+    def batches():
+        while True:  # an epoch ends; users restart it, and so does the bench (its cost counts)
+            yield from loader
+
+    iterator = batches()
+    return (lambda: (next(iterator), None)), (lambda: None)
+
+
+SOURCES = {
+    "numpy": ("numpy", _numpy_source),
+    "tw_index": ("loaderx", _tw_source),
+    "tw_gather": ("loaderx", _tw_source),
+    "tw_loader": ("loaderx", _tw_loader_source),
+    "litdata": ("litdata", _litdata_source),
+}
+
+
+def _check(batch, ix) -> dict:
+    if hasattr(batch, "numpy") and not isinstance(batch, np.ndarray):
+        batch = batch.numpy()
+    batch = np.asarray(batch)
+    rows = batch.reshape(len(batch), -1) if batch.ndim >= 1 else batch.reshape(1, -1)
+    return {
+        "dtype": str(batch.dtype),
+        "shape": list(batch.shape),
+        "prefixes": [r[:PREFIX].astype(np.int64).tolist() for r in rows],
+        "digests": [_digest(r) for r in rows],
+        "indices": None if ix is None else [int(i) for i in ix],
+    }
+
+
+def _measure(cfg: dict) -> dict:
+    import bench_loader
+
+    start = time.perf_counter()
+    get, close = SOURCES[cfg["backend"]][1](cfg)
+    checks = [_check(*get())]
+    first_s = time.perf_counter() - start
+    for _ in range(cfg["warmup"] - 1):
+        batch = get()
+        if len(checks) < CHECKED_BATCHES:
+            checks.append(_check(*batch))
+    faults, switches = bench_loader.tree_counters()
+    count, start = 0, time.perf_counter()
+    while count < cfg["batches"] and (count < 3 or time.perf_counter() - start < cfg["seconds"]):
+        get()
+        count += 1
+    seconds = time.perf_counter() - start
+    faults_end, switches_end = bench_loader.tree_counters()
+    close()
+    return {
+        "status": "ok",
+        "batches": count,
+        "seconds": seconds,
+        "first_batch_s": first_s,
+        "faults_per_batch": (faults_end - faults) / count,
+        "switches_per_batch": (switches_end - switches) / count,
+        "vmhwm_bytes": bench_loader._proc_kib("/proc/self/status", "VmHWM:") * 1024,
+        "checks": checks,
+    }
+
+
+def child_main(argv: list[str]) -> int:
+    cfg = json.loads(argv[0])
+    module = SOURCES[cfg["backend"]][0]
+    try:
+        __import__(module)
+        if module == "loaderx":
+            from loaderx import TokenWindows  # noqa: F401
+    except ImportError as exc:
+        reason = (
+            "loaderx.TokenWindows not available"
+            if module == "loaderx"
+            else f"{type(exc).__name__}: {exc}"
+        )
+        print(json.dumps({"status": "missing", "reason": reason[:200]}))
+        return 0
+    try:
+        if cfg["workers"]:
+            import bench_loader
+
+            with bench_loader.TreeRss() as rss:  # worker processes count in the peak
+                result = _measure(cfg)
+            result["vmhwm_bytes"] = max(result["vmhwm_bytes"], rss.peak_kib * 1024)
+        else:
+            result = _measure(cfg)
+    except Exception as exc:  # reported as a "failed" row by the parent
+        result = {"status": "failed", "reason": child_reason(exc)}
+    print(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # DataLoader worker pools can linger at interpreter exit; the result is out already
+
+
+def _litdata_document(data: str, i: int):
+    """Document i as a tensor, for LitData's `optimize` (its spawned workers map the files once)."""
+    import torch
+
+    if _DOCS.get("data") != data:
+        _DOCS.update(
+            data=data,
+            flat=np.load(Path(data) / "flat.npy", mmap_mode="r"),
+            splits=np.load(Path(data) / "splits.npy"),
+        )
+    return torch.from_numpy(np.array(_DOCS["flat"][_DOCS["splits"][i] : _DOCS["splits"][i + 1]]))
+
+
+_DOCS: dict = {}
+
+
+def build_litdata(data: str, seq_len: int) -> int:
+    """LitData's documented token pipeline: one tensor per document, TokensLoader chunks."""
+    try:
+        from litdata import TokensLoader, optimize
+    except ImportError as exc:
+        print(json.dumps({"status": "missing", "reason": child_reason(exc)}))
+        return 0
+    start = time.perf_counter()
+    try:
+        documents = len(np.load(Path(data) / "splits.npy")) - 1
+        optimize(
+            fn=functools.partial(_litdata_document, data),
+            inputs=list(range(documents)),
+            output_dir=str(Path(data) / "litdata_tokens"),
+            chunk_size=(seq_len + 1) * LITDATA_CHUNK_WINDOWS,
+            item_loader=TokensLoader(),
+            num_workers=1,
+            mode="overwrite",
+            verbose=False,
+        )
+    except Exception as exc:  # reported as a "failed" row by the parent
+        print(json.dumps({"status": "failed", "reason": child_reason(exc, "build: ")}))
+        return 0
+    print(json.dumps({"status": "ok", "seconds": time.perf_counter() - start}))
+    return 0
+
+
+# ============================================================================ parent side
+
+# backend -> (row name, workers attribute of Size or None, private venv or None)
+ROWS = {
+    "numpy": ("numpy memmap get_batch (nanoGPT, np.stack of slices)", None, None),
+    "tw_index": ("loaderx TokenWindows tw[idx]", None, None),
+    "tw_gather": ("loaderx TokenWindows gather(out=)", None, None),
+    "tw_loader": ("loaderx DataLoader({'tokens': tw})", None, None),
+    "litdata": ("litdata TokensLoader workers={w}", "loader_contender_workers", "litdata"),
+}
+
+
+class Stream:
+    """The token stream T and a lookup of where a row of it starts."""
+
+    def __init__(self, flat: np.ndarray, seq_len: int):
+        self.flat = flat
+        self.seq_len = seq_len
+        self.windows = (len(flat) - 1) // seq_len
+
+    def starts(self, prefix: list[int]) -> np.ndarray:
+        """Every offset s with T[s : s + len(prefix)] == prefix, narrowing token by token."""
+        width = self.seq_len + 1
+        candidates = np.flatnonzero(self.flat[: len(self.flat) - width + 1] == prefix[0])
+        for k, token in enumerate(prefix[1:], start=1):
+            candidates = candidates[self.flat[candidates + k] == token]
+        return candidates
+
+    def check_row(
+        self, prefix: list, digest: str, claimed: int | None, rule: str, what: str
+    ) -> None:
+        length = self.seq_len
+        if claimed is not None:
+            starts = [claimed * length] if 0 <= claimed < self.windows else []
+        else:
+            starts = [int(s) for s in self.starts(prefix)]
+            if rule == "aligned":
+                starts = [s for s in starts if s % length == 0]
+        if not any(_digest(self.flat[s : s + length + 1]) == digest for s in starts):
+            where = f"window {claimed}" if claimed is not None else f"any {rule} offset"
+            raise ValidationError(
+                f"{what}: row is not T[{where} : +{length + 1}] of the token stream"
+            )
+
+
+def _validate(result: dict, stream: Stream, backend: str, name: str) -> None:
+    want_shape = [BATCH, stream.seq_len + 1]
+    for number, check in enumerate(result["checks"]):
+        what = f"{name} batch {number}"
+        if check["dtype"] != "int32" or check["shape"] != want_shape:
+            raise ValidationError(
+                f"{what}: got {check['dtype']} {check['shape']}, want int32 {want_shape}"
+            )
+        rule = "any" if backend == "litdata" else "aligned"
+        claimed = check["indices"] or [None] * len(check["digests"])
+        for row, (prefix, digest, index) in enumerate(
+            zip(check["prefixes"], check["digests"], claimed)
+        ):
+            stream.check_row(prefix, digest, index, rule, f"{what} row {row}")
+    if not result["checks"]:
+        raise ValidationError(f"{name}: no batch was checked")
+
+
+def _prepare(ctx, directory: Path) -> tuple[Stream, dict]:
+    directory.mkdir(parents=True, exist_ok=True)
+    docs = bench_data.token_sequences(np.random.default_rng(ctx.seed + 4), ctx.size.token_sequences)
+    splits = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in docs], out=splits[1:])
+    flat = np.concatenate(docs)
+    np.save(directory / "flat.npy", flat)
+    np.save(directory / "splits.npy", splits)
+    problems = {}
+    try:
+        from loaderx.zrecord import RaggedStore
+
+        with RaggedStore(str(directory / "lx_tokens"), np.int32, codec="raw") as store:
+            store.append(docs)
+    except Exception as exc:  # the loaderx rows then say why
+        problems["loaderx"] = f"failed: store build: {short_error(exc)}"
+    problems.update(_build_litdata(ctx, directory))
+    return Stream(flat, SEQ_LEN), problems
+
+
+def _build_litdata(ctx, directory: Path) -> dict:
+    try:
+        python = ctx.venvs.python("litdata") if ctx.venvs is not None else None
+    except Unavailable as exc:
+        return {"litdata": str(exc)}
+    if python is None:
+        return {"litdata": "missing: private venv 'litdata' not configured"}
+    argv = [python, str(Path(__file__).resolve()), "build", str(directory), str(SEQ_LEN)]
+    result = run_child_json(argv, timeout_s=1800, env=OFFLINE)
+    if result["status"] != "ok":
+        return {"litdata": f"{result['status']}: {result['reason']}"}
+    ctx.log(f"tokens: litdata optimize {result['seconds']:.1f} s")
+    return {}
+
+
+def _configs(ctx) -> list[tuple[str, int | None]]:
+    configs = []
+    for backend, (_name, workers_attr, _venv) in ROWS.items():
+        configs.extend(
+            (backend, w) for w in (getattr(ctx.size, workers_attr) if workers_attr else (None,))
+        )
+    return configs
+
+
+def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -> None:
+    backend, workers = cfg
+    venv = ROWS[backend][2]
+    try:
+        python = ctx.venvs.python(venv) if venv else sys.executable
+    except Unavailable as exc:
+        row.status = str(exc)
+        return
+    child = {
+        "backend": backend,
+        "workers": workers,
+        "data": str(directory),
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH,
+        "batches": ctx.size.loader_batches,
+        "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
+        "seconds": ctx.size.loader_seconds,
+    }
+    argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
+    result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
+    if result["status"] != "ok":
+        row.status = (
+            MISSING_TW
+            if result["reason"] == "loaderx.TokenWindows not available"
+            else f"{result['status']}: {result['reason']}"
+        )
+        return
+    try:
+        _validate(result, stream, backend, row.name)
+    except ValidationError as exc:
+        row.status = f"INVALID: {exc}"
+        return
+    per_s = result["batches"] / result["seconds"]
+    row.records_s.append(per_s * BATCH)
+    row.gather_mibs.append(per_s * BATCH * (SEQ_LEN + 1) * 4 / MIB)
+    row.batches_timed = result["batches"]
+    for key, value in (
+        ("first_s", result["first_batch_s"]),
+        ("rss", result["vmhwm_bytes"]),
+        ("faults", result["faults_per_batch"]),
+        ("switches", result["switches_per_batch"]),
+    ):
+        extra[key].append(value)
+    ctx.log(f"tokens: {row.name}: {per_s:.1f} batches/s")
+
+
+def run_tokens(ctx) -> list[Section]:
+    directory = ctx.workdir / "tokens"
+    stream, problems = _prepare(ctx, directory)
+    rows = {
+        cfg: Row(
+            ROWS[cfg[0]][0].replace("{w}", str(cfg[1])),
+            "loaderx" if cfg[0].startswith("tw") else "contender",
+            "raw",
+        )
+        for cfg in _configs(ctx)
+    }
+    rows[("numpy", None)].group = "baseline"
+    extra = {cfg: {"first_s": [], "rss": [], "faults": [], "switches": []} for cfg in rows}
+    for cfg, row in rows.items():
+        row.extra = extra[cfg]  # the same figures go to the JSON report
+    for cfg, row in rows.items():
+        problem = problems.get("loaderx" if cfg[0].startswith("tw") else cfg[0])
+        row.status = problem or row.status
+    for round_index in range(min(ctx.repeat, ctx.size.loader_repeat_max)):
+        order = list(rows)
+        shift = round_index % len(order)
+        for cfg in order[shift:] + order[:shift]:
+            if rows[cfg].ok:
+                _one_run(ctx, cfg, rows[cfg], extra[cfg], directory, stream)
+    return [_section(ctx, rows, extra, stream)]
+
+
+def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
+    named = {r.name: r for r in rows.values()}
+    base = rows[("numpy", None)]
+    width = max(len(r.name) for r in rows.values())
+    titles = ["batches/s", "MiB/s", "first s", "peak RSS MiB", "faults/b", "ctxsw/b", "vs numpy"]
+    # peak RSS: VmHWM, or with worker processes the largest sampled RSS of the process tree
+    widths = [10, 8, 8, 12, 9, 8, 9]
+    head = table_line(
+        [("token windows", f"<{width}")] + [(t, f">{w}") for t, w in zip(titles, widths)]
+    )
+    lines = [head, "  " + "-" * (len(head) - 2)]
+    for cfg, row in rows.items():
+        if not row.ok:
+            lines.append(f"  {row.name:<{width}} {row.status}")
+            continue
+        e, versus = extra[cfg], paired_ratio(row, [base], "records_s")
+        values = [
+            (row.median("records_s") / BATCH, ".1f"),
+            (row.median("gather_mibs"), ".1f"),
+            (np.median(e["first_s"]), ".3f"),
+            (max(e["rss"]) / MIB, ".1f"),
+            (np.median(e["faults"]), ".1f"),
+            (np.median(e["switches"]), ".1f"),
+        ]
+        cells = [(format(v, spec), f">{w}") for (v, spec), w in zip(values, widths)]
+        cells.append((fmt(versus, ".2f") + "x" if versus else "-", f">{widths[-1]}"))
+        lines.append(table_line([(row.name, f"<{width}")] + cells))
+    litdata = [r.name for cfg, r in rows.items() if cfg[0] == "litdata"]
+    targets = [
+        Target(
+            "token windows tw[idx] vs numpy memmap get_batch",
+            ROWS["tw_index"][0],
+            [base.name],
+            1.0,
+            metric="records_s",
+        ),
+        Target(
+            "token windows DataLoader vs LitData TokensLoader (best)",
+            ROWS["tw_loader"][0],
+            litdata,
+            3.0,
+            metric="records_s",
+        ),
+    ]
+    for target in targets:
+        target.evaluate(named)
+    lines.append("  targets (median of per-round ratios; SPEC §9 and issue 16):")
+    lines.extend(t.line() for t in targets)
+    title = (
+        f"token windows: B={BATCH} x (L+1={SEQ_LEN + 1}) int32 from {len(stream.flat) / 1e6:.1f} M"
+        f" tokens ({stream.windows} windows, {len(stream.flat) * 4 / MIB:.0f} MiB), random windows,"
+        f" each run a fresh process, {min(ctx.repeat, ctx.size.loader_repeat_max)} rounds"
+    )
+    lines.insert(0, f"== {title} ==")
+    return Section("tokens", title, lines, list(rows.values()), targets)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "child":
+        sys.exit(child_main(sys.argv[2:]))
+    if len(sys.argv) == 4 and sys.argv[1] == "build":
+        sys.exit(build_litdata(sys.argv[2], int(sys.argv[3])))
+    sys.exit(
+        "usage: bench_tokens.py child CONFIG_JSON | build DATA_DIR SEQ_LEN"
+        " (started by scripts/bench.py)"
+    )
