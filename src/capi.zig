@@ -693,6 +693,7 @@ test {
     _ = Loader;
     _ = fsio;
     _ = store_maintain;
+    _ = @import("mixture.zig");
     _ = @import("cpu.zig");
     _ = format;
     _ = codec;

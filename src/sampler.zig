@@ -40,7 +40,7 @@ const cpu = @import("cpu.zig");
 pub const Mode = enum(u8) { sequential = 0, iid = 1, cyclic = 2 };
 
 /// A global sample position. See the file comment for why 192 bits never wrap.
-const Position = u192;
+pub const Position = u192;
 
 /// Fills `out` (len = per-rank batch size B) with the indices for global step `step`.
 /// Global batch G = B * world; global positions p = step*G + j, j in [0,G); rank r takes
@@ -55,6 +55,13 @@ pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64
     const batch_size: u128 = out.len;
     const global_batch_size: u128 = batch_size * world;
     const position_first: Position = @as(Position, step) * global_batch_size + @as(u128, rank) * batch_size;
+    fillFrom(length, mode, seed, position_first, out);
+}
+
+/// Fills `out` with the indices at global positions [position_first,
+/// position_first + out.len): the sequence `fill` cuts into batches.
+pub fn fillFrom(length: u64, mode: Mode, seed: u64, position_first: Position, out: []u64) void {
+    assert(length >= 1);
     switch (mode) {
         .sequential => fillSequential(length, position_first, out),
         .iid => fillIid(length, seed, position_first, out),
