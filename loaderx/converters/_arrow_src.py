@@ -118,7 +118,7 @@ class ArrowSource(Source):
     def _init_columns(self, schema) -> None:
         self.schema = schema
         self.hf = _hf_features(schema)
-        self.names = select_columns(schema.names, self.options, self.files[0])
+        self.names = select_columns(schema.names, self.options, self.files[0] if self.files else "the dataset")
         self.rows = sum(n for _, _, n in self.pieces)
         self._open_specs = None
 

@@ -77,9 +77,12 @@ class Progress:
     def _log(self, now: float, final: bool = False) -> None:
         elapsed = max(now - self._t0, 1e-9)
         rate = self.done / elapsed
-        if self.total:
-            parts = [f"{self.desc}: {_fmt_count(self.done, self.unit)} of "
-                     f"{_fmt_count(self.total, self.unit)} ({100 * self.done / self.total:.1f}%)"]
+        if self.total and self.unit == "B":
+            parts = [f"{self.desc}: {_fmt_count(self.done, 'B')} of {_fmt_count(self.total, 'B')} "
+                     f"({100 * self.done / self.total:.1f}%)"]
+        elif self.total:
+            parts = [f"{self.desc}: {self.done:,.0f}/{self.total:,.0f} {self.unit} "
+                     f"({100 * self.done / self.total:.1f}%)"]
         else:
             parts = [f"{self.desc}: {_fmt_count(self.done, self.unit)}"]
         parts.append(f"{_fmt_count(rate, self.unit)}/s")
@@ -116,17 +119,26 @@ class Ticker:
     with no total that ticks every second, or periodic log lines."""
 
     def __init__(self, mode, desc: str):
-        self._progress = Progress(resolve_mode(mode), None, desc, "s")
+        self._mode = resolve_mode(mode)
+        self._desc = desc
+        self._bar = Progress("bar", None, desc, "s") if self._mode == "bar" else None
         self._stop = threading.Event()
         self._thread = None
-        if self._progress.mode != "off":
+        self._t0 = time.monotonic()
+        if self._mode != "off":
             self._thread = threading.Thread(target=self._run, name="loaderx-progress", daemon=True)
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(1.0):
-            self._progress.update(1)
+            if self._bar is not None:
+                self._bar.update(1)
+            elif time.monotonic() - last >= _interval():
+                last = time.monotonic()
+                print(f"{self._desc}: running, {last - self._t0:.0f} s elapsed", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Ticker":
+        self._t0 = time.monotonic()
         if self._thread is not None:
             self._thread.start()
         return self
@@ -135,4 +147,7 @@ class Ticker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._progress.close()
+        if self._bar is not None:
+            self._bar.close()
+        elif self._mode == "log":
+            print(f"{self._desc}: done in {time.monotonic() - self._t0:.1f} s", file=sys.stderr, flush=True)
