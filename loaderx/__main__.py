@@ -410,7 +410,7 @@ def _convert_parser(sub, quiet) -> None:
     p.add_argument("--keep-encoded", action="store_true", help="keep images as encoded bytes (Zrecord)")
     p.add_argument("--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length")
     p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
-    p.add_argument("--batch-mib", type=float, default=32.0, help="MiB read and written at a time (default 32)")
+    p.add_argument("--batch-mib", type=float, default=16.0, help="MiB read and written at a time (default 16)")
     p.set_defaults(fn=cmd_convert)
 
 

@@ -45,7 +45,7 @@ _CODECS = ("raw", "zstd")
 def convert(source: Any, dest, *, codec: str = "zstd", level: int | None = 3, dict: bool = False,
             columns: list | None = None, workers: int | None = None, mode: str = "create",
             skip_columns: list | None = None, keep_encoded: bool = False, row_length: int | None = None,
-            allow_tiny_records: bool = False, batch_bytes: int = 32 << 20, progress=None) -> dict:
+            allow_tiny_records: bool = False, batch_bytes: int = 16 << 20, progress=None) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
 
@@ -75,7 +75,7 @@ def convert(source: Any, dest, *, codec: str = "zstd", level: int | None = 3, di
 def convert_to_directory(source: Any, dest, *, codec: str = "zstd", level: int | None = 3,
                          dict: bool = False, columns=None, workers=None, mode: str = "create",
                          skip_columns=None, keep_encoded: bool = False, row_length=None,
-                         allow_tiny_records: bool = False, batch_bytes: int = 32 << 20,
+                         allow_tiny_records: bool = False, batch_bytes: int = 16 << 20,
                          progress=None, cli: bool = False) -> dict:
     """`convert` without opening the result: returns the manifest written."""
     flags = Flags(cli=cli)
