@@ -184,7 +184,8 @@ def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow
         f"anyway, pass {f.opt('allow_tiny_records')}")
 
 
-def _codecs(specs: list[ColumnSpec], codec: str) -> dict:
+def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
+    """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
     return {s.name: "raw" if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
             else codec for s in specs}
 
@@ -209,7 +210,7 @@ def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -
     specs = source.specs()
     _check_tiny(source, specs, options, job["allow_tiny"])
     tasks = source.tasks(job["workers"])
-    codecs = _codecs(specs, job["codec"])
+    codecs = column_codecs(specs, job["codec"])
     dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
     target = Destination(dest, mode, options.flags)
     target.begin(specs)
