@@ -27,6 +27,10 @@ __all__ = ["ArrowSource", "HFDatasetSource", "arrow_files"]
 _PARQUET = (".parquet", ".pq", ".parq")
 _IPC = (".arrow", ".feather", ".ipc", ".arrows")
 _PROBE_ROWS = 64
+#: Leaf values per Parquet read batch. The Parquet reader keeps two 16-bit
+#: levels (and builder space) per leaf value, about 17 bytes for a uint8 value,
+#: so batches are bounded by leaf values as well as by bytes.
+_PARQUET_LEAF_VALUES_MAX = 2 << 20
 
 
 def _pa():
@@ -61,6 +65,7 @@ def _hf_features(schema) -> dict:
 class ArrowSource(Source):
     kind = "arrow"
     _open_specs = None  # per process, never pickled
+    leaf_values_per_row = 0.0
 
     def __init__(self, files: list[str], options: Options, describe: dict | None = None):
         super().__init__(options)
@@ -86,6 +91,7 @@ class ArrowSource(Source):
     def _inspect(self):
         pa = _pa()
         schema, pieces = None, []
+        self.leaf_values_per_row = 0.0
         self.formats = [self._format(p) for p in self.files]
         for k, (path, fmt) in enumerate(zip(self.files, self.formats)):
             try:
@@ -100,13 +106,16 @@ class ArrowSource(Source):
             pieces += [(k, unit, n) for unit, n in enumerate(counts)]
         return schema, pieces
 
-    @staticmethod
-    def _file_layout(pa, path: str, fmt: str):
+    def _file_layout(self, pa, path: str, fmt: str):
         if fmt == "parquet":
             pq = require("pyarrow.parquet", "convert", "reading Parquet")
-            meta = pq.ParquetFile(path).metadata
-            return pq.ParquetFile(path).schema_arrow, [meta.row_group(i).num_rows
-                                                       for i in range(meta.num_row_groups)]
+            pf = pq.ParquetFile(path)
+            meta = pf.metadata
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                values = sum(rg.column(j).num_values for j in range(rg.num_columns))
+                self.leaf_values_per_row = max(self.leaf_values_per_row, values / max(rg.num_rows, 1))
+            return pf.schema_arrow, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         with pa.memory_map(path) as m:
             if fmt == "ipc-file":
                 r = pa.ipc.open_file(m)
@@ -209,6 +218,8 @@ class ArrowSource(Source):
     def read(self, task, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
         pa = _pa()
         step = rows_per_batch(self._row_bytes(specs), batch_bytes)
+        if self.leaf_values_per_row:
+            step = max(1, min(step, int(_PARQUET_LEAF_VALUES_MAX / self.leaf_values_per_row)))
         for row0, table in self._batches(task, [s.name for s in specs], step):
             cols = {s.name: self._convert(pa, table.column(s.name), s, row0) for s in specs}
             yield Batch(table.num_rows, cols, table.num_rows)
