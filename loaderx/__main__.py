@@ -6,6 +6,7 @@ periodic log lines otherwise; ``--quiet`` silences both. Exit codes: 0 ok, 1 a
 loaderx error (one line on stderr, no traceback), 2 a usage error, 130 when
 interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ def _say(args, text: str) -> None:
 
 # ----------------------------------------------------------------- info
 
+
 def _file_size(path: str, name: str) -> int | None:
     try:
         return os.stat(os.path.join(path, name)).st_size
@@ -73,13 +75,20 @@ def store_report(store) -> dict:
     payload, estimated = _payload(store, records, st["live_bytes"])
     dictionary = store.dictionary()
     report = {
-        "path": store.path, "kind": store.kind, "dtype": str(store.dtype),
+        "path": store.path,
+        "kind": store.kind,
+        "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if store.item_shape is not None else None,
-        "codec": store.codec, "level": store.level,
+        "codec": store.codec,
+        "level": store.level,
         "dictionary_bytes": len(dictionary) if dictionary else 0,
-        "records": records, "payload_bytes": payload, "payload_estimated": estimated,
-        "data_bytes": st["chunk_bytes"], "reclaimable_bytes": st["reclaimable"],
-        "index_bytes": index, "meta_bytes": meta,
+        "records": records,
+        "payload_bytes": payload,
+        "payload_estimated": estimated,
+        "data_bytes": st["chunk_bytes"],
+        "reclaimable_bytes": st["reclaimable"],
+        "index_bytes": index,
+        "meta_bytes": meta,
         "stored_bytes": st["chunk_bytes"] + index + meta,
         "overhead_pct": 100.0 * (index + meta) / payload if payload else None,
         "ratio": payload / st["live_bytes"] if st["live_bytes"] else None,
@@ -94,10 +103,12 @@ def _warnings(r: dict) -> list[str]:
     mean = r["payload_bytes"] / r["records"]
     if mean >= _TINY_RECORD_BYTES:
         return []
-    return [f"records are tiny ({mean:.1f} B on average, under {_TINY_RECORD_BYTES} B): the index "
-            f"costs {r['index_bytes'] / r['records']:.0f} B per record. Reshape the data into rows "
-            "(e.g. loaderx convert --row-length 2048 for a token array) or store whole documents "
-            "in a RaggedStore"]
+    return [
+        f"records are tiny ({mean:.1f} B on average, under {_TINY_RECORD_BYTES} B): the index "
+        f"costs {r['index_bytes'] / r['records']:.0f} B per record. Reshape the data into rows "
+        "(e.g. loaderx convert --row-length 2048 for a token array) or store whole documents "
+        "in a RaggedStore"
+    ]
 
 
 def _print_store(r: dict, indent: str = "") -> None:
@@ -108,13 +119,23 @@ def _print_store(r: dict, indent: str = "") -> None:
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
     lines = [
         ("kind", f"{r['kind']} ({shape})"),
-        ("codec", f"{r['codec']}" + (f" (level {r['level']})" if r["codec"] != "raw" else "")
-                  + f", dictionary: {dict_text}"),
+        (
+            "codec",
+            f"{r['codec']}"
+            + (f" (level {r['level']})" if r["codec"] != "raw" else "")
+            + f", dictionary: {dict_text}",
+        ),
         ("records", f"{r['records']:,}"),
-        ("payload", f"{approx}{_fmt_bytes(r['payload_bytes'])}" + (" (estimated)" if approx else "")),
-        ("stored", f"{_fmt_bytes(r['stored_bytes'])} = data {_fmt_bytes(r['data_bytes'])} "
-                   f"({_fmt_bytes(r['reclaimable_bytes'])} reclaimable) + index "
-                   f"{_fmt_bytes(r['index_bytes'])} + meta {_fmt_bytes(r['meta_bytes'])}"),
+        (
+            "payload",
+            f"{approx}{_fmt_bytes(r['payload_bytes'])}" + (" (estimated)" if approx else ""),
+        ),
+        (
+            "stored",
+            f"{_fmt_bytes(r['stored_bytes'])} = data {_fmt_bytes(r['data_bytes'])} "
+            f"({_fmt_bytes(r['reclaimable_bytes'])} reclaimable) + index "
+            f"{_fmt_bytes(r['index_bytes'])} + meta {_fmt_bytes(r['meta_bytes'])}",
+        ),
         ("overhead", f"{overhead} of the payload (index and meta)"),
         ("ratio", f"{ratio} (payload / stored data)"),
     ]
@@ -126,10 +147,15 @@ def _print_store(r: dict, indent: str = "") -> None:
 
 def _dataset_report(path: str) -> dict:
     from .dataset import open_dataset, read_manifest
+
     manifest = read_manifest(path)
     if "splits" in manifest:
-        return {"path": os.path.abspath(path),
-                "splits": {s: _dataset_report(os.path.join(path, sub)) for s, sub in manifest["splits"].items()}}
+        return {
+            "path": os.path.abspath(path),
+            "splits": {
+                s: _dataset_report(os.path.join(path, sub)) for s, sub in manifest["splits"].items()
+            },
+        }
     opened = open_dataset(path)
     try:
         columns = {}
@@ -142,19 +168,34 @@ def _dataset_report(path: str) -> dict:
     finally:
         for col in opened.values():
             col.close()
-    return {"path": os.path.abspath(path), "rows": manifest["rows"], "source": manifest.get("source"),
-            "columns": columns}
+    return {
+        "path": os.path.abspath(path),
+        "rows": manifest["rows"],
+        "source": manifest.get("source"),
+        "columns": columns,
+    }
 
 
 def _sum_reports(reports: list[dict]) -> dict:
     r = dict(reports[0])
     r["path"] = os.path.dirname(reports[0]["path"]) if len(reports) > 1 else reports[0]["path"]
-    for key in ("records", "payload_bytes", "data_bytes", "reclaimable_bytes", "index_bytes",
-                "meta_bytes", "stored_bytes"):
+    for key in (
+        "records",
+        "payload_bytes",
+        "data_bytes",
+        "reclaimable_bytes",
+        "index_bytes",
+        "meta_bytes",
+        "stored_bytes",
+    ):
         r[key] = sum(x[key] for x in reports)
     r["payload_estimated"] = any(x["payload_estimated"] for x in reports)
     live = r["data_bytes"] - r["reclaimable_bytes"]
-    r["overhead_pct"] = 100.0 * (r["index_bytes"] + r["meta_bytes"]) / r["payload_bytes"] if r["payload_bytes"] else None
+    r["overhead_pct"] = (
+        100.0 * (r["index_bytes"] + r["meta_bytes"]) / r["payload_bytes"]
+        if r["payload_bytes"]
+        else None
+    )
     r["ratio"] = r["payload_bytes"] / live if live else None
     r["warnings"] = _warnings(r)
     return r
@@ -178,6 +219,7 @@ def _print_dataset(report: dict, indent: str = "") -> None:
 
 def cmd_info(args) -> int:
     from .dataset import open_store
+
     if os.path.isfile(os.path.join(args.path, "loaderx.json")):
         report = _dataset_report(args.path)
         if args.json:
@@ -197,37 +239,58 @@ def cmd_info(args) -> int:
 
 # ----------------------------------------------------------------- convert
 
+
 def _names(text: str | None) -> list | None:
     return [n for n in text.split(",") if n] if text else None
 
 
 def cmd_convert(args) -> int:
     from .converters import convert_to_directory
+
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     t0 = time.perf_counter()
     manifest = convert_to_directory(
-        args.src, args.dst, codec=args.codec, level=args.level, dict=args.dict,
-        columns=_names(args.columns), skip_columns=_names(args.skip_columns), workers=args.workers,
-        mode=mode, keep_encoded=args.keep_encoded, row_length=args.row_length,
-        allow_tiny_records=args.allow_tiny_records, batch_bytes=int(args.batch_mib * (1 << 20)),
-        progress=_progress_mode(args), cli=True)
+        args.src,
+        args.dst,
+        codec=args.codec,
+        level=args.level,
+        dict=args.dict,
+        columns=_names(args.columns),
+        skip_columns=_names(args.skip_columns),
+        workers=args.workers,
+        mode=mode,
+        keep_encoded=args.keep_encoded,
+        row_length=args.row_length,
+        allow_tiny_records=args.allow_tiny_records,
+        batch_bytes=int(args.batch_mib * (1 << 20)),
+        progress=_progress_mode(args),
+        cli=True,
+    )
     elapsed = time.perf_counter() - t0
     if "splits" in manifest:
         _say(args, f"converted {len(manifest['splits'])} splits into {args.dst} in {elapsed:.1f} s")
         return 0
-    cols = ", ".join(f"{n} ({c['kind']} {c['dtype']}{c['item_shape'] if c['kind'] == 'dense' else ''}, "
-                     f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
-                     for n, c in manifest["columns"].items())
-    _say(args, f"converted {manifest['rows']:,} rows in {elapsed:.1f} s ({manifest['rows'] / max(elapsed, 1e-9):,.0f} "
-               f"rows/s) into {args.dst}: {cols}")
+    cols = ", ".join(
+        f"{n} ({c['kind']} {c['dtype']}{c['item_shape'] if c['kind'] == 'dense' else ''}, "
+        f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
+        for n, c in manifest["columns"].items()
+    )
+    _say(
+        args,
+        f"converted {manifest['rows']:,} rows in {elapsed:.1f} s "
+        f"({manifest['rows'] / max(elapsed, 1e-9):,.0f} "
+        f"rows/s) into {args.dst}: {cols}",
+    )
     return 0
 
 
 # ----------------------------------------------------------------- verify, compact
 
+
 def _stores_of(path: str) -> tuple[list, list]:
     """(stores, things to close) for a store path or a dataset directory."""
     from .dataset import open_dataset, open_store
+
     if os.path.isfile(os.path.join(path, "loaderx.json")):
         opened = open_dataset(path)
         if opened and all(isinstance(v, dict) for v in opened.values()):
@@ -242,6 +305,7 @@ def _stores_of(path: str) -> tuple[list, list]:
 
 def _each_store(args, label: str, action) -> tuple:
     from .converters._progress import Ticker, make_progress
+
     stores, owned = _stores_of(args.path)
     mode = _progress_mode(args)
     t0 = time.perf_counter()
@@ -266,22 +330,31 @@ def _each_store(args, label: str, action) -> tuple:
 
 def cmd_verify(args) -> int:
     records, _, _, dt, count = _each_store(args, "verify", lambda s: s.verify())
-    _say(args, f"ok: {records:,} records in {count} store{'s' if count != 1 else ''} verified in {dt:.2f} s")
+    _say(
+        args,
+        f"ok: {records:,} records in {count} store{'s' if count != 1 else ''} "
+        f"verified in {dt:.2f} s",
+    )
     return 0
 
 
 def cmd_compact(args) -> int:
     _, before, after, dt, _ = _each_store(args, "compact", lambda s: s.compact())
-    _say(args, f"compacted in {dt:.2f} s: {_fmt_bytes(before)} -> {_fmt_bytes(after)} "
-               f"(reclaimed {_fmt_bytes(before - after)})")
+    _say(
+        args,
+        f"compacted in {dt:.2f} s: {_fmt_bytes(before)} -> {_fmt_bytes(after)} "
+        f"(reclaimed {_fmt_bytes(before - after)})",
+    )
     return 0
 
 
 # ----------------------------------------------------------------- train-dict
 
+
 def _dict_source(args):
     """(training source, things to close) for a .npy, a store or a dataset column."""
     from .dataset import open_dataset, open_store
+
     if args.src.endswith(".npy"):
         return np.load(args.src, mmap_mode="r"), []
     if os.path.isfile(os.path.join(args.src, "loaderx.json")):
@@ -300,6 +373,7 @@ def _dict_source(args):
 def cmd_train_dict(args) -> int:
     from .converters._progress import Ticker
     from .zrecord import train_dict
+
     source, owned = _dict_source(args)
     t0 = time.perf_counter()
     try:
@@ -310,19 +384,26 @@ def cmd_train_dict(args) -> int:
             s.close()
     with open(args.output, "wb") as f:
         f.write(data)
-    _say(args, f"trained a {_fmt_bytes(len(data))} dictionary in {time.perf_counter() - t0:.1f} s: "
-               f"{args.output} (use it with codec='zstd_dict', dict_bytes=open(...).read())")
+    _say(
+        args,
+        f"trained a {_fmt_bytes(len(data))} dictionary in {time.perf_counter() - t0:.1f} s: "
+        f"{args.output} (use it with codec='zstd_dict', dict_bytes=open(...).read())",
+    )
     return 0
 
 
 # ----------------------------------------------------------------- bench, demo
 
+
 def cmd_bench(args) -> int:
     """Quick local figures: dense random gather vs a memory-mapped .npy."""
     from .zrecord import DenseStore
+
     rng = np.random.default_rng(0)
     rows, shape = 20000, (3072,)
-    base = np.cumsum(rng.integers(-3, 4, size=(rows,) + shape, dtype=np.int16), axis=1, dtype=np.int16)
+    base = np.cumsum(
+        rng.integers(-3, 4, size=(rows,) + shape, dtype=np.int16), axis=1, dtype=np.int16
+    )
     with tempfile.TemporaryDirectory() as tmp:
         np.save(f"{tmp}/x.npy", base)
         mm = np.load(f"{tmp}/x.npy", mmap_mode="r")
@@ -339,6 +420,7 @@ def cmd_bench(args) -> int:
                 fn(b)
                 times.append(time.perf_counter() - t0)
             return float(np.median(times))
+
         t_np = timeit(lambda b: mm[b])
         print(f"records: {rows} x {base[0].nbytes} B, batch 256, median of {len(batches)}")
         print(f"  mmap .npy fancy index : {mib / t_np:8.0f} MiB/s")
@@ -346,39 +428,60 @@ def cmd_bench(args) -> int:
             assert np.array_equal(s[batches[0]], base[batches[0]])
             t = timeit(lambda b, s=s: s[b])
             ratio = s.stats()["chunk_bytes"] / base.nbytes
-            print(f"  loaderx {c:<14}: {mib / t:8.0f} MiB/s  ({t_np / t:.2f}x mmap, stored {ratio:.2f} of raw)")
+            print(
+                f"  loaderx {c:<14}: {mib / t:8.0f} MiB/s  ({t_np / t:.2f}x mmap, "
+                f"stored {ratio:.2f} of raw)"
+            )
             s.close()
-    print("full suite with contenders: python scripts/bench.py all (needs pip install -e '.[bench]')")
+    print(
+        "full suite with contenders: python scripts/bench.py all (needs pip install -e '.[bench]')"
+    )
     return 0
 
 
 def cmd_demo(args) -> int:
     from . import _demo
+
     return _demo.run(args.rest)
 
 
 # ----------------------------------------------------------------- parser
 
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
+
     quiet = argparse.ArgumentParser(add_help=False)
-    quiet.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                       help="no progress and no summary")
-    ap = argparse.ArgumentParser(prog="loaderx", description="loaderx record stores, datasets and loader")
+    quiet.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="no progress and no summary",
+    )
+    ap = argparse.ArgumentParser(
+        prog="loaderx", description="loaderx record stores, datasets and loader"
+    )
     ap.add_argument("--version", action="version", version=f"loaderx {__version__}")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    p = sub.add_parser("info", parents=[quiet], help="records, sizes, index overhead, codec of a store or dataset")
+    p = sub.add_parser(
+        "info", parents=[quiet], help="records, sizes, index overhead, codec of a store or dataset"
+    )
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_info)
     _convert_parser(sub, quiet)
-    for name, fn, text in (("verify", cmd_verify, "check every record of a store or dataset"),
-                           ("compact", cmd_compact, "reclaim deleted bytes of a store or dataset")):
+    for name, fn, text in (
+        ("verify", cmd_verify, "check every record of a store or dataset"),
+        ("compact", cmd_compact, "reclaim deleted bytes of a store or dataset"),
+    ):
         p = sub.add_parser(name, parents=[quiet], help=text)
         p.add_argument("path")
         p.set_defaults(fn=fn)
-    p = sub.add_parser("train-dict", parents=[quiet], help="train a zstd dictionary from a store, .npy or dataset")
+    p = sub.add_parser(
+        "train-dict", parents=[quiet], help="train a zstd dictionary from a store, .npy or dataset"
+    )
     p.add_argument("src", help="a store, a .npy file or a dataset directory")
     p.add_argument("-o", "--output", required=True, help="file to write the dictionary to")
     p.add_argument("--tier", default="balanced", choices=["fast", "balanced", "max"])
@@ -392,25 +495,41 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _convert_parser(sub, quiet) -> None:
-    p = sub.add_parser("convert", parents=[quiet], help="convert data into a loaderx dataset directory",
-                       description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-                       "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png) or "
-                       "WebDataset .tar shards. DST: a new dataset directory.")
+    p = sub.add_parser(
+        "convert",
+        parents=[quiet],
+        help="convert data into a loaderx dataset directory",
+        description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
+        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png) or "
+        "WebDataset .tar shards. DST: a new dataset directory.",
+    )
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--codec", default="zstd", choices=["raw", "zstd"])
     p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
-    p.add_argument("--dict", action="store_true", help="train a zstd dictionary per column (small records)")
+    p.add_argument(
+        "--dict", action="store_true", help="train a zstd dictionary per column (small records)"
+    )
     p.add_argument("--columns", help="comma-separated columns to convert (default: all)")
     p.add_argument("--skip-columns", help="comma-separated columns to leave out")
-    p.add_argument("--workers", type=int, default=None, help="processes, one shard each (default 1)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="processes, one shard each (default 1)"
+    )
     group = p.add_mutually_exclusive_group()
     group.add_argument("--append", action="store_true", help="add the rows to an existing dataset")
-    group.add_argument("--overwrite", action="store_true", help="replace an existing dataset or store")
-    p.add_argument("--keep-encoded", action="store_true", help="keep images as encoded bytes (Zrecord)")
-    p.add_argument("--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length")
+    group.add_argument(
+        "--overwrite", action="store_true", help="replace an existing dataset or store"
+    )
+    p.add_argument(
+        "--keep-encoded", action="store_true", help="keep images as encoded bytes (Zrecord)"
+    )
+    p.add_argument(
+        "--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length"
+    )
     p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
-    p.add_argument("--batch-mib", type=float, default=16.0, help="MiB read and written at a time (default 16)")
+    p.add_argument(
+        "--batch-mib", type=float, default=16.0, help="MiB read and written at a time (default 16)"
+    )
     p.set_defaults(fn=cmd_convert)
 
 
@@ -422,6 +541,7 @@ def main(argv=None) -> int:
     else:
         args = _parser().parse_args(argv)
     from .errors import ZrecordError
+
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -17,7 +17,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .errors import CorruptStoreError, IdentityError, NotAStoreError, StoreNotFoundError, ZrecordError
+from .errors import (CorruptStoreError, IdentityError, NotAStoreError, StoreNotFoundError,
+                     ZrecordError)
 from .zrecord import DenseStore, RaggedStore, Zrecord
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
@@ -54,8 +55,8 @@ def prepare_store_path(path, mode: str, flag_style: str = "python") -> bool:
                 else 'mode="append" to add to it or mode="overwrite" to replace it')
         raise DestinationExistsError(f"{p} already exists; pass {hint}", path=p)
     if not (os.path.isdir(p) and _store_files(p)):
-        raise DestinationExistsError(f"{p} exists and is not a loaderx store; refusing to overwrite "
-                                     "it (remove it yourself)", path=p)
+        raise DestinationExistsError(f"{p} exists and is not a loaderx store; refusing to "
+                                     "overwrite it (remove it yourself)", path=p)
     shutil.rmtree(p)
     return False
 
@@ -191,7 +192,8 @@ def read_manifest(path) -> dict:
         raise _manifest_error(p, f"is not a {MANIFEST_FORMAT} manifest")
     version = manifest.get("version")
     if not isinstance(version, int) or version > MANIFEST_VERSION:
-        raise _manifest_error(p, f"has version {version!r}; this loaderx reads up to {MANIFEST_VERSION}")
+        raise _manifest_error(p, f"has version {version!r}; this loaderx reads up to "
+                                 f"{MANIFEST_VERSION}")
     if "splits" in manifest:
         if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
             raise _manifest_error(p, "has an empty or malformed 'splits'")
@@ -200,22 +202,26 @@ def read_manifest(path) -> dict:
     return manifest
 
 
+def _shard_entry_ok(s: Any) -> bool:
+    return isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
+
+
 def _check_columns(p: str, manifest: dict) -> None:
     columns, rows = manifest.get("columns"), manifest.get("rows")
     if not isinstance(columns, dict) or not columns or not isinstance(rows, int):
         raise _manifest_error(p, "needs 'rows' and a non-empty 'columns'")
     for name, col in columns.items():
         shards = col.get("shards") if isinstance(col, dict) else None
-        if not isinstance(shards, list) or not shards or not all(
-                isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
-                for s in shards):
+        if not isinstance(shards, list) or not shards or not all(map(_shard_entry_ok, shards)):
             raise _manifest_error(p, f"column {name!r} has malformed 'shards'")
         total = sum(s["rows"] for s in shards)
         if total != rows:
-            raise _manifest_error(p, f"column {name!r} shards hold {total} rows, the dataset {rows}")
+            raise _manifest_error(p, f"column {name!r} shards hold {total} rows, the dataset "
+                                     f"{rows}")
         for s in shards:
             if os.path.isabs(s["path"]) or ".." in s["path"].replace("\\", "/").split("/"):
-                raise _manifest_error(p, f"column {name!r} names a shard outside the directory: {s['path']!r}")
+                raise _manifest_error(p, f"column {name!r} names a shard outside the directory: "
+                                         f"{s['path']!r}")
 
 
 def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
@@ -226,7 +232,16 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
     p = os.fspath(path)
     manifest = read_manifest(p)
     if "splits" in manifest:
-        return {split: open_dataset(os.path.join(p, sub), columns) for split, sub in manifest["splits"].items()}
+        splits: dict = {}
+        try:
+            for split, sub in manifest["splits"].items():
+                splits[split] = open_dataset(os.path.join(p, sub), columns)
+        except BaseException:
+            for opened in splits.values():
+                for store in opened.values():
+                    store.close()
+            raise
+        return splits
     wanted = list(manifest["columns"]) if columns is None else list(columns)
     for name in wanted:
         if name not in manifest["columns"]:
@@ -252,7 +267,8 @@ def _open_column(root: str, name: str, shards: list) -> Any:
             opened.close()
             raise CorruptStoreError(
                 f"{root}: column {name!r} shard {s['path']} holds {n} records, the manifest says "
-                f"{s['rows']}; it was changed after it was written (run loaderx verify)", path=shard_path)
+                f"{s['rows']}; it was changed after it was written (run loaderx verify)",
+                path=shard_path)
     return opened
 
 

@@ -17,6 +17,7 @@ writes the manifest (``mode="create"``, ``"append"`` or ``"overwrite"``, as
 ``read_dataset(dest)`` gives a ``ray.data.Dataset`` back: dense columns as
 tensors, ragged columns as variable-shaped tensors, byte columns as binary.
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,13 +56,18 @@ class _BlocksSource(Source):
 
     def read(self, task, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
         import pyarrow as pa
+
         row = 0
         for table in self.tables:
-            fixed = sum(s.record_bytes() for s in specs) or max(table.nbytes / max(table.num_rows, 1), 1)
+            fixed = sum(s.record_bytes() for s in specs) or max(
+                table.nbytes / max(table.num_rows, 1), 1
+            )
             step = int(max(1, min(_BATCH_ROWS * 64, batch_bytes // fixed)))
             for batch in table.to_batches(max_chunksize=step):
-                cols = {s.name: arrow_to_batch(pa, batch.column(s.name), s, row, self.options.flags)
-                        for s in specs}
+                cols = {
+                    s.name: arrow_to_batch(pa, batch.column(s.name), s, row, self.options.flags)
+                    for s in specs
+                }
                 row += batch.num_rows
                 yield Batch(batch.num_rows, cols, batch.num_rows)
 
@@ -69,6 +75,7 @@ class _BlocksSource(Source):
 def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
     """(first non-empty Arrow table or None, iterator over all non-empty tables)."""
     from ray.data.block import BlockAccessor
+
     tables = (BlockAccessor.for_block(b).to_arrow() for b in blocks)
     tables = (t for t in tables if t.num_rows)
     first = next(tables, None)
@@ -78,6 +85,7 @@ def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
     def chain():
         yield first
         yield from tables
+
     return first, chain()
 
 
@@ -101,14 +109,18 @@ def _make_datasink(base):
             if first is None:
                 return {"task": ctx.task_idx, "rows": 0}
             import pyarrow as pa
+
             names = select_columns(first.schema.names, self.options, "the Ray dataset")
-            specs = [arrow_spec(pa, n, first.schema.field(n).type, self.options.flags) for n in names]
+            specs = [
+                arrow_spec(pa, n, first.schema.field(n).type, self.options.flags) for n in names
+            ]
             out = os.path.join(self.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
             paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
             opts = StoreOptions(column_codecs(specs, self.codec), self.level, {}, _BATCH_BYTES)
             try:
-                rows = write_task(_BlocksSource(tables, self.options), None, specs, paths, opts,
-                                  lambda n: None)
+                rows = write_task(
+                    _BlocksSource(tables, self.options), None, specs, paths, opts, lambda n: None
+                )
             except BaseException:
                 shutil.rmtree(out, ignore_errors=True)
                 raise
@@ -127,8 +139,10 @@ def _make_datasink(base):
             specs = done[0]["specs"]
             for r in done[1:]:
                 if r["specs"] != specs:
-                    raise ConvertError(f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
-                                       f"column types: {specs} and {r['specs']}")
+                    raise ConvertError(
+                        f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
+                        f"column types: {specs} and {r['specs']}"
+                    )
             self.target.begin(specs)
             try:
                 for k, r in enumerate(done):
@@ -137,8 +151,9 @@ def _make_datasink(base):
                         os.makedirs(os.path.dirname(target), exist_ok=True)
                         os.rename(r["paths"][s.name], target)
                 source = {"type": "ray", "tasks": len(done)}
-                return self.target.commit(specs, column_codecs(specs, self.codec),
-                                          [r["rows"] for r in done], source)
+                return self.target.commit(
+                    specs, column_codecs(specs, self.codec), [r["rows"] for r in done], source
+                )
             except BaseException:
                 self.target.abort()
                 raise
@@ -153,18 +168,30 @@ def _make_datasink(base):
 @functools.lru_cache(maxsize=1)
 def _datasink_class():
     from ray.data import Datasink
+
     return _make_datasink(Datasink)
 
 
-def write_dataset(ray_dataset, dest, *, codec: str = "zstd", level: int | None = 3, mode: str = "create",
-                  columns: list | None = None, skip_columns: list | None = None) -> dict:
+def write_dataset(
+    ray_dataset,
+    dest,
+    *,
+    codec: str = "zstd",
+    level: int | None = 3,
+    mode: str = "create",
+    columns: list | None = None,
+    skip_columns: list | None = None,
+) -> dict:
     """Write `ray_dataset` into the dataset directory `dest`; returns the
     manifest written. Each Ray write task writes one shard per column."""
     _ray()
     if codec not in ("raw", "zstd"):
         raise ConvertError(f"codec must be 'raw' or 'zstd', got {codec!r}")
-    options = Options(columns=list(columns) if columns is not None else None,
-                      skip_columns=list(skip_columns or []), flags=Flags())
+    options = Options(
+        columns=list(columns) if columns is not None else None,
+        skip_columns=list(skip_columns or []),
+        flags=Flags(),
+    )
     sink = _datasink_class()(dest, mode, codec, level, options)
     try:
         ray_dataset.write_datasink(sink)
@@ -196,15 +223,23 @@ def _read_rows(dest: str, columns, batch: dict) -> dict:
             col.close()
 
 
-def read_dataset(dest, *, columns: list | None = None, batch_rows: int = _BATCH_ROWS,
-                 override_num_blocks: int | None = None):
+def read_dataset(
+    dest,
+    *,
+    columns: list | None = None,
+    batch_rows: int = _BATCH_ROWS,
+    override_num_blocks: int | None = None,
+):
     """A ``ray.data.Dataset`` of the dataset directory `dest` (every row, the
     manifest's column order; `columns` picks a subset)."""
     ray = _ray()
     path = os.path.abspath(os.fspath(dest))
     manifest = read_manifest(path)
     if "splits" in manifest:
-        raise ConvertError(f"{path} holds splits {list(manifest['splits'])}; read one split's directory")
+        raise ConvertError(
+            f"{path} holds splits {list(manifest['splits'])}; read one split's directory"
+        )
     ds = ray.data.range(manifest["rows"], override_num_blocks=override_num_blocks)
-    return ds.map_batches(functools.partial(_read_rows, path, columns), batch_format="numpy",
-                          batch_size=batch_rows)
+    return ds.map_batches(
+        functools.partial(_read_rows, path, columns), batch_format="numpy", batch_size=batch_rows
+    )

@@ -14,6 +14,7 @@ by shard with numpy (one sort of the batch) and makes one gather per shard
 that has indices. A ``ShardSet`` is a stream anywhere a store is, for example
 in a ``DataLoader``.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,11 +33,14 @@ def _open(shard: Any) -> tuple[Any, bool]:
     """An open store for `shard` (a path or a store) and whether we opened it."""
     if isinstance(shard, (str, os.PathLike)):
         from .dataset import open_store
+
         return open_store(shard), True
     kind = getattr(shard, "kind", None)
     if kind not in _KINDS or not callable(getattr(shard, "gather", None)):
-        raise TypeError(f"a shard must be a store path or an open DenseStore, RaggedStore or "
-                        f"Zrecord, not {type(shard).__name__}")
+        raise TypeError(
+            f"a shard must be a store path or an open DenseStore, RaggedStore or "
+            f"Zrecord, not {type(shard).__name__}"
+        )
     return shard, False
 
 
@@ -59,7 +63,8 @@ def _check_identities(stores: Sequence[Any]) -> None:
                 raise IdentityError(
                     f"ShardSet: {_name(stores[0], 0)} has {field}={mine} but "
                     f"{_name(store, position)} has {field}={theirs}; every shard must hold "
-                    "the same kind, dtype and item_shape")
+                    "the same kind, dtype and item_shape"
+                )
 
 
 def _check_out(out: Any, shape: tuple, dtype: np.dtype) -> None:
@@ -94,7 +99,9 @@ def _as_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64), False
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}")
+        raise TypeError(
+            f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}"
+        )
     if arr.ndim != 1:
         raise TypeError(f"record indices must be one-dimensional, got shape {arr.shape}")
     if arr.dtype == np.uint64 and int(arr.max()) >= n:
@@ -124,7 +131,9 @@ class ShardSet:
         self._stores: list = []
         self._owned: list = []
         if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
-            raise TypeError(f"ShardSet takes a list of stores or store paths, not {type(shards).__name__}")
+            raise TypeError(
+                f"ShardSet takes a list of stores or store paths, not {type(shards).__name__}"
+            )
         if not shards:
             raise ValueError("ShardSet needs at least one shard")
         try:
@@ -216,7 +225,7 @@ class ShardSet:
         counts = np.bincount(which, minlength=len(self._stores))
         start = 0
         for k in np.flatnonzero(counts).tolist():
-            positions = order[start:start + counts[k]]
+            positions = order[start : start + counts[k]]
             start += counts[k]
             yield self._stores[k], positions, idx[positions] - self._starts[k]
 
@@ -261,12 +270,16 @@ class ShardSet:
         """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""
         self._check_open()
         if self._kind != "ragged":
-            raise TypeError(f"gather_packed applies to ragged shards; these hold {self._kind} records")
+            raise TypeError(
+                f"gather_packed applies to ragged shards; these hold {self._kind} records"
+            )
         idx, _ = _as_indices(indices, self._len)
         if len(self._stores) == 1 or len(idx) == 0:
             return self._stores[0].gather_packed(idx, threads=threads)
-        parts = [(positions, *store.gather_packed(local, threads=threads))
-                 for store, positions, local in self._split(idx)]
+        parts = [
+            (positions, *store.gather_packed(local, threads=threads))
+            for store, positions, local in self._split(idx)
+        ]
         return _merge_packed(parts, len(idx), self._dtype)
 
     def __getitem__(self, key):
@@ -298,14 +311,18 @@ class ShardSet:
         self.close()
 
     def __getstate__(self):
-        raise TypeError("ShardSet cannot be pickled; rebuild it from the shard paths in the other process")
+        raise TypeError(
+            "ShardSet cannot be pickled; rebuild it from the shard paths in the other process"
+        )
 
     def __repr__(self) -> str:
         if getattr(self, "_closed", True):
             return "ShardSet(closed)"
         shape = f", item_shape={self._item_shape}" if self._kind == "dense" else ""
-        return (f"ShardSet({len(self._stores)} shards, len={self._len}, kind={self._kind!r}, "
-                f"dtype={self._dtype}{shape}, codec={self.codec!r})")
+        return (
+            f"ShardSet({len(self._stores)} shards, len={self._len}, kind={self._kind!r}, "
+            f"dtype={self._dtype}{shape}, codec={self.codec!r})"
+        )
 
 
 def _merge_packed(parts: list, count: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -313,8 +330,10 @@ def _merge_packed(parts: list, count: int, dtype: np.dtype) -> tuple[np.ndarray,
     trailing = parts[0][1].shape[1:]
     for positions, values, _ in parts[1:]:
         if values.shape[1:] != trailing:
-            raise ValueError(f"records do not share trailing dimensions: shards hold (*, {trailing}) "
-                             f"and (*, {values.shape[1:]})")
+            raise ValueError(
+                f"records do not share trailing dimensions: shards hold (*, {trailing}) "
+                f"and (*, {values.shape[1:]})"
+            )
     rows = np.zeros(count, dtype=np.int64)
     for positions, _, splits in parts:
         rows[positions] = np.diff(splits)
@@ -324,7 +343,7 @@ def _merge_packed(parts: list, count: int, dtype: np.dtype) -> tuple[np.ndarray,
     for positions, part_values, splits in parts:
         lo, hi = int(positions[0]), int(positions[-1]) + 1
         if hi - lo == len(positions):
-            values[row_splits[lo]:row_splits[hi]] = part_values
+            values[row_splits[lo] : row_splits[hi]] = part_values
             continue
         lengths = np.diff(splits)
         # Destination row of every source row: its record's start plus its offset in it.

@@ -2,6 +2,7 @@
 and exit code (0 ok, 1 a loaderx error on one line, 2 usage), ``--version``,
 ``info --json`` figures, the tiny-record warning, progress as log lines when
 stderr is not a terminal, and ``--quiet``."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,13 @@ ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
 
 def run(*args, env_extra=None):
     env = {**os.environ, "PYTHONPATH": ROOT, "LOADERX_LOG_INTERVAL": "0", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "loaderx", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -49,7 +55,9 @@ def test_convert_info_verify_compact(tmp_path, npz):
     src, x = npz
     out = run("convert", src, tmp_path / "ds", "--workers", "2")
     assert out.returncode == 0, out.stderr
-    assert "converted 400 rows" in out.stdout and "x (dense int16[64], zstd, 2 shards)" in out.stdout
+    assert (
+        "converted 400 rows" in out.stdout and "x (dense int16[64], zstd, 2 shards)" in out.stdout
+    )
     # Not a terminal: plain log lines with rate and a final summary.
     assert "convert: 400/400 rows (100.0%)" in out.stderr and "rows/s" in out.stderr
     out = run("info", tmp_path / "ds", "--json")
@@ -65,7 +73,11 @@ def test_convert_info_verify_compact(tmp_path, npz):
     assert y["codec"] == "raw" and y["index_bytes"] == 400 * 4 and y["overhead_pct"] > 50
     assert "tiny" in y["warnings"][0] and "--row-length" in y["warnings"][0]
     out = run("info", tmp_path / "ds")
-    assert "column 'x': 2 shards" in out.stdout and "overhead:" in out.stdout and "warning:" in out.stdout
+    assert (
+        "column 'x': 2 shards" in out.stdout
+        and "overhead:" in out.stdout
+        and "warning:" in out.stdout
+    )
     out = run("verify", tmp_path / "ds")
     assert out.returncode == 0 and "ok: 800 records in 4 stores verified" in out.stdout
     assert "verify:" in out.stderr
@@ -96,16 +108,34 @@ def test_info_of_a_single_store_and_tiny_records(tmp_path):
 def test_convert_flags_reach_the_converter(tmp_path):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
     out = run("convert", tmp_path / "tok.npy", tmp_path / "t")
-    assert out.returncode == 1 and "--row-length L" in out.stderr and "--allow-tiny-records" in out.stderr
-    out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "500", "--codec", "raw", "-q")
+    assert (
+        out.returncode == 1
+        and "--row-length L" in out.stderr
+        and "--allow-tiny-records" in out.stderr
+    )
+    out = run(
+        "convert",
+        tmp_path / "tok.npy",
+        tmp_path / "t",
+        "--row-length",
+        "500",
+        "--codec",
+        "raw",
+        "-q",
+    )
     assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
     m = json.loads((tmp_path / "t" / "loaderx.json").read_text())
     assert m["columns"]["tok"]["item_shape"] == [500] and m["columns"]["tok"]["codec"] == "raw"
-    out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "1000", "--overwrite")
+    out = run(
+        "convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "1000", "--overwrite"
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "t" / "loaderx.json").read_text())["rows"] == 5
     out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "1000", "--append")
-    assert out.returncode == 0 and json.loads((tmp_path / "t" / "loaderx.json").read_text())["rows"] == 10
+    assert (
+        out.returncode == 0
+        and json.loads((tmp_path / "t" / "loaderx.json").read_text())["rows"] == 10
+    )
     out = run("convert", tmp_path / "tok.npy", tmp_path / "u", "--append", "--overwrite")
     assert out.returncode == 2
 
@@ -113,8 +143,10 @@ def test_convert_flags_reach_the_converter(tmp_path):
 def test_train_dict_and_dict_conversion(tmp_path):
     rng = np.random.default_rng(5)
     words = [b"alpha ", b"beta ", b"gamma ", b"delta "]
-    rows = np.array([list(b"".join(words[i] for i in rng.integers(0, 4, 30))[:120]) for _ in range(2000)],
-                    dtype=np.uint8)
+    rows = np.array(
+        [list(b"".join(words[i] for i in rng.integers(0, 4, 30))[:120]) for _ in range(2000)],
+        dtype=np.uint8,
+    )
     np.save(tmp_path / "t.npy", rows)
     out = run("train-dict", tmp_path / "t.npy", "-o", tmp_path / "t.dict", "--tier", "fast")
     assert out.returncode == 0, out.stderr

@@ -7,6 +7,7 @@ column, named flag), the tiny-record guard, create/append/overwrite, worker
 processes giving one ShardSet per column, failures leaving nothing behind,
 and bounded memory on a file larger than the memory allowed.
 """
+
 from __future__ import annotations
 
 import io
@@ -22,7 +23,7 @@ import pytest
 from _helpers import assert_same
 
 import loaderx
-from loaderx import DataLoader, DenseStore, RaggedStore, ShardSet, Zrecord, open_dataset
+from loaderx import DataLoader, DenseStore, ShardSet, open_dataset
 from loaderx.converters import ConvertError
 from loaderx.dataset import DestinationExistsError, from_iterator, from_numpy, read_manifest
 from loaderx.errors import CorruptStoreError, IdentityError, NotAStoreError
@@ -44,6 +45,7 @@ def _png(array: np.ndarray) -> bytes:
 
 # ----------------------------------------------------------------- NumPy
 
+
 def test_npy_round_trip_and_manifest(tmp_path):
     x = np.arange(1000, dtype=np.float32).reshape(50, 4, 5) / 7
     np.save(tmp_path / "feat.npy", x)
@@ -55,7 +57,12 @@ def test_npy_round_trip_and_manifest(tmp_path):
     m = json.loads((tmp_path / "out" / "loaderx.json").read_text())
     assert m["format"] == "loaderx-dataset" and m["version"] == 1 and m["rows"] == 50
     col = m["columns"]["feat"]
-    assert (col["kind"], col["dtype"], col["item_shape"], col["codec"]) == ("dense", "float32", [4, 5], "zstd")
+    assert (col["kind"], col["dtype"], col["item_shape"], col["codec"]) == (
+        "dense",
+        "float32",
+        [4, 5],
+        "zstd",
+    )
     assert col["shards"] == [{"path": "feat/part-00000", "rows": 50}]
     assert m["source"] == {"type": "numpy", "path": str(tmp_path / "feat.npy")}
     assert _leftovers(tmp_path) == []
@@ -82,7 +89,11 @@ def test_npz_with_workers_gives_shard_sets(tmp_path, save):
 
 
 def test_dict_of_arrays_columns_and_skip(tmp_path):
-    arrays = {"a": np.ones((10, 16), np.int16), "b": np.arange(10 * 9).reshape(10, 9), "c": np.zeros((10, 20))}
+    arrays = {
+        "a": np.ones((10, 16), np.int16),
+        "b": np.arange(10 * 9).reshape(10, 9),
+        "c": np.zeros((10, 20)),
+    }
     ds = loaderx.convert(arrays, tmp_path / "o1", columns=["c", "a"])
     assert list(ds) == ["c", "a"]
     ds2 = loaderx.convert(arrays, tmp_path / "o2", skip_columns=["b"])
@@ -118,8 +129,12 @@ def test_token_array_is_refused_with_the_fix_then_rows(tmp_path):
 
 # ----------------------------------------------------------------- modes
 
+
 def test_create_append_overwrite(tmp_path):
-    a = {"x": np.arange(40, dtype=np.float64).reshape(10, 4), "y": np.arange(10, 20).reshape(10, 1) * np.ones((1, 8))}
+    a = {
+        "x": np.arange(40, dtype=np.float64).reshape(10, 4),
+        "y": np.arange(10, 20).reshape(10, 1) * np.ones((1, 8)),
+    }
     b = {"x": -np.arange(24, dtype=np.float64).reshape(6, 4), "y": np.zeros((6, 8))}
     dest = tmp_path / "ds"
     loaderx.convert(a, dest)["x"].close()
@@ -172,10 +187,16 @@ def test_from_numpy_and_from_iterator_modes(tmp_path):
 
 
 def test_failed_conversion_leaves_nothing(tmp_path):
-    table = pa.table({"a": pa.array([1.0] * 50 + [None] + [2.0] * 49),
-                      "b": pa.array(np.ones((100, 16)).tolist(), pa.list_(pa.float64(), 16))})
+    table = pa.table(
+        {
+            "a": pa.array([1.0] * 50 + [None] + [2.0] * 49),
+            "b": pa.array(np.ones((100, 16)).tolist(), pa.list_(pa.float64(), 16)),
+        }
+    )
     pq.write_table(table, tmp_path / "n.parquet", row_group_size=25)
-    with pytest.raises(ConvertError, match=r"column 'a' has a null value \(row 50\).*skip_columns=\['a'\]"):
+    with pytest.raises(
+        ConvertError, match=r"column 'a' has a null value \(row 50\).*skip_columns=\['a'\]"
+    ):
         loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2)
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
     loaderx.convert({"a": np.zeros(3), "b": np.zeros((3, 16))}, tmp_path / "ok")["a"].close()
@@ -188,6 +209,7 @@ def test_failed_conversion_leaves_nothing(tmp_path):
 
 
 # ----------------------------------------------------------------- Arrow
+
 
 def _table(n: int, rng):
     lens = rng.integers(0, 9, n)
@@ -204,12 +226,22 @@ def _table(n: int, rng):
 
 def _arrow(d: dict):
     f = d["fixed"]
-    fixed = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), 3), 2)
+    fixed = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), 3), 2
+    )
     pairs = pa.array([p.tolist() for p in d["pairs"]], pa.list_(pa.list_(pa.float32(), 2)))
-    return pa.table({"fixed": fixed, "lists": pa.array([x.tolist() for x in d["lists"]]), "pairs": pairs,
-                     "text": pa.array(d["text"]), "blob": pa.array(d["blob"], pa.binary()),
-                     "y": pa.array(d["y"]), "flag": pa.array(d["flag"]),
-                     "dict": pa.array(["a", "bb"] * (len(d["y"]) // 2)).dictionary_encode()})
+    return pa.table(
+        {
+            "fixed": fixed,
+            "lists": pa.array([x.tolist() for x in d["lists"]]),
+            "pairs": pairs,
+            "text": pa.array(d["text"]),
+            "blob": pa.array(d["blob"], pa.binary()),
+            "y": pa.array(d["y"]),
+            "flag": pa.array(d["flag"]),
+            "dict": pa.array(["a", "bb"] * (len(d["y"]) // 2)).dictionary_encode(),
+        }
+    )
 
 
 def _check_table(ds: dict, d: dict, rows=slice(None)) -> None:
@@ -241,6 +273,7 @@ def test_parquet_types_workers_and_row_groups(tmp_path):
 
 def test_arrow_ipc_feather_stream_and_directory(tmp_path):
     import pyarrow.feather as feather
+
     d = _table(200, np.random.default_rng(3))
     table = _arrow(d)
     feather.write_feather(table, tmp_path / "t.feather", chunksize=64)
@@ -264,10 +297,17 @@ def test_arrow_ipc_feather_stream_and_directory(tmp_path):
 
 
 def test_unmappable_column_names_the_skip_flag(tmp_path):
-    table = pa.table({"ok": pa.array(np.zeros((4, 16)).tolist(), pa.list_(pa.float64(), 16)),
-                      "meta": pa.array([{"k": 1}] * 4)})
+    table = pa.table(
+        {
+            "ok": pa.array(np.zeros((4, 16)).tolist(), pa.list_(pa.float64(), 16)),
+            "meta": pa.array([{"k": 1}] * 4),
+        }
+    )
     pq.write_table(table, tmp_path / "s.parquet")
-    with pytest.raises(ConvertError, match=r"column 'meta' \(Arrow type struct<k: int64>\).*skip_columns=\['meta'\]"):
+    with pytest.raises(
+        ConvertError,
+        match=r"column 'meta' \(Arrow type struct<k: int64>\).*skip_columns=\['meta'\]",
+    ):
         loaderx.convert(tmp_path / "s.parquet", tmp_path / "o")
     ds = loaderx.convert(tmp_path / "s.parquet", tmp_path / "o", skip_columns=["meta"])
     assert list(ds) == ["ok"] and ds["ok"].item_shape == (16,)
@@ -276,18 +316,30 @@ def test_unmappable_column_names_the_skip_flag(tmp_path):
 
 # ----------------------------------------------------------------- Hugging Face
 
+
 @pytest.fixture(scope="module")
 def hf_dataset():
     datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
     images = [np.full((4, 5, 3), i, np.uint8) for i in range(30)]
-    feats = datasets.Features({
-        "img": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog", "eel"]),
-        "arr": datasets.Array2D((2, 3), "float32"), "text": datasets.Value("string"),
-        "ids": datasets.List(datasets.Value("int32"))})
-    ds = datasets.Dataset.from_dict({
-        "img": [{"bytes": _png(a), "path": None} for a in images], "label": [i % 3 for i in range(30)],
-        "arr": [np.full((2, 3), i, np.float32) for i in range(30)], "text": [f"t{i}" for i in range(30)],
-        "ids": [list(range(i % 5)) for i in range(30)]}, features=feats)
+    feats = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "label": datasets.ClassLabel(names=["cat", "dog", "eel"]),
+            "arr": datasets.Array2D((2, 3), "float32"),
+            "text": datasets.Value("string"),
+            "ids": datasets.List(datasets.Value("int32")),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "img": [{"bytes": _png(a), "path": None} for a in images],
+            "label": [i % 3 for i in range(30)],
+            "arr": [np.full((2, 3), i, np.float32) for i in range(30)],
+            "text": [f"t{i}" for i in range(30)],
+            "ids": [list(range(i % 5)) for i in range(30)],
+        },
+        features=feats,
+    )
     return datasets, ds, images
 
 
@@ -344,6 +396,7 @@ def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
 
 # ----------------------------------------------------------------- image folders
 
+
 def test_image_folder_dense_ragged_encoded(tmp_path):
     root = tmp_path / "imgs"
     expected = []
@@ -377,6 +430,7 @@ def test_image_folder_dense_ragged_encoded(tmp_path):
 
 # ----------------------------------------------------------------- WebDataset
 
+
 def _tar(path, samples) -> None:
     with tarfile.open(path, "w") as tf:
         for key, members in samples:
@@ -392,8 +446,17 @@ def _wds_samples(first: int, count: int):
         arr = np.full((3, 4), i, np.float32)
         npy = io.BytesIO()
         np.save(npy, arr)
-        out.append((f"shard/{i:05d}", {"cls": str(i % 4).encode(), "txt": f"caption {i}".encode(),
-                                       "png": _png(np.full((6, 6), i, np.uint8)), "npy": npy.getvalue()}))
+        out.append(
+            (
+                f"shard/{i:05d}",
+                {
+                    "cls": str(i % 4).encode(),
+                    "txt": f"caption {i}".encode(),
+                    "png": _png(np.full((6, 6), i, np.uint8)),
+                    "npy": npy.getvalue(),
+                },
+            )
+        )
     return out
 
 
@@ -413,15 +476,20 @@ def test_webdataset_columns_by_extension_and_workers(tmp_path):
     broken = _wds_samples(0, 3)
     del broken[2][1]["txt"]
     _tar(tmp_path / "bad.tar", broken)
-    with pytest.raises(ConvertError, match=r"sample 'shard/00002' has no 'txt' member.*skip_columns=\['txt'\]"):
+    with pytest.raises(
+        ConvertError, match=r"sample 'shard/00002' has no 'txt' member.*skip_columns=\['txt'\]"
+    ):
         loaderx.convert(tmp_path / "bad.tar", tmp_path / "b")
-    ds = loaderx.convert(tmp_path / "bad.tar", tmp_path / "b", skip_columns=["txt"], keep_encoded=True)
+    ds = loaderx.convert(
+        tmp_path / "bad.tar", tmp_path / "b", skip_columns=["txt"], keep_encoded=True
+    )
     assert ds["png"][0] == broken[0][1]["png"] and len(ds["cls"]) == 3
     for v in ds.values():
         v.close()
 
 
 # ----------------------------------------------------------------- dataset directories
+
 
 def test_open_dataset_checks(tmp_path):
     loaderx.convert({"x": np.zeros((5, 9))}, tmp_path / "d")["x"].close()
@@ -442,8 +510,12 @@ def test_open_dataset_checks(tmp_path):
     (tmp_path / "bad" / "loaderx.json").write_text("{not json")
     with pytest.raises(CorruptStoreError, match="not valid JSON"):
         open_dataset(tmp_path / "bad")
-    m = {"format": "loaderx-dataset", "version": 1, "rows": 1,
-         "columns": {"x": {"kind": "dense", "shards": [{"path": "../../etc", "rows": 1}]}}}
+    m = {
+        "format": "loaderx-dataset",
+        "version": 1,
+        "rows": 1,
+        "columns": {"x": {"kind": "dense", "shards": [{"path": "../../etc", "rows": 1}]}},
+    }
     (tmp_path / "bad" / "loaderx.json").write_text(json.dumps(m))
     with pytest.raises(CorruptStoreError, match="outside the directory"):
         open_dataset(tmp_path / "bad")
@@ -460,8 +532,13 @@ def test_missing_optional_dependency_names_the_extra(tmp_path):
             print(type(e).__name__, e)
         """)
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(loaderx.__file__))})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(loaderx.__file__))},
+    )
     assert "MissingDependencyError" in out.stdout and "pip install 'loaderx[convert]'" in out.stdout
 
 
@@ -480,23 +557,37 @@ def test_memory_stays_bounded_on_a_large_input(tmp_path):
     """A 192 MiB input converted with 2 MiB batches: peak RSS grows by well
     under half the input (the full-size bound is 512 MiB for 4 GB)."""
     rows, width = 48 * 1024, 1024
-    mm = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.int32, shape=(rows, width))
-    writer = pq.ParquetWriter(tmp_path / "big.parquet",
-                              pa.schema([("x", pa.list_(pa.int32(), width))]), compression="none")
+    mm = np.lib.format.open_memmap(
+        tmp_path / "big.npy", mode="w+", dtype=np.int32, shape=(rows, width)
+    )
+    writer = pq.ParquetWriter(
+        tmp_path / "big.parquet",
+        pa.schema([("x", pa.list_(pa.int32(), width))]),
+        compression="none",
+    )
     for a in range(0, rows, 12 * 1024):
         chunk = np.arange(a * width, (a + 12 * 1024) * width, dtype=np.int32).reshape(-1, width)
-        mm[a:a + len(chunk)] = chunk
-        writer.write_table(pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(chunk.ravel()), width)}))
+        mm[a : a + len(chunk)] = chunk
+        writer.write_table(
+            pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(chunk.ravel()), width)})
+        )
     writer.close()
     mm.flush()
     del mm
     input_bytes = rows * width * 4
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(loaderx.__file__))}
     for name in ("big.npy", "big.parquet"):
-        out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(tmp_path / name), str(tmp_path / f"o-{name}")],
-                             capture_output=True, text=True, check=True, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", _RSS_SCRIPT, str(tmp_path / name), str(tmp_path / f"o-{name}")],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
         growth = int(out.stdout.split()[-1])
-        assert growth < input_bytes // 2, f"{name}: peak RSS grew by {growth >> 20} MiB for {input_bytes >> 20} MiB"
+        assert (
+            growth < input_bytes // 2
+        ), f"{name}: peak RSS grew by {growth >> 20} MiB for {input_bytes >> 20} MiB"
         with next(iter(open_dataset(tmp_path / f"o-{name}").values())) as store:
             assert len(store) == rows
             assert_same(store[rows - 1], np.arange(width, dtype=np.int32) + (rows - 1) * width)

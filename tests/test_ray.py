@@ -3,6 +3,7 @@ write_dataset writes one shard per write task and one manifest, with values
 and order checked against the source; a task that fails mid-way leaves no
 shard and no manifest behind (and a failed append leaves the old manifest);
 read_dataset gives every row back as a ray.data.Dataset."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,12 @@ ROWS = 600
 def local_ray():
     # Ray's workers import loaderx and this module's map functions by name.
     paths = [os.path.dirname(os.path.dirname(loaderx.__file__)), os.path.dirname(__file__)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+    )
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
@@ -40,8 +45,12 @@ def _rows(batch):
     ragged = np.empty(len(ids), dtype=object)
     for i, v in enumerate(ids):
         ragged[i] = (np.arange(v % 5) + v).astype(np.int32)
-    return {"x": np.stack([np.full((2, 3), v, np.float32) for v in ids]), "y": ids * 3,
-            "text": np.array([f"row {v}" for v in ids]), "tokens": ragged}
+    return {
+        "x": np.stack([np.full((2, 3), v, np.float32) for v in ids]),
+        "y": ids * 3,
+        "text": np.array([f"row {v}" for v in ids]),
+        "tokens": ragged,
+    }
 
 
 def _source(blocks: int = 4):
@@ -57,7 +66,11 @@ def test_write_then_open_and_read_back(tmp_path, local_ray):
     assert manifest["rows"] == ROWS and manifest["source"]["type"] == "ray"
     cols = manifest["columns"]
     assert [(c["kind"], c["item_shape"]) for c in cols.values()] == [
-        ("dense", [2, 3]), ("dense", []), ("bytes", None), ("ragged", None)]
+        ("dense", [2, 3]),
+        ("dense", []),
+        ("bytes", None),
+        ("ragged", None),
+    ]
     assert len(cols["x"]["shards"]) == 4 and sum(s["rows"] for s in cols["x"]["shards"]) == ROWS
     ds = loaderx.open_dataset(tmp_path / "ds")
     ids = np.arange(ROWS)
@@ -80,15 +93,29 @@ def test_write_then_open_and_read_back(tmp_path, local_ray):
 def _failing(batch):
     out = _rows(batch)
     if batch["id"][0] >= ROWS // 2:
-        y = pa.array(out["y"].tolist()[:-1] + [None])  # a null in the last row: the write task fails
-        return pa.table({"x": pa.FixedSizeListArray.from_arrays(
-            pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2), "y": y,
+        y = pa.array(
+            out["y"].tolist()[:-1] + [None]
+        )  # a null in the last row: the write task fails
+        return pa.table(
+            {
+                "x": pa.FixedSizeListArray.from_arrays(
+                    pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2
+                ),
+                "y": y,
+                "text": pa.array(out["text"].tolist()),
+                "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32())),
+            }
+        )
+    return pa.table(
+        {
+            "x": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2
+            ),
+            "y": pa.array(out["y"]),
             "text": pa.array(out["text"].tolist()),
-            "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32()))})
-    return pa.table({"x": pa.FixedSizeListArray.from_arrays(
-        pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2), "y": pa.array(out["y"]),
-        "text": pa.array(out["text"].tolist()),
-        "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32()))})
+            "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32())),
+        }
+    )
 
 
 def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
@@ -96,7 +123,9 @@ def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
     with pytest.raises(Exception, match="null value"):
         lray.write_dataset(source, tmp_path / "ds")
     assert not (tmp_path / "ds").exists() and _leftovers(tmp_path) == []
-    good = ray.data.range(ROWS // 2, override_num_blocks=2).map_batches(_failing, batch_format="numpy")
+    good = ray.data.range(ROWS // 2, override_num_blocks=2).map_batches(
+        _failing, batch_format="numpy"
+    )
     lray.write_dataset(good, tmp_path / "ok")
     before = (tmp_path / "ok" / "loaderx.json").read_text()
     with pytest.raises(Exception, match="null value"):
@@ -105,7 +134,10 @@ def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
     assert sorted(os.listdir(tmp_path / "ok" / "y")) == ["part-00000", "part-00001"]
     assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "ok") == []
     manifest = lray.write_dataset(good, tmp_path / "ok", mode="append")
-    assert manifest["rows"] == ROWS and len(read_manifest(tmp_path / "ok")["columns"]["y"]["shards"]) == 4
+    assert (
+        manifest["rows"] == ROWS
+        and len(read_manifest(tmp_path / "ok")["columns"]["y"]["shards"]) == 4
+    )
 
 
 def test_modes_and_column_selection(tmp_path, local_ray):

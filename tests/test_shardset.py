@@ -2,6 +2,7 @@
 exactly like the store (every read form, every kind, values and order), works
 as a DataLoader stream with identical batches, refuses mismatched shards by
 naming both, and keeps the store contracts (IndexError, out=, close)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,7 +49,9 @@ def split_sets(tmp_path_factory):
     whole = _write(root, "whole", dense, ragged, blobs, [ROWS], "zstd")
     sets = {}
     for count, sizes in SPLITS.items():
-        stores = _write(root, f"s{count}", dense, ragged, blobs, sizes, "raw" if count == 2 else "zstd")
+        stores = _write(
+            root, f"s{count}", dense, ragged, blobs, sizes, "raw" if count == 2 else "zstd"
+        )
         sets[count] = tuple(ShardSet(lst) for lst in stores)
     yield (dense, ragged, blobs), tuple(s[0] for s in whole), sets
     for trio in sets.values():
@@ -156,8 +159,15 @@ def test_loader_out_buffers_and_shard(split_sets):
     _, whole, sets = split_sets
     bufs = [np.empty((16, 3, 4), np.int32) for _ in range(5)]
     a = DataLoader({"x": whole[0]}, batch_size=16, seed=1, workers=1, prefetch=2, shard=(1, 2))
-    b = DataLoader({"x": sets[7][0]}, batch_size=16, seed=1, workers=1, prefetch=2, shard=(1, 2),
-                   out={"x": bufs})
+    b = DataLoader(
+        {"x": sets[7][0]},
+        batch_size=16,
+        seed=1,
+        workers=1,
+        prefetch=2,
+        shard=(1, 2),
+        out={"x": bufs},
+    )
     with a, b:
         for _ in range(10):
             want = next(a)["x"]
@@ -196,8 +206,9 @@ def test_paths_are_opened_and_closed_by_the_set(tmp_path):
         with DenseStore(tmp_path / f"p{k}", np.uint8, (2,), codec="raw") as s:
             s.append(np.full((k + 1, 2), k, np.uint8))
     parts = ShardSet([tmp_path / f"p{k}" for k in range(3)])
-    assert repr(parts) == ("ShardSet(3 shards, len=6, kind='dense', dtype=uint8, item_shape=(2,), "
-                           "codec='raw')")
+    assert repr(parts) == (
+        "ShardSet(3 shards, len=6, kind='dense', dtype=uint8, item_shape=(2,), " "codec='raw')"
+    )
     assert parts.codec == "raw" and parts.record_bytes == 2
     assert parts.stats()["records"] == 6
     parts.verify()
@@ -216,6 +227,7 @@ def test_paths_are_opened_and_closed_by_the_set(tmp_path):
 
 def test_mixed_codecs_and_no_pickling(tmp_path):
     import pickle
+
     a = DenseStore(tmp_path / "a", np.int16, (), codec="raw")
     b = DenseStore(tmp_path / "b", np.int16, (), codec="zstd")
     a.append(np.arange(3, dtype=np.int16))

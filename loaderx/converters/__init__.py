@@ -19,6 +19,7 @@ whatever the input size. ``mode="create"`` refuses an existing destination;
 replaces a loaderx dataset or store. Optional dependencies are imported only
 when needed: ``pip install 'loaderx[convert]'`` brings pyarrow and Pillow.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,17 +36,36 @@ from ._progress import make_progress
 from ._run import StoreOptions, run_tasks, sample_records
 from ._source import Options, Source
 
-__all__ = ["convert", "convert_to_directory", "ConvertError", "MissingDependencyError", "open_source"]
+__all__ = [
+    "convert",
+    "convert_to_directory",
+    "ConvertError",
+    "MissingDependencyError",
+    "open_source",
+]
 
 _TINY_RECORD_BYTES = 64
 _DICT_SAMPLE_BYTES = 16 << 20
 _CODECS = ("raw", "zstd")
 
 
-def convert(source: Any, dest, *, codec: str = "zstd", level: int | None = 3, dict: bool = False,
-            columns: list | None = None, workers: int | None = None, mode: str = "create",
-            skip_columns: list | None = None, keep_encoded: bool = False, row_length: int | None = None,
-            allow_tiny_records: bool = False, batch_bytes: int = 16 << 20, progress=None) -> dict:
+def convert(
+    source: Any,
+    dest,
+    *,
+    codec: str = "zstd",
+    level: int | None = 3,
+    dict: bool = False,
+    columns: list | None = None,
+    workers: int | None = None,
+    mode: str = "create",
+    skip_columns: list | None = None,
+    keep_encoded: bool = False,
+    row_length: int | None = None,
+    allow_tiny_records: bool = False,
+    batch_bytes: int = 16 << 20,
+    progress=None,
+) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
 
@@ -64,34 +84,71 @@ def convert(source: Any, dest, *, codec: str = "zstd", level: int | None = 3, di
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
     """
-    convert_to_directory(source, dest, codec=codec, level=level, dict=dict, columns=columns,
-                         workers=workers, mode=mode, skip_columns=skip_columns,
-                         keep_encoded=keep_encoded, row_length=row_length,
-                         allow_tiny_records=allow_tiny_records, batch_bytes=batch_bytes,
-                         progress=progress)
+    convert_to_directory(
+        source,
+        dest,
+        codec=codec,
+        level=level,
+        dict=dict,
+        columns=columns,
+        workers=workers,
+        mode=mode,
+        skip_columns=skip_columns,
+        keep_encoded=keep_encoded,
+        row_length=row_length,
+        allow_tiny_records=allow_tiny_records,
+        batch_bytes=batch_bytes,
+        progress=progress,
+    )
     return open_dataset(dest)
 
 
-def convert_to_directory(source: Any, dest, *, codec: str = "zstd", level: int | None = 3,
-                         dict: bool = False, columns=None, workers=None, mode: str = "create",
-                         skip_columns=None, keep_encoded: bool = False, row_length=None,
-                         allow_tiny_records: bool = False, batch_bytes: int = 16 << 20,
-                         progress=None, cli: bool = False) -> dict:
+def convert_to_directory(
+    source: Any,
+    dest,
+    *,
+    codec: str = "zstd",
+    level: int | None = 3,
+    dict: bool = False,
+    columns=None,
+    workers=None,
+    mode: str = "create",
+    skip_columns=None,
+    keep_encoded: bool = False,
+    row_length=None,
+    allow_tiny_records: bool = False,
+    batch_bytes: int = 16 << 20,
+    progress=None,
+    cli: bool = False,
+) -> dict:
     """`convert` without opening the result: returns the manifest written."""
     flags = Flags(cli=cli)
     if codec not in _CODECS:
-        raise ConvertError(f"codec must be one of {_CODECS} (add dict=True for zstd_dict), got {codec!r}")
+        raise ConvertError(
+            f"codec must be one of {_CODECS} (add dict=True for zstd_dict), got {codec!r}"
+        )
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
-    options = Options(columns=list(columns) if columns is not None else None,
-                      skip_columns=list(skip_columns or []), keep_encoded=keep_encoded,
-                      row_length=row_length, flags=flags)
-    job = {"codec": codec, "level": level, "dict": dict, "workers": workers or 1,
-           "allow_tiny": allow_tiny_records, "batch_bytes": batch_bytes, "progress": progress}
+    options = Options(
+        columns=list(columns) if columns is not None else None,
+        skip_columns=list(skip_columns or []),
+        keep_encoded=keep_encoded,
+        row_length=row_length,
+        flags=flags,
+    )
+    job = {
+        "codec": codec,
+        "level": level,
+        "dict": dict,
+        "workers": workers or 1,
+        "allow_tiny": allow_tiny_records,
+        "batch_bytes": batch_bytes,
+        "progress": progress,
+    }
     splits = _splits(source)
     if splits is not None:
         return _convert_splits(splits, dest, mode, options, job)
@@ -100,9 +157,11 @@ def convert_to_directory(source: Any, dest, *, codec: str = "zstd", level: int |
 
 # ----------------------------------------------------------------- sources
 
+
 def _is_hf(obj: Any, name: str) -> bool:
     return type(obj).__module__.split(".")[0] == "datasets" and any(
-        c.__name__ == name for c in type(obj).__mro__)
+        c.__name__ == name for c in type(obj).__mro__
+    )
 
 
 def _splits(source: Any) -> list | None:
@@ -114,6 +173,7 @@ def _splits(source: Any) -> list | None:
         marker = os.path.join(p, "dataset_dict.json")
         if os.path.isfile(marker):
             import json
+
             with open(marker, encoding="utf-8") as f:
                 names = json.load(f).get("splits", [])
             return [(n, os.path.join(p, n)) for n in names]
@@ -125,13 +185,16 @@ def open_source(source: Any, options: Options) -> Source:
     from ._arrow_src import ArrowSource, HFDatasetSource, arrow_files
     from ._files_src import ImageFolderSource, WebDatasetSource, tar_files
     from ._numpy_src import NumpySource
+
     if _is_hf(source, "Dataset"):
         return HFDatasetSource(source, options)
     if isinstance(source, dict):
         return NumpySource(source, options)
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"cannot convert a {type(source).__name__}: give a path, a dict of numpy "
-                        "arrays or a datasets.Dataset")
+        raise TypeError(
+            f"cannot convert a {type(source).__name__}: give a path, a dict of numpy "
+            "arrays or a datasets.Dataset"
+        )
     p = os.fspath(source)
     if not os.path.exists(p):
         raise StoreNotFoundError(f"{p}: no such file or directory", path=p)
@@ -143,17 +206,22 @@ def open_source(source: Any, options: Options) -> Source:
             return WebDatasetSource([os.path.abspath(p)], options)
         if low.endswith((".parquet", ".pq", ".parq", ".arrow", ".feather", ".ipc", ".arrows")):
             return ArrowSource([p], options)
-        raise ConvertError(f"{p}: unknown file type; loaderx converts .npy, .npz, .parquet, .arrow, "
-                           ".feather, .tar (WebDataset) files and directories of them or of images")
-    return _open_directory(p, options, ArrowSource, arrow_files, ImageFolderSource,
-                           WebDatasetSource, tar_files)
+        raise ConvertError(
+            f"{p}: unknown file type; loaderx converts .npy, .npz, .parquet, .arrow, "
+            ".feather, .tar (WebDataset) files and directories of them or of images"
+        )
+    return _open_directory(
+        p, options, ArrowSource, arrow_files, ImageFolderSource, WebDatasetSource, tar_files
+    )
 
 
-def _open_directory(p, options, ArrowSource, arrow_files, ImageFolderSource, WebDatasetSource,
-                    tar_files) -> Source:
+def _open_directory(
+    p, options, ArrowSource, arrow_files, ImageFolderSource, WebDatasetSource, tar_files
+) -> Source:
     state = os.path.join(p, "state.json")
     if os.path.isfile(state) and os.path.isfile(os.path.join(p, "dataset_info.json")):
         import json
+
         with open(state, encoding="utf-8") as f:
             files = [os.path.join(p, d["filename"]) for d in json.load(f).get("_data_files", [])]
         return ArrowSource(files, options, {"type": "huggingface", "path": os.path.abspath(p)})
@@ -167,6 +235,7 @@ def _open_directory(p, options, ArrowSource, arrow_files, ImageFolderSource, Web
 
 # ----------------------------------------------------------------- one dataset
 
+
 def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow: bool) -> None:
     if allow or not all(s.kind == "dense" and s.item_shape == () for s in specs):
         return
@@ -177,21 +246,30 @@ def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow
     f = options.flags
     count = f"{rows:,} records" if rows is not None else "one record per value"
     raise ConvertError(
-        f"every row of this source is {row} B ({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
+        f"every row of this source is {row} B "
+        f"({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
         f"each value would become its own record: {count} that cost more index than data. "
         f"If these are tokens, store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
         "or documents as a RaggedStore (loaderx.from_iterator); to keep one record per value "
-        f"anyway, pass {f.opt('allow_tiny_records')}")
+        f"anyway, pass {f.opt('allow_tiny_records')}"
+    )
 
 
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
     """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
-    return {s.name: "raw" if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
-            else codec for s in specs}
+    return {
+        s.name: (
+            "raw"
+            if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
+            else codec
+        )
+        for s in specs
+    }
 
 
 def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) -> dict:
     from ..zrecord import train_dict
+
     wanted = [s for s in specs if codecs[s.name] != "raw"]
     if not wanted:
         return {}
@@ -251,11 +329,20 @@ def _convert_splits(splits: list, dest, mode: str, options: Options, job: dict) 
     os.makedirs(staging)
     try:
         for name, split in splits:
-            _convert_one(open_source(split, options), os.path.join(staging, str(name)), "create",
-                         options, job)
+            _convert_one(
+                open_source(split, options),
+                os.path.join(staging, str(name)),
+                "create",
+                options,
+                job,
+            )
         from ..dataset import MANIFEST_FORMAT, MANIFEST_VERSION
-        manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                    "splits": {str(n): str(n) for n, _ in splits}}
+
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "splits": {str(n): str(n) for n, _ in splits},
+        }
         write_json(os.path.join(staging, MANIFEST_NAME), manifest)
         swap_into(staging, os.path.abspath(os.fspath(dest)))
         return manifest

@@ -10,6 +10,7 @@ one batch whatever the file size. Hugging Face feature metadata (in the Arrow
 schema) refines the mapping: ``Image`` columns are decoded (or kept encoded),
 ``ArrayND`` become dense tensors, ``ClassLabel`` keeps its names.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,16 @@ from typing import Any, Iterator
 import numpy as np
 
 from ._columns import ColumnSpec, ConvertError, arrow_spec, arrow_to_batch, require
-from ._source import (Batch, ImageColumn, Options, Source, image_header, row_tasks, rows_per_batch,
-                      select_columns)
+from ._source import (
+    Batch,
+    ImageColumn,
+    Options,
+    Source,
+    image_header,
+    row_tasks,
+    rows_per_batch,
+    select_columns,
+)
 
 __all__ = ["ArrowSource", "HFDatasetSource", "arrow_files"]
 
@@ -45,8 +54,11 @@ def arrow_files(path: str) -> list[str]:
     for root, dirs, files in os.walk(path):
         dirs.sort()
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        found += [os.path.join(root, f) for f in sorted(files)
-                  if f.lower().endswith(_PARQUET + _IPC) and not f.startswith((".", "_"))]
+        found += [
+            os.path.join(root, f)
+            for f in sorted(files)
+            if f.lower().endswith(_PARQUET + _IPC) and not f.startswith((".", "_"))
+        ]
     return found
 
 
@@ -101,8 +113,10 @@ class ArrowSource(Source):
             if schema is None:
                 schema = s
             elif not s.remove_metadata().equals(schema.remove_metadata()):
-                raise ConvertError(f"{path} has schema\n{s.remove_metadata()}\nbut {self.files[0]} has\n"
-                                   f"{schema.remove_metadata()}\nevery file must share one schema")
+                raise ConvertError(
+                    f"{path} has schema\n{s.remove_metadata()}\nbut {self.files[0]} has\n"
+                    f"{schema.remove_metadata()}\nevery file must share one schema"
+                )
             pieces += [(k, unit, n) for unit, n in enumerate(counts)]
         return schema, pieces
 
@@ -114,7 +128,9 @@ class ArrowSource(Source):
             for i in range(meta.num_row_groups):
                 rg = meta.row_group(i)
                 values = sum(rg.column(j).num_values for j in range(rg.num_columns))
-                self.leaf_values_per_row = max(self.leaf_values_per_row, values / max(rg.num_rows, 1))
+                self.leaf_values_per_row = max(
+                    self.leaf_values_per_row, values / max(rg.num_rows, 1)
+                )
             return pf.schema_arrow, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         with pa.memory_map(path) as m:
             if fmt == "ipc-file":
@@ -127,7 +143,9 @@ class ArrowSource(Source):
     def _init_columns(self, schema) -> None:
         self.schema = schema
         self.hf = _hf_features(schema)
-        self.names = select_columns(schema.names, self.options, self.files[0] if self.files else "the dataset")
+        self.names = select_columns(
+            schema.names, self.options, self.files[0] if self.files else "the dataset"
+        )
         self.rows = sum(n for _, _, n in self.pieces)
         self._open_specs = None
 
@@ -154,8 +172,13 @@ class ArrowSource(Source):
             return ColumnSpec(name, "dense", dtype, shape, decode="tensor")
         spec = arrow_spec(pa, name, t, self.options.flags)
         if ftype == "ClassLabel" and feature.get("names"):
-            return ColumnSpec(spec.name, spec.kind, spec.dtype, spec.item_shape,
-                              extra={"class_names": list(feature["names"])})
+            return ColumnSpec(
+                spec.name,
+                spec.kind,
+                spec.dtype,
+                spec.item_shape,
+                extra={"class_names": list(feature["names"])},
+            )
         return spec
 
     def _probe_headers(self, name: str) -> list:
@@ -246,7 +269,11 @@ class ArrowSource(Source):
         arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         if pa.types.is_struct(arr.type):
             data = arr.field("bytes").to_pylist()
-            paths = arr.field("path").to_pylist() if arr.type.get_field_index("path") >= 0 else [None] * len(arr)
+            paths = (
+                arr.field("path").to_pylist()
+                if arr.type.get_field_index("path") >= 0
+                else [None] * len(arr)
+            )
         else:
             data, paths = arr.to_pylist(), [None] * len(arr)
         out = []
@@ -255,16 +282,26 @@ class ArrowSource(Source):
                 with open(p, "rb") as f:
                     b = f.read()
             if b is None:
-                raise ConvertError(f"column {spec.name!r} row {row0 + i} has no data; skip the column "
-                                   f"with {self.options.flags.skip(spec.name)}")
+                raise ConvertError(
+                    f"column {spec.name!r} row {row0 + i} has no data; skip the column "
+                    f"with {self.options.flags.skip(spec.name)}"
+                )
             out.append(b)
         return out
 
     def describe(self) -> dict:
         d = dict(self.info)
-        d.setdefault("files", [os.path.relpath(p, os.path.dirname(self.files[0])) for p in self.files]
-                     if len(self.files) <= 64 else len(self.files))
-        d.setdefault("path", self.files[0] if len(self.files) == 1 else os.path.commonpath(self.files))
+        d.setdefault(
+            "files",
+            (
+                [os.path.relpath(p, os.path.dirname(self.files[0])) for p in self.files]
+                if len(self.files) <= 64
+                else len(self.files)
+            ),
+        )
+        d.setdefault(
+            "path", self.files[0] if len(self.files) == 1 else os.path.commonpath(self.files)
+        )
         return d
 
 
@@ -279,8 +316,10 @@ class HFDatasetSource(ArrowSource):
         Source.__init__(self, options)
         self.dataset = dataset
         self.files = []
-        self.info = {"type": "huggingface",
-                     "split": str(dataset.split) if getattr(dataset, "split", None) else None}
+        self.info = {
+            "type": "huggingface",
+            "split": str(dataset.split) if getattr(dataset, "split", None) else None,
+        }
         self.pieces = [(0, 0, len(dataset))]
         self._init_columns(dataset.with_format("arrow")[0:0].schema)
 

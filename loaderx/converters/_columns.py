@@ -16,6 +16,7 @@ binary, strings (UTF-8), encoded files  Zrecord
 Anything else (structs, maps, decimals, nested variable lists, nulls) is
 refused with a `ConvertError` that names the column and the flag that skips it.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,17 @@ import numpy as np
 
 from ..errors import ZrecordError
 
-__all__ = ["ColumnSpec", "ConvertError", "MissingDependencyError", "Flags", "arrow_spec",
-           "arrow_to_batch", "decode_image", "image_target_mode", "require"]
+__all__ = [
+    "ColumnSpec",
+    "ConvertError",
+    "MissingDependencyError",
+    "Flags",
+    "arrow_spec",
+    "arrow_to_batch",
+    "decode_image",
+    "image_target_mode",
+    "require",
+]
 
 
 class ConvertError(ZrecordError, ValueError):
@@ -41,12 +51,14 @@ class MissingDependencyError(ZrecordError, ImportError):
 def require(module: str, extra: str, what: str):
     """Import an optional dependency or say which extra installs it."""
     import importlib
+
     try:
         return importlib.import_module(module)
     except ImportError:
         raise MissingDependencyError(
             f"{what} needs the Python package {module.split('.')[0]!r}: "
-            f"pip install 'loaderx[{extra}]'") from None
+            f"pip install 'loaderx[{extra}]'"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class ColumnSpec:
 
 # ----------------------------------------------------------------- Arrow types
 
+
 def _leaf_dtype(pa, t) -> np.dtype | None:
     """The numpy dtype of an Arrow leaf type, or None."""
     if pa.types.is_boolean(t):
@@ -108,14 +121,27 @@ def _leaf_dtype(pa, t) -> np.dtype | None:
 
 
 def _is_list(pa, t) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_list_view(t)
         or pa.types.is_large_list_view(t)
+    )
 
 
 def _is_bytes(pa, t) -> bool:
-    return any(f(t) for f in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string,
-                              pa.types.is_large_string, pa.types.is_fixed_size_binary,
-                              pa.types.is_binary_view, pa.types.is_string_view))
+    return any(
+        f(t)
+        for f in (
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_fixed_size_binary,
+            pa.types.is_binary_view,
+            pa.types.is_string_view,
+        )
+    )
 
 
 def _fixed_chain(pa, t) -> tuple[tuple, Any]:
@@ -157,8 +183,9 @@ def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
     if leaf is not None:
         return ColumnSpec(name, "dense", leaf, ())
     if _is_bytes(pa, t):
-        return ColumnSpec(name, "bytes", np.dtype(np.uint8), None,
-                          decode="utf8" if "string" in str(t) else "")
+        return ColumnSpec(
+            name, "bytes", np.dtype(np.uint8), None, decode="utf8" if "string" in str(t) else ""
+        )
     dims, inner = _fixed_chain(pa, t)
     if dims and _leaf_dtype(pa, inner) is not None:
         return ColumnSpec(name, "dense", _leaf_dtype(pa, inner), dims)
@@ -191,10 +218,12 @@ def unmappable(name: str, what: str, flags: Flags) -> ConvertError:
     return ConvertError(
         f"column {name!r} ({what}) has no loaderx store type (numbers, fixed or variable-length "
         f"lists of numbers, tensors, strings and binary are supported); skip it with "
-        f"{flags.skip(name)}")
+        f"{flags.skip(name)}"
+    )
 
 
 # ----------------------------------------------------------------- Arrow values
+
 
 def _check_nulls(arr, name: str, row0: int, flags: Flags) -> None:
     if arr.null_count:
@@ -202,7 +231,8 @@ def _check_nulls(arr, name: str, row0: int, flags: Flags) -> None:
         raise ConvertError(
             f"column {name!r} has a null value (row {row0 + first}); loaderx stores have no "
             f"nulls: fill them before converting (pyarrow.compute.fill_null) or skip the column "
-            f"with {flags.skip(name)}")
+            f"with {flags.skip(name)}"
+        )
 
 
 def _leaf_numpy(arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
@@ -231,14 +261,18 @@ def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndar
         elif _is_list(pa, arr.type):
             offsets, arr = _list_level(pa, arr, spec, row0, flags)
             if len(offsets) > 1 and len(set(np.diff(offsets).tolist())) > 1:
-                raise ConvertError(f"column {spec.name!r}: rows {row0}..{row0 + count - 1} hold "
-                                   f"tensors of different shapes, not {spec.item_shape}")
+                raise ConvertError(
+                    f"column {spec.name!r}: rows {row0}..{row0 + count - 1} hold "
+                    f"tensors of different shapes, not {spec.item_shape}"
+                )
         else:
             raise ConvertError(f"column {spec.name!r}: unexpected Arrow type {arr.type}")
     values = _leaf_numpy(arr, spec, row0, flags)
     if values.size != count * per_row:
-        raise ConvertError(f"column {spec.name!r}: rows {row0}..{row0 + count - 1} do not all have "
-                           f"the shape {spec.item_shape}")
+        raise ConvertError(
+            f"column {spec.name!r}: rows {row0}..{row0 + count - 1} do not all have "
+            f"the shape {spec.item_shape}"
+        )
     return values.reshape((count,) + tuple(spec.item_shape))
 
 
@@ -251,9 +285,11 @@ def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
         inner = ColumnSpec(spec.name, "dense", spec.dtype, trailing)
         flat = _dense_values(pa, values, inner, row0, flags)
     else:
-        flat = _dense_values(pa, values, ColumnSpec(spec.name, "dense", spec.dtype, ()), row0, flags)
+        flat = _dense_values(
+            pa, values, ColumnSpec(spec.name, "dense", spec.dtype, ()), row0, flags
+        )
     o = offsets.tolist()
-    return [flat[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+    return [flat[o[i] : o[i + 1]] for i in range(len(o) - 1)]
 
 
 def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
@@ -262,9 +298,11 @@ def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
         arr = arr.cast(pa.large_binary())
     buffers = arr.buffers()
     width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-    offsets = np.frombuffer(buffers[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1].tolist()
+    offsets = np.frombuffer(buffers[1], dtype=width)[
+        arr.offset : arr.offset + len(arr) + 1
+    ].tolist()
     data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
-    return [data[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
+    return [data[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
 
 
 def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
@@ -285,7 +323,13 @@ def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
 # ----------------------------------------------------------------- images
 
 _ALPHA = {"RGBA", "LA", "PA", "RGBa", "La"}
-_SINGLE_BAND = {"I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16, "I": np.int32, "F": np.float32}
+_SINGLE_BAND = {
+    "I;16": np.uint16,
+    "I;16B": np.uint16,
+    "I;16L": np.uint16,
+    "I": np.int32,
+    "F": np.float32,
+}
 
 
 def image_target_mode(modes: set) -> str:

@@ -14,6 +14,7 @@ per shard). Nothing a reader trusts changes until the end:
 So a failed or interrupted conversion never leaves a half-written shard in
 a manifest, and `abort()` removes the staging directory.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -23,8 +24,13 @@ import re
 import shutil
 import uuid
 
-from ..dataset import (MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, DestinationExistsError,
-                       read_manifest)
+from ..dataset import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    DestinationExistsError,
+    read_manifest,
+)
 from ..errors import IdentityError
 from ._columns import ColumnSpec, ConvertError, Flags
 
@@ -42,9 +48,12 @@ def safe_name(name: str, taken: set) -> str:
 
 
 def spec_entry(spec: ColumnSpec, codec: str) -> dict:
-    entry = {"kind": spec.kind, "dtype": str(spec.dtype),
-             "item_shape": list(spec.item_shape) if spec.kind == "dense" else None,
-             "codec": codec}
+    entry = {
+        "kind": spec.kind,
+        "dtype": str(spec.dtype),
+        "item_shape": list(spec.item_shape) if spec.kind == "dense" else None,
+        "codec": codec,
+    }
     entry.update(spec.extra)
     return entry
 
@@ -73,7 +82,9 @@ def swap_into(staging: str, dest: str) -> None:
 
 
 def _is_loaderx(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, MANIFEST_NAME)) or os.path.isfile(os.path.join(path, "meta"))
+    return os.path.isfile(os.path.join(path, MANIFEST_NAME)) or os.path.isfile(
+        os.path.join(path, "meta")
+    )
 
 
 class Destination:
@@ -86,13 +97,22 @@ class Destination:
         self.dest = os.path.abspath(os.fspath(dest))
         self.flags = flags
         self.existing: dict | None = None
-        exists = os.path.lexists(self.dest) and not (os.path.isdir(self.dest) and not os.listdir(self.dest))
+        exists = os.path.lexists(self.dest) and not (
+            os.path.isdir(self.dest) and not os.listdir(self.dest)
+        )
         if exists and mode == "create":
             hint = "--append or --overwrite" if flags.cli else 'mode="append" or mode="overwrite"'
             raise DestinationExistsError(f"{self.dest} already exists; pass {hint}", path=self.dest)
-        if exists and mode == "overwrite" and not (os.path.isdir(self.dest) and _is_loaderx(self.dest)):
-            raise DestinationExistsError(f"{self.dest} exists and is not a loaderx dataset or store; "
-                                         "refusing to overwrite it (remove it yourself)", path=self.dest)
+        if (
+            exists
+            and mode == "overwrite"
+            and not (os.path.isdir(self.dest) and _is_loaderx(self.dest))
+        ):
+            raise DestinationExistsError(
+                f"{self.dest} exists and is not a loaderx dataset or store; "
+                "refusing to overwrite it (remove it yourself)",
+                path=self.dest,
+            )
         if exists and mode == "append":
             self.existing = read_manifest(self.dest)
             if "splits" in self.existing:
@@ -119,29 +139,38 @@ class Destination:
     def _check_append(self, specs: list[ColumnSpec]) -> None:
         cols = self.existing["columns"]
         if [s.name for s in specs] != list(cols):
-            raise ConvertError(f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
-                               f"with columns {list(cols)}; they must be the same")
+            raise ConvertError(
+                f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
+                f"with columns {list(cols)}; they must be the same"
+            )
         for s in specs:
             have = cols[s.name]
             mine = spec_entry(s, have.get("codec", ""))
             for key in ("kind", "dtype", "item_shape"):
                 if have.get(key) != mine[key]:
-                    raise IdentityError(f"{self.dest}: column {s.name!r} holds {key}={have.get(key)}, "
-                                        f"the new data has {key}={mine[key]}", path=self.dest)
+                    raise IdentityError(
+                        f"{self.dest}: column {s.name!r} holds {key}={have.get(key)}, "
+                        f"the new data has {key}={mine[key]}",
+                        path=self.dest,
+                    )
             self.column_dirs[s.name] = os.path.dirname(have["shards"][0]["path"]) or s.name
 
     def part_path(self, column: str, k: int) -> str:
         return os.path.join(self.staging, self.column_dirs[column], f"part-{k:05d}")
 
-    def commit(self, specs: list[ColumnSpec], codecs: dict, part_rows: list[int], source: dict) -> dict:
+    def commit(
+        self, specs: list[ColumnSpec], codecs: dict, part_rows: list[int], source: dict
+    ) -> dict:
         """Publish the parts `0..len(part_rows)` of every column; returns the manifest."""
         if self.mode == "append":
             return self._commit_append(specs, part_rows, source)
         columns = {}
         for s in specs:
             entry = spec_entry(s, codecs[s.name])
-            entry["shards"] = [{"path": f"{self.column_dirs[s.name]}/part-{k:05d}", "rows": n}
-                               for k, n in enumerate(part_rows)]
+            entry["shards"] = [
+                {"path": f"{self.column_dirs[s.name]}/part-{k:05d}", "rows": n}
+                for k, n in enumerate(part_rows)
+            ]
             columns[s.name] = entry
         manifest = self._manifest(columns, sum(part_rows), source)
         write_json(os.path.join(self.staging, MANIFEST_NAME), manifest)
@@ -150,10 +179,18 @@ class Destination:
 
     def _manifest(self, columns: dict, rows: int, source: dict, created: str | None = None) -> dict:
         from .. import __version__
+
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "rows": rows,
-                "columns": columns, "source": source, "created_by": f"loaderx {__version__}",
-                "created": created or now, "updated": now}
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "rows": rows,
+            "columns": columns,
+            "source": source,
+            "created_by": f"loaderx {__version__}",
+            "created": created or now,
+            "updated": now,
+        }
 
     def _swap_in(self) -> None:
         swap_into(self.staging, self.dest)
@@ -164,16 +201,25 @@ class Destination:
         for s in specs:
             col_dir = os.path.join(self.dest, self.column_dirs[s.name])
             os.makedirs(col_dir, exist_ok=True)
-            taken = [int(m.group(1)) for m in (re.fullmatch(r"part-(\d+)", n) for n in os.listdir(col_dir)) if m]
+            taken = [
+                int(m.group(1))
+                for m in (re.fullmatch(r"part-(\d+)", n) for n in os.listdir(col_dir))
+                if m
+            ]
             first = max(taken, default=-1) + 1
             for k, n in enumerate(part_rows):
                 name = f"part-{first + k:05d}"
                 os.rename(self.part_path(s.name, k), os.path.join(col_dir, name))
                 manifest["columns"][s.name]["shards"].append(
-                    {"path": f"{self.column_dirs[s.name]}/{name}", "rows": n})
+                    {"path": f"{self.column_dirs[s.name]}/{name}", "rows": n}
+                )
         sources = manifest.get("appended", [])
-        manifest = self._manifest(manifest["columns"], manifest["rows"] + sum(part_rows),
-                                  manifest.get("source", {}), manifest.get("created"))
+        manifest = self._manifest(
+            manifest["columns"],
+            manifest["rows"] + sum(part_rows),
+            manifest.get("source", {}),
+            manifest.get("created"),
+        )
         manifest["appended"] = sources + [source]
         write_json(os.path.join(self.dest, MANIFEST_NAME), manifest)
         shutil.rmtree(self.staging, ignore_errors=True)

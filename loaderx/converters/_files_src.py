@@ -2,6 +2,7 @@
 the folder names, decoded with Pillow) and WebDataset ``.tar`` shards
 (members grouped by key, one column per extension).
 """
+
 from __future__ import annotations
 
 import io
@@ -16,7 +17,18 @@ from ._source import Batch, ImageColumn, Options, Source, image_header, row_task
 
 __all__ = ["ImageFolderSource", "WebDatasetSource", "IMAGE_EXTENSIONS", "tar_files"]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".bmp",
+    ".gif",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+)
 _INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id", "label")
 _PROBE_SAMPLES = 64
 _BATCH_RECORDS = 1024
@@ -33,8 +45,11 @@ class ImageFolderSource(Source):
     def __init__(self, root: str, options: Options):
         super().__init__(options)
         self.root = os.path.abspath(root)
-        self.classes = sorted(d for d in os.listdir(root)
-                              if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+        self.classes = sorted(
+            d
+            for d in os.listdir(root)
+            if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")
+        )
         files, labels = [], []
         groups = [(i, os.path.join(root, c)) for i, c in enumerate(self.classes)] or [(-1, root)]
         for label, folder in groups:
@@ -45,8 +60,9 @@ class ImageFolderSource(Source):
                         files.append(os.path.relpath(os.path.join(dirpath, name), root))
                         labels.append(label)
         if not files:
-            raise ConvertError(f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) found in "
-                               "class_name/ folders")
+            raise ConvertError(
+                f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) found in " "class_name/ folders"
+            )
         self.files = files
         self.labels = np.asarray(labels, dtype=np.int64)
         available = ["image", "label"] if self.classes else ["image"]
@@ -57,12 +73,25 @@ class ImageFolderSource(Source):
         if self._open_specs is None:
             specs = []
             if "image" in self.names:
-                headers = [] if self.options.keep_encoded else [
-                    image_header(os.path.join(self.root, f), os.path.join(self.root, f)) for f in self.files]
+                headers = (
+                    []
+                    if self.options.keep_encoded
+                    else [
+                        image_header(os.path.join(self.root, f), os.path.join(self.root, f))
+                        for f in self.files
+                    ]
+                )
                 specs.append(ImageColumn.spec("image", headers, self.options))
             if "label" in self.names:
-                specs.append(ColumnSpec("label", "dense", np.dtype(np.int64), (),
-                                        extra={"class_names": self.classes}))
+                specs.append(
+                    ColumnSpec(
+                        "label",
+                        "dense",
+                        np.dtype(np.int64),
+                        (),
+                        extra={"class_names": self.classes},
+                    )
+                )
             self._open_specs = specs
         return self._open_specs
 
@@ -124,7 +153,9 @@ def _samples(path: str) -> Iterator[tuple[str, dict]]:
                     sample = {}
                 key = k
                 if ext in sample:
-                    raise ConvertError(f"{path}: sample {k!r} has two members with extension {ext!r}")
+                    raise ConvertError(
+                        f"{path}: sample {k!r} has two members with extension {ext!r}"
+                    )
                 sample[ext] = tf.extractfile(member).read()
     except tarfile.TarError as e:
         raise ConvertError(f"{path}: not a readable tar file ({e})") from None
@@ -171,7 +202,11 @@ class WebDatasetSource(Source):
         if ext in _INT_EXTENSIONS:
             return ColumnSpec(ext, "dense", np.dtype(np.int64), (), decode="int")
         if ("." + ext.rsplit(".", 1)[-1]) in IMAGE_EXTENSIONS:
-            headers = [] if self.options.keep_encoded else [image_header(v, w) for v, w in zip(values, where)]
+            headers = (
+                []
+                if self.options.keep_encoded
+                else [image_header(v, w) for v, w in zip(values, where)]
+            )
             return ImageColumn.spec(ext, headers, self.options)
         if ext.endswith("npy") and not self.options.keep_encoded:
             arrays = [_load_npy(v, w) for v, w in zip(values, where)]
@@ -208,12 +243,16 @@ class WebDatasetSource(Source):
     def _add(self, path, key, sample, specs, cols) -> None:
         extra = sorted(set(sample) - set(self.exts))
         if extra:
-            raise ConvertError(f"{path}: sample {key!r} has extensions {extra} that the first sample "
-                               f"does not have; skip them with {self.options.flags.skip(extra[0])}")
+            raise ConvertError(
+                f"{path}: sample {key!r} has extensions {extra} that the first sample "
+                f"does not have; skip them with {self.options.flags.skip(extra[0])}"
+            )
         for spec in specs:
             if spec.name not in sample:
-                raise ConvertError(f"{path}: sample {key!r} has no {spec.name!r} member; every sample "
-                                   f"needs one, or skip the column with {self.options.flags.skip(spec.name)}")
+                raise ConvertError(
+                    f"{path}: sample {key!r} has no {spec.name!r} member; every sample "
+                    f"needs one, or skip the column with {self.options.flags.skip(spec.name)}"
+                )
             cols[spec.name].append((sample[spec.name], f"{path}:{key}.{spec.name}"))
 
     def _finish(self, cols: dict, specs: list[ColumnSpec]) -> dict:
@@ -229,7 +268,9 @@ class WebDatasetSource(Source):
             try:
                 return np.array([int(v.decode().strip()) for v in values], dtype=np.int64)
             except (UnicodeDecodeError, ValueError):
-                raise ConvertError(f"{where[0]}.. : {spec.name!r} members must hold an integer") from None
+                raise ConvertError(
+                    f"{where[0]}.. : {spec.name!r} members must hold an integer"
+                ) from None
         if spec.decode in ("image", "encoded-image"):
             return ImageColumn.records(spec, values, where, self.options.flags)
         if spec.decode == "npy":
@@ -238,17 +279,25 @@ class WebDatasetSource(Source):
                 return arrays
             for a, w in zip(arrays, where):
                 if a.shape != spec.item_shape or a.dtype != spec.dtype:
-                    raise ConvertError(f"{w}: array is {a.dtype}{list(a.shape)} but the column holds "
-                                       f"{spec.dtype}{list(spec.item_shape)} (decided from the first "
-                                       f"samples); keep the bytes with {self.options.flags.opt('keep_encoded')}")
+                    raise ConvertError(
+                        f"{w}: array is {a.dtype}{list(a.shape)} but the column holds "
+                        f"{spec.dtype}{list(spec.item_shape)} (decided from the first "
+                        f"samples); keep the bytes with {self.options.flags.opt('keep_encoded')}"
+                    )
             return np.stack(arrays) if arrays else np.zeros((0,) + spec.item_shape, spec.dtype)
         return values
 
     def describe(self) -> dict:
         base = os.path.dirname(self.files[0])
-        return {"type": "webdataset", "path": base,
-                "files": [os.path.relpath(f, base) for f in self.files] if len(self.files) <= 64
-                else len(self.files)}
+        return {
+            "type": "webdataset",
+            "path": base,
+            "files": (
+                [os.path.relpath(f, base) for f in self.files]
+                if len(self.files) <= 64
+                else len(self.files)
+            ),
+        }
 
 
 def _load_npy(data: bytes, where: str) -> np.ndarray:

@@ -4,6 +4,7 @@ arrays' first axis. Files are read in bounded chunks: ``.npy`` and stored
 ``.npz`` members through a memory map whose pages are dropped once copied,
 compressed ``.npz`` members by streaming decompression.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -49,7 +50,9 @@ class _Member:
             f.seek(self.header_bytes + start * row)
         data = f.read((stop - start) * row)
         self._open_pos = stop
-        return np.frombuffer(data, dtype=self.dtype).reshape((stop - start,) + tuple(self.shape[1:]))
+        return np.frombuffer(data, dtype=self.dtype).reshape(
+            (stop - start,) + tuple(self.shape[1:])
+        )
 
     def close(self) -> None:
         if self._open_file is not None:
@@ -85,7 +88,7 @@ class _Rows:
         if self.member is not None:
             out = self.member.read(start * scale, stop * scale)
         else:
-            out = np.array(self.array[start * scale:stop * scale])
+            out = np.array(self.array[start * scale : stop * scale])
             _release(self.array, start * scale, stop * scale)
         return out.reshape((stop - start,) + self.shape[1:])
 
@@ -94,7 +97,12 @@ def _release(array, start: int, stop: int) -> None:
     """Drop the pages of rows start..stop of a C-contiguous np.memmap, so a big
     file read once does not stay resident (they are re-read if touched again)."""
     mm = getattr(array, "_mmap", None)
-    if mm is None or not hasattr(mmap, "MADV_DONTNEED") or not array.flags.c_contiguous or stop <= start:
+    if (
+        mm is None
+        or not hasattr(mmap, "MADV_DONTNEED")
+        or not array.flags.c_contiguous
+        or stop <= start
+    ):
         return
     base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
     row = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
@@ -119,13 +127,19 @@ class NumpySource(Source):
         lengths = {n: cols[n].shape[0] if cols[n].shape else None for n in names}
         for n in names:
             if cols[n].dtype.hasobject:
-                raise ConvertError(f"{self.where}: column {n!r} holds Python objects (dtype "
-                                   f"{cols[n].dtype}), which cannot be stored; skip it with "
-                                   f"{options.flags.skip(n)}")
+                raise ConvertError(
+                    f"{self.where}: column {n!r} holds Python objects (dtype "
+                    f"{cols[n].dtype}), which cannot be stored; skip it with "
+                    f"{options.flags.skip(n)}"
+                )
             if lengths[n] is None:
-                raise ConvertError(f"{self.where}: column {n!r} is a 0-d array; rows are the first axis")
+                raise ConvertError(
+                    f"{self.where}: column {n!r} is a 0-d array; rows are the first axis"
+                )
         if len(set(lengths.values())) > 1:
-            raise ConvertError(f"{self.where}: the arrays have different lengths along axis 0: {lengths}")
+            raise ConvertError(
+                f"{self.where}: the arrays have different lengths along axis 0: {lengths}"
+            )
         self.rows = next(iter(lengths.values()))
 
     @property
@@ -140,7 +154,9 @@ class NumpySource(Source):
         if self.arrays is not None:
             for name, a in self.arrays.items():
                 if not isinstance(a, np.ndarray):
-                    raise ConvertError(f"column {name!r} is a {type(a).__name__}, not a numpy array")
+                    raise ConvertError(
+                        f"column {name!r} is a {type(a).__name__}, not a numpy array"
+                    )
                 cols[str(name)] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
         elif self.path.endswith(".npz"):
             with zipfile.ZipFile(self.path) as zf:
@@ -148,9 +164,13 @@ class NumpySource(Source):
             for m in members:
                 member = _Member(self.path, m)
                 if member.fortran and len(member.shape) > 1:
-                    raise ConvertError(f"{self.path}: array {m[:-4]!r} is in Fortran order; save it "
-                                       "with np.ascontiguousarray first")
-                cols[m[:-4]] = _Rows(member=member, row_length=length if len(member.shape) == 1 else None)
+                    raise ConvertError(
+                        f"{self.path}: array {m[:-4]!r} is in Fortran order; save it "
+                        "with np.ascontiguousarray first"
+                    )
+                cols[m[:-4]] = _Rows(
+                    member=member, row_length=length if len(member.shape) == 1 else None
+                )
         else:
             a = np.load(self.path, mmap_mode="r", allow_pickle=False)
             name = os.path.splitext(os.path.basename(self.path))[0]
@@ -161,10 +181,16 @@ class NumpySource(Source):
 
     def _warn_tail(self, cols: dict) -> None:
         for name, c in cols.items():
-            if c.row_length and (c.array if c.array is not None else c.member).shape[0] % c.row_length:
+            if (
+                c.row_length
+                and (c.array if c.array is not None else c.member).shape[0] % c.row_length
+            ):
                 total = (c.array if c.array is not None else c.member).shape[0]
-                warnings.warn(f"column {name!r}: {total % c.row_length} trailing values do not fill a "
-                              f"row of {c.row_length} and are left out", stacklevel=4)
+                warnings.warn(
+                    f"column {name!r}: {total % c.row_length} trailing values do not fill a "
+                    f"row of {c.row_length} and are left out",
+                    stacklevel=4,
+                )
 
     def specs(self) -> list[ColumnSpec]:
         cols = self._columns()

@@ -6,6 +6,7 @@ terminal, plain periodic log lines otherwise, nothing when quiet.
 nothing" (what a library call does by default). Log lines go to stderr every
 ``LOADERX_LOG_INTERVAL`` seconds (default 10) and once at the end.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,9 +61,17 @@ class Progress:
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
-            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B",
-                             unit_divisor=1024 if unit == "B" else 1000, file=sys.stderr,
-                             dynamic_ncols=True, leave=True)
+
+            self._bar = tqdm(
+                total=total,
+                desc=desc,
+                unit=unit,
+                unit_scale=unit == "B",
+                unit_divisor=1024 if unit == "B" else 1000,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+            )
 
     def update(self, n: float) -> None:
         self.done += n
@@ -78,11 +87,15 @@ class Progress:
         elapsed = max(now - self._t0, 1e-9)
         rate = self.done / elapsed
         if self.total and self.unit == "B":
-            parts = [f"{self.desc}: {_fmt_count(self.done, 'B')} of {_fmt_count(self.total, 'B')} "
-                     f"({100 * self.done / self.total:.1f}%)"]
+            parts = [
+                f"{self.desc}: {_fmt_count(self.done, 'B')} of {_fmt_count(self.total, 'B')} "
+                f"({100 * self.done / self.total:.1f}%)"
+            ]
         elif self.total:
-            parts = [f"{self.desc}: {self.done:,.0f}/{self.total:,.0f} {self.unit} "
-                     f"({100 * self.done / self.total:.1f}%)"]
+            parts = [
+                f"{self.desc}: {self.done:,.0f}/{self.total:,.0f} {self.unit} "
+                f"({100 * self.done / self.total:.1f}%)"
+            ]
         else:
             parts = [f"{self.desc}: {_fmt_count(self.done, self.unit)}"]
         parts.append(f"{_fmt_count(rate, self.unit)}/s")
@@ -135,7 +148,11 @@ class Ticker:
                 self._bar.update(1)
             elif time.monotonic() - last >= _interval():
                 last = time.monotonic()
-                print(f"{self._desc}: running, {last - self._t0:.0f} s elapsed", file=sys.stderr, flush=True)
+                print(
+                    f"{self._desc}: running, {last - self._t0:.0f} s elapsed",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def __enter__(self) -> "Ticker":
         self._t0 = time.monotonic()
@@ -150,4 +167,8 @@ class Ticker:
         if self._bar is not None:
             self._bar.close()
         elif self._mode == "log":
-            print(f"{self._desc}: done in {time.monotonic() - self._t0:.1f} s", file=sys.stderr, flush=True)
+            print(
+                f"{self._desc}: done in {time.monotonic() - self._t0:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )

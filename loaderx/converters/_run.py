@@ -3,10 +3,12 @@ run in N fresh worker processes (no fork: no native thread or lock is
 inherited half-way, and the caller's main module is never re-imported), and
 the parent draws one progress bar from what they report.
 """
+
 from __future__ import annotations
 
 import os
 import pickle
+import queue
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -37,9 +39,13 @@ class StoreOptions:
 
 def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
     from ..zrecord import DenseStore, RaggedStore, Zrecord
+
     codec = opts.codecs[spec.name]
-    kw = {"codec": codec, "level": opts.level if codec != "raw" else None,
-          "dict_bytes": opts.dicts.get(spec.name)}
+    kw = {
+        "codec": codec,
+        "level": opts.level if codec != "raw" else None,
+        "dict_bytes": opts.dicts.get(spec.name),
+    }
     if spec.kind == "dense":
         return DenseStore(path, spec.dtype, spec.item_shape, **kw)
     if spec.kind == "ragged":
@@ -56,8 +62,54 @@ def _append(store, spec: ColumnSpec, values, row0: int) -> None:
         raise ConvertError(f"column {spec.name!r}, rows from {row0}: {e}") from e
 
 
-def write_task(source, task, specs: list[ColumnSpec], paths: dict, opts: StoreOptions,
-               report: Callable[[float], None]) -> int:
+def read_ahead(batches: Iterator) -> Iterator:
+    """`batches`, produced one ahead on a thread: the next batch is read and
+    decoded while the stores compress this one (their append releases the
+    GIL). Errors are re-raised here; closing the generator stops the thread."""
+    slot: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                slot.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not put(("batch", batch)):
+                    return
+            put(("end", None))
+        except BaseException as e:  # noqa: B036 - re-raised by the consumer
+            put(("error", e))
+
+    thread = threading.Thread(target=produce, name="loaderx-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = slot.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
+def write_task(
+    source,
+    task,
+    specs: list[ColumnSpec],
+    paths: dict,
+    opts: StoreOptions,
+    report: Callable[[float], None],
+) -> int:
     """Write `task` of `source` into one new store per column; returns its rows."""
     stores = {}
     rows = 0
@@ -65,11 +117,13 @@ def write_task(source, task, specs: list[ColumnSpec], paths: dict, opts: StoreOp
         for spec in specs:
             os.makedirs(os.path.dirname(paths[spec.name]), exist_ok=True)
             stores[spec.name] = open_writer(paths[spec.name], spec, opts)
-        for batch in source.read(task, specs, opts.batch_bytes):
+        for batch in read_ahead(source.read(task, specs, opts.batch_bytes)):
             for spec in specs:
                 values = batch.columns[spec.name]
                 if len(values) != batch.rows:
-                    raise ConvertError(f"column {spec.name!r}: {len(values)} values for {batch.rows} rows")
+                    raise ConvertError(
+                        f"column {spec.name!r}: {len(values)} values for {batch.rows} rows"
+                    )
                 _append(stores[spec.name], spec, values, rows)
             rows += batch.rows
             report(batch.progress)
@@ -97,8 +151,9 @@ def _read_reports(k: int, stream, counters: list, rows: dict) -> None:
             rows[k] = int(value)
 
 
-def run_tasks(source, tasks: list, specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions,
-              progress) -> list[int]:
+def run_tasks(
+    source, tasks: list, specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions, progress
+) -> list[int]:
     """Rows written by each task; in this process for one task, else one
     worker process per task (``python -m loaderx.converters._worker``: a
     fresh interpreter that never imports the caller's main module)."""
@@ -110,12 +165,19 @@ def run_tasks(source, tasks: list, specs: list[ColumnSpec], paths: list[dict], o
         for k, task in enumerate(tasks):
             job = os.path.join(work, f"task-{k}.pickle")
             with open(job, "wb") as f:
-                pickle.dump((source, task, specs, paths[k], opts), f, protocol=pickle.HIGHEST_PROTOCOL)
-            proc = subprocess.Popen([sys.executable, "-m", "loaderx.converters._worker", job],
-                                    stdout=subprocess.PIPE, text=True, env=_child_env())
+                pickle.dump(
+                    (source, task, specs, paths[k], opts), f, protocol=pickle.HIGHEST_PROTOCOL
+                )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "loaderx.converters._worker", job],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=_child_env(),
+            )
             procs.append(proc)
-            reader = threading.Thread(target=_read_reports, args=(k, proc.stdout, counters, rows),
-                                      daemon=True)
+            reader = threading.Thread(
+                target=_read_reports, args=(k, proc.stdout, counters, rows), daemon=True
+            )
             reader.start()
             readers.append(reader)
         _wait(procs, counters, progress, work)
@@ -168,6 +230,7 @@ def worker_main(job: str) -> int:
 
     def report(n: float) -> None:
         print(f"P {n}", flush=True)
+
     try:
         rows = write_task(source, task, specs, paths, opts, report)
     except BaseException as e:  # noqa: B036 - handed to the parent, which re-raises it
@@ -175,7 +238,7 @@ def worker_main(job: str) -> int:
             payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
         except Exception:  # an exception that does not pickle: send its text
             payload = pickle.dumps((None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        with open(job[:-len(".pickle")] + ".error", "wb") as f:
+        with open(job[: -len(".pickle")] + ".error", "wb") as f:
             f.write(payload)
         return 1
     print(f"R {rows}", flush=True)

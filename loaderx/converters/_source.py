@@ -5,6 +5,7 @@ A source is small and picklable (paths and options, never open handles), so
 (`ColumnSpec`s), splits itself into disjoint *tasks* (row ranges, or groups of
 files), and reads one task as bounded batches of ready-to-append values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,11 +72,16 @@ class Source:
 
 def select_columns(available: list[str], options: Options, where: str) -> list[str]:
     """The columns to convert, in source order, after `columns` / `skip_columns`."""
-    for label, names in (("columns", options.columns or []), ("skip_columns", options.skip_columns)):
+    for label, names in (
+        ("columns", options.columns or []),
+        ("skip_columns", options.skip_columns),
+    ):
         unknown = [n for n in names if n not in available]
         if unknown:
-            raise ConvertError(f"{where}: {label} names {unknown}, which the source does not have; "
-                               f"its columns are {available}")
+            raise ConvertError(
+                f"{where}: {label} names {unknown}, which the source does not have; "
+                f"its columns are {available}"
+            )
     chosen = [n for n in available if options.columns is None or n in options.columns]
     if options.columns is not None:
         chosen = [n for n in options.columns if n in chosen]
@@ -85,7 +91,9 @@ def select_columns(available: list[str], options: Options, where: str) -> list[s
     return chosen
 
 
-def row_tasks(rows: int, workers: int, boundaries: list[int] | None = None) -> list[tuple[int, int]]:
+def row_tasks(
+    rows: int, workers: int, boundaries: list[int] | None = None
+) -> list[tuple[int, int]]:
     """Split ``0..rows`` into at most `workers` contiguous ranges of about
     equal size, moving each cut to a natural boundary (a row group, a record
     batch) when one lies within a tenth of a range of it."""
@@ -121,10 +129,13 @@ class ImageColumn:
             raise ConvertError(f"column {name!r}: no images to look at")
         mode = image_target_mode({m for _, m in headers})
         from ._columns import image_dtype
+
         shapes = {image_shape(size, mode) for size, _ in headers}
         extra = {"image_mode": mode}
         if len(shapes) == 1:
-            return ColumnSpec(name, "dense", image_dtype(mode), shapes.pop(), decode="image", extra=extra)
+            return ColumnSpec(
+                name, "dense", image_dtype(mode), shapes.pop(), decode="image", extra=extra
+            )
         return ColumnSpec(name, "ragged", image_dtype(mode), None, decode="image", extra=extra)
 
     @staticmethod
@@ -141,7 +152,8 @@ class ImageColumn:
                 raise ConvertError(
                     f"{w}: image has shape {a.shape} but the column {spec.name!r} holds "
                     f"{spec.item_shape} images (decided from the first ones); keep the encoded "
-                    f"files with {flags.opt('keep_encoded')}, or resize the images first")
+                    f"files with {flags.opt('keep_encoded')}, or resize the images first"
+                )
         if not arrays:
             return np.zeros((0,) + spec.item_shape, spec.dtype)
         return np.stack(arrays)
@@ -152,6 +164,7 @@ def image_header(data, where: str) -> tuple[tuple, str]:
     import io
 
     from ._columns import require
+
     image_mod = require("PIL.Image", "convert", "reading images")
     try:
         with image_mod.open(io.BytesIO(data) if not isinstance(data, str) else data) as im:
