@@ -39,7 +39,7 @@ IMAGE_BYTES = 3072
 ROW_GROUP_ROWS = 16384
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 kind, src, dst, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 import numpy as np
 import pyarrow.parquet as pq
@@ -50,8 +50,9 @@ if kind == "loaderx":
 else:
     pq.write_table(pq.read_table(src), dst, compression="zstd")
 elapsed = time.perf_counter() - t0
-peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-           resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+# VmHWM: this process's own peak (ru_maxrss would include the parent's at fork).
+with open("/proc/self/status") as f:
+    peak = int(f.read().split("VmHWM:")[1].split()[0]) * 1024
 print(json.dumps({"elapsed": elapsed, "peak_rss": peak}))
 """
 
