@@ -14,7 +14,8 @@ round by round, each in a fresh process:
 
 Every conversion is checked before it counts: the dataset's rows and a sample
 of values must equal the source. Reports medians of the rounds, medians of
-per-round ratios, and each run's peak RSS. Targets (issue 15, on 2 cores and
+per-round ratios, and each run's peak RSS (the largest of the converting
+process and its worker processes). Targets (issue 15, on 2 cores and
 1 GiB): N=2 workers >= 1.6x one worker; one worker >= 0.5x pyarrow zstd; peak
 RSS < 512 MiB.
 """
@@ -50,9 +51,12 @@ if kind == "loaderx":
 else:
     pq.write_table(pq.read_table(src), dst, compression="zstd")
 elapsed = time.perf_counter() - t0
-# VmHWM: this process's own peak (ru_maxrss would include the parent's at fork).
+# VmHWM: this process's own peak (ru_maxrss would include the parent's at fork);
+# worker processes (exec'd from this small process) count through RUSAGE_CHILDREN.
+import resource
 with open("/proc/self/status") as f:
     peak = int(f.read().split("VmHWM:")[1].split()[0]) * 1024
+peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 print(json.dumps({"elapsed": elapsed, "peak_rss": peak}))
 """
 
