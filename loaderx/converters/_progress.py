@@ -74,6 +74,8 @@ class Progress:
             )
 
     def update(self, n: float) -> None:
+        if float(n).is_integer():
+            n = int(n)  # whole rows show as integers in the bar
         self.done += n
         if self._bar is not None:
             self._bar.update(n)
