@@ -12,6 +12,9 @@ __version__ = "0.1.0"
 
 from .dataloader import DataLoader
 from .dataset import from_iterator, from_numpy, open_store, pad
+from .dataset import open_dataset
+from .converters import convert
+from .shardset import ShardSet
 from .errors import (
     BusyError,
     ClosedError,
@@ -31,6 +34,7 @@ from .zsampler import Sampler
 __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "train_dict", "Sampler", "DataLoader",
     "from_numpy", "from_iterator", "open_store", "pad",
+    "open_dataset", "convert", "ShardSet",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError", "DictionaryError",
 ]

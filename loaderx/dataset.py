@@ -1,26 +1,75 @@
-"""Building and reopening stores: converters from NumPy data and iterables,
-`open_store` by persisted identity, and `pad` for ragged batches."""
+"""Building and reopening stores and datasets: converters from NumPy data and
+iterables, `open_store` by persisted identity, `open_dataset` for a dataset
+directory (one store or `ShardSet` per column, described by ``loaderx.json``),
+and `pad` for ragged batches.
+
+Writers never append to existing data by accident: ``mode="create"`` (the
+default) refuses an existing destination, ``mode="append"`` adds to it and
+``mode="overwrite"`` replaces it (only if it is a loaderx store or empty).
+"""
 from __future__ import annotations
 
+import json
 import mmap
 import os
-from typing import Iterable
+import shutil
+from typing import Any, Iterable
 
 import numpy as np
 
 from ._store import Store, stored_kind
+from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, ZrecordError
 from .zrecord import DenseStore, RaggedStore, Zrecord
 
-__all__ = ["from_numpy", "from_iterator", "open_store", "pad"]
+__all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
+           "DestinationExistsError", "MANIFEST_NAME"]
+
+#: The manifest file of a dataset directory, and the version of its layout.
+MANIFEST_NAME = "loaderx.json"
+MANIFEST_FORMAT = "loaderx-dataset"
+MANIFEST_VERSION = 1
+_MODES = ("create", "append", "overwrite")
+
+
+class DestinationExistsError(ZrecordError, FileExistsError):
+    """A writer in ``mode="create"`` found data at its destination."""
+
+
+def _store_files(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "meta"))
+
+
+def prepare_store_path(path, mode: str, flag_style: str = "python") -> bool:
+    """Apply `mode` to a store destination before a writer opens it. Returns
+    True when the writer appends to an existing store. ``overwrite`` removes
+    an existing store (never a directory that holds anything else)."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    p = os.fspath(path)
+    if not os.path.lexists(p) or (os.path.isdir(p) and not os.listdir(p)):
+        return False
+    if mode == "append":
+        return True
+    if mode == "create":
+        hint = ("--append or --overwrite" if flag_style == "cli"
+                else 'mode="append" to add to it or mode="overwrite" to replace it')
+        raise DestinationExistsError(f"{p} already exists; pass {hint}", path=p)
+    if not (os.path.isdir(p) and _store_files(p)):
+        raise DestinationExistsError(f"{p} exists and is not a loaderx store; refusing to "
+                                     "overwrite it (remove it yourself)", path=p)
+    shutil.rmtree(p)
+    return False
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
                dict_bytes: bytes | None = None, chunk_bytes: int = 64 << 20,
-               progress=None) -> DenseStore:
+               progress=None, mode: str = "create") -> DenseStore:
     """Stream `array` (rows are records; an ``np.load(..., mmap_mode="r")``
     array or a path to a ``.npy`` file) into a new DenseStore in chunks of about
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
     the open store. `progress(done_rows, total_rows)` is called after each chunk.
+    `mode`: ``"create"`` (an existing store at `path` is an error),
+    ``"append"`` or ``"overwrite"``.
     """
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
@@ -30,6 +79,9 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         raise ValueError("from_numpy needs an array with a record axis (ndim >= 1)")
     if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    if array.dtype.hasobject:
+        raise TypeError(f"dtype {array.dtype} holds Python objects, which cannot be stored")
+    prepare_store_path(path, mode)
     store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level, dict_bytes=dict_bytes)
     try:
         row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
@@ -73,9 +125,11 @@ def _page_releaser(array: np.ndarray):
 
 
 def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd", level: int | None = None,
-                  dict_bytes: bytes | None = None) -> RaggedStore:
+                  dict_bytes: bytes | None = None, mode: str = "create") -> RaggedStore:
     """Build a RaggedStore from an iterable of arrays (one pass). With
-    ``dtype=None`` the first record's dtype is used. Returns the open store."""
+    ``dtype=None`` the first record's dtype is used. Returns the open store.
+    `mode` as in `from_numpy`."""
+    prepare_store_path(path, mode)
     it = iter(iterable)
     first = []
     if dtype is None:
@@ -102,13 +156,119 @@ def _chain(head, rest):
 
 def open_store(path) -> Store:
     """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord)."""
+    (DenseStore, RaggedStore or Zrecord). O(1) in the record count."""
     kind = stored_kind(path)
     if kind == "dense":
         return DenseStore(path)
     if kind == "ragged":
         return RaggedStore(path)
     return Zrecord(path)
+
+
+# ----------------------------------------------------------------- dataset directories
+
+def _manifest_error(path: str, what: str) -> CorruptStoreError:
+    return CorruptStoreError(f"{path}: {MANIFEST_NAME} {what}", path=path)
+
+
+def read_manifest(path) -> dict:
+    """The checked manifest of the dataset directory `path` (a dict)."""
+    p = os.fspath(path)
+    file = os.path.join(p, MANIFEST_NAME)
+    if not os.path.isfile(file):
+        if not os.path.exists(p):
+            raise StoreNotFoundError(f"{p}: no such dataset directory", path=p)
+        if _store_files(p):
+            raise NotAStoreError(f"{p} is a single store, not a dataset directory; open it with "
+                                 "loaderx.open_store", path=p)
+        raise NotAStoreError(f"{p} is not a loaderx dataset directory (no {MANIFEST_NAME})", path=p)
+    try:
+        with open(file, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _manifest_error(p, f"is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise _manifest_error(p, f"is not a {MANIFEST_FORMAT} manifest")
+    version = manifest.get("version")
+    if not isinstance(version, int) or version > MANIFEST_VERSION:
+        raise _manifest_error(p, f"has version {version!r}; this loaderx reads up to "
+                                 f"{MANIFEST_VERSION}")
+    if "splits" in manifest:
+        if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
+            raise _manifest_error(p, "has an empty or malformed 'splits'")
+        return manifest
+    _check_columns(p, manifest)
+    return manifest
+
+
+def _shard_entry_ok(s: Any) -> bool:
+    return isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
+
+
+def _check_columns(p: str, manifest: dict) -> None:
+    columns, rows = manifest.get("columns"), manifest.get("rows")
+    if not isinstance(columns, dict) or not columns or not isinstance(rows, int):
+        raise _manifest_error(p, "needs 'rows' and a non-empty 'columns'")
+    for name, col in columns.items():
+        shards = col.get("shards") if isinstance(col, dict) else None
+        if not isinstance(shards, list) or not shards or not all(map(_shard_entry_ok, shards)):
+            raise _manifest_error(p, f"column {name!r} has malformed 'shards'")
+        total = sum(s["rows"] for s in shards)
+        if total != rows:
+            raise _manifest_error(p, f"column {name!r} shards hold {total} rows, the dataset "
+                                     f"{rows}")
+        for s in shards:
+            if os.path.isabs(s["path"]) or ".." in s["path"].replace("\\", "/").split("/"):
+                raise _manifest_error(p, f"column {name!r} names a shard outside the directory: "
+                                         f"{s['path']!r}")
+
+
+def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
+    """Open a dataset directory: ``{column: store or ShardSet}`` in manifest
+    order, ready for ``DataLoader``. A directory of splits (a converted
+    ``DatasetDict``) gives ``{split: {column: ...}}``. `columns` picks a subset.
+    Opening is O(number of shards); the caller closes what it gets."""
+    p = os.fspath(path)
+    manifest = read_manifest(p)
+    if "splits" in manifest:
+        splits: dict = {}
+        try:
+            for split, sub in manifest["splits"].items():
+                splits[split] = open_dataset(os.path.join(p, sub), columns)
+        except BaseException:
+            for opened in splits.values():
+                for store in opened.values():
+                    store.close()
+            raise
+        return splits
+    wanted = list(manifest["columns"]) if columns is None else list(columns)
+    for name in wanted:
+        if name not in manifest["columns"]:
+            raise KeyError(f"{p}: no column {name!r}; the dataset has {list(manifest['columns'])}")
+    opened: dict = {}
+    try:
+        for name in wanted:
+            opened[name] = _open_column(p, name, manifest["columns"][name]["shards"])
+    except BaseException:
+        for store in opened.values():
+            store.close()
+        raise
+    return opened
+
+
+def _open_column(root: str, name: str, shards: list) -> Any:
+    from .shardset import ShardSet
+    paths = [os.path.join(root, s["path"]) for s in shards]
+    opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
+    lengths = [len(opened)] if len(paths) == 1 else list(opened.lengths)
+    for s, n, shard_path in zip(shards, lengths, paths):
+        if n != s["rows"]:
+            opened.close()
+            raise CorruptStoreError(
+                f"{root}: column {name!r} shard {s['path']} holds {n} records, the manifest says "
+                f"{s['rows']}; it was changed after it was written (run loaderx verify)",
+                path=shard_path)
+    return opened
 
 
 def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:

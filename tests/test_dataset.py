@@ -192,8 +192,10 @@ def test_from_numpy_empty_and_bad_arguments(tmp_path):
 
 def test_from_numpy_onto_existing_store_of_another_type(tmp_path):
     DenseStore(tmp_path / "s", np.float32, (3,)).close()
+    with pytest.raises(FileExistsError, match='mode="append".*mode="overwrite"'):
+        from_numpy(tmp_path / "s", np.zeros((2, 3), np.float32))
     with pytest.raises(TypeError):
-        from_numpy(tmp_path / "s", np.zeros((2, 4), np.int16))
+        from_numpy(tmp_path / "s", np.zeros((2, 4), np.int16), mode="append")
     with DenseStore(tmp_path / "s") as ds:
         assert len(ds) == 0
 

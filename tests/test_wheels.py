@@ -125,7 +125,8 @@ def test_build_wheel_from_fake_dist(tmp_path, tag, lib_name):
     assert (lib_info.external_attr >> 16) & 0o111, "the library should be executable"
     # The package's Python files, nothing cached, nothing outside the package.
     assert "loaderx/__init__.py" in names and "loaderx/_lib.py" in names
-    expected_py = sorted(p.relative_to(root).as_posix() for p in (root / "loaderx").glob("*.py"))
+    expected_py = sorted(p.relative_to(root).as_posix() for p in (root / "loaderx").rglob("*.py")
+                         if "__pycache__" not in p.parts)
     assert sorted(n for n in names if n.startswith("loaderx/") and n.endswith(".py")) == expected_py
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert all(n.startswith(("loaderx/", dist_info + "/")) for n in names)

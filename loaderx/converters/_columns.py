@@ -1,0 +1,364 @@
+"""Column types: which store a source column becomes, and how a batch of
+source values turns into what that store's ``append`` takes.
+
+The mapping (the table in the README):
+
+======================================  ==========================================
+source column                           store
+======================================  ==========================================
+scalar numbers, bools, timestamps       DenseStore, ``item_shape=()``
+fixed-size lists, tensors, fixed-size   DenseStore, ``item_shape`` = the fixed shape
+images
+variable-length lists and sequences     RaggedStore (records ``(n, *fixed trailing)``)
+binary, strings (UTF-8), encoded files  Zrecord
+======================================  ==========================================
+
+Anything else (structs, maps, decimals, nested variable lists, nulls) is
+refused with a `ConvertError` that names the column and the flag that skips it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ZrecordError
+
+__all__ = [
+    "ColumnSpec",
+    "ConvertError",
+    "MissingDependencyError",
+    "Flags",
+    "arrow_spec",
+    "arrow_to_batch",
+    "decode_image",
+    "image_target_mode",
+    "require",
+]
+
+
+class ConvertError(ZrecordError, ValueError):
+    """A source that cannot be converted as asked; the message says why and what to do."""
+
+
+class MissingDependencyError(ZrecordError, ImportError):
+    """An optional dependency of a converter is not installed."""
+
+
+def require(module: str, extra: str, what: str):
+    """Import an optional dependency or say which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(
+            f"{what} needs the Python package {module.split('.')[0]!r}: "
+            f"pip install 'loaderx[{extra}]'"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Flags:
+    """How to name an option in a message: as a CLI flag or a Python keyword."""
+
+    cli: bool = False
+
+    def skip(self, column: str) -> str:
+        return f"--skip-columns {column}" if self.cli else f"skip_columns=[{column!r}]"
+
+    def opt(self, name: str, value: str = "") -> str:
+        if self.cli:
+            return f"--{name.replace('_', '-')}" + (f" {value}" if value else "")
+        return f"{name}={value or 'True'}"
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """What one column becomes. `item_shape`: a dense record's shape; for a
+    ragged column the trailing dims every record shares (``()`` for 1-D
+    records) or None when records have any shape. `decode` tells the source
+    how to turn raw values into records (``"image"``, ``"int"``, ``"npy"``)."""
+
+    name: str
+    kind: str
+    dtype: np.dtype
+    item_shape: tuple | None = None
+    decode: str = ""
+    codec: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def record_bytes(self) -> int:
+        if self.kind == "dense":
+            return int(self.dtype.itemsize * int(np.prod(self.item_shape, dtype=np.int64)))
+        return 0
+
+    def describe(self) -> str:
+        if self.kind == "dense":
+            return f"DenseStore {self.dtype}{list(self.item_shape)}"
+        if self.kind == "ragged":
+            return f"RaggedStore {self.dtype}"
+        return "Zrecord"
+
+
+# ----------------------------------------------------------------- Arrow types
+
+
+def _leaf_dtype(pa, t) -> np.dtype | None:
+    """The numpy dtype of an Arrow leaf type, or None."""
+    if pa.types.is_boolean(t):
+        return np.dtype(np.bool_)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return np.dtype(t.to_pandas_dtype())
+    if pa.types.is_timestamp(t):
+        return np.dtype(f"datetime64[{t.unit}]")
+    if pa.types.is_duration(t):
+        return np.dtype(f"timedelta64[{t.unit}]")
+    return None
+
+
+def _is_list(pa, t) -> bool:
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
+
+
+def _is_bytes(pa, t) -> bool:
+    return any(
+        f(t)
+        for f in (
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_fixed_size_binary,
+            pa.types.is_binary_view,
+            pa.types.is_string_view,
+        )
+    )
+
+
+def _fixed_chain(pa, t) -> tuple[tuple, Any]:
+    """Dims of nested fixed-size lists and the type inside them."""
+    dims = []
+    while pa.types.is_fixed_size_list(t):
+        dims.append(t.list_size)
+        t = t.value_type
+    return tuple(dims), t
+
+
+def _extension_shape(t) -> tuple | None:
+    """The fixed record shape of a tensor extension type (Arrow's
+    fixed_shape_tensor, Ray's tensor type, Hugging Face ArrayND), if any."""
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        return None
+    perm = getattr(t, "permutation", None)
+    if perm is not None and list(perm) != sorted(perm):
+        return None
+    return tuple(None if d is None else int(d) for d in shape)
+
+
+def _extension_value_type(pa, t):
+    for attr in ("value_type", "scalar_type"):
+        v = getattr(t, attr, None)
+        if v is not None:
+            return v if isinstance(v, pa.DataType) else pa.from_numpy_dtype(np.dtype(v))
+    return None
+
+
+def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
+    """The ColumnSpec of an Arrow column type, or a ConvertError naming the skip flag."""
+    if pa.types.is_dictionary(t):
+        return arrow_spec(pa, name, t.value_type, flags)
+    if isinstance(t, pa.ExtensionType):
+        return _extension_spec(pa, name, t, flags)
+    leaf = _leaf_dtype(pa, t)
+    if leaf is not None:
+        return ColumnSpec(name, "dense", leaf, ())
+    if _is_bytes(pa, t):
+        return ColumnSpec(
+            name, "bytes", np.dtype(np.uint8), None, decode="utf8" if "string" in str(t) else ""
+        )
+    dims, inner = _fixed_chain(pa, t)
+    if dims and _leaf_dtype(pa, inner) is not None:
+        return ColumnSpec(name, "dense", _leaf_dtype(pa, inner), dims)
+    if _is_list(pa, t):
+        tdims, tinner = _fixed_chain(pa, t.value_type)
+        if _leaf_dtype(pa, tinner) is not None:
+            return ColumnSpec(name, "ragged", _leaf_dtype(pa, tinner), tdims)
+    raise unmappable(name, f"Arrow type {t}", flags)
+
+
+def _extension_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
+    ext = getattr(t, "extension_name", "")
+    value = _extension_value_type(pa, t)
+    leaf = _leaf_dtype(pa, value) if value is not None else None
+    if leaf is not None and "variable_shaped" in ext:
+        return ColumnSpec(name, "ragged", leaf, None, decode="ray-variable")
+    shape = _extension_shape(t)
+    if leaf is not None and shape is not None:
+        if all(d is not None for d in shape):
+            return ColumnSpec(name, "dense", leaf, shape, decode="tensor")
+        if shape[0] is None and all(d is not None for d in shape[1:]):
+            return ColumnSpec(name, "ragged", leaf, shape[1:], decode="tensor")
+    try:
+        return arrow_spec(pa, name, t.storage_type, flags)
+    except ConvertError:
+        raise unmappable(name, f"Arrow extension type {ext or t}", flags) from None
+
+
+def unmappable(name: str, what: str, flags: Flags) -> ConvertError:
+    return ConvertError(
+        f"column {name!r} ({what}) has no loaderx store type (numbers, fixed or variable-length "
+        f"lists of numbers, tensors, strings and binary are supported); skip it with "
+        f"{flags.skip(name)}"
+    )
+
+
+# ----------------------------------------------------------------- Arrow values
+
+
+def _check_nulls(arr, name: str, row0: int, flags: Flags) -> None:
+    if arr.null_count:
+        first = int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0])
+        raise ConvertError(
+            f"column {name!r} has a null value (row {row0 + first}); loaderx stores have no "
+            f"nulls: fill them before converting (pyarrow.compute.fill_null) or skip the column "
+            f"with {flags.skip(name)}"
+        )
+
+
+def _leaf_numpy(arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
+    _check_nulls(arr, spec.name, row0, flags)
+    values = arr.to_numpy(zero_copy_only=False)
+    return values if values.dtype == spec.dtype else values.astype(spec.dtype)
+
+
+def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
+    """(offsets relative to the flattened values, flattened values) of a list array."""
+    _check_nulls(arr, spec.name, row0, flags)
+    if pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type):
+        arr = arr.cast(pa.large_list(arr.type.value_type))
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    return offsets - offsets[0], arr.flatten()
+
+
+def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
+    """Every leaf value of a batch of fixed-shape records, checked to fill the shape."""
+    count = len(arr)
+    per_row = int(np.prod(spec.item_shape, dtype=np.int64))
+    while not (_leaf_dtype(pa, arr.type) is not None):
+        if pa.types.is_fixed_size_list(arr.type):
+            _check_nulls(arr, spec.name, row0, flags)
+            arr = arr.flatten()
+        elif _is_list(pa, arr.type):
+            offsets, arr = _list_level(pa, arr, spec, row0, flags)
+            if len(offsets) > 1 and len(set(np.diff(offsets).tolist())) > 1:
+                raise ConvertError(
+                    f"column {spec.name!r}: rows {row0}..{row0 + count - 1} hold "
+                    f"tensors of different shapes, not {spec.item_shape}"
+                )
+        else:
+            raise ConvertError(f"column {spec.name!r}: unexpected Arrow type {arr.type}")
+    values = _leaf_numpy(arr, spec, row0, flags)
+    if values.size != count * per_row:
+        raise ConvertError(
+            f"column {spec.name!r}: rows {row0}..{row0 + count - 1} do not all have "
+            f"the shape {spec.item_shape}"
+        )
+    return values.reshape((count,) + tuple(spec.item_shape))
+
+
+def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
+    if spec.decode == "ray-variable":
+        return [np.asarray(x) for x in arr.to_numpy(zero_copy_only=False)]
+    offsets, values = _list_level(pa, arr, spec, row0, flags)
+    trailing = tuple(spec.item_shape or ())
+    if trailing:
+        inner = ColumnSpec(spec.name, "dense", spec.dtype, trailing)
+        flat = _dense_values(pa, values, inner, row0, flags)
+    else:
+        flat = _dense_values(
+            pa, values, ColumnSpec(spec.name, "dense", spec.dtype, ()), row0, flags
+        )
+    o = offsets.tolist()
+    return [flat[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+
+def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
+    _check_nulls(arr, spec.name, row0, flags)
+    if not (pa.types.is_large_binary(arr.type) or pa.types.is_binary(arr.type)):
+        arr = arr.cast(pa.large_binary())
+    buffers = arr.buffers()
+    width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = np.frombuffer(buffers[1], dtype=width)[
+        arr.offset : arr.offset + len(arr) + 1
+    ].tolist()
+    data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
+    return [data[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+
+
+def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
+    """A batch of one column (an Arrow array) as what the column's store appends."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if isinstance(arr.type, pa.ExtensionType) and spec.decode != "ray-variable":
+        arr = arr.storage
+    if spec.kind == "dense":
+        return _dense_values(pa, arr, spec, row0, flags)
+    if spec.kind == "ragged":
+        return _ragged_records(pa, arr, spec, row0, flags)
+    return _byte_records(pa, arr, spec, row0, flags)
+
+
+# ----------------------------------------------------------------- images
+
+_ALPHA = {"RGBA", "LA", "PA", "RGBa", "La"}
+_SINGLE_BAND = {
+    "I;16": np.uint16,
+    "I;16B": np.uint16,
+    "I;16L": np.uint16,
+    "I": np.int32,
+    "F": np.float32,
+}
+
+
+def image_target_mode(modes: set) -> str:
+    """One Pillow mode for a column whose images have `modes`: kept when all
+    share a simple one, else RGB (RGBA when any has transparency)."""
+    if len(modes) == 1:
+        (mode,) = modes
+        if mode in ("L", "LA", "RGB", "RGBA") or mode in _SINGLE_BAND:
+            return mode
+    return "RGBA" if modes & _ALPHA else "RGB"
+
+
+def image_dtype(mode: str) -> np.dtype:
+    return np.dtype(_SINGLE_BAND.get(mode, np.uint8))
+
+
+def image_shape(size: tuple, mode: str) -> tuple:
+    width, height = size
+    bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode, 1)
+    return (height, width) if bands == 1 else (height, width, bands)
+
+
+def decode_image(data, mode: str, where: str) -> np.ndarray:
+    """Decode encoded image bytes into an array of `mode` (Pillow)."""
+    image_mod = require("PIL.Image", "convert", "decoding images")
+    try:
+        with image_mod.open(io.BytesIO(data)) as im:
+            if im.mode != mode:
+                im = im.convert(mode)
+            return np.asarray(im, dtype=image_dtype(mode))
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ConvertError(f"{where}: cannot decode the image ({e})") from None

@@ -1,0 +1,232 @@
+"""Dataset directories on disk: where shard stores are staged, how a
+conversion is committed, and the manifest it commits.
+
+Layout: ``DEST/loaderx.json`` plus ``DEST/<column>/part-NNNNN/`` (one store
+per shard). Nothing a reader trusts changes until the end:
+
+* ``create`` / ``overwrite`` build the whole directory next to DEST (a hidden
+  sibling, same file system) and rename it into place; ``overwrite`` moves
+  the old directory aside first and deletes it after.
+* ``append`` stages new parts inside DEST, renames them next to the old
+  parts, then replaces the manifest atomically. A crash before that leaves
+  parts no manifest names, which readers ignore.
+
+So a failed or interrupted conversion never leaves a half-written shard in
+a manifest, and `abort()` removes the staging directory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import uuid
+
+from ..dataset import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    DestinationExistsError,
+    read_manifest,
+)
+from ..errors import IdentityError
+from ._columns import ColumnSpec, ConvertError, Flags
+
+__all__ = ["Destination", "safe_name", "spec_entry", "swap_into", "write_json"]
+
+
+def safe_name(name: str, taken: set) -> str:
+    """A directory name for a column: its name with unsafe characters replaced."""
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "column"
+    candidate, k = base, 1
+    while candidate.lower() in taken or candidate == MANIFEST_NAME:
+        candidate, k = f"{base}-{k}", k + 1
+    taken.add(candidate.lower())
+    return candidate
+
+
+def spec_entry(spec: ColumnSpec, codec: str) -> dict:
+    entry = {
+        "kind": spec.kind,
+        "dtype": str(spec.dtype),
+        "item_shape": list(spec.item_shape) if spec.kind == "dense" else None,
+        "codec": codec,
+    }
+    entry.update(spec.extra)
+    return entry
+
+
+def write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def swap_into(staging: str, dest: str) -> None:
+    """Rename the finished `staging` directory to `dest`, moving an old
+    non-empty `dest` aside first and deleting it after."""
+    old = None
+    if os.path.lexists(dest) and os.listdir(dest):
+        parent, base = os.path.split(dest)
+        old = os.path.join(parent, f".{base}.loaderx-old-{uuid.uuid4().hex[:12]}")
+        os.rename(dest, old)
+    os.rename(staging, dest)  # replaces an empty directory too
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_loaderx(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MANIFEST_NAME)) or os.path.isfile(
+        os.path.join(path, "meta")
+    )
+
+
+class Destination:
+    """One conversion's destination. ``begin()`` → staging directory;
+    ``part_path(column, k)``; ``commit(...)`` or ``abort()``."""
+
+    def __init__(self, dest, mode: str, flags: Flags):
+        if mode not in ("create", "append", "overwrite"):
+            raise ValueError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+        self.dest = os.path.abspath(os.fspath(dest))
+        self.flags = flags
+        self.existing: dict | None = None
+        exists = os.path.lexists(self.dest) and not (
+            os.path.isdir(self.dest) and not os.listdir(self.dest)
+        )
+        if exists and mode == "create":
+            hint = "--append or --overwrite" if flags.cli else 'mode="append" or mode="overwrite"'
+            raise DestinationExistsError(f"{self.dest} already exists; pass {hint}", path=self.dest)
+        if (
+            exists
+            and mode == "overwrite"
+            and not (os.path.isdir(self.dest) and _is_loaderx(self.dest))
+        ):
+            raise DestinationExistsError(
+                f"{self.dest} exists and is not a loaderx dataset or store; "
+                "refusing to overwrite it (remove it yourself)",
+                path=self.dest,
+            )
+        if exists and mode == "append":
+            self.existing = read_manifest(self.dest)
+            if "splits" in self.existing:
+                raise ConvertError(f"{self.dest} holds splits; append to one split's directory")
+        self.mode = mode if exists else "create"
+        self.staging: str | None = None
+        self.column_dirs: dict = {}
+
+    def begin(self, specs: list[ColumnSpec]) -> str:
+        """Make the staging directory and choose each column's directory."""
+        parent, base = os.path.split(self.dest)
+        os.makedirs(parent, exist_ok=True)
+        tag = uuid.uuid4().hex[:12]
+        if self.mode == "append":
+            self._check_append(specs)
+            self.staging = os.path.join(self.dest, f".loaderx-partial-{tag}")
+        else:
+            self.staging = os.path.join(parent, f".{base}.loaderx-partial-{tag}")
+            taken: set = set()
+            self.column_dirs = {s.name: safe_name(s.name, taken) for s in specs}
+        os.makedirs(self.staging)
+        return self.staging
+
+    def _check_append(self, specs: list[ColumnSpec]) -> None:
+        cols = self.existing["columns"]
+        if [s.name for s in specs] != list(cols):
+            raise ConvertError(
+                f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
+                f"with columns {list(cols)}; they must be the same"
+            )
+        for s in specs:
+            have = cols[s.name]
+            mine = spec_entry(s, have.get("codec", ""))
+            for key in ("kind", "dtype", "item_shape"):
+                if have.get(key) != mine[key]:
+                    raise IdentityError(
+                        f"{self.dest}: column {s.name!r} holds {key}={have.get(key)}, "
+                        f"the new data has {key}={mine[key]}",
+                        path=self.dest,
+                    )
+            self.column_dirs[s.name] = os.path.dirname(have["shards"][0]["path"]) or s.name
+
+    def part_path(self, column: str, k: int) -> str:
+        return os.path.join(self.staging, self.column_dirs[column], f"part-{k:05d}")
+
+    def commit(
+        self, specs: list[ColumnSpec], codecs: dict, part_rows: list[int], source: dict
+    ) -> dict:
+        """Publish the parts `0..len(part_rows)` of every column; returns the manifest."""
+        if self.mode == "append":
+            return self._commit_append(specs, part_rows, source)
+        columns = {}
+        for s in specs:
+            entry = spec_entry(s, codecs[s.name])
+            entry["shards"] = [
+                {"path": f"{self.column_dirs[s.name]}/part-{k:05d}", "rows": n}
+                for k, n in enumerate(part_rows)
+            ]
+            columns[s.name] = entry
+        manifest = self._manifest(columns, sum(part_rows), source)
+        write_json(os.path.join(self.staging, MANIFEST_NAME), manifest)
+        self._swap_in()
+        return manifest
+
+    def _manifest(self, columns: dict, rows: int, source: dict, created: str | None = None) -> dict:
+        from .. import __version__
+
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "rows": rows,
+            "columns": columns,
+            "source": source,
+            "created_by": f"loaderx {__version__}",
+            "created": created or now,
+            "updated": now,
+        }
+
+    def _swap_in(self) -> None:
+        swap_into(self.staging, self.dest)
+        self.staging = None
+
+    def _commit_append(self, specs, part_rows: list[int], source: dict) -> dict:
+        manifest = self.existing
+        for s in specs:
+            col_dir = os.path.join(self.dest, self.column_dirs[s.name])
+            os.makedirs(col_dir, exist_ok=True)
+            taken = [
+                int(m.group(1))
+                for m in (re.fullmatch(r"part-(\d+)", n) for n in os.listdir(col_dir))
+                if m
+            ]
+            first = max(taken, default=-1) + 1
+            for k, n in enumerate(part_rows):
+                name = f"part-{first + k:05d}"
+                os.rename(self.part_path(s.name, k), os.path.join(col_dir, name))
+                manifest["columns"][s.name]["shards"].append(
+                    {"path": f"{self.column_dirs[s.name]}/{name}", "rows": n}
+                )
+        sources = manifest.get("appended", [])
+        manifest = self._manifest(
+            manifest["columns"],
+            manifest["rows"] + sum(part_rows),
+            manifest.get("source", {}),
+            manifest.get("created"),
+        )
+        manifest["appended"] = sources + [source]
+        write_json(os.path.join(self.dest, MANIFEST_NAME), manifest)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging = None
+        return manifest
+
+    def abort(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None

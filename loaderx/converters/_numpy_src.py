@@ -1,0 +1,223 @@
+"""NumPy sources: a ``.npy`` file (one column, named after the file), an
+``.npz`` archive (one column per array) or a dict of arrays; rows are the
+arrays' first axis. Files are read in bounded chunks: ``.npy`` and stored
+``.npz`` members through a memory map whose pages are dropped once copied,
+compressed ``.npz`` members by streaming decompression.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import warnings
+import zipfile
+from typing import Iterator
+
+import numpy as np
+
+from ._columns import ColumnSpec, ConvertError
+from ._source import Batch, Options, Source, row_tasks, rows_per_batch, select_columns
+
+__all__ = ["NumpySource"]
+
+
+class _Member:
+    """One array of an ``.npz``: its header, and rows read on demand."""
+
+    def __init__(self, path: str, name: str):
+        self.path, self.name = path, name
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo(name)
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                shape, fortran, dtype = _read_header(f, version)
+                self.header_bytes = f.tell()
+        self.shape, self.fortran, self.dtype = shape, fortran, dtype
+        self.stored = info.compress_type == zipfile.ZIP_STORED
+        self._open_file = None
+        self._open_pos = 0
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        row = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        if self._open_file is None or self._open_pos > start:
+            self.close()
+            self._zip = zipfile.ZipFile(self.path)
+            self._open_file = self._zip.open(self.name)
+            self._open_file.seek(self.header_bytes)
+            self._open_pos = 0
+        f = self._open_file
+        if self._open_pos != start:
+            f.seek(self.header_bytes + start * row)
+        data = f.read((stop - start) * row)
+        self._open_pos = stop
+        return np.frombuffer(data, dtype=self.dtype).reshape(
+            (stop - start,) + tuple(self.shape[1:])
+        )
+
+    def close(self) -> None:
+        if self._open_file is not None:
+            self._open_file.close()
+            self._zip.close()
+            self._open_file = None
+
+
+def _read_header(f, version):
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f"unsupported .npy format version {version}")
+
+
+class _Rows:
+    """Rows of one column: an array (maybe memory-mapped) or an .npz member,
+    optionally a 1-D array cut into rows of `row_length`."""
+
+    def __init__(self, array=None, member: _Member | None = None, row_length: int | None = None):
+        self.array, self.member, self.row_length = array, member, row_length
+        src = array if array is not None else member
+        shape, self.dtype = tuple(src.shape), np.dtype(src.dtype)
+        if row_length:
+            if len(shape) != 1:
+                raise ConvertError(f"row_length applies to 1-D arrays; this one has shape {shape}")
+            shape = (shape[0] // row_length, row_length)
+        self.shape = shape
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        scale = self.row_length or 1
+        if self.member is not None:
+            out = self.member.read(start * scale, stop * scale)
+        else:
+            out = np.array(self.array[start * scale : stop * scale])
+            _release(self.array, start * scale, stop * scale)
+        return out.reshape((stop - start,) + self.shape[1:])
+
+
+def _release(array, start: int, stop: int) -> None:
+    """Drop the pages of rows start..stop of a C-contiguous np.memmap, so a big
+    file read once does not stay resident (they are re-read if touched again)."""
+    mm = getattr(array, "_mmap", None)
+    if (
+        mm is None
+        or not hasattr(mmap, "MADV_DONTNEED")
+        or not array.flags.c_contiguous
+        or stop <= start
+    ):
+        return
+    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    row = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
+    lo = (array.ctypes.data - base + start * row) // mmap.PAGESIZE * mmap.PAGESIZE
+    hi = (array.ctypes.data - base + stop * row) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+class NumpySource(Source):
+    kind = "numpy"
+    _open_cols = None  # per process, never pickled
+
+    def __init__(self, source, options: Options):
+        super().__init__(options)
+        self.path = None if isinstance(source, dict) else os.fspath(source)
+        self.arrays = source if isinstance(source, dict) else None
+        self._open_cols = None
+        cols = self._columns()
+        names = select_columns(list(cols), options, self.where)
+        self.names = names
+        lengths = {n: cols[n].shape[0] if cols[n].shape else None for n in names}
+        for n in names:
+            if cols[n].dtype.hasobject:
+                raise ConvertError(
+                    f"{self.where}: column {n!r} holds Python objects (dtype "
+                    f"{cols[n].dtype}), which cannot be stored; skip it with "
+                    f"{options.flags.skip(n)}"
+                )
+            if lengths[n] is None:
+                raise ConvertError(
+                    f"{self.where}: column {n!r} is a 0-d array; rows are the first axis"
+                )
+        if len(set(lengths.values())) > 1:
+            raise ConvertError(
+                f"{self.where}: the arrays have different lengths along axis 0: {lengths}"
+            )
+        self.rows = next(iter(lengths.values()))
+
+    @property
+    def where(self) -> str:
+        return self.path or "the arrays"
+
+    def _columns(self) -> dict:
+        if self._open_cols is not None:
+            return self._open_cols
+        length = self.options.row_length
+        cols = {}
+        if self.arrays is not None:
+            for name, a in self.arrays.items():
+                if not isinstance(a, np.ndarray):
+                    raise ConvertError(
+                        f"column {name!r} is a {type(a).__name__}, not a numpy array"
+                    )
+                cols[str(name)] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
+        elif self.path.endswith(".npz"):
+            with zipfile.ZipFile(self.path) as zf:
+                members = [n for n in zf.namelist() if n.endswith(".npy")]
+            for m in members:
+                member = _Member(self.path, m)
+                if member.fortran and len(member.shape) > 1:
+                    raise ConvertError(
+                        f"{self.path}: array {m[:-4]!r} is in Fortran order; save it "
+                        "with np.ascontiguousarray first"
+                    )
+                cols[m[:-4]] = _Rows(
+                    member=member, row_length=length if len(member.shape) == 1 else None
+                )
+        else:
+            a = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            name = os.path.splitext(os.path.basename(self.path))[0]
+            cols[name] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
+        self._warn_tail(cols)
+        self._open_cols = cols
+        return cols
+
+    def _warn_tail(self, cols: dict) -> None:
+        for name, c in cols.items():
+            if (
+                c.row_length
+                and (c.array if c.array is not None else c.member).shape[0] % c.row_length
+            ):
+                total = (c.array if c.array is not None else c.member).shape[0]
+                warnings.warn(
+                    f"column {name!r}: {total % c.row_length} trailing values do not fill a "
+                    f"row of {c.row_length} and are left out",
+                    stacklevel=4,
+                )
+
+    def specs(self) -> list[ColumnSpec]:
+        cols = self._columns()
+        return [ColumnSpec(n, "dense", cols[n].dtype, tuple(cols[n].shape[1:])) for n in self.names]
+
+    def row_count(self) -> int:
+        return self.rows
+
+    def tasks(self, workers: int) -> list:
+        return row_tasks(self.rows, workers)
+
+    def read(self, task, specs, batch_bytes: int) -> Iterator[Batch]:
+        start, stop = task
+        cols = self._columns()
+        row_bytes = sum(s.record_bytes() for s in specs)
+        step = rows_per_batch(row_bytes, batch_bytes)
+        try:
+            for a in range(start, stop, step):
+                b = min(a + step, stop)
+                yield Batch(b - a, {s.name: cols[s.name].read(a, b) for s in specs}, b - a)
+        finally:
+            for c in cols.values():
+                if c.member is not None:
+                    c.member.close()
+
+    def describe(self) -> dict:
+        d = {"type": "numpy", "path": os.path.abspath(self.path) if self.path else None}
+        if self.options.row_length:
+            d["row_length"] = self.options.row_length
+        return d

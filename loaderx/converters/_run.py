@@ -1,0 +1,262 @@
+"""Running a conversion: one task writes one shard store per column; N tasks
+run in N fresh worker processes (no fork: no native thread or lock is
+inherited half-way, and the caller's main module is never re-imported), and
+the parent draws one progress bar from what they report.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import ZrecordError
+from ._columns import ColumnSpec, ConvertError
+
+__all__ = ["StoreOptions", "write_task", "run_tasks", "open_writer"]
+
+_POLL_S = 0.2
+
+
+@dataclass
+class StoreOptions:
+    codecs: dict
+    level: int | None
+    dicts: dict
+    batch_bytes: int
+
+
+def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
+    from ..zrecord import DenseStore, RaggedStore, Zrecord
+
+    codec = opts.codecs[spec.name]
+    kw = {
+        "codec": codec,
+        "level": opts.level if codec != "raw" else None,
+        "dict_bytes": opts.dicts.get(spec.name),
+    }
+    if spec.kind == "dense":
+        return DenseStore(path, spec.dtype, spec.item_shape, **kw)
+    if spec.kind == "ragged":
+        return RaggedStore(path, spec.dtype, **kw)
+    return Zrecord(path, create=True, **kw)
+
+
+def _append(store, spec: ColumnSpec, values, row0: int) -> None:
+    if spec.kind == "dense" and isinstance(values, np.ndarray) and values.dtype != spec.dtype:
+        values = values.astype(spec.dtype)
+    try:
+        store.append(values)
+    except (ZrecordError, TypeError, ValueError) as e:
+        raise ConvertError(f"column {spec.name!r}, rows from {row0}: {e}") from e
+
+
+def read_ahead(batches: Iterator) -> Iterator:
+    """`batches`, produced one ahead on a thread: the next batch is read and
+    decoded while the stores compress this one (their append releases the
+    GIL). Errors are re-raised here; closing the generator stops the thread."""
+    slot: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                slot.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not put(("batch", batch)):
+                    return
+            put(("end", None))
+        except BaseException as e:  # noqa: B036 - re-raised by the consumer
+            put(("error", e))
+
+    thread = threading.Thread(target=produce, name="loaderx-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = slot.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
+def write_task(
+    source,
+    task,
+    specs: list[ColumnSpec],
+    paths: dict,
+    opts: StoreOptions,
+    report: Callable[[float], None],
+) -> int:
+    """Write `task` of `source` into one new store per column; returns its rows."""
+    stores = {}
+    rows = 0
+    try:
+        for spec in specs:
+            os.makedirs(os.path.dirname(paths[spec.name]), exist_ok=True)
+            stores[spec.name] = open_writer(paths[spec.name], spec, opts)
+        for batch in read_ahead(source.read(task, specs, opts.batch_bytes)):
+            for spec in specs:
+                values = batch.columns[spec.name]
+                if len(values) != batch.rows:
+                    raise ConvertError(
+                        f"column {spec.name!r}: {len(values)} values for {batch.rows} rows"
+                    )
+                _append(stores[spec.name], spec, values, rows)
+            rows += batch.rows
+            report(batch.progress)
+    finally:
+        for store in stores.values():
+            store.close()
+    return rows
+
+
+def _child_env() -> dict:
+    """The environment of a worker: this one, with this loaderx importable."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _read_reports(k: int, stream, counters: list, rows: dict) -> None:
+    """Reader thread: a worker's stdout lines ``P <units>`` and ``R <rows>``."""
+    for line in stream:
+        tag, _, value = line.partition(" ")
+        if tag == "P":
+            counters[k] += float(value)
+        elif tag == "R":
+            rows[k] = int(value)
+
+
+def run_tasks(
+    source, tasks: list, specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions, progress
+) -> list[int]:
+    """Rows written by each task; in this process for one task, else one
+    worker process per task (``python -m loaderx.converters._worker``: a
+    fresh interpreter that never imports the caller's main module)."""
+    if len(tasks) == 1:
+        return [write_task(source, tasks[0], specs, paths[0], opts, progress.update)]
+    work = tempfile.mkdtemp(prefix="loaderx-convert-")
+    procs, readers, counters, rows = [], [], [0.0] * len(tasks), {}
+    try:
+        for k, task in enumerate(tasks):
+            job = os.path.join(work, f"task-{k}.pickle")
+            with open(job, "wb") as f:
+                pickle.dump(
+                    (source, task, specs, paths[k], opts), f, protocol=pickle.HIGHEST_PROTOCOL
+                )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "loaderx.converters._worker", job],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=_child_env(),
+            )
+            procs.append(proc)
+            reader = threading.Thread(
+                target=_read_reports, args=(k, proc.stdout, counters, rows), daemon=True
+            )
+            reader.start()
+            readers.append(reader)
+        _wait(procs, counters, progress, work)
+        for reader in readers:
+            reader.join()
+        missing = [k for k in range(len(tasks)) if k not in rows]
+        if missing:
+            raise ConvertError(f"convert worker {missing[0]} ended without reporting its rows")
+        return [rows[k] for k in range(len(tasks))]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait(procs: list, counters: list, progress, work: str) -> None:
+    """Until every worker exits; re-raises the first worker error."""
+    shown = 0.0
+    while True:
+        done = float(sum(counters))
+        progress.update(done - shown)
+        shown = done
+        codes = [p.poll() for p in procs]
+        failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            _raise_worker_error(failed[0], codes[failed[0]], work)
+        if all(c == 0 for c in codes):
+            progress.update(float(sum(counters)) - shown)
+            return
+        time.sleep(_POLL_S)
+
+
+def _raise_worker_error(k: int, code: int, work: str) -> None:
+    path = os.path.join(work, f"task-{k}.error")
+    if not os.path.exists(path):
+        raise ConvertError(f"convert worker {k} died (exit code {code})")
+    with open(path, "rb") as f:
+        error, text = pickle.load(f)
+    if isinstance(error, BaseException):
+        raise error
+    raise ConvertError(f"convert worker {k} failed: {text}")
+
+
+def worker_main(job: str) -> int:
+    """Entry of a worker process: run one task, report on stdout."""
+    with open(job, "rb") as f:
+        source, task, specs, paths, opts = pickle.load(f)
+
+    def report(n: float) -> None:
+        print(f"P {n}", flush=True)
+
+    try:
+        rows = write_task(source, task, specs, paths, opts, report)
+    except BaseException as e:  # noqa: B036 - handed to the parent, which re-raises it
+        try:
+            payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
+        except Exception:  # an exception that does not pickle: send its text
+            payload = pickle.dumps((None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        with open(job[: -len(".pickle")] + ".error", "wb") as f:
+            f.write(payload)
+        return 1
+    print(f"R {rows}", flush=True)
+    return 0
+
+
+def sample_records(source, task: Any, specs: list[ColumnSpec], budget: int) -> dict:
+    """Up to `budget` bytes of records per column from the start of `task`
+    (for dictionary training)."""
+    samples: dict = {s.name: [] for s in specs}
+    used: dict = {s.name: 0 for s in specs}
+    for batch in source.read(task, specs, min(budget, 16 << 20)):
+        for s in specs:
+            for record in batch.columns[s.name]:
+                if used[s.name] < budget:
+                    b = record.tobytes() if isinstance(record, np.ndarray) else bytes(record)
+                    samples[s.name].append(b)
+                    used[s.name] += len(b)
+        if all(v >= budget for v in used.values()):
+            break
+    return samples

@@ -1,0 +1,245 @@
+"""Ray Data integration, for ingestion past one machine: ``pip install 'loaderx[ray]'``.
+
+``write_dataset(ray_dataset, dest, ...)`` writes a loaderx dataset directory
+from a ``ray.data.Dataset``: every Ray write task writes one shard store per
+column, in parallel across the cluster, and the driver commits one manifest
+when all of them have finished. `dest` must be a path every node sees (the
+local disk of a one-machine cluster, or a shared file system).
+
+A failed task leaves no half-shard in the manifest: tasks write into a
+hidden staging directory, a task that fails removes what it wrote, and the
+driver moves only the shards of finished tasks into the dataset before it
+writes the manifest (``mode="create"``, ``"append"`` or ``"overwrite"``, as
+`loaderx.convert`). Columns map to stores from their Arrow types as in
+`loaderx.convert`; the row order is the order of Ray's write tasks (set
+``DataContext.execution_options.preserve_order`` for the input order).
+
+``read_dataset(dest)`` gives a ``ray.data.Dataset`` back: dense columns as
+tensors, ragged columns as variable-shaped tensors, byte columns as binary.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import uuid
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from .converters import ConvertError, column_codecs
+from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
+from .converters._dest import Destination
+from .converters._run import StoreOptions, write_task
+from .converters._source import Batch, Options, Source, select_columns
+from .dataset import open_dataset, read_manifest
+
+__all__ = ["write_dataset", "read_dataset"]
+
+_BATCH_ROWS = 1024
+_BATCH_BYTES = 16 << 20
+
+
+def _ray():
+    return require("ray", "ray", "loaderx.ray")
+
+
+class _BlocksSource(Source):
+    """The Arrow blocks of one write task as a converter source."""
+
+    kind = "ray"
+
+    def __init__(self, tables: Iterator, options: Options):
+        super().__init__(options)
+        self.tables = tables
+
+    def read(self, task, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
+        import pyarrow as pa
+
+        row = 0
+        for table in self.tables:
+            fixed = sum(s.record_bytes() for s in specs) or max(
+                table.nbytes / max(table.num_rows, 1), 1
+            )
+            step = int(max(1, min(_BATCH_ROWS * 64, batch_bytes // fixed)))
+            for batch in table.to_batches(max_chunksize=step):
+                cols = {
+                    s.name: arrow_to_batch(pa, batch.column(s.name), s, row, self.options.flags)
+                    for s in specs
+                }
+                row += batch.num_rows
+                yield Batch(batch.num_rows, cols, batch.num_rows)
+
+
+def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
+    """(first non-empty Arrow table or None, iterator over all non-empty tables)."""
+    from ray.data.block import BlockAccessor
+
+    tables = (BlockAccessor.for_block(b).to_arrow() for b in blocks)
+    tables = (t for t in tables if t.num_rows)
+    first = next(tables, None)
+    if first is None:
+        return None, iter(())
+
+    def chain():
+        yield first
+        yield from tables
+
+    return first, chain()
+
+
+def _make_datasink(base):
+    class LoaderxDatasink(base):
+        """Writes each task's blocks as one shard store per column; the
+        driver commits them with one manifest (see the module docs)."""
+
+        def __init__(self, dest, mode: str, codec: str, level, options: Options):
+            self.target = Destination(dest, mode, options.flags)
+            parent, name = os.path.split(self.target.dest)
+            self.tasks_dir = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+            self.codec, self.level, self.options = codec, level, options
+            self.manifest: dict | None = None
+
+        def get_name(self) -> str:
+            return "loaderx"
+
+        def write(self, blocks, ctx) -> dict:
+            first, tables = _peek(blocks)
+            if first is None:
+                return {"task": ctx.task_idx, "rows": 0}
+            import pyarrow as pa
+
+            names = select_columns(first.schema.names, self.options, "the Ray dataset")
+            specs = [
+                arrow_spec(pa, n, first.schema.field(n).type, self.options.flags) for n in names
+            ]
+            out = os.path.join(self.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
+            paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
+            opts = StoreOptions(column_codecs(specs, self.codec), self.level, {}, _BATCH_BYTES)
+            try:
+                rows = write_task(
+                    _BlocksSource(tables, self.options), None, specs, paths, opts, lambda n: None
+                )
+            except BaseException:
+                shutil.rmtree(out, ignore_errors=True)
+                raise
+            return {"task": ctx.task_idx, "rows": rows, "specs": specs, "paths": paths}
+
+        def on_write_complete(self, write_result) -> None:
+            try:
+                self.manifest = self._commit(write_result.write_returns)
+            finally:
+                shutil.rmtree(self.tasks_dir, ignore_errors=True)
+
+        def _commit(self, returns: list) -> dict:
+            done = sorted((r for r in returns if r["rows"]), key=lambda r: r["task"])
+            if not done:
+                raise ConvertError("the Ray dataset has no rows; nothing to write")
+            specs = done[0]["specs"]
+            for r in done[1:]:
+                if r["specs"] != specs:
+                    raise ConvertError(
+                        f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
+                        f"column types: {specs} and {r['specs']}"
+                    )
+            self.target.begin(specs)
+            try:
+                for k, r in enumerate(done):
+                    for s in specs:
+                        target = self.target.part_path(s.name, k)
+                        os.makedirs(os.path.dirname(target), exist_ok=True)
+                        os.rename(r["paths"][s.name], target)
+                source = {"type": "ray", "tasks": len(done)}
+                return self.target.commit(
+                    specs, column_codecs(specs, self.codec), [r["rows"] for r in done], source
+                )
+            except BaseException:
+                self.target.abort()
+                raise
+
+        def on_write_failed(self, error: Exception) -> None:
+            shutil.rmtree(self.tasks_dir, ignore_errors=True)
+            self.target.abort()
+
+    return LoaderxDatasink
+
+
+@functools.lru_cache(maxsize=1)
+def _datasink_class():
+    from ray.data import Datasink
+
+    return _make_datasink(Datasink)
+
+
+def write_dataset(
+    ray_dataset,
+    dest,
+    *,
+    codec: str = "zstd",
+    level: int | None = 3,
+    mode: str = "create",
+    columns: list | None = None,
+    skip_columns: list | None = None,
+) -> dict:
+    """Write `ray_dataset` into the dataset directory `dest`; returns the
+    manifest written. Each Ray write task writes one shard per column."""
+    _ray()
+    if codec not in ("raw", "zstd"):
+        raise ConvertError(f"codec must be 'raw' or 'zstd', got {codec!r}")
+    options = Options(
+        columns=list(columns) if columns is not None else None,
+        skip_columns=list(skip_columns or []),
+        flags=Flags(),
+    )
+    sink = _datasink_class()(dest, mode, codec, level, options)
+    try:
+        ray_dataset.write_datasink(sink)
+    finally:
+        shutil.rmtree(sink.tasks_dir, ignore_errors=True)
+    if sink.manifest is None:
+        raise ConvertError(f"{dest}: the Ray write finished without committing a manifest")
+    return sink.manifest
+
+
+def _read_rows(dest: str, columns, batch: dict) -> dict:
+    """One batch of `read_dataset`: the rows named by ``batch["id"]``."""
+    opened = open_dataset(dest, columns)
+    try:
+        idx = np.asarray(batch["id"], dtype=np.int64)
+        out = {}
+        for name, col in opened.items():
+            if col.kind == "dense":
+                out[name] = col.gather(idx)
+                continue
+            records = col.gather(idx)
+            values = np.empty(len(records), dtype=object)
+            for i, r in enumerate(records):
+                values[i] = r
+            out[name] = values
+        return out
+    finally:
+        for col in opened.values():
+            col.close()
+
+
+def read_dataset(
+    dest,
+    *,
+    columns: list | None = None,
+    batch_rows: int = _BATCH_ROWS,
+    override_num_blocks: int | None = None,
+):
+    """A ``ray.data.Dataset`` of the dataset directory `dest` (every row, the
+    manifest's column order; `columns` picks a subset)."""
+    ray = _ray()
+    path = os.path.abspath(os.fspath(dest))
+    manifest = read_manifest(path)
+    if "splits" in manifest:
+        raise ConvertError(
+            f"{path} holds splits {list(manifest['splits'])}; read one split's directory"
+        )
+    ds = ray.data.range(manifest["rows"], override_num_blocks=override_num_blocks)
+    return ds.map_batches(
+        functools.partial(_read_rows, path, columns), batch_format="numpy", batch_size=batch_rows
+    )

@@ -1,0 +1,352 @@
+"""`ShardSet`: several stores of one type identity read as one index space.
+
+A dataset written in parallel (``loaderx.convert(..., workers=N)``, the Ray
+writer) ends up as one shard store per worker and column. A ``ShardSet`` puts
+the shards of a column back together: record ``i`` of the set is record
+``i - offset[k]`` of shard ``k``, in the order the shards were given, and every
+read form behaves exactly like one store of that kind (``DenseStore``,
+``RaggedStore`` or ``Zrecord``): negative indices wrap, an index out of range
+raises ``IndexError``, results come back in request order.
+
+The index space is fixed when the set is built: it covers the records each
+shard held then. Opening is O(number of shards); a gather splits its indices
+by shard with numpy (one sort of the batch) and makes one gather per shard
+that has indices. A ``ShardSet`` is a stream anywhere a store is, for example
+in a ``DataLoader``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ClosedError, IdentityError, RecordIndexError, SizeMismatchError
+
+__all__ = ["ShardSet"]
+
+_KINDS = ("dense", "ragged", "bytes")
+
+
+def _open(shard: Any) -> tuple[Any, bool]:
+    """An open store for `shard` (a path or a store) and whether we opened it."""
+    if isinstance(shard, (str, os.PathLike)):
+        from .dataset import open_store
+
+        return open_store(shard), True
+    kind = getattr(shard, "kind", None)
+    if kind not in _KINDS or not callable(getattr(shard, "gather", None)):
+        raise TypeError(
+            f"a shard must be a store path or an open DenseStore, RaggedStore or "
+            f"Zrecord, not {type(shard).__name__}"
+        )
+    return shard, False
+
+
+def _identity(store: Any) -> tuple:
+    item_shape = store.item_shape
+    return (store.kind, np.dtype(store.dtype), None if item_shape is None else tuple(item_shape))
+
+
+def _name(store: Any, position: int) -> str:
+    path = getattr(store, "path", None)
+    return f"shard {position} ({path})" if path else f"shard {position}"
+
+
+def _check_identities(stores: Sequence[Any]) -> None:
+    first = _identity(stores[0])
+    for position, store in enumerate(stores[1:], start=1):
+        ident = _identity(store)
+        for field, mine, theirs in zip(("kind", "dtype", "item_shape"), first, ident):
+            if mine != theirs:
+                raise IdentityError(
+                    f"ShardSet: {_name(stores[0], 0)} has {field}={mine} but "
+                    f"{_name(store, position)} has {field}={theirs}; every shard must hold "
+                    "the same kind, dtype and item_shape"
+                )
+
+
+def _check_out(out: Any, shape: tuple, dtype: np.dtype) -> None:
+    """The checks a DenseStore makes of a caller's `out=` array."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.dtype != dtype:
+        raise IdentityError(f"out has dtype {out.dtype}, the shards hold {dtype}")
+    if out.shape != shape:
+        raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}")
+    if not out.flags.c_contiguous:
+        raise SizeMismatchError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise SizeMismatchError("out is read-only")
+
+
+def _as_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
+    """A read key as (int64 indices in 0..n, is_scalar); wraps negatives."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        i = int(key)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise RecordIndexError(f"index {i} is out of range for {n} records")
+        return np.array([j], dtype=np.int64), True
+    if isinstance(key, slice):
+        return np.arange(*key.indices(n), dtype=np.int64), False
+    arr = np.asarray(list(key) if isinstance(key, tuple) else key)
+    if arr.dtype == np.bool_:
+        if arr.shape != (n,):
+            raise RecordIndexError(f"boolean mask has shape {arr.shape}, expected ({n},)")
+        return np.flatnonzero(arr).astype(np.int64), False
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64), False
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}"
+        )
+    if arr.ndim != 1:
+        raise TypeError(f"record indices must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype == np.uint64 and int(arr.max()) >= n:
+        raise RecordIndexError(f"index {int(arr.max())} is out of range for {n} records")
+    idx = arr.astype(np.int64, copy=False)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise RecordIndexError(f"index {int(idx[np.argmax(bad)])} is out of range for {n} records")
+    return np.where(idx < 0, idx + n, idx), False
+
+
+class ShardSet:
+    """Stores of one type identity (kind, dtype, item_shape) as one index space.
+
+    ``ShardSet(shards)``: `shards` are store paths (opened with
+    ``loaderx.open_store`` and closed by ``close()``) or open stores (left open
+    by ``close()``; their owner closes them). Mismatched identities are refused
+    with an ``IdentityError`` naming both shards and both values.
+
+    Reads: ``parts[i]``, ``parts[a:b]``, ``parts[int_array]``,
+    ``parts[bool_mask]``, ``parts.gather(idx, out=None)`` and, for ragged
+    shards, ``parts.gather_packed(idx)`` return what one store of that kind
+    returns. ``len(parts) == sum(parts.lengths)``.
+    """
+
+    def __init__(self, shards: Sequence[Any]):
+        self._stores: list = []
+        self._owned: list = []
+        if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
+            raise TypeError(
+                f"ShardSet takes a list of stores or store paths, not {type(shards).__name__}"
+            )
+        if not shards:
+            raise ValueError("ShardSet needs at least one shard")
+        try:
+            for shard in shards:
+                store, owned = _open(shard)
+                self._stores.append(store)
+                self._owned.append(owned)
+            _check_identities(self._stores)
+        except BaseException:
+            self.close()
+            raise
+        lengths = np.array([len(s) for s in self._stores], dtype=np.int64)
+        self._lengths = tuple(int(n) for n in lengths)
+        self._ends = np.cumsum(lengths)
+        self._starts = self._ends - lengths
+        self._len = int(self._ends[-1])
+        self._kind, self._dtype, self._item_shape = _identity(self._stores[0])
+        self._closed = False
+
+    # -- identity and bookkeeping
+    @property
+    def shards(self) -> tuple:
+        """The shard stores, in index order."""
+        return tuple(self._stores)
+
+    @property
+    def lengths(self) -> tuple:
+        """Records per shard (fixed when the set was built)."""
+        return self._lengths
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def item_shape(self) -> tuple | None:
+        """The record shape of dense shards; None for ragged and byte shards."""
+        return self._item_shape
+
+    @property
+    def codec(self) -> str:
+        """The shards' codec, or ``"mixed"`` when they differ."""
+        codecs = {s.codec for s in self._stores}
+        return codecs.pop() if len(codecs) == 1 else "mixed"
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one dense record."""
+        if self._kind != "dense":
+            raise AttributeError(f"record_bytes applies to dense shards, these are {self._kind}")
+        return int(self._dtype.itemsize * int(np.prod(self._item_shape, dtype=np.int64)))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        self._check_open()
+        return self._len
+
+    def stats(self) -> dict:
+        """The shards' ``stats()`` added up."""
+        self._check_open()
+        total: dict = {}
+        for store in self._stores:
+            for key, value in store.stats().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def verify(self) -> None:
+        """``verify()`` every shard (raises the first shard's error)."""
+        self._check_open()
+        for store in self._stores:
+            store.verify()
+
+    # -- reads
+    def _split(self, idx: np.ndarray):
+        """Yields (shard, request positions, local indices) for every shard
+        with indices; positions ascend within a shard."""
+        if len(self._stores) == 1:
+            yield self._stores[0], None, idx
+            return
+        which = np.searchsorted(self._ends, idx, side="right")
+        order = np.argsort(which, kind="stable")
+        counts = np.bincount(which, minlength=len(self._stores))
+        start = 0
+        for k in np.flatnonzero(counts).tolist():
+            positions = order[start : start + counts[k]]
+            start += counts[k]
+            yield self._stores[k], positions, idx[positions] - self._starts[k]
+
+    def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
+        """Records `indices` in request order: a ``(B, *item_shape)`` array for
+        dense shards (written into `out` when given), else a list."""
+        self._check_open()
+        idx, _ = _as_indices(indices, self._len)
+        if self._kind == "dense":
+            return self._gather_dense(idx, out, threads)
+        if out is not None:
+            raise TypeError(f"out= applies to dense shards only; these hold {self._kind} records")
+        return self._gather_list(idx, threads)
+
+    def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
+        if len(self._stores) == 1:
+            return self._stores[0].gather(idx, out=out, threads=threads)
+        shape = (len(idx),) + self._item_shape
+        if out is None:
+            out = np.empty(shape, dtype=self._dtype)
+        else:
+            _check_out(out, shape, self._dtype)
+        for store, positions, local in self._split(idx):
+            lo, hi = int(positions[0]), int(positions[-1]) + 1
+            if hi - lo == len(positions):
+                # Ascending and contiguous: gather straight into those rows.
+                store.gather(local, out=out[lo:hi], threads=threads)
+            else:
+                out[positions] = store.gather(local, threads=threads)
+        return out
+
+    def _gather_list(self, idx: np.ndarray, threads: int) -> list:
+        if len(self._stores) == 1:
+            return self._stores[0].gather(idx, threads=threads)
+        result: list = [None] * len(idx)
+        for store, positions, local in self._split(idx):
+            for position, record in zip(positions.tolist(), store.gather(local, threads=threads)):
+                result[position] = record
+        return result
+
+    def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""
+        self._check_open()
+        if self._kind != "ragged":
+            raise TypeError(
+                f"gather_packed applies to ragged shards; these hold {self._kind} records"
+            )
+        idx, _ = _as_indices(indices, self._len)
+        if len(self._stores) == 1 or len(idx) == 0:
+            return self._stores[0].gather_packed(idx, threads=threads)
+        parts = [
+            (positions, *store.gather_packed(local, threads=threads))
+            for store, positions, local in self._split(idx)
+        ]
+        return _merge_packed(parts, len(idx), self._dtype)
+
+    def __getitem__(self, key):
+        self._check_open()
+        idx, scalar = _as_indices(key, self._len)
+        if scalar:
+            k = int(np.searchsorted(self._ends, idx[0], side="right"))
+            return self._stores[k][int(idx[0] - self._starts[k])]
+        return self.gather(idx)
+
+    # -- lifetime
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("ShardSet is closed")
+
+    def close(self) -> None:
+        """Close the shards this set opened from paths. Idempotent."""
+        self._closed = True
+        stores, owned = self._stores, self._owned
+        for store, mine in zip(stores, owned):
+            if mine:
+                store.close()
+
+    def __enter__(self) -> "ShardSet":
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self):
+        raise TypeError(
+            "ShardSet cannot be pickled; rebuild it from the shard paths in the other process"
+        )
+
+    def __repr__(self) -> str:
+        if getattr(self, "_closed", True):
+            return "ShardSet(closed)"
+        shape = f", item_shape={self._item_shape}" if self._kind == "dense" else ""
+        return (
+            f"ShardSet({len(self._stores)} shards, len={self._len}, kind={self._kind!r}, "
+            f"dtype={self._dtype}{shape}, codec={self.codec!r})"
+        )
+
+
+def _merge_packed(parts: list, count: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Interleave per-shard ``(positions, values, row_splits)`` into request order."""
+    trailing = parts[0][1].shape[1:]
+    for positions, values, _ in parts[1:]:
+        if values.shape[1:] != trailing:
+            raise ValueError(
+                f"records do not share trailing dimensions: shards hold (*, {trailing}) "
+                f"and (*, {values.shape[1:]})"
+            )
+    rows = np.zeros(count, dtype=np.int64)
+    for positions, _, splits in parts:
+        rows[positions] = np.diff(splits)
+    row_splits = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(rows, out=row_splits[1:])
+    values = np.empty((int(row_splits[-1]),) + trailing, dtype=dtype)
+    for positions, part_values, splits in parts:
+        lo, hi = int(positions[0]), int(positions[-1]) + 1
+        if hi - lo == len(positions):
+            values[row_splits[lo] : row_splits[hi]] = part_values
+            continue
+        lengths = np.diff(splits)
+        # Destination row of every source row: its record's start plus its offset in it.
+        shift = np.repeat(row_splits[positions] - splits[:-1], lengths)
+        values[np.arange(len(part_values), dtype=np.int64) + shift] = part_values
+    return values, row_splits

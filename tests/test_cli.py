@@ -1,0 +1,168 @@
+"""Tests of the command line (``python -m loaderx``): every command's output
+and exit code (0 ok, 1 a loaderx error on one line, 2 usage), ``--version``,
+``info --json`` figures, the tiny-record warning, progress as log lines when
+stderr is not a terminal, and ``--quiet``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loaderx
+from loaderx import DenseStore, RaggedStore
+from loaderx.__main__ import main
+
+ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
+
+
+def run(*args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": ROOT, "LOADERX_LOG_INTERVAL": "0", **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "loaderx", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def npz(tmp_path):
+    rng = np.random.default_rng(0)
+    x = np.cumsum(rng.integers(-2, 3, (400, 64)), axis=1).astype(np.int16)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(400, dtype=np.int64))
+    return tmp_path / "d.npz", x
+
+
+def test_version_and_usage(capsys):
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"loaderx {loaderx.__version__}"
+    out = run("convert")
+    assert out.returncode == 2 and "required: src, dst" in out.stderr
+    out = run("nonsense")
+    assert out.returncode == 2
+    assert main(["info", "/definitely/not/here"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("loaderx info: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_convert_info_verify_compact(tmp_path, npz):
+    src, x = npz
+    out = run("convert", src, tmp_path / "ds", "--workers", "2")
+    assert out.returncode == 0, out.stderr
+    assert (
+        "converted 400 rows" in out.stdout and "x (dense int16[64], zstd, 2 shards)" in out.stdout
+    )
+    # Not a terminal: plain log lines with rate and a final summary.
+    assert "convert: 400/400 rows (100.0%)" in out.stderr and "rows/s" in out.stderr
+    out = run("info", tmp_path / "ds", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["rows"] == 400 and report["source"]["type"] == "numpy"
+    col = report["columns"]["x"]
+    assert col["shards"] == 2 and col["records"] == 400 and col["payload_bytes"] == 400 * 128
+    assert col["index_bytes"] == 400 * 32 and col["codec"] == "zstd" and col["ratio"] > 1.2
+    assert col["stored_bytes"] == col["data_bytes"] + col["index_bytes"] + col["meta_bytes"]
+    assert col["warnings"] == []
+    y = report["columns"]["y"]
+    assert y["codec"] == "raw" and y["index_bytes"] == 400 * 4 and y["overhead_pct"] > 50
+    assert "tiny" in y["warnings"][0] and "--row-length" in y["warnings"][0]
+    out = run("info", tmp_path / "ds")
+    assert (
+        "column 'x': 2 shards" in out.stdout
+        and "overhead:" in out.stdout
+        and "warning:" in out.stdout
+    )
+    out = run("verify", tmp_path / "ds")
+    assert out.returncode == 0 and "ok: 800 records in 4 stores verified" in out.stdout
+    assert "verify:" in out.stderr
+    out = run("compact", tmp_path / "ds", "--quiet")
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
+    out = run("convert", src, tmp_path / "ds")
+    assert out.returncode == 1 and "--append or --overwrite" in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_info_of_a_single_store_and_tiny_records(tmp_path):
+    with RaggedStore(tmp_path / "r", np.int32) as r:
+        r.append([np.arange(n, dtype=np.int32) for n in (1, 2, 3)] * 100)
+    out = run("info", tmp_path / "r", "--json")
+    report = json.loads(out.stdout)
+    assert report["kind"] == "ragged" and report["records"] == 300
+    assert report["payload_bytes"] == 100 * (4 + 8 + 12) and report["payload_estimated"]
+    assert "tiny (8.0 B on average" in report["warnings"][0]
+    out = run("info", tmp_path / "r")
+    assert out.returncode == 0 and "warning:" in out.stdout and "ragged (int32)" in out.stdout
+    with DenseStore(tmp_path / "d", np.float32, (32,), codec="raw") as d:
+        d.append(np.ones((10, 32), np.float32))
+    report = json.loads(run("info", tmp_path / "d", "--json").stdout)
+    assert report["payload_bytes"] == 1280 and report["warnings"] == []
+    assert report["index_bytes"] == 40 and report["ratio"] == 1.0
+
+
+def test_convert_flags_reach_the_converter(tmp_path):
+    np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "t")
+    assert (
+        out.returncode == 1
+        and "--row-length L" in out.stderr
+        and "--allow-tiny-records" in out.stderr
+    )
+    out = run(
+        "convert",
+        tmp_path / "tok.npy",
+        tmp_path / "t",
+        "--row-length",
+        "500",
+        "--codec",
+        "raw",
+        "-q",
+    )
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
+    m = json.loads((tmp_path / "t" / "loaderx.json").read_text())
+    assert m["columns"]["tok"]["item_shape"] == [500] and m["columns"]["tok"]["codec"] == "raw"
+    out = run(
+        "convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "1000", "--overwrite"
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "t" / "loaderx.json").read_text())["rows"] == 5
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "1000", "--append")
+    assert (
+        out.returncode == 0
+        and json.loads((tmp_path / "t" / "loaderx.json").read_text())["rows"] == 10
+    )
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "u", "--append", "--overwrite")
+    assert out.returncode == 2
+
+
+def test_train_dict_and_dict_conversion(tmp_path):
+    rng = np.random.default_rng(5)
+    words = [b"alpha ", b"beta ", b"gamma ", b"delta "]
+    rows = np.array(
+        [list(b"".join(words[i] for i in rng.integers(0, 4, 30))[:120]) for _ in range(2000)],
+        dtype=np.uint8,
+    )
+    np.save(tmp_path / "t.npy", rows)
+    out = run("train-dict", tmp_path / "t.npy", "-o", tmp_path / "t.dict", "--tier", "fast")
+    assert out.returncode == 0, out.stderr
+    data = (tmp_path / "t.dict").read_bytes()
+    assert data[:4] == bytes.fromhex("37a430ec") and "train-dict (fast): done in" in out.stderr
+    out = run("convert", tmp_path / "t.npy", tmp_path / "ds", "--dict")
+    assert out.returncode == 0, out.stderr
+    assert "zstd_dict" in out.stdout
+    report = json.loads(run("info", tmp_path / "ds", "--json").stdout)
+    assert report["columns"]["t"]["dictionary_bytes"] > 0
+    out = run("train-dict", tmp_path / "ds", "--column", "nope", "-o", tmp_path / "x.dict")
+    assert out.returncode == 1 and "no column 'nope'" in out.stderr
+
+
+def test_demo_runs_and_checks_its_options():
+    out = run("demo", "--records", "500", "--steps", "5")
+    assert out.returncode == 0, out.stderr
+    out = run("demo", "--records", "0")
+    assert out.returncode == 2

@@ -1,0 +1,600 @@
+"""Tests of `loaderx.convert` and dataset directories (`open_dataset`).
+
+Every source kind is built here from local data (nothing is downloaded) and
+converted; the stores are then read back and compared value by value, in
+order, with the source. Also: the column-type mapping and its refusals (named
+column, named flag), the tiny-record guard, create/append/overwrite, worker
+processes giving one ShardSet per column, failures leaving nothing behind,
+and bounded memory on a file larger than the memory allowed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+
+import numpy as np
+import pytest
+from _helpers import assert_same
+
+import loaderx
+from loaderx import DataLoader, DenseStore, ShardSet, open_dataset
+from loaderx.converters import ConvertError
+from loaderx.dataset import DestinationExistsError, from_iterator, from_numpy, read_manifest
+from loaderx.errors import CorruptStoreError, IdentityError, NotAStoreError
+
+pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is part of the test extra")
+Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+
+
+def _leftovers(parent) -> list:
+    return [n for n in os.listdir(parent) if "loaderx-partial" in n or "loaderx-old" in n]
+
+
+def _png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------- NumPy
+
+
+def test_npy_round_trip_and_manifest(tmp_path):
+    x = np.arange(1000, dtype=np.float32).reshape(50, 4, 5) / 7
+    np.save(tmp_path / "feat.npy", x)
+    ds = loaderx.convert(tmp_path / "feat.npy", tmp_path / "out", progress=False)
+    assert list(ds) == ["feat"]
+    assert isinstance(ds["feat"], DenseStore)
+    assert_same(ds["feat"][:], x)
+    ds["feat"].close()
+    m = json.loads((tmp_path / "out" / "loaderx.json").read_text())
+    assert m["format"] == "loaderx-dataset" and m["version"] == 1 and m["rows"] == 50
+    col = m["columns"]["feat"]
+    assert (col["kind"], col["dtype"], col["item_shape"], col["codec"]) == (
+        "dense",
+        "float32",
+        [4, 5],
+        "zstd",
+    )
+    assert col["shards"] == [{"path": "feat/part-00000", "rows": 50}]
+    assert m["source"] == {"type": "numpy", "path": str(tmp_path / "feat.npy")}
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_with_workers_gives_shard_sets(tmp_path, save):
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 255, (301, 8, 8), dtype=np.uint8)
+    lab = np.arange(301, dtype=np.int64)
+    save(tmp_path / "d.npz", img=img, lab=lab)
+    ds = loaderx.convert(tmp_path / "d.npz", tmp_path / "out", workers=3, progress=False)
+    assert isinstance(ds["img"], ShardSet) and len(ds["img"].shards) == 3
+    assert sum(ds["lab"].lengths) == 301 and ds["lab"].lengths == ds["img"].lengths
+    assert ds["lab"].codec == "raw"  # 8-byte records are never compressed
+    assert_same(ds["img"][:], img)
+    assert_same(ds["lab"][::-1], lab[::-1])
+    with DataLoader(ds, batch_size=16, seed=3, workers=1) as loader:
+        for _ in range(5):
+            batch = next(loader)
+            assert_same(batch["img"], img[batch["lab"]])
+    for v in ds.values():
+        v.close()
+
+
+def test_dict_of_arrays_columns_and_skip(tmp_path):
+    arrays = {
+        "a": np.ones((10, 16), np.int16),
+        "b": np.arange(10 * 9).reshape(10, 9),
+        "c": np.zeros((10, 20)),
+    }
+    ds = loaderx.convert(arrays, tmp_path / "o1", columns=["c", "a"])
+    assert list(ds) == ["c", "a"]
+    ds2 = loaderx.convert(arrays, tmp_path / "o2", skip_columns=["b"])
+    assert list(ds2) == ["a", "c"]
+    with pytest.raises(ConvertError, match=r"columns names \['zz'\]"):
+        loaderx.convert(arrays, tmp_path / "o3", columns=["zz"])
+    with pytest.raises(ConvertError, match="different lengths"):
+        loaderx.convert({"a": np.zeros((3, 9)), "b": np.zeros((4, 9))}, tmp_path / "o4")
+    with pytest.raises(ConvertError, match="Python objects.*skip_columns=\\['o'\\]"):
+        loaderx.convert({"o": np.array([None] * 3, dtype=object)}, tmp_path / "o5")
+    for v in list(ds.values()) + list(ds2.values()):
+        v.close()
+    assert not (tmp_path / "o3").exists() and _leftovers(tmp_path) == []
+
+
+def test_token_array_is_refused_with_the_fix_then_rows(tmp_path):
+    tokens = np.arange(10_050, dtype=np.int32)
+    np.save(tmp_path / "tokens.npy", tokens)
+    with pytest.raises(ConvertError) as e:
+        loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t")
+    msg = str(e.value)
+    assert "10,050 records" in msg and "row_length=L" in msg and "allow_tiny_records=True" in msg
+    assert not (tmp_path / "t").exists()
+    with pytest.warns(UserWarning, match="50 trailing values"):
+        ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t", row_length=100)
+    assert ds["tokens"].item_shape == (100,) and len(ds["tokens"]) == 100
+    assert_same(ds["tokens"][7], tokens[700:800])
+    ds["tokens"].close()
+    ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t2", allow_tiny_records=True)
+    assert len(ds["tokens"]) == 10_050 and ds["tokens"].codec == "raw"
+    ds["tokens"].close()
+
+
+# ----------------------------------------------------------------- modes
+
+
+def test_create_append_overwrite(tmp_path):
+    a = {
+        "x": np.arange(40, dtype=np.float64).reshape(10, 4),
+        "y": np.arange(10, 20).reshape(10, 1) * np.ones((1, 8)),
+    }
+    b = {"x": -np.arange(24, dtype=np.float64).reshape(6, 4), "y": np.zeros((6, 8))}
+    dest = tmp_path / "ds"
+    loaderx.convert(a, dest)["x"].close()
+    with pytest.raises(DestinationExistsError, match='mode="append" or mode="overwrite"'):
+        loaderx.convert(b, dest)
+    ds = loaderx.convert(b, dest, mode="append", workers=2)
+    assert isinstance(ds["x"], ShardSet) and ds["x"].lengths == (10, 3, 3)
+    assert_same(ds["x"][:], np.concatenate([a["x"], b["x"]]))
+    assert_same(ds["y"][:], np.concatenate([a["y"], b["y"]]))
+    for v in ds.values():
+        v.close()
+    m = read_manifest(dest)
+    assert m["rows"] == 16 and len(m["appended"]) == 1
+    with pytest.raises(IdentityError, match="item_shape=\\[4\\].*item_shape=\\[5\\]"):
+        loaderx.convert({"x": np.zeros((2, 5)), "y": np.zeros((2, 8))}, dest, mode="append")
+    with pytest.raises(ConvertError, match="must be the same"):
+        loaderx.convert({"x": np.zeros((2, 4))}, dest, mode="append")
+    assert read_manifest(dest)["rows"] == 16  # refused appends change nothing
+    ds = loaderx.convert(b, dest, mode="overwrite")
+    assert len(ds["x"]) == 6 and isinstance(ds["x"], DenseStore)
+    for v in ds.values():
+        v.close()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(DestinationExistsError, match="not a loaderx dataset"):
+        loaderx.convert(b, tmp_path / "mine", mode="overwrite")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    (tmp_path / "empty").mkdir()
+    loaderx.convert(b, tmp_path / "empty")["x"].close()  # an empty directory is not data
+    assert _leftovers(tmp_path) == []
+
+
+def test_from_numpy_and_from_iterator_modes(tmp_path):
+    x = np.arange(12, dtype=np.int32).reshape(4, 3)
+    from_numpy(tmp_path / "s", x).close()
+    with pytest.raises(FileExistsError, match="already exists"):
+        from_numpy(tmp_path / "s", x)
+    with from_numpy(tmp_path / "s", x, mode="append") as s:
+        assert len(s) == 8
+    with from_numpy(tmp_path / "s", x[:1], mode="overwrite") as s:
+        assert len(s) == 1
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError, match="not a loaderx store"):
+        from_numpy(tmp_path / "f", x, mode="overwrite")
+    with pytest.raises(ValueError, match="mode must be"):
+        from_numpy(tmp_path / "g", x, mode="replace")
+    from_iterator(tmp_path / "r", [np.arange(3)]).close()
+    with pytest.raises(FileExistsError):
+        from_iterator(tmp_path / "r", [np.arange(3)])
+
+
+def test_failed_conversion_leaves_nothing(tmp_path):
+    table = pa.table(
+        {
+            "a": pa.array([1.0] * 50 + [None] + [2.0] * 49),
+            "b": pa.array(np.ones((100, 16)).tolist(), pa.list_(pa.float64(), 16)),
+        }
+    )
+    pq.write_table(table, tmp_path / "n.parquet", row_group_size=25)
+    with pytest.raises(
+        ConvertError, match=r"column 'a' has a null value \(row 50\).*skip_columns=\['a'\]"
+    ):
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2)
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+    loaderx.convert({"a": np.zeros(3), "b": np.zeros((3, 16))}, tmp_path / "ok")["a"].close()
+    before = (tmp_path / "ok" / "loaderx.json").read_text()
+    with pytest.raises(ConvertError):
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"])
+    assert (tmp_path / "ok" / "loaderx.json").read_text() == before
+    assert sorted(os.listdir(tmp_path / "ok" / "a")) == ["part-00000"]
+    assert _leftovers(tmp_path / "ok") == []
+
+
+# ----------------------------------------------------------------- Arrow
+
+
+def _table(n: int, rng):
+    lens = rng.integers(0, 9, n)
+    return {
+        "fixed": rng.integers(-99, 99, (n, 2, 3)).astype(np.int16),
+        "lists": [rng.integers(0, 1000, k).astype(np.int64) for k in lens],
+        "pairs": [rng.integers(0, 9, (k, 2)).astype(np.float32) for k in lens],
+        "text": ["héllo " * int(k) for k in lens],
+        "blob": [bytes(rng.integers(0, 255, k, dtype=np.uint8)) for k in lens],
+        "y": rng.random(n),
+        "flag": rng.random(n) < 0.5,
+    }
+
+
+def _arrow(d: dict):
+    f = d["fixed"]
+    fixed = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(f.ravel()), 3), 2
+    )
+    pairs = pa.array([p.tolist() for p in d["pairs"]], pa.list_(pa.list_(pa.float32(), 2)))
+    return pa.table(
+        {
+            "fixed": fixed,
+            "lists": pa.array([x.tolist() for x in d["lists"]]),
+            "pairs": pairs,
+            "text": pa.array(d["text"]),
+            "blob": pa.array(d["blob"], pa.binary()),
+            "y": pa.array(d["y"]),
+            "flag": pa.array(d["flag"]),
+            "dict": pa.array(["a", "bb"] * (len(d["y"]) // 2)).dictionary_encode(),
+        }
+    )
+
+
+def _check_table(ds: dict, d: dict, rows=slice(None)) -> None:
+    assert isinstance(ds["fixed"], (DenseStore, ShardSet)) and ds["fixed"].item_shape == (2, 3)
+    assert ds["lists"].kind == "ragged" and ds["text"].kind == "bytes" and ds["y"].item_shape == ()
+    assert_same(ds["fixed"][:], d["fixed"][rows])
+    for got, want in zip(ds["lists"][:], d["lists"][rows]):
+        assert_same(got, want)
+    values, splits = ds["pairs"].gather_packed(np.arange(len(ds["pairs"])))
+    assert_same(values, np.concatenate(d["pairs"][rows]).reshape(-1, 2))
+    assert ds["text"][:] == [t.encode("utf-8") for t in d["text"][rows]]
+    assert ds["blob"][:] == d["blob"][rows]
+    assert_same(ds["y"][:], d["y"][rows])
+    assert_same(ds["flag"][:], d["flag"][rows])
+
+
+def test_parquet_types_workers_and_row_groups(tmp_path):
+    d = _table(500, np.random.default_rng(2))
+    pq.write_table(_arrow(d), tmp_path / "t.parquet", row_group_size=120)
+    ds = loaderx.convert(tmp_path / "t.parquet", tmp_path / "out", workers=2, progress=False)
+    assert ds["y"].lengths == (240, 260)  # the cut moved to a row-group boundary
+    _check_table(ds, d)
+    assert ds["dict"][:3] == [b"a", b"bb", b"a"]
+    for v in ds.values():
+        v.close()
+    m = read_manifest(tmp_path / "out")
+    assert m["source"]["type"] == "parquet" and m["columns"]["pairs"]["kind"] == "ragged"
+
+
+def test_arrow_ipc_feather_stream_and_directory(tmp_path):
+    import pyarrow.feather as feather
+
+    d = _table(200, np.random.default_rng(3))
+    table = _arrow(d)
+    feather.write_feather(table, tmp_path / "t.feather", chunksize=64)
+    with pa.OSFile(str(tmp_path / "t.arrows"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table, max_chunksize=50)
+    for name in ("t.feather", "t.arrows"):
+        ds = loaderx.convert(tmp_path / name, tmp_path / f"o-{name}", workers=2)
+        _check_table(ds, d)
+        for v in ds.values():
+            v.close()
+    (tmp_path / "dir").mkdir()
+    pq.write_table(table.slice(0, 80), tmp_path / "dir" / "part-0.parquet")
+    pq.write_table(table.slice(80), tmp_path / "dir" / "part-1.parquet")
+    ds = loaderx.convert(tmp_path / "dir", tmp_path / "o-dir")
+    _check_table(ds, d)
+    for v in ds.values():
+        v.close()
+    pq.write_table(pa.table({"other": pa.array([1])}), tmp_path / "dir" / "part-2.parquet")
+    with pytest.raises(ConvertError, match="share one schema"):
+        loaderx.convert(tmp_path / "dir", tmp_path / "o-bad")
+
+
+def test_unmappable_column_names_the_skip_flag(tmp_path):
+    table = pa.table(
+        {
+            "ok": pa.array(np.zeros((4, 16)).tolist(), pa.list_(pa.float64(), 16)),
+            "meta": pa.array([{"k": 1}] * 4),
+        }
+    )
+    pq.write_table(table, tmp_path / "s.parquet")
+    with pytest.raises(
+        ConvertError,
+        match=r"column 'meta' \(Arrow type struct<k: int64>\).*skip_columns=\['meta'\]",
+    ):
+        loaderx.convert(tmp_path / "s.parquet", tmp_path / "o")
+    ds = loaderx.convert(tmp_path / "s.parquet", tmp_path / "o", skip_columns=["meta"])
+    assert list(ds) == ["ok"] and ds["ok"].item_shape == (16,)
+    ds["ok"].close()
+
+
+# ----------------------------------------------------------------- Hugging Face
+
+
+@pytest.fixture(scope="module")
+def hf_dataset():
+    datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
+    images = [np.full((4, 5, 3), i, np.uint8) for i in range(30)]
+    feats = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "label": datasets.ClassLabel(names=["cat", "dog", "eel"]),
+            "arr": datasets.Array2D((2, 3), "float32"),
+            "text": datasets.Value("string"),
+            "ids": datasets.List(datasets.Value("int32")),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "img": [{"bytes": _png(a), "path": None} for a in images],
+            "label": [i % 3 for i in range(30)],
+            "arr": [np.full((2, 3), i, np.float32) for i in range(30)],
+            "text": [f"t{i}" for i in range(30)],
+            "ids": [list(range(i % 5)) for i in range(30)],
+        },
+        features=feats,
+    )
+    return datasets, ds, images
+
+
+def _check_hf(ds: dict, order, images) -> None:
+    assert ds["img"].item_shape == (4, 5, 3) and ds["img"].dtype == np.uint8
+    assert_same(ds["img"][:], np.stack([images[i] for i in order]))
+    assert_same(ds["label"][:], np.array([i % 3 for i in order], np.int64))
+    assert_same(ds["arr"][:], np.stack([np.full((2, 3), i, np.float32) for i in order]))
+    assert ds["text"][:] == [f"t{i}".encode() for i in order]
+    assert [r.tolist() for r in ds["ids"][:]] == [list(range(i % 5)) for i in order]
+
+
+def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
+    _, hf, images = hf_dataset
+    ds = loaderx.convert(hf, tmp_path / "a")
+    _check_hf(ds, range(30), images)
+    for v in ds.values():
+        v.close()
+    assert read_manifest(tmp_path / "a")["columns"]["label"]["class_names"] == ["cat", "dog", "eel"]
+    shuffled = hf.shuffle(seed=4)
+    order = [int(t[1:]) for t in shuffled["text"]]
+    ds = loaderx.convert(shuffled, tmp_path / "b", workers=2)
+    _check_hf(ds, order, images)
+    for v in ds.values():
+        v.close()
+    ds = loaderx.convert(hf, tmp_path / "c", keep_encoded=True, columns=["img"])
+    assert ds["img"].kind == "bytes" and ds["img"][3] == _png(images[3])
+    ds["img"].close()
+
+
+def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
+    datasets, hf, images = hf_dataset
+    hf.save_to_disk(str(tmp_path / "disk"))
+    ds = loaderx.convert(tmp_path / "disk", tmp_path / "a", workers=2)
+    _check_hf(ds, range(30), images)
+    for v in ds.values():
+        v.close()
+    dd = datasets.DatasetDict({"train": hf, "test": hf.select([5, 1])})
+    for name, source in (("obj", dd), ("dir", tmp_path / "dd")):
+        if name == "dir":
+            dd.save_to_disk(str(tmp_path / "dd"))
+        splits = loaderx.convert(source, tmp_path / f"s-{name}")
+        assert sorted(splits) == ["test", "train"]
+        _check_hf(splits["train"], range(30), images)
+        _check_hf(splits["test"], [5, 1], images)
+        for split in splits.values():
+            for v in split.values():
+                v.close()
+    assert read_manifest(tmp_path / "s-obj")["splits"] == {"train": "train", "test": "test"}
+    with pytest.raises(DestinationExistsError):
+        loaderx.convert(dd, tmp_path / "s-obj")
+    assert _leftovers(tmp_path) == []
+
+
+# ----------------------------------------------------------------- image folders
+
+
+def test_image_folder_dense_ragged_encoded(tmp_path):
+    root = tmp_path / "imgs"
+    expected = []
+    for label, cls in enumerate(("cat", "dog")):
+        (root / cls).mkdir(parents=True)
+        for i in range(6):
+            a = np.random.default_rng(label * 10 + i).integers(0, 255, (5, 7, 3), dtype=np.uint8)
+            Image.fromarray(a).save(root / cls / f"{i:02d}.png")
+            expected.append((a, label))
+    (root / "dog" / "notes.txt").write_text("not an image")
+    ds = loaderx.convert(root, tmp_path / "d", workers=2)
+    assert isinstance(ds["image"], ShardSet) and ds["image"].item_shape == (5, 7, 3)
+    assert_same(ds["image"][:], np.stack([a for a, _ in expected]))
+    assert_same(ds["label"][:], np.array([lab for _, lab in expected], np.int64))
+    for v in ds.values():
+        v.close()
+    assert read_manifest(tmp_path / "d")["source"]["classes"] == ["cat", "dog"]
+    odd = np.full((3, 2), 9, np.uint8)
+    Image.fromarray(odd).save(root / "dog" / "99.png")
+    ds = loaderx.convert(root, tmp_path / "r")
+    assert ds["image"].kind == "ragged" and len(ds["image"]) == 13
+    assert_same(ds["image"][12], np.repeat(odd[:, :, None], 3, axis=2))  # grey becomes RGB
+    assert_same(ds["image"][0], expected[0][0])
+    for v in ds.values():
+        v.close()
+    ds = loaderx.convert(root, tmp_path / "e", keep_encoded=True)
+    assert ds["image"].kind == "bytes" and ds["image"][12] == (root / "dog" / "99.png").read_bytes()
+    for v in ds.values():
+        v.close()
+
+
+# ----------------------------------------------------------------- WebDataset
+
+
+def _tar(path, samples) -> None:
+    with tarfile.open(path, "w") as tf:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+def _wds_samples(first: int, count: int):
+    out = []
+    for i in range(first, first + count):
+        arr = np.full((3, 4), i, np.float32)
+        npy = io.BytesIO()
+        np.save(npy, arr)
+        out.append(
+            (
+                f"shard/{i:05d}",
+                {
+                    "cls": str(i % 4).encode(),
+                    "txt": f"caption {i}".encode(),
+                    "png": _png(np.full((6, 6), i, np.uint8)),
+                    "npy": npy.getvalue(),
+                },
+            )
+        )
+    return out
+
+
+def test_webdataset_columns_by_extension_and_workers(tmp_path):
+    (tmp_path / "wds").mkdir()
+    _tar(tmp_path / "wds" / "a-000.tar", _wds_samples(0, 7))
+    _tar(tmp_path / "wds" / "a-001.tar", _wds_samples(7, 5))
+    ds = loaderx.convert(tmp_path / "wds", tmp_path / "o", workers=2)
+    assert list(ds) == ["cls", "txt", "png", "npy"]
+    assert ds["cls"].lengths == (7, 5)
+    assert_same(ds["cls"][:], np.arange(12, dtype=np.int64) % 4)
+    assert ds["txt"][:] == [f"caption {i}".encode() for i in range(12)]
+    assert_same(ds["png"][:], np.stack([np.full((6, 6), i, np.uint8) for i in range(12)]))
+    assert_same(ds["npy"][:], np.stack([np.full((3, 4), i, np.float32) for i in range(12)]))
+    for v in ds.values():
+        v.close()
+    broken = _wds_samples(0, 3)
+    del broken[2][1]["txt"]
+    _tar(tmp_path / "bad.tar", broken)
+    with pytest.raises(
+        ConvertError, match=r"sample 'shard/00002' has no 'txt' member.*skip_columns=\['txt'\]"
+    ):
+        loaderx.convert(tmp_path / "bad.tar", tmp_path / "b")
+    ds = loaderx.convert(
+        tmp_path / "bad.tar", tmp_path / "b", skip_columns=["txt"], keep_encoded=True
+    )
+    assert ds["png"][0] == broken[0][1]["png"] and len(ds["cls"]) == 3
+    for v in ds.values():
+        v.close()
+
+
+# ----------------------------------------------------------------- dataset directories
+
+
+def test_open_dataset_checks(tmp_path):
+    loaderx.convert({"x": np.zeros((5, 9))}, tmp_path / "d")["x"].close()
+    with pytest.raises(KeyError, match="no column 'y'"):
+        open_dataset(tmp_path / "d", columns=["y"])
+    with DenseStore(tmp_path / "d" / "x" / "part-00000") as s:
+        s.append(np.ones((1, 9)))
+    with pytest.raises(CorruptStoreError, match="holds 6 records, the manifest says 5"):
+        open_dataset(tmp_path / "d")
+    with pytest.raises(NotAStoreError, match="single store"):
+        open_dataset(tmp_path / "d" / "x" / "part-00000")
+    with pytest.raises(FileNotFoundError):
+        open_dataset(tmp_path / "missing")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "loaderx.json").write_text('{"format": "loaderx-dataset", "version": 99}')
+    with pytest.raises(CorruptStoreError, match="version 99"):
+        open_dataset(tmp_path / "bad")
+    (tmp_path / "bad" / "loaderx.json").write_text("{not json")
+    with pytest.raises(CorruptStoreError, match="not valid JSON"):
+        open_dataset(tmp_path / "bad")
+    m = {
+        "format": "loaderx-dataset",
+        "version": 1,
+        "rows": 1,
+        "columns": {"x": {"kind": "dense", "shards": [{"path": "../../etc", "rows": 1}]}},
+    }
+    (tmp_path / "bad" / "loaderx.json").write_text(json.dumps(m))
+    with pytest.raises(CorruptStoreError, match="outside the directory"):
+        open_dataset(tmp_path / "bad")
+
+
+def test_missing_optional_dependency_names_the_extra(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["pyarrow"] = None
+        import loaderx
+        try:
+            loaderx.convert({str(tmp_path / 'x.parquet')!r}, {str(tmp_path / 'o')!r})
+        except ImportError as e:
+            print(type(e).__name__, e)
+        """)
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(loaderx.__file__))},
+    )
+    assert "MissingDependencyError" in out.stdout and "pip install 'loaderx[convert]'" in out.stdout
+
+
+# ----------------------------------------------------------------- bounded memory
+
+_RSS_SCRIPT = """
+import sys
+import numpy as np, pyarrow, pyarrow.parquet, PIL.Image, loaderx
+
+def peak():  # this process's peak RSS (ru_maxrss would include the parent's at fork)
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
+
+base = peak()
+loaderx.convert(sys.argv[1], sys.argv[2], codec="raw", batch_bytes=2 << 20, progress=False)
+print(base, peak() - base)
+"""
+
+
+def test_memory_stays_bounded_on_a_large_input(tmp_path):
+    """A 256 MiB input converted with 2 MiB batches: the converting process's
+    own peak RSS (VmHWM) grows by well under half the input (the full-size
+    bound is 512 MiB for 4 GB)."""
+    rows, width = 64 * 1024, 1024
+    mm = np.lib.format.open_memmap(
+        tmp_path / "big.npy", mode="w+", dtype=np.int32, shape=(rows, width)
+    )
+    writer = pq.ParquetWriter(
+        tmp_path / "big.parquet",
+        pa.schema([("x", pa.list_(pa.int32(), width))]),
+        compression="none",
+    )
+    for a in range(0, rows, 16 * 1024):
+        chunk = np.arange(a * width, (a + 16 * 1024) * width, dtype=np.int32).reshape(-1, width)
+        mm[a : a + len(chunk)] = chunk
+        writer.write_table(
+            pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(chunk.ravel()), width)})
+        )
+    writer.close()
+    mm.flush()
+    del mm
+    input_bytes = rows * width * 4
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(loaderx.__file__))}
+    for name in ("big.npy", "big.parquet"):
+        out = subprocess.run(
+            [sys.executable, "-c", _RSS_SCRIPT, str(tmp_path / name), str(tmp_path / f"o-{name}")],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        base, growth = map(int, out.stdout.split()[-2:])
+        assert 20 << 20 < base < 400 << 20, f"implausible baseline RSS {base >> 20} MiB"
+        assert (
+            growth < input_bytes // 2
+        ), f"{name}: peak RSS grew by {growth >> 20} MiB for {input_bytes >> 20} MiB"
+        with next(iter(open_dataset(tmp_path / f"o-{name}").values())) as store:
+            assert len(store) == rows
+            assert_same(store[rows - 1], np.arange(width, dtype=np.int32) + (rows - 1) * width)

@@ -1,0 +1,151 @@
+"""Tests of `loaderx.ray` on a local Ray instance (``ray.init(num_cpus=2)``):
+write_dataset writes one shard per write task and one manifest, with values
+and order checked against the source; a task that fails mid-way leaves no
+shard and no manifest behind (and a failed append leaves the old manifest);
+read_dataset gives every row back as a ray.data.Dataset."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from _helpers import assert_same
+
+import loaderx
+from loaderx.dataset import read_manifest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'loaderx[ray]')")
+pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'ray[data]')")
+pa = pytest.importorskip("pyarrow", reason="Ray Data needs pyarrow")
+import loaderx.ray as lray  # noqa: E402
+
+ROWS = 600
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # Ray's workers import loaderx and this module's map functions by name.
+    paths = [os.path.dirname(os.path.dirname(loaderx.__file__)), os.path.dirname(__file__)]
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+    )
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def _rows(batch):
+    ids = batch["id"].astype(np.int64)
+    ragged = np.empty(len(ids), dtype=object)
+    for i, v in enumerate(ids):
+        ragged[i] = (np.arange(v % 5) + v).astype(np.int32)
+    return {
+        "x": np.stack([np.full((2, 3), v, np.float32) for v in ids]),
+        "y": ids * 3,
+        "text": np.array([f"row {v}" for v in ids]),
+        "tokens": ragged,
+    }
+
+
+def _source(blocks: int = 4):
+    return ray.data.range(ROWS, override_num_blocks=blocks).map_batches(_rows, batch_format="numpy")
+
+
+def _leftovers(parent) -> list:
+    return [n for n in os.listdir(parent) if n.startswith(".")]
+
+
+def test_write_then_open_and_read_back(tmp_path, local_ray):
+    manifest = lray.write_dataset(_source(), tmp_path / "ds")
+    assert manifest["rows"] == ROWS and manifest["source"]["type"] == "ray"
+    cols = manifest["columns"]
+    assert [(c["kind"], c["item_shape"]) for c in cols.values()] == [
+        ("dense", [2, 3]),
+        ("dense", []),
+        ("bytes", None),
+        ("ragged", None),
+    ]
+    assert len(cols["x"]["shards"]) == 4 and sum(s["rows"] for s in cols["x"]["shards"]) == ROWS
+    ds = loaderx.open_dataset(tmp_path / "ds")
+    ids = np.arange(ROWS)
+    assert_same(ds["x"][:], np.repeat(ids.astype(np.float32), 6).reshape(ROWS, 2, 3))
+    assert_same(ds["y"][:], ids * 3)
+    assert ds["text"][[0, 599]] == [b"row 0", b"row 599"]
+    assert_same(ds["tokens"][7], np.arange(2, dtype=np.int32) + 7)
+    for v in ds.values():
+        v.close()
+    back = lray.read_dataset(tmp_path / "ds", batch_rows=128).take_all()
+    assert len(back) == ROWS
+    back.sort(key=lambda r: int(r["y"]))
+    for i in (0, 1, 298, 599):
+        assert_same(np.asarray(back[i]["x"]), np.full((2, 3), i, np.float32))
+        assert int(back[i]["y"]) == 3 * i and bytes(back[i]["text"]) == f"row {i}".encode()
+        assert_same(np.asarray(back[i]["tokens"]), np.arange(i % 5, dtype=np.int32) + i)
+    assert _leftovers(tmp_path) == []
+
+
+def _failing(batch):
+    out = _rows(batch)
+    if batch["id"][0] >= ROWS // 2:
+        y = pa.array(
+            out["y"].tolist()[:-1] + [None]
+        )  # a null in the last row: the write task fails
+        return pa.table(
+            {
+                "x": pa.FixedSizeListArray.from_arrays(
+                    pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2
+                ),
+                "y": y,
+                "text": pa.array(out["text"].tolist()),
+                "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32())),
+            }
+        )
+    return pa.table(
+        {
+            "x": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(out["x"].ravel()), 3), 2
+            ),
+            "y": pa.array(out["y"]),
+            "text": pa.array(out["text"].tolist()),
+            "tokens": pa.array([t.tolist() for t in out["tokens"]], pa.list_(pa.int32())),
+        }
+    )
+
+
+def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
+    source = ray.data.range(ROWS, override_num_blocks=4).map_batches(_failing, batch_format="numpy")
+    with pytest.raises(Exception, match="null value"):
+        lray.write_dataset(source, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists() and _leftovers(tmp_path) == []
+    good = ray.data.range(ROWS // 2, override_num_blocks=2).map_batches(
+        _failing, batch_format="numpy"
+    )
+    lray.write_dataset(good, tmp_path / "ok")
+    before = (tmp_path / "ok" / "loaderx.json").read_text()
+    with pytest.raises(Exception, match="null value"):
+        lray.write_dataset(source, tmp_path / "ok", mode="append")
+    assert (tmp_path / "ok" / "loaderx.json").read_text() == before
+    assert sorted(os.listdir(tmp_path / "ok" / "y")) == ["part-00000", "part-00001"]
+    assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "ok") == []
+    manifest = lray.write_dataset(good, tmp_path / "ok", mode="append")
+    assert (
+        manifest["rows"] == ROWS
+        and len(read_manifest(tmp_path / "ok")["columns"]["y"]["shards"]) == 4
+    )
+
+
+def test_modes_and_column_selection(tmp_path, local_ray):
+    lray.write_dataset(_source(2), tmp_path / "ds", columns=["y", "x"])
+    assert list(read_manifest(tmp_path / "ds")["columns"]) == ["y", "x"]
+    with pytest.raises(FileExistsError, match='mode="append" or mode="overwrite"'):
+        lray.write_dataset(_source(2), tmp_path / "ds")
+    m = lray.write_dataset(_source(3), tmp_path / "ds", mode="overwrite", skip_columns=["tokens"])
+    assert list(m["columns"]) == ["x", "y", "text"] and len(m["columns"]["x"]["shards"]) == 3
+    with pytest.raises(loaderx.converters.ConvertError, match="codec"):
+        lray.write_dataset(_source(2), tmp_path / "z", codec="lz4")
