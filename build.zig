@@ -36,10 +36,14 @@ fn portableHostQuery() std.Target.Query {
     return std.Target.Query.parse(.{ .arch_os_abi = triple }) catch @panic("bad host triple");
 }
 
+/// zstd comes from the `zstd` path dependency of build.zig.zon (vendor/zstd,
+/// fetched and verified by scripts/fetch_zstd.py; the package manager serves
+/// a path dependency in place, so it never downloads anything itself).
 fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
-    mod.addIncludePath(b.path("vendor/zstd"));
+    const zstd = b.dependency("zstd", .{});
+    mod.addIncludePath(zstd.path(""));
     mod.addCSourceFile(.{
-        .file = b.path("vendor/zstd/zstd.c"),
+        .file = zstd.path("zstd.c"),
         // zstd.h forces default visibility; these keep every zstd symbol private
         // so the library exports only lx_* functions.
         .flags = &.{
