@@ -1,6 +1,7 @@
 //! Build for libloaderx: the record engine, codecs, sampler and executor in one
-//! shared library, with zstd (fetched into vendor/zstd by scripts/fetch_zstd.py)
-//! compiled in from source so that every target cross-compiles from one machine.
+//! shared library, with zstd (the path dependency `zstd` of build.zig.zon, fetched into
+//! vendor/zstd by scripts/fetch_zstd.py) compiled in from source so that every target
+//! cross-compiles from one machine.
 //!
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
 //!   zig build test       the native test suite, Debug and ReleaseFast
@@ -9,7 +10,8 @@ const std = @import("std");
 const builtin = @import("builtin");
 
 /// The one table of release targets: Zig target triple -> wheel platform tag.
-/// scripts/build_wheels.py reads the tags back from the folder names.
+/// scripts/build_wheels.py reads it from this file: one wheel per row, built through
+/// setup.py with LOADERX_ZIG_TARGET=<triple> and tagged py3-none-<tag>.
 pub const release_targets = [_]struct { triple: []const u8, tag: []const u8 }{
     .{ .triple = "x86_64-linux-gnu.2.17", .tag = "manylinux_2_17_x86_64" },
     .{ .triple = "aarch64-linux-gnu.2.17", .tag = "manylinux_2_17_aarch64" },

@@ -23,7 +23,7 @@ ZSTD_LICENSES = ("vendor/zstd/LICENSE", "vendor/zstd/COPYING")
 def portable_target() -> str:
     """An explicit, portable Zig target for this machine (never the host CPU)."""
     machine = platform.machine().lower()
-    arch = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}.get(machine, machine)
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
     if sys.platform.startswith("linux"):
         libc = platform.libc_ver()[0]
         return f"{arch}-linux-gnu.2.17" if libc == "glibc" else f"{arch}-linux-musl"

@@ -1,16 +1,13 @@
 """One version everywhere: pyproject.toml is the source of truth, and build.zig.zon,
 loaderx/__init__.py and lx_version (src/capi.zig) must state the same; the Zig the
 manifest asks for is the Zig the build pins. Reads files only (no library needed)."""
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("build_wheels", ROOT / "scripts" / "build_wheels.py")
-bw = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("build_wheels", bw)
-_spec.loader.exec_module(bw)
+sys.path.insert(0, str(ROOT / "scripts"))
+import build_wheels as bw  # noqa: E402  (scripts/ is not a package)
 
 try:
     import tomllib

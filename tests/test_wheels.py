@@ -305,7 +305,7 @@ def test_host_wheel_passes_the_suite_in_a_fresh_venv(release):
     shutil.copytree(ROOT / "scripts", suite / "scripts",
                     ignore=shutil.ignore_patterns("__pycache__"))
     assert not (suite / "loaderx").exists()
-    out = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", suite,
+    out = _run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", suite,
                 suite / "tests"], cwd=suite, timeout=3600)
     print(out[-2000:])
     assert re.search(r"\d+ passed", out) and " failed" not in out
