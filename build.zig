@@ -49,7 +49,7 @@ fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
         // zstd.h forces default visibility; these keep every zstd symbol private
         // so the library exports only lx_* functions.
         .flags = &.{
-            "-O3",                    "-fvisibility=hidden",      "-DZSTDLIB_VISIBLE=",
+            "-O3",                     "-fvisibility=hidden", "-DZSTDLIB_VISIBLE=",
             "-DZSTDERRORLIB_VISIBLE=", "-DZDICTLIB_VISIBLE=",
         },
     });
