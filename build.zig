@@ -1,6 +1,7 @@
 //! Build for libloaderx: the record engine, codecs, sampler and executor in one
-//! shared library, with zstd (fetched into vendor/zstd by scripts/fetch_zstd.py)
-//! compiled in from source so that every target cross-compiles from one machine.
+//! shared library, with zstd (the path dependency `zstd` of build.zig.zon, fetched into
+//! vendor/zstd by scripts/fetch_zstd.py) compiled in from source so that every target
+//! cross-compiles from one machine.
 //!
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
 //!   zig build test       the native test suite, Debug and ReleaseFast
@@ -11,7 +12,8 @@ const std = @import("std");
 const builtin = @import("builtin");
 
 /// The one table of release targets: Zig target triple -> wheel platform tag.
-/// scripts/build_wheels.py reads the tags back from the folder names.
+/// scripts/build_wheels.py reads it from this file: one wheel per row, built through
+/// setup.py with LOADERX_ZIG_TARGET=<triple> and tagged py3-none-<tag>.
 pub const release_targets = [_]struct { triple: []const u8, tag: []const u8 }{
     .{ .triple = "x86_64-linux-gnu.2.17", .tag = "manylinux_2_17_x86_64" },
     .{ .triple = "aarch64-linux-gnu.2.17", .tag = "manylinux_2_17_aarch64" },
@@ -38,14 +40,18 @@ fn portableHostQuery() std.Target.Query {
     return std.Target.Query.parse(.{ .arch_os_abi = triple }) catch @panic("bad host triple");
 }
 
+/// zstd comes from the `zstd` path dependency of build.zig.zon (vendor/zstd,
+/// fetched and verified by scripts/fetch_zstd.py; the package manager serves
+/// a path dependency in place, so it never downloads anything itself).
 fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
-    mod.addIncludePath(b.path("vendor/zstd"));
+    const zstd = b.dependency("zstd", .{});
+    mod.addIncludePath(zstd.path(""));
     mod.addCSourceFile(.{
-        .file = b.path("vendor/zstd/zstd.c"),
+        .file = zstd.path("zstd.c"),
         // zstd.h forces default visibility; these keep every zstd symbol private
         // so the library exports only lx_* functions.
         .flags = &.{
-            "-O3",                    "-fvisibility=hidden",      "-DZSTDLIB_VISIBLE=",
+            "-O3",                     "-fvisibility=hidden", "-DZSTDLIB_VISIBLE=",
             "-DZSTDERRORLIB_VISIBLE=", "-DZDICTLIB_VISIBLE=",
         },
     });

@@ -12,11 +12,18 @@ from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
+# The library embeds compiled zstd, so a wheel carries zstd's license (BSD or GPLv2,
+# at the user's choice) next to loaderx's, in *.dist-info/licenses/. They are only
+# there once zstd is fetched: the release script fetches before it builds (and checks
+# the wheels for them); a first build from the sdist computes its metadata before
+# build_py fetches, so that wheel carries only LICENSE.
+ZSTD_LICENSES = ("vendor/zstd/LICENSE", "vendor/zstd/COPYING")
+
 
 def portable_target() -> str:
     """An explicit, portable Zig target for this machine (never the host CPU)."""
     machine = platform.machine().lower()
-    arch = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}.get(machine, machine)
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
     if sys.platform.startswith("linux"):
         libc = platform.libc_ver()[0]
         return f"{arch}-linux-gnu.2.17" if libc == "glibc" else f"{arch}-linux-musl"
@@ -58,10 +65,19 @@ class BuildWithZig(build_py):
 
 class BinaryDistribution(Distribution):
     """The package carries a native library: wheels built from source get a
-    platform tag, not py3-none-any (release wheels come from build_wheels.py)."""
+    platform tag, not py3-none-any (scripts/build_wheels.py retags release wheels
+    py3-none-<platform>: the library does not link CPython)."""
 
     def has_ext_modules(self):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithZig}, distclass=BinaryDistribution)
+def license_files() -> list:
+    return ["LICENSE"] + [p for p in ZSTD_LICENSES if os.path.isfile(os.path.join(ROOT, p))]
+
+
+setup(
+    cmdclass={"build_py": BuildWithZig},
+    distclass=BinaryDistribution,
+    license_files=license_files(),
+)
