@@ -4,37 +4,42 @@ zero-copy batch gathering, plus an endless, resumable, sharded data loader.
 The public names, re-exported here from the modules that own them::
 
     from loaderx.zrecord import Zrecord, DenseStore, RaggedStore, train_dict, ZrecordError
+    from loaderx.shardset import ShardSet
+    from loaderx.mixture import Mixture
     from loaderx.zsampler import Sampler
-    from loaderx.dataset import from_numpy, from_iterator, open_store, pad
+    from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, pad
+    from loaderx.converters import convert
     from loaderx.dataloader import DataLoader
 """
 __version__ = "0.1.0"
 
-from .dataloader import DataLoader
-from .dataset import from_iterator, from_numpy, open_store, pad
-from .dataset import open_dataset
 from .converters import convert
-from .shardset import ShardSet
+from .dataloader import DataLoader
+from .dataset import from_iterator, from_numpy, open_dataset, open_store, pad
 from .errors import (
     BusyError,
     ClosedError,
     CorruptStoreError,
     DictionaryError,
+    HandleFailedError,
     IdentityError,
     LockedError,
     NewerFormatError,
     NotAStoreError,
+    ReadOnlyError,
     RecordIndexError,
     StoreNotFoundError,
     ZrecordError,
 )
+from .mixture import Mixture
+from .shardset import ShardSet
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "train_dict", "Sampler", "DataLoader",
-    "from_numpy", "from_iterator", "open_store", "pad",
-    "open_dataset", "convert", "ShardSet",
+    "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "train_dict", "Sampler", "DataLoader",
+    "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError", "DictionaryError",
+    "ReadOnlyError", "HandleFailedError",
 ]

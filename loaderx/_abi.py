@@ -25,6 +25,38 @@ typedef struct {
     uint64_t from;
     uint64_t to;
 } lx_move_t;
+typedef struct {
+    lx_store *store;
+    uint64_t first;
+} lx_part_t;
+typedef struct {
+    uint64_t batch_size;
+    uint64_t rank;
+    uint64_t world;
+    uint64_t position;
+    uint64_t step;
+    uint64_t seed;
+    uint32_t mode;
+    uint32_t window;
+    uint32_t threads;
+    uint32_t lanes;
+} lx_loader_config_t;
+typedef struct {
+    uint64_t length;
+    uint64_t seed;
+    uint64_t weight;
+} lx_source_t;
+typedef struct {
+    uint32_t kind;
+    uint32_t _reserved;
+    uint64_t record_size;
+} lx_column_t;
+typedef struct {
+    lx_store *store;
+    uint64_t first;
+    uint32_t source;
+    uint32_t column;
+} lx_loader_part_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
@@ -38,10 +70,9 @@ int lx_info(lx_store *, lx_info_t *);
 int lx_blob(lx_store *, int, uint8_t *, uint64_t, uint64_t *);
 int lx_append(lx_store *, uint64_t, const uint8_t *const *, const uint64_t *, const uint8_t *const *, const uint64_t *, int, uint64_t *);
 int lx_publish(lx_store *, int);
-int lx_gather(lx_store *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, const uint64_t *, int, uint32_t);
-int lx_gather_alloc(lx_store *, const uint64_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint8_t **, uint64_t *);
+int lx_gather(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, const uint64_t *, int, uint32_t);
+int lx_gather_alloc(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint8_t **, uint64_t *);
 void lx_free_buffer(uint8_t *);
-int lx_sizes(lx_store *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
 int lx_delete(lx_store *, const uint64_t *, uint64_t, lx_move_t *, uint64_t *);
 int lx_compact(lx_store *);
 int lx_stats(lx_store *, lx_stats_t *);
@@ -51,10 +82,10 @@ int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64
 int lx_sampler_fill(uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_loader_open(lx_store *const *, const uint64_t *, uint32_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t, lx_loader **);
-int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *);
-int lx_loader_wait(lx_loader *, uint64_t, uint32_t *);
-void lx_loader_reset(lx_loader *, uint64_t);
+int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, lx_loader **);
+int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);
+int lx_loader_wait(lx_loader *, uint64_t, uint32_t *, uint8_t **, uint64_t *);
+void lx_loader_reset(lx_loader *, uint64_t, uint64_t);
 void lx_loader_stop(lx_loader *);
 void lx_loader_free(lx_loader *);
 void lx_debug_fault(uint32_t, uint64_t, int);
@@ -69,11 +100,15 @@ CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 SAMPLER_MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
 PARTS = {"payload": 0, "aux": 1}
 BLOBS = {"dictionary": 0, "user": 1}
+COLUMN_KINDS = {"dense": 0, "variable": 1}
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
-LOADER_STREAMS_MAX = 1024
+LOADER_COLUMNS_MAX = 1024
+LOADER_SOURCES_MAX = 256
+PARTS_MAX = 65535
 LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 32, "lx_move_t": 16}
+STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 32, "lx_move_t": 16, "lx_part_t": 16,
+    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16, "lx_loader_part_t": 24}

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, identity
+from . import _lib, _records, identity
 from ._lib import check, ffi, lib
 from .errors import (
     ArgumentTypeError,
@@ -164,6 +164,9 @@ class Store:
                          fixed_size if create_codec == "raw" else 0, out)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
+        # This store as a one-part index space for the gathers (a call holds
+        # the handle, so the struct's pointer outlives the call).
+        self._parts = _records.parts_array([(self._handle, 0)])
         try:
             info = ffi.new("lx_info_t *")
             check(lib.lx_info(self._handle, info), self._path)
@@ -205,6 +208,18 @@ class Store:
         if h is None:
             raise ClosedError(f"{self._path}: store is closed", path=self._path)
         return h
+
+    def __loaderx_parts__(self) -> list[tuple[Any, int]]:
+        """This store as an index space of native parts: ``[(handle, 0)]``.
+        The protocol by which a ShardSet and the DataLoader read stores in
+        native code; callers keep the handle alive while they use it."""
+        return [(self._h(), 0)]
+
+    def read_only(self):
+        """Makes this handle refuse every mutation from now on (`ReadOnlyError`);
+        returns it. Unpickled stores come back read-only."""
+        self._readonly = True
+        return self
 
     def _w(self):
         """The native handle for a mutation; `ReadOnlyError` for a store
@@ -366,19 +381,10 @@ class Store:
         """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``;
         the buffer holds every payload back to back, then every aux part, in
         request order. The buffer is library memory, freed with the array."""
-        n = len(idx)
-        raw = np.empty(n, dtype=U64)
-        aux = np.empty(n, dtype=U64)
-        if n == 0:
-            return np.zeros(0, np.uint8), raw, aux
-        out = ffi.new("uint8_t **")
-        length = ffi.new("uint64_t *")
-        check(lib.lx_gather_alloc(self._h(), u64_ptr(idx), n, threads, u64_ptr(raw), u64_ptr(aux), out, length),
-              self._path, "gather")
-        if length[0] == 0:
-            return np.zeros(0, np.uint8), raw, aux
-        owned = ffi.gc(out[0], lib.lx_free_buffer)
-        return np.frombuffer(ffi.buffer(owned, length[0]), dtype=np.uint8), raw, aux
+        h = self._h()  # held for the call: keeps the handle's memory alive
+        buf = _records.read_variable(self._parts, 1, idx, threads, self._path)
+        del h
+        return buf
 
 
 def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,
@@ -410,6 +416,4 @@ def stored_kind(path) -> str:
 
 
 def _reopen(cls, path):
-    store = cls(path)
-    store._readonly = True
-    return store
+    return cls(path).read_only()

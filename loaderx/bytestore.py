@@ -5,7 +5,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import identity
+from . import _records, identity
 from ._store import U64, Store, chunks_of, pointers
 from .errors import IdentityError, SizeMismatchError
 
@@ -69,10 +69,7 @@ class Zrecord(Store):
 
     def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
         buf, sizes, _ = self._gather_alloc(idx, threads)
-        ends = np.cumsum(sizes).tolist()
-        mv = memoryview(buf)
-        starts = [0] + ends[:-1]
-        return [mv[a:b].tobytes() for a, b in zip(starts, ends)]
+        return _records.to_bytes(buf, sizes)
 
     def gather_into(self, indices, out, offsets=None) -> np.ndarray:
         """Read records into the caller's writable buffer `out` (bytes-like or

@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 
-from . import identity
-from ._lib import check, ffi, lib
-from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, u64_ptr, unchecked_indices
+from . import _records, identity
+from ._lib import check, ffi
+from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, unchecked_indices
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
@@ -148,8 +148,9 @@ class DenseStore(Store):
         shape = (len(idx),) + self._item_shape
         out = self._new_batch(shape) if out is None else self._check_out(out, shape)
         if len(idx):
-            rc = lib.lx_gather(self._h(), u64_ptr(idx), len(idx), byte_ptr(out, True),
-                               out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
+            h = self._h()  # held for the call: keeps the handle's memory alive
+            rc = _records.gather_into(self._parts, 1, idx, out, self._record_bytes, threads, self._path)
+            del h
             if rc == RC_OUT_OF_RANGE and not exact:
                 return None
             check(rc, self._path, "gather")

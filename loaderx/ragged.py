@@ -5,9 +5,9 @@ from typing import Iterable
 
 import numpy as np
 
-from . import identity
+from . import _records, identity
 from ._store import Store, chunks_of, pointers
-from .errors import CorruptStoreError, IdentityError
+from .errors import IdentityError
 
 
 def encode_shape(shape: tuple) -> bytes:
@@ -95,58 +95,9 @@ class RaggedStore(Store):
                     yield ptrs, sizes, None, None, (chunk, keep)
         return self._append_chunks(chunks())
 
-    def _fetch(self, idx: np.ndarray, threads: int = 0) -> tuple[np.ndarray, np.ndarray, list[tuple] | None]:
-        """(values, element offsets[B+1], shapes or None when all are 1-D) of
-        records `idx`, each record checked against its byte size."""
-        buf, raw, aux = self._gather_alloc(idx, threads)
-        item = self._dtype.itemsize
-        payload = int(raw.sum())
-        if item and (raw % item).any():
-            bad = int(idx[np.flatnonzero(raw % item)[0]])
-            raise CorruptStoreError(f"{self._path}: record {bad} size is not a multiple of {item}", path=self._path)
-        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-        if item:
-            np.cumsum(raw // item, out=offsets[1:])
-        values = buf[:payload].view(self._dtype) if item else np.zeros(0, self._dtype)
-        shapes = self._shapes(idx, raw, aux, buf[payload:]) if aux.any() else None
-        return values, offsets, shapes
-
-    def _shapes(self, idx: np.ndarray, raw: np.ndarray, aux: np.ndarray, aux_bytes: np.ndarray) -> list[tuple]:
-        """Each record's shape from its aux bytes, checked before anything is sized by it."""
-        item = self._dtype.itemsize
-        bad = (aux % 8 != 0) | (aux > 8 * (identity.NDIM_MAX + 1))
-        if bad.any():
-            raise self._damaged(int(idx[np.flatnonzero(bad)[0]]), "shape")
-        words = aux_bytes.view("<u8")
-        ends = np.cumsum(aux // 8).tolist()
-        shapes, start = [], 0
-        for i, end in enumerate(ends):
-            if end == start:
-                shapes.append((int(raw[i]) // item if item else 0,))
-                continue
-            w = words[start:end].tolist()
-            start = end
-            try:
-                dims = identity.check_shape(w[1:], item, "shape")
-            except ValueError:
-                raise self._damaged(int(idx[i]), f"shape {tuple(w[1:])}") from None
-            if w[0] != len(dims) or np.prod(dims, dtype=object) * item != int(raw[i]):
-                raise self._damaged(int(idx[i]), f"shape {dims}")
-            shapes.append(dims)
-        return shapes
-
-    def _damaged(self, index: int, what: str) -> CorruptStoreError:
-        return CorruptStoreError(f"{self._path}: record {index} has a damaged {what}", path=self._path)
-
     def _read(self, idx: np.ndarray, threads: int = 0) -> list[np.ndarray]:
-        values, offsets, shapes = self._fetch(idx, threads)
-        if self._dtype.itemsize == 0:
-            return [np.zeros(s, self._dtype) for s in (shapes or [(0,)] * len(idx))]
-        eo = offsets.tolist()
-        out = [values[eo[i]:eo[i + 1]] for i in range(len(idx))]
-        if shapes is not None:
-            out = [v if len(s) == 1 else v.reshape(s) for v, s in zip(out, shapes)]
-        return out
+        buf, raw, aux = self._gather_alloc(idx, threads)
+        return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_list()
 
     def gather(self, indices, out=None, *, threads: int = 0) -> list[np.ndarray]:
         """Records `indices` as a list of arrays, in request order."""
@@ -160,29 +111,10 @@ class RaggedStore(Store):
         axis, and int64 row offsets (length B+1). Records must share their
         trailing dimensions (all 1-D, or all ``(n, *t)`` with the same ``t``)."""
         idx, _ = self._indices(indices)
-        values, offsets, shapes = self._fetch(idx, threads)
-        if shapes is None:
-            return values, offsets
-        trailing = _common_trailing(idx, shapes)
-        rows = np.array([s[0] for s in shapes], dtype=np.int64)
-        row_splits = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(rows, out=row_splits[1:])
-        return values.reshape((int(row_splits[-1]),) + trailing), row_splits
+        buf, raw, aux = self._gather_alloc(idx, threads)
+        return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_packed(idx)
 
     def __getitem__(self, key):
         idx, scalar = self._indices(key)
         out = self._read(idx)
         return out[0] if scalar else out
-
-
-def _common_trailing(idx: np.ndarray, shapes: list[tuple]) -> tuple:
-    trailing = None
-    for i, s in enumerate(shapes):
-        if len(s) == 0:
-            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records with a first axis")
-        if trailing is None:
-            trailing = s[1:]
-        elif s[1:] != trailing:
-            raise ValueError(f"records do not share trailing dimensions: record {int(idx[i])} has shape {s}, "
-                             f"earlier ones (*, {', '.join(map(str, trailing))})")
-    return trailing or ()

@@ -9,10 +9,12 @@ read form behaves exactly like one store of that kind (``DenseStore``,
 raises ``IndexError``, results come back in request order.
 
 The index space is fixed when the set is built: it covers the records each
-shard held then. Opening is O(number of shards); a gather splits its indices
-by shard with numpy (one sort of the batch) and makes one gather per shard
-that has indices. A ``ShardSet`` is a stream anywhere a store is, for example
-in a ``DataLoader``.
+shard held then. Opening is O(number of shards); a gather is one native call
+that splits its indices by shard (a binary search per index), holds a read on
+every shard and decodes every record straight into the result, on all
+cores. A ``ShardSet`` is a stream anywhere a store is: in a ``DataLoader``
+(read by the loader's native threads), in a ``Mixture``. It pickles as a
+reference (its shards' paths), reopened read-only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import ClosedError, IdentityError, RecordIndexError, SizeMismatchError
+from . import _records
+from ._lib import check
+from .errors import ClosedError, IdentityError, RecordIndexError, SizeMismatchError, ZrecordMemoryError
 
 __all__ = ["ShardSet"]
 
@@ -147,10 +151,19 @@ class ShardSet:
             raise
         lengths = np.array([len(s) for s in self._stores], dtype=np.int64)
         self._lengths = tuple(int(n) for n in lengths)
-        self._ends = np.cumsum(lengths)
-        self._starts = self._ends - lengths
-        self._len = int(self._ends[-1])
+        self._len = int(lengths.sum())
         self._kind, self._dtype, self._item_shape = _identity(self._stores[0])
+        # The shards as one native index space. Holding their handles keeps
+        # the parts valid even if an owner closes a shard (reads then fail
+        # with ClosedError instead of touching freed memory).
+        self._part_list = []
+        offset = 0
+        for store, n in zip(self._stores, self._lengths):
+            if n:  # an empty shard holds no index: no part
+                for handle, first in store.__loaderx_parts__():
+                    self._part_list.append((handle, offset + first))
+            offset += n
+        self._parts = _records.parts_array(self._part_list) if self._part_list else None
         self._closed = False
 
     # -- identity and bookkeeping
@@ -214,20 +227,10 @@ class ShardSet:
             store.verify()
 
     # -- reads
-    def _split(self, idx: np.ndarray):
-        """Yields (shard, request positions, local indices) for every shard
-        with indices; positions ascend within a shard."""
-        if len(self._stores) == 1:
-            yield self._stores[0], None, idx
-            return
-        which = np.searchsorted(self._ends, idx, side="right")
-        order = np.argsort(which, kind="stable")
-        counts = np.bincount(which, minlength=len(self._stores))
-        start = 0
-        for k in np.flatnonzero(counts).tolist():
-            positions = order[start : start + counts[k]]
-            start += counts[k]
-            yield self._stores[k], positions, idx[positions] - self._starts[k]
+    def __loaderx_parts__(self) -> list:
+        """The shards as native parts (see ``Store.__loaderx_parts__``)."""
+        self._check_open()
+        return list(self._part_list)
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
         """Records `indices` in request order: a ``(B, *item_shape)`` array for
@@ -238,33 +241,30 @@ class ShardSet:
             return self._gather_dense(idx, out, threads)
         if out is not None:
             raise TypeError(f"out= applies to dense shards only; these hold {self._kind} records")
-        return self._gather_list(idx, threads)
+        buf, raw, aux = self._read(idx, threads)
+        if self._kind == "bytes":
+            return _records.to_bytes(buf, raw)
+        return _records.Ragged(buf, raw, aux, self._dtype, idx, None).to_list()
+
+    def _read(self, idx: np.ndarray, threads: int):
+        if not self._part_list:  # every shard is empty: so is idx
+            return np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return _records.read_variable(self._parts, len(self._part_list), idx.astype(np.uint64), threads, None)
 
     def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
-        if len(self._stores) == 1:
-            return self._stores[0].gather(idx, out=out, threads=threads)
         shape = (len(idx),) + self._item_shape
         if out is None:
-            out = np.empty(shape, dtype=self._dtype)
+            try:
+                out = np.empty(shape, dtype=self._dtype)
+            except MemoryError:
+                raise ZrecordMemoryError(f"ShardSet: a batch of shape {shape} does not fit in memory") from None
         else:
             _check_out(out, shape, self._dtype)
-        for store, positions, local in self._split(idx):
-            lo, hi = int(positions[0]), int(positions[-1]) + 1
-            if hi - lo == len(positions):
-                # Ascending and contiguous: gather straight into those rows.
-                store.gather(local, out=out[lo:hi], threads=threads)
-            else:
-                out[positions] = store.gather(local, threads=threads)
+        if len(idx) and self._part_list:
+            rc = _records.gather_into(self._parts, len(self._part_list), idx.astype(np.uint64), out,
+                                      self.record_bytes, threads, None)
+            check(rc, None, "ShardSet gather")
         return out
-
-    def _gather_list(self, idx: np.ndarray, threads: int) -> list:
-        if len(self._stores) == 1:
-            return self._stores[0].gather(idx, threads=threads)
-        result: list = [None] * len(idx)
-        for store, positions, local in self._split(idx):
-            for position, record in zip(positions.tolist(), store.gather(local, threads=threads)):
-                result[position] = record
-        return result
 
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""
@@ -274,21 +274,14 @@ class ShardSet:
                 f"gather_packed applies to ragged shards; these hold {self._kind} records"
             )
         idx, _ = _as_indices(indices, self._len)
-        if len(self._stores) == 1 or len(idx) == 0:
-            return self._stores[0].gather_packed(idx, threads=threads)
-        parts = [
-            (positions, *store.gather_packed(local, threads=threads))
-            for store, positions, local in self._split(idx)
-        ]
-        return _merge_packed(parts, len(idx), self._dtype)
+        buf, raw, aux = self._read(idx, threads)
+        return _records.Ragged(buf, raw, aux, self._dtype, idx, None).to_packed(idx)
 
     def __getitem__(self, key):
         self._check_open()
         idx, scalar = _as_indices(key, self._len)
-        if scalar:
-            k = int(np.searchsorted(self._ends, idx[0], side="right"))
-            return self._stores[k][int(idx[0] - self._starts[k])]
-        return self.gather(idx)
+        got = self.gather(idx)
+        return got[0] if scalar else got
 
     # -- lifetime
     def _check_open(self) -> None:
@@ -310,10 +303,12 @@ class ShardSet:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __getstate__(self):
-        raise TypeError(
-            "ShardSet cannot be pickled; rebuild it from the shard paths in the other process"
-        )
+    def __reduce__(self):
+        # A reference, not the data: the shards' paths, reopened read-only.
+        paths = [getattr(store, "path", None) for store in self._stores]
+        if any(p is None for p in paths):
+            raise TypeError("this ShardSet holds shards without a path and cannot be pickled")
+        return (_reopen, (paths,))
 
     def __repr__(self) -> str:
         if getattr(self, "_closed", True):
@@ -325,28 +320,8 @@ class ShardSet:
         )
 
 
-def _merge_packed(parts: list, count: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Interleave per-shard ``(positions, values, row_splits)`` into request order."""
-    trailing = parts[0][1].shape[1:]
-    for positions, values, _ in parts[1:]:
-        if values.shape[1:] != trailing:
-            raise ValueError(
-                f"records do not share trailing dimensions: shards hold (*, {trailing}) "
-                f"and (*, {values.shape[1:]})"
-            )
-    rows = np.zeros(count, dtype=np.int64)
-    for positions, _, splits in parts:
-        rows[positions] = np.diff(splits)
-    row_splits = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(rows, out=row_splits[1:])
-    values = np.empty((int(row_splits[-1]),) + trailing, dtype=dtype)
-    for positions, part_values, splits in parts:
-        lo, hi = int(positions[0]), int(positions[-1]) + 1
-        if hi - lo == len(positions):
-            values[row_splits[lo] : row_splits[hi]] = part_values
-            continue
-        lengths = np.diff(splits)
-        # Destination row of every source row: its record's start plus its offset in it.
-        shift = np.repeat(row_splits[positions] - splits[:-1], lengths)
-        values[np.arange(len(part_values), dtype=np.int64) + shift] = part_values
-    return values, row_splits
+def _reopen(paths: list) -> "ShardSet":
+    shards = ShardSet(paths)  # opened from paths: the set owns (and closes) them
+    for store in shards.shards:
+        store.read_only()
+    return shards

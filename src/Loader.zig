@@ -1,62 +1,123 @@
-//! The loader's prefetch ring: library threads that build the batches of dense
-//! streams ahead of the consumer, so no Python runs between a step's indices
-//! and its finished buffers.
+//! The loader's prefetch ring: library threads that build whole batches
+//! ahead of the consumer — every step's indices (one source, or a weighted
+//! mixture of sources) and every column of every store — so no Python runs
+//! between a step and its finished buffers.
 //!
-//! The consumer (Python's DataLoader) submits steps in order, each with one
-//! destination buffer per stream. `threads` workers claim submitted steps in
-//! step order, compute each step's indices with the sampler (a pure function
-//! of the step) and gather every stream into that step's buffers. The consumer
-//! waits for a step and then owns its buffers again. A ring of `window` slots
-//! holds the steps submitted and not yet waited for (slot = step % window);
-//! submitting into a slot that is still in use is refused, never a race.
+//! Model. A loader reads `columns` (a DataLoader's stream names) from one or
+//! more `sources`; each (source, column) pair is a list of parts (the shards
+//! of a ShardSet, or one store). A dense column's batch goes into a buffer
+//! the consumer submits (batch_size fixed-size records); a variable column's
+//! (ragged records, bytes) into one new buffer per step, which `wait` hands
+//! to the consumer with every record's payload and aux sizes.
 //!
-//! The loader counts itself as a user of every store it reads (Store.enter,
-//! Store.hold) until `destroy`, so a store its owner closes while the loader
-//! runs stays mapped; the loader reports such a store's next step as failed
-//! (`error.Closed`) instead of reading it.
+//! Indices. The records of all ranks form one stream of global positions;
+//! step s of this ring covers positions [position + (s - step) * G, ... + G),
+//! G = batch_size * world, and rank r takes its slice [r*B, (r+1)*B). With
+//! one source, position p is the sampler's index at p. With a mixture,
+//! mixture.zig shares the positions out among the sources by weight and
+//! orders each step's records by a keyed permutation; each source's records
+//! are its own sampler's indices at its own positions. Both are pure
+//! functions of the step, and a resumed run continues from any position.
 //!
-//! Trade-off: every worker runs whole steps, one after another; a step's
-//! gather uses `lanes` lanes of the shared pool (1 when the workers already
-//! cover the cores).
+//! Ring. The consumer submits steps in order; `threads` workers claim them in
+//! order and build them; the consumer waits for a step and owns its buffers
+//! again. A ring of `window` slots holds the steps submitted and not yet
+//! waited for (slot = step % window); submitting into a slot that is still
+//! in use is refused, never a race.
+//!
+//! Lifetime. The loader counts itself as a user of every store it reads
+//! (Store.enter, Store.hold) until `destroy`, so a store its owner closes
+//! while the loader runs stays mapped; the loader fails that store's next
+//! step with `error.Closed` instead of reading it.
 const std = @import("std");
 const Io = std.Io;
 const assert = std.debug.assert;
 const Allocator = std.mem.Allocator;
 const Store = @import("Store.zig");
 const sampler = @import("sampler.zig");
+const mixture = @import("mixture.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
+const store_read = @import("store_read.zig");
+const store_parts = @import("store_parts.zig");
 
 const Loader = @This();
 
 pub const Error = Store.Error;
 
 /// Bounds chosen at open (TigerStyle: everything bounded).
-pub const streams_max: usize = 1024;
+pub const columns_max: usize = 1024;
 pub const window_max: usize = 1 << 16;
 pub const threads_max: usize = 256;
+pub const sources_max: usize = mixture.sources_max;
+pub const parts_max: usize = store_parts.parts_max;
 const message_size_max: usize = 256;
 
-pub const Stream = struct {
-    store: *Store,
-    /// Bytes of one record; a step's buffer holds batch_size of them.
-    record_size: u64,
+pub const ColumnKind = enum(u32) {
+    /// Fixed-size records into a submitted buffer (batch_size * record_size).
+    dense = 0,
+    /// Any records into a new buffer per step, with their sizes.
+    variable = 1,
 };
 
-pub const Config = struct {
+/// lx_column_t: one stream of every batch.
+pub const Column = extern struct {
+    kind: u32,
+    _reserved: u32 = 0,
+    /// Bytes of one record (dense columns).
+    record_size: u64,
+
+    comptime {
+        assert(@sizeOf(Column) == 16);
+    }
+};
+
+/// lx_source_t: one source of records; `weight` matters in a mixture only.
+pub const Source = extern struct {
     length: u64,
-    batch_size: u64,
-    mode: sampler.Mode,
     seed: u64,
-    rank: u64 = 0,
-    world: u64 = 1,
+    weight: u64,
+
+    comptime {
+        assert(@sizeOf(Source) == 24);
+    }
+};
+
+/// lx_loader_part_t: `store` holds records from `first` of (source, column).
+pub const Part = extern struct {
+    store: *Store,
+    first: u64,
+    source: u32,
+    column: u32,
+
+    comptime {
+        assert(@sizeOf(Part) == 24);
+    }
+};
+
+/// lx_loader_config_t.
+pub const Config = extern struct {
+    /// Records per step on this rank.
+    batch_size: u64,
+    rank: u64,
+    world: u64,
+    /// The global position of the first record of step `step`.
+    position: u64,
+    /// The first step to submit.
+    step: u64,
+    /// Keys the order of a mixture's records within a step.
+    seed: u64,
+    /// sampler.Mode of every source.
+    mode: u32,
     /// Steps submitted and not yet waited for, at most.
     window: u32,
     threads: u32,
     /// Lanes of one gather (0: every usable core).
-    lanes: u32 = 0,
-    /// The first step to submit.
-    step: u64 = 0,
+    lanes: u32,
+
+    comptime {
+        assert(@sizeOf(Config) == 64);
+    }
 };
 
 const State = enum(u8) { free, submitted, running, done };
@@ -65,19 +126,55 @@ const Slot = struct {
     state: State = .free,
     step: u64 = 0,
     failure: ?Error = null,
-    failed_stream: u32 = 0,
+    failed_column: u32 = 0,
     message_len: usize = 0,
     message: [message_size_max]u8 = undefined,
 };
 
+/// A variable column's result of a step: a malloc'ed buffer, or null.
+const Result = struct {
+    buffer: ?[*]u8 = null,
+    len: u64 = 0,
+};
+
+/// What a step's consumer gave it: one destination per column, and where to
+/// write the step's indices and sources (either may be null).
+const Dests = struct {
+    columns: [][*]u8,
+    indices: ?[*]u64 = null,
+    sources: ?[*]u16 = null,
+};
+
+/// A worker's buffers, sized at open.
+const Work = struct {
+    indices: []u64,
+    sources: []u16,
+    origins: []mixture.Origin,
+    slots: []u64,
+    /// A step's positions of one source (mixtures: up to G).
+    filled: []u64,
+    parts: store_parts.Scratch = .{},
+};
+
 gpa: Allocator,
 config: Config,
-streams: []Stream,
+mode: sampler.Mode,
+sources: []Source,
+mix: mixture.Mixture,
+columns: []Column,
+/// Every part, grouped by column, then by source, then by `first`.
+parts: []store_parts.Part,
+/// Per column c: its parts are parts[col_start[c] .. col_start[c + 1]];
+/// per (c, k): source k's are parts[range_start[c * K + k] .. next].
+col_start: []usize,
+range_start: []usize,
 slots: []Slot,
-/// window * streams.len destination pointers: slot k's are [k * n .. (k + 1) * n).
+/// window * columns destinations, results; window index/source outputs.
 dests: [][*]u8,
-/// One index buffer of batch_size per worker.
-indices: []u64,
+results: []Result,
+index_out: []?[*]u64,
+source_out: []?[*]u16,
+work: []Work,
 threads: []std.Thread,
 
 mutex: Io.Mutex = .init,
@@ -94,108 +191,260 @@ closed: bool = false,
 stop_started: std.atomic.Value(bool) = .init(false),
 joined: std.atomic.Value(bool) = .init(false),
 
-/// Starts `config.threads` workers over `streams` (kept alive until `destroy`).
-pub fn create(gpa: Allocator, streams: []const Stream, config: Config) Error!*Loader {
-    if (streams.len == 0 or streams.len > streams_max) return diag.fail(error.InvalidArgument, "a loader needs 1 to {d} streams, got {d}", .{ streams_max, streams.len });
-    if (config.window == 0 or config.window > window_max) return diag.fail(error.InvalidArgument, "window must be 1..{d}, got {d}", .{ window_max, config.window });
-    if (config.threads == 0 or config.threads > threads_max) return diag.fail(error.InvalidArgument, "threads must be 1..{d}, got {d}", .{ threads_max, config.threads });
-    if (config.length == 0 or config.batch_size == 0) return diag.fail(error.InvalidArgument, "length and batch_size must be >= 1", .{});
-    if (config.world == 0 or config.rank >= config.world) return diag.fail(error.InvalidArgument, "bad shard ({d}, {d})", .{ config.rank, config.world });
-    for (streams, 0..) |st, i| {
-        _ = std.math.mul(u64, st.record_size, config.batch_size) catch return diag.fail(error.InvalidArgument, "stream {d}: a batch of {d} records of {d} bytes overflows", .{ i, config.batch_size, st.record_size });
-    }
-    const batch: usize = @intCast(config.batch_size);
+// ---------------------------------------------------------------- open
 
-    const l = try gpa.create(Loader);
+fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Error!void {
+    // No column at all is fine: the ring then only computes indices (for
+    // streams the consumer reads itself).
+    if (columns.len > columns_max) return invalid("a loader takes at most {d} columns, got {d}", .{ columns_max, columns.len });
+    if (sources.len == 0 or sources.len > sources_max) return invalid("a loader needs 1 to {d} sources, got {d}", .{ sources_max, sources.len });
+    if (c.window == 0 or c.window > window_max) return invalid("window must be 1..{d}, got {d}", .{ window_max, c.window });
+    if (c.threads == 0 or c.threads > threads_max) return invalid("threads must be 1..{d}, got {d}", .{ threads_max, c.threads });
+    if (c.batch_size == 0 or c.world == 0 or c.rank >= c.world) return invalid("bad batch_size {d} or shard ({d}, {d})", .{ c.batch_size, c.rank, c.world });
+    if (std.enums.fromInt(sampler.Mode, c.mode) == null) return invalid("unknown sampler mode {d}", .{c.mode});
+    const global = std.math.mul(u64, c.batch_size, c.world) catch return invalid("batch_size * world overflows", .{});
+    _ = std.math.mul(usize, @intCast(global), @sizeOf(u64)) catch return invalid("global batch too large", .{});
+    var total: u64 = 0;
+    for (sources, 0..) |s, k| {
+        if (s.length == 0) return invalid("source {d} is empty", .{k});
+        if (sources.len > 1 and s.weight == 0) return invalid("source {d} has weight 0", .{k});
+        total = std.math.add(u64, total, s.weight) catch return invalid("weights overflow", .{});
+    }
+    if (sources.len > 1 and total > mixture.weight_total_max) return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
+    for (columns, 0..) |col, i| {
+        const kind = std.enums.fromInt(ColumnKind, col.kind) orelse return invalid("column {d}: unknown kind {d}", .{ i, col.kind });
+        if (kind == .dense) _ = std.math.mul(u64, col.record_size, c.batch_size) catch return invalid("column {d}: a batch overflows", .{i});
+    }
+}
+
+fn invalid(comptime fmt: []const u8, args: anytype) Error {
+    return diag.fail(error.InvalidArgument, fmt, args);
+}
+
+/// Checks the parts and lays them out by column, source and `first`.
+fn layout(l: *Loader, parts: []const Part) Error!void {
+    const k_count = l.sources.len;
+    const c_count = l.columns.len;
+    var counts = l.gpa.alloc(usize, c_count * k_count + 1) catch return error.OutOfMemory;
+    defer l.gpa.free(counts);
+    @memset(counts, 0);
+    for (parts, 0..) |p, i| {
+        if (p.column >= c_count or p.source >= k_count) return invalid("part {d}: no column {d} / source {d}", .{ i, p.column, p.source });
+        counts[p.column * k_count + p.source + 1] += 1;
+    }
+    for (1..counts.len) |i| {
+        if (counts[i] == 0) return invalid("column {d} has no store for source {d}", .{ (i - 1) / k_count, (i - 1) % k_count });
+        counts[i] += counts[i - 1];
+    }
+    @memcpy(l.range_start, counts);
+    for (0..c_count + 1) |c| l.col_start[c] = counts[c * k_count];
+    var fill = l.gpa.dupe(usize, counts[0 .. counts.len - 1]) catch return error.OutOfMemory;
+    defer l.gpa.free(fill);
+    for (parts) |p| {
+        const at = &fill[p.column * k_count + p.source];
+        l.parts[at.*] = .{ .store = p.store, .first = p.first };
+        at.* += 1;
+    }
+    for (0..c_count * k_count) |r| {
+        const range = l.parts[l.range_start[r]..l.range_start[r + 1]];
+        std.mem.sortUnstable(store_parts.Part, range, {}, firstLess);
+        if (range[0].first != 0) return invalid("the first part of column {d}, source {d} must start at 0", .{ r / k_count, r % k_count });
+        for (range[1..], range[0 .. range.len - 1]) |b, a| {
+            if (b.first == a.first) return invalid("two parts of column {d}, source {d} start at {d}", .{ r / k_count, r % k_count, a.first });
+        }
+    }
+}
+
+fn firstLess(_: void, a: store_parts.Part, b: store_parts.Part) bool {
+    return a.first < b.first;
+}
+
+/// Starts `config.threads` workers reading `parts` (kept alive until `destroy`).
+pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: []const Column, parts: []const Part) Error!*Loader {
+    try checkConfig(config, sources, columns);
+    if (parts.len > parts_max) return invalid("a loader takes at most {d} parts, got {d}", .{ parts_max, parts.len });
+    const l = gpa.create(Loader) catch return error.OutOfMemory;
     errdefer gpa.destroy(l);
-    const own_streams = try gpa.dupe(Stream, streams);
-    errdefer gpa.free(own_streams);
-    const slots = try gpa.alloc(Slot, config.window);
-    errdefer gpa.free(slots);
-    @memset(slots, .{});
-    const dests = try gpa.alloc([*]u8, @as(usize, config.window) * streams.len);
-    errdefer gpa.free(dests);
-    const indices = try gpa.alloc(u64, std.math.mul(usize, batch, config.threads) catch return error.OutOfMemory);
-    errdefer gpa.free(indices);
-    const threads = try gpa.alloc(std.Thread, config.threads);
-    errdefer gpa.free(threads);
     l.* = .{
         .gpa = gpa,
         .config = config,
-        .streams = own_streams,
-        .slots = slots,
-        .dests = dests,
-        .indices = indices,
-        .threads = threads,
+        .mode = @enumFromInt(config.mode),
+        .sources = &.{},
+        .mix = undefined,
+        .columns = &.{},
+        .parts = &.{},
+        .col_start = &.{},
+        .range_start = &.{},
+        .slots = &.{},
+        .dests = &.{},
+        .results = &.{},
+        .index_out = &.{},
+        .source_out = &.{},
+        .work = &.{},
+        .threads = &.{},
         .next_submit = config.step,
         .next_claim = config.step,
     };
-    var entered: usize = 0;
-    errdefer for (own_streams[0..entered]) |st| st.store.leave();
-    while (entered < own_streams.len) : (entered += 1) try own_streams[entered].store.enter();
-    var started: usize = 0;
-    errdefer {
-        l.closeAndWake();
-        for (threads[0..started]) |t| t.join();
+    errdefer l.freeBuffers();
+    try l.allocate(sources, columns, parts.len);
+    try l.layout(parts);
+    if (sources.len > 1) {
+        var weights: [sources_max]u64 = undefined;
+        for (sources, 0..) |s, k| weights[k] = s.weight;
+        l.mix = mixture.Mixture.init(weights[0..sources.len]);
     }
-    while (started < threads.len) : (started += 1) {
-        threads[started] = std.Thread.spawn(.{ .stack_size = 1 << 20 }, workerMain, .{ l, started }) catch
-            return diag.fail(error.OutOfMemory, "could not start loader thread {d}", .{started});
-    }
-    for (own_streams) |st| st.store.hold();
+    try l.enterStores();
+    errdefer for (l.parts) |p| p.store.leave();
+    try l.startThreads();
+    for (l.parts) |p| p.store.hold();
     return l;
 }
 
-/// Gives step `step` (which must be the next one in order) its destination
-/// buffers, one per stream, each batch_size * record_size bytes. Errors:
-/// Closed, InvalidArgument (out of order, or its slot is still in use).
-pub fn submit(l: *Loader, step: u64, dests: []const [*]u8) Error!void {
-    assert(dests.len == l.streams.len);
+fn allocate(l: *Loader, sources: []const Source, columns: []const Column, part_count: usize) Error!void {
+    const gpa = l.gpa;
+    const window: usize = l.config.window;
+    l.sources = gpa.dupe(Source, sources) catch return error.OutOfMemory;
+    l.columns = gpa.dupe(Column, columns) catch return error.OutOfMemory;
+    l.parts = gpa.alloc(store_parts.Part, part_count) catch return error.OutOfMemory;
+    l.col_start = gpa.alloc(usize, columns.len + 1) catch return error.OutOfMemory;
+    l.range_start = gpa.alloc(usize, columns.len * sources.len + 1) catch return error.OutOfMemory;
+    l.slots = gpa.alloc(Slot, window) catch return error.OutOfMemory;
+    @memset(l.slots, .{});
+    l.dests = gpa.alloc([*]u8, window * columns.len) catch return error.OutOfMemory;
+    l.results = gpa.alloc(Result, window * columns.len) catch return error.OutOfMemory;
+    @memset(l.results, .{});
+    l.index_out = gpa.alloc(?[*]u64, window) catch return error.OutOfMemory;
+    l.source_out = gpa.alloc(?[*]u16, window) catch return error.OutOfMemory;
+    l.work = gpa.alloc(Work, l.config.threads) catch return error.OutOfMemory;
+    for (l.work) |*w| w.* = .{ .indices = &.{}, .sources = &.{}, .origins = &.{}, .slots = &.{}, .filled = &.{} };
+    const batch: usize = @intCast(l.config.batch_size);
+    const global: usize = @intCast(l.config.batch_size * l.config.world);
+    for (l.work) |*w| {
+        w.indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+        w.sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
+        if (sources.len > 1) {
+            w.origins = gpa.alloc(mixture.Origin, batch) catch return error.OutOfMemory;
+            w.slots = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+            w.filled = gpa.alloc(u64, global) catch return error.OutOfMemory;
+        }
+    }
+}
+
+fn freeBuffers(l: *Loader) void {
+    const gpa = l.gpa;
+    for (l.work) |*w| {
+        gpa.free(w.indices);
+        gpa.free(w.sources);
+        gpa.free(w.origins);
+        gpa.free(w.slots);
+        gpa.free(w.filled);
+        w.parts.deinit(gpa);
+    }
+    for (l.results) |r| if (r.buffer) |b| std.c.free(b);
+    inline for (.{ "work", "source_out", "index_out", "results", "dests", "slots", "range_start", "col_start", "parts", "columns", "sources" }) |name| {
+        gpa.free(@field(l, name));
+    }
+}
+
+fn enterStores(l: *Loader) Error!void {
+    var entered: usize = 0;
+    errdefer for (l.parts[0..entered]) |p| p.store.leave();
+    while (entered < l.parts.len) : (entered += 1) try l.parts[entered].store.enter();
+}
+
+fn startThreads(l: *Loader) Error!void {
+    l.threads = l.gpa.alloc(std.Thread, l.config.threads) catch return error.OutOfMemory;
+    var started: usize = 0;
+    errdefer {
+        l.closeAndWake();
+        for (l.threads[0..started]) |t| t.join();
+        l.gpa.free(l.threads);
+    }
+    while (started < l.threads.len) : (started += 1) {
+        l.threads[started] = std.Thread.spawn(.{ .stack_size = 1 << 20 }, workerMain, .{ l, started }) catch
+            return diag.fail(error.OutOfMemory, "could not start loader thread {d}", .{started});
+    }
+}
+
+// ---------------------------------------------------------------- the ring
+
+/// Gives step `step` (the next in order) its destinations: per column, a
+/// dense column's batch buffer (batch_size * record_size bytes) or a packed
+/// column's sizes buffer (2 * batch_size words: payload sizes, then aux
+/// sizes); and where to write the step's indices and per-record sources
+/// (each null for none). Errors: Closed, InvalidArgument (out of order, or
+/// its slot is still in use).
+pub fn submit(l: *Loader, step: u64, dests: []const [*]u8, indices: ?[*]u64, sources: ?[*]u16) Error!void {
+    assert(dests.len == l.columns.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-    if (step != l.next_submit) return diag.fail(error.InvalidArgument, "step {d} submitted out of order (next is {d})", .{ step, l.next_submit });
+    if (step != l.next_submit) return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_submit });
     const k = l.slotOf(step);
     const slot = &l.slots[k];
-    if (slot.state != .free) return diag.fail(error.InvalidArgument, "step {d}: ring slot still holds step {d} (more than {d} steps submitted)", .{ step, slot.step, l.config.window });
-    @memcpy(l.dests[k * l.streams.len ..][0..l.streams.len], dests);
+    if (slot.state != .free) return invalid("step {d}: ring slot still holds step {d} (more than {d} steps submitted)", .{ step, slot.step, l.config.window });
+    @memcpy(l.dests[k * l.columns.len ..][0..l.columns.len], dests);
+    l.index_out[k] = indices;
+    l.source_out[k] = sources;
     slot.* = .{ .state = .submitted, .step = step };
     l.next_submit = step + 1;
     l.work_ready.signal(io);
 }
 
 /// Waits until submitted step `step` is built and frees its slot: its buffers
-/// are the caller's again. On a failed step, returns the gather's error (its
-/// message in diag) and the failing stream in `failed_stream`.
-/// Errors: Closed, InvalidArgument (not submitted), or the gather's error.
-pub fn wait(l: *Loader, step: u64, failed_stream: *u32) Error!void {
+/// are the caller's again, and each variable column's new buffer and its length
+/// go to `buffers[c]`/`lengths[c]` (the caller frees them with std.c.free).
+/// On a failed step, returns the error (message in diag) and the failing
+/// column in `failed_column`. Errors: Closed, InvalidArgument (not
+/// submitted), or the step's error.
+pub fn wait(l: *Loader, step: u64, failed_column: *u32, buffers: []?[*]u8, lengths: []u64) Error!void {
+    assert(buffers.len == l.columns.len and lengths.len == l.columns.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
-    const slot = &l.slots[l.slotOf(step)];
+    const k = l.slotOf(step);
+    const slot = &l.slots[k];
     while (true) {
         if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-        if (slot.state == .free or slot.step != step) return diag.fail(error.InvalidArgument, "step {d} was not submitted", .{step});
+        if (slot.state == .free or slot.step != step) return invalid("step {d} was not submitted", .{step});
         if (slot.state == .done) break;
         l.step_done.waitUncancelable(io, &l.mutex);
     }
     slot.state = .free;
+    const results = l.results[k * l.columns.len ..][0..l.columns.len];
     if (slot.failure) |err| {
-        failed_stream.* = slot.failed_stream;
+        freeResults(results);
+        failed_column.* = slot.failed_column;
         diag.set("{s}", .{slot.message[0..slot.message_len]});
         return err;
+    }
+    for (results, buffers, lengths) |*r, *b, *n| {
+        b.* = r.buffer;
+        n.* = r.len;
+        r.* = .{};
+    }
+}
+
+fn freeResults(results: []Result) void {
+    for (results) |*r| {
+        if (r.buffer) |b| std.c.free(b);
+        r.* = .{};
     }
 }
 
 /// Drops every submitted step (waiting for those being built, so no worker
-/// still writes into a buffer afterwards); the next step to submit is `step`.
-pub fn reset(l: *Loader, step: u64) void {
+/// still writes into a buffer afterwards); the next step to submit is
+/// `step`, and its first record is at global `position`.
+pub fn reset(l: *Loader, step: u64, position: u64) void {
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     while (l.running > 0 and !l.closed) l.step_done.waitUncancelable(io, &l.mutex);
     for (l.slots) |*slot| slot.state = .free;
+    freeResults(l.results);
+    l.config.step = step;
+    l.config.position = position;
     l.next_submit = step;
     l.next_claim = step;
 }
@@ -209,21 +458,18 @@ pub fn stop(l: *Loader) void {
     l.joined.store(true, .release);
 }
 
-/// Stops, releases the stores and frees the loader. No other call may race it.
+/// Stops, lets go of the stores and frees the loader. No other call may race it.
 pub fn destroy(l: *Loader) void {
     l.stop();
     // A stop begun on another thread may still be joining.
     while (!l.joined.load(.acquire)) std.Thread.yield() catch {};
-    for (l.streams) |st| {
-        st.store.leave();
-        st.store.unhold();
+    for (l.parts) |p| {
+        p.store.leave();
+        p.store.unhold();
     }
     const gpa = l.gpa;
     gpa.free(l.threads);
-    gpa.free(l.indices);
-    gpa.free(l.dests);
-    gpa.free(l.slots);
-    gpa.free(l.streams);
+    l.freeBuffers();
     gpa.destroy(l);
 }
 
@@ -242,9 +488,9 @@ fn slotOf(l: *const Loader, step: u64) usize {
 
 fn workerMain(l: *Loader, worker_index: usize) void {
     const io = pool.io();
-    const batch: usize = @intCast(l.config.batch_size);
-    const indices = l.indices[worker_index * batch ..][0..batch];
-    var dests: [streams_max][*]u8 = undefined;
+    const work = &l.work[worker_index];
+    var dests: [columns_max][*]u8 = undefined;
+    var results: [columns_max]Result = undefined;
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     while (!l.closed) {
@@ -254,57 +500,151 @@ fn workerMain(l: *Loader, worker_index: usize) void {
             l.work_ready.waitUncancelable(io, &l.mutex);
             continue;
         }
-        // Claimed: the slot's metadata stays ours until we mark it done (a
-        // reset waits for `running` to drop), so the build runs unlocked.
+        // Claimed: the slot stays ours until we mark it done (a reset waits
+        // for `running` to drop), so the build runs unlocked.
         slot.state = .running;
         l.next_claim += 1;
         l.running += 1;
         const step = slot.step;
-        const n = l.streams.len;
+        const n = l.columns.len;
         @memcpy(dests[0..n], l.dests[k * n ..][0..n]);
+        const out: Dests = .{ .columns = dests[0..n], .indices = l.index_out[k], .sources = l.source_out[k] };
+        const base = .{ l.config.step, l.config.position };
         l.mutex.unlock(io);
-        var failed_stream: u32 = 0;
-        const result = l.build(step, dests[0..n], indices, &failed_stream);
+        var failed_column: u32 = 0;
+        for (results[0..n]) |*r| r.* = .{};
+        const result = l.build(step, base, out, work, results[0..n], &failed_column);
         l.mutex.lockUncancelable(io);
-        slot.state = .done;
-        slot.failure = null;
-        if (result) |_| {} else |err| {
-            const message = std.mem.span(diag.get());
-            const len = @min(message.len, message_size_max);
-            @memcpy(slot.message[0..len], message[0..len]);
-            slot.message_len = len;
-            slot.failure = err;
-            slot.failed_stream = failed_stream;
-        }
+        l.finish(slot, k, result, failed_column, results[0..n]);
         l.running -= 1;
         l.step_done.broadcast(io);
     }
 }
 
-/// Fills `dests` with every stream's records at the indices of `step`.
-fn build(l: *Loader, step: u64, dests: []const [*]u8, indices: []u64, failed_stream: *u32) Error!void {
-    const c = l.config;
-    sampler.fill(c.length, c.mode, c.seed, step, c.rank, c.world, indices);
-    for (l.streams, dests, 0..) |st, dest, i| {
-        failed_stream.* = @intCast(i);
-        if (st.store.isClosed()) return diag.fail(error.Closed, "the store was closed while a loader was reading it", .{});
-        const len: usize = @intCast(st.record_size * c.batch_size);
-        try st.store.gather(indices, .{ .base = dest, .len = len, .stride = @intCast(st.record_size) }, .payload, c.lanes);
+/// Records a built step's outcome in its slot. Caller holds the mutex.
+fn finish(l: *Loader, slot: *Slot, k: usize, result: Error!void, failed_column: u32, results: []Result) void {
+    slot.state = .done;
+    slot.failure = null;
+    @memcpy(l.results[k * l.columns.len ..][0..l.columns.len], results);
+    if (result) |_| {} else |err| {
+        freeResults(l.results[k * l.columns.len ..][0..l.columns.len]);
+        const message = std.mem.span(diag.get());
+        const len = @min(message.len, message_size_max);
+        @memcpy(slot.message[0..len], message[0..len]);
+        slot.message_len = len;
+        slot.failure = err;
+        slot.failed_column = failed_column;
     }
+}
+
+// ---------------------------------------------------------------- building a step
+
+/// Builds `step` into `out` (and `results`), with the indices of the base
+/// (step, position) the step was claimed under.
+fn build(l: *Loader, step: u64, base: struct { u64, u64 }, out: Dests, work: *Work, results: []Result, failed_column: *u32) Error!void {
+    const global: u128 = @as(u128, l.config.batch_size) * l.config.world;
+    assert(step >= base[0]);
+    const first: u128 = @as(u128, base[1]) + @as(u128, step - base[0]) * global;
+    l.indicesOf(first, work);
+    const batch: usize = @intCast(l.config.batch_size);
+    if (out.indices) |p| @memcpy(p[0..batch], work.indices);
+    if (out.sources) |p| @memcpy(p[0..batch], work.sources);
+    for (l.columns, 0..) |col, c| {
+        failed_column.* = @intCast(c);
+        try l.buildColumn(c, col, out.columns[c], work, &results[c]);
+    }
+}
+
+/// This rank's indices (and sources) of the step whose global batch starts
+/// at position `first`.
+fn indicesOf(l: *Loader, first: u128, work: *Work) void {
+    const c = l.config;
+    const batch: u64 = c.batch_size;
+    const global: u64 = c.batch_size * c.world;
+    if (l.sources.len == 1) {
+        const s = l.sources[0];
+        sampler.fillFrom(s.length, l.mode, s.seed, first + c.rank * batch, work.indices);
+        @memset(work.sources, 0);
+        return;
+    }
+    mixture.compose(&l.mix, c.seed, first, global, c.rank * batch, work.slots, work.origins);
+    var before: [sources_max]u128 = undefined;
+    var after: [sources_max]u128 = undefined;
+    l.mix.cumulative(first, &before);
+    l.mix.cumulative(first + global, &after);
+    // Each source's positions of the step, filled at once (one sampler call
+    // per source), then picked by the rank's records.
+    var at: usize = 0;
+    var start: [sources_max]usize = undefined;
+    for (l.sources, 0..) |s, k| {
+        const n: usize = @intCast(after[k] - before[k]);
+        start[k] = at;
+        if (n > 0) sampler.fillFrom(s.length, l.mode, s.seed, before[k], work.filled[at..][0..n]);
+        at += n;
+    }
+    for (work.origins, work.indices, work.sources) |o, *index, *source| {
+        index.* = work.filled[start[o.source] + @as(usize, @intCast(o.position - before[o.source]))];
+        source.* = o.source;
+    }
+}
+
+fn buildColumn(l: *Loader, c: usize, col: Column, dest: [*]u8, work: *Work, result: *Result) Error!void {
+    const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
+    const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
+    defer store_parts.end(parts);
+    const reads = try l.readsOf(c, snaps, work);
+    const batch: usize = @intCast(l.config.batch_size);
+    const kind: ColumnKind = @enumFromInt(col.kind);
+    switch (kind) {
+        .dense => {
+            const size: usize = @intCast(col.record_size);
+            try store_read.gatherReads(reads, .{ .base = dest, .len = size * batch, .stride = size }, .payload, l.config.lanes);
+        },
+        .variable => {
+            const words: [*]u64 = @ptrCast(@alignCast(dest));
+            const buf = try store_read.packedReads(l.gpa, reads, l.config.lanes, words[0..batch], words[batch..][0..batch]);
+            result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
+        },
+    }
+}
+
+/// Column c's reads of the step in `work`: each record's part (among the
+/// column's parts) and index inside it.
+fn readsOf(l: *Loader, c: usize, snaps: []const store_read.Snapshot, work: *Work) Error!store_read.Reads {
+    const k_count = l.sources.len;
+    const col_first = l.col_start[c];
+    const sc = &work.parts;
+    sc.of.resize(l.gpa, work.indices.len) catch return error.OutOfMemory;
+    sc.local.resize(l.gpa, work.indices.len) catch return error.OutOfMemory;
+    for (work.indices, work.sources, sc.of.items, sc.local.items) |index, source, *of, *local| {
+        const r = c * k_count + source;
+        const lo = l.range_start[r] - col_first;
+        const hi = l.range_start[r + 1] - col_first;
+        const parts = l.parts[col_first + lo .. col_first + hi];
+        const at = store_parts.find(parts, snaps[lo..hi], index) orelse return diag.fail(error.OutOfRange,
+            "source {d}: index {d} is out of range (a store of this column is shorter than the source)", .{ source, index });
+        of.* = @intCast(lo + at.part);
+        local.* = at.local;
+    }
+    return .{ .snaps = snaps, .of = sc.of.items, .indices = sc.local.items };
 }
 
 // ---------------------------------------------------------------- tests
 
 const testing = std.testing;
 
-fn testStore(tmp: *testing.TmpDir, name: []const u8, count: u64) !*Store {
+fn testStore(tmp: *testing.TmpDir, name: []const u8, count: u64, mul: u64) !*Store {
+    return testStoreFrom(tmp, name, count, mul, 0);
+}
+
+/// A store of `count` u64 records: record i holds mul * (offset + i) + 1.
+fn testStoreFrom(tmp: *testing.TmpDir, name: []const u8, count: u64, mul: u64, offset: u64) !*Store {
     const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", testing.allocator);
     defer testing.allocator.free(base);
     var buf: [4096]u8 = undefined;
     const path = try std.fmt.bufPrint(&buf, "{s}/{s}", .{ base, name });
     const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = .raw });
     errdefer s.close();
-    // Record i is the u64 value 3i + 1.
     var values: [64]u64 = undefined;
     var ptrs: [64][*]const u8 = undefined;
     var sizes: [64]u64 = undefined;
@@ -312,7 +652,7 @@ fn testStore(tmp: *testing.TmpDir, name: []const u8, count: u64) !*Store {
     while (first < count) : (first += values.len) {
         const n: usize = @intCast(@min(values.len, count - first));
         for (0..n) |i| {
-            values[i] = 3 * (first + i) + 1;
+            values[i] = mul * (offset + first + i) + 1;
             ptrs[i] = @ptrCast(&values[i]);
             sizes[i] = 8;
         }
@@ -321,80 +661,157 @@ fn testStore(tmp: *testing.TmpDir, name: []const u8, count: u64) !*Store {
     return s;
 }
 
+fn dense8() [1]Column {
+    return .{.{ .kind = @intFromEnum(ColumnKind.dense), .record_size = 8 }};
+}
+
+fn testConfig(batch: u64, window: u32, threads: u32, step: u64) Config {
+    return .{ .batch_size = batch, .rank = 0, .world = 1, .position = step * batch, .step = step, .seed = 5, .mode = @intFromEnum(sampler.Mode.cyclic), .window = window, .threads = threads, .lanes = 0 };
+}
+
 test "the ring builds every step in order, exactly as the sampler says" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
-    const s = try testStore(&tmp, "x", 100);
+    const s = try testStore(&tmp, "x", 100, 3);
     defer s.close();
-    const config: Config = .{ .length = 100, .batch_size = 7, .mode = .cyclic, .seed = 5, .window = 3, .threads = 2, .step = 10 };
-    const l = try Loader.create(testing.allocator, &.{.{ .store = s, .record_size = 8 }}, config);
+    const l = try Loader.create(testing.allocator, testConfig(7, 3, 2, 10), &.{.{ .length = 100, .seed = 5, .weight = 1 }}, &dense8(), &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }});
     defer l.destroy();
     var buffers: [3][7]u64 = undefined;
     var expected: [7]u64 = undefined;
     var failed: u32 = 0;
-    var step: u64 = 10;
-    for (10..13) |first| try l.submit(first, &.{@ptrCast(&buffers[first % 3])});
+    var bufs: [1]?[*]u8 = undefined;
+    var lens: [1]u64 = undefined;
+    for (10..13) |first| try l.submit(first, &.{@ptrCast(&buffers[first % 3])}, null, null);
     // A fourth step has no free slot until step 10 is waited for.
-    try testing.expectError(error.InvalidArgument, l.submit(13, &.{@ptrCast(&buffers[0])}));
+    try testing.expectError(error.InvalidArgument, l.submit(13, &.{@ptrCast(&buffers[0])}, null, null));
+    var step: u64 = 10;
     while (step < 40) : (step += 1) {
-        try l.wait(step, &failed);
+        try l.wait(step, &failed, &bufs, &lens);
         const got = &buffers[step % 3];
         sampler.fill(100, .cyclic, 5, step, 0, 1, &expected);
         for (got, expected) |value, index| try testing.expectEqual(3 * index + 1, value);
-        try l.submit(step + 3, &.{@ptrCast(got)});
+        try l.submit(step + 3, &.{@ptrCast(got)}, null, null);
     }
     // Reset drops the steps in flight; the ring continues anywhere.
-    l.reset(1000);
-    try testing.expectError(error.InvalidArgument, l.wait(40, &failed));
-    try l.submit(1000, &.{@ptrCast(&buffers[1])});
-    try l.wait(1000, &failed);
+    l.reset(1000, 7000);
+    try testing.expectError(error.InvalidArgument, l.wait(40, &failed, &bufs, &lens));
+    try l.submit(1000, &.{@ptrCast(&buffers[1])}, null, null);
+    try l.wait(1000, &failed, &bufs, &lens);
     sampler.fill(100, .cyclic, 5, 1000, 0, 1, &expected);
     for (buffers[1], expected) |value, index| try testing.expectEqual(3 * index + 1, value);
 }
 
-test "a failing step reports its error and stream; close wakes a waiter" {
+test "shards and a mixture: every record from its source's own sequence" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
-    const a = try testStore(&tmp, "a", 50);
+    // Source 0 is split into two shards (30 + 20 records); source 1 is one store.
+    const a = try testStore(&tmp, "a", 30, 1);
     defer a.close();
-    const b = try testStore(&tmp, "b", 40);
+    const b = try testStoreFrom(&tmp, "b", 20, 1, 30);
     defer b.close();
-    // The sampler draws from 50 records, stream 1 holds only 40: some step fails.
-    const streams = [_]Stream{ .{ .store = a, .record_size = 8 }, .{ .store = b, .record_size = 8 } };
-    const l = try Loader.create(testing.allocator, &streams, .{ .length = 50, .batch_size = 50, .mode = .sequential, .seed = 0, .window = 2, .threads = 1 });
+    const c = try testStore(&tmp, "c", 40, 1000);
+    defer c.close();
+    const sources = [_]Source{ .{ .length = 50, .seed = 1, .weight = 3 }, .{ .length = 40, .seed = 2, .weight = 1 } };
+    const parts = [_]Part{ .{ .store = b, .first = 30, .source = 0, .column = 0 }, .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = c, .first = 0, .source = 1, .column = 0 } };
+    var config = testConfig(16, 2, 1, 0);
+    config.position = 0;
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts);
+    defer l.destroy();
+    var got: [16]u64 = undefined;
+    var indices: [16]u64 = undefined;
+    var origin: [16]u16 = undefined;
+    var failed: u32 = 0;
+    var bufs: [1]?[*]u8 = undefined;
+    var lens: [1]u64 = undefined;
+    var per_source: [2]u64 = @splat(0);
+    for (0..8) |step| {
+        try l.submit(step, &.{@ptrCast(&got)}, &indices, &origin);
+        try l.wait(step, &failed, &bufs, &lens);
+        for (got, indices, origin) |value, index, source| {
+            // Source 0's index i is record i of the shards (value i + 1); source 1's, 1000 i + 1.
+            try testing.expectEqual(if (source == 0) index + 1 else 1000 * index + 1, value);
+            per_source[source] += 1;
+        }
+    }
+    // 3:1 over 128 records: 96 and 32.
+    try testing.expectEqual(@as(u64, 96), per_source[0]);
+    try testing.expectEqual(@as(u64, 32), per_source[1]);
+}
+
+test "a failing step reports its error and column; close wakes a waiter" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 50, 3);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 40, 3);
+    defer b.close();
+    // The sampler draws from 50 records, column 1 holds only 40: some step fails.
+    const columns = [_]Column{ dense8()[0], dense8()[0] };
+    const parts = [_]Part{ .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = b, .first = 0, .source = 0, .column = 1 } };
+    var config = testConfig(50, 2, 1, 0);
+    config.mode = @intFromEnum(sampler.Mode.sequential);
+    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 50, .seed = 0, .weight = 1 }}, &columns, &parts);
     defer l.destroy();
     var xa: [50]u64 = undefined;
     var xb: [50]u64 = undefined;
     var failed: u32 = 9;
-    try l.submit(0, &.{ @ptrCast(&xa), @ptrCast(&xb) });
-    try testing.expectError(error.OutOfRange, l.wait(0, &failed));
+    var bufs: [2]?[*]u8 = undefined;
+    var lens: [2]u64 = undefined;
+    try l.submit(0, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
+    try testing.expectError(error.OutOfRange, l.wait(0, &failed, &bufs, &lens));
     try testing.expectEqual(@as(u32, 1), failed);
-    try testing.expect(std.mem.indexOf(u8, std.mem.span(diag.get()), "out of range") != null);
 
     // A store closed by its owner fails the next step instead of being read
     // (the loader keeps it mapped until destroy).
     a.shutdown();
-    try l.submit(1, &.{ @ptrCast(&xa), @ptrCast(&xb) });
-    try testing.expectError(error.Closed, l.wait(1, &failed));
+    try l.submit(1, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
+    try testing.expectError(error.Closed, l.wait(1, &failed, &bufs, &lens));
     try testing.expectEqual(@as(u32, 0), failed);
 
     const Waiter = struct {
         fn run(loader: *Loader, result: *?Error) void {
             var f: u32 = 0;
-            loader.wait(2, &f) catch |err| {
+            var bb: [2]?[*]u8 = undefined;
+            var ll: [2]u64 = undefined;
+            loader.wait(2, &f, &bb, &ll) catch |err| {
                 result.* = err;
             };
         }
     };
     // Close while another thread waits for a submitted step.
-    l.reset(2);
+    l.reset(2, 100);
     var result: ?Error = null;
-    try l.submit(2, &.{ @ptrCast(&xa), @ptrCast(&xb) });
+    try l.submit(2, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
     const t = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });
     l.stop();
     t.join();
-    // Either the step finished first (then it failed: stream 1 is short) or
+    // Either the step finished first (then it failed: a store is closed) or
     // the stop woke the waiter.
     try testing.expect(result != null);
-    try testing.expectError(error.Closed, l.submit(3, &.{ @ptrCast(&xa), @ptrCast(&xb) }));
+    try testing.expectError(error.Closed, l.submit(3, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null));
+}
+
+test "a variable column hands over one new buffer with the sizes" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "p", 20, 2);
+    defer s.close();
+    const columns = [_]Column{.{ .kind = @intFromEnum(ColumnKind.variable), .record_size = 0 }};
+    var config = testConfig(4, 2, 1, 0);
+    config.mode = @intFromEnum(sampler.Mode.sequential);
+    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 20, .seed = 0, .weight = 1 }}, &columns, &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }});
+    defer l.destroy();
+    var sizes: [8]u64 = undefined;
+    var failed: u32 = 0;
+    var bufs: [1]?[*]u8 = undefined;
+    var lens: [1]u64 = undefined;
+    try l.submit(0, &.{@ptrCast(&sizes)}, null, null);
+    try l.wait(0, &failed, &bufs, &lens);
+    defer std.c.free(bufs[0].?);
+    try testing.expectEqual(@as(u64, 32), lens[0]);
+    try testing.expectEqualSlices(u64, &.{ 8, 8, 8, 8, 0, 0, 0, 0 }, &sizes);
+    const values: [*]align(1) const u64 = @ptrCast(bufs[0].?);
+    for (0..4) |i| try testing.expectEqual(2 * @as(u64, i) + 1, values[i]);
+    // A submitted step never waited for: its buffer is freed by destroy.
+    try l.submit(1, &.{@ptrCast(&sizes)}, null, null);
 }

@@ -85,7 +85,6 @@ pub const Part = store_read.Part;
 pub const Dest = store_read.Dest;
 pub const gather = store_read.gather;
 pub const gatherAlloc = store_read.gatherAlloc;
-pub const sizes = store_read.sizes;
 pub const verify = store_read.verify;
 pub const Batch = store_append.Batch;
 pub const append = store_append.append;

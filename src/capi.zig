@@ -65,6 +65,7 @@ const sampler = @import("sampler.zig");
 const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const store_maintain = @import("store_maintain.zig");
+const store_parts = @import("store_parts.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -368,15 +369,50 @@ pub export fn lx_publish(h: *Store, keep: c_int) c_int {
     return 0;
 }
 
-/// Reads records `indices[0..count]` into `dest` (`dest_len` bytes), decoding
-/// straight into it: record i goes to `dest + offsets[i]` when `offsets` is not
-/// null, else to `dest + i * stride` and must then be exactly `stride` bytes.
-/// `part` (Part) 0 reads payloads, 1 reads aux bytes. `lanes` caps the threads
-/// used (0 = every usable core; small batches run on the caller alone). All
-/// indices and sizes are checked before anything is written. Errors: closed,
-/// failed, out_of_range, size_mismatch, corrupt, busy.
+/// A part of an index space: `store` holds the records from index `first`
+/// up to the next part's `first` (or its own length). One store is the
+/// part {store, 0}; a ShardSet's shards are parts in order.
+pub const Part = store_parts.Part;
+
+/// Counts a call in on every part's store; a result code when one is closed
+/// (the caller defers leaveParts).
+fn enterParts(parts: []const Part) ?c_int {
+    diag.clear();
+    for (parts, 0..) |p, i| {
+        p.store.enter() catch |e| {
+            leaveParts(parts[0..i]);
+            return code(e);
+        };
+    }
+    return null;
+}
+
+fn leaveParts(parts: []const Part) void {
+    for (parts) |p| p.store.leave();
+}
+
+/// The parts of a gather, checked: 1 to 65535, sorted by `first` from 0.
+fn partsOf(parts: ?[*]const Part, part_count: u32) ?[]const Part {
+    const p = parts orelse return null;
+    if (part_count == 0 or part_count > store_parts.parts_max) return null;
+    const slice = p[0..part_count];
+    if (slice[0].first != 0) return null;
+    for (slice[1..], slice[0 .. slice.len - 1]) |b, a| if (b.first <= a.first) return null;
+    return slice;
+}
+
+/// Reads records `indices[0..count]` of the index space `parts` into `dest`
+/// (`dest_len` bytes), decoding straight into it: record i goes to
+/// `dest + offsets[i]` when `offsets` is not null, else to `dest + i *
+/// stride` and must then be exactly `stride` bytes. `part` (Part kind) 0
+/// reads payloads, 1 reads aux bytes. `lanes` caps the threads used (0 =
+/// every usable core; small batches run on the caller alone). All indices and
+/// sizes are checked before anything is written; every store is read from
+/// one snapshot. Errors: closed, failed, out_of_range, size_mismatch,
+/// corrupt, busy, invalid (parts not sorted from 0).
 pub export fn lx_gather(
-    h: *Store,
+    parts: ?[*]const Part,
+    part_count: u32,
     indices: ?[*]const u64,
     count: u64,
     dest: ?[*]u8,
@@ -386,32 +422,36 @@ pub export fn lx_gather(
     part: c_int,
     lanes: u32,
 ) c_int {
-    if (enter(h)) |rc| return rc;
-    defer h.leave();
+    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const d = dest orelse return invalid("dest is null", .{});
     const p = std.enums.fromInt(Store.Part, part) orelse return invalid("unknown part {d}", .{part});
-    h.gather(idx[0..@intCast(count)], .{
+    var sc: store_parts.Scratch = .{};
+    defer sc.deinit(gpa);
+    store_parts.gather(gpa, ps, idx[0..@intCast(count)], .{
         .base = d,
         .len = @intCast(dest_len),
         .stride = @intCast(stride),
         .offsets = offsets,
-    }, p, lanes) catch |e| return code(e);
+    }, p, lanes, &sc) catch |e| return code(e);
     return 0;
 }
 
-/// Reads records `indices[0..count]` back to back into one new buffer that
-/// the library allocates: every payload in request order, then every record's
-/// aux bytes in request order. Writes record i's payload size to
-/// `raw_sizes[i]` and its aux size to `aux_sizes[i]`, the buffer to `*out`
-/// and its length to `*out_len` (`*out` is null when the length is 0). Sizes
-/// and bytes come from one snapshot of the store, so a record is never
-/// stitched from two. The caller owns the buffer and frees it with
-/// lx_free_buffer. Errors: closed, failed, out_of_range, corrupt, busy,
-/// out_of_memory.
+/// Reads records `indices[0..count]` of the index space `parts` back to back
+/// into one new buffer that the library allocates: every payload in request
+/// order, then every record's aux bytes in request order. Writes record i's
+/// payload size to `raw_sizes[i]` and its aux size to `aux_sizes[i]`, the
+/// buffer to `*out` and its length to `*out_len` (`*out` is null when the
+/// length is 0). Sizes and bytes come from one snapshot of each store, so a
+/// record is never stitched from two. The caller owns the buffer and frees
+/// it with lx_free_buffer. Errors: closed, failed, out_of_range, corrupt,
+/// busy, out_of_memory, invalid.
 pub export fn lx_gather_alloc(
-    h: *Store,
+    parts: ?[*]const Part,
+    part_count: u32,
     indices: ?[*]const u64,
     count: u64,
     lanes: u32,
@@ -420,8 +460,9 @@ pub export fn lx_gather_alloc(
     out: *?[*]u8,
     out_len: *u64,
 ) c_int {
-    if (enter(h)) |rc| return rc;
-    defer h.leave();
+    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
     out.* = null;
     out_len.* = 0;
     if (count == 0) return 0;
@@ -429,7 +470,9 @@ pub export fn lx_gather_alloc(
     const raw = raw_sizes orelse return invalid("raw_sizes is null", .{});
     const aux = aux_sizes orelse return invalid("aux_sizes is null", .{});
     const n: usize = @intCast(count);
-    const buf = h.gatherAlloc(idx[0..n], lanes, raw[0..n], aux[0..n]) catch |e| return code(e);
+    var sc: store_parts.Scratch = .{};
+    defer sc.deinit(gpa);
+    const buf = store_parts.gatherAlloc(gpa, ps, idx[0..n], lanes, raw[0..n], aux[0..n], &sc) catch |e| return code(e);
     if (buf.len > 0) out.* = buf.ptr;
     out_len.* = buf.len;
     return 0;
@@ -438,18 +481,6 @@ pub export fn lx_gather_alloc(
 /// Frees a buffer returned by lx_gather_alloc (null is ignored).
 pub export fn lx_free_buffer(buf: ?[*]u8) void {
     if (buf) |b| std.c.free(b);
-}
-
-/// Writes records' decoded payload sizes to `raw_sizes[i]` and aux sizes to
-/// `aux_sizes[i]` (either may be null). Errors: closed, failed, out_of_range,
-/// corrupt.
-pub export fn lx_sizes(h: *Store, indices: ?[*]const u64, count: u64, raw_sizes: ?[*]u64, aux_sizes: ?[*]u64) c_int {
-    if (enter(h)) |rc| return rc;
-    defer h.leave();
-    if (count == 0) return 0;
-    const idx = indices orelse return invalid("indices is null", .{});
-    h.sizes(idx[0..@intCast(count)], raw_sizes, aux_sizes) catch |e| return code(e);
-    return 0;
 }
 
 /// One record's move in a delete: the survivor at index `from` is now at `to`.
@@ -563,82 +594,79 @@ pub export fn lx_set_lanes(n: u32) void {
 
 // ---------------------------------------------------------------- loader ring
 
-/// Starts a prefetch ring over `count` dense streams: `stores[i]` holds
-/// records of exactly `record_sizes[i]` bytes. `threads` library threads build
-/// steps in order: the sampler's indices for the step (`length`, `batch_size`,
-/// `mode`, `seed`, shard `rank`/`world`, as lx_sampler_fill), then one gather
-/// per stream using `lanes` lanes (0 = every usable core). At most `window`
-/// steps are submitted and not yet waited for; the first step to submit is
-/// `step`. The stores are retained until lx_loader_free: lx_close on one
-/// while the ring runs makes its next step fail with closed instead of
-/// unmapping it under the threads. Errors: invalid, out_of_memory.
-/// On success `*out` owns the ring until lx_loader_free.
+pub const LoaderConfig = Loader.Config;
+pub const LoaderSource = Loader.Source;
+pub const LoaderColumn = Loader.Column;
+pub const LoaderPart = Loader.Part;
+/// The kinds of a loader column (lx_column_t.kind).
+pub const ColumnKind = Loader.ColumnKind;
+
+/// Starts a prefetch ring (see src/Loader.zig): `config->threads` library
+/// threads build steps in order — the step's indices over `sources` (one, or
+/// a weighted mixture) and every column of `columns` read from `parts` (the
+/// stores of each (source, column): one store, or a ShardSet's shards). At
+/// most `config->window` steps are submitted and not yet waited for; the
+/// first to submit is `config->step`, whose first record is at global
+/// position `config->position`. The stores are kept alive until
+/// lx_loader_free: lx_close on one while the ring runs makes its next step
+/// fail with closed instead of unmapping it under the threads. Errors:
+/// invalid, closed, out_of_memory. On success `*out` owns the ring until
+/// lx_loader_free.
 pub export fn lx_loader_open(
-    stores: ?[*]const *Store,
-    record_sizes: ?[*]const u64,
-    count: u32,
-    length: u64,
-    batch_size: u64,
-    mode: c_int,
-    seed: u64,
-    rank: u64,
-    world: u64,
-    step: u64,
-    window: u32,
-    threads: u32,
-    lanes: u32,
+    config: ?*const LoaderConfig,
+    sources: ?[*]const LoaderSource,
+    source_count: u32,
+    columns: ?[*]const LoaderColumn,
+    column_count: u32,
+    parts: ?[*]const LoaderPart,
+    part_count: u32,
     out: ?*?*Loader,
 ) c_int {
     diag.clear();
     const o = out orelse return invalid("out is null", .{});
     o.* = null;
-    const st = stores orelse return invalid("stores is null", .{});
-    const rs = record_sizes orelse return invalid("record_sizes is null", .{});
-    const m = std.enums.fromInt(sampler.Mode, mode) orelse return invalid("unknown sampler mode {d}", .{mode});
-    if (count == 0 or count > Loader.streams_max) return invalid("a loader needs 1 to {d} streams, got {d}", .{ Loader.streams_max, count });
-    var streams: [Loader.streams_max]Loader.Stream = undefined;
-    for (0..count) |i| streams[i] = .{ .store = st[i], .record_size = rs[i] };
-    o.* = Loader.create(gpa, streams[0..count], .{
-        .length = length,
-        .batch_size = batch_size,
-        .mode = m,
-        .seed = seed,
-        .rank = rank,
-        .world = world,
-        .step = step,
-        .window = window,
-        .threads = threads,
-        .lanes = lanes,
-    }) catch |e| return code(e);
+    const c = config orelse return invalid("config is null", .{});
+    const s = sources orelse return invalid("sources is null", .{});
+    const cols = columns orelse return invalid("columns is null", .{});
+    const p = parts orelse return invalid("parts is null", .{});
+    o.* = Loader.create(gpa, c.*, s[0..source_count], cols[0..column_count], p[0..part_count]) catch |e| return code(e);
     return 0;
 }
 
-/// Hands step `step` (the next in order) to the ring with its destinations:
-/// `dests[i]` receives stream i's batch, batch_size * record_sizes[i] bytes,
-/// and must stay valid and untouched until lx_loader_wait returns for the
-/// step (or lx_loader_reset). Errors: closed, invalid (out of order, or more
-/// than `window` steps outstanding).
-pub export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8) c_int {
+/// Hands step `step` (the next in order) to the ring: `dests[c]` is column
+/// c's destination — a dense column's batch (batch_size * record_size
+/// bytes), a variable column's sizes (2 * batch_size uint64: payload sizes,
+/// then aux sizes) — and must stay valid and untouched until lx_loader_wait
+/// returns for the step (or lx_loader_reset). `indices` and `sources` (each
+/// may be null) receive the step's batch_size record indices and their
+/// sources. Errors: closed, invalid (out of order, or more than `window`
+/// steps outstanding).
+pub export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8, indices: ?[*]u64, sources: ?[*]u16) c_int {
     const d = dests orelse return invalid("dests is null", .{});
-    l.submit(step, d[0..l.streams.len]) catch |e| return code(e);
+    l.submit(step, d[0..l.columns.len], indices, sources) catch |e| return code(e);
     return 0;
 }
 
 /// Blocks until submitted step `step` is built; its destinations are the
-/// caller's again. Steps may be waited for in any order, each once, from any
-/// thread. On a gather error returns it (message in lx_last_error) with the
-/// failing stream in `*failed_stream`. Errors: closed (the ring was stopped,
-/// also while waiting, or a store was closed), invalid (not submitted), or
-/// any lx_gather error.
-pub export fn lx_loader_wait(l: *Loader, step: u64, failed_stream: *u32) c_int {
-    l.wait(step, failed_stream) catch |e| return code(e);
+/// caller's again, and each variable column c's new buffer and its length go to
+/// `buffers[c]`/`lengths[c]` (null and 0 for dense columns); the caller frees
+/// them with lx_free_buffer. Steps may be waited for in any order, each once,
+/// from any thread. On an error returns it (message in lx_last_error) with
+/// the failing column in `*failed_column`. Errors: closed (the ring was
+/// stopped, also while waiting, or a store was closed), invalid (not
+/// submitted), or any lx_gather error.
+pub export fn lx_loader_wait(l: *Loader, step: u64, failed_column: *u32, buffers: ?[*]?[*]u8, lengths: ?[*]u64) c_int {
+    const b = buffers orelse return invalid("buffers is null", .{});
+    const n = lengths orelse return invalid("lengths is null", .{});
+    l.wait(step, failed_column, b[0..l.columns.len], n[0..l.columns.len]) catch |e| return code(e);
     return 0;
 }
 
 /// Drops every submitted step, after the ones being built finish (so no
-/// destination is written afterwards); the next step to submit is `step`.
-pub export fn lx_loader_reset(l: *Loader, step: u64) void {
-    l.reset(step);
+/// destination is written afterwards, and their buffers are freed); the next
+/// step to submit is `step`, with its first record at global `position`.
+pub export fn lx_loader_reset(l: *Loader, step: u64, position: u64) void {
+    l.reset(step, position);
 }
 
 /// Stops and joins the ring's threads; waiters return closed. Idempotent; any
@@ -647,8 +675,8 @@ pub export fn lx_loader_stop(l: *Loader) void {
     l.stop();
 }
 
-/// Stops the ring, releases its stores and frees it. Must not race any other
-/// call on the same ring.
+/// Stops the ring, lets go of its stores and frees it. Must not race any
+/// other call on the same ring.
 pub export fn lx_loader_free(l: ?*Loader) void {
     if (l) |ring| ring.destroy();
 }
@@ -694,6 +722,7 @@ test {
     _ = fsio;
     _ = store_maintain;
     _ = @import("mixture.zig");
+    _ = store_parts;
     _ = @import("cpu.zig");
     _ = format;
     _ = codec;

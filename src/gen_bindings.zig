@@ -20,6 +20,11 @@ const named = .{
     .{ capi.Info, "lx_info_t" },
     .{ Store.Stats, "lx_stats_t" },
     .{ capi.Move, "lx_move_t" },
+    .{ capi.Part, "lx_part_t" },
+    .{ capi.LoaderConfig, "lx_loader_config_t" },
+    .{ capi.LoaderSource, "lx_source_t" },
+    .{ capi.LoaderColumn, "lx_column_t" },
+    .{ capi.LoaderPart, "lx_loader_part_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -31,6 +36,7 @@ fn cName(comptime T: type) []const u8 {
         u32 => "uint32_t",
         i32 => "int32_t",
         u64 => "uint64_t",
+        u16 => "uint16_t",
         c_int => "int",
         void => "void",
         else => @compileError("no C spelling for " ++ @typeName(T)),
@@ -72,14 +78,18 @@ fn declaration(comptime name: []const u8) []const u8 {
 fn structDef(comptime T: type) []const u8 {
     var text: []const u8 = "typedef struct {\n";
     const info = @typeInfo(T).@"struct";
-    inline for (info.field_names, info.field_types) |name, t| text = text ++ "    " ++ cName(t) ++ " " ++ name ++ ";\n";
+    inline for (info.field_names, info.field_types) |name, t| {
+        const c = cType(t);
+        text = text ++ "    " ++ c ++ (if (c[c.len - 1] == '*') "" else " ") ++ name ++ ";\n";
+    }
     return text ++ "} " ++ cName(T) ++ ";\n";
 }
 
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\ntypedef struct lx_loader lx_loader;\n";
-    text = text ++ structDef(capi.Info) ++ structDef(Store.Stats) ++ structDef(capi.Move);
+    const structs = .{ capi.Info, Store.Stats, capi.Move, capi.Part, capi.LoaderConfig, capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart };
+    for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
         if (std.mem.startsWith(u8, name, "lx_") and @typeInfo(@TypeOf(@field(capi, name))) == .@"fn") {
             text = text ++ declaration(name);
@@ -113,20 +123,27 @@ const python = blk: {
     text = text ++ "#: lx_result: result code name -> value (0 is success).\n" ++ enumDict("RESULTS", capi.Result);
     text = text ++ enumDict("CODECS", format.Codec) ++ enumDict("SAMPLER_MODES", sampler.Mode);
     text = text ++ enumDict("PARTS", Store.Part) ++ enumDict("BLOBS", capi.Blob);
+    text = text ++ enumDict("COLUMN_KINDS", capi.ColumnKind);
     text = text ++ "#: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).\n";
     text = text ++ enumDict("FAULT_OPS", fsio.Op);
     text = text ++ std.fmt.comptimePrint(
-        \\LOADER_STREAMS_MAX = {d}
+        \\LOADER_COLUMNS_MAX = {d}
+        \\LOADER_SOURCES_MAX = {d}
+        \\PARTS_MAX = {d}
         \\LOADER_WINDOW_MAX = {d}
         \\LOADER_THREADS_MAX = {d}
         \\AUX_SIZE_MAX = {d}
         \\FORMAT_VERSION = {d}
-        \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}}}
+        \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
+        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d}, "lx_loader_part_t": {d}}}
         \\
     , .{
-        Loader.streams_max,   Loader.window_max,   Loader.threads_max,
+        Loader.columns_max,   Loader.sources_max,  Loader.parts_max,
+        Loader.window_max,    Loader.threads_max,
         Store.aux_size_max,   format.format_version, @sizeOf(capi.Info),
-        @sizeOf(Store.Stats), @sizeOf(capi.Move),
+        @sizeOf(Store.Stats), @sizeOf(capi.Move),     @sizeOf(capi.Part),
+        @sizeOf(capi.LoaderConfig), @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
+        @sizeOf(capi.LoaderPart),
     });
     break :blk text;
 };

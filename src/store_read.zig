@@ -53,8 +53,9 @@ pub fn publishedCommit(s: *const Store) Error!Commit {
     return diag.fail(error.Corrupt, "the published commit is damaged (its checksum never matches)", .{});
 }
 
-/// One consistent view of the committed records.
+/// One consistent view of a store's committed records.
 pub const Snapshot = struct {
+    store: *Store,
     count: u64,
     locs: Store.Table,
     data: [*]const u8,
@@ -64,6 +65,7 @@ pub const Snapshot = struct {
 pub fn snapshot(s: *Store) Error!Snapshot {
     const c = try publishedCommit(s);
     return .{
+        .store = s,
         .count = c.record_count,
         .locs = try s.table(c.record_count),
         .data = try s.dataMap(c.data_size),
@@ -71,10 +73,26 @@ pub fn snapshot(s: *Store) Error!Snapshot {
     };
 }
 
-const GatherJob = struct {
-    store: *Store,
+/// The records one gather reads: record i is record `indices[i]` of the
+/// store of snapshot `of[i]` (of snapshot 0 when `of` is null). One gather
+/// may so span several stores (the shards of a ShardSet, a mixture's
+/// sources): the checks, the lanes and the copies are the same code.
+pub const Reads = struct {
+    snaps: []const Snapshot,
+    of: ?[]const u16 = null,
     indices: []const u64,
-    snap: Snapshot,
+
+    pub fn snap(r: *const Reads, i: usize) *const Snapshot {
+        return &r.snaps[if (r.of) |o| o[i] else 0];
+    }
+
+    pub fn loc(r: *const Reads, i: usize) RecordLoc {
+        return r.snap(i).locs.get(r.indices[i]);
+    }
+};
+
+const GatherJob = struct {
+    reads: Reads,
     dest: Dest,
     part: Part,
     block_size: usize,
@@ -94,12 +112,12 @@ const GatherJob = struct {
         while (!job.failed.load(.monotonic)) {
             const block = job.next_block.fetchAdd(1, .monotonic);
             const start = block * job.block_size;
-            if (start >= job.indices.len) return;
-            const stop = @min(start + job.block_size, job.indices.len);
+            if (start >= job.reads.indices.len) return;
+            const stop = @min(start + job.block_size, job.reads.indices.len);
             // With several lanes, pull this block's records into this lane's
             // cache, all misses in flight at once (the first pass prefetched
             // them to lane 0's core). A single lane has them already.
-            if (job.multi_lane) for (start..stop) |i| prefetchRecord(job.snap.data, job.snap.locs.get(job.indices[i]));
+            if (job.multi_lane) for (start..stop) |i| prefetchRecord(job.reads.snap(i).data, job.reads.loc(i));
             for (start..stop) |i| {
                 if (!job.copyOne(i, &lease)) return;
             }
@@ -107,9 +125,10 @@ const GatherJob = struct {
     }
 
     fn copyOne(job: *GatherJob, i: usize, lease: *?codec.DPool.Lease) bool {
-        const loc = job.snap.locs.get(job.indices[i]);
+        const snap = job.reads.snap(i);
+        const loc = snap.locs.get(job.reads.indices[i]);
         const at = job.destOffset(i);
-        const src_aux = job.snap.data + loc.offset;
+        const src_aux = snap.data + loc.offset;
         if (job.part == .aux) {
             codec.copy(job.dest.base[at..][0..loc.aux_size], src_aux[0..loc.aux_size]);
             return true;
@@ -119,12 +138,12 @@ const GatherJob = struct {
         const c: Codec = @enumFromInt(loc.codec);
         if (c != .raw and lease.* == null) {
             lease.* = codec.DPool.acquire() catch {
-                job.fail(job.indices[i]);
+                job.fail(job.reads.indices[i]);
                 return false;
             };
         }
-        codec.decode(if (lease.*) |l| l.ctx else null, c, &job.store.dict, src, dst) catch {
-            job.fail(job.indices[i]);
+        codec.decode(if (lease.*) |l| l.ctx else null, c, &snap.store.dict, src, dst) catch {
+            job.fail(job.reads.indices[i]);
             return false;
         };
         return true;
@@ -167,21 +186,28 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
     try s.enterRead();
     defer s.exitRead();
     if (indices.len == 0) return;
-    const snap = try snapshot(s);
-    const work = try checkBatch(snap, indices, dest, part);
-    try copyRecords(s, snap, indices, dest, part, lane_cap, work);
+    const snap = [1]Snapshot{try snapshot(s)};
+    try gatherReads(.{ .snaps = &snap, .indices = indices }, dest, part, lane_cap);
+}
+
+/// gather() of prepared reads (the caller holds a read on every store).
+pub fn gatherReads(reads: Reads, dest: Dest, part: Part, lane_cap: usize) Error!void {
+    const work = try checkBatch(reads, dest, part);
+    try copyRecords(reads, dest, part, lane_cap, work);
 }
 
 /// The checks of a gather into caller memory: every index in range, every
 /// entry inside the committed data, every record fitting its destination.
-fn checkBatch(snap: Snapshot, indices: []const u64, dest: Dest, part: Part) Error!Work {
+fn checkBatch(reads: Reads, dest: Dest, part: Part) Error!Work {
     // Random indices miss the cache on their table entries: put every miss in
     // flight before the checks below wait on the first one.
-    for (indices) |index| {
+    for (reads.indices, 0..) |index, i| {
+        const snap = reads.snap(i);
         if (index < snap.count) snap.locs.prefetch(index);
     }
     var work: Work = .{};
-    for (indices, 0..) |index, i| {
+    for (reads.indices, 0..) |index, i| {
+        const snap = reads.snap(i);
         if (index >= snap.count) return outOfRange(index, snap.count);
         const loc = snap.locs.get(index);
         // Raw records must still be exactly their stored size (a memcpy has no
@@ -191,23 +217,27 @@ fn checkBatch(snap: Snapshot, indices: []const u64, dest: Dest, part: Part) Erro
         // and the misses of many records overlap instead of queueing.
         prefetchRecord(snap.data, loc);
         const size: u64 = if (part == .aux) loc.aux_size else loc.raw_size;
-        if (dest.offsets) |offsets| {
-            const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
-            if (stop > dest.len) {
-                return diag.fail(error.SizeMismatch, "record {d} ({d} bytes) does not fit the destination " ++
-                    "at offset {d}", .{ index, size, offsets[i] });
-            }
-        } else if (size != dest.stride) {
-            return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes, expected {d}", .{ index, size, dest.stride });
-        }
+        try checkFits(dest, i, index, size);
         work.add(loc, size, part);
     }
-    if (dest.offsets == null and indices.len * dest.stride > dest.len) {
+    if (dest.offsets == null and reads.indices.len * dest.stride > dest.len) {
         return diag.fail(error.SizeMismatch, "destination holds {d} bytes, the batch needs {d}", .{
-            dest.len, indices.len * dest.stride,
+            dest.len, reads.indices.len * dest.stride,
         });
     }
     return work;
+}
+
+fn checkFits(dest: Dest, i: usize, index: u64, size: u64) Error!void {
+    if (dest.offsets) |offsets| {
+        const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
+        if (stop > dest.len) {
+            return diag.fail(error.SizeMismatch, "record {d} ({d} bytes) does not fit the destination " ++
+                "at offset {d}", .{ index, size, offsets[i] });
+        }
+    } else if (size != dest.stride) {
+        return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes, expected {d}", .{ index, size, dest.stride });
+    }
 }
 
 fn outOfRange(index: u64, count: u64) Error {
@@ -215,12 +245,10 @@ fn outOfRange(index: u64, count: u64) Error {
 }
 
 /// Copies (decodes) checked records into `dest` on the lanes `work` is worth.
-fn copyRecords(s: *Store, snap: Snapshot, indices: []const u64, dest: Dest, part: Part, lane_cap: usize, work: Work) Error!void {
-    const p = pool.plan(indices.len, work.worthLanes(), lane_cap, 16);
+fn copyRecords(reads: Reads, dest: Dest, part: Part, lane_cap: usize, work: Work) Error!void {
+    const p = pool.plan(reads.indices.len, work.worthLanes(), lane_cap, 16);
     var job: GatherJob = .{
-        .store = s,
-        .indices = indices,
-        .snap = snap,
+        .reads = reads,
         .dest = dest,
         .part = part,
         .block_size = p.block_size,
@@ -239,16 +267,24 @@ fn copyRecords(s: *Store, snap: Snapshot, indices: []const u64, dest: Dest, part
 /// snapshot, so a record is never stitched from two. Returns an empty slice
 /// (null pointer) when there are no bytes at all.
 pub fn gatherAlloc(s: *Store, indices: []const u64, lane_cap: usize, raw_out: []u64, aux_out: []u64) Error![]u8 {
-    assert(raw_out.len == indices.len and aux_out.len == indices.len);
     try s.enterRead();
     defer s.exitRead();
-    const snap = try snapshot(s);
+    if (indices.len == 0) return &.{};
+    const snap = [1]Snapshot{try snapshot(s)};
+    return packedReads(s.gpa, .{ .snaps = &snap, .indices = indices }, lane_cap, raw_out, aux_out);
+}
+
+/// gatherAlloc() of prepared reads (the caller holds a read on every store).
+pub fn packedReads(gpa: std.mem.Allocator, reads: Reads, lane_cap: usize, raw_out: []u64, aux_out: []u64) Error![]u8 {
+    assert(raw_out.len == reads.indices.len and aux_out.len == reads.indices.len);
     var work: Work = .{};
     var aux_total: u64 = 0;
-    for (indices) |index| {
+    for (reads.indices, 0..) |index, i| {
+        const snap = reads.snap(i);
         if (index < snap.count) snap.locs.prefetch(index);
     }
-    for (indices, raw_out, aux_out) |index, *raw, *aux| {
+    for (reads.indices, raw_out, aux_out, 0..) |index, *raw, *aux, i| {
+        const snap = reads.snap(i);
         if (index >= snap.count) return outOfRange(index, snap.count);
         const loc = snap.locs.get(index);
         // The buffer is sized by the entries: check them against their payloads.
@@ -266,9 +302,11 @@ pub fn gatherAlloc(s: *Store, indices: []const u64, lane_cap: usize, raw_out: []
         return diag.fail(error.OutOfMemory, "no memory for a batch of {d} bytes", .{total});
     const buf = @as([*]u8, @ptrCast(raw_ptr))[0..@intCast(total)];
     errdefer std.c.free(raw_ptr);
-    try gatherPacked(s, snap, indices, buf, raw_out, 0, .payload, lane_cap, work);
+    const offsets = gpa.alloc(u64, reads.indices.len) catch return error.OutOfMemory;
+    defer gpa.free(offsets);
+    try copyPacked(reads, buf, raw_out, offsets, 0, .payload, lane_cap, work);
     if (aux_total > 0) {
-        try gatherPacked(s, snap, indices, buf, aux_out, payload_total, .aux, lane_cap, .{ .raw_bytes = aux_total });
+        try copyPacked(reads, buf, aux_out, offsets, payload_total, .aux, lane_cap, .{ .raw_bytes = aux_total });
     }
     return buf;
 }
@@ -278,30 +316,14 @@ fn tooLarge() Error {
 }
 
 /// Copies `part` of checked records back to back into `buf` from `start`.
-fn gatherPacked(s: *Store, snap: Snapshot, indices: []const u64, buf: []u8, part_sizes: []const u64, start: u64, part: Part, lane_cap: usize, work: Work) Error!void {
-    const offsets = s.gpa.alloc(u64, indices.len) catch return error.OutOfMemory;
-    defer s.gpa.free(offsets);
+fn copyPacked(reads: Reads, buf: []u8, part_sizes: []const u64, offsets: []u64, start: u64, part: Part, lane_cap: usize, work: Work) Error!void {
     var at = start;
     for (offsets, part_sizes) |*o, size| {
         o.* = at;
         at += size;
     }
     const dest: Dest = .{ .base = buf.ptr, .len = buf.len, .offsets = offsets.ptr };
-    try copyRecords(s, snap, indices, dest, part, lane_cap, work);
-}
-
-/// Payload (raw) and aux sizes of records `indices`; either output may be null.
-pub fn sizes(s: *Store, indices: []const u64, raw_out: ?[*]u64, aux_out: ?[*]u64) Error!void {
-    try s.enterRead();
-    defer s.exitRead();
-    const snap = try snapshot(s);
-    for (indices, 0..) |index, i| {
-        if (index >= snap.count) return outOfRange(index, snap.count);
-        const loc = snap.locs.get(index);
-        try Store.checkLoc(loc, index, snap.data, snap.data_size, false);
-        if (raw_out) |r| r[i] = loc.raw_size;
-        if (aux_out) |a| a[i] = loc.aux_size;
-    }
+    try copyRecords(reads, dest, part, lane_cap, work);
 }
 
 /// Checks every committed record: location, checksum, and that it decodes to

@@ -30,10 +30,11 @@ fn appendSlices(s: *Store, records: []const []const u8) !u64 {
 
 fn readOne(s: *Store, index: u64, out: *std.ArrayList(u8)) !void {
     var raw: [1]u64 = undefined;
-    try s.sizes(&.{index}, &raw, null);
-    try out.resize(testing.allocator, @intCast(raw[0]));
-    const off = [_]u64{0};
-    try s.gather(&.{index}, .{ .base = out.items.ptr, .len = out.items.len, .offsets = &off }, .payload, 0);
+    var aux: [1]u64 = undefined;
+    const buf = try s.gatherAlloc(&.{index}, 0, &raw, &aux);
+    defer if (buf.len > 0) std.c.free(buf.ptr);
+    out.clearRetainingCapacity();
+    try out.appendSlice(testing.allocator, buf[0..@intCast(raw[0])]);
 }
 
 fn deleteIndices(s: *Store, indices: []const u64) !void {

@@ -315,14 +315,30 @@ def test_state_dict_contents():
         take(loader, 3)
         state = loader.state_dict()
     assert state == {
-        "version": 1,
+        "version": 2,
         "seed": 9,
         "mode": "IID",
         "step": 3,
+        "position": 3 * 8 * 4,
         "batch_size": 8,
         "shard": [1, 4],
         "lengths": {"x": LENGTH},
+        "sources": None,
     }
+
+
+def test_version_1_states_are_read():
+    """A step-based version-1 state resumes at step * batch_size * world."""
+    with DataLoader(fake_streams(), 8, seed=9, shard=(1, 4), workers=2) as loader:
+        take(loader, 3)
+        want = [indices_of(batch) for batch in take(loader, 4)]
+    v1 = {"version": 1, "seed": 9, "mode": "CYCLIC", "step": 3, "batch_size": 8, "shard": [1, 4],
+          "lengths": {"x": LENGTH}}
+    with DataLoader(fake_streams(), 8, seed=9, shard=(1, 4), workers=1) as resumed:
+        resumed.load_state_dict(v1)
+        assert resumed.step == 3 and resumed.position == 96
+        for w in want:
+            np.testing.assert_array_equal(indices_of(next(resumed)), w)
 
 
 def test_step_constructor_argument_resumes():
@@ -346,16 +362,15 @@ def test_resume_beyond_many_epochs_is_immediate():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s: s.update(version=2), "version 2"),
+        (lambda s: s.update(version=3), "version 3"),
         (lambda s: s.pop("version"), "version None"),
         (lambda s: s.pop("seed"), "missing \\['seed'\\]"),
         (lambda s: s.update(extra=1), "unknown keys \\['extra'\\]"),
         (lambda s: s.update(seed=8), "seed is 8 but this loader has 7"),
-        (lambda s: s.update(batch_size=32), "batch_size is 32 but this loader has 16"),
         (lambda s: s.update(mode="SEQUENTIAL"), "mode is 'SEQUENTIAL' but this loader has 'CYCLIC'"),
         (lambda s: s.update(lengths={"x": 999}), "lengths\\['x'\\] is 999 but this loader has 1000"),
         (lambda s: s.update(lengths={"y": 1000}), "streams \\['y'\\] differ"),
-        (lambda s: s.update(shard=[1, 2]), "world size is 2 but this loader has world size 1"),
+        (lambda s: s.update(sources={"names": ["a"], "weights": [1]}), "sources"),
     ],
 )
 def test_state_from_another_configuration_is_refused(change, message):
@@ -367,12 +382,17 @@ def test_state_from_another_configuration_is_refused(change, message):
         assert loader.step == 0
 
 
-def test_state_with_other_rank_is_refused():
+def test_any_rank_resumes_from_any_ranks_state():
+    """Every rank's state holds the same global position, so rank 1 resumes
+    its own slice from rank 0's state (this was refused in state version 1)."""
     with DataLoader(fake_streams(), 16, shard=(0, 2), workers=1) as rank0:
+        take(rank0, 5)
         state = rank0.state_dict()
     with DataLoader(fake_streams(), 16, shard=(1, 2), workers=1) as rank1:
-        with pytest.raises(ValueError, match="shard rank is 0 but this loader has 1"):
-            rank1.load_state_dict(state)
+        want = [indices_of(b) for b in take(rank1, 8)][5:]
+        rank1.load_state_dict(state)
+        for w in want:
+            np.testing.assert_array_equal(indices_of(next(rank1)), w)
 
 
 @pytest.mark.parametrize(
@@ -496,7 +516,7 @@ def test_garbage_collection_stops_threads():
 def test_threads_start_lazily():
     loader = DataLoader(fake_streams(), 8, workers=2)
     assert worker_threads() == []
-    loader.load_state_dict(dict(loader.state_dict(), step=5))
+    loader.load_state_dict(dict(loader.state_dict(), step=5, position=5 * 8))
     assert worker_threads() == []
     np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(5, 8))
     loader.close()
@@ -559,7 +579,7 @@ def test_recycled_buffers_after_restore():
     buffers = [np.empty((8, 2), dtype=np.int64) for _ in range(4)]
     with DataLoader(fake_streams(), 8, workers=1, prefetch=2, out={"x": buffers}) as loader:
         take(loader, 5)
-        loader.load_state_dict(dict(loader.state_dict(), step=2))
+        loader.load_state_dict(dict(loader.state_dict(), step=2, position=2 * 8))
         for step in range(2, 12):
             np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(step, 8))
 

@@ -10,7 +10,7 @@ import pytest
 from _helpers import assert_same
 
 from loaderx import DataLoader, DenseStore, RaggedStore, ShardSet, Zrecord
-from loaderx.errors import ClosedError, IdentityError, RecordIndexError, SizeMismatchError
+from loaderx.errors import ClosedError, IdentityError, ReadOnlyError, RecordIndexError, SizeMismatchError
 
 ROWS = 300
 SPLITS = {1: [ROWS], 2: [120, 180], 7: [40, 1, 0, 99, 60, 50, 50]}
@@ -225,7 +225,9 @@ def test_paths_are_opened_and_closed_by_the_set(tmp_path):
     parts.close()  # idempotent
 
 
-def test_mixed_codecs_and_no_pickling(tmp_path):
+def test_mixed_codecs_and_pickling_as_a_reference(tmp_path):
+    """A ShardSet pickles as a reference to its shards' paths (torch workers,
+    multiprocessing spawn), reopened read-only."""
     import pickle
 
     a = DenseStore(tmp_path / "a", np.int16, (), codec="raw")
@@ -237,7 +239,11 @@ def test_mixed_codecs_and_no_pickling(tmp_path):
         assert parts.codec == "mixed"
         assert parts.item_shape == ()
         assert_same(parts[[5, 0, 3]], np.array([5, 0, 3], np.int16))
-        with pytest.raises(TypeError):
-            pickle.dumps(parts)
+        again = pickle.loads(pickle.dumps(parts))
+        assert_same(again[[5, 0, 3]], np.array([5, 0, 3], np.int16))
+        assert [s.path for s in again.shards] == [a.path, b.path]
+        with pytest.raises(ReadOnlyError):
+            again.shards[0].append(np.zeros(1, np.int16))
+        again.close()
         parts.close()
         assert not a.closed and not b.closed

@@ -17,6 +17,7 @@ import pytest
 from _helpers import assert_same, expected_moves, swap_last_order
 
 import loaderx._lib
+import loaderx._records
 import loaderx._store
 import loaderx.bytestore
 import loaderx.dense
@@ -517,7 +518,8 @@ class CountingLib:
 @pytest.fixture
 def count_native(monkeypatch):
     counter = CountingLib(loaderx._lib.lib)
-    for module in (loaderx._store, loaderx.dense, loaderx.ragged, loaderx.bytestore, loaderx._lib):
+    for module in (loaderx._store, loaderx._records, loaderx.dense, loaderx.ragged, loaderx.bytestore,
+                   loaderx._lib):
         if hasattr(module, "lib"):
             monkeypatch.setattr(module, "lib", counter)
     return counter

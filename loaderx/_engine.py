@@ -1,0 +1,340 @@
+"""The threads of one DataLoader: the native ring (`_pipeline.Ring`), which
+computes every step's indices and builds every native column, and — only
+where Python has work (Python-only streams, a transform) — Python worker
+threads named ``loaderx-worker-N`` that take the ring's step, add the rest
+and run the transform. Batches leave in step order, whatever the timing.
+
+Workers hold a reference to the engine, never to the ``DataLoader``, so a
+loader nobody references any more can be garbage collected (and its
+finalizer can stop the threads).
+
+Invariants, under ``lock``:
+  * ``step_deliver <= step_claim <= step_deliver + window`` unless draining;
+  * ``step_submit <= step_deliver + window``: the ring holds the submitted
+    steps not yet taken back, their buffers in ``submitted``;
+  * ``ready`` only holds steps in ``[step_deliver, step_claim)``;
+  * ``in_flight`` counts claimed steps that Python workers build right now.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _pipeline
+from ._pipeline import Plan, Ring
+
+# Reference counts prove an output array is free only where they are exact
+# (not on free-threaded builds, whose counts are biased and deferred).
+_REFCOUNT_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+#: How long ``close()`` waits for a worker that is inside a gather or transform.
+JOIN_TIMEOUT_S = 10.0
+
+
+class StepBuffers:
+    """What the ring writes for one step: the dense columns' arrays, the
+    variable columns' sizes, and the step's indices and sources."""
+
+    __slots__ = ("dense", "sizes", "dests", "indices", "sources")
+
+    def __init__(self, dense: Dict[str, np.ndarray], sizes: Dict[str, np.ndarray], dests: List[np.ndarray],
+                 indices: Optional[np.ndarray], sources: Optional[np.ndarray]):
+        self.dense = dense
+        self.sizes = sizes
+        self.dests = dests
+        self.indices = indices
+        self.sources = sources
+
+
+class Engine:
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int, mode: int,
+                 transform: Optional[Callable[[Dict[str, Any]], Any]], out: Dict[str, List[np.ndarray]],
+                 workers: int, window: int, step: int, position: int, packed: bool, lanes: int) -> None:
+        self.plan = plan
+        self.transform = transform
+        self.out = out
+        self.batch_size = batch_size
+        self.ring_args = dict(batch_size=batch_size, rank=rank, world=world, seed=seed, mode=mode,
+                              window=window, threads=workers, lanes=lanes)
+        self.packed = packed
+        self.python_work = bool(plan.python) or transform is not None
+        # Indices for Python columns, and for naming records in the errors of
+        # variable columns.
+        self.want_indices = bool(plan.python) or any(c.kind != "dense" for c in plan.native)
+        self.want_sources = plan.mixture is not None
+        self.gather_kwargs = {"threads": lanes} if lanes else {}
+        self.worker_count = workers
+        self.window = window
+        # Dense output arrays kept for reuse once the consumer drops them:
+        # enough for every batch alive at once (the window, plus one held).
+        self.recycle: Dict[str, Any] = {}
+        self.recycle_max = window + 2
+
+        self.lock = threading.Lock()
+        # Consumers (and a draining reset) wait for finished batches; workers
+        # wait for room in the window.
+        self.ready_changed = threading.Condition(self.lock)
+        self.room_changed = threading.Condition(self.lock)
+        self.base_step = step
+        self.base_position = position
+        self.step_claim = step
+        self.step_deliver = step
+        self.step_submit = step
+        self.submitted: Dict[int, StepBuffers] = {}
+        self.ready: Dict[int, Tuple[Any, Optional[BaseException]]] = {}
+        self.in_flight = 0
+        self.generation = 0
+        self.draining = False
+        self.closed = False
+        self.started = False
+        self.ring: Optional[Ring] = None
+        self.threads: List[threading.Thread] = []
+
+    # -- consumer side ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the ring and the worker threads (once). Caller holds ``lock``."""
+        if self.started:
+            return
+        self.started = True
+        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position, **self.ring_args)
+        if not self.python_work:
+            return
+        for worker_index in range(self.worker_count):
+            thread = threading.Thread(target=_worker_main, args=(self, worker_index),
+                                      name=f"loaderx-worker-{worker_index}", daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def take(self) -> Tuple[int, Any, Optional[BaseException]]:
+        """Wait for the next undelivered step and remove it from the buffer."""
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("DataLoader is closed")
+            self.start()
+            step = self.step_deliver
+            if self.python_work:
+                while step not in self.ready:
+                    self.ready_changed.wait()
+                    if self.closed:
+                        raise RuntimeError("DataLoader was closed while next() was waiting")
+                batch, error = self.ready.pop(step)
+                if error is None:
+                    self.step_deliver = step + 1
+                    self.room_changed.notify()  # one more step fits into the window
+                return step, batch, error
+            # No Python work: the consumer feeds the ring itself, up to the window.
+            self.submit_until(step + self.window)
+            bufs = self.submitted.pop(step)
+            ring = self.ring
+        assert ring is not None
+        error, variable = ring.wait(step)
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("DataLoader was closed while next() was waiting")
+            if error is not None:
+                return step, None, error
+            self.step_deliver = step + 1
+        return step, self.native_batch(bufs, variable), None
+
+    def position_of(self, step: int) -> int:
+        """The global position of the first record of `step`."""
+        return self.base_position + (step - self.base_step) * self.batch_size * self.ring_args["world"]
+
+    def reset(self, step: int, position: int) -> None:
+        """Drop everything prefetched and continue at ``step``, whose first
+        record is at global ``position``. Waits for the batches being built
+        first, so none can still write into a recycled output array."""
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("DataLoader is closed")
+            self.generation += 1
+            self.ready.clear()
+            self.draining = True
+            while self.in_flight > 0 and not self.closed:
+                self.ready_changed.wait()
+            self.draining = False
+            if self.ring is not None:
+                self.ring.reset(step, position)
+            self.submitted.clear()
+            self.base_step, self.base_position = step, position
+            self.step_submit = self.step_claim = self.step_deliver = step
+            self.room_changed.notify_all()
+
+    def shutdown(self) -> None:
+        """Stop and join every thread. Idempotent; safe from any thread."""
+        with self.lock:
+            self.closed = True
+            self.ready.clear()
+            self.ready_changed.notify_all()
+            self.room_changed.notify_all()
+            threads = list(self.threads)
+            ring = self.ring
+        # Outside the lock: a consumer blocked in the ring's wait returns now.
+        if ring is not None:
+            ring.close()
+        current = threading.current_thread()
+        alive = []
+        for thread in threads:
+            if thread is current:
+                continue
+            thread.join(JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                alive.append(thread.name)
+        if alive:
+            warnings.warn(f"DataLoader.close(): {alive} still running a gather or transform after "
+                          f"{JOIN_TIMEOUT_S:g} s; they will exit when it returns", RuntimeWarning, stacklevel=3)
+
+    # -- steps and their buffers (caller holds ``lock``) ------------------------
+
+    def submit_until(self, stop: int) -> None:
+        """Submit steps ``[step_submit, stop)`` to the ring with their buffers."""
+        ring = self.ring
+        assert ring is not None
+        while self.step_submit < stop:
+            step = self.step_submit
+            bufs = self.step_buffers(step)
+            ring.submit(step, bufs.dests, bufs.indices, bufs.sources)
+            self.submitted[step] = bufs
+            self.step_submit = step + 1
+
+    def step_buffers(self, step: int) -> StepBuffers:
+        n = self.batch_size
+        dense, sizes, dests = {}, {}, []
+        for col in self.plan.native:
+            if col.kind == "dense":
+                dense[col.name] = self.output_array(col, step)
+                dests.append(dense[col.name])
+            else:
+                sizes[col.name] = np.empty(2 * n, np.uint64)
+                dests.append(sizes[col.name])
+        indices = np.empty(n, np.uint64) if self.want_indices else None
+        sources = np.empty(n, np.uint16) if self.want_sources else None
+        return StepBuffers(dense, sizes, dests, indices, sources)
+
+    def output_array(self, col: _pipeline.Column, step: int) -> np.ndarray:
+        """Where dense column `col` of ``step`` is gathered: the caller's
+        ``out=`` buffer, a recycled array nobody holds, or a fresh one."""
+        buffers = self.out.get(col.name)
+        if buffers is not None:
+            return buffers[step % len(buffers)]
+        arr = self.recycled(col.name)
+        if arr is None:
+            arr = np.empty((self.batch_size,) + col.item_shape, dtype=col.dtype)
+        self.keep_for_recycling(col.name, arr)
+        return arr
+
+    def recycled(self, name: str) -> Optional[Any]:
+        """A previously delivered output array of column `name` that nobody
+        holds any more (only this pool references it), or None. Fresh
+        multi-MiB arrays cost page faults every batch; the reference count
+        proves an array is free (a caller's name, a view, a torch tensor from
+        torch.from_numpy all hold one). Off where counts are not exact."""
+        if not _REFCOUNT_EXACT:
+            return None
+        pool = self.recycle.setdefault(name, collections.deque())
+        for _ in range(len(pool)):
+            arr = pool.popleft()
+            # References: the local name `arr` and getrefcount's argument.
+            if sys.getrefcount(arr) <= 2:
+                return arr
+            pool.append(arr)
+        return None
+
+    def keep_for_recycling(self, name: str, arr: Any) -> None:
+        pool = self.recycle.setdefault(name, collections.deque())
+        pool.append(arr)
+        while len(pool) > self.recycle_max:
+            pool.popleft()
+
+    # -- assembling a batch ------------------------------------------------------
+
+    def native_batch(self, bufs: StepBuffers, variable: List[np.ndarray]) -> Dict[str, Any]:
+        """The batch dict of the native columns (in column order), plus
+        ``source`` for a mixture. Variable columns are decoded here."""
+        batch: Dict[str, Any] = {}
+        for col, buf in zip(self.plan.native, variable):
+            if col.kind == "dense":
+                batch[col.name] = bufs.dense[col.name]
+            else:
+                batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name], bufs.indices,
+                                                            self.packed)
+        if bufs.sources is not None:
+            batch["source"] = bufs.sources.astype(np.int16)
+        return batch
+
+    def build(self, step: int, bufs: StepBuffers) -> Any:
+        """A Python worker's step: the ring's columns, the Python columns at
+        the ring's indices, in column order, then the transform."""
+        assert self.ring is not None
+        error, variable = self.ring.wait(step)
+        if error is not None:
+            raise error
+        native = self.native_batch(bufs, variable)
+        batch: Dict[str, Any] = {}
+        for col in self.plan.columns:
+            if col.native:
+                batch[col.name] = native[col.name]
+                continue
+            out = None
+            if col.kind == "dense":
+                with self.lock:
+                    out = self.output_array(col, step)
+            batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out, self.gather_kwargs)
+        if "source" in native:
+            batch["source"] = native["source"]
+        if self.transform is not None:
+            return self.transform(batch)
+        return batch
+
+    # -- worker side ---------------------------------------------------------------
+
+    def claim(self) -> Optional[Tuple[int, int, StepBuffers]]:
+        """Wait for a step inside the window; ``None`` once closed. Claiming a
+        step also submits it to the ring, so steps are submitted in order."""
+        with self.lock:
+            while not self.closed:
+                if not self.draining and self.step_claim < self.step_deliver + self.window:
+                    step = self.step_claim
+                    self.step_claim = step + 1
+                    self.in_flight += 1
+                    self.submit_until(step + 1)
+                    return step, self.generation, self.submitted.pop(step)
+                self.room_changed.wait()
+            return None
+
+    def finish(self, step: int, generation: int, batch: Any, error: Optional[BaseException]) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            # A result from before a reset (or after close) is stale: drop it.
+            if generation == self.generation and not self.closed:
+                self.ready[step] = (batch, error)
+            # Wake the consumer only for the step it waits on, and a draining
+            # reset for every batch that leaves the builders.
+            if step == self.step_deliver or self.draining:
+                self.ready_changed.notify_all()
+
+
+def _worker_main(engine: Engine, worker_index: int) -> None:
+    while True:
+        claimed = engine.claim()
+        if claimed is None:
+            return
+        step, generation, bufs = claimed
+        batch: Any = None
+        error: Optional[BaseException] = None
+        try:
+            batch = engine.build(step, bufs)
+        except BaseException as exc:  # noqa: B036 - handed to the consumer, never dropped.
+            error = exc
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(loaderx: raised in loaderx-worker-{worker_index} building step {step})")
+        engine.finish(step, generation, batch, error)
+        # Drop our references before waiting for the next claim, so the
+        # memory bound counts only batches in the buffer or with the consumer.
+        del batch, error, bufs

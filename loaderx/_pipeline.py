@@ -1,0 +1,213 @@
+"""The DataLoader's native pipeline (``src/Loader.zig``), as Python sees it:
+the plan of a loader's columns and sources, and the ring that builds steps.
+
+Every stream that speaks the parts protocol (``__loaderx_parts__``: stores and
+ShardSets) is a *native column*: library threads gather it, dense records
+into arrays the consumer submits, variable-size records (ragged, bytes) into
+one new buffer per step, decoded on the consumer side without copying. Any
+other stream object (``gather()`` and a ``kind``) is a *Python column*, read
+on Python worker threads at the indices the ring computed. The ring computes
+every step's indices (and, for a mixture, each record's source) exactly
+once, for both kinds.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _abi, _lib, _records
+from ._lib import ffi, lib
+from .mixture import Mixture, source_seed
+
+KINDS = ("dense", "ragged", "bytes")
+COLUMN_DENSE = _abi.COLUMN_KINDS["dense"]
+COLUMN_VARIABLE = _abi.COLUMN_KINDS["variable"]
+
+
+class Column:
+    """One stream name of every batch, across the loader's sources."""
+
+    def __init__(self, name: str, streams: List[Any]):
+        self.name = name
+        self.streams = streams
+        first = streams[0]
+        self.kind = first.kind
+        self.dtype = np.dtype(getattr(first, "dtype", np.uint8))
+        self.item_shape = tuple(first.item_shape) if self.kind == "dense" else None
+        self.native = all(callable(getattr(s, "__loaderx_parts__", None)) for s in streams)
+        self.record_bytes = int(self.dtype.itemsize * np.prod(self.item_shape, dtype=np.int64)) \
+            if self.kind == "dense" else 0
+
+    @property
+    def path(self) -> Optional[str]:
+        return getattr(self.streams[0], "path", None)
+
+
+class Plan:
+    """The sources and columns of a loader: a dict of streams is one source,
+    a `Mixture` several."""
+
+    def __init__(self, streams: Any, seed: int):
+        if isinstance(streams, Mixture):
+            self.source_names = streams.names
+            per_source = [streams.sources[n] for n in self.source_names]
+            self.weights = streams.integer_weights
+            self.mixture: Optional[Mixture] = streams
+            self.seeds = [source_seed(seed, n) for n in self.source_names]
+        else:
+            self.source_names = [""]
+            per_source = [streams]
+            self.weights = [1]
+            self.mixture = None
+            self.seeds = [seed]
+        names = list(per_source[0])
+        self.columns = [Column(n, [src[n] for src in per_source]) for n in names]
+        self.lengths = [len(next(iter(src.values()))) for src in per_source]
+
+    @property
+    def native(self) -> List[Column]:
+        return [c for c in self.columns if c.native]
+
+    @property
+    def python(self) -> List[Column]:
+        return [c for c in self.columns if not c.native]
+
+
+class Ring:
+    """The native prefetch ring over a plan's native columns. Steps are
+    submitted in order with their destinations; ``wait(step)`` releases the
+    GIL until the step is built. The ring keeps its stores alive: closing one
+    while it runs fails the next step with ``ClosedError``."""
+
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, step: int, position: int,
+                 seed: int, mode: int, window: int, threads: int, lanes: int) -> None:
+        self.plan = plan
+        self.columns = plan.native
+        self._keep: List[Any] = []  # handles and structs the native side points at
+        config = ffi.new("lx_loader_config_t *", {
+            "batch_size": batch_size, "rank": rank, "world": world, "position": position, "step": step,
+            "seed": seed, "mode": mode, "window": window, "threads": threads, "lanes": lanes})
+        sources = ffi.new("lx_source_t[]", [
+            {"length": n, "seed": s, "weight": w} for n, s, w in zip(plan.lengths, plan.seeds, plan.weights)])
+        columns = ffi.new("lx_column_t[]", max(1, len(self.columns)))
+        parts = self._parts()
+        for c, col in enumerate(self.columns):
+            columns[c].kind = COLUMN_DENSE if col.kind == "dense" else COLUMN_VARIABLE
+            columns[c].record_size = col.record_bytes
+        out = ffi.new("lx_loader **")
+        _lib.check(lib.lx_loader_open(config, sources, len(plan.lengths), columns, len(self.columns),
+                                      parts, len(self._part_list), out), None, "DataLoader")
+        self.handle = ffi.gc(out[0], lib.lx_loader_free)
+        n = max(1, len(self.columns))
+        self._dests = ffi.new("uint8_t *[]", n)
+        self._buffers = ffi.new("uint8_t *[]", n)
+        self._lengths = ffi.new("uint64_t[]", n)
+        self._failed = ffi.new("uint32_t *")
+        # Threads inside lx_loader_wait: close() frees the ring only once none is left.
+        self._users = 0
+        self._users_changed = threading.Condition(threading.Lock())
+        self._closed = False
+
+    def _parts(self):
+        """Every (store handle, first, source, column) of the native columns."""
+        self._part_list: List[Tuple[Any, int, int, int]] = []
+        for c, col in enumerate(self.columns):
+            for k, stream in enumerate(col.streams):
+                for handle, first in stream.__loaderx_parts__():
+                    self._part_list.append((handle, first, k, c))
+        parts = ffi.new("lx_loader_part_t[]", max(1, len(self._part_list)))
+        for i, (handle, first, k, c) in enumerate(self._part_list):
+            parts[i].store = handle
+            parts[i].first = first
+            parts[i].source = k
+            parts[i].column = c
+        self._keep.append(parts)
+        return parts
+
+    def submit(self, step: int, dests: Sequence[np.ndarray], indices: Optional[np.ndarray],
+               sources: Optional[np.ndarray]) -> None:
+        """Caller holds the engine's lock and has checked it is not closed."""
+        d = self._dests
+        for position, array in enumerate(dests):
+            d[position] = ffi.cast("uint8_t *", array.__array_interface__["data"][0])
+        idx = ffi.cast("uint64_t *", indices.__array_interface__["data"][0]) if indices is not None else ffi.NULL
+        src = ffi.cast("uint16_t *", sources.__array_interface__["data"][0]) if sources is not None else ffi.NULL
+        _lib.check(lib.lx_loader_submit(self.handle, step, d, idx, src), None, "DataLoader")
+
+    def wait(self, step: int) -> Tuple[Optional[BaseException], List[np.ndarray]]:
+        """Blocks (GIL released) until ``step`` is built: (its error, the new
+        buffers of its variable columns, owned by the arrays)."""
+        with self._users_changed:
+            if self._closed:
+                return RuntimeError("DataLoader is closed"), []
+            self._users += 1
+        try:
+            rc = lib.lx_loader_wait(self.handle, step, self._failed, self._buffers, self._lengths)
+            if rc == _lib.LX_OK:
+                return None, [_records.owned_buffer(self._buffers[c], self._lengths[c])
+                              if col.kind != "dense" else None for c, col in enumerate(self.columns)]
+            failed = self._failed[0]
+            col = self.columns[failed] if failed < len(self.columns) else None
+            error = _lib.error_for(rc, col.path if col is not None else None, "gather")
+        finally:
+            with self._users_changed:
+                self._users -= 1
+                self._users_changed.notify_all()
+        if hasattr(error, "add_note"):
+            column = f" (stream {col.name!r})" if col is not None else ""
+            error.add_note(f"(loaderx: raised by the native prefetch ring building step {step}{column})")
+        return error, []
+
+    def reset(self, step: int, position: int) -> None:
+        """Caller holds the engine's lock and has checked it is not closed."""
+        lib.lx_loader_reset(self.handle, step, position)
+
+    def close(self) -> None:
+        """Stop the threads, wait for every waiter to leave, free the ring."""
+        with self._users_changed:
+            if self._closed:
+                return
+            self._closed = True
+        lib.lx_loader_stop(self.handle)  # wakes every waiter with "closed"
+        with self._users_changed:
+            while self._users:
+                self._users_changed.wait()
+        ffi.release(self.handle)
+
+
+def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np.ndarray, packed: bool) -> Any:
+    """A variable column's batch from the ring's buffer and sizes."""
+    n = len(indices)
+    raw, aux = sizes[:n], sizes[n:]
+    if col.kind == "bytes":
+        return _records.to_bytes(buf, raw)
+    ragged = _records.Ragged(buf, raw, aux, col.dtype, indices, col.path)
+    return ragged.to_packed(indices) if packed else ragged.to_list()
+
+
+def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray], out: Optional[np.ndarray],
+                  gather_kwargs: Dict[str, Any]) -> Any:
+    """A Python column's batch: each source's stream gathered at its records'
+    indices, put back in the batch's order."""
+    def gather(stream, idx, out=None):
+        kw = gather_kwargs if callable(getattr(stream, "__loaderx_parts__", None)) else {}
+        if col.kind == "dense":
+            return stream.gather(idx, out=out, **kw)
+        return stream.gather(idx, **kw)
+    if sources is None or len(col.streams) == 1:
+        return gather(col.streams[0], indices.view(np.int64), out)
+    result: Any = out if (col.kind == "dense" and out is not None) else (
+        np.empty((len(indices),) + col.item_shape, col.dtype) if col.kind == "dense" else [None] * len(indices))
+    for k, stream in enumerate(col.streams):
+        rows = np.flatnonzero(sources == k)
+        if len(rows) == 0:
+            continue
+        got = gather(stream, indices[rows].view(np.int64))
+        if col.kind == "dense":
+            result[rows] = got
+        else:
+            for row, record in zip(rows.tolist(), got):
+                result[row] = record
+    return result

@@ -1,0 +1,163 @@
+"""Native reads of an index space (one store, a ShardSet's shards) and the
+decoding of variable-size batches, shared by every reader: the stores, the
+ShardSet and the DataLoader.
+
+An index space is an ``lx_part_t`` array: part k holds the records from its
+``first`` index on. A dense read decodes straight into the caller's array
+(``gather_into``). A variable-size read (ragged records, bytes) is one native
+call on one snapshot that returns one library-owned buffer — every payload
+back to back, then every record's aux bytes — with each record's sizes
+(``read_variable``); the functions below turn that into bytes, arrays of
+their own shapes, or packed ``(values, row_splits)`` without copying the
+payload.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import identity
+from ._lib import check, ffi, lib
+from .errors import CorruptStoreError
+
+_U64 = np.uint64
+_T_U64 = ffi.typeof("uint64_t[]")
+_T_U8 = ffi.typeof("uint8_t[]")
+_EMPTY = np.zeros(1, dtype=_U64)
+
+
+def parts_array(parts: list[tuple[Any, int]]):
+    """An ``lx_part_t[]`` for ``[(handle, first), ...]`` (the caller keeps the
+    handles alive as long as the array is used)."""
+    arr = ffi.new("lx_part_t[]", len(parts))
+    for k, (handle, first) in enumerate(parts):
+        arr[k].store = handle
+        arr[k].first = first
+    return arr
+
+
+def gather_into(parts, count: int, idx: np.ndarray, out: np.ndarray, stride: int, threads: int,
+                path: str | None) -> int:
+    """Reads records `idx` (uint64) into C-contiguous `out`, `stride` bytes
+    each. Returns the native result (the caller checks it)."""
+    dest = ffi.from_buffer(_T_U8, out if out.nbytes else _EMPTY, require_writable=True)
+    return lib.lx_gather(parts, count, ffi.from_buffer(_T_U64, idx), len(idx), dest, out.nbytes, stride,
+                         ffi.NULL, 0, threads)
+
+
+def read_variable(parts, count: int, idx: np.ndarray, threads: int,
+                  path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``."""
+    n = len(idx)
+    raw = np.empty(n, dtype=_U64)
+    aux = np.empty(n, dtype=_U64)
+    if n == 0:
+        return np.zeros(0, np.uint8), raw, aux
+    out = ffi.new("uint8_t **")
+    length = ffi.new("uint64_t *")
+    check(lib.lx_gather_alloc(parts, count, ffi.from_buffer(_T_U64, idx), n, threads,
+                              ffi.from_buffer(_T_U64, raw), ffi.from_buffer(_T_U64, aux), out, length),
+          path, "gather")
+    return owned_buffer(out[0], length[0]), raw, aux
+
+
+def owned_buffer(ptr, length: int) -> np.ndarray:
+    """A uint8 array over library memory, freed when the array (and every
+    view of it) is gone."""
+    if length == 0 or ptr == ffi.NULL:
+        return np.zeros(0, np.uint8)
+    owned = ffi.gc(ptr, lib.lx_free_buffer)
+    return np.frombuffer(ffi.buffer(owned, length), dtype=np.uint8)
+
+
+# ----------------------------------------------------------------- decoding
+
+def to_bytes(buf: np.ndarray, raw: np.ndarray) -> list[bytes]:
+    ends = np.cumsum(raw).tolist()
+    mv = memoryview(buf)
+    starts = [0] + ends[:-1]
+    return [mv[a:b].tobytes() for a, b in zip(starts, ends)]
+
+
+class Ragged:
+    """A decoded batch of ragged records: the values of all records back to
+    back, element offsets (B+1), and each record's shape (None when every
+    record is 1-D)."""
+
+    def __init__(self, buf: np.ndarray, raw: np.ndarray, aux: np.ndarray, dtype: np.dtype, idx: np.ndarray,
+                 path: str | None):
+        item = dtype.itemsize
+        payload = int(raw.sum())
+        if item and (raw % item).any():
+            bad = int(idx[np.flatnonzero(raw % item)[0]])
+            raise _damaged(path, bad, f"size (not a multiple of {item})")
+        self.dtype = dtype
+        self.count = len(idx)
+        self.offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        if item:
+            np.cumsum(raw // item, out=self.offsets[1:])
+        self.values = buf[:payload].view(dtype) if item else np.zeros(0, dtype)
+        self.shapes = _shapes(idx, raw, aux, buf[payload:], item, path) if aux.any() else None
+
+    def to_list(self) -> list[np.ndarray]:
+        if self.dtype.itemsize == 0:
+            return [np.zeros(s, self.dtype) for s in (self.shapes or [(0,)] * self.count)]
+        eo = self.offsets.tolist()
+        out = [self.values[eo[i]:eo[i + 1]] for i in range(self.count)]
+        if self.shapes is not None:
+            out = [v if len(s) == 1 else v.reshape(s) for v, s in zip(out, self.shapes)]
+        return out
+
+    def to_packed(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, row_splits)``; records must share their trailing dims."""
+        if self.shapes is None:
+            return self.values, self.offsets
+        trailing = _common_trailing(idx, self.shapes)
+        rows = np.array([s[0] for s in self.shapes], dtype=np.int64)
+        row_splits = np.zeros(self.count + 1, dtype=np.int64)
+        np.cumsum(rows, out=row_splits[1:])
+        return self.values.reshape((int(row_splits[-1]),) + trailing), row_splits
+
+
+def _shapes(idx: np.ndarray, raw: np.ndarray, aux: np.ndarray, aux_bytes: np.ndarray, item: int,
+            path: str | None) -> list[tuple]:
+    """Each record's shape from its aux bytes, checked before anything is sized by it."""
+    bad = (aux % 8 != 0) | (aux > 8 * (identity.NDIM_MAX + 1))
+    if bad.any():
+        raise _damaged(path, int(idx[np.flatnonzero(bad)[0]]), "shape")
+    words = aux_bytes.view("<u8")
+    ends = np.cumsum(aux // 8).tolist()
+    shapes, start = [], 0
+    for i, end in enumerate(ends):
+        if end == start:
+            shapes.append((int(raw[i]) // item if item else 0,))
+            continue
+        w = words[start:end].tolist()
+        start = end
+        try:
+            dims = identity.check_shape(w[1:], item, "shape")
+        except ValueError:
+            raise _damaged(path, int(idx[i]), f"shape {tuple(w[1:])}") from None
+        if w[0] != len(dims) or np.prod(dims, dtype=object) * item != int(raw[i]):
+            raise _damaged(path, int(idx[i]), f"shape {dims}")
+        shapes.append(dims)
+    return shapes
+
+
+def _damaged(path: str | None, index: int, what: str) -> CorruptStoreError:
+    where = f"{path}: " if path else ""
+    return CorruptStoreError(f"{where}record {index} has a damaged {what}", path=path)
+
+
+def _common_trailing(idx: np.ndarray, shapes: list[tuple]) -> tuple:
+    trailing = None
+    for i, s in enumerate(shapes):
+        if len(s) == 0:
+            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records with a first axis")
+        if trailing is None:
+            trailing = s[1:]
+        elif s[1:] != trailing:
+            raise ValueError(f"records do not share trailing dimensions: record {int(idx[i])} has shape {s}, "
+                             f"earlier ones (*, {', '.join(map(str, trailing))})")
+    return trailing or ()

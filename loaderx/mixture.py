@@ -1,0 +1,172 @@
+"""`Mixture`: several sources of aligned streams, mixed by weight.
+
+``Mixture({"web": {"x": web_x, "y": web_y}, "code": {"x": code_x, "y": code_y}},
+weights={"web": 0.7, "code": 0.3})`` is a stream source for ``DataLoader``.
+Every source has the same stream names, with compatible types (the same
+dtype and item shape for dense streams, the same dtype for ragged ones, bytes
+with bytes); anything else is refused, naming the source and the stream.
+
+How records are drawn (the native loader does it, see ``src/mixture.zig``):
+
+* Weights are positive and normalized, then held as exact ratios of
+  integers (``Fraction(w).limit_denominator(10**6)`` of each normalized
+  weight), so 0.7/0.3 or 1/3 are exact.
+* Over the global stream of records (all ranks, all steps), source k's
+  cumulative count after N records stays within ``ceil(log2 K)`` records of
+  ``N * w_k`` (one record for two sources, two for three or four), never
+  decreases, and is a pure function of N: O(number of sources) per step,
+  nothing replayed, and a resumed run with another global batch continues
+  every source exactly.
+* Each source has its own sampler (the loader's mode), seeded from
+  ``(seed, source name)``: in CYCLIC mode every source cycles through its own
+  records independently, and a small source repeats.
+* The records of a step are ordered by a keyed permutation, so any slice of
+  a batch (a rank's shard, a gradient-accumulation micro-batch) has close to
+  the mixture's proportions. ``batch["source"]`` (int16) names each record's
+  source; ``loader.sources`` maps the ids to names.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+from fractions import Fraction
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+
+__all__ = ["Mixture"]
+
+_KINDS = ("dense", "ragged", "bytes")
+#: Largest sum of the integer weights the native loader takes.
+_WEIGHT_TOTAL_MAX = 1 << 40
+_DENOMINATOR_MAX = 10**6
+
+
+def _signature(stream: Any) -> tuple:
+    kind = getattr(stream, "kind", None)
+    if kind not in _KINDS or not callable(getattr(stream, "gather", None)):
+        raise TypeError(f"not a loaderx stream (needs gather() and a kind in {_KINDS}): {type(stream).__name__}")
+    dtype = np.dtype(getattr(stream, "dtype", np.uint8))
+    shape = getattr(stream, "item_shape", None)
+    return (kind, dtype, None if kind != "dense" else tuple(shape))
+
+
+def integer_weights(weights: List[float]) -> List[int]:
+    """Positive weights as integers in the same exact ratios (see the module
+    docs); sums above 2**40 are rounded to that scale."""
+    total = Fraction(0)
+    parts = []
+    for w in weights:
+        parts.append(Fraction(w))
+        total += parts[-1]
+    ratios = [(p / total).limit_denominator(_DENOMINATOR_MAX) for p in parts]
+    scale = math.lcm(*(r.denominator for r in ratios))
+    numbers_ = [int(r * scale) for r in ratios]
+    if any(n == 0 for n in numbers_):
+        raise ValueError(f"weights {weights} are too uneven to represent (ratio below 1e-6)")
+    g = math.gcd(*numbers_)
+    numbers_ = [n // g for n in numbers_]
+    total_int = sum(numbers_)
+    if total_int > _WEIGHT_TOTAL_MAX:
+        numbers_ = [max(1, n * _WEIGHT_TOTAL_MAX // (2 * total_int)) for n in numbers_]
+    return numbers_
+
+
+def source_seed(seed: int, name: str) -> int:
+    """The seed of source `name`'s own sampler: a hash of (seed, name)."""
+    digest = hashlib.blake2b(f"{seed}\0{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class Mixture:
+    """Sources (name -> {stream name -> stream}) mixed by `weights`
+    (name -> positive number). See the module docs for the guarantees."""
+
+    def __init__(self, sources: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float]):
+        if not isinstance(sources, Mapping) or not sources:
+            raise TypeError("Mixture needs a non-empty dict of source name -> {stream name: stream}")
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"weights must be a dict of source name -> weight, got {type(weights).__name__}")
+        names = list(sources)
+        if len(names) > 256:
+            raise ValueError(f"a Mixture takes at most 256 sources, got {len(names)}")
+        if set(weights) != set(names):
+            raise ValueError(f"weights name {sorted(map(str, weights))}, the sources are {sorted(map(str, names))}")
+        for name in names:
+            if not isinstance(name, str):
+                raise TypeError(f"source names must be str, got {name!r}")
+            w = weights[name]
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+                raise ValueError(f"weight of source {name!r} must be a positive number, got {w!r}")
+        self._sources: Dict[str, Dict[str, Any]] = {name: _check_source(name, sources[name]) for name in names}
+        self._check_compatible()
+        self._names = names
+        self._integers = integer_weights([weights[n] for n in names])
+        total = sum(self._integers)
+        self._weights = {n: i / total for n, i in zip(names, self._integers)}
+
+    def _check_compatible(self) -> None:
+        first_name, first = next(iter(self._sources.items()))
+        columns = list(first)
+        for name, streams in self._sources.items():
+            if sorted(streams) != sorted(columns):
+                raise ValueError(f"source {name!r} has streams {sorted(streams)}, source {first_name!r} has "
+                                 f"{sorted(columns)}: every source needs the same stream names")
+            for column in columns:
+                mine, theirs = _signature(first[column]), _signature(streams[column])
+                if mine != theirs:
+                    raise TypeError(f"stream {column!r}: source {name!r} holds {_describe(theirs)}, source "
+                                    f"{first_name!r} holds {_describe(mine)}")
+
+    @property
+    def names(self) -> List[str]:
+        """The source names, in id order (``batch["source"]`` holds the ids)."""
+        return list(self._names)
+
+    @property
+    def sources(self) -> Dict[str, Dict[str, Any]]:
+        return {name: dict(streams) for name, streams in self._sources.items()}
+
+    @property
+    def weights(self) -> Dict[str, float]:
+        """The normalized weights the loader uses (exact ratios, see the docs)."""
+        return dict(self._weights)
+
+    @property
+    def integer_weights(self) -> List[int]:
+        return list(self._integers)
+
+    @property
+    def columns(self) -> List[str]:
+        return list(next(iter(self._sources.values())))
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n!r}: {self._weights[n]:.4g}" for n in self._names)
+        return f"Mixture({{{parts}}}, streams={self.columns})"
+
+
+def _check_source(name: str, streams: Any) -> Dict[str, Any]:
+    if not isinstance(streams, Mapping) or not streams:
+        raise TypeError(f"source {name!r} must be a non-empty dict of stream name -> stream")
+    out = {}
+    lengths = {}
+    for column, stream in streams.items():
+        if not isinstance(column, str):
+            raise TypeError(f"source {name!r}: stream names must be str, got {column!r}")
+        try:
+            _signature(stream)
+        except TypeError as e:
+            raise TypeError(f"source {name!r}, stream {column!r}: {e}") from None
+        lengths[column] = len(stream)
+        out[column] = stream
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"source {name!r}: its streams must have the same length, got {lengths}")
+    if next(iter(lengths.values())) == 0:
+        raise ValueError(f"source {name!r} is empty (len 0): nothing to load")
+    return out
+
+
+def _describe(signature: tuple) -> str:
+    kind, dtype, shape = signature
+    return f"{kind} {dtype}" + (f" {list(shape)}" if shape is not None else "")

@@ -1,0 +1,133 @@
+//! Reads over several stores that form one index space: the shards of a
+//! ShardSet (one gather splits its indices by shard in one native call) and
+//! the streams of a loader's sources. Part k covers indices from `first` up
+//! to the next part's `first` (the last part: up to its length); each part's
+//! store is read from one snapshot, under a read hold, for the whole call.
+const std = @import("std");
+const assert = std.debug.assert;
+const Allocator = std.mem.Allocator;
+const diag = @import("diag.zig");
+const Store = @import("Store.zig");
+const store_read = @import("store_read.zig");
+const Error = Store.Error;
+const Snapshot = store_read.Snapshot;
+
+/// A part of an index space (lx_part_t): `store` holds records from `first`.
+pub const Part = extern struct {
+    store: *Store,
+    first: u64,
+
+    comptime {
+        assert(@sizeOf(Part) == 16);
+        assert(@alignOf(Part) == 8);
+    }
+};
+
+/// Parts one read may span (their ids are 16-bit).
+pub const parts_max: usize = std.math.maxInt(u16);
+
+/// The buffers of multi-part reads, kept by their owner between reads.
+pub const Scratch = struct {
+    snaps: std.ArrayList(Snapshot) = .empty,
+    of: std.ArrayList(u16) = .empty,
+    local: std.ArrayList(u64) = .empty,
+
+    pub fn deinit(sc: *Scratch, gpa: Allocator) void {
+        sc.snaps.deinit(gpa);
+        sc.of.deinit(gpa);
+        sc.local.deinit(gpa);
+    }
+};
+
+/// Holds a read on every part's store and snapshots them all; `end` gives
+/// the holds back. Nothing is held when it fails.
+pub fn begin(gpa: Allocator, parts: []const Part, sc: *Scratch) Error![]const Snapshot {
+    assert(parts.len >= 1 and parts.len <= parts_max);
+    sc.snaps.resize(gpa, parts.len) catch return error.OutOfMemory;
+    var held: usize = 0;
+    errdefer for (parts[0..held]) |p| p.store.exitRead();
+    for (parts, sc.snaps.items) |p, *snap| {
+        if (p.store.isClosed()) return diag.fail(error.Closed, "a store of this read was closed", .{});
+        try p.store.enterRead();
+        held += 1;
+        snap.* = try store_read.snapshot(p.store);
+    }
+    return sc.snaps.items;
+}
+
+pub fn end(parts: []const Part) void {
+    for (parts) |p| p.store.exitRead();
+}
+
+/// Where `index` of the space lives: (part, index inside it); null when no
+/// part holds it.
+pub fn find(parts: []const Part, snaps: []const Snapshot, index: u64) ?struct { part: u16, local: u64 } {
+    var lo: usize = 0;
+    var hi: usize = parts.len;
+    while (hi - lo > 1) {
+        const mid = (lo + hi) / 2;
+        if (parts[mid].first <= index) lo = mid else hi = mid;
+    }
+    if (index < parts[lo].first) return null;
+    const local = index - parts[lo].first;
+    if (local >= snaps[lo].count) return null;
+    return .{ .part = @intCast(lo), .local = local };
+}
+
+/// The reads of global `indices` over `parts` (sorted by `first`), their
+/// per-record part and local index kept in `sc`.
+pub fn locate(gpa: Allocator, parts: []const Part, snaps: []const Snapshot, indices: []const u64, sc: *Scratch) Error!store_read.Reads {
+    sc.of.resize(gpa, indices.len) catch return error.OutOfMemory;
+    sc.local.resize(gpa, indices.len) catch return error.OutOfMemory;
+    for (indices, sc.of.items, sc.local.items) |index, *of, *local| {
+        const at = find(parts, snaps, index) orelse return outOfRange(parts, snaps, index);
+        of.* = at.part;
+        local.* = at.local;
+    }
+    return .{ .snaps = snaps, .of = sc.of.items, .indices = sc.local.items };
+}
+
+fn outOfRange(parts: []const Part, snaps: []const Snapshot, index: u64) Error {
+    const last = parts.len - 1;
+    const end_index = parts[last].first + snaps[last].count;
+    return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records ({d} parts)", .{
+        index, end_index, parts.len,
+    });
+}
+
+/// Gathers global `indices` over `parts` into `dest` (see store_read.gather).
+pub fn gather(gpa: Allocator, parts: []const Part, indices: []const u64, dest: store_read.Dest, part: store_read.Part, lanes: usize, sc: *Scratch) Error!void {
+    if (indices.len == 0) return;
+    const snaps = try begin(gpa, parts, sc);
+    defer end(parts);
+    const reads = if (single(parts)) store_read.Reads{ .snaps = snaps, .indices = indices } else try locate(gpa, parts, snaps, indices, sc);
+    try store_read.gatherReads(reads, dest, part, lanes);
+}
+
+/// Gathers global `indices` over `parts` into new memory (see
+/// store_read.gatherAlloc).
+pub fn gatherAlloc(gpa: Allocator, parts: []const Part, indices: []const u64, lanes: usize, raw_out: []u64, aux_out: []u64, sc: *Scratch) Error![]u8 {
+    if (indices.len == 0) return &.{};
+    const snaps = try begin(gpa, parts, sc);
+    defer end(parts);
+    const reads = if (single(parts)) store_read.Reads{ .snaps = snaps, .indices = indices } else try locate(gpa, parts, snaps, indices, sc);
+    return store_read.packedReads(gpa, reads, lanes, raw_out, aux_out);
+}
+
+/// One part from index 0: indices are the store's own, nothing to map.
+fn single(parts: []const Part) bool {
+    return parts.len == 1 and parts[0].first == 0;
+}
+
+test "indices map to the part that holds them" {
+    const fake: *Store = @ptrFromInt(0x1000);
+    const parts = [_]Part{ .{ .store = fake, .first = 0 }, .{ .store = fake, .first = 10 }, .{ .store = fake, .first = 25 } };
+    var snaps: [3]Snapshot = undefined;
+    for (&snaps, [_]u64{ 10, 15, 4 }) |*s, count| s.count = count;
+    try std.testing.expectEqual(@as(u64, 3), find(&parts, &snaps, 3).?.local);
+    const at = find(&parts, &snaps, 24).?;
+    try std.testing.expectEqual(@as(u16, 1), at.part);
+    try std.testing.expectEqual(@as(u64, 14), at.local);
+    try std.testing.expectEqual(@as(u16, 2), find(&parts, &snaps, 28).?.part);
+    try std.testing.expect(find(&parts, &snaps, 29) == null);
+}
