@@ -100,11 +100,10 @@ class Ring:
         _lib.check(lib.lx_loader_open(config, sources, len(plan.lengths), columns, len(self.columns),
                                       parts, len(self._part_list), out), None, "DataLoader")
         self.handle = ffi.gc(out[0], lib.lx_loader_free)
-        n = max(1, len(self.columns))
-        self._dests = ffi.new("uint8_t *[]", n)
-        self._buffers = ffi.new("uint8_t *[]", n)
-        self._lengths = ffi.new("uint64_t[]", n)
-        self._failed = ffi.new("uint32_t *")
+        self._width = max(1, len(self.columns))
+        # Submits are serialized by the engine's lock; waits are not (Python
+        # workers wait for different steps at once): their out-params are per call.
+        self._dests = ffi.new("uint8_t *[]", self._width)
         # Threads inside lx_loader_wait: close() frees the ring only once none is left.
         self._users = 0
         self._users_changed = threading.Condition(threading.Lock())
@@ -143,12 +142,15 @@ class Ring:
             if self._closed:
                 return RuntimeError("DataLoader is closed"), []
             self._users += 1
+        failed_out = ffi.new("uint32_t *")
+        buffers = ffi.new("uint8_t *[]", self._width)
+        lengths = ffi.new("uint64_t[]", self._width)
         try:
-            rc = lib.lx_loader_wait(self.handle, step, self._failed, self._buffers, self._lengths)
+            rc = lib.lx_loader_wait(self.handle, step, failed_out, buffers, lengths)
             if rc == _lib.LX_OK:
-                return None, [_records.owned_buffer(self._buffers[c], self._lengths[c])
+                return None, [_records.owned_buffer(buffers[c], lengths[c])
                               if col.kind != "dense" else None for c, col in enumerate(self.columns)]
-            failed = self._failed[0]
+            failed = failed_out[0]
             col = self.columns[failed] if failed < len(self.columns) else None
             error = _lib.error_for(rc, col.path if col is not None else None, "gather")
         finally:
