@@ -6,6 +6,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.zrecord import Zrecord, DenseStore, RaggedStore, train_dict, ZrecordError
     from loaderx.shardset import ShardSet
     from loaderx.mixture import Mixture
+    from loaderx.tokens import TokenWindows
     from loaderx.zsampler import Sampler
     from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, pad
     from loaderx.converters import convert
@@ -33,11 +34,13 @@ from .errors import (
 )
 from .mixture import Mixture
 from .shardset import ShardSet
+from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "train_dict", "Sampler", "DataLoader",
+    "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict", "Sampler",
+    "DataLoader",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError", "DictionaryError",

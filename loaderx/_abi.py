@@ -20,6 +20,7 @@ typedef struct {
     uint64_t live_bytes;
     uint64_t chunk_bytes;
     uint64_t reclaimable;
+    uint64_t generation;
 } lx_stats_t;
 typedef struct {
     uint64_t from;
@@ -57,6 +58,14 @@ typedef struct {
     uint32_t source;
     uint32_t column;
 } lx_loader_part_t;
+typedef struct {
+    const uint64_t *prefix;
+    uint64_t docs;
+    uint64_t seq_len;
+    uint64_t separator;
+    uint32_t has_separator;
+    uint32_t itemsize;
+} lx_windows_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
@@ -82,7 +91,9 @@ int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64
 int lx_sampler_fill(uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, lx_loader **);
+int lx_windows_index(const lx_part_t *, uint32_t, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
+int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);
 int lx_loader_wait(lx_loader *, uint64_t, uint32_t *, uint8_t **, uint64_t *);
 void lx_loader_reset(lx_loader *, uint64_t, uint64_t);
@@ -100,7 +111,7 @@ CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 SAMPLER_MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
 PARTS = {"payload": 0, "aux": 1}
 BLOBS = {"dictionary": 0, "user": 1}
-COLUMN_KINDS = {"dense": 0, "variable": 1}
+COLUMN_KINDS = {"dense": 0, "variable": 1, "windows": 2, "segments": 3}
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
 LOADER_COLUMNS_MAX = 1024
@@ -110,5 +121,6 @@ LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 32, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16, "lx_loader_part_t": 24}
+STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
+    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16, "lx_loader_part_t": 24,
+    "lx_windows_t": 40}

@@ -24,6 +24,8 @@ from .mixture import Mixture, source_seed
 KINDS = ("dense", "ragged", "bytes")
 COLUMN_DENSE = _abi.COLUMN_KINDS["dense"]
 COLUMN_VARIABLE = _abi.COLUMN_KINDS["variable"]
+COLUMN_WINDOWS = _abi.COLUMN_KINDS["windows"]
+COLUMN_SEGMENTS = _abi.COLUMN_KINDS["segments"]
 
 
 class Column:
@@ -36,9 +38,25 @@ class Column:
         self.kind = first.kind
         self.dtype = np.dtype(getattr(first, "dtype", np.uint8))
         self.item_shape = tuple(first.item_shape) if self.kind == "dense" else None
-        self.native = all(callable(getattr(s, "__loaderx_parts__", None)) for s in streams)
+        # Token windows (and their segments) are read by the ring as windows
+        # of a corpus; stores and ShardSets as records of their parts.
+        self.windows = all(callable(getattr(s, "__loaderx_windows__", None)) for s in streams)
+        self.segments = self.windows and self.dtype == np.int32 and type(first).__name__ == "TokenSegments"
+        self.native = self.windows or all(callable(getattr(s, "__loaderx_parts__", None)) for s in streams)
         self.record_bytes = int(self.dtype.itemsize * np.prod(self.item_shape, dtype=np.int64)) \
             if self.kind == "dense" else 0
+
+    @property
+    def ring_kind(self) -> int:
+        if self.windows:
+            return COLUMN_SEGMENTS if self.segments else COLUMN_WINDOWS
+        return COLUMN_DENSE if self.kind == "dense" else COLUMN_VARIABLE
+
+    def parts_of(self, source: int) -> List[Tuple[Any, int]]:
+        stream = self.streams[source]
+        if self.windows:
+            return stream.__loaderx_windows__()[0]
+        return stream.__loaderx_parts__()
 
     @property
     def path(self) -> Optional[str]:
@@ -94,11 +112,12 @@ class Ring:
         columns = ffi.new("lx_column_t[]", max(1, len(self.columns)))
         parts = self._parts()
         for c, col in enumerate(self.columns):
-            columns[c].kind = COLUMN_DENSE if col.kind == "dense" else COLUMN_VARIABLE
+            columns[c].kind = col.ring_kind
             columns[c].record_size = col.record_bytes
+        specs = self._specs(len(plan.lengths))
         out = ffi.new("lx_loader **")
         _lib.check(lib.lx_loader_open(config, sources, len(plan.lengths), columns, len(self.columns),
-                                      parts, len(self._part_list), out), None, "DataLoader")
+                                      parts, len(self._part_list), specs, out), None, "DataLoader")
         self.handle = ffi.gc(out[0], lib.lx_loader_free)
         self._width = max(1, len(self.columns))
         # Submits are serialized by the engine's lock; waits are not (Python
@@ -113,8 +132,8 @@ class Ring:
         """Every (store handle, first, source, column) of the native columns."""
         self._part_list: List[Tuple[Any, int, int, int]] = []
         for c, col in enumerate(self.columns):
-            for k, stream in enumerate(col.streams):
-                for handle, first in stream.__loaderx_parts__():
+            for k in range(len(col.streams)):
+                for handle, first in col.parts_of(k):
                     self._part_list.append((handle, first, k, c))
         parts = ffi.new("lx_loader_part_t[]", max(1, len(self._part_list)))
         for i, (handle, first, k, c) in enumerate(self._part_list):
@@ -124,6 +143,18 @@ class Ring:
             parts[i].column = c
         self._keep.append(parts)
         return parts
+
+    def _specs(self, source_count: int):
+        """The window index of every (windows column, source), or NULL."""
+        if not any(col.windows for col in self.columns):
+            return ffi.NULL
+        specs = ffi.new("lx_windows_t[]", len(self.columns) * source_count)
+        for c, col in enumerate(self.columns):
+            if col.windows:
+                for k, stream in enumerate(col.streams):
+                    specs[c * source_count + k] = stream.__loaderx_windows__()[1][0]
+        self._keep.append(specs)
+        return specs
 
     def submit(self, step: int, dests: Sequence[np.ndarray], indices: Optional[np.ndarray],
                sources: Optional[np.ndarray]) -> None:

@@ -286,6 +286,14 @@ class Store:
         return {"records": int(st.records), "live_bytes": int(st.live_bytes),
                 "chunk_bytes": int(st.chunk_bytes), "reclaimable": int(st.reclaimable)}
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every commit (append, delete, compact, sync): a cache
+        derived from the records is stale once this differs."""
+        st = ffi.new("lx_stats_t *")
+        check(lib.lx_stats(self._h(), st), self._path)
+        return int(st.generation)
+
     def sync(self) -> None:
         """Make every record appended through this handle survive a power loss."""
         check(lib.lx_sync(self._h()), self._path, "sync")

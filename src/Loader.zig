@@ -40,6 +40,7 @@ const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const store_read = @import("store_read.zig");
 const store_parts = @import("store_parts.zig");
+const windows = @import("windows.zig");
 
 const Loader = @This();
 
@@ -58,6 +59,10 @@ pub const ColumnKind = enum(u32) {
     dense = 0,
     /// Any records into a new buffer per step, with their sizes.
     variable = 1,
+    /// Token windows of a document corpus (windows.zig): (L + 1) tokens a record.
+    windows = 2,
+    /// The document ordinals of those windows: (L + 1) int32 a record.
+    segments = 3,
 };
 
 /// lx_column_t: one stream of every batch.
@@ -154,6 +159,10 @@ const Work = struct {
     /// A step's positions of one source (mixtures: up to G).
     filled: []u64,
     parts: store_parts.Scratch = .{},
+    win: windows.Scratch = .{},
+    /// One source's records of a step: their rows and window indices.
+    rows: []u64,
+    picked: []u64,
 };
 
 gpa: Allocator,
@@ -164,6 +173,8 @@ mix: mixture.Mixture,
 columns: []Column,
 /// Every part, grouped by column, then by source, then by `first`.
 parts: []store_parts.Part,
+/// Per (column, source): the window index of a windows/segments column.
+specs: []windows.Spec,
 /// Per column c: its parts are parts[col_start[c] .. col_start[c + 1]];
 /// per (c, k): source k's are parts[range_start[c * K + k] .. next].
 col_start: []usize,
@@ -213,7 +224,27 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
     if (sources.len > 1 and total > mixture.weight_total_max) return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
     for (columns, 0..) |col, i| {
         const kind = std.enums.fromInt(ColumnKind, col.kind) orelse return invalid("column {d}: unknown kind {d}", .{ i, col.kind });
-        if (kind == .dense) _ = std.math.mul(u64, col.record_size, c.batch_size) catch return invalid("column {d}: a batch overflows", .{i});
+        if (kind != .variable) _ = std.math.mul(u64, col.record_size, c.batch_size) catch return invalid("column {d}: a batch overflows", .{i});
+    }
+}
+
+/// The window indices of the windows/segments columns: one per (column,
+/// source), each matching its column's record size and its source's length.
+fn checkSpecs(l: *Loader, specs: ?[*]const windows.Spec) Error!void {
+    const k_count = l.sources.len;
+    for (l.columns, 0..) |col, c| {
+        const kind: ColumnKind = @enumFromInt(col.kind);
+        if (kind != .windows and kind != .segments) continue;
+        const all = specs orelse return invalid("column {d} reads windows but no window index was given", .{c});
+        for (0..k_count) |k| {
+            const spec = all[c * k_count + k];
+            try windows.checkSpec(spec);
+            const width = spec.seq_len + 1;
+            const want = if (kind == .windows) width * spec.itemsize else width * 4;
+            if (col.record_size != want) return invalid("column {d}: records of {d} bytes, its windows need {d}", .{ c, col.record_size, want });
+            if (spec.windowCount() < l.sources[k].length) return invalid("source {d} has {d} records but column {d} only {d} windows", .{ k, l.sources[k].length, c, spec.windowCount() });
+            l.specs[c * k_count + k] = spec;
+        }
     }
 }
 
@@ -260,7 +291,7 @@ fn firstLess(_: void, a: store_parts.Part, b: store_parts.Part) bool {
 }
 
 /// Starts `config.threads` workers reading `parts` (kept alive until `destroy`).
-pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: []const Column, parts: []const Part) Error!*Loader {
+pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: []const Column, parts: []const Part, specs: ?[*]const windows.Spec) Error!*Loader {
     try checkConfig(config, sources, columns);
     if (parts.len > parts_max) return invalid("a loader takes at most {d} parts, got {d}", .{ parts_max, parts.len });
     const l = gpa.create(Loader) catch return error.OutOfMemory;
@@ -273,6 +304,7 @@ pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: 
         .mix = undefined,
         .columns = &.{},
         .parts = &.{},
+        .specs = &.{},
         .col_start = &.{},
         .range_start = &.{},
         .slots = &.{},
@@ -288,6 +320,7 @@ pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: 
     errdefer l.freeBuffers();
     try l.allocate(sources, columns, parts.len);
     try l.layout(parts);
+    try l.checkSpecs(specs);
     if (sources.len > 1) {
         var weights: [sources_max]u64 = undefined;
         for (sources, 0..) |s, k| weights[k] = s.weight;
@@ -306,6 +339,7 @@ fn allocate(l: *Loader, sources: []const Source, columns: []const Column, part_c
     l.sources = gpa.dupe(Source, sources) catch return error.OutOfMemory;
     l.columns = gpa.dupe(Column, columns) catch return error.OutOfMemory;
     l.parts = gpa.alloc(store_parts.Part, part_count) catch return error.OutOfMemory;
+    l.specs = gpa.alloc(windows.Spec, columns.len * sources.len) catch return error.OutOfMemory;
     l.col_start = gpa.alloc(usize, columns.len + 1) catch return error.OutOfMemory;
     l.range_start = gpa.alloc(usize, columns.len * sources.len + 1) catch return error.OutOfMemory;
     l.slots = gpa.alloc(Slot, window) catch return error.OutOfMemory;
@@ -316,12 +350,14 @@ fn allocate(l: *Loader, sources: []const Source, columns: []const Column, part_c
     l.index_out = gpa.alloc(?[*]u64, window) catch return error.OutOfMemory;
     l.source_out = gpa.alloc(?[*]u16, window) catch return error.OutOfMemory;
     l.work = gpa.alloc(Work, l.config.threads) catch return error.OutOfMemory;
-    for (l.work) |*w| w.* = .{ .indices = &.{}, .sources = &.{}, .origins = &.{}, .slots = &.{}, .filled = &.{} };
+    for (l.work) |*w| w.* = .{ .indices = &.{}, .sources = &.{}, .origins = &.{}, .slots = &.{}, .filled = &.{}, .rows = &.{}, .picked = &.{} };
     const batch: usize = @intCast(l.config.batch_size);
     const global: usize = @intCast(l.config.batch_size * l.config.world);
     for (l.work) |*w| {
         w.indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
         w.sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
+        w.rows = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+        w.picked = gpa.alloc(u64, batch) catch return error.OutOfMemory;
         if (sources.len > 1) {
             w.origins = gpa.alloc(mixture.Origin, batch) catch return error.OutOfMemory;
             w.slots = gpa.alloc(u64, batch) catch return error.OutOfMemory;
@@ -338,10 +374,13 @@ fn freeBuffers(l: *Loader) void {
         gpa.free(w.origins);
         gpa.free(w.slots);
         gpa.free(w.filled);
+        gpa.free(w.rows);
+        gpa.free(w.picked);
         w.parts.deinit(gpa);
+        w.win.deinit(gpa);
     }
     for (l.results) |r| if (r.buffer) |b| std.c.free(b);
-    inline for (.{ "work", "source_out", "index_out", "results", "dests", "slots", "range_start", "col_start", "parts", "columns", "sources" }) |name| {
+    inline for (.{ "work", "source_out", "index_out", "results", "dests", "slots", "range_start", "col_start", "specs", "parts", "columns", "sources" }) |name| {
         gpa.free(@field(l, name));
     }
 }
@@ -589,13 +628,15 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
 }
 
 fn buildColumn(l: *Loader, c: usize, col: Column, dest: [*]u8, work: *Work, result: *Result) Error!void {
+    const kind: ColumnKind = @enumFromInt(col.kind);
+    if (kind == .windows or kind == .segments) return l.buildWindows(c, kind, dest, work);
     const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
     const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
     defer store_parts.end(parts);
     const reads = try l.readsOf(c, snaps, work);
     const batch: usize = @intCast(l.config.batch_size);
-    const kind: ColumnKind = @enumFromInt(col.kind);
     switch (kind) {
+        .windows, .segments => unreachable, // built by buildWindows
         .dense => {
             const size: usize = @intCast(col.record_size);
             try store_read.gatherReads(reads, .{ .base = dest, .len = size * batch, .stride = size }, .payload, l.config.lanes);
@@ -605,6 +646,29 @@ fn buildColumn(l: *Loader, c: usize, col: Column, dest: [*]u8, work: *Work, resu
             const buf = try store_read.packedReads(l.gpa, reads, l.config.lanes, words[0..batch], words[batch..][0..batch]);
             result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
         },
+    }
+}
+
+/// A windows (or segments) column: each source's records are windows of its
+/// corpus, gathered into their rows.
+fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work) Error!void {
+    const k_count = l.sources.len;
+    for (0..k_count) |k| {
+        var n: usize = 0;
+        for (work.sources, work.indices, 0..) |source, index, row| {
+            if (source != k) continue;
+            work.rows[n] = row;
+            work.picked[n] = index;
+            n += 1;
+        }
+        if (n == 0) continue;
+        const r = c * k_count + k;
+        const parts = l.parts[l.range_start[r]..l.range_start[r + 1]];
+        const out: windows.Out = if (kind == .windows)
+            .{ .tokens = dest, .rows = work.rows[0..n] }
+        else
+            .{ .segments = @ptrCast(@alignCast(dest)), .rows = work.rows[0..n] };
+        try windows.gather(l.gpa, l.specs[r], parts, work.picked[0..n], out, l.config.lanes, &work.win);
     }
 }
 
@@ -674,7 +738,7 @@ test "the ring builds every step in order, exactly as the sampler says" {
     defer tmp.cleanup();
     const s = try testStore(&tmp, "x", 100, 3);
     defer s.close();
-    const l = try Loader.create(testing.allocator, testConfig(7, 3, 2, 10), &.{.{ .length = 100, .seed = 5, .weight = 1 }}, &dense8(), &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }});
+    const l = try Loader.create(testing.allocator, testConfig(7, 3, 2, 10), &.{.{ .length = 100, .seed = 5, .weight = 1 }}, &dense8(), &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }}, null);
     defer l.destroy();
     var buffers: [3][7]u64 = undefined;
     var expected: [7]u64 = undefined;
@@ -715,7 +779,7 @@ test "shards and a mixture: every record from its source's own sequence" {
     const parts = [_]Part{ .{ .store = b, .first = 30, .source = 0, .column = 0 }, .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = c, .first = 0, .source = 1, .column = 0 } };
     var config = testConfig(16, 2, 1, 0);
     config.position = 0;
-    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
     var got: [16]u64 = undefined;
     var indices: [16]u64 = undefined;
@@ -750,7 +814,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     const parts = [_]Part{ .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = b, .first = 0, .source = 0, .column = 1 } };
     var config = testConfig(50, 2, 1, 0);
     config.mode = @intFromEnum(sampler.Mode.sequential);
-    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 50, .seed = 0, .weight = 1 }}, &columns, &parts);
+    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 50, .seed = 0, .weight = 1 }}, &columns, &parts, null);
     defer l.destroy();
     var xa: [50]u64 = undefined;
     var xb: [50]u64 = undefined;
@@ -799,7 +863,7 @@ test "a variable column hands over one new buffer with the sizes" {
     const columns = [_]Column{.{ .kind = @intFromEnum(ColumnKind.variable), .record_size = 0 }};
     var config = testConfig(4, 2, 1, 0);
     config.mode = @intFromEnum(sampler.Mode.sequential);
-    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 20, .seed = 0, .weight = 1 }}, &columns, &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }});
+    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 20, .seed = 0, .weight = 1 }}, &columns, &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }}, null);
     defer l.destroy();
     var sizes: [8]u64 = undefined;
     var failed: u32 = 0;

@@ -541,9 +541,12 @@ pub const Stats = extern struct {
     live_bytes: u64,
     chunk_bytes: u64,
     reclaimable: u64,
+    /// Bumped by every commit: a cache derived from the records (a token
+    /// window index) is stale once it differs.
+    generation: u64,
 
     comptime {
-        assert(@sizeOf(Stats) == 32);
+        assert(@sizeOf(Stats) == 40);
         assert(@alignOf(Stats) == 8);
     }
 };
@@ -555,6 +558,7 @@ pub fn stats(s: *Store) Error!Stats {
         .live_bytes = c.live_bytes,
         .chunk_bytes = c.data_size,
         .reclaimable = c.data_size - c.live_bytes,
+        .generation = c.generation,
     };
 }
 

@@ -66,6 +66,7 @@ const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const store_maintain = @import("store_maintain.zig");
 const store_parts = @import("store_parts.zig");
+const windows = @import("windows.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -518,7 +519,8 @@ pub export fn lx_compact(h: *Store) c_int {
     return 0;
 }
 
-/// Fills `*out` with {records, live_bytes, chunk_bytes, reclaimable}; O(1).
+/// Fills `*out` with {records, live_bytes, chunk_bytes, reclaimable,
+/// generation}; O(1).
 /// Errors: closed, corrupt.
 pub export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
     if (enter(h)) |rc| return rc;
@@ -592,9 +594,52 @@ pub export fn lx_set_lanes(n: u32) void {
     pool.setLaneLimit(n);
 }
 
+// ---------------------------------------------------------------- token windows
+
+/// Writes the prefix sums of a token corpus to `out[0..docs+1]`: the
+/// documents are records [0, docs) of the index space `parts`, 1-D records
+/// of `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
+/// between two documents. O(docs). Errors: closed, failed, out_of_range,
+/// size_mismatch (a record is not 1-D), corrupt, invalid.
+pub export fn lx_windows_index(parts: ?[*]const Part, part_count: u32, itemsize: u32, has_separator: c_int, out: ?[*]u64, docs: u64) c_int {
+    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    const o = out orelse return invalid("out is null", .{});
+    switch (itemsize) {
+        1, 2, 4, 8 => {},
+        else => return invalid("tokens of {d} bytes are not supported", .{itemsize}),
+    }
+    windows.index(gpa, ps, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e| return code(e);
+    return 0;
+}
+
+/// Reads windows `indices[0..count]` of corpus `spec` (its documents in
+/// `parts`) into `tokens` (count * (seq_len + 1) tokens) and their document
+/// ordinals into `segments` (count * (seq_len + 1) int32); either may be
+/// null. Raw documents are copied from the store's mapping, compressed ones
+/// decoded once per call. Errors: closed, failed, out_of_range,
+/// size_mismatch (the store changed since the index was built), corrupt,
+/// invalid.
+pub export fn lx_windows_gather(spec: ?*const WindowsSpec, parts: ?[*]const Part, part_count: u32, indices: ?[*]const u64, count: u64, tokens: ?[*]u8, segments: ?[*]i32, lanes: u32) c_int {
+    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    const sp = spec orelse return invalid("spec is null", .{});
+    windows.checkSpec(sp.*) catch |e| return code(e);
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    var sc: windows.Scratch = .{};
+    defer sc.deinit(gpa);
+    windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], .{ .tokens = tokens, .segments = segments }, lanes, &sc) catch |e| return code(e);
+    return 0;
+}
+
 // ---------------------------------------------------------------- loader ring
 
 pub const LoaderConfig = Loader.Config;
+/// lx_windows_t: the window index of a token corpus (see src/windows.zig).
+pub const WindowsSpec = windows.Spec;
 pub const LoaderSource = Loader.Source;
 pub const LoaderColumn = Loader.Column;
 pub const LoaderPart = Loader.Part;
@@ -604,7 +649,10 @@ pub const ColumnKind = Loader.ColumnKind;
 /// Starts a prefetch ring (see src/Loader.zig): `config->threads` library
 /// threads build steps in order — the step's indices over `sources` (one, or
 /// a weighted mixture) and every column of `columns` read from `parts` (the
-/// stores of each (source, column): one store, or a ShardSet's shards). At
+/// stores of each (source, column): one store, or a ShardSet's shards). A
+/// windows or segments column reads token windows: `specs[c * source_count
+/// + k]` is its window index for source k (`specs` may be null without such
+/// columns; the prefix sums it points at must outlive the ring). At
 /// most `config->window` steps are submitted and not yet waited for; the
 /// first to submit is `config->step`, whose first record is at global
 /// position `config->position`. The stores are kept alive until
@@ -620,6 +668,7 @@ pub export fn lx_loader_open(
     column_count: u32,
     parts: ?[*]const LoaderPart,
     part_count: u32,
+    specs: ?[*]const WindowsSpec,
     out: ?*?*Loader,
 ) c_int {
     diag.clear();
@@ -629,7 +678,7 @@ pub export fn lx_loader_open(
     const s = sources orelse return invalid("sources is null", .{});
     const cols = columns orelse return invalid("columns is null", .{});
     const p = parts orelse return invalid("parts is null", .{});
-    o.* = Loader.create(gpa, c.*, s[0..source_count], cols[0..column_count], p[0..part_count]) catch |e| return code(e);
+    o.* = Loader.create(gpa, c.*, s[0..source_count], cols[0..column_count], p[0..part_count], specs) catch |e| return code(e);
     return 0;
 }
 
@@ -723,6 +772,7 @@ test {
     _ = store_maintain;
     _ = @import("mixture.zig");
     _ = store_parts;
+    _ = windows;
     _ = @import("cpu.zig");
     _ = format;
     _ = codec;

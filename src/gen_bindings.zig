@@ -25,6 +25,7 @@ const named = .{
     .{ capi.LoaderSource, "lx_source_t" },
     .{ capi.LoaderColumn, "lx_column_t" },
     .{ capi.LoaderPart, "lx_loader_part_t" },
+    .{ capi.WindowsSpec, "lx_windows_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -88,7 +89,7 @@ fn structDef(comptime T: type) []const u8 {
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\ntypedef struct lx_loader lx_loader;\n";
-    const structs = .{ capi.Info, Store.Stats, capi.Move, capi.Part, capi.LoaderConfig, capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart };
+    const structs = .{ capi.Info, Store.Stats, capi.Move, capi.Part, capi.LoaderConfig, capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart, capi.WindowsSpec };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
         if (std.mem.startsWith(u8, name, "lx_") and @typeInfo(@TypeOf(@field(capi, name))) == .@"fn") {
@@ -135,7 +136,8 @@ const python = blk: {
         \\AUX_SIZE_MAX = {d}
         \\FORMAT_VERSION = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
-        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d}, "lx_loader_part_t": {d}}}
+        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d}, "lx_loader_part_t": {d},
+        \\    "lx_windows_t": {d}}}
         \\
     , .{
         Loader.columns_max,   Loader.sources_max,  Loader.parts_max,
@@ -143,7 +145,7 @@ const python = blk: {
         Store.aux_size_max,   format.format_version, @sizeOf(capi.Info),
         @sizeOf(Store.Stats), @sizeOf(capi.Move),     @sizeOf(capi.Part),
         @sizeOf(capi.LoaderConfig), @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
-        @sizeOf(capi.LoaderPart),
+        @sizeOf(capi.LoaderPart),   @sizeOf(capi.WindowsSpec),
     });
     break :blk text;
 };
