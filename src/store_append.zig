@@ -273,6 +273,8 @@ fn contiguous(batch: Batch, fixed: u64) bool {
     return true;
 }
 
+const WriteError = @typeInfo(@typeInfo(@TypeOf(fsio.write)).@"fn".return_type.?).error_union.error_set;
+
 /// The dense append's two jobs, overlapped: lane 0 writes the block to the
 /// data file while the other lanes checksum it, then lane 0 joins them.
 const DenseAppendJob = struct {
@@ -283,7 +285,7 @@ const DenseAppendJob = struct {
     file: std.Io.File,
     offset: u64,
     next_block: std.atomic.Value(usize) = .init(0),
-    write_error: ?anyerror = null,
+    write_error: ?WriteError = null,
 
     fn work(job: *DenseAppendJob, lane: usize) void {
         if (lane == 0) {
