@@ -30,6 +30,9 @@ def check_dtype(dtype: Any) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.hasobject:
         raise TypeError(f"dtype {dt} holds Python objects, which cannot be stored; use a fixed-size dtype")
+    if dt.subdtype is not None:
+        raise TypeError(f"dtype {dt} is a subarray type; store its base {dt.subdtype[0]} with the extra "
+                        f"dimensions {dt.subdtype[1]} in the record shape instead")
     return dt
 
 
@@ -109,6 +112,8 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
         raise _corrupt(path, f"its dtype cannot be built ({type(e).__name__}: {e})") from None
     if dt.hasobject:
         raise _corrupt(path, f"its dtype {dt} holds Python objects")
+    if dt.subdtype is not None:
+        raise _corrupt(path, f"its dtype {dt} is a subarray type")
     name = d.get("name", "")
     if dt.kind == "V" and dt.names is None and isinstance(name, str) and name and not name.startswith("void"):
         dt = _registered_dtype(name, dt)

@@ -202,6 +202,7 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
     var at = c.data_size;
     for (sc.locs.items[0..batch.count], 0..) |*loc, i| {
         loc.offset = at;
+        loc.checksum ^= format.indexTweak(first + i);
         at += loc.storedTotal();
         sc.slices.items[2 * i] = batch.aux(i);
         sc.slices.items[2 * i + 1] = sc.stored.items[i];
@@ -284,6 +285,8 @@ const DenseAppendJob = struct {
     block_size: usize,
     file: std.Io.File,
     offset: u64,
+    /// The index of the block's first record (checksums are bound to it).
+    first: u64,
     next_block: std.atomic.Value(usize) = .init(0),
     write_error: ?WriteError = null,
 
@@ -297,7 +300,7 @@ const DenseAppendJob = struct {
             const start = job.next_block.fetchAdd(1, .monotonic) * job.block_size;
             if (start >= job.sums.len) return;
             for (start..@min(start + job.block_size, job.sums.len)) |i| {
-                job.sums[i] = format.recordChecksum(&.{}, job.src[i * job.fixed ..][0..job.fixed]);
+                job.sums[i] = format.storedChecksum(&.{}, job.src[i * job.fixed ..][0..job.fixed], job.first + i);
             }
         }
     }
@@ -323,6 +326,7 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
         .block_size = p.block_size,
         .file = s.data,
         .offset = c.data_size,
+        .first = first,
     };
     pool.run(p.lanes, &job, DenseAppendJob.work);
     if (job.write_error) |e| return Store.ioFail(e, "writing data");

@@ -131,7 +131,11 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
     }
     for (moves) |m| try Store.checkLoc(locs.get(m.from), m.from, data, s.commit.data_size, true);
     if (freed > s.commit.live_bytes) return diag.fail(error.Corrupt, "live byte count is smaller than the deleted records", .{});
-    for (moves, entries) |m, *e| e.* = .{ .index = m.to, .loc = locs.withChecksum(m.from) };
+    for (moves, entries) |m, *e| {
+        e.* = .{ .index = m.to, .loc = locs.withChecksum(m.from) };
+        // The record's checksum is bound to its index: re-bind it to the new one.
+        e.loc.checksum ^= format.indexTweak(m.from) ^ format.indexTweak(m.to);
+    }
 
     var c = s.commit;
     c.record_count = count - unique.len;
@@ -542,7 +546,7 @@ fn intactPrefix(s: *Store, c: Commit, entries: u64, data_len: u64) Error!Commit 
         const data = try s.dataMap(data_limit);
         while (good.record_count < limit) : (good.record_count += 1) {
             const loc = t.withChecksum(good.record_count);
-            if (!intact(loc, good.data_size, data, data_limit)) break;
+            if (!intact(loc, good.record_count, good.data_size, data, data_limit)) break;
             good.data_size += loc.storedTotal();
             good.live_bytes += loc.storedTotal();
         }
@@ -553,13 +557,18 @@ fn intactPrefix(s: *Store, c: Commit, entries: u64, data_len: u64) Error!Commit 
     return good;
 }
 
-fn intact(loc: RecordLoc, expected_offset: u64, data: [*]const u8, data_limit: u64) bool {
+/// A record appended after the last sync is intact when it lies where the
+/// previous one ended, inside the files, and matches its checksum. Anything
+/// else is what a power loss leaves (a lost entry write shows the stale entry
+/// an earlier delete left behind, intact but elsewhere), and the open keeps
+/// the records before it.
+fn intact(loc: RecordLoc, index: u64, expected_offset: u64, data: [*]const u8, data_limit: u64) bool {
     if (loc.offset != expected_offset or loc.codec > @intFromEnum(format.Codec.zstd_dict)) return false;
     const end = loc.checkedEnd() orelse return false;
     if (end > data_limit) return false;
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
-    return format.recordChecksum(aux, stored) == loc.checksum;
+    return format.storedChecksum(aux, stored, index) == loc.checksum;
 }
 
 test "moves follow the original swap-last rule" {

@@ -357,7 +357,7 @@ pub fn checkRecord(s: *Store, loc: RecordLoc, i: u64, data: [*]const u8, data_si
     try Store.checkLoc(loc, i, data, data_size, false);
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
-    if (format.recordChecksum(aux, stored) != loc.checksum) {
+    if (format.storedChecksum(aux, stored, i) != loc.checksum) {
         return diag.fail(error.Corrupt, "record {d} fails its checksum", .{i});
     }
     scratch.resize(s.gpa, @intCast(loc.raw_size)) catch return error.OutOfMemory;

@@ -36,7 +36,7 @@ from _lxformat import (
     frame,
     raw_frame,
 )
-from _xxhash import record_checksum
+from _xxhash import index_tweak, record_checksum
 
 BASE_NAMES = ("dense_raw", "dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict")
 KINDS = {
@@ -251,7 +251,11 @@ def fam_flip_sealed(img, base, rng, k, bases):
         img.put_commit()
         n = img.count
         if n <= len(base.records):
-            states = [list(range(n))]
+            # The durability contract: records past the commit's durable count
+            # may be dropped by the first open after a crash (they are checked
+            # and the intact prefix kept), so any prefix from there is allowed.
+            durable = min(img.commit()["durable_count"], n)
+            states = [list(range(k)) for k in range(durable, n + 1)]
     elif part == "entry":
         i = _victim(img, rng)
         raw = bytearray(img.files["index"][i * LOC.size : i * LOC.size + 24])
@@ -513,7 +517,7 @@ FIXED_VARIANTS = (
 def _fixed_zero(img, i):
     f = img.fixed
     img.files["data"][i * f : (i + 1) * f] = bytes(f)
-    img.put_sum(i, record_checksum(b"", bytes(f)))
+    img.put_sum(i, record_checksum(b"", bytes(f), i))
     return bytes(f)
 
 
@@ -839,19 +843,17 @@ def fam_shape(img, base, rng, k, bases):
 # ----------------------------------------------------------------- crafted: delete journals
 
 
-def _journal_loc(img: StoreImage, j: int) -> dict:
+def _journal_loc(img: StoreImage, j: int, to: int) -> dict:
+    """Record j's location as a delete's journal moves it to index `to` (its
+    checksum re-bound to the new index, as the engine does)."""
     if not img.fixed:
-        return img.loc(j)
-    f = img.fixed
-    return {
-        "offset": j * f,
-        "stored_size": f,
-        "raw_size": f,
-        "checksum": img.sum(j),
-        "codec": 0,
-        "_reserved": 0,
-        "aux_size": 0,
-    }
+        loc = dict(img.loc(j))
+    else:
+        f = img.fixed
+        loc = {"offset": j * f, "stored_size": f, "raw_size": f, "checksum": img.sum(j), "codec": 0,
+               "_reserved": 0, "aux_size": 0}
+    loc["checksum"] ^= index_tweak(j) ^ index_tweak(to)
+    return loc
 
 
 def _delete_plan(img: StoreImage, rng: random.Random, k: int):
@@ -867,7 +869,7 @@ def _delete_plan(img: StoreImage, rng: random.Random, k: int):
     entries = []
     for hole, j in zip(holes, survivors):
         after[hole] = j
-        entries.append((hole, _journal_loc(img, j)))
+        entries.append((hole, _journal_loc(img, j, hole)))
     c = img.commit()
     if img.fixed:
         c.update(record_count=new, data_size=new * img.fixed, live_bytes=new * img.fixed)
@@ -936,13 +938,13 @@ def _journal_hostile(img, rng, variant, entries, c, after, pre):
         return [orig, after]
     if variant == "index wraps":
         t, j = rng.sample(range(n), 2)
-        img.put_journal([(_wrapped_index(img, t), _journal_loc(img, j))], pre)
+        img.put_journal([(_wrapped_index(img, t), _journal_loc(img, j, _wrapped_index(img, t)))], pre)
         return [orig]
     if variant == "index 2^40":
-        img.put_journal([(1 << 40, _journal_loc(img, 0))], pre)
+        img.put_journal([(1 << 40, _journal_loc(img, 0, 1 << 40))], pre)
         return [orig]
     if variant == "index just past the count":
-        img.put_journal([(n + 3, _journal_loc(img, 0))], pre)
+        img.put_journal([(n + 3, _journal_loc(img, 0, n + 3))], pre)
         return [orig]
     if variant == "entry_count 2^40 - 1":
         img.put_journal(entries, c, entry_count=(1 << 40) - 1)

@@ -194,7 +194,7 @@ class StoreImage:
         if seal and "checksum" not in fields:
             parts = self.record_parts(loc)
             if parts is not None and loc["stored_size"] <= 1 << 24:
-                loc["checksum"] = record_checksum(*parts)
+                loc["checksum"] = record_checksum(*parts, i)
         index = self.files["index"]
         if len(index) < (i + 1) * LOC.size:
             index.extend(bytes((i + 1) * LOC.size - len(index)))

@@ -196,8 +196,17 @@ def xxh3_64(data: bytes, seed: int = 0) -> int:
     return _xxh3_129to240(data, seed & MASK)
 
 
-def record_checksum(aux: bytes, stored: bytes) -> int:
-    """The 32-bit record checksum of src/format.zig `recordChecksum`."""
+def record_checksum(aux: bytes, stored: bytes, index: int) -> int:
+    """The 32-bit checksum src/format.zig `storedChecksum` keeps for record
+    `index`: its bytes' checksum bound to its index."""
     if not aux and len(stored) <= 240:
-        return xxh3_64(stored, SEED_RECORD) & 0xFFFFFFFF
-    return xxh64(bytes(aux) + bytes(stored), SEED_RECORD) & 0xFFFFFFFF
+        return (xxh3_64(stored, SEED_RECORD) & 0xFFFFFFFF) ^ index_tweak(index)
+    return (xxh64(bytes(aux) + bytes(stored), SEED_RECORD) & 0xFFFFFFFF) ^ index_tweak(index)
+
+
+def index_tweak(index: int) -> int:
+    """src/format.zig `indexTweak`: splitmix64's finalizer, low 32 bits."""
+    z = (index + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return (z ^ (z >> 31)) & 0xFFFFFFFF

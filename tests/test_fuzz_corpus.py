@@ -106,7 +106,7 @@ def test_record_checksums_match_the_engine(tmp_path):
     with Zrecord(tmp_path / "z", create=True, codec="raw") as z:
         z.append(recs)
     img = StoreImage.load(tmp_path / "z")
-    bad = [len(r) for i, r in enumerate(recs) if img.loc(i)["checksum"] != record_checksum(b"", r)]
+    bad = [len(r) for i, r in enumerate(recs) if img.loc(i)["checksum"] != record_checksum(b"", r, i)]
     assert not bad, f"record checksums differ from the engine's at sizes {bad[:10]}"
 
     shapes = [(2, 3), (), (0, 5), (3, 1, 2), (50, 4)]
@@ -116,7 +116,7 @@ def test_record_checksums_match_the_engine(tmp_path):
     img = StoreImage.load(tmp_path / "r")
     for i in range(len(arrays)):
         aux, stored = img.record_parts(img.loc(i))
-        assert img.loc(i)["checksum"] == record_checksum(aux, stored), shapes[i]
+        assert img.loc(i)["checksum"] == record_checksum(aux, stored, i), shapes[i]
     assert img.loc(4)["codec"] == 1, "the large ragged record should be a zstd frame"
 
     block_ = rng.integers(0, 9, size=(7, 3, 5)).astype("<f8")
@@ -124,7 +124,7 @@ def test_record_checksums_match_the_engine(tmp_path):
         s.append(block_)
     img = StoreImage.load(tmp_path / "d")
     assert img.fixed == 120
-    assert [img.sum(i) for i in range(7)] == [record_checksum(b"", r.tobytes()) for r in block_]
+    assert [img.sum(i) for i in range(7)] == [record_checksum(b"", r.tobytes(), i) for i, r in enumerate(block_)]
 
 
 def test_meta_checksums_and_frame_checksums_match_the_engine(bases):
