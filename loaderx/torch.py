@@ -98,6 +98,13 @@ __all__ = ["IterableDataset", "to_torch", "distributed_shard"]
 #: Version of the dict ``IterableDataset.state_dict()`` returns.
 STATE_VERSION = 1
 
+#: Loaders a forked process inherited from its parent. Their threads did not
+#: survive the fork, so closing one here could wait forever for a thread that
+#: was inside a wait at fork time. Keeping them referenced means they are
+#: never closed or collected in this process (a torch worker leaves through
+#: ``os._exit``, which runs no finalizer).
+_INHERITED_LOADERS: list = []
+
 # Numpy kinds torch.from_numpy takes: bool, signed, unsigned, float, complex.
 _NUMERIC_KINDS = "biufc"
 
@@ -230,6 +237,9 @@ class IterableDataset(torch.utils.data.IterableDataset):
             )
 
     def _build_loader(self) -> DataLoader:
+        if self._loader is not None and self._loader_pid != os.getpid():
+            _INHERITED_LOADERS.append(self._loader)
+            self._loader = None
         rank, world = self._loader_shard()
         loader = self._make_loader(rank, world)
         if not isinstance(loader, DataLoader):
@@ -282,6 +292,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
     def close(self) -> None:
         """Close the loader this process built (the next iteration builds a new one)."""
         loader = self._own_loader()
+        if loader is None and self._loader is not None:
+            _INHERITED_LOADERS.append(self._loader)
         self._loader = None
         self._loader_pid = None
         if loader is not None:
