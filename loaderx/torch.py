@@ -327,5 +327,7 @@ def _check_state(state: Any) -> Optional[dict]:
         )
     loader_state = state["loader"]
     if loader_state is not None and not isinstance(loader_state, dict):
-        raise TypeError(f"state['loader'] must be a dict or None, got {type(loader_state).__name__}")
+        raise TypeError(
+            f"state['loader'] must be a dict or None, got {type(loader_state).__name__}"
+        )
     return loader_state

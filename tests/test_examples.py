@@ -64,15 +64,18 @@ def test_examples_exist():
 
 def run_python(name, source, args, cwd):
     """Run ``python *args`` unless `source` imports a missing package."""
-    missing = [pkg for pkg in imported_packages(source, name) if importlib.util.find_spec(pkg) is None]
+    packages = imported_packages(source, name)
+    missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
         pytest.skip(f"{name} needs {missing}, not installed here")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        [sys.executable, *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT_S,
     )
-    assert result.returncode == 0, f"{name} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    output = f"{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, f"{name} exited {result.returncode}:\n{output}"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])

@@ -26,7 +26,8 @@ import pytest
 from _jax_checks import BATCH_SIZE, STEPS, build_stores, numpy_batches
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None, reason="jax is not installed (pip install 'loaderx[jax]')"
+    importlib.util.find_spec("jax") is None,
+    reason="jax is not installed (pip install 'loaderx[jax]')",
 )
 
 CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jax_checks.py")
