@@ -43,7 +43,11 @@ Checkpoints
     ``torch.utils.data.DataLoader``, call ``ds.state_dict()`` yourself
     (``num_workers=0`` only: the dataset in the main process has no loader
     when workers build them). Restore with the same ``num_workers`` and world
-    size: the loader refuses a state from another shard.
+    size: the loader refuses a state from another shard. A state is exact for
+    the batches the caller has taken; a framework that fetches ahead of the
+    step it trains (Lightning fetches one batch ahead) should rather restart
+    the loader at its own step count, ``DataLoader(..., step=s)``, as
+    docs/torch.md shows for Lightning.
 
 Conversion (``to_torch``)
     A batch is converted recursively: a numeric or bool numpy array becomes a
