@@ -159,6 +159,17 @@ def test_dataset_yields_the_loader_batches_as_tensors(stores):
     dataset.close()
 
 
+def test_held_tensors_keep_their_values(stores):
+    """The tensors share the loader's output arrays, which the loader reuses
+    only once nothing refers to them: batches held while it runs on stay put."""
+    x_path, _ = stores
+    dataset = lxtorch.IterableDataset(functools.partial(make_loader, x_path, None, prefetch=1))
+    held = take(iter(dataset), 30)
+    dataset.close()
+    for batch, expected in zip(held, expected_batches(x_path, None, 30)):
+        assert_batch_equal(batch, expected)
+
+
 def test_transform_output_is_converted(stores):
     x_path, _ = stores
 
