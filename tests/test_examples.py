@@ -1,0 +1,96 @@
+"""Every script in examples/ runs as a user would run it: ``python
+examples/NAME.py`` in a fresh process (working directory: a temporary one),
+and must exit 0 within the timeout; so does every Python block of the
+framework pages docs/torch.md and docs/jax.md, each block on its own. A script
+or block that imports a package this environment lacks is skipped, naming the
+package.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = sorted(glob.glob(os.path.join(REPO, "examples", "*.py")))
+DOC_PAGES = ("torch.md", "jax.md")
+TIMEOUT_S = 300
+
+
+def python_blocks(page):
+    """(id, code) of every ```python block of docs/`page`."""
+    with open(os.path.join(REPO, "docs", page), encoding="utf-8") as handle:
+        text = handle.read()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    return [(f"{page}-{number}", code) for number, code in enumerate(blocks)]
+
+
+DOC_BLOCKS = [block for page in DOC_PAGES for block in python_blocks(page)]
+
+
+def imported_packages(source, name):
+    """The top-level package of every import statement in the source, except
+    those guarded by ``try: ... except ImportError`` (optional ones)."""
+    names = set()
+    pending = [ast.parse(source, name)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Try) and _catches_import_error(node):
+            pending.extend(node.orelse + node.finalbody)
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return sorted(names)
+
+
+def _catches_import_error(node):
+    caught = [ast.unparse(handler.type) for handler in node.handlers if handler.type is not None]
+    return any(name in text for text in caught for name in ("ImportError", "ModuleNotFoundError"))
+
+
+def test_examples_exist():
+    assert any(path.endswith("jax_train.py") for path in EXAMPLES), EXAMPLES
+
+
+def run_python(name, source, args, cwd):
+    """Run ``python *args`` unless `source` imports a missing package."""
+    packages = imported_packages(source, name)
+    missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
+    if missing:
+        pytest.skip(f"{name} needs {missing}, not installed here")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    output = f"{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, f"{name} exited {result.returncode}:\n{output}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[os.path.basename(p) for p in EXAMPLES])
+def test_example_runs(path, tmp_path):
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    run_python(os.path.basename(path), source, [path], tmp_path)
+
+
+def test_doc_pages_have_python_blocks():
+    for page in DOC_PAGES:
+        assert python_blocks(page), page
+
+
+@pytest.mark.parametrize("block", DOC_BLOCKS, ids=[block_id for block_id, _ in DOC_BLOCKS])
+def test_doc_block_runs(block, tmp_path):
+    block_id, code = block
+    run_python(block_id, code, ["-c", code], tmp_path)
