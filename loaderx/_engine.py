@@ -18,9 +18,11 @@ Invariants, under ``lock``:
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -34,6 +36,23 @@ _REFCOUNT_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 #: How long ``close()`` waits for a worker that is inside a gather or transform.
 JOIN_TIMEOUT_S = 10.0
+
+# Engines of this process. A forked child inherits their memory but not
+# their threads: it must never wait for, stop or free them (the native ring
+# would join threads that do not exist there), so at fork the child marks
+# them inherited and keeps their rings referenced for good.
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_INHERITED: List[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_LIVE):
+        engine.inherited = True
+        _INHERITED.append(engine.ring)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class StepBuffers:
@@ -94,6 +113,8 @@ class Engine:
         self.started = False
         self.ring: Optional[Ring] = None
         self.threads: List[threading.Thread] = []
+        self.inherited = False
+        _LIVE.add(self)
 
     # -- consumer side ----------------------------------------------------------
 
@@ -113,6 +134,9 @@ class Engine:
 
     def take(self) -> Tuple[int, Any, Optional[BaseException]]:
         """Wait for the next undelivered step and remove it from the buffer."""
+        if self.inherited:
+            raise RuntimeError("this DataLoader was built in another process (before a fork): build one "
+                               "DataLoader per process")
         with self.lock:
             if self.closed:
                 raise RuntimeError("DataLoader is closed")
@@ -167,7 +191,11 @@ class Engine:
             self.room_changed.notify_all()
 
     def shutdown(self) -> None:
-        """Stop and join every thread. Idempotent; safe from any thread."""
+        """Stop and join every thread. Idempotent; safe from any thread. In a
+        forked child it only lets go (the threads are the parent's)."""
+        if self.inherited:
+            self.closed = True
+            return
         with self.lock:
             self.closed = True
             self.ready.clear()
