@@ -42,8 +42,9 @@ class StepBuffers:
 
     __slots__ = ("dense", "sizes", "dests", "indices", "sources")
 
-    def __init__(self, dense: Dict[str, np.ndarray], sizes: Dict[str, np.ndarray], dests: List[np.ndarray],
-                 indices: Optional[np.ndarray], sources: Optional[np.ndarray]):
+    def __init__(self, dense: Dict[str, np.ndarray], sizes: Dict[str, np.ndarray],
+                 dests: List[np.ndarray], indices: Optional[np.ndarray],
+                 sources: Optional[np.ndarray]):
         self.dense = dense
         self.sizes = sizes
         self.dests = dests
@@ -52,9 +53,10 @@ class StepBuffers:
 
 
 class Engine:
-    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int, mode: int,
-                 transform: Optional[Callable[[Dict[str, Any]], Any]], out: Dict[str, List[np.ndarray]],
-                 workers: int, window: int, step: int, position: int, packed: bool, lanes: int) -> None:
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int,
+                 mode: int, transform: Optional[Callable[[Dict[str, Any]], Any]],
+                 out: Dict[str, List[np.ndarray]], workers: int, window: int, step: int,
+                 position: int, packed: bool, lanes: int) -> None:
         self.plan = plan
         self.transform = transform
         self.out = out
@@ -102,7 +104,8 @@ class Engine:
         if self.started:
             return
         self.started = True
-        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position, **self.ring_args)
+        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position,
+                         **self.ring_args)
         if not self.python_work:
             return
         for worker_index in range(self.worker_count):
@@ -144,7 +147,8 @@ class Engine:
 
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
-        return self.base_position + (step - self.base_step) * self.batch_size * self.ring_args["world"]
+        return (self.base_position
+                + (step - self.base_step) * self.batch_size * self.ring_args["world"])
 
     def reset(self, step: int, position: int) -> None:
         """Drop everything prefetched and continue at ``step``, whose first
@@ -188,7 +192,8 @@ class Engine:
                 alive.append(thread.name)
         if alive:
             warnings.warn(f"DataLoader.close(): {alive} still running a gather or transform after "
-                          f"{JOIN_TIMEOUT_S:g} s; they will exit when it returns", RuntimeWarning, stacklevel=3)
+                          f"{JOIN_TIMEOUT_S:g} s; they will exit when it returns", RuntimeWarning,
+                          stacklevel=3)
 
     # -- steps and their buffers (caller holds ``lock``) ------------------------
 
@@ -262,8 +267,8 @@ class Engine:
             if col.kind == "dense":
                 batch[col.name] = bufs.dense[col.name]
             else:
-                batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name], bufs.indices,
-                                                            self.packed)
+                batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name],
+                                                            bufs.indices, self.packed)
         if bufs.sources is not None:
             batch["source"] = bufs.sources.astype(np.int16)
         return batch
@@ -285,7 +290,8 @@ class Engine:
             if col.kind == "dense":
                 with self.lock:
                     out = self.output_array(col, step)
-            batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out, self.gather_kwargs)
+            batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out,
+                                                      self.gather_kwargs)
         if "source" in native:
             batch["source"] = native["source"]
         if self.transform is not None:
@@ -308,7 +314,8 @@ class Engine:
                 self.room_changed.wait()
             return None
 
-    def finish(self, step: int, generation: int, batch: Any, error: Optional[BaseException]) -> None:
+    def finish(self, step: int, generation: int, batch: Any,
+               error: Optional[BaseException]) -> None:
         with self.lock:
             self.in_flight -= 1
             # A result from before a reset (or after close) is stale: drop it.
@@ -333,7 +340,8 @@ def _worker_main(engine: Engine, worker_index: int) -> None:
         except BaseException as exc:  # noqa: B036 - handed to the consumer, never dropped.
             error = exc
             if hasattr(exc, "add_note"):
-                exc.add_note(f"(loaderx: raised in loaderx-worker-{worker_index} building step {step})")
+                exc.add_note(f"(loaderx: raised in loaderx-worker-{worker_index} "
+                             f"building step {step})")
         engine.finish(step, generation, batch, error)
         # Drop our references before waiting for the next claim, so the
         # memory bound counts only batches in the buffer or with the consumer.

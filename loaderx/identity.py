@@ -29,7 +29,8 @@ def check_dtype(dtype: Any) -> np.dtype:
     """A dtype a store can hold: no Python objects anywhere inside it."""
     dt = np.dtype(dtype)
     if dt.hasobject:
-        raise TypeError(f"dtype {dt} holds Python objects, which cannot be stored; use a fixed-size dtype")
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot be stored; "
+                        "use a fixed-size dtype")
     return dt
 
 
@@ -110,7 +111,8 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
     if dt.hasobject:
         raise _corrupt(path, f"its dtype {dt} holds Python objects")
     name = d.get("name", "")
-    if dt.kind == "V" and dt.names is None and isinstance(name, str) and name and not name.startswith("void"):
+    if dt.kind == "V" and dt.names is None and isinstance(name, str) and name \
+            and not name.startswith("void"):
         dt = _registered_dtype(name, dt)
     return dt
 

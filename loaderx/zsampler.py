@@ -63,7 +63,8 @@ def _integer(name: str, value: Any) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"{name} must be an integer, "
+                        f"got {type(value).__name__} {value!r}") from None
 
 
 def _mode(value: Any) -> "Sampler.Mode":
@@ -74,12 +75,14 @@ def _mode(value: Any) -> "Sampler.Mode":
         try:
             return Mode(value)
         except ValueError:
-            raise ValueError(f"mode must be one of 'sequential', 'iid', 'cyclic' (any case), got {value!r}") from None
+            raise ValueError("mode must be one of 'sequential', 'iid', 'cyclic' (any case), "
+                             f"got {value!r}") from None
     number = _integer("mode", value)
     try:
         return Mode(number)
     except ValueError:
-        raise ValueError(f"mode must be 0 (SEQUENTIAL), 1 (IID) or 2 (CYCLIC), got {value!r}") from None
+        raise ValueError("mode must be 0 (SEQUENTIAL), 1 (IID) or 2 (CYCLIC), "
+                         f"got {value!r}") from None
 
 
 def _step(value: Any) -> int:
@@ -261,7 +264,8 @@ class Sampler:
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Copies and pickles carry the parameters and the step, not the block.
-        return (_restore, (self._length, self._batch_size, self._mode_value, self._seed, self._step, self.shard))
+        return (_restore, (self._length, self._batch_size, self._mode_value, self._seed,
+                           self._step, self.shard))
 
     def _compute(self, step: int) -> np.ndarray:
         if step > _U64_MAX:
@@ -294,5 +298,6 @@ class Sampler:
         )
 
 
-def _restore(length: int, batch_size: int, mode: int, seed: int, step: int, shard: Tuple[int, int]) -> Sampler:
+def _restore(length: int, batch_size: int, mode: int, seed: int, step: int,
+             shard: Tuple[int, int]) -> Sampler:
     return Sampler(length, batch_size, mode, seed, step=step, shard=shard)
