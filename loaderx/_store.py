@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
@@ -148,6 +148,10 @@ class Store:
     """Shared machinery of `Zrecord`, `DenseStore` and `RaggedStore`."""
 
     kind: str = ""
+
+    if TYPE_CHECKING:
+        # Every store kind reads records by index (its own result type).
+        def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
                  dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):

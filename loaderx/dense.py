@@ -57,7 +57,11 @@ class DenseStore(Store):
             self.close()
             raise IdentityError(f"{self._path}: store holds {found.kind} records, not dense ones "
                                 "(use loaderx.dataset.open_store)", path=self._path)
-        self._dtype, self._item_shape = found.dtype, found.item_shape
+        # A dense identity always names both (identity.decode checks it).
+        assert found.dtype is not None
+        assert found.item_shape is not None
+        self._dtype: np.dtype = found.dtype
+        self._item_shape: tuple = found.item_shape
         if create and (self._dtype != dt or self._item_shape != shape):
             self.close()
             raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}, "
@@ -123,7 +127,9 @@ class DenseStore(Store):
             if result is not None:
                 return result
         idx, _ = self._indices(indices)
-        return self._gather(idx, out, threads)
+        result = self._gather(idx, out, threads)
+        assert result is not None  # exact: an out-of-range index raises instead
+        return result
 
     def _check_out(self, out, shape: tuple) -> np.ndarray:
         if not isinstance(out, np.ndarray):

@@ -44,7 +44,8 @@ class RaggedStore(Store):
             self.close()
             raise IdentityError(f"{self._path}: store holds {found.kind} records, not ragged ones "
                                 "(use loaderx.dataset.open_store)", path=self._path)
-        self._dtype = found.dtype
+        assert found.dtype is not None  # a ragged identity always names it (identity.decode)
+        self._dtype: np.dtype = found.dtype
         if create and self._dtype != dt:
             self.close()
             raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}; "
