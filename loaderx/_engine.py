@@ -230,7 +230,7 @@ class Engine:
             return buffers[step % len(buffers)]
         arr = self.recycled(col.name)
         if arr is None:
-            arr = np.empty((self.batch_size,) + col.item_shape, dtype=col.dtype)
+            arr = np.empty((self.batch_size,) + col.dense_shape, dtype=col.dtype)
         self.keep_for_recycling(col.name, arr)
         return arr
 
@@ -259,7 +259,8 @@ class Engine:
 
     # -- assembling a batch ------------------------------------------------------
 
-    def native_batch(self, bufs: StepBuffers, variable: List[np.ndarray]) -> Dict[str, Any]:
+    def native_batch(self, bufs: StepBuffers,
+                     variable: List[Optional[np.ndarray]]) -> Dict[str, Any]:
         """The batch dict of the native columns (in column order), plus
         ``source`` for a mixture. Variable columns are decoded here."""
         batch: Dict[str, Any] = {}
@@ -267,6 +268,8 @@ class Engine:
             if col.kind == "dense":
                 batch[col.name] = bufs.dense[col.name]
             else:
+                assert buf is not None  # the ring hands every variable column a buffer
+                assert bufs.indices is not None  # want_indices: variable columns need them
                 batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name],
                                                             bufs.indices, self.packed)
         if bufs.sources is not None:
@@ -290,6 +293,7 @@ class Engine:
             if col.kind == "dense":
                 with self.lock:
                     out = self.output_array(col, step)
+            assert bufs.indices is not None  # want_indices: Python columns need them
             batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out,
                                                       self.gather_kwargs)
         if "source" in native:

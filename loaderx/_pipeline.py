@@ -37,7 +37,8 @@ class Column:
         first = streams[0]
         self.kind = first.kind
         self.dtype = np.dtype(getattr(first, "dtype", np.uint8))
-        self.item_shape = tuple(first.item_shape) if self.kind == "dense" else None
+        shape = tuple(first.item_shape) if self.kind == "dense" else None
+        self.item_shape: Optional[Tuple[int, ...]] = shape
         # Token windows (and their segments) are read by the ring as windows
         # of a corpus; stores and ShardSets as records of their parts.
         self.windows = all(callable(getattr(s, "__loaderx_windows__", None)) for s in streams)
@@ -45,8 +46,14 @@ class Column:
                          and type(first).__name__ == "TokenSegments")
         self.native = self.windows or all(callable(getattr(s, "__loaderx_parts__", None))
                                           for s in streams)
-        self.record_bytes = int(self.dtype.itemsize * np.prod(self.item_shape, dtype=np.int64)) \
-            if self.kind == "dense" else 0
+        self.record_bytes = int(self.dtype.itemsize * np.prod(shape, dtype=np.int64)) \
+            if shape is not None else 0
+
+    @property
+    def dense_shape(self) -> Tuple[int, ...]:
+        """The item shape of a dense column (other kinds have none)."""
+        assert self.item_shape is not None
+        return self.item_shape
 
     @property
     def ring_kind(self) -> int:
@@ -174,7 +181,7 @@ class Ring:
                if sources is not None else ffi.NULL)
         _lib.check(lib.lx_loader_submit(self.handle, step, d, idx, src), None, "DataLoader")
 
-    def wait(self, step: int) -> Tuple[Optional[BaseException], List[np.ndarray]]:
+    def wait(self, step: int) -> Tuple[Optional[BaseException], List[Optional[np.ndarray]]]:
         """Blocks (GIL released) until ``step`` is built: (its error, the new
         buffers of its variable columns, owned by the arrays)."""
         with self._users_changed:
@@ -243,7 +250,7 @@ def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray
     if sources is None or len(col.streams) == 1:
         return gather(col.streams[0], indices.view(np.int64), out)
     result: Any = out if (col.kind == "dense" and out is not None) else (
-        np.empty((len(indices),) + col.item_shape, col.dtype) if col.kind == "dense"
+        np.empty((len(indices),) + col.dense_shape, col.dtype) if col.kind == "dense"
         else [None] * len(indices))
     for k, stream in enumerate(col.streams):
         rows = np.flatnonzero(sources == k)

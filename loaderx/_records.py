@@ -76,7 +76,7 @@ def owned_buffer(ptr, length: int) -> np.ndarray:
 
 def to_bytes(buf: np.ndarray, raw: np.ndarray) -> list[bytes]:
     ends = np.cumsum(raw).tolist()
-    mv = memoryview(buf)
+    mv = buf.data  # the array's memoryview
     starts = [0] + ends[:-1]
     return [mv[a:b].tobytes() for a, b in zip(starts, ends)]
 

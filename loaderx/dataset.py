@@ -240,8 +240,8 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
             for split, sub in manifest["splits"].items():
                 splits[split] = open_dataset(os.path.join(p, sub), columns)
         except BaseException:
-            for opened in splits.values():
-                for store in opened.values():
+            for split_columns in splits.values():
+                for store in split_columns.values():
                     store.close()
             raise
         return splits
@@ -264,7 +264,7 @@ def _open_column(root: str, name: str, shards: list) -> Any:
     from .shardset import ShardSet
     paths = [os.path.join(root, s["path"]) for s in shards]
     opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
-    lengths = [len(opened)] if len(paths) == 1 else list(opened.lengths)
+    lengths = list(opened.lengths) if isinstance(opened, ShardSet) else [len(opened)]
     for s, n, shard_path in zip(shards, lengths, paths):
         if n != s["rows"]:
             opened.close()

@@ -49,7 +49,7 @@ def _signature(stream: Any) -> tuple:
         raise TypeError(f"not a loaderx stream (needs gather() and a kind in {_KINDS}): "
                         f"{type(stream).__name__}")
     dtype = np.dtype(getattr(stream, "dtype", np.uint8))
-    shape = getattr(stream, "item_shape", None)
+    shape: Any = getattr(stream, "item_shape", None)
     return (kind, dtype, None if kind != "dense" else tuple(shape))
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,7 +73,7 @@ def _mode(value: Any) -> "Sampler.Mode":
         return value
     if isinstance(value, str):
         try:
-            return Mode(value)
+            return Mode(value)  # type: ignore[arg-type]  # Mode._missing_ maps a name
         except ValueError:
             raise ValueError("mode must be one of 'sequential', 'iid', 'cyclic' (any case), "
                              f"got {value!r}") from None
@@ -152,7 +152,7 @@ class Sampler:
         seed: int = 0,
         *,
         step: int = 0,
-        shard: Optional[Tuple[int, int]] = None,
+        shard: Optional[Sequence[int]] = None,
     ) -> None:
         length = _integer("length", length)
         if not 1 <= length <= _LENGTH_MAX:
@@ -258,7 +258,7 @@ class Sampler:
     # -- internals ----------------------------------------------------------------
 
     def _drop_block(self) -> None:
-        self._block = []
+        self._block: List[np.ndarray] = []
         self._block_first = _NO_STEP
         self._block_end = _NO_STEP
 
