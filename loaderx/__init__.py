@@ -39,10 +39,10 @@ from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict", "Sampler",
-    "DataLoader",
+    "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",
+    "Sampler", "DataLoader",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
-    "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError", "DictionaryError",
-    "ReadOnlyError", "HandleFailedError",
+    "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
+    "DictionaryError", "ReadOnlyError", "HandleFailedError",
 ]

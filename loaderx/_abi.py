@@ -122,5 +122,5 @@ LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
 STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16, "lx_loader_part_t": 24,
-    "lx_windows_t": 40}
+    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16,
+    "lx_loader_part_t": 24, "lx_windows_t": 40}

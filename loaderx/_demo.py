@@ -30,10 +30,13 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         prog="loaderx demo",
         description="Build a small store in a temporary directory and run the loader over it.",
     )
-    parser.add_argument("--records", type=int, default=20000, help="records per stream (default 20000)")
+    parser.add_argument("--records", type=int, default=20000,
+                        help="records per stream (default 20000)")
     parser.add_argument("--steps", type=int, default=300, help="batches to load (default 300)")
-    parser.add_argument("--batch-size", type=int, default=256, help="records per batch (default 256)")
-    parser.add_argument("--workers", type=int, default=None, help="loader threads (default: usable cores)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="records per batch (default 256)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="loader threads (default: usable cores)")
     parser.add_argument("--seed", type=int, default=0, help="data and sampler seed (default 0)")
     args = parser.parse_args(argv)
     for name in ("records", "steps", "batch_size"):
@@ -83,7 +86,8 @@ def _build(root: str, records: int, seed: int) -> Dict[str, Any]:
 def _collate(batch: Dict[str, Any]) -> Dict[str, Any]:
     """Pad the token lists into one array (runs on the loader threads)."""
     sequences = batch["tokens"]
-    lengths = np.fromiter((len(sequence) for sequence in sequences), dtype=np.int64, count=len(sequences))
+    lengths = np.fromiter((len(sequence) for sequence in sequences), dtype=np.int64,
+                          count=len(sequences))
     padded = np.zeros((len(sequences), int(lengths.max(initial=0))), dtype=np.int32)
     for row, sequence in enumerate(sequences):
         padded[row, : len(sequence)] = sequence
@@ -97,7 +101,8 @@ def _collate(batch: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _run_loader(streams: Dict[str, Any], args: argparse.Namespace, stdout: TextIO) -> Dict[str, float]:
+def _run_loader(streams: Dict[str, Any], args: argparse.Namespace,
+                stdout: TextIO) -> Dict[str, float]:
     from loaderx.dataloader import DataLoader
 
     tty = stdout.isatty()
@@ -120,7 +125,8 @@ def _run_loader(streams: Dict[str, Any], args: argparse.Namespace, stdout: TextI
         elapsed = time.perf_counter() - start
     if tty:
         stdout.write("\n")
-    return {"elapsed": elapsed, "payload_bytes": payload_bytes, "workers": workers, "prefetch": prefetch}
+    return {"elapsed": elapsed, "payload_bytes": payload_bytes, "workers": workers,
+            "prefetch": prefetch}
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
@@ -141,7 +147,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             )
             for name, store in streams.items():
                 stats = store.stats()
-                ratio = built["logical"][name] / stats["chunk_bytes"] if stats["chunk_bytes"] else float("nan")
+                ratio = (built["logical"][name] / stats["chunk_bytes"] if stats["chunk_bytes"]
+                         else float("nan"))
                 print(
                     f"  {name:<7} {store.kind:<6} {str(np.dtype(store.dtype)):<8} "
                     f"{built['logical'][name] / MIB:8.1f} MiB logical  "
@@ -155,7 +162,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     elapsed = result["elapsed"]
     print(
         f"loaded {args.steps} batches of {args.batch_size} in {elapsed:.2f} s: "
-        f"{args.steps / elapsed:,.0f} batches/s, {result['payload_bytes'] / MIB / elapsed:,.0f} MiB/s "
+        f"{args.steps / elapsed:,.0f} batches/s, "
+        f"{result['payload_bytes'] / MIB / elapsed:,.0f} MiB/s "
         f"of payload (workers={result['workers']}, prefetch={result['prefetch']})",
         file=stdout,
     )

@@ -61,8 +61,9 @@ class StepBuffers:
 
     __slots__ = ("dense", "sizes", "dests", "indices", "sources")
 
-    def __init__(self, dense: Dict[str, np.ndarray], sizes: Dict[str, np.ndarray], dests: List[np.ndarray],
-                 indices: Optional[np.ndarray], sources: Optional[np.ndarray]):
+    def __init__(self, dense: Dict[str, np.ndarray], sizes: Dict[str, np.ndarray],
+                 dests: List[np.ndarray], indices: Optional[np.ndarray],
+                 sources: Optional[np.ndarray]):
         self.dense = dense
         self.sizes = sizes
         self.dests = dests
@@ -71,9 +72,10 @@ class StepBuffers:
 
 
 class Engine:
-    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int, mode: int,
-                 transform: Optional[Callable[[Dict[str, Any]], Any]], out: Dict[str, List[np.ndarray]],
-                 workers: int, window: int, step: int, position: int, packed: bool, lanes: int) -> None:
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int,
+                 mode: int, transform: Optional[Callable[[Dict[str, Any]], Any]],
+                 out: Dict[str, List[np.ndarray]], workers: int, window: int, step: int,
+                 position: int, packed: bool, lanes: int) -> None:
         self.plan = plan
         self.transform = transform
         self.out = out
@@ -123,7 +125,8 @@ class Engine:
         if self.started:
             return
         self.started = True
-        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position, **self.ring_args)
+        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position,
+                         **self.ring_args)
         if not self.python_work:
             return
         for worker_index in range(self.worker_count):
@@ -135,8 +138,8 @@ class Engine:
     def take(self) -> Tuple[int, Any, Optional[BaseException]]:
         """Wait for the next undelivered step and remove it from the buffer."""
         if self.inherited:
-            raise RuntimeError("this DataLoader was built in another process (before a fork): build one "
-                               "DataLoader per process")
+            raise RuntimeError("this DataLoader was built in another process (before a fork): "
+                               "build one DataLoader per process")
         with self.lock:
             if self.closed:
                 raise RuntimeError("DataLoader is closed")
@@ -168,7 +171,8 @@ class Engine:
 
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
-        return self.base_position + (step - self.base_step) * self.batch_size * self.ring_args["world"]
+        return (self.base_position
+                + (step - self.base_step) * self.batch_size * self.ring_args["world"])
 
     def reset(self, step: int, position: int) -> None:
         """Drop everything prefetched and continue at ``step``, whose first
@@ -216,7 +220,8 @@ class Engine:
                 alive.append(thread.name)
         if alive:
             warnings.warn(f"DataLoader.close(): {alive} still running a gather or transform after "
-                          f"{JOIN_TIMEOUT_S:g} s; they will exit when it returns", RuntimeWarning, stacklevel=3)
+                          f"{JOIN_TIMEOUT_S:g} s; they will exit when it returns", RuntimeWarning,
+                          stacklevel=3)
 
     # -- steps and their buffers (caller holds ``lock``) ------------------------
 
@@ -253,7 +258,7 @@ class Engine:
             return buffers[step % len(buffers)]
         arr = self.recycled(col.name)
         if arr is None:
-            arr = np.empty((self.batch_size,) + col.item_shape, dtype=col.dtype)
+            arr = np.empty((self.batch_size,) + col.dense_shape, dtype=col.dtype)
         self.keep_for_recycling(col.name, arr)
         return arr
 
@@ -282,7 +287,8 @@ class Engine:
 
     # -- assembling a batch ------------------------------------------------------
 
-    def native_batch(self, bufs: StepBuffers, variable: List[np.ndarray]) -> Dict[str, Any]:
+    def native_batch(self, bufs: StepBuffers,
+                     variable: List[Optional[np.ndarray]]) -> Dict[str, Any]:
         """The batch dict of the native columns (in column order), plus
         ``source`` for a mixture. Variable columns are decoded here."""
         batch: Dict[str, Any] = {}
@@ -290,8 +296,10 @@ class Engine:
             if col.kind == "dense":
                 batch[col.name] = bufs.dense[col.name]
             else:
-                batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name], bufs.indices,
-                                                            self.packed)
+                assert buf is not None  # the ring hands every variable column a buffer
+                assert bufs.indices is not None  # want_indices: variable columns need them
+                batch[col.name] = _pipeline.decode_variable(col, buf, bufs.sizes[col.name],
+                                                            bufs.indices, self.packed)
         if bufs.sources is not None:
             batch["source"] = bufs.sources.astype(np.int16)
         return batch
@@ -313,7 +321,9 @@ class Engine:
             if col.kind == "dense":
                 with self.lock:
                     out = self.output_array(col, step)
-            batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out, self.gather_kwargs)
+            assert bufs.indices is not None  # want_indices: Python columns need them
+            batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out,
+                                                      self.gather_kwargs)
         if "source" in native:
             batch["source"] = native["source"]
         if self.transform is not None:
@@ -336,7 +346,8 @@ class Engine:
                 self.room_changed.wait()
             return None
 
-    def finish(self, step: int, generation: int, batch: Any, error: Optional[BaseException]) -> None:
+    def finish(self, step: int, generation: int, batch: Any,
+               error: Optional[BaseException]) -> None:
         with self.lock:
             self.in_flight -= 1
             # A result from before a reset (or after close) is stale: drop it.
@@ -361,7 +372,8 @@ def _worker_main(engine: Engine, worker_index: int) -> None:
         except BaseException as exc:  # noqa: B036 - handed to the consumer, never dropped.
             error = exc
             if hasattr(exc, "add_note"):
-                exc.add_note(f"(loaderx: raised in loaderx-worker-{worker_index} building step {step})")
+                exc.add_note(f"(loaderx: raised in loaderx-worker-{worker_index} "
+                             f"building step {step})")
         engine.finish(step, generation, batch, error)
         # Drop our references before waiting for the next claim, so the
         # memory bound counts only batches in the buffer or with the consumer.

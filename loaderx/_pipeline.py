@@ -37,14 +37,23 @@ class Column:
         first = streams[0]
         self.kind = first.kind
         self.dtype = np.dtype(getattr(first, "dtype", np.uint8))
-        self.item_shape = tuple(first.item_shape) if self.kind == "dense" else None
+        shape = tuple(first.item_shape) if self.kind == "dense" else None
+        self.item_shape: Optional[Tuple[int, ...]] = shape
         # Token windows (and their segments) are read by the ring as windows
         # of a corpus; stores and ShardSets as records of their parts.
         self.windows = all(callable(getattr(s, "__loaderx_windows__", None)) for s in streams)
-        self.segments = self.windows and self.dtype == np.int32 and type(first).__name__ == "TokenSegments"
-        self.native = self.windows or all(callable(getattr(s, "__loaderx_parts__", None)) for s in streams)
-        self.record_bytes = int(self.dtype.itemsize * np.prod(self.item_shape, dtype=np.int64)) \
-            if self.kind == "dense" else 0
+        self.segments = (self.windows and self.dtype == np.int32
+                         and type(first).__name__ == "TokenSegments")
+        self.native = self.windows or all(callable(getattr(s, "__loaderx_parts__", None))
+                                          for s in streams)
+        self.record_bytes = int(self.dtype.itemsize * np.prod(shape, dtype=np.int64)) \
+            if shape is not None else 0
+
+    @property
+    def dense_shape(self) -> Tuple[int, ...]:
+        """The item shape of a dense column (other kinds have none)."""
+        assert self.item_shape is not None
+        return self.item_shape
 
     @property
     def ring_kind(self) -> int:
@@ -99,16 +108,19 @@ class Ring:
     GIL until the step is built. The ring keeps its stores alive: closing one
     while it runs fails the next step with ``ClosedError``."""
 
-    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, step: int, position: int,
-                 seed: int, mode: int, window: int, threads: int, lanes: int) -> None:
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, step: int,
+                 position: int, seed: int, mode: int, window: int, threads: int,
+                 lanes: int) -> None:
         self.plan = plan
         self.columns = plan.native
         self._keep: List[Any] = []  # handles and structs the native side points at
         config = ffi.new("lx_loader_config_t *", {
-            "batch_size": batch_size, "rank": rank, "world": world, "position": position, "step": step,
-            "seed": seed, "mode": mode, "window": window, "threads": threads, "lanes": lanes})
+            "batch_size": batch_size, "rank": rank, "world": world, "position": position,
+            "step": step, "seed": seed, "mode": mode, "window": window, "threads": threads,
+            "lanes": lanes})
         sources = ffi.new("lx_source_t[]", [
-            {"length": n, "seed": s, "weight": w} for n, s, w in zip(plan.lengths, plan.seeds, plan.weights)])
+            {"length": n, "seed": s, "weight": w}
+            for n, s, w in zip(plan.lengths, plan.seeds, plan.weights)])
         columns = ffi.new("lx_column_t[]", max(1, len(self.columns)))
         parts = self._parts()
         for c, col in enumerate(self.columns):
@@ -116,8 +128,9 @@ class Ring:
             columns[c].record_size = col.record_bytes
         specs = self._specs(len(plan.lengths))
         out = ffi.new("lx_loader **")
-        _lib.check(lib.lx_loader_open(config, sources, len(plan.lengths), columns, len(self.columns),
-                                      parts, len(self._part_list), specs, out), None, "DataLoader")
+        _lib.check(lib.lx_loader_open(config, sources, len(plan.lengths), columns,
+                                      len(self.columns), parts, len(self._part_list), specs, out),
+                   None, "DataLoader")
         self.handle = ffi.gc(out[0], lib.lx_loader_free)
         self._width = max(1, len(self.columns))
         # Submits are serialized by the engine's lock; waits are not (Python
@@ -162,11 +175,13 @@ class Ring:
         d = self._dests
         for position, array in enumerate(dests):
             d[position] = ffi.cast("uint8_t *", array.__array_interface__["data"][0])
-        idx = ffi.cast("uint64_t *", indices.__array_interface__["data"][0]) if indices is not None else ffi.NULL
-        src = ffi.cast("uint16_t *", sources.__array_interface__["data"][0]) if sources is not None else ffi.NULL
+        idx = (ffi.cast("uint64_t *", indices.__array_interface__["data"][0])
+               if indices is not None else ffi.NULL)
+        src = (ffi.cast("uint16_t *", sources.__array_interface__["data"][0])
+               if sources is not None else ffi.NULL)
         _lib.check(lib.lx_loader_submit(self.handle, step, d, idx, src), None, "DataLoader")
 
-    def wait(self, step: int) -> Tuple[Optional[BaseException], List[np.ndarray]]:
+    def wait(self, step: int) -> Tuple[Optional[BaseException], List[Optional[np.ndarray]]]:
         """Blocks (GIL released) until ``step`` is built: (its error, the new
         buffers of its variable columns, owned by the arrays)."""
         with self._users_changed:
@@ -180,7 +195,8 @@ class Ring:
             rc = lib.lx_loader_wait(self.handle, step, failed_out, buffers, lengths)
             if rc == _lib.LX_OK:
                 return None, [_records.owned_buffer(buffers[c], lengths[c])
-                              if col.kind != "dense" else None for c, col in enumerate(self.columns)]
+                              if col.kind != "dense" else None
+                              for c, col in enumerate(self.columns)]
             failed = failed_out[0]
             col = self.columns[failed] if failed < len(self.columns) else None
             error = _lib.error_for(rc, col.path if col is not None else None, "gather")
@@ -190,7 +206,8 @@ class Ring:
                 self._users_changed.notify_all()
         if hasattr(error, "add_note"):
             column = f" (stream {col.name!r})" if col is not None else ""
-            error.add_note(f"(loaderx: raised by the native prefetch ring building step {step}{column})")
+            error.add_note("(loaderx: raised by the native prefetch ring "
+                           f"building step {step}{column})")
         return error, []
 
     def reset(self, step: int, position: int) -> None:
@@ -210,7 +227,8 @@ class Ring:
         ffi.release(self.handle)
 
 
-def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np.ndarray, packed: bool) -> Any:
+def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np.ndarray,
+                    packed: bool) -> Any:
     """A variable column's batch from the ring's buffer and sizes."""
     n = len(indices)
     raw, aux = sizes[:n], sizes[n:]
@@ -220,8 +238,8 @@ def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np
     return ragged.to_packed(indices) if packed else ragged.to_list()
 
 
-def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray], out: Optional[np.ndarray],
-                  gather_kwargs: Dict[str, Any]) -> Any:
+def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],
+                  out: Optional[np.ndarray], gather_kwargs: Dict[str, Any]) -> Any:
     """A Python column's batch: each source's stream gathered at its records'
     indices, put back in the batch's order."""
     def gather(stream, idx, out=None):
@@ -232,7 +250,8 @@ def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray
     if sources is None or len(col.streams) == 1:
         return gather(col.streams[0], indices.view(np.int64), out)
     result: Any = out if (col.kind == "dense" and out is not None) else (
-        np.empty((len(indices),) + col.item_shape, col.dtype) if col.kind == "dense" else [None] * len(indices))
+        np.empty((len(indices),) + col.dense_shape, col.dtype) if col.kind == "dense"
+        else [None] * len(indices))
     for k, stream in enumerate(col.streams):
         rows = np.flatnonzero(sources == k)
         if len(rows) == 0:

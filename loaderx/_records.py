@@ -42,8 +42,8 @@ def gather_into(parts, count: int, idx: np.ndarray, out: np.ndarray, stride: int
     """Reads records `idx` (uint64) into C-contiguous `out`, `stride` bytes
     each. Returns the native result (the caller checks it)."""
     dest = ffi.from_buffer(_T_U8, out if out.nbytes else _EMPTY, require_writable=True)
-    return lib.lx_gather(parts, count, ffi.from_buffer(_T_U64, idx), len(idx), dest, out.nbytes, stride,
-                         ffi.NULL, 0, threads)
+    return lib.lx_gather(parts, count, ffi.from_buffer(_T_U64, idx), len(idx), dest, out.nbytes,
+                         stride, ffi.NULL, 0, threads)
 
 
 def read_variable(parts, count: int, idx: np.ndarray, threads: int,
@@ -57,7 +57,8 @@ def read_variable(parts, count: int, idx: np.ndarray, threads: int,
     out = ffi.new("uint8_t **")
     length = ffi.new("uint64_t *")
     check(lib.lx_gather_alloc(parts, count, ffi.from_buffer(_T_U64, idx), n, threads,
-                              ffi.from_buffer(_T_U64, raw), ffi.from_buffer(_T_U64, aux), out, length),
+                              ffi.from_buffer(_T_U64, raw), ffi.from_buffer(_T_U64, aux), out,
+                              length),
           path, "gather")
     return owned_buffer(out[0], length[0]), raw, aux
 
@@ -75,7 +76,7 @@ def owned_buffer(ptr, length: int) -> np.ndarray:
 
 def to_bytes(buf: np.ndarray, raw: np.ndarray) -> list[bytes]:
     ends = np.cumsum(raw).tolist()
-    mv = memoryview(buf)
+    mv = buf.data  # the array's memoryview
     starts = [0] + ends[:-1]
     return [mv[a:b].tobytes() for a, b in zip(starts, ends)]
 
@@ -85,8 +86,8 @@ class Ragged:
     back, element offsets (B+1), and each record's shape (None when every
     record is 1-D)."""
 
-    def __init__(self, buf: np.ndarray, raw: np.ndarray, aux: np.ndarray, dtype: np.dtype, idx: np.ndarray,
-                 path: str | None):
+    def __init__(self, buf: np.ndarray, raw: np.ndarray, aux: np.ndarray, dtype: np.dtype,
+                 idx: np.ndarray, path: str | None):
         item = dtype.itemsize
         payload = int(raw.sum())
         if item and (raw % item).any():
@@ -154,10 +155,11 @@ def _common_trailing(idx: np.ndarray, shapes: list[tuple]) -> tuple:
     trailing = None
     for i, s in enumerate(shapes):
         if len(s) == 0:
-            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records with a first axis")
+            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records "
+                             "with a first axis")
         if trailing is None:
             trailing = s[1:]
         elif s[1:] != trailing:
-            raise ValueError(f"records do not share trailing dimensions: record {int(idx[i])} has shape {s}, "
-                             f"earlier ones (*, {', '.join(map(str, trailing))})")
+            raise ValueError(f"records do not share trailing dimensions: record {int(idx[i])} "
+                             f"has shape {s}, earlier ones (*, {', '.join(map(str, trailing))})")
     return trailing or ()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
@@ -60,8 +60,8 @@ def unchecked_indices(key: Any) -> np.ndarray | None:
     no Python-side check. The native call checks every index; a negative one
     reads as >= 2^63, fails that check, and the caller retries the slow path,
     which wraps negatives and names the bad index."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.itemsize == 8 and key.dtype.kind in "iu" \
-            and key.flags.c_contiguous:
+    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.itemsize == 8 \
+            and key.dtype.kind in "iu" and key.flags.c_contiguous:
         return key.view(U64)
     return None
 
@@ -87,7 +87,8 @@ def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     if arr.size == 0:
         return np.zeros(0, dtype=U64), False
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}")
+        raise TypeError("record indices must be integers, a slice or a boolean mask, "
+                        f"not {arr.dtype}")
     if arr.ndim != 1:
         raise TypeError(f"record indices must be one-dimensional, got shape {arr.shape}")
     if arr.dtype.kind == "i":
@@ -148,6 +149,10 @@ class Store:
 
     kind: str = ""
 
+    if TYPE_CHECKING:
+        # Every store kind reads records by index (its own result type).
+        def __getitem__(self, key: Any) -> Any: ...
+
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
                  dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):
         self._handle = None
@@ -159,8 +164,9 @@ class Store:
         d = bytes(dict_bytes) if dict_bytes else b""
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
-        rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec], level or 0,
-                         d if d else ffi.NULL, len(d), user if user else ffi.NULL, len(user),
+        rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
+                         level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
+                         len(user),
                          fixed_size if create_codec == "raw" else 0, out)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
@@ -189,7 +195,8 @@ class Store:
         if dict_bytes and dict_bytes != (self._blob("dictionary") or b""):
             mismatch.append("a different dictionary")
         if mismatch:
-            raise IdentityError(f"{self._path}: existing store has {', '.join(mismatch)}", path=self._path)
+            raise IdentityError(f"{self._path}: existing store has {', '.join(mismatch)}",
+                                path=self._path)
 
     def _blob(self, which: str) -> bytes:
         h = self._h()
@@ -269,8 +276,9 @@ class Store:
         moves = np.zeros((len(idx), 2), dtype=U64)
         if len(idx):
             count = ffi.new("uint64_t *")
-            check(lib.lx_delete(h, u64_ptr(idx), len(idx), ffi.cast("lx_move_t *", u64_ptr(moves.reshape(-1))),
-                                count), self._path, "delete")
+            check(lib.lx_delete(h, u64_ptr(idx), len(idx),
+                                ffi.cast("lx_move_t *", u64_ptr(moves.reshape(-1))), count),
+                  self._path, "delete")
             moves = moves[:count[0]]
         return moves
 
@@ -341,7 +349,8 @@ class Store:
     def __repr__(self) -> str:
         if self._handle is None:
             return f"{type(self).__name__}({self._path!r}, closed)"
-        return f"{type(self).__name__}({self._path!r}, len={len(self)}{self._describe()}, codec={self._codec!r})"
+        return (f"{type(self).__name__}({self._path!r}, len={len(self)}{self._describe()}, "
+                f"codec={self._codec!r})")
 
     # -- native calls shared by the typed stores
     def _append_raw(self, ptrs: np.ndarray, sizes: np.ndarray, aux_ptrs=None, aux_sizes=None,
@@ -351,7 +360,8 @@ class Store:
             self._w(), len(sizes),
             ffi.cast("const uint8_t *const *", ffi.from_buffer(ptrs)),
             u64_ptr(sizes),
-            ffi.cast("const uint8_t *const *", ffi.from_buffer(aux_ptrs)) if aux_ptrs is not None else ffi.NULL,
+            (ffi.cast("const uint8_t *const *", ffi.from_buffer(aux_ptrs))
+             if aux_ptrs is not None else ffi.NULL),
             u64_ptr(aux_sizes) if aux_sizes is not None else ffi.NULL,
             1 if stage else 0,
             first)
@@ -385,7 +395,8 @@ class Store:
                     lib.lx_publish(h, 0)
             return len(self) if first is None else first
 
-    def _gather_alloc(self, idx: np.ndarray, threads: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _gather_alloc(self, idx: np.ndarray,
+                      threads: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``;
         the buffer holds every payload back to back, then every aux part, in
         request order. The buffer is library memory, freed with the array."""
@@ -398,18 +409,19 @@ class Store:
 def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,
                       dict_bytes: bytes | None) -> None:
     if codec is not None and codec not in _lib.CODECS:
-        raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; choose one of {sorted(_lib.CODECS)}",
-                                   path=path)
+        raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; "
+                                   f"choose one of {sorted(_lib.CODECS)}", path=path)
     if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
-        raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}", path=path)
+        raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}",
+                                path=path)
     if not create:
         return
     if codec == "zstd_dict" and not dict_bytes:
-        raise DictionaryError(f"{path}: codec 'zstd_dict' needs dict_bytes (train one with train_dict)",
-                              path=path)
+        raise DictionaryError(f"{path}: codec 'zstd_dict' needs dict_bytes "
+                              "(train one with train_dict)", path=path)
     if codec != "zstd_dict" and dict_bytes:
-        raise DictionaryError(f"{path}: dict_bytes given but codec is {codec!r}; use codec='zstd_dict'",
-                              path=path)
+        raise DictionaryError(f"{path}: dict_bytes given but codec is {codec!r}; "
+                              "use codec='zstd_dict'", path=path)
 
 
 def stored_kind(path) -> str:

@@ -20,8 +20,10 @@ def _bytes_records(records: Iterable) -> Iterator[np.ndarray]:
         try:
             mv = memoryview(r)
         except TypeError:
-            raise TypeError(f"record {i} is a {type(r).__name__}, not a bytes-like object") from None
-        yield np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+            raise TypeError(f"record {i} is a {type(r).__name__}, "
+                            "not a bytes-like object") from None
+        yield np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+                            dtype=np.uint8)
 
 
 class Zrecord(Store):
@@ -39,8 +41,8 @@ class Zrecord(Store):
     dtype = np.dtype(np.uint8)
     item_shape = None
 
-    def __init__(self, path, *, create: bool = False, codec: str | None = None, level: int | None = None,
-                 dict_bytes: bytes | None = None):
+    def __init__(self, path, *, create: bool = False, codec: str | None = None,
+                 level: int | None = None, dict_bytes: bytes | None = None):
         super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
                          ident=identity.encode("bytes"))
         kind = self._identity.kind
@@ -63,7 +65,8 @@ class Zrecord(Store):
     def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
         """Records `indices` as a list of bytes, in request order."""
         if out is not None:
-            raise TypeError("Zrecord.gather returns bytes; use gather_into(indices, buffer) to fill a buffer")
+            raise TypeError("Zrecord.gather returns bytes; "
+                            "use gather_into(indices, buffer) to fill a buffer")
         idx, _ = self._indices(indices)
         return self._read(idx, threads)
 
@@ -84,15 +87,16 @@ class Zrecord(Store):
                 np.cumsum(sizes[:-1], out=starts[1:])
         else:
             starts = _checked_offsets(offsets, len(idx))
-        dest = np.frombuffer(memoryview(out).cast("B"), dtype=np.uint8) if not isinstance(out, np.ndarray) \
-            else out.reshape(-1).view(np.uint8)
+        dest = np.frombuffer(memoryview(out).cast("B"), dtype=np.uint8) \
+            if not isinstance(out, np.ndarray) else out.reshape(-1).view(np.uint8)
         if not dest.flags.writeable:
             raise ValueError("out is read-only")
         ends = starts + sizes
         if len(idx) and int(ends.max()) > dest.nbytes:
             i = int(np.argmax(ends > dest.nbytes))
-            raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes at offset "
-                                    f"{int(starts[i])}) does not fit the {dest.nbytes}-byte buffer", path=self._path)
+            raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes "
+                                    f"at offset {int(starts[i])}) does not fit the "
+                                    f"{dest.nbytes}-byte buffer", path=self._path)
         if offsets is None:
             dest[:buf.nbytes] = buf  # back to back: one copy
             return sizes

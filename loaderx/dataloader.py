@@ -279,7 +279,8 @@ class DataLoader:
         if workers > _WORKERS_MAX:
             raise ValueError(f"workers must be <= {_WORKERS_MAX}, got {workers}")
         if prefetch + workers > _WINDOW_MAX:
-            raise ValueError(f"prefetch + workers must be <= {_WINDOW_MAX}, got {prefetch} + {workers}")
+            raise ValueError(f"prefetch + workers must be <= {_WINDOW_MAX}, "
+                             f"got {prefetch} + {workers}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {transform!r}")
         if ragged not in ("list", "packed"):
@@ -304,8 +305,9 @@ class DataLoader:
         cores = _default_worker_count()
         self._engine = Engine(
             plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
-            mode=int(sampler.mode), transform=transform, out=out_checked, workers=workers, window=window,
-            step=sampler.step, position=sampler.step * sampler.global_batch_size, packed=ragged == "packed",
+            mode=int(sampler.mode), transform=transform, out=out_checked, workers=workers,
+            window=window, step=sampler.step,
+            position=sampler.step * sampler.global_batch_size, packed=ragged == "packed",
             # With a thread per core, each gather runs on its own thread alone.
             lanes=1 if workers >= cores else 0)
         self._finalizer = weakref.finalize(self, Engine.shutdown, self._engine)
@@ -402,7 +404,8 @@ class DataLoader:
         plan = self._plan
         if plan.mixture is None:
             return {c.name: plan.lengths[0] for c in plan.columns}
-        return {name: {c.name: n for c in plan.columns} for name, n in zip(plan.source_names, plan.lengths)}
+        return {name: {c.name: n for c in plan.columns}
+                for name, n in zip(plan.source_names, plan.lengths)}
 
     def _sources_state(self) -> Optional[Dict[str, Any]]:
         plan = self._plan
@@ -422,8 +425,8 @@ class DataLoader:
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
         version = state.get("version")
         if not _is_int(version) or version not in _STATE_KEYS:
-            raise ValueError(f"unsupported DataLoader state version {version!r}; this loaderx reads "
-                             f"versions {sorted(_STATE_KEYS)}")
+            raise ValueError(f"unsupported DataLoader state version {version!r}; "
+                             f"this loaderx reads versions {sorted(_STATE_KEYS)}")
         keys = _STATE_KEYS[version]
         missing = [key for key in keys if key not in state]
         if missing:
@@ -449,7 +452,8 @@ class DataLoader:
     def _check_lengths(self, lengths: Mapping[str, Any]) -> None:
         own = self._lengths_state()
         if sorted(lengths) != sorted(own):
-            raise ValueError(f"state streams {sorted(lengths)} differ from this loader's {sorted(own)}")
+            raise ValueError(f"state streams {sorted(lengths)} differ from "
+                             f"this loader's {sorted(own)}")
         for name, length in own.items():
             _check_equal(f"lengths[{name!r}]", lengths[name], length)
 
@@ -478,9 +482,10 @@ class DataLoader:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("a DataLoader cannot be pickled: its threads and prefetched batches belong to this "
-                        "process. Build one DataLoader per process (stores and ShardSets pickle as "
-                        "references, so pass those, or a function that builds the loader)")
+        raise TypeError("a DataLoader cannot be pickled: its threads and prefetched batches "
+                        "belong to this process. Build one DataLoader per process (stores and "
+                        "ShardSets pickle as references, so pass those, or a function that builds "
+                        "the loader)")
 
     def __repr__(self) -> str:
         if self._engine is None:
@@ -494,9 +499,9 @@ class DataLoader:
             state = "open"
         sampler = self._sampler
         mixture = f", sources={self._plan.source_names}" if self._plan.mixture is not None else ""
-        return (f"DataLoader({{{streams}}}{mixture}, batch_size={sampler.batch_size}, mode={sampler.mode.name}, "
-                f"seed={sampler.seed}, shard={sampler.shard}, workers={self._workers}, "
-                f"prefetch={self._prefetch}, step={self.step}, {state})")
+        return (f"DataLoader({{{streams}}}{mixture}, batch_size={sampler.batch_size}, "
+                f"mode={sampler.mode.name}, seed={sampler.seed}, shard={sampler.shard}, "
+                f"workers={self._workers}, prefetch={self._prefetch}, step={self.step}, {state})")
 
     # -- helpers ------------------------------------------------------------------
 

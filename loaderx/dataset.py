@@ -74,7 +74,8 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"from_numpy takes a numpy array or a .npy path, not {type(array).__name__}")
+        raise TypeError("from_numpy takes a numpy array or a .npy path, "
+                        f"not {type(array).__name__}")
     if array.ndim == 0:
         raise ValueError("from_numpy needs an array with a record axis (ndim >= 1)")
     if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
@@ -82,7 +83,8 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     if array.dtype.hasobject:
         raise TypeError(f"dtype {array.dtype} holds Python objects, which cannot be stored")
     prepare_store_path(path, mode)
-    store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level, dict_bytes=dict_bytes)
+    store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level,
+                       dict_bytes=dict_bytes)
     try:
         row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
         step = max(1, chunk_bytes // row_bytes)
@@ -124,8 +126,9 @@ def _page_releaser(array: np.ndarray):
     return release
 
 
-def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd", level: int | None = None,
-                  dict_bytes: bytes | None = None, mode: str = "create") -> RaggedStore:
+def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
+                  level: int | None = None, dict_bytes: bytes | None = None,
+                  mode: str = "create") -> RaggedStore:
     """Build a RaggedStore from an iterable of arrays (one pass). With
     ``dtype=None`` the first record's dtype is used. Returns the open store.
     `mode` as in `from_numpy`."""
@@ -137,7 +140,8 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd", 
             head = next(it)
         except StopIteration:
             raise ValueError("from_iterator needs a dtype when the iterable is empty") from None
-        head = np.asarray(head) if not isinstance(head, (bytes, bytearray, memoryview)) else np.frombuffer(head, np.uint8)
+        head = np.asarray(head) if not isinstance(head, (bytes, bytearray, memoryview)) \
+            else np.frombuffer(head, np.uint8)
         dtype = head.dtype
         first = [head]
     store = RaggedStore(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes)
@@ -236,8 +240,8 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
             for split, sub in manifest["splits"].items():
                 splits[split] = open_dataset(os.path.join(p, sub), columns)
         except BaseException:
-            for opened in splits.values():
-                for store in opened.values():
+            for split_columns in splits.values():
+                for store in split_columns.values():
                     store.close()
             raise
         return splits
@@ -260,7 +264,7 @@ def _open_column(root: str, name: str, shards: list) -> Any:
     from .shardset import ShardSet
     paths = [os.path.join(root, s["path"]) for s in shards]
     opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
-    lengths = [len(opened)] if len(paths) == 1 else list(opened.lengths)
+    lengths = list(opened.lengths) if isinstance(opened, ShardSet) else [len(opened)]
     for s, n, shard_path in zip(shards, lengths, paths):
         if n != s["rows"]:
             opened.close()
@@ -279,7 +283,8 @@ def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np
     arrays = [np.asarray(r) for r in records]
     lengths = np.array([a.shape[0] if a.ndim else -1 for a in arrays], dtype=np.int64)
     if (lengths < 0).any():
-        raise ValueError(f"record {int(np.flatnonzero(lengths < 0)[0])} is a scalar; pad needs a first axis")
+        raise ValueError(f"record {int(np.flatnonzero(lengths < 0)[0])} is a scalar; "
+                         "pad needs a first axis")
     longest = int(lengths.max()) if len(arrays) else 0
     if max_len is None:
         max_len = longest

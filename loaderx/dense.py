@@ -14,7 +14,8 @@ from .errors import CorruptStoreError, IdentityError, SizeMismatchError, Zrecord
 def _item_shape(item_shape) -> tuple:
     if item_shape is None:
         return ()
-    dims = item_shape if isinstance(item_shape, tuple) else tuple(np.atleast_1d(item_shape).tolist())
+    dims = item_shape if isinstance(item_shape, tuple) \
+        else tuple(np.atleast_1d(item_shape).tolist())
     for d in dims:
         if not isinstance(d, (int, np.integer)) or isinstance(d, (bool, np.bool_)) or d < 0:
             raise ValueError(f"item_shape {dims} must hold non-negative integers")
@@ -56,16 +57,22 @@ class DenseStore(Store):
             self.close()
             raise IdentityError(f"{self._path}: store holds {found.kind} records, not dense ones "
                                 "(use loaderx.dataset.open_store)", path=self._path)
-        self._dtype, self._item_shape = found.dtype, found.item_shape
+        # A dense identity always names both (identity.decode checks it).
+        assert found.dtype is not None
+        assert found.item_shape is not None
+        self._dtype: np.dtype = found.dtype
+        self._item_shape: tuple = found.item_shape
         if create and (self._dtype != dt or self._item_shape != shape):
             self.close()
-            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}, item_shape="
-                                f"{found.item_shape}; asked for dtype={dt}, item_shape={shape}", path=self._path)
+            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}, "
+                                f"item_shape={found.item_shape}; asked for dtype={dt}, "
+                                f"item_shape={shape}", path=self._path)
         self._record_bytes = self._dtype.itemsize * math.prod(self._item_shape)
         if self._fixed_size and self._fixed_size != self._record_bytes:
             self.close()
-            raise CorruptStoreError(f"{self._path}: the identity says {self._record_bytes}-byte records, the "
-                                    f"store holds {self._fixed_size}-byte records", path=self._path)
+            raise CorruptStoreError(f"{self._path}: the identity says {self._record_bytes}-byte "
+                                    f"records, the store holds {self._fixed_size}-byte records",
+                                    path=self._path)
 
     @property
     def dtype(self) -> np.dtype:
@@ -86,10 +93,11 @@ class DenseStore(Store):
         """Append ``(B, *item_shape)`` records of exactly this dtype; returns the first index."""
         self._w()
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"append takes a numpy array of dtype {self._dtype}, not {type(array).__name__}")
+            raise TypeError(f"append takes a numpy array of dtype {self._dtype}, "
+                            f"not {type(array).__name__}")
         if array.dtype != self._dtype:
-            raise IdentityError(f"{self._path}: array has dtype {array.dtype}, store holds {self._dtype}",
-                                path=self._path)
+            raise IdentityError(f"{self._path}: array has dtype {array.dtype}, "
+                                f"store holds {self._dtype}", path=self._path)
         if array.shape[1:] != self._item_shape or array.ndim != len(self._item_shape) + 1:
             raise SizeMismatchError(f"{self._path}: array has shape {array.shape}, expected "
                                     f"(B, *{self._item_shape})", path=self._path)
@@ -119,15 +127,19 @@ class DenseStore(Store):
             if result is not None:
                 return result
         idx, _ = self._indices(indices)
-        return self._gather(idx, out, threads)
+        result = self._gather(idx, out, threads)
+        assert result is not None  # exact: an out-of-range index raises instead
+        return result
 
     def _check_out(self, out, shape: tuple) -> np.ndarray:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
         if out.dtype != self._dtype:
-            raise IdentityError(f"out has dtype {out.dtype}, store holds {self._dtype}", path=self._path)
+            raise IdentityError(f"out has dtype {out.dtype}, store holds {self._dtype}",
+                                path=self._path)
         if out.shape != shape:
-            raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}", path=self._path)
+            raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}",
+                                    path=self._path)
         if not out.flags.c_contiguous:
             raise SizeMismatchError("out must be C-contiguous", path=self._path)
         if not out.flags.writeable:
@@ -138,8 +150,8 @@ class DenseStore(Store):
         try:
             return np.empty(shape, dtype=self._dtype)
         except MemoryError:
-            raise ZrecordMemoryError(f"{self._path}: a batch of shape {shape} ({self._dtype}) does not fit in "
-                                     "memory", path=self._path) from None
+            raise ZrecordMemoryError(f"{self._path}: a batch of shape {shape} ({self._dtype}) "
+                                     "does not fit in memory", path=self._path) from None
 
     def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
                 exact: bool = True) -> np.ndarray | None:
@@ -149,7 +161,8 @@ class DenseStore(Store):
         out = self._new_batch(shape) if out is None else self._check_out(out, shape)
         if len(idx):
             h = self._h()  # held for the call: keeps the handle's memory alive
-            rc = _records.gather_into(self._parts, 1, idx, out, self._record_bytes, threads, self._path)
+            rc = _records.gather_into(self._parts, 1, idx, out, self._record_bytes, threads,
+                                      self._path)
             del h
             if rc == RC_OUT_OF_RANGE and not exact:
                 return None

@@ -9,7 +9,8 @@ from ._lib import check, ffi, lib
 from ._store import U64, Store, u64_ptr
 from .errors import DictionaryError
 
-_TIERS = {"fast": (32 << 10, 4 << 20), "balanced": (128 << 10, 16 << 20), "max": (1 << 20, 64 << 20)}
+_TIERS = {"fast": (32 << 10, 4 << 20), "balanced": (128 << 10, 16 << 20),
+          "max": (1 << 20, 64 << 20)}
 _SAMPLE_MAX = 128 << 10  # zstd's trainer works on sample prefixes up to this size
 
 
@@ -49,7 +50,8 @@ def _sample_records(source, budget: int) -> list[bytes]:
             try:
                 b = bytes(memoryview(r))
             except TypeError:
-                raise TypeError(f"sample {i} is a {type(r).__name__}, not bytes-like or an array") from None
+                raise TypeError(f"sample {i} is a {type(r).__name__}, "
+                                "not bytes-like or an array") from None
         b = b[:_SAMPLE_MAX]
         out.append(b)
         used += len(b)
@@ -76,11 +78,13 @@ def train_dict(source, tier: str = "balanced", *, size: int | None = None) -> by
         dict_size = size
     samples = [s for s in _sample_records(source, budget) if s]
     if len(samples) < 8:
-        raise DictionaryError(f"need at least 8 non-empty samples to train a dictionary, got {len(samples)}")
+        raise DictionaryError("need at least 8 non-empty samples to train a dictionary, "
+                              f"got {len(samples)}")
     joined = b"".join(samples)
     sizes = np.array([len(s) for s in samples], dtype=U64)
     out = bytearray(dict_size)
     out_len = ffi.new("uint64_t *")
-    rc = lib.lx_train_dict(joined, u64_ptr(sizes), len(samples), ffi.from_buffer(out), dict_size, out_len)
+    rc = lib.lx_train_dict(joined, u64_ptr(sizes), len(samples), ffi.from_buffer(out), dict_size,
+                           out_len)
     check(rc, None, "train_dict")
     return bytes(out[:out_len[0]])

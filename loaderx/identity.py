@@ -29,10 +29,11 @@ def check_dtype(dtype: Any) -> np.dtype:
     """A dtype a store can hold: no Python objects anywhere inside it."""
     dt = np.dtype(dtype)
     if dt.hasobject:
-        raise TypeError(f"dtype {dt} holds Python objects, which cannot be stored; use a fixed-size dtype")
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot be stored; "
+                        "use a fixed-size dtype")
     if dt.subdtype is not None:
-        raise TypeError(f"dtype {dt} is a subarray type; store its base {dt.subdtype[0]} with the extra "
-                        f"dimensions {dt.subdtype[1]} in the record shape instead")
+        raise TypeError(f"dtype {dt} is a subarray type; store its base {dt.subdtype[0]} with the "
+                        f"extra dimensions {dt.subdtype[1]} in the record shape instead")
     return dt
 
 
@@ -115,7 +116,8 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
     if dt.subdtype is not None:
         raise _corrupt(path, f"its dtype {dt} is a subarray type")
     name = d.get("name", "")
-    if dt.kind == "V" and dt.names is None and isinstance(name, str) and name and not name.startswith("void"):
+    if dt.kind == "V" and dt.names is None and isinstance(name, str) and name \
+            and not name.startswith("void"):
         dt = _registered_dtype(name, dt)
     return dt
 

@@ -46,9 +46,10 @@ _DENOMINATOR_MAX = 10**6
 def _signature(stream: Any) -> tuple:
     kind = getattr(stream, "kind", None)
     if kind not in _KINDS or not callable(getattr(stream, "gather", None)):
-        raise TypeError(f"not a loaderx stream (needs gather() and a kind in {_KINDS}): {type(stream).__name__}")
+        raise TypeError(f"not a loaderx stream (needs gather() and a kind in {_KINDS}): "
+                        f"{type(stream).__name__}")
     dtype = np.dtype(getattr(stream, "dtype", np.uint8))
-    shape = getattr(stream, "item_shape", None)
+    shape: Any = getattr(stream, "item_shape", None)
     return (kind, dtype, None if kind != "dense" else tuple(shape))
 
 
@@ -85,21 +86,26 @@ class Mixture:
 
     def __init__(self, sources: Mapping[str, Mapping[str, Any]], weights: Mapping[str, float]):
         if not isinstance(sources, Mapping) or not sources:
-            raise TypeError("Mixture needs a non-empty dict of source name -> {stream name: stream}")
+            raise TypeError("Mixture needs a non-empty dict of "
+                            "source name -> {stream name: stream}")
         if not isinstance(weights, Mapping):
-            raise TypeError(f"weights must be a dict of source name -> weight, got {type(weights).__name__}")
+            raise TypeError("weights must be a dict of source name -> weight, "
+                            f"got {type(weights).__name__}")
         names = list(sources)
         if len(names) > 256:
             raise ValueError(f"a Mixture takes at most 256 sources, got {len(names)}")
         if set(weights) != set(names):
-            raise ValueError(f"weights name {sorted(map(str, weights))}, the sources are {sorted(map(str, names))}")
+            raise ValueError(f"weights name {sorted(map(str, weights))}, "
+                             f"the sources are {sorted(map(str, names))}")
         for name in names:
             if not isinstance(name, str):
                 raise TypeError(f"source names must be str, got {name!r}")
             w = weights[name]
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
+                    or w <= 0:
                 raise ValueError(f"weight of source {name!r} must be a positive number, got {w!r}")
-        self._sources: Dict[str, Dict[str, Any]] = {name: _check_source(name, sources[name]) for name in names}
+        self._sources: Dict[str, Dict[str, Any]] = {
+            name: _check_source(name, sources[name]) for name in names}
         self._check_compatible()
         self._names = names
         self._integers = integer_weights([weights[n] for n in names])
@@ -111,13 +117,15 @@ class Mixture:
         columns = list(first)
         for name, streams in self._sources.items():
             if sorted(streams) != sorted(columns):
-                raise ValueError(f"source {name!r} has streams {sorted(streams)}, source {first_name!r} has "
-                                 f"{sorted(columns)}: every source needs the same stream names")
+                raise ValueError(f"source {name!r} has streams {sorted(streams)}, "
+                                 f"source {first_name!r} has {sorted(columns)}: "
+                                 "every source needs the same stream names")
             for column in columns:
                 mine, theirs = _signature(first[column]), _signature(streams[column])
                 if mine != theirs:
-                    raise TypeError(f"stream {column!r}: source {name!r} holds {_describe(theirs)}, source "
-                                    f"{first_name!r} holds {_describe(mine)}")
+                    raise TypeError(f"stream {column!r}: source {name!r} holds "
+                                    f"{_describe(theirs)}, source {first_name!r} holds "
+                                    f"{_describe(mine)}")
 
     @property
     def names(self) -> List[str]:

@@ -37,17 +37,19 @@ class RaggedStore(Store):
         if create:
             dt = identity.check_dtype(dtype)
             ident = identity.encode("ragged", dt)
-        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes, ident=ident)
+        super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
+                         ident=ident)
         found = self._identity
         if found.kind != "ragged":
             self.close()
             raise IdentityError(f"{self._path}: store holds {found.kind} records, not ragged ones "
                                 "(use loaderx.dataset.open_store)", path=self._path)
-        self._dtype = found.dtype
+        assert found.dtype is not None  # a ragged identity always names it (identity.decode)
+        self._dtype: np.dtype = found.dtype
         if create and self._dtype != dt:
             self.close()
-            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}; asked for dtype={dt}",
-                                path=self._path)
+            raise IdentityError(f"{self._path}: existing store holds dtype={found.dtype}; "
+                                f"asked for dtype={dt}", path=self._path)
 
     @property
     def dtype(self) -> np.dtype:
@@ -59,13 +61,13 @@ class RaggedStore(Store):
     def _as_record(self, i: int, x) -> np.ndarray:
         if isinstance(x, np.ndarray):
             if x.dtype != self._dtype:
-                raise IdentityError(f"{self._path}: record {i} has dtype {x.dtype}, store holds {self._dtype}",
-                                    path=self._path)
+                raise IdentityError(f"{self._path}: record {i} has dtype {x.dtype}, "
+                                    f"store holds {self._dtype}", path=self._path)
             a = x
         elif isinstance(x, (bytes, bytearray, memoryview)):
             if self._dtype != np.uint8:
-                raise IdentityError(f"{self._path}: record {i} is bytes but the store holds {self._dtype}",
-                                    path=self._path)
+                raise IdentityError(f"{self._path}: record {i} is bytes but the store holds "
+                                    f"{self._dtype}", path=self._path)
             a = np.frombuffer(x, dtype=np.uint8)
         else:
             try:
@@ -73,7 +75,8 @@ class RaggedStore(Store):
             except (TypeError, ValueError) as e:
                 raise TypeError(f"record {i} cannot be read as {self._dtype}: {e}") from None
         if a.ndim > identity.NDIM_MAX:
-            raise ValueError(f"record {i} has {a.ndim} dimensions; at most {identity.NDIM_MAX} are supported")
+            raise ValueError(f"record {i} has {a.ndim} dimensions; "
+                             f"at most {identity.NDIM_MAX} are supported")
         # (np.ascontiguousarray would turn a 0-d record into a 1-d one)
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 

@@ -89,6 +89,60 @@ def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
     return first, chain()
 
 
+def _write_blocks(sink, blocks, ctx) -> dict:
+    """One write task: its blocks as one shard store per column under the
+    sink's task directory (removed again if the task fails)."""
+    first, tables = _peek(blocks)
+    if first is None:
+        return {"task": ctx.task_idx, "rows": 0}
+    import pyarrow as pa
+
+    names = select_columns(first.schema.names, sink.options, "the Ray dataset")
+    specs = [
+        arrow_spec(pa, n, first.schema.field(n).type, sink.options.flags) for n in names
+    ]
+    out = os.path.join(sink.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
+    paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
+    opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
+    try:
+        rows = write_task(
+            _BlocksSource(tables, sink.options), None, specs, paths, opts, lambda n: None
+        )
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return {"task": ctx.task_idx, "rows": rows, "specs": specs, "paths": paths}
+
+
+def _commit_tasks(sink, returns: list) -> dict:
+    """The driver's commit: every task's shards moved into the destination,
+    then one manifest; the destination is aborted on any failure."""
+    done = sorted((r for r in returns if r["rows"]), key=lambda r: r["task"])
+    if not done:
+        raise ConvertError("the Ray dataset has no rows; nothing to write")
+    specs = done[0]["specs"]
+    for r in done[1:]:
+        if r["specs"] != specs:
+            raise ConvertError(
+                f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
+                f"column types: {specs} and {r['specs']}"
+            )
+    sink.target.begin(specs)
+    try:
+        for k, r in enumerate(done):
+            for s in specs:
+                target = sink.target.part_path(s.name, k)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.rename(r["paths"][s.name], target)
+        source = {"type": "ray", "tasks": len(done)}
+        return sink.target.commit(
+            specs, column_codecs(specs, sink.codec), [r["rows"] for r in done], source
+        )
+    except BaseException:
+        sink.target.abort()
+        raise
+
+
 def _make_datasink(base):
     class LoaderxDatasink(base):
         """Writes each task's blocks as one shard store per column; the
@@ -105,26 +159,7 @@ def _make_datasink(base):
             return "loaderx"
 
         def write(self, blocks, ctx) -> dict:
-            first, tables = _peek(blocks)
-            if first is None:
-                return {"task": ctx.task_idx, "rows": 0}
-            import pyarrow as pa
-
-            names = select_columns(first.schema.names, self.options, "the Ray dataset")
-            specs = [
-                arrow_spec(pa, n, first.schema.field(n).type, self.options.flags) for n in names
-            ]
-            out = os.path.join(self.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
-            paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
-            opts = StoreOptions(column_codecs(specs, self.codec), self.level, {}, _BATCH_BYTES)
-            try:
-                rows = write_task(
-                    _BlocksSource(tables, self.options), None, specs, paths, opts, lambda n: None
-                )
-            except BaseException:
-                shutil.rmtree(out, ignore_errors=True)
-                raise
-            return {"task": ctx.task_idx, "rows": rows, "specs": specs, "paths": paths}
+            return _write_blocks(self, blocks, ctx)
 
         def on_write_complete(self, write_result) -> None:
             try:
@@ -133,30 +168,7 @@ def _make_datasink(base):
                 shutil.rmtree(self.tasks_dir, ignore_errors=True)
 
         def _commit(self, returns: list) -> dict:
-            done = sorted((r for r in returns if r["rows"]), key=lambda r: r["task"])
-            if not done:
-                raise ConvertError("the Ray dataset has no rows; nothing to write")
-            specs = done[0]["specs"]
-            for r in done[1:]:
-                if r["specs"] != specs:
-                    raise ConvertError(
-                        f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
-                        f"column types: {specs} and {r['specs']}"
-                    )
-            self.target.begin(specs)
-            try:
-                for k, r in enumerate(done):
-                    for s in specs:
-                        target = self.target.part_path(s.name, k)
-                        os.makedirs(os.path.dirname(target), exist_ok=True)
-                        os.rename(r["paths"][s.name], target)
-                source = {"type": "ray", "tasks": len(done)}
-                return self.target.commit(
-                    specs, column_codecs(specs, self.codec), [r["rows"] for r in done], source
-                )
-            except BaseException:
-                self.target.abort()
-                raise
+            return _commit_tasks(self, returns)
 
         def on_write_failed(self, error: Exception) -> None:
             shutil.rmtree(self.tasks_dir, ignore_errors=True)

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import _records
 from ._lib import check
-from .errors import ClosedError, IdentityError, RecordIndexError, SizeMismatchError, ZrecordMemoryError
+from .errors import (ClosedError, IdentityError, RecordIndexError, SizeMismatchError,
+                     ZrecordMemoryError)
 
 __all__ = ["ShardSet"]
 
@@ -249,7 +250,8 @@ class ShardSet:
     def _read(self, idx: np.ndarray, threads: int):
         if not self._part_list:  # every shard is empty: so is idx
             return np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-        return _records.read_variable(self._parts, len(self._part_list), idx.astype(np.uint64), threads, None)
+        return _records.read_variable(self._parts, len(self._part_list), idx.astype(np.uint64),
+                                      threads, None)
 
     def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
         shape = (len(idx),) + self._item_shape
@@ -257,7 +259,8 @@ class ShardSet:
             try:
                 out = np.empty(shape, dtype=self._dtype)
             except MemoryError:
-                raise ZrecordMemoryError(f"ShardSet: a batch of shape {shape} does not fit in memory") from None
+                raise ZrecordMemoryError(f"ShardSet: a batch of shape {shape} "
+                                         "does not fit in memory") from None
         else:
             _check_out(out, shape, self._dtype)
         if len(idx) and self._part_list:

@@ -55,11 +55,14 @@ class TokenWindows:
     kind = "dense"
 
     def __init__(self, store: Any, seq_len: int, *, separator: Optional[int] = None):
-        if getattr(store, "kind", None) != "ragged" or not callable(getattr(store, "__loaderx_parts__", None)):
-            raise TypeError(f"TokenWindows reads a RaggedStore or a ShardSet of them, not {type(store).__name__}")
+        if getattr(store, "kind", None) != "ragged" \
+                or not callable(getattr(store, "__loaderx_parts__", None)):
+            raise TypeError("TokenWindows reads a RaggedStore or a ShardSet of them, "
+                            f"not {type(store).__name__}")
         dtype = np.dtype(store.dtype)
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
-            raise IdentityError(f"token documents must hold integers of 1, 2, 4 or 8 bytes, not {dtype}")
+            raise IdentityError("token documents must hold integers of 1, 2, 4 or 8 bytes, "
+                                f"not {dtype}")
         if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
             raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
         if separator is not None:
@@ -80,9 +83,9 @@ class TokenWindows:
         self._len = (total - 1) // self._seq_len if total else 0
         sep = 0 if self._separator is None else self._separator & ((1 << (8 * dtype.itemsize)) - 1)
         self._spec = ffi.new("lx_windows_t *", {
-            "prefix": ffi.cast("uint64_t *", self._prefix.ctypes.data), "docs": len(self._prefix) - 1,
-            "seq_len": self._seq_len, "separator": sep, "has_separator": self._separator is not None,
-            "itemsize": dtype.itemsize})
+            "prefix": ffi.cast("uint64_t *", self._prefix.ctypes.data),
+            "docs": len(self._prefix) - 1, "seq_len": self._seq_len, "separator": sep,
+            "has_separator": self._separator is not None, "itemsize": dtype.itemsize})
         self.segments = TokenSegments(self)
 
     # -- identity
@@ -136,7 +139,8 @@ class TokenWindows:
         tok = ffi.cast("uint8_t *", tokens.ctypes.data) if tokens is not None else ffi.NULL
         seg = ffi.cast("int32_t *", segments.ctypes.data) if segments is not None else ffi.NULL
         check(lib.lx_windows_gather(self._spec, self._parts, len(self._part_list),
-                                    ffi.cast("uint64_t *", idx.ctypes.data), len(idx), tok, seg, threads),
+                                    ffi.cast("uint64_t *", idx.ctypes.data), len(idx), tok, seg,
+                                    threads),
               self.path, "token windows")
         del handles
 
@@ -217,12 +221,14 @@ def _window_indices(indices, n: int) -> np.ndarray:
     if arr.size == 0:
         return np.zeros(0, np.uint64)
     if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        raise TypeError(f"window indices must be a 1-D integer array, a slice or a mask, not {arr.dtype}{arr.shape}")
+        raise TypeError("window indices must be a 1-D integer array, a slice or a mask, "
+                        f"not {arr.dtype}{arr.shape}")
     arr = arr.astype(np.int64)
     arr = np.where(arr < 0, arr + n, arr)
     bad = (arr < 0) | (arr >= n)
     if bad.any():
-        raise RecordIndexError(f"window {int(np.asarray(indices)[np.argmax(bad)])} is out of range for {n} windows")
+        raise RecordIndexError(f"window {int(np.asarray(indices)[np.argmax(bad)])} "
+                               f"is out of range for {n} windows")
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
@@ -231,7 +237,8 @@ def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != shape:
         raise SizeMismatchError(f"out must be a {dtype} array of shape {shape}, got "
-                                f"{getattr(out, 'dtype', type(out).__name__)}{getattr(out, 'shape', '')}")
+                                f"{getattr(out, 'dtype', type(out).__name__)}"
+                                f"{getattr(out, 'shape', '')}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise SizeMismatchError("out must be C-contiguous and writable")
     return out
@@ -259,7 +266,8 @@ def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndar
     docs = len(store)
     generation = store.generation
     sep = separator if separator is not None else -1
-    cache = os.path.join(store.path, f"windows-{itemsize}" + (f"-{sep}" if separator is not None else "") + ".idx")
+    cache = os.path.join(store.path, f"windows-{itemsize}"
+                         + (f"-{sep}" if separator is not None else "") + ".idx")
     cached = _load_cache(cache, generation, docs, sep, itemsize)
     if cached is not None:
         return cached
@@ -267,19 +275,22 @@ def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndar
     handles = store.__loaderx_parts__()
     parts = parts_array(handles)
     check(lib.lx_windows_index(parts, len(handles), itemsize, separator is not None,
-                               ffi.cast("uint64_t *", prefix.ctypes.data), docs), store.path, "token window index")
+                               ffi.cast("uint64_t *", prefix.ctypes.data), docs),
+          store.path, "token window index")
     _save_cache(cache, prefix, generation, docs, sep, itemsize)
     return prefix
 
 
-def _load_cache(path: str, generation: int, docs: int, sep: int, itemsize: int) -> Optional[np.ndarray]:
+def _load_cache(path: str, generation: int, docs: int, sep: int,
+                itemsize: int) -> Optional[np.ndarray]:
     try:
         with open(path, "rb") as f:
             header = f.read(_HEADER.size)
         if len(header) != _HEADER.size:
             return None
         magic, gen, n, s, size = _HEADER.unpack(header)
-        if magic != _MAGIC or gen != generation or n != docs or s != sep & (2**64 - 1) or size != itemsize:
+        if magic != _MAGIC or gen != generation or n != docs or s != sep & (2**64 - 1) \
+                or size != itemsize:
             return None
         prefix = np.memmap(path, dtype=np.uint64, mode="r", offset=_HEADER.size, shape=(docs + 1,))
     except (OSError, ValueError):
@@ -287,7 +298,8 @@ def _load_cache(path: str, generation: int, docs: int, sep: int, itemsize: int) 
     return prefix
 
 
-def _save_cache(path: str, prefix: np.ndarray, generation: int, docs: int, sep: int, itemsize: int) -> None:
+def _save_cache(path: str, prefix: np.ndarray, generation: int, docs: int, sep: int,
+                itemsize: int) -> None:
     """Best effort: a store directory that is not writable keeps no cache."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -63,7 +63,8 @@ def _integer(name: str, value: Any) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"{name} must be an integer, "
+                        f"got {type(value).__name__} {value!r}") from None
 
 
 def _mode(value: Any) -> "Sampler.Mode":
@@ -72,14 +73,16 @@ def _mode(value: Any) -> "Sampler.Mode":
         return value
     if isinstance(value, str):
         try:
-            return Mode(value)
+            return Mode(value)  # type: ignore[arg-type]  # Mode._missing_ maps a name
         except ValueError:
-            raise ValueError(f"mode must be one of 'sequential', 'iid', 'cyclic' (any case), got {value!r}") from None
+            raise ValueError("mode must be one of 'sequential', 'iid', 'cyclic' (any case), "
+                             f"got {value!r}") from None
     number = _integer("mode", value)
     try:
         return Mode(number)
     except ValueError:
-        raise ValueError(f"mode must be 0 (SEQUENTIAL), 1 (IID) or 2 (CYCLIC), got {value!r}") from None
+        raise ValueError("mode must be 0 (SEQUENTIAL), 1 (IID) or 2 (CYCLIC), "
+                         f"got {value!r}") from None
 
 
 def _step(value: Any) -> int:
@@ -149,7 +152,7 @@ class Sampler:
         seed: int = 0,
         *,
         step: int = 0,
-        shard: Optional[Tuple[int, int]] = None,
+        shard: Optional[Sequence[int]] = None,
     ) -> None:
         length = _integer("length", length)
         if not 1 <= length <= _LENGTH_MAX:
@@ -255,13 +258,14 @@ class Sampler:
     # -- internals ----------------------------------------------------------------
 
     def _drop_block(self) -> None:
-        self._block = []
+        self._block: List[np.ndarray] = []
         self._block_first = _NO_STEP
         self._block_end = _NO_STEP
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Copies and pickles carry the parameters and the step, not the block.
-        return (_restore, (self._length, self._batch_size, self._mode_value, self._seed, self._step, self.shard))
+        return (_restore, (self._length, self._batch_size, self._mode_value, self._seed,
+                           self._step, self.shard))
 
     def _compute(self, step: int) -> np.ndarray:
         if step > _U64_MAX:
@@ -294,5 +298,6 @@ class Sampler:
         )
 
 
-def _restore(length: int, batch_size: int, mode: int, seed: int, step: int, shard: Tuple[int, int]) -> Sampler:
+def _restore(length: int, batch_size: int, mode: int, seed: int, step: int,
+             shard: Tuple[int, int]) -> Sampler:
     return Sampler(length, batch_size, mode, seed, step=step, shard=shard)

@@ -207,24 +207,50 @@ joined: std.atomic.Value(bool) = .init(false),
 fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Error!void {
     // No column at all is fine: the ring then only computes indices (for
     // streams the consumer reads itself).
-    if (columns.len > columns_max) return invalid("a loader takes at most {d} columns, got {d}", .{ columns_max, columns.len });
-    if (sources.len == 0 or sources.len > sources_max) return invalid("a loader needs 1 to {d} sources, got {d}", .{ sources_max, sources.len });
-    if (c.window == 0 or c.window > window_max) return invalid("window must be 1..{d}, got {d}", .{ window_max, c.window });
-    if (c.threads == 0 or c.threads > threads_max) return invalid("threads must be 1..{d}, got {d}", .{ threads_max, c.threads });
-    if (c.batch_size == 0 or c.world == 0 or c.rank >= c.world) return invalid("bad batch_size {d} or shard ({d}, {d})", .{ c.batch_size, c.rank, c.world });
-    if (std.enums.fromInt(sampler.Mode, c.mode) == null) return invalid("unknown sampler mode {d}", .{c.mode});
-    const global = std.math.mul(u64, c.batch_size, c.world) catch return invalid("batch_size * world overflows", .{});
-    _ = std.math.mul(usize, @intCast(global), @sizeOf(u64)) catch return invalid("global batch too large", .{});
+    if (columns.len > columns_max) {
+        return invalid(
+            "a loader takes at most {d} columns, got {d}",
+            .{ columns_max, columns.len },
+        );
+    }
+    if (sources.len == 0 or sources.len > sources_max) {
+        return invalid("a loader needs 1 to {d} sources, got {d}", .{ sources_max, sources.len });
+    }
+    if (c.window == 0 or c.window > window_max) {
+        return invalid("window must be 1..{d}, got {d}", .{ window_max, c.window });
+    }
+    if (c.threads == 0 or c.threads > threads_max) {
+        return invalid("threads must be 1..{d}, got {d}", .{ threads_max, c.threads });
+    }
+    if (c.batch_size == 0 or c.world == 0 or c.rank >= c.world) {
+        return invalid(
+            "bad batch_size {d} or shard ({d}, {d})",
+            .{ c.batch_size, c.rank, c.world },
+        );
+    }
+    if (std.enums.fromInt(sampler.Mode, c.mode) == null) {
+        return invalid("unknown sampler mode {d}", .{c.mode});
+    }
+    const global = std.math.mul(u64, c.batch_size, c.world) catch
+        return invalid("batch_size * world overflows", .{});
+    _ = std.math.mul(usize, @intCast(global), @sizeOf(u64)) catch
+        return invalid("global batch too large", .{});
     var total: u64 = 0;
     for (sources, 0..) |s, k| {
         if (s.length == 0) return invalid("source {d} is empty", .{k});
         if (sources.len > 1 and s.weight == 0) return invalid("source {d} has weight 0", .{k});
         total = std.math.add(u64, total, s.weight) catch return invalid("weights overflow", .{});
     }
-    if (sources.len > 1 and total > mixture.weight_total_max) return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
+    if (sources.len > 1 and total > mixture.weight_total_max) {
+        return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
+    }
     for (columns, 0..) |col, i| {
-        const kind = std.enums.fromInt(ColumnKind, col.kind) orelse return invalid("column {d}: unknown kind {d}", .{ i, col.kind });
-        if (kind != .variable) _ = std.math.mul(u64, col.record_size, c.batch_size) catch return invalid("column {d}: a batch overflows", .{i});
+        const kind = std.enums.fromInt(ColumnKind, col.kind) orelse
+            return invalid("column {d}: unknown kind {d}", .{ i, col.kind });
+        if (kind != .variable) {
+            _ = std.math.mul(u64, col.record_size, c.batch_size) catch
+                return invalid("column {d}: a batch overflows", .{i});
+        }
     }
 }
 
@@ -233,16 +259,27 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
 fn checkSpecs(l: *Loader, specs: ?[*]const windows.Spec) Error!void {
     const k_count = l.sources.len;
     for (l.columns, 0..) |col, c| {
-        const kind: ColumnKind = @enumFromInt(col.kind);
+        const kind: ColumnKind = @fromBackingInt(@intCast(col.kind));
         if (kind != .windows and kind != .segments) continue;
-        const all = specs orelse return invalid("column {d} reads windows but no window index was given", .{c});
+        const all = specs orelse
+            return invalid("column {d} reads windows but no window index was given", .{c});
         for (0..k_count) |k| {
             const spec = all[c * k_count + k];
             try windows.checkSpec(spec);
             const width = spec.seq_len + 1;
             const want = if (kind == .windows) width * spec.itemsize else width * 4;
-            if (col.record_size != want) return invalid("column {d}: records of {d} bytes, its windows need {d}", .{ c, col.record_size, want });
-            if (spec.windowCount() < l.sources[k].length) return invalid("source {d} has {d} records but column {d} only {d} windows", .{ k, l.sources[k].length, c, spec.windowCount() });
+            if (col.record_size != want) {
+                return invalid(
+                    "column {d}: records of {d} bytes, its windows need {d}",
+                    .{ c, col.record_size, want },
+                );
+            }
+            if (spec.windowCount() < l.sources[k].length) {
+                return invalid(
+                    "source {d} has {d} records but column {d} only {d} windows",
+                    .{ k, l.sources[k].length, c, spec.windowCount() },
+                );
+            }
             l.specs[c * k_count + k] = spec;
         }
     }
@@ -260,11 +297,18 @@ fn layout(l: *Loader, parts: []const Part) Error!void {
     defer l.gpa.free(counts);
     @memset(counts, 0);
     for (parts, 0..) |p, i| {
-        if (p.column >= c_count or p.source >= k_count) return invalid("part {d}: no column {d} / source {d}", .{ i, p.column, p.source });
+        if (p.column >= c_count or p.source >= k_count) {
+            return invalid("part {d}: no column {d} / source {d}", .{ i, p.column, p.source });
+        }
         counts[p.column * k_count + p.source + 1] += 1;
     }
     for (1..counts.len) |i| {
-        if (counts[i] == 0) return invalid("column {d} has no store for source {d}", .{ (i - 1) / k_count, (i - 1) % k_count });
+        if (counts[i] == 0) {
+            return invalid(
+                "column {d} has no store for source {d}",
+                .{ (i - 1) / k_count, (i - 1) % k_count },
+            );
+        }
         counts[i] += counts[i - 1];
     }
     @memcpy(l.range_start, counts);
@@ -279,9 +323,19 @@ fn layout(l: *Loader, parts: []const Part) Error!void {
     for (0..c_count * k_count) |r| {
         const range = l.parts[l.range_start[r]..l.range_start[r + 1]];
         std.mem.sortUnstable(store_parts.Part, range, {}, firstLess);
-        if (range[0].first != 0) return invalid("the first part of column {d}, source {d} must start at 0", .{ r / k_count, r % k_count });
+        if (range[0].first != 0) {
+            return invalid(
+                "the first part of column {d}, source {d} must start at 0",
+                .{ r / k_count, r % k_count },
+            );
+        }
         for (range[1..], range[0 .. range.len - 1]) |b, a| {
-            if (b.first == a.first) return invalid("two parts of column {d}, source {d} start at {d}", .{ r / k_count, r % k_count, a.first });
+            if (b.first == a.first) {
+                return invalid(
+                    "two parts of column {d}, source {d} start at {d}",
+                    .{ r / k_count, r % k_count, a.first },
+                );
+            }
         }
     }
 }
@@ -291,15 +345,24 @@ fn firstLess(_: void, a: store_parts.Part, b: store_parts.Part) bool {
 }
 
 /// Starts `config.threads` workers reading `parts` (kept alive until `destroy`).
-pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: []const Column, parts: []const Part, specs: ?[*]const windows.Spec) Error!*Loader {
+pub fn create(
+    gpa: Allocator,
+    config: Config,
+    sources: []const Source,
+    columns: []const Column,
+    parts: []const Part,
+    specs: ?[*]const windows.Spec,
+) Error!*Loader {
     try checkConfig(config, sources, columns);
-    if (parts.len > parts_max) return invalid("a loader takes at most {d} parts, got {d}", .{ parts_max, parts.len });
+    if (parts.len > parts_max) {
+        return invalid("a loader takes at most {d} parts, got {d}", .{ parts_max, parts.len });
+    }
     const l = gpa.create(Loader) catch return error.OutOfMemory;
     errdefer gpa.destroy(l);
     l.* = .{
         .gpa = gpa,
         .config = config,
-        .mode = @enumFromInt(config.mode),
+        .mode = @fromBackingInt(@intCast(config.mode)),
         .sources = &.{},
         .mix = undefined,
         .columns = &.{},
@@ -333,7 +396,12 @@ pub fn create(gpa: Allocator, config: Config, sources: []const Source, columns: 
     return l;
 }
 
-fn allocate(l: *Loader, sources: []const Source, columns: []const Column, part_count: usize) Error!void {
+fn allocate(
+    l: *Loader,
+    sources: []const Source,
+    columns: []const Column,
+    part_count: usize,
+) Error!void {
     const gpa = l.gpa;
     const window: usize = l.config.window;
     l.sources = gpa.dupe(Source, sources) catch return error.OutOfMemory;
@@ -350,7 +418,17 @@ fn allocate(l: *Loader, sources: []const Source, columns: []const Column, part_c
     l.index_out = gpa.alloc(?[*]u64, window) catch return error.OutOfMemory;
     l.source_out = gpa.alloc(?[*]u16, window) catch return error.OutOfMemory;
     l.work = gpa.alloc(Work, l.config.threads) catch return error.OutOfMemory;
-    for (l.work) |*w| w.* = .{ .indices = &.{}, .sources = &.{}, .origins = &.{}, .slots = &.{}, .filled = &.{}, .rows = &.{}, .picked = &.{} };
+    for (l.work) |*w| {
+        w.* = .{
+            .indices = &.{},
+            .sources = &.{},
+            .origins = &.{},
+            .slots = &.{},
+            .filled = &.{},
+            .rows = &.{},
+            .picked = &.{},
+        };
+    }
     const batch: usize = @intCast(l.config.batch_size);
     const global: usize = @intCast(l.config.batch_size * l.config.world);
     for (l.work) |*w| {
@@ -380,7 +458,10 @@ fn freeBuffers(l: *Loader) void {
         w.win.deinit(gpa);
     }
     for (l.results) |r| if (r.buffer) |b| std.c.free(b);
-    inline for (.{ "work", "source_out", "index_out", "results", "dests", "slots", "range_start", "col_start", "specs", "parts", "columns", "sources" }) |name| {
+    inline for (.{
+        "work",        "source_out", "index_out", "results", "dests",   "slots",
+        "range_start", "col_start",  "specs",     "parts",   "columns", "sources",
+    }) |name| {
         gpa.free(@field(l, name));
     }
 }
@@ -400,7 +481,8 @@ fn startThreads(l: *Loader) Error!void {
         l.gpa.free(l.threads);
     }
     while (started < l.threads.len) : (started += 1) {
-        l.threads[started] = std.Thread.spawn(.{ .stack_size = 1 << 20 }, workerMain, .{ l, started }) catch
+        const options: std.Thread.SpawnConfig = .{ .stack_size = 1 << 20 };
+        l.threads[started] = std.Thread.spawn(options, workerMain, .{ l, started }) catch
             return diag.fail(error.OutOfMemory, "could not start loader thread {d}", .{started});
     }
 }
@@ -413,16 +495,29 @@ fn startThreads(l: *Loader) Error!void {
 /// sizes); and where to write the step's indices and per-record sources
 /// (each null for none). Errors: Closed, InvalidArgument (out of order, or
 /// its slot is still in use).
-pub fn submit(l: *Loader, step: u64, dests: []const [*]u8, indices: ?[*]u64, sources: ?[*]u16) Error!void {
+pub fn submit(
+    l: *Loader,
+    step: u64,
+    dests: []const [*]u8,
+    indices: ?[*]u64,
+    sources: ?[*]u16,
+) Error!void {
     assert(dests.len == l.columns.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-    if (step != l.next_submit) return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_submit });
+    if (step != l.next_submit) {
+        return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_submit });
+    }
     const k = l.slotOf(step);
     const slot = &l.slots[k];
-    if (slot.state != .free) return invalid("step {d}: ring slot still holds step {d} (more than {d} steps submitted)", .{ step, slot.step, l.config.window });
+    if (slot.state != .free) {
+        return invalid(
+            "step {d}: ring slot still holds step {d} (more than {d} steps submitted)",
+            .{ step, slot.step, l.config.window },
+        );
+    }
     @memcpy(l.dests[k * l.columns.len ..][0..l.columns.len], dests);
     l.index_out[k] = indices;
     l.source_out[k] = sources;
@@ -437,7 +532,13 @@ pub fn submit(l: *Loader, step: u64, dests: []const [*]u8, indices: ?[*]u64, sou
 /// On a failed step, returns the error (message in diag) and the failing
 /// column in `failed_column`. Errors: Closed, InvalidArgument (not
 /// submitted), or the step's error.
-pub fn wait(l: *Loader, step: u64, failed_column: *u32, buffers: []?[*]u8, lengths: []u64) Error!void {
+pub fn wait(
+    l: *Loader,
+    step: u64,
+    failed_column: *u32,
+    buffers: []?[*]u8,
+    lengths: []u64,
+) Error!void {
     assert(buffers.len == l.columns.len and lengths.len == l.columns.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
@@ -446,7 +547,9 @@ pub fn wait(l: *Loader, step: u64, failed_column: *u32, buffers: []?[*]u8, lengt
     const slot = &l.slots[k];
     while (true) {
         if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-        if (slot.state == .free or slot.step != step) return invalid("step {d} was not submitted", .{step});
+        if (slot.state == .free or slot.step != step) {
+            return invalid("step {d} was not submitted", .{step});
+        }
         if (slot.state == .done) break;
         l.step_done.waitUncancelable(io, &l.mutex);
     }
@@ -547,7 +650,11 @@ fn workerMain(l: *Loader, worker_index: usize) void {
         const step = slot.step;
         const n = l.columns.len;
         @memcpy(dests[0..n], l.dests[k * n ..][0..n]);
-        const out: Dests = .{ .columns = dests[0..n], .indices = l.index_out[k], .sources = l.source_out[k] };
+        const out: Dests = .{
+            .columns = dests[0..n],
+            .indices = l.index_out[k],
+            .sources = l.source_out[k],
+        };
         const base = .{ l.config.step, l.config.position };
         l.mutex.unlock(io);
         var failed_column: u32 = 0;
@@ -561,7 +668,14 @@ fn workerMain(l: *Loader, worker_index: usize) void {
 }
 
 /// Records a built step's outcome in its slot. Caller holds the mutex.
-fn finish(l: *Loader, slot: *Slot, k: usize, result: Error!void, failed_column: u32, results: []Result) void {
+fn finish(
+    l: *Loader,
+    slot: *Slot,
+    k: usize,
+    result: Error!void,
+    failed_column: u32,
+    results: []Result,
+) void {
     slot.state = .done;
     slot.failure = null;
     @memcpy(l.results[k * l.columns.len ..][0..l.columns.len], results);
@@ -580,7 +694,15 @@ fn finish(l: *Loader, slot: *Slot, k: usize, result: Error!void, failed_column: 
 
 /// Builds `step` into `out` (and `results`), with the indices of the base
 /// (step, position) the step was claimed under.
-fn build(l: *Loader, step: u64, base: struct { u64, u64 }, out: Dests, work: *Work, results: []Result, failed_column: *u32) Error!void {
+fn build(
+    l: *Loader,
+    step: u64,
+    base: struct { u64, u64 },
+    out: Dests,
+    work: *Work,
+    results: []Result,
+    failed_column: *u32,
+) Error!void {
     const global: u128 = @as(u128, l.config.batch_size) * l.config.world;
     assert(step >= base[0]);
     const first: u128 = @as(u128, base[1]) + @as(u128, step - base[0]) * global;
@@ -622,13 +744,21 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
         at += n;
     }
     for (work.origins, work.indices, work.sources) |o, *index, *source| {
-        index.* = work.filled[start[o.source] + @as(usize, @intCast(o.position - before[o.source]))];
+        const within: usize = @intCast(o.position - before[o.source]);
+        index.* = work.filled[start[o.source] + within];
         source.* = o.source;
     }
 }
 
-fn buildColumn(l: *Loader, c: usize, col: Column, dest: [*]u8, work: *Work, result: *Result) Error!void {
-    const kind: ColumnKind = @enumFromInt(col.kind);
+fn buildColumn(
+    l: *Loader,
+    c: usize,
+    col: Column,
+    dest: [*]u8,
+    work: *Work,
+    result: *Result,
+) Error!void {
+    const kind: ColumnKind = @fromBackingInt(@intCast(col.kind));
     if (kind == .windows or kind == .segments) return l.buildWindows(c, kind, dest, work);
     const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
     const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
@@ -639,11 +769,21 @@ fn buildColumn(l: *Loader, c: usize, col: Column, dest: [*]u8, work: *Work, resu
         .windows, .segments => unreachable, // built by buildWindows
         .dense => {
             const size: usize = @intCast(col.record_size);
-            try store_read.gatherReads(reads, .{ .base = dest, .len = size * batch, .stride = size }, .payload, l.config.lanes);
+            try store_read.gatherReads(reads, .{
+                .base = dest,
+                .len = size * batch,
+                .stride = size,
+            }, .payload, l.config.lanes);
         },
         .variable => {
             const words: [*]u64 = @ptrCast(@alignCast(dest));
-            const buf = try store_read.packedReads(l.gpa, reads, l.config.lanes, words[0..batch], words[batch..][0..batch]);
+            const buf = try store_read.packedReads(
+                l.gpa,
+                reads,
+                l.config.lanes,
+                words[0..batch],
+                words[batch..][0..batch],
+            );
             result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
         },
     }
@@ -668,13 +808,26 @@ fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work
             .{ .tokens = dest, .rows = work.rows[0..n] }
         else
             .{ .segments = @ptrCast(@alignCast(dest)), .rows = work.rows[0..n] };
-        try windows.gather(l.gpa, l.specs[r], parts, work.picked[0..n], out, l.config.lanes, &work.win);
+        try windows.gather(
+            l.gpa,
+            l.specs[r],
+            parts,
+            work.picked[0..n],
+            out,
+            l.config.lanes,
+            &work.win,
+        );
     }
 }
 
 /// Column c's reads of the step in `work`: each record's part (among the
 /// column's parts) and index inside it.
-fn readsOf(l: *Loader, c: usize, snaps: []const store_read.Snapshot, work: *Work) Error!store_read.Reads {
+fn readsOf(
+    l: *Loader,
+    c: usize,
+    snaps: []const store_read.Snapshot,
+    work: *Work,
+) Error!store_read.Reads {
     const k_count = l.sources.len;
     const col_first = l.col_start[c];
     const sc = &work.parts;
@@ -685,8 +838,9 @@ fn readsOf(l: *Loader, c: usize, snaps: []const store_read.Snapshot, work: *Work
         const lo = l.range_start[r] - col_first;
         const hi = l.range_start[r + 1] - col_first;
         const parts = l.parts[col_first + lo .. col_first + hi];
-        const at = store_parts.find(parts, snaps[lo..hi], index) orelse return diag.fail(error.OutOfRange,
-            "source {d}: index {d} is out of range (a store of this column is shorter than the source)", .{ source, index });
+        const at = store_parts.find(parts, snaps[lo..hi], index) orelse
+            return diag.fail(error.OutOfRange, "source {d}: index {d} is out of range " ++
+                "(a store of this column is shorter than the source)", .{ source, index });
         of.* = @intCast(lo + at.part);
         local.* = at.local;
     }
@@ -702,7 +856,13 @@ fn testStore(tmp: *testing.TmpDir, name: []const u8, count: u64, mul: u64) !*Sto
 }
 
 /// A store of `count` u64 records: record i holds mul * (offset + i) + 1.
-fn testStoreFrom(tmp: *testing.TmpDir, name: []const u8, count: u64, mul: u64, offset: u64) !*Store {
+fn testStoreFrom(
+    tmp: *testing.TmpDir,
+    name: []const u8,
+    count: u64,
+    mul: u64,
+    offset: u64,
+) !*Store {
     const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", testing.allocator);
     defer testing.allocator.free(base);
     var buf: [4096]u8 = undefined;
@@ -726,11 +886,22 @@ fn testStoreFrom(tmp: *testing.TmpDir, name: []const u8, count: u64, mul: u64, o
 }
 
 fn dense8() [1]Column {
-    return .{.{ .kind = @intFromEnum(ColumnKind.dense), .record_size = 8 }};
+    return .{.{ .kind = @backingInt(ColumnKind.dense), .record_size = 8 }};
 }
 
 fn testConfig(batch: u64, window: u32, threads: u32, step: u64) Config {
-    return .{ .batch_size = batch, .rank = 0, .world = 1, .position = step * batch, .step = step, .seed = 5, .mode = @intFromEnum(sampler.Mode.cyclic), .window = window, .threads = threads, .lanes = 0 };
+    return .{
+        .batch_size = batch,
+        .rank = 0,
+        .world = 1,
+        .position = step * batch,
+        .step = step,
+        .seed = 5,
+        .mode = @backingInt(sampler.Mode.cyclic),
+        .window = window,
+        .threads = threads,
+        .lanes = 0,
+    };
 }
 
 test "the ring builds every step in order, exactly as the sampler says" {
@@ -738,7 +909,10 @@ test "the ring builds every step in order, exactly as the sampler says" {
     defer tmp.cleanup();
     const s = try testStore(&tmp, "x", 100, 3);
     defer s.close();
-    const l = try Loader.create(testing.allocator, testConfig(7, 3, 2, 10), &.{.{ .length = 100, .seed = 5, .weight = 1 }}, &dense8(), &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }}, null);
+    const sources = [_]Source{.{ .length = 100, .seed = 5, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const config = testConfig(7, 3, 2, 10);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
     var buffers: [3][7]u64 = undefined;
     var expected: [7]u64 = undefined;
@@ -747,7 +921,8 @@ test "the ring builds every step in order, exactly as the sampler says" {
     var lens: [1]u64 = undefined;
     for (10..13) |first| try l.submit(first, &.{@ptrCast(&buffers[first % 3])}, null, null);
     // A fourth step has no free slot until step 10 is waited for.
-    try testing.expectError(error.InvalidArgument, l.submit(13, &.{@ptrCast(&buffers[0])}, null, null));
+    const full = l.submit(13, &.{@ptrCast(&buffers[0])}, null, null);
+    try testing.expectError(error.InvalidArgument, full);
     var step: u64 = 10;
     while (step < 40) : (step += 1) {
         try l.wait(step, &failed, &bufs, &lens);
@@ -775,8 +950,15 @@ test "shards and a mixture: every record from its source's own sequence" {
     defer b.close();
     const c = try testStore(&tmp, "c", 40, 1000);
     defer c.close();
-    const sources = [_]Source{ .{ .length = 50, .seed = 1, .weight = 3 }, .{ .length = 40, .seed = 2, .weight = 1 } };
-    const parts = [_]Part{ .{ .store = b, .first = 30, .source = 0, .column = 0 }, .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = c, .first = 0, .source = 1, .column = 0 } };
+    const sources = [_]Source{
+        .{ .length = 50, .seed = 1, .weight = 3 },
+        .{ .length = 40, .seed = 2, .weight = 1 },
+    };
+    const parts = [_]Part{
+        .{ .store = b, .first = 30, .source = 0, .column = 0 },
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = c, .first = 0, .source = 1, .column = 0 },
+    };
     var config = testConfig(16, 2, 1, 0);
     config.position = 0;
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
@@ -811,10 +993,14 @@ test "a failing step reports its error and column; close wakes a waiter" {
     defer b.close();
     // The sampler draws from 50 records, column 1 holds only 40: some step fails.
     const columns = [_]Column{ dense8()[0], dense8()[0] };
-    const parts = [_]Part{ .{ .store = a, .first = 0, .source = 0, .column = 0 }, .{ .store = b, .first = 0, .source = 0, .column = 1 } };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 0, .column = 1 },
+    };
     var config = testConfig(50, 2, 1, 0);
-    config.mode = @intFromEnum(sampler.Mode.sequential);
-    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 50, .seed = 0, .weight = 1 }}, &columns, &parts, null);
+    config.mode = @backingInt(sampler.Mode.sequential);
+    const sources = [_]Source{.{ .length = 50, .seed = 0, .weight = 1 }};
+    const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     defer l.destroy();
     var xa: [50]u64 = undefined;
     var xb: [50]u64 = undefined;
@@ -852,7 +1038,10 @@ test "a failing step reports its error and column; close wakes a waiter" {
     // Either the step finished first (then it failed: a store is closed) or
     // the stop woke the waiter.
     try testing.expect(result != null);
-    try testing.expectError(error.Closed, l.submit(3, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null));
+    try testing.expectError(
+        error.Closed,
+        l.submit(3, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null),
+    );
 }
 
 test "a variable column hands over one new buffer with the sizes" {
@@ -860,10 +1049,12 @@ test "a variable column hands over one new buffer with the sizes" {
     defer tmp.cleanup();
     const s = try testStore(&tmp, "p", 20, 2);
     defer s.close();
-    const columns = [_]Column{.{ .kind = @intFromEnum(ColumnKind.variable), .record_size = 0 }};
+    const columns = [_]Column{.{ .kind = @backingInt(ColumnKind.variable), .record_size = 0 }};
     var config = testConfig(4, 2, 1, 0);
-    config.mode = @intFromEnum(sampler.Mode.sequential);
-    const l = try Loader.create(testing.allocator, config, &.{.{ .length = 20, .seed = 0, .weight = 1 }}, &columns, &.{.{ .store = s, .first = 0, .source = 0, .column = 0 }}, null);
+    config.mode = @backingInt(sampler.Mode.sequential);
+    const sources = [_]Source{.{ .length = 20, .seed = 0, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     defer l.destroy();
     var sizes: [8]u64 = undefined;
     var failed: u32 = 0;

@@ -217,27 +217,34 @@ pub fn ioFail(e: anytype, what: []const u8) Error {
 
 const no_space_errors = [_][]const u8{ "NoSpaceLeft", "DiskQuota", "FileTooBig" };
 const read_only_errors = [_][]const u8{ "AccessDenied", "PermissionDenied", "ReadOnlyFileSystem" };
-const memory_errors = [_][]const u8{ "OutOfMemory", "SystemResources", "LockedMemoryLimitExceeded" };
+const memory_errors = [_][]const u8{
+    "OutOfMemory", "SystemResources", "LockedMemoryLimitExceeded",
+};
 const not_found_errors = [_][]const u8{"FileNotFound"};
 /// I/O failures of the named file: a dead device, a descriptor limit, a file
 /// of the wrong kind where a store file should be, an unexpected errno, a
 /// fault injected by a test. The message keeps the name.
 const io_errors = [_][]const u8{
-    "InputOutput",         "Unexpected",          "InjectedFault",       "ProcessFdQuotaExceeded",
-    "SystemFdQuotaExceeded", "SymLinkLoop",       "IsDir",               "NotDir",
-    "NameTooLong",         "PathAlreadyExists",   "BadPathName",         "DeviceBusy",
-    "FileBusy",            "NoDevice",            "WouldBlock",          "Canceled",
-    "FileLocksUnsupported", "NotOpenForWriting",  "NotOpenForReading",   "Unseekable",
-    "BrokenPipe",          "ConnectionResetByPeer", "InvalidArgument",   "NetworkNotFound",
-    "AntivirusInterference", "PipeBusy",          "HardwareFailure",     "NotSupported",
-    "ProcessNotFound",     "OperationUnsupported", "MappingAlreadyExists", "NonCanonical",
-    "LinkQuotaExceeded",   "RenameAcrossMountPoints", "FileSystem",       "Overflow",
-    "StreamTooLong",       "IsTerminal",          "EndOfStream",         "ReadFailed",
-    "WriteFailed",         "SharingViolation",    "PathNotFound",        "NetNameDeleted",
-    "Interrupted",         "NotCapable",          "MemoryMappingNotSupported", "FileDescriptorNotASocket",
-    "Timeout",             "OperationAborted",    "LockViolation",       "DirNotEmpty",
-    "InvalidExe",          "NotLink",             "ConnectionTimedOut",  "SocketNotConnected",
-    "CrossDevice",         "NonResizable",        "Streaming",           "TooDeep",
+    "InputOutput",             "Unexpected",                "InjectedFault",
+    "ProcessFdQuotaExceeded",  "SystemFdQuotaExceeded",     "SymLinkLoop",
+    "IsDir",                   "NotDir",                    "NameTooLong",
+    "PathAlreadyExists",       "BadPathName",               "DeviceBusy",
+    "FileBusy",                "NoDevice",                  "WouldBlock",
+    "Canceled",                "FileLocksUnsupported",      "NotOpenForWriting",
+    "NotOpenForReading",       "Unseekable",                "BrokenPipe",
+    "ConnectionResetByPeer",   "InvalidArgument",           "NetworkNotFound",
+    "AntivirusInterference",   "PipeBusy",                  "HardwareFailure",
+    "NotSupported",            "ProcessNotFound",           "OperationUnsupported",
+    "MappingAlreadyExists",    "NonCanonical",              "LinkQuotaExceeded",
+    "RenameAcrossMountPoints", "FileSystem",                "Overflow",
+    "StreamTooLong",           "IsTerminal",                "EndOfStream",
+    "ReadFailed",              "WriteFailed",               "SharingViolation",
+    "PathNotFound",            "NetNameDeleted",            "Interrupted",
+    "NotCapable",              "MemoryMappingNotSupported", "FileDescriptorNotASocket",
+    "Timeout",                 "OperationAborted",          "LockViolation",
+    "DirNotEmpty",             "InvalidExe",                "NotLink",
+    "ConnectionTimedOut",      "SocketNotConnected",        "CrossDevice",
+    "NonResizable",            "Streaming",                 "TooDeep",
 };
 
 fn classify(comptime name: []const u8) Error {
@@ -286,9 +293,11 @@ fn markFailed(s: *Store, e: anyerror, what: []const u8) void {
 /// Fails with Failed when an earlier error left this handle unusable.
 pub fn checkUsable(s: *const Store) Error!void {
     if (!s.failed.load(.acquire)) return;
-    return diag.fail(error.Failed, "this handle failed earlier ({s}: {s}); close it and reopen the store", .{
-        s.failed_what, s.failed_error,
-    });
+    return diag.fail(
+        error.Failed,
+        "this handle failed earlier ({s}: {s}); close it and reopen the store",
+        .{ s.failed_what, s.failed_error },
+    );
 }
 
 // ---------------------------------------------------------------- open / create
@@ -312,16 +321,25 @@ fn validateCreate(opts: OpenOptions) Error!void {
     }
     if (opts.codec == .zstd_dict) {
         if (opts.dict.len == 0) {
-            return diag.fail(error.BadDictionary, "codec zstd_dict needs a dictionary (dict_bytes); " ++
-                "train one with train_dict", .{});
+            return diag.fail(
+                error.BadDictionary,
+                "codec zstd_dict needs a dictionary (dict_bytes); train one with train_dict",
+                .{},
+            );
         }
-        var d = codec.Dict.init(opts.dict, opts.level) catch return diag.fail(error.BadDictionary,
-            "dict_bytes ({d} bytes) is not a zstd dictionary; train one with train_dict", .{opts.dict.len});
+        var d = codec.Dict.init(opts.dict, opts.level) catch
+            return diag.fail(
+                error.BadDictionary,
+                "dict_bytes ({d} bytes) is not a zstd dictionary; train one with train_dict",
+                .{opts.dict.len},
+            );
         d.deinit();
     } else if (opts.dict.len != 0) {
-        return diag.fail(error.BadDictionary, "dict_bytes given but codec is {s}; use codec zstd_dict", .{
-            @tagName(opts.codec),
-        });
+        return diag.fail(
+            error.BadDictionary,
+            "dict_bytes given but codec is {s}; use codec zstd_dict",
+            .{@tagName(opts.codec)},
+        );
     }
 }
 
@@ -357,8 +375,12 @@ fn openDir(path: []const u8, create: bool) Error!Io.Dir {
     const io = pool.io();
     const cwd = Io.Dir.cwd();
     if (cwd.openDir(io, path, .{})) |d| return d else |e| switch (e) {
-        error.FileNotFound => if (!create) return diag.fail(error.NotFound, "no store at this path", .{}),
-        error.NotDir => return diag.fail(error.NotAStore, "path is a file, not a store directory", .{}),
+        error.FileNotFound => if (!create) {
+            return diag.fail(error.NotFound, "no store at this path", .{});
+        },
+        error.NotDir => {
+            return diag.fail(error.NotAStore, "path is a file, not a store directory", .{});
+        },
         else => return ioFail(e, "opening the store directory"),
     }
     fsio.mkdirs(path) catch |e| switch (e) {
@@ -371,7 +393,10 @@ fn openDir(path: []const u8, create: bool) Error!Io.Dir {
 fn openFile(s: *Store, name: [:0]const u8) Error!File {
     if (s.writable) {
         if (fsio.open(s.dir, name, .read_write)) |f| return f else |e| switch (e) {
-            error.AccessDenied, error.PermissionDenied, error.ReadOnlyFileSystem => s.writable = false,
+            error.AccessDenied,
+            error.PermissionDenied,
+            error.ReadOnlyFileSystem,
+            => s.writable = false,
             error.FileNotFound => return error.NotFound,
             else => return ioFail(e, name),
         }
@@ -385,13 +410,21 @@ fn openFile(s: *Store, name: [:0]const u8) Error!File {
 fn openFiles(s: *Store) Error!void {
     const io = pool.io();
     s.meta = s.openFile("meta") catch |e| switch (e) {
-        error.NotFound => return diag.fail(error.NotAStore, "directory holds no loaderx store (no meta file)", .{}),
+        error.NotFound => {
+            return diag.fail(
+                error.NotAStore,
+                "directory holds no loaderx store (no meta file)",
+                .{},
+            );
+        },
         else => return e,
     };
     errdefer s.meta.close(io);
     // Shared: delete and compact need every other handle gone.
     const got = s.meta.tryLock(io, .shared) catch |e| return ioFail(e, "locking meta");
-    if (!got) return diag.fail(error.Busy, "another handle is deleting or compacting this store", .{});
+    if (!got) {
+        return diag.fail(error.Busy, "another handle is deleting or compacting this store", .{});
+    }
     s.index = s.openFile("index") catch |e| switch (e) {
         error.NotFound => return diag.fail(error.Corrupt, "index file is missing", .{}),
         else => return e,
@@ -419,21 +452,34 @@ fn checkHeader(h: *const Header) Error!void {
     if (h.magic == format.magic_swapped) {
         return diag.fail(error.NotAStore, "store was written with the other byte order", .{});
     }
-    if (h.magic != format.magic) return diag.fail(error.NotAStore, "meta has no loaderx magic number", .{});
+    if (h.magic != format.magic) {
+        return diag.fail(error.NotAStore, "meta has no loaderx magic number", .{});
+    }
     if (h.format_version > format.format_version) {
-        return diag.fail(error.NewerFormat, "store format version {d} is newer than this loaderx " ++
-            "supports ({d}); upgrade loaderx", .{ h.format_version, format.format_version });
+        return diag.fail(
+            error.NewerFormat,
+            "store format version {d} is newer than this loaderx supports ({d}); upgrade loaderx",
+            .{ h.format_version, format.format_version },
+        );
     }
     if (h.format_version < format.format_version) {
-        return diag.fail(error.NotAStore, "store format version {d} was written by a pre-release " ++
-            "loaderx; rebuild it with this version", .{h.format_version});
+        return diag.fail(
+            error.NotAStore,
+            "store format version {d} was written by a pre-release " ++
+                "loaderx; rebuild it with this version",
+            .{h.format_version},
+        );
     }
-    if (h.header_size != @sizeOf(Header)) return diag.fail(error.Corrupt, "meta header has a bad size", .{});
-    if (h.checksum != h.computeChecksum()) return diag.fail(error.Corrupt, "meta header checksum mismatch", .{});
-    if (h.codec > @intFromEnum(Codec.zstd_dict)) {
+    if (h.header_size != @sizeOf(Header)) {
+        return diag.fail(error.Corrupt, "meta header has a bad size", .{});
+    }
+    if (h.checksum != h.computeChecksum()) {
+        return diag.fail(error.Corrupt, "meta header checksum mismatch", .{});
+    }
+    if (h.codec > @backingInt(Codec.zstd_dict)) {
         return diag.fail(error.Corrupt, "meta names unknown codec {d}", .{h.codec});
     }
-    if (h.fixed_size != 0 and h.codec != @intFromEnum(Codec.raw)) {
+    if (h.fixed_size != 0 and h.codec != @backingInt(Codec.raw)) {
         return diag.fail(error.Corrupt, "meta names a fixed-width layout with a codec", .{});
     }
 }
@@ -442,13 +488,21 @@ fn checkHeader(h: *const Header) Error!void {
 pub fn readCommit(s: *Store) Error!Commit {
     var c: Commit = undefined;
     try readExact(s.meta, std.mem.asBytes(&c), format.commit_offset, "meta commit");
-    if (c.checksum != c.computeChecksum()) return diag.fail(error.Corrupt, "meta commit checksum mismatch", .{});
+    if (c.checksum != c.computeChecksum()) {
+        return diag.fail(error.Corrupt, "meta commit checksum mismatch", .{});
+    }
     if (!c.consistent()) return diag.fail(error.Corrupt, "meta commit is inconsistent", .{});
     if (s.header.fixed_size != 0) {
-        const want = std.math.mul(u64, c.record_count, s.header.fixed_size) catch std.math.maxInt(u64);
-        const durable = std.math.mul(u64, c.durable_count, s.header.fixed_size) catch std.math.maxInt(u64);
+        const want = std.math.mul(u64, c.record_count, s.header.fixed_size) catch
+            std.math.maxInt(u64);
+        const durable = std.math.mul(u64, c.durable_count, s.header.fixed_size) catch
+            std.math.maxInt(u64);
         if (c.data_size != want or c.live_bytes != want or c.durable_data_size != durable) {
-            return diag.fail(error.Corrupt, "fixed-width store's commit disagrees with its record count", .{});
+            return diag.fail(
+                error.Corrupt,
+                "fixed-width store's commit disagrees with its record count",
+                .{},
+            );
         }
     }
     return c;
@@ -459,7 +513,7 @@ fn load(s: *Store) Error!void {
     try checkHeader(&s.header);
     try s.loadBlobs();
     errdefer s.gpa.free(s.dict_bytes.ptr[0 .. s.dict_bytes.len + s.user_bytes.len]);
-    if (s.header.codec == @intFromEnum(Codec.zstd_dict)) {
+    if (s.header.codec == @backingInt(Codec.zstd_dict)) {
         s.dict = codec.Dict.init(s.dict_bytes, s.header.level) catch
             return diag.fail(error.Corrupt, "stored dictionary is damaged", .{});
     }
@@ -477,7 +531,11 @@ fn loadBlobs(s: *Store) Error!void {
         return diag.fail(error.Corrupt, "meta blob sizes overflow", .{});
     const meta_len = s.meta.length(pool.io()) catch |e| return ioFail(e, "meta");
     if (blob_len > meta_len -| format.blob_offset) {
-        return diag.fail(error.Corrupt, "meta is truncated: its dictionary and identity need {d} bytes", .{blob_len});
+        return diag.fail(
+            error.Corrupt,
+            "meta is truncated: its dictionary and identity need {d} bytes",
+            .{blob_len},
+        );
     }
     const blob = s.gpa.alloc(u8, @intCast(blob_len)) catch return error.OutOfMemory;
     errdefer s.gpa.free(blob);
@@ -501,7 +559,7 @@ fn newHeader(opts: OpenOptions) Header {
     header.magic = format.magic;
     header.format_version = format.format_version;
     header.header_size = @sizeOf(Header);
-    header.codec = @intFromEnum(opts.codec);
+    header.codec = @backingInt(opts.codec);
     header.level = opts.level;
     header.dict_size = opts.dict.len;
     header.user_size = opts.user.len;
@@ -546,8 +604,10 @@ fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
     fsio.write(tmp, "meta.tmp", &page, 0) catch |e| return ioFail(e, "writing meta");
     @memset(&page, 0);
     @memcpy(page[0..@sizeOf(Commit)], std.mem.asBytes(&commit));
-    fsio.write(tmp, "meta.tmp", &page, format.commit_offset) catch |e| return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", opts.dict, format.blob_offset) catch |e| return ioFail(e, "writing meta");
+    fsio.write(tmp, "meta.tmp", &page, format.commit_offset) catch |e|
+        return ioFail(e, "writing meta");
+    fsio.write(tmp, "meta.tmp", opts.dict, format.blob_offset) catch |e|
+        return ioFail(e, "writing meta");
     fsio.write(tmp, "meta.tmp", opts.user, format.blob_offset + opts.dict.len) catch |e|
         return ioFail(e, "writing meta");
     fsio.sync(tmp, "meta.tmp") catch |e| return ioFail(e, "syncing meta");
@@ -556,15 +616,18 @@ fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
 fn refuseForeignFiles(dir: Io.Dir) Error!void {
     const io = pool.io();
     const known = [_][]const u8{ "lock", "index", "data", "meta.tmp", "journal" };
-    const d = dir.openDir(io, ".", .{ .iterate = true }) catch |e| return ioFail(e, "listing the store directory");
+    const d = dir.openDir(io, ".", .{ .iterate = true }) catch |e|
+        return ioFail(e, "listing the store directory");
     defer d.close(io);
     var it = d.iterate();
     while (it.next(io) catch |e| return ioFail(e, "listing the store directory")) |entry| {
         for (known) |k| {
             if (std.mem.eql(u8, k, entry.name)) break;
-        } else return diag.fail(error.NotAStore, "directory is not empty and holds no loaderx store (found '{s}')", .{
-            entry.name,
-        });
+        } else return diag.fail(
+            error.NotAStore,
+            "directory is not empty and holds no loaderx store (found '{s}')",
+            .{entry.name},
+        );
     }
 }
 
@@ -621,7 +684,7 @@ pub const Table = struct {
             .stored_size = t.fixed,
             .raw_size = t.fixed,
             .checksum = 0,
-            .codec = @intFromEnum(Codec.raw),
+            .codec = @backingInt(Codec.raw),
             ._reserved = 0,
             .aux_size = 0,
         };
@@ -645,7 +708,9 @@ pub fn table(s: *Store, count: u64) Error!Table {
     const bytes = std.math.mul(u64, count, s.entrySize()) catch
         return diag.fail(error.Corrupt, "record count overflows", .{});
     const base = s.index_maps.cover(s.index, bytes, "index") catch |e| return e;
-    if (s.header.fixed_size != 0) return .{ .sums = @ptrCast(@alignCast(base)), .fixed = s.header.fixed_size };
+    if (s.header.fixed_size != 0) {
+        return .{ .sums = @ptrCast(@alignCast(base)), .fixed = s.header.fixed_size };
+    }
     return .{ .locs = @ptrCast(@alignCast(base)) };
 }
 
@@ -663,16 +728,28 @@ pub fn dataMap(s: *Store, size: u64) Error![*]const u8 {
 /// only callers that size allocations by the entry need it. Skipping it keeps
 /// the gather's first pass free of blocking reads, so the frames' cache misses
 /// overlap (prefetched) instead of queueing one per record.
-pub fn checkLoc(loc: RecordLoc, index: u64, data: [*]const u8, data_size: u64, sizes_trusted: bool) Error!void {
-    if (loc.codec > @intFromEnum(Codec.zstd_dict)) {
+pub fn checkLoc(
+    loc: RecordLoc,
+    index: u64,
+    data: [*]const u8,
+    data_size: u64,
+    sizes_trusted: bool,
+) Error!void {
+    if (loc.codec > @backingInt(Codec.zstd_dict)) {
         return diag.fail(error.Corrupt, "record {d} has an unknown codec", .{index});
     }
     const end = loc.checkedEnd() orelse std.math.maxInt(u64);
-    if (end > data_size) return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
+    if (end > data_size) {
+        return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
+    }
     if (sizes_trusted) return;
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
-    if (!codec.plausible(@enumFromInt(loc.codec), stored, loc.raw_size)) {
-        return diag.fail(error.Corrupt, "record {d} is damaged (its sizes disagree with its payload)", .{index});
+    if (!codec.plausible(@fromBackingInt(@intCast(loc.codec)), stored, loc.raw_size)) {
+        return diag.fail(
+            error.Corrupt,
+            "record {d} is damaged (its sizes disagree with its payload)",
+            .{index},
+        );
     }
 }
 
@@ -685,7 +762,7 @@ pub fn userBlob(s: *const Store) []const u8 {
 }
 
 pub fn codecOf(s: *const Store) Codec {
-    return @enumFromInt(s.header.codec);
+    return @fromBackingInt(@intCast(s.header.codec));
 }
 
 // ---------------------------------------------------------------- readers
@@ -712,11 +789,17 @@ pub fn beginMutation(s: *Store) Error!void {
     try s.checkUsable();
     const pid = pool.currentPid();
     if (pid != s.open_pid) {
-        return diag.fail(error.Locked, "this handle was opened by process {d} and cannot write from " ++
-            "process {d} (a forked child): open the store again in the child to write", .{ s.open_pid, pid });
+        return diag.fail(
+            error.Locked,
+            "this handle was opened by process {d} and cannot write from process {d} " ++
+                "(a forked child): open the store again in the child to write",
+            .{ s.open_pid, pid },
+        );
     }
     if (s.writer_lock != null) return;
-    if (!s.writable) return diag.fail(error.ReadOnly, "store is opened read-only (no write permission)", .{});
+    if (!s.writable) {
+        return diag.fail(error.ReadOnly, "store is opened read-only (no write permission)", .{});
+    }
     const lock = try s.takeWriterLock();
     // Another writer may have committed since we opened.
     s.commit = s.readCommit() catch |e| {
@@ -794,7 +877,11 @@ pub fn acquireExclusive(s: *Store) Error!void {
     s.exclusive.store(true, .seq_cst);
     if (s.readers_active.load(.seq_cst) != 0) {
         s.exclusive.store(false, .seq_cst);
-        return diag.fail(error.Busy, "gathers are running on this handle; delete and compact need exclusive access", .{});
+        return diag.fail(
+            error.Busy,
+            "gathers are running on this handle; delete and compact need exclusive access",
+            .{},
+        );
     }
     const got = s.upgradeMetaLock() catch |e| {
         s.exclusive.store(false, .seq_cst);
@@ -802,7 +889,11 @@ pub fn acquireExclusive(s: *Store) Error!void {
     };
     if (!got) {
         s.exclusive.store(false, .seq_cst);
-        return diag.fail(error.Busy, "another handle has this store open; delete and compact need exclusive access", .{});
+        return diag.fail(
+            error.Busy,
+            "another handle has this store open; delete and compact need exclusive access",
+            .{},
+        );
     }
 }
 
@@ -814,7 +905,8 @@ pub fn upgradeMetaLock(s: *Store) Error!bool {
     const io = pool.io();
     const got = s.meta.tryLock(io, .exclusive) catch |e| return ioFail(e, "locking meta");
     if (got) return true;
-    const back = s.meta.tryLock(io, .shared) catch |e| return s.failWith(e, "taking back the shared lock on meta");
+    const back = s.meta.tryLock(io, .shared) catch |e|
+        return s.failWith(e, "taking back the shared lock on meta");
     if (!back) return s.failWith(error.WouldBlock, "taking back the shared lock on meta");
     return false;
 }

@@ -133,12 +133,12 @@ fn code(err: Loader.Error) c_int {
         error.Closed => .closed,
         error.Failed => .failed,
     };
-    return @intFromEnum(r);
+    return @backingInt(r);
 }
 
 fn invalid(comptime fmt: []const u8, args: anytype) c_int {
     diag.set(fmt, args);
-    return @intFromEnum(Result.invalid);
+    return @backingInt(Result.invalid);
 }
 
 /// Counts a call on `h` in (the caller defers h.leave()); a result code when
@@ -225,7 +225,8 @@ pub export fn lx_open(
     const p = path orelse return invalid("path is null", .{});
     const o = out orelse return invalid("out is null", .{});
     o.* = null;
-    const c = std.enums.fromInt(format.Codec, codec_id) orelse return invalid("unknown codec {d}", .{codec_id});
+    const c = std.enums.fromInt(format.Codec, codec_id) orelse
+        return invalid("unknown codec {d}", .{codec_id});
     if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
     if (user_len > 0 and user == null) return invalid("user is null", .{});
     const s = Store.open(gpa, std.mem.span(p), .{
@@ -287,7 +288,7 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
     if (enter(h)) |rc| return rc;
     defer h.leave();
     out.* = .{
-        .codec = @intFromEnum(h.codecOf()),
+        .codec = @backingInt(h.codecOf()),
         .level = h.header.level,
         .format_version = h.header.format_version,
         .writable = @intFromBool(h.writable),
@@ -423,13 +424,15 @@ pub export fn lx_gather(
     part: c_int,
     lanes: u32,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const d = dest orelse return invalid("dest is null", .{});
-    const p = std.enums.fromInt(Store.Part, part) orelse return invalid("unknown part {d}", .{part});
+    const p = std.enums.fromInt(Store.Part, part) orelse
+        return invalid("unknown part {d}", .{part});
     var sc: store_parts.Scratch = .{};
     defer sc.deinit(gpa);
     store_parts.gather(gpa, ps, idx[0..@intCast(count)], .{
@@ -461,7 +464,8 @@ pub export fn lx_gather_alloc(
     out: *?[*]u8,
     out_len: *u64,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     out.* = null;
@@ -473,7 +477,15 @@ pub export fn lx_gather_alloc(
     const n: usize = @intCast(count);
     var sc: store_parts.Scratch = .{};
     defer sc.deinit(gpa);
-    const buf = store_parts.gatherAlloc(gpa, ps, idx[0..n], lanes, raw[0..n], aux[0..n], &sc) catch |e| return code(e);
+    const buf = store_parts.gatherAlloc(
+        gpa,
+        ps,
+        idx[0..n],
+        lanes,
+        raw[0..n],
+        aux[0..n],
+        &sc,
+    ) catch |e| return code(e);
     if (buf.len > 0) out.* = buf.ptr;
     out_len.* = buf.len;
     return 0;
@@ -496,7 +508,13 @@ pub const Move = store_maintain.Move;
 /// survivor keeps its index. Durable and atomic (see Durability).
 /// Errors: closed, failed, out_of_range (nothing deleted), busy, locked,
 /// read_only, io, no_space.
-pub export fn lx_delete(h: *Store, indices: ?[*]const u64, count: u64, moves: ?[*]Move, move_count: *u64) c_int {
+pub export fn lx_delete(
+    h: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    moves: ?[*]Move,
+    move_count: *u64,
+) c_int {
     if (enter(h)) |rc| return rc;
     defer h.leave();
     move_count.* = 0;
@@ -554,18 +572,32 @@ pub export fn lx_verify(h: *Store, bad_index: *u64) c_int {
 /// samples laid end to end at `samples` with sizes `sizes`; writes its size to
 /// `*out_len`. Errors: bad_dictionary (training failed: too few or too uniform
 /// samples), invalid.
-pub export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: u64, out: ?[*]u8, cap: u64, out_len: *u64) c_int {
+pub export fn lx_train_dict(
+    samples: ?[*]const u8,
+    sizes: ?[*]const u64,
+    count: u64,
+    out: ?[*]u8,
+    cap: u64,
+    out_len: *u64,
+) c_int {
     const smp = samples orelse return invalid("samples is null", .{});
     const szs = sizes orelse return invalid("sizes is null", .{});
     const o = out orelse return invalid("out is null", .{});
     if (count == 0) return invalid("no samples", .{});
     var total: u64 = 0;
-    for (szs[0..@intCast(count)]) |s| total = std.math.add(u64, total, s) catch return invalid("sample sizes overflow", .{});
+    for (szs[0..@intCast(count)]) |s| {
+        total = std.math.add(u64, total, s) catch return invalid("sample sizes overflow", .{});
+    }
     const sz: [*]const usize = @ptrCast(szs);
     var why: [*:0]const u8 = "";
-    out_len.* = codec.trainDict(smp[0..@intCast(total)], sz[0..@intCast(count)], o[0..@intCast(cap)], &why) catch {
+    out_len.* = codec.trainDict(
+        smp[0..@intCast(total)],
+        sz[0..@intCast(count)],
+        o[0..@intCast(cap)],
+        &why,
+    ) catch {
         diag.set("zstd could not train a dictionary: {s}", .{why});
-        return @intFromEnum(Result.bad_dictionary);
+        return @backingInt(Result.bad_dictionary);
     };
     return 0;
 }
@@ -573,9 +605,19 @@ pub export fn lx_train_dict(samples: ?[*]const u8, sizes: ?[*]const u64, count: 
 /// Fills `out[0..batch_size]` with the sampler's indices for `step` (mode 0
 /// sequential, 1 iid, 2 cyclic; rank < world). Pure; any thread.
 /// Errors: invalid (length 0, batch_size 0, world 0, rank >= world, bad mode).
-pub export fn lx_sampler_fill(length: u64, batch_size: u64, mode: c_int, seed: u64, step: u64, rank: u64, world: u64, out: ?[*]u64) c_int {
+pub export fn lx_sampler_fill(
+    length: u64,
+    batch_size: u64,
+    mode: c_int,
+    seed: u64,
+    step: u64,
+    rank: u64,
+    world: u64,
+    out: ?[*]u64,
+) c_int {
     const o = out orelse return invalid("out is null", .{});
-    const m = std.enums.fromInt(sampler.Mode, mode) orelse return invalid("unknown sampler mode {d}", .{mode});
+    const m = std.enums.fromInt(sampler.Mode, mode) orelse
+        return invalid("unknown sampler mode {d}", .{mode});
     if (length == 0) return invalid("length must be >= 1", .{});
     if (batch_size == 0) return invalid("batch_size must be >= 1", .{});
     if (world == 0 or rank >= world) return invalid("bad shard ({d}, {d})", .{ rank, world });
@@ -601,8 +643,16 @@ pub export fn lx_set_lanes(n: u32) void {
 /// of `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
 /// between two documents. O(docs). Errors: closed, failed, out_of_range,
 /// size_mismatch (a record is not 1-D), corrupt, invalid.
-pub export fn lx_windows_index(parts: ?[*]const Part, part_count: u32, itemsize: u32, has_separator: c_int, out: ?[*]u64, docs: u64) c_int {
-    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+pub export fn lx_windows_index(
+    parts: ?[*]const Part,
+    part_count: u32,
+    itemsize: u32,
+    has_separator: c_int,
+    out: ?[*]u64,
+    docs: u64,
+) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     const o = out orelse return invalid("out is null", .{});
@@ -610,7 +660,8 @@ pub export fn lx_windows_index(parts: ?[*]const Part, part_count: u32, itemsize:
         1, 2, 4, 8 => {},
         else => return invalid("tokens of {d} bytes are not supported", .{itemsize}),
     }
-    windows.index(gpa, ps, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e| return code(e);
+    windows.index(gpa, ps, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e|
+        return code(e);
     return 0;
 }
 
@@ -621,8 +672,18 @@ pub export fn lx_windows_index(parts: ?[*]const Part, part_count: u32, itemsize:
 /// decoded once per call. Errors: closed, failed, out_of_range,
 /// size_mismatch (the store changed since the index was built), corrupt,
 /// invalid.
-pub export fn lx_windows_gather(spec: ?*const WindowsSpec, parts: ?[*]const Part, part_count: u32, indices: ?[*]const u64, count: u64, tokens: ?[*]u8, segments: ?[*]i32, lanes: u32) c_int {
-    const ps = partsOf(parts, part_count) orelse return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+pub export fn lx_windows_gather(
+    spec: ?*const WindowsSpec,
+    parts: ?[*]const Part,
+    part_count: u32,
+    indices: ?[*]const u64,
+    count: u64,
+    tokens: ?[*]u8,
+    segments: ?[*]i32,
+    lanes: u32,
+) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     const sp = spec orelse return invalid("spec is null", .{});
@@ -631,7 +692,8 @@ pub export fn lx_windows_gather(spec: ?*const WindowsSpec, parts: ?[*]const Part
     const idx = indices orelse return invalid("indices is null", .{});
     var sc: windows.Scratch = .{};
     defer sc.deinit(gpa);
-    windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], .{ .tokens = tokens, .segments = segments }, lanes, &sc) catch |e| return code(e);
+    const o: windows.Out = .{ .tokens = tokens, .segments = segments };
+    windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], o, lanes, &sc) catch |e| return code(e);
     return 0;
 }
 
@@ -678,7 +740,14 @@ pub export fn lx_loader_open(
     const s = sources orelse return invalid("sources is null", .{});
     const cols = columns orelse return invalid("columns is null", .{});
     const p = parts orelse return invalid("parts is null", .{});
-    o.* = Loader.create(gpa, c.*, s[0..source_count], cols[0..column_count], p[0..part_count], specs) catch |e| return code(e);
+    o.* = Loader.create(
+        gpa,
+        c.*,
+        s[0..source_count],
+        cols[0..column_count],
+        p[0..part_count],
+        specs,
+    ) catch |e| return code(e);
     return 0;
 }
 
@@ -690,7 +759,13 @@ pub export fn lx_loader_open(
 /// may be null) receive the step's batch_size record indices and their
 /// sources. Errors: closed, invalid (out of order, or more than `window`
 /// steps outstanding).
-pub export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8, indices: ?[*]u64, sources: ?[*]u16) c_int {
+pub export fn lx_loader_submit(
+    l: *Loader,
+    step: u64,
+    dests: ?[*]const [*]u8,
+    indices: ?[*]u64,
+    sources: ?[*]u16,
+) c_int {
     const d = dests orelse return invalid("dests is null", .{});
     l.submit(step, d[0..l.columns.len], indices, sources) catch |e| return code(e);
     return 0;
@@ -704,7 +779,13 @@ pub export fn lx_loader_submit(l: *Loader, step: u64, dests: ?[*]const [*]u8, in
 /// the failing column in `*failed_column`. Errors: closed (the ring was
 /// stopped, also while waiting, or a store was closed), invalid (not
 /// submitted), or any lx_gather error.
-pub export fn lx_loader_wait(l: *Loader, step: u64, failed_column: *u32, buffers: ?[*]?[*]u8, lengths: ?[*]u64) c_int {
+pub export fn lx_loader_wait(
+    l: *Loader,
+    step: u64,
+    failed_column: *u32,
+    buffers: ?[*]?[*]u8,
+    lengths: ?[*]u64,
+) c_int {
     const b = buffers orelse return invalid("buffers is null", .{});
     const n = lengths orelse return invalid("lengths is null", .{});
     l.wait(step, failed_column, b[0..l.columns.len], n[0..l.columns.len]) catch |e| return code(e);
@@ -760,7 +841,7 @@ pub export fn lx_debug_record(on: c_int) void {
 pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: *u64) c_int {
     const n = fsio.takeRecording(if (out) |o| o[0..@intCast(cap)] else null) orelse {
         diag.set("the recording ran out of memory and is incomplete", .{});
-        return @intFromEnum(Result.out_of_memory);
+        return @backingInt(Result.out_of_memory);
     };
     len.* = n;
     return 0;

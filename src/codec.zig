@@ -27,23 +27,62 @@ extern fn ZSTD_createCCtx() ?*ZSTD_CCtx;
 extern fn ZSTD_freeCCtx(cctx: ?*ZSTD_CCtx) usize;
 extern fn ZSTD_createDCtx() ?*ZSTD_DCtx;
 extern fn ZSTD_freeDCtx(dctx: ?*ZSTD_DCtx) usize;
-extern fn ZSTD_compressCCtx(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, level: c_int) usize;
-extern fn ZSTD_decompressDCtx(dctx: *ZSTD_DCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize) usize;
+extern fn ZSTD_compressCCtx(
+    cctx: *ZSTD_CCtx,
+    dst: [*]u8,
+    cap: usize,
+    src: [*]const u8,
+    size: usize,
+    level: c_int,
+) usize;
+extern fn ZSTD_decompressDCtx(
+    dctx: *ZSTD_DCtx,
+    dst: [*]u8,
+    cap: usize,
+    src: [*]const u8,
+    size: usize,
+) usize;
 extern fn ZSTD_createCDict(dict: [*]const u8, size: usize, level: c_int) ?*ZSTD_CDict;
 extern fn ZSTD_freeCDict(cdict: ?*ZSTD_CDict) usize;
 extern fn ZSTD_createDDict(dict: [*]const u8, size: usize) ?*ZSTD_DDict;
 extern fn ZSTD_freeDDict(ddict: ?*ZSTD_DDict) usize;
-extern fn ZSTD_compress_usingCDict(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, cdict: *const ZSTD_CDict) usize;
-extern fn ZSTD_decompress_usingDDict(dctx: *ZSTD_DCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize, ddict: *const ZSTD_DDict) usize;
+extern fn ZSTD_compress_usingCDict(
+    cctx: *ZSTD_CCtx,
+    dst: [*]u8,
+    cap: usize,
+    src: [*]const u8,
+    size: usize,
+    cdict: *const ZSTD_CDict,
+) usize;
+extern fn ZSTD_decompress_usingDDict(
+    dctx: *ZSTD_DCtx,
+    dst: [*]u8,
+    cap: usize,
+    src: [*]const u8,
+    size: usize,
+    ddict: *const ZSTD_DDict,
+) usize;
 extern fn ZSTD_CCtx_reset(cctx: *ZSTD_CCtx, reset: c_int) usize;
 extern fn ZSTD_CCtx_setParameter(cctx: *ZSTD_CCtx, param: c_int, value: c_int) usize;
 extern fn ZSTD_CCtx_refCDict(cctx: *ZSTD_CCtx, cdict: ?*const ZSTD_CDict) usize;
-extern fn ZSTD_compress2(cctx: *ZSTD_CCtx, dst: [*]u8, cap: usize, src: [*]const u8, size: usize) usize;
+extern fn ZSTD_compress2(
+    cctx: *ZSTD_CCtx,
+    dst: [*]u8,
+    cap: usize,
+    src: [*]const u8,
+    size: usize,
+) usize;
 extern fn ZSTD_getFrameContentSize(src: [*]const u8, size: usize) c_ulonglong;
 extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
 extern fn ZSTD_minCLevel() c_int;
 extern fn ZSTD_maxCLevel() c_int;
-extern fn ZDICT_trainFromBuffer(dict: [*]u8, cap: usize, samples: [*]const u8, sizes: [*]const usize, count: c_uint) usize;
+extern fn ZDICT_trainFromBuffer(
+    dict: [*]u8,
+    cap: usize,
+    samples: [*]const u8,
+    sizes: [*]const usize,
+    count: c_uint,
+) usize;
 extern fn ZDICT_isError(code: usize) c_uint;
 extern fn ZDICT_getErrorName(code: usize) [*:0]const u8;
 
@@ -66,7 +105,11 @@ pub fn compressBound(size: usize) usize {
 }
 
 /// A fixed pool of contexts of one kind, claimed with an atomic bit mask.
-fn Pool(comptime Ctx: type, comptime create: fn () callconv(.c) ?*Ctx, comptime free: fn (?*Ctx) callconv(.c) usize) type {
+fn Pool(
+    comptime Ctx: type,
+    comptime create: fn () callconv(.c) ?*Ctx,
+    comptime free: fn (?*Ctx) callconv(.c) usize,
+) type {
     return struct {
         const slot_count = 64;
         var slots: [slot_count]std.atomic.Value(?*Ctx) = @splat(.init(null));
@@ -129,7 +172,8 @@ pub const Dict = struct {
         if (ZSTD_getDictID_fromDict(bytes.ptr, bytes.len) == 0) return error.BadDictionary;
         const ddict = ZSTD_createDDict(bytes.ptr, bytes.len) orelse return error.BadDictionary;
         errdefer _ = ZSTD_freeDDict(ddict);
-        const cdict = ZSTD_createCDict(bytes.ptr, bytes.len, level) orelse return error.BadDictionary;
+        const cdict = ZSTD_createCDict(bytes.ptr, bytes.len, level) orelse
+            return error.BadDictionary;
         return .{ .cdict = cdict, .ddict = ddict };
     }
 
@@ -152,7 +196,7 @@ pub fn configure(cctx: *ZSTD_CCtx, codec: format.Codec, level: i32, dict: *const
     _ = ZSTD_CCtx_reset(cctx, reset_session_and_parameters);
     _ = ZSTD_CCtx_setParameter(cctx, c_checksum_flag, 1);
     switch (codec) {
-        .raw => unreachable,
+        .raw => unreachable, // asserted above: raw records are never compressed
         .zstd => _ = ZSTD_CCtx_setParameter(cctx, c_compression_level, level),
         .zstd_dict => _ = ZSTD_CCtx_refCDict(cctx, dict.cdict.?),
     }
@@ -215,7 +259,14 @@ pub fn decode(
                 ZSTD_decompressDCtx(dctx.?, dst.ptr, dst.len, src.ptr, src.len)
             else blk: {
                 const ddict = dict.ddict orelse return error.Corrupt;
-                break :blk ZSTD_decompress_usingDDict(dctx.?, dst.ptr, dst.len, src.ptr, src.len, ddict);
+                break :blk ZSTD_decompress_usingDDict(
+                    dctx.?,
+                    dst.ptr,
+                    dst.len,
+                    src.ptr,
+                    src.len,
+                    ddict,
+                );
             };
             if (ZSTD_isError(n) != 0) return error.Corrupt;
             if (n != dst.len) return error.Corrupt;
@@ -249,7 +300,12 @@ const rep_movsb_min = 2048;
 /// Trains a zstd dictionary of at most `out.len` bytes from samples laid end to
 /// end in `samples` with sizes `sizes`. Returns the dictionary size; on failure
 /// `why` names zstd's reason.
-pub fn trainDict(samples: []const u8, sizes: []const usize, out: []u8, why: *[*:0]const u8) error{TrainingFailed}!usize {
+pub fn trainDict(
+    samples: []const u8,
+    sizes: []const usize,
+    out: []u8,
+    why: *[*:0]const u8,
+) error{TrainingFailed}!usize {
     if (sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) {
         why.* = "no samples";
         return error.TrainingFailed;
@@ -293,9 +349,13 @@ test "encode falls back to raw for incompressible input and round-trips compress
     // A damaged frame is an error, never a crash.
     dst[n / 2] ^= 0xFF;
     var out2: [text.len]u8 = undefined;
-    if (decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &out2)) |_| {} else |e| try std.testing.expectEqual(error.Corrupt, e);
+    const damaged = decode(dlease.ctx, .zstd, &no_dict, dst[0..n], &out2);
+    if (damaged) |_| {} else |e| try std.testing.expectEqual(error.Corrupt, e);
     // Wrong raw size is an error.
-    try std.testing.expectError(error.Corrupt, decode(dlease.ctx, .zstd, &no_dict, dst[0..1], back[0..5]));
+    try std.testing.expectError(
+        error.Corrupt,
+        decode(dlease.ctx, .zstd, &no_dict, dst[0..1], back[0..5]),
+    );
 }
 
 test "training on a few bytes is refused, not passed to zstd" {
@@ -326,7 +386,10 @@ test "copy matches the source at every size and alignment around the rep movsb c
     const dst = try gpa.alloc(u8, src.len);
     defer gpa.free(dst);
     for (src, 0..) |*b, i| b.* = @truncate(i *% 131 +% 7);
-    for ([_]usize{ 0, 1, 63, rep_movsb_min - 1, rep_movsb_min, rep_movsb_min + 1, 3 * rep_movsb_min }) |n| {
+    const sizes = [_]usize{
+        0, 1, 63, rep_movsb_min - 1, rep_movsb_min, rep_movsb_min + 1, 3 * rep_movsb_min,
+    };
+    for (sizes) |n| {
         for ([_]usize{ 0, 1, 7, 33 }) |skew| {
             @memset(dst, 0xAA);
             copy(dst[skew..][0..n], src[33 - skew ..][0..n]);

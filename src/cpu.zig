@@ -49,7 +49,7 @@ fn features() Features {
 const Registers = struct { eax: u32, ebx: u32, ecx: u32, edx: u32 };
 
 fn cpuid(leaf: u32, subleaf: u32) Registers {
-    if (!is_x86_64) unreachable;
+    if (!is_x86_64) unreachable; // features() runs only behind an is_x86_64 check
     var eax: u32 = undefined;
     var ebx: u32 = undefined;
     var ecx: u32 = undefined;
@@ -66,7 +66,7 @@ fn cpuid(leaf: u32, subleaf: u32) Registers {
 }
 
 fn xcr0() u32 {
-    if (!is_x86_64) unreachable;
+    if (!is_x86_64) unreachable; // features() runs only behind an is_x86_64 check
     return asm volatile ("xgetbv"
         : [lo] "={eax}" (-> u32),
         : [reg] "{ecx}" (@as(u32, 0)),

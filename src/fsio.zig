@@ -30,7 +30,7 @@ pub const Op = enum(u5) {
     sync_dir = 7,
 
     fn bit(op: Op) u32 {
-        return @as(u32, 1) << @intFromEnum(op);
+        return @as(u32, 1) << @backingInt(op);
     }
 };
 
@@ -134,7 +134,7 @@ fn record(op: Op, name: []const u8, offset: u64, data: []const []const u8) void 
 fn appendRecord(op: Op, name: []const u8, offset: u64, len: u64, data: []const []const u8) !void {
     const gpa = std.heap.c_allocator;
     const name_len: u16 = @intCast(@min(name.len, std.math.maxInt(u16)));
-    try record_log.append(gpa, @intFromEnum(op));
+    try record_log.append(gpa, @backingInt(op));
     try record_log.appendSlice(gpa, &std.mem.toBytes(std.mem.nativeToLittle(u16, name_len)));
     try record_log.appendSlice(gpa, name[0..name_len]);
     try record_log.appendSlice(gpa, &std.mem.toBytes(std.mem.nativeToLittle(u64, offset)));
@@ -149,9 +149,14 @@ pub const Mode = enum { read_only, read_write };
 /// Opens an existing file `name` in `dir` without following a symlink.
 pub fn open(dir: Io.Dir, name: [:0]const u8, mode: Mode) !File {
     if (builtin.os.tag == .windows) {
-        return dir.openFile(pool.io(), name, .{ .mode = if (mode == .read_only) .read_only else .read_write });
+        return dir.openFile(pool.io(), name, .{
+            .mode = if (mode == .read_only) .read_only else .read_write,
+        });
     }
-    var flags: posix.O = .{ .ACCMODE = if (mode == .read_only) .RDONLY else .RDWR, .CLOEXEC = true };
+    var flags: posix.O = .{
+        .ACCMODE = if (mode == .read_only) .RDONLY else .RDWR,
+        .CLOEXEC = true,
+    };
     flags.NOFOLLOW = true;
     const fd = try openat(dir.handle, name, flags, 0);
     return .{ .handle = fd, .flags = .{ .nonblocking = false } };
@@ -178,7 +183,12 @@ pub const OpenError = error{
 
 /// openat(2) with its errors named (the std wrapper calls a read-only file
 /// system "Unexpected", and a store on one must open read-only instead).
-fn openat(dir_fd: posix.fd_t, name: [:0]const u8, flags: posix.O, mode: posix.mode_t) OpenError!posix.fd_t {
+fn openat(
+    dir_fd: posix.fd_t,
+    name: [:0]const u8,
+    flags: posix.O,
+    mode: posix.mode_t,
+) OpenError!posix.fd_t {
     while (true) {
         const rc = std.c.openat(dir_fd, name, flags, mode);
         return switch (posix.errno(rc)) {

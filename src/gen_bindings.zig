@@ -49,7 +49,9 @@ fn cType(comptime T: type) []const u8 {
     return switch (@typeInfo(T)) {
         .optional => |o| cType(o.child),
         .pointer => |p| blk: {
-            if (p.child == u8 and p.sentinel() != null and p.attrs.@"const") break :blk "const char *";
+            if (p.child == u8 and p.sentinel() != null and p.attrs.@"const") {
+                break :blk "const char *";
+            }
             const inner = cType(p.child);
             const child_is_pointer = switch (@typeInfo(p.child)) {
                 .pointer => true,
@@ -88,11 +90,18 @@ fn structDef(comptime T: type) []const u8 {
 
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
-    var text: []const u8 = "typedef struct lx_store lx_store;\ntypedef struct lx_loader lx_loader;\n";
-    const structs = .{ capi.Info, Store.Stats, capi.Move, capi.Part, capi.LoaderConfig, capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart, capi.WindowsSpec };
+    var text: []const u8 = "typedef struct lx_store lx_store;\n" ++
+        "typedef struct lx_loader lx_loader;\n";
+    const structs = .{
+        capi.Info,         Store.Stats,       capi.Move,
+        capi.Part,         capi.LoaderConfig, capi.LoaderSource,
+        capi.LoaderColumn, capi.LoaderPart,   capi.WindowsSpec,
+    };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
-        if (std.mem.startsWith(u8, name, "lx_") and @typeInfo(@TypeOf(@field(capi, name))) == .@"fn") {
+        if (std.mem.startsWith(u8, name, "lx_") and
+            @typeInfo(@TypeOf(@field(capi, name))) == .@"fn")
+        {
             text = text ++ declaration(name);
         }
     }
@@ -104,7 +113,8 @@ fn enumDict(comptime name: []const u8, comptime E: type) []const u8 {
     var text: []const u8 = name ++ " = {";
     const info = @typeInfo(E).@"enum";
     inline for (info.field_names, info.field_values, 0..) |field, value, i| {
-        text = text ++ (if (i > 0) ", " else "") ++ std.fmt.comptimePrint("\"{s}\": {d}", .{ field, value });
+        const entry = std.fmt.comptimePrint("\"{s}\": {d}", .{ field, value });
+        text = text ++ (if (i > 0) ", " else "") ++ entry;
     }
     return text ++ "}\n";
 }
@@ -121,7 +131,8 @@ const python = blk: {
         \\
     ;
     text = text ++ cdef ++ "\"\"\"\n\n";
-    text = text ++ "#: lx_result: result code name -> value (0 is success).\n" ++ enumDict("RESULTS", capi.Result);
+    text = text ++ "#: lx_result: result code name -> value (0 is success).\n";
+    text = text ++ enumDict("RESULTS", capi.Result);
     text = text ++ enumDict("CODECS", format.Codec) ++ enumDict("SAMPLER_MODES", sampler.Mode);
     text = text ++ enumDict("PARTS", Store.Part) ++ enumDict("BLOBS", capi.Blob);
     text = text ++ enumDict("COLUMN_KINDS", capi.ColumnKind);
@@ -136,16 +147,16 @@ const python = blk: {
         \\AUX_SIZE_MAX = {d}
         \\FORMAT_VERSION = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
-        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d}, "lx_loader_part_t": {d},
-        \\    "lx_windows_t": {d}}}
+        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d},
+        \\    "lx_loader_part_t": {d}, "lx_windows_t": {d}}}
         \\
     , .{
-        Loader.columns_max,   Loader.sources_max,  Loader.parts_max,
-        Loader.window_max,    Loader.threads_max,
-        Store.aux_size_max,   format.format_version, @sizeOf(capi.Info),
-        @sizeOf(Store.Stats), @sizeOf(capi.Move),     @sizeOf(capi.Part),
-        @sizeOf(capi.LoaderConfig), @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
-        @sizeOf(capi.LoaderPart),   @sizeOf(capi.WindowsSpec),
+        Loader.columns_max,         Loader.sources_max,         Loader.parts_max,
+        Loader.window_max,          Loader.threads_max,         Store.aux_size_max,
+        format.format_version,      @sizeOf(capi.Info),         @sizeOf(Store.Stats),
+        @sizeOf(capi.Move),         @sizeOf(capi.Part),         @sizeOf(capi.LoaderConfig),
+        @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn), @sizeOf(capi.LoaderPart),
+        @sizeOf(capi.WindowsSpec),
     });
     break :blk text;
 };

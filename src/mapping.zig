@@ -29,7 +29,14 @@ pub const Region = struct {
             });
             return .{ .memory = mm.memory, .mm = mm };
         }
-        const memory = try std.posix.mmap(null, len, .{ .READ = true }, .{ .TYPE = .SHARED }, file.handle, 0);
+        const memory = try std.posix.mmap(
+            null,
+            len,
+            .{ .READ = true },
+            .{ .TYPE = .SHARED },
+            file.handle,
+            0,
+        );
         return .{ .memory = memory, .mm = {} };
     }
 
@@ -72,17 +79,27 @@ pub const MapSet = struct {
             return diag.fail(error.IoFailed, "{s}: {s}", .{ what, @errorName(e) });
         };
         if (file_len < end) {
-            return diag.fail(error.Corrupt, "{s} file is truncated: {d} bytes, committed records need {d}", .{
-                what, file_len, end,
-            });
+            return diag.fail(
+                error.Corrupt,
+                "{s} file is truncated: {d} bytes, committed records need {d}",
+                .{ what, file_len, end },
+            );
         }
         if (end > std.math.maxInt(usize) / 2) {
-            return diag.fail(error.OutOfMemory, "{s}: store too large for this address space", .{what});
+            return diag.fail(
+                error.OutOfMemory,
+                "{s}: store too large for this address space",
+                .{what},
+            );
         }
         const want = @max(@max(end, 2 * last_len), @max(first_len, file_len));
         const len = std.mem.alignForward(usize, @intCast(want), std.heap.pageSize());
         const region = Region.map(file, len, file_len) catch |e| {
-            return diag.fail(error.OutOfMemory, "{s}: cannot map {d} bytes: {s}", .{ what, len, @errorName(e) });
+            return diag.fail(
+                error.OutOfMemory,
+                "{s}: cannot map {d} bytes: {s}",
+                .{ what, len, @errorName(e) },
+            );
         };
         ms.regions[n] = region;
         ms.count.store(n + 1, .release);

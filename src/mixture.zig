@@ -77,7 +77,15 @@ pub const Origin = struct {
 /// The records of the slice [slot_first, slot_first + out.len) of the step
 /// whose global batch of `global` records starts at mixed position `first`.
 /// `scratch` holds out.len words.
-pub fn compose(m: *const Mixture, seed: u64, first: u128, global: u64, slot_first: u64, scratch: []u64, out: []Origin) void {
+pub fn compose(
+    m: *const Mixture,
+    seed: u64,
+    first: u128,
+    global: u64,
+    slot_first: u64,
+    scratch: []u64,
+    out: []Origin,
+) void {
     assert(scratch.len >= out.len);
     assert(slot_first + out.len <= global);
     var before: [sources_max]u128 = undefined;

@@ -91,7 +91,9 @@ pub fn plan(count: usize, worth_lanes: bool, cap: usize, blocks_per_lane: usize)
     if (cap != 0) n = @min(n, cap);
     n = @max(1, @min(n, count));
     const blocks = if (n == 1) 1 else @min(count, n * blocks_per_lane);
-    return .{ .lanes = n, .block_size = std.math.divCeil(usize, count, blocks) catch unreachable };
+    // blocks >= 1 (count >= 1 and n >= 1), so the division cannot fail.
+    const block_size = std.math.divCeil(usize, count, blocks) catch unreachable;
+    return .{ .lanes = n, .block_size = block_size };
 }
 
 // The worker pool: lanes_usable - 1 persistent threads, started on first use,
@@ -195,7 +197,8 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
 
     // Close the job to late wakers, then wait for the lanes that were claimed.
     var c = job.claim.load(.acquire);
-    while (job.claim.cmpxchgWeak(c, (@as(u64, gen) << 32) | lane_closed, .acq_rel, .acquire)) |cur| c = cur;
+    const closed = (@as(u64, gen) << 32) | lane_closed;
+    while (job.claim.cmpxchgWeak(c, closed, .acq_rel, .acquire)) |cur| c = cur;
     const claimed: u32 = @as(u32, @truncate(c)) - 1;
     // The other lanes are usually a block or two from done: spin briefly, as
     // a futex sleep would add a wake-up (tens of µs on a virtual CPU) to a job

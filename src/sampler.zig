@@ -54,7 +54,8 @@ pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64
     assert(rank < world);
     const batch_size: u128 = out.len;
     const global_batch_size: u128 = batch_size * world;
-    const position_first: Position = @as(Position, step) * global_batch_size + @as(u128, rank) * batch_size;
+    const position_first: Position = @as(Position, step) * global_batch_size +
+        @as(u128, rank) * batch_size;
     fillFrom(length, mode, seed, position_first, out);
 }
 
@@ -80,10 +81,22 @@ const avx2_unit = builtin.cpu.arch == .x86_64 and
     !std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
 
 /// Defined (hidden, never exported) in sampler_avx2.zig.
-extern fn loaderx_fill_cyclic_avx2(length: u64, seed: u64, position_first: *const [3]u64, out: [*]u64, count: usize) void;
+extern fn loaderx_fill_cyclic_avx2(
+    length: u64,
+    seed: u64,
+    position_first: *const [3]u64,
+    out: [*]u64,
+    count: usize,
+) void;
 
 /// The CYCLIC fill of `fill`, for sampler_avx2.zig to compile for its target.
-pub fn fillCyclicWords(length: u64, seed: u64, position_first: *const [3]u64, out: [*]u64, count: usize) void {
+pub fn fillCyclicWords(
+    length: u64,
+    seed: u64,
+    position_first: *const [3]u64,
+    out: [*]u64,
+    count: usize,
+) void {
     fillCyclic(length, seed, @bitCast(position_first.*), out[0..count]);
 }
 
@@ -274,7 +287,9 @@ const WordStream = struct {
         var product = @as(u128, stream.next()) * range;
         if (@as(u64, @truncate(product)) < range) {
             const threshold = (0 -% range) % range;
-            while (@as(u64, @truncate(product)) < threshold) product = @as(u128, stream.next()) * range;
+            while (@as(u64, @truncate(product)) < threshold) {
+                product = @as(u128, stream.next()) * range;
+            }
         }
         return @intCast(product >> 64);
     }
@@ -417,12 +432,14 @@ pub const Feistel = struct {
             // sight of the 32-bit factor.
             const half32: @Vector(lanes, u32) = @truncate(half);
             const keyed: Lanes = half32 ^ @as(@Vector(lanes, u32), @splat(feistel.keys_xor[r]));
-            const product = keyed * @as(Lanes, @as(@Vector(lanes, u32), @splat(feistel.keys_multiply[r])));
+            const multiplier: @Vector(lanes, u32) = @splat(feistel.keys_multiply[r]);
+            const product = keyed * @as(Lanes, multiplier);
             const hash = (product ^ (product >> @splat(32))) & low32;
             if (r % 2 == 0) {
                 low = (low + hash) & low_mask;
             } else {
-                const scaled = (hash * @as(Lanes, @as(@Vector(lanes, u32), @splat(feistel.width_high_u32)))) >> @splat(32);
+                const width_high32: @Vector(lanes, u32) = @splat(feistel.width_high_u32);
+                const scaled = (hash * @as(Lanes, width_high32)) >> @splat(32);
                 const difference = high + scaled -% width_high;
                 high = difference +% (width_high & signMask(difference));
             }
@@ -480,7 +497,9 @@ fn permuteRun(feistel: *const Feistel, length: u64, offset: u64, out: []u64) voi
             }
         } else {
             const array: [lanes]u64 = values;
-            for (out[done..][0..take], array[skip..][0..take]) |*slot, value| slot.* = walk(feistel, length, value);
+            for (out[done..][0..take], array[skip..][0..take]) |*slot, value| {
+                slot.* = walk(feistel, length, value);
+            }
         }
         done += take;
     }
@@ -563,7 +582,8 @@ test "different seeds and different cycles give different permutations" {
 }
 
 test "feistel is a bijection on its full domain" {
-    for ([_]u64{ 1, 2, 3, 4, 5, 7, 64, 100, 1000, 1025, 65536, 100_000, 1 << 20 }, 0..) |length, cycle| {
+    const lengths = [_]u64{ 1, 2, 3, 4, 5, 7, 64, 100, 1000, 1025, 65536, 100_000, 1 << 20 };
+    for (lengths, 0..) |length, cycle| {
         const feistel = Feistel.init(length, 77, cycle);
         const size: usize = @intCast(feistel.domainSize());
         var seen = try std.DynamicBitSetUnmanaged.initEmpty(testing.allocator, size);
@@ -579,7 +599,11 @@ test "feistel is a bijection on its full domain" {
 
 test "feistel domain covers the length with little slack" {
     const max = std.math.maxInt(u64);
-    for ([_]u64{ 1, 2, 3, 4, 5, 7, 1000, 1025, 1 << 32, (1 << 32) + 1, 1 << 63, (1 << 63) + 1, max - (1 << 32), max - 1, max }) |length| {
+    const lengths = [_]u64{
+        1,       2,             3,       4,             5,               7,       1000, 1025,
+        1 << 32, (1 << 32) + 1, 1 << 63, (1 << 63) + 1, max - (1 << 32), max - 1, max,
+    };
+    for (lengths) |length| {
         const feistel = Feistel.init(length, 0, 0);
         try testing.expect(feistel.domainSize() >= length);
         try testing.expect(feistel.domainSize() - length < @as(u64, 1) << feistel.low_bits);
@@ -588,7 +612,9 @@ test "feistel domain covers the length with little slack" {
 }
 
 test "feistel lanes agree with the scalar permutation" {
-    const lengths = [_]u64{ 65, 129, 1000, 1025, 1 << 20, 1 << 32, (1 << 40) + 3, (1 << 62) - 5, 1 << 62 };
+    const lengths = [_]u64{
+        65, 129, 1000, 1025, 1 << 20, 1 << 32, (1 << 40) + 3, (1 << 62) - 5, 1 << 62,
+    };
     for (lengths, 0..) |length, cycle| {
         const feistel = Feistel.init(length, 3, cycle);
         try testing.expect(feistel.vectorizable());
@@ -598,7 +624,9 @@ test "feistel lanes agree with the scalar permutation" {
             state = mix64(state);
             const x_first = (state % vector_count) * lanes;
             const output = feistel.permuteLanes(x_first);
-            inline for (0..lanes) |lane| try testing.expectEqual(feistel.permute(x_first + lane), output[lane]);
+            inline for (0..lanes) |lane| {
+                try testing.expectEqual(feistel.permute(x_first + lane), output[lane]);
+            }
         }
     }
     for ([_]u64{ 1, 2, 8, 9, 16, 64, (1 << 62) + 1, std.math.maxInt(u64) }) |length| {
@@ -716,7 +744,8 @@ test "sharded ranks together give the unsharded global batch" {
             fill(137, mode, 5, step, 0, 1, &global);
             var union_batch: [batch_size * world]u64 = undefined;
             for (0..world) |rank| {
-                fill(137, mode, 5, step, rank, world, union_batch[rank * batch_size ..][0..batch_size]);
+                const slice = union_batch[rank * batch_size ..][0..batch_size];
+                fill(137, mode, 5, step, rank, world, slice);
             }
             try testing.expectEqualSlices(u64, &global, &union_batch);
         }
@@ -747,7 +776,9 @@ test "huge lengths: cyclic has no repeats within a batch" {
 }
 
 test "split divides exact 192-bit positions" {
-    const p: Position = (@as(Position, 0x1234_5678_9ABC_DEF0) << 128) | (@as(Position, 0x0FED_CBA9_8765_4321) << 64) | 0x1111_2222_3333_4444;
+    const high: Position = 0x1234_5678_9ABC_DEF0;
+    const middle: Position = 0x0FED_CBA9_8765_4321;
+    const p: Position = (high << 128) | (middle << 64) | 0x1111_2222_3333_4444;
     for ([_]u64{ 1, 2, 3, 1000, 1 << 63, std.math.maxInt(u64) }) |length| {
         const s = split(p, length);
         try testing.expect(s.offset < length);

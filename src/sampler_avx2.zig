@@ -4,7 +4,13 @@
 //! only the instructions differ. The symbol is hidden: not part of the C ABI.
 const sampler = @import("sampler.zig");
 
-fn fillCyclic(length: u64, seed: u64, position_first: *const [3]u64, out: [*]u64, count: usize) callconv(.c) void {
+fn fillCyclic(
+    length: u64,
+    seed: u64,
+    position_first: *const [3]u64,
+    out: [*]u64,
+    count: usize,
+) callconv(.c) void {
     sampler.fillCyclicWords(length, seed, position_first, out, count);
 }
 

@@ -85,9 +85,11 @@ fn validate(s: *const Store, batch: Batch) Error!void {
             });
         }
         if (fixed != 0 and (batch.sizes[i] != fixed or batch.aux(i).len != 0)) {
-            return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes; this fixed-width store takes exactly {d}", .{
-                i, batch.sizes[i], fixed,
-            });
+            return diag.fail(
+                error.SizeMismatch,
+                "record {d} holds {d} bytes; this fixed-width store takes exactly {d}",
+                .{ i, batch.sizes[i], fixed },
+            );
         }
     }
 }
@@ -107,7 +109,9 @@ pub fn append(s: *Store, batch: Batch, stage: bool) Error!u64 {
         return s.recordCount();
     }
     try s.beginMutation();
-    if (s.header.fixed_size != 0 and contiguous(batch, s.header.fixed_size)) return appendDense(s, batch, stage);
+    if (s.header.fixed_size != 0 and contiguous(batch, s.header.fixed_size)) {
+        return appendDense(s, batch, stage);
+    }
     defer s.scratch.trim(s.gpa);
     try encode(s, batch);
     return place(s, batch, stage);
@@ -137,7 +141,7 @@ const EncodeJob = struct {
     fn encodeOne(job: *EncodeJob, i: usize, lease: *?codec.CPool.Lease) bool {
         const s = job.store;
         const sc = &s.scratch;
-        const store_codec: Codec = @enumFromInt(s.header.codec);
+        const store_codec: Codec = @fromBackingInt(@intCast(s.header.codec));
         const src = job.batch.record(i);
         var c: Codec = .raw;
         var stored = src;
@@ -162,7 +166,7 @@ const EncodeJob = struct {
             .stored_size = stored.len,
             .raw_size = src.len,
             .checksum = format.recordChecksum(aux, stored),
-            .codec = @intFromEnum(c),
+            .codec = @backingInt(c),
             ._reserved = 0,
             .aux_size = @intCast(aux.len),
         };
@@ -176,7 +180,7 @@ const EncodeJob = struct {
 fn encode(s: *Store, batch: Batch) Error!void {
     const sc = &s.scratch;
     try sc.reserve(s.gpa, batch.count);
-    const compressing = s.header.codec != @intFromEnum(Codec.raw);
+    const compressing = s.header.codec != @backingInt(Codec.raw);
     var raw_total: u64 = 0;
     sc.bounds.items[0] = 0;
     for (0..batch.count) |i| {
@@ -190,7 +194,9 @@ fn encode(s: *Store, batch: Batch) Error!void {
     const p = pool.plan(batch.count, raw_total >= threshold, 0, 4);
     var job: EncodeJob = .{ .store = s, .batch = batch, .block_size = p.block_size };
     pool.run(p.lanes, &job, EncodeJob.work);
-    if (job.failed.load(.acquire)) return diag.fail(error.OutOfMemory, "no memory for a compression context", .{});
+    if (job.failed.load(.acquire)) {
+        return diag.fail(error.OutOfMemory, "no memory for a compression context", .{});
+    }
 }
 
 /// Places the encoded records after the last one, writes data then table,
@@ -212,12 +218,16 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
         return Store.ioFail(e, "writing data");
     if (s.header.fixed_size != 0) {
         // Fixed width: the location is implied; only the checksums are stored.
-        for (sc.locs.items[0..batch.count], sc.sums.items[0..batch.count]) |loc, *sum| sum.* = loc.checksum;
-        fsio.write(s.index, "index", std.mem.sliceAsBytes(sc.sums.items[0..batch.count]), first * @sizeOf(u32)) catch |e|
+        for (sc.locs.items[0..batch.count], sc.sums.items[0..batch.count]) |loc, *sum| {
+            sum.* = loc.checksum;
+        }
+        const sums = std.mem.sliceAsBytes(sc.sums.items[0..batch.count]);
+        fsio.write(s.index, "index", sums, first * @sizeOf(u32)) catch |e|
             return Store.ioFail(e, "writing the record table");
     } else {
         for (sc.locs.items[0..batch.count]) |loc| assert(loc.end() <= at);
-        fsio.write(s.index, "index", std.mem.sliceAsBytes(sc.locs.items[0..batch.count]), first * @sizeOf(RecordLoc)) catch |e|
+        const locs = std.mem.sliceAsBytes(sc.locs.items[0..batch.count]);
+        fsio.write(s.index, "index", locs, first * @sizeOf(RecordLoc)) catch |e|
             return Store.ioFail(e, "writing the record table");
     }
     c.record_count = first + batch.count;
@@ -274,7 +284,9 @@ fn contiguous(batch: Batch, fixed: u64) bool {
     return true;
 }
 
-const WriteError = @typeInfo(@typeInfo(@TypeOf(fsio.write)).@"fn".return_type.?).error_union.error_set;
+const WriteError = @typeInfo(
+    @typeInfo(@TypeOf(fsio.write)).@"fn".return_type.?,
+).error_union.error_set;
 
 /// The dense append's two jobs, overlapped: lane 0 writes the block to the
 /// data file while the other lanes checksum it, then lane 0 joins them.
@@ -292,7 +304,8 @@ const DenseAppendJob = struct {
 
     fn work(job: *DenseAppendJob, lane: usize) void {
         if (lane == 0) {
-            fsio.write(job.file, "data", job.src[0 .. job.sums.len * job.fixed], job.offset) catch |e| {
+            const block = job.src[0 .. job.sums.len * job.fixed];
+            fsio.write(job.file, "data", block, job.offset) catch |e| {
                 job.write_error = e;
             };
         }
@@ -300,7 +313,8 @@ const DenseAppendJob = struct {
             const start = job.next_block.fetchAdd(1, .monotonic) * job.block_size;
             if (start >= job.sums.len) return;
             for (start..@min(start + job.block_size, job.sums.len)) |i| {
-                job.sums[i] = format.storedChecksum(&.{}, job.src[i * job.fixed ..][0..job.fixed], job.first + i);
+                const record = job.src[i * job.fixed ..][0..job.fixed];
+                job.sums[i] = format.storedChecksum(&.{}, record, job.first + i);
             }
         }
     }

@@ -26,7 +26,9 @@ const JournalEntry = format.JournalEntry;
 /// handle and no gather. Caller holds write_mutex; release with releaseExclusive.
 fn beginExclusive(s: *Store) Error!void {
     try s.beginMutation();
-    if (s.staged != null) return diag.fail(error.Busy, "a staged append is not yet published on this handle", .{});
+    if (s.staged != null) {
+        return diag.fail(error.Busy, "a staged append is not yet published on this handle", .{});
+    }
     try s.acquireExclusive();
 }
 
@@ -106,7 +108,13 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
 
     const count = s.commit.record_count;
     for (indices) |index| {
-        if (index >= count) return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
+        if (index >= count) {
+            return diag.fail(
+                error.OutOfRange,
+                "index {d} is out of range for {d} records",
+                .{ index, count },
+            );
+        }
     }
     const work = s.gpa.alloc(u64, 2 * indices.len) catch return error.OutOfMemory;
     defer s.gpa.free(work);
@@ -130,7 +138,9 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
         freed += locs.get(index).storedTotal();
     }
     for (moves) |m| try Store.checkLoc(locs.get(m.from), m.from, data, s.commit.data_size, true);
-    if (freed > s.commit.live_bytes) return diag.fail(error.Corrupt, "live byte count is smaller than the deleted records", .{});
+    if (freed > s.commit.live_bytes) {
+        return diag.fail(error.Corrupt, "live byte count is smaller than the deleted records", .{});
+    }
     for (moves, entries) |m, *e| {
         e.* = .{ .index = m.to, .loc = locs.withChecksum(m.from) };
         // The record's checksum is bound to its index: re-bind it to the new one.
@@ -175,12 +185,14 @@ fn writeJournalFile(s: *Store, entries: []const JournalEntry, c: Commit) Error!v
     h.commit.checksum = h.commit.computeChecksum();
     h.checksum = h.computeChecksum();
     assert(h.checksum == h.computeChecksum());
-    const f = fsio.create(s.dir, "journal", true) catch |e| return Store.ioFail(e, "creating the delete journal");
+    const f = fsio.create(s.dir, "journal", true) catch |e|
+        return Store.ioFail(e, "creating the delete journal");
     defer f.close(io);
     fsio.write(f, "journal", std.mem.sliceAsBytes(entries), @sizeOf(JournalHeader)) catch |e|
         return Store.ioFail(e, "writing the delete journal");
     // The header last: a journal without a valid header is ignored.
-    fsio.write(f, "journal", std.mem.asBytes(&h), 0) catch |e| return Store.ioFail(e, "writing the delete journal");
+    fsio.write(f, "journal", std.mem.asBytes(&h), 0) catch |e|
+        return Store.ioFail(e, "writing the delete journal");
     fsio.sync(f, "journal") catch |e| return s.failWith(e, "syncing the delete journal");
     fsio.syncDir(s.dir, ".") catch |e| return s.failWith(e, "syncing the store directory");
 }
@@ -192,14 +204,16 @@ fn applyJournal(s: *Store, entries: []const JournalEntry, c: Commit) Error!void 
     const fixed = s.header.fixed_size;
     for (entries) |e| {
         if (fixed == 0) {
-            fsio.write(s.index, "index", std.mem.asBytes(&e.loc), e.index * @sizeOf(RecordLoc)) catch |err|
+            const loc_bytes = std.mem.asBytes(&e.loc);
+            fsio.write(s.index, "index", loc_bytes, e.index * @sizeOf(RecordLoc)) catch |err|
                 return s.failWith(err, "applying a delete to the record table");
             continue;
         }
         // The survivor sits at or above the new length, which nothing writes
         // until this delete is published: replaying the copy is idempotent.
         try copyData(s, e.loc.offset, e.index * fixed, fixed);
-        fsio.write(s.index, "index", std.mem.asBytes(&e.loc.checksum), e.index * @sizeOf(u32)) catch |err|
+        const sum_bytes = std.mem.asBytes(&e.loc.checksum);
+        fsio.write(s.index, "index", sum_bytes, e.index * @sizeOf(u32)) catch |err|
             return s.failWith(err, "applying a delete to the record table");
     }
     if (fixed != 0) try s.syncFile(.data);
@@ -239,12 +253,19 @@ pub fn finishJournal(s: *Store) Error!void {
     const journal = try readJournal(s, f, disk) orelse return;
     defer s.gpa.free(journal.entries);
     if (!s.writable) {
-        return diag.fail(error.ReadOnly, "store has an unfinished delete; open it once with write " ++
-            "permission to finish it", .{});
+        return diag.fail(
+            error.ReadOnly,
+            "store has an unfinished delete; open it once with write permission to finish it",
+            .{},
+        );
     }
     if (!try s.upgradeMetaLock()) {
-        return diag.fail(error.Busy, "store has an unfinished delete and another handle has it open " ++
-            "(a delete failed in it): close that handle, then open again", .{});
+        return diag.fail(
+            error.Busy,
+            "store has an unfinished delete and another handle has it open " ++
+                "(a delete failed in it): close that handle, then open again",
+            .{},
+        );
     }
     defer s.releaseExclusive();
     const lock = try s.takeWriterLock();
@@ -258,13 +279,19 @@ pub fn finishJournal(s: *Store) Error!void {
 fn readJournal(s: *Store, f: std.Io.File, disk: Commit) Error!?Journal {
     const io = pool.io();
     var h: JournalHeader = undefined;
-    const n = f.readPositionalAll(io, std.mem.asBytes(&h), 0) catch |e| return Store.ioFail(e, "reading the delete journal");
-    if (n != @sizeOf(JournalHeader) or h.magic != JournalHeader.magic_value or h.checksum != h.computeChecksum()) return null;
+    const n = f.readPositionalAll(io, std.mem.asBytes(&h), 0) catch |e|
+        return Store.ioFail(e, "reading the delete journal");
+    if (n != @sizeOf(JournalHeader) or h.magic != JournalHeader.magic_value or
+        h.checksum != h.computeChecksum())
+    {
+        return null;
+    }
     if (h.commit.generation <= disk.generation) return null; // applied; its removal was lost
     const len = f.length(io) catch |e| return Store.ioFail(e, "reading the delete journal");
     const entries_len = std.math.mul(u64, h.entry_count, @sizeOf(JournalEntry)) catch return null;
     if (len != @sizeOf(JournalHeader) + entries_len) return null;
-    const entries = s.gpa.alloc(JournalEntry, @intCast(h.entry_count)) catch return error.OutOfMemory;
+    const entries = s.gpa.alloc(JournalEntry, @intCast(h.entry_count)) catch
+        return error.OutOfMemory;
     errdefer s.gpa.free(entries);
     try Store.readExact(f, std.mem.sliceAsBytes(entries), @sizeOf(JournalHeader), "delete journal");
     // Entries not all on disk: the delete never began (it applies only a synced journal).
@@ -278,24 +305,39 @@ fn readJournal(s: *Store, f: std.Io.File, disk: Commit) Error!?Journal {
 
 /// A journal is trusted only if it continues the published history and
 /// every entry points inside what that commit covers.
-fn checkJournal(s: *Store, h: JournalHeader, entries: []const JournalEntry, disk: Commit) Error!void {
+fn checkJournal(
+    s: *Store,
+    h: JournalHeader,
+    entries: []const JournalEntry,
+    disk: Commit,
+) Error!void {
     const c = h.commit;
     const fixed = s.header.fixed_size;
     // A delete changes the count and the live bytes, and (fixed width) the
     // data size with the count; everything it publishes is durable.
     const data_size = if (fixed != 0) c.record_count * fixed else disk.data_size;
-    if (c.generation != disk.generation + 1 or c.record_count >= disk.record_count or !c.consistent() or
-        c.checksum != c.computeChecksum() or c.data_size != data_size or c.live_bytes > disk.live_bytes or
+    if (c.generation != disk.generation + 1 or c.record_count >= disk.record_count or
+        !c.consistent() or c.checksum != c.computeChecksum() or
+        c.data_size != data_size or c.live_bytes > disk.live_bytes or
         c.durable_count != c.record_count or c.durable_data_size != c.data_size)
     {
-        return diag.fail(error.Corrupt, "delete journal does not follow the store's last commit", .{});
+        const why = "delete journal does not follow the store's last commit";
+        return diag.fail(error.Corrupt, why, .{});
     }
     for (entries) |e| {
-        var bad = e.index >= c.record_count or e.loc.codec > @intFromEnum(format.Codec.zstd_dict);
+        var bad = e.index >= c.record_count or e.loc.codec > @backingInt(format.Codec.zstd_dict);
         const end = e.loc.checkedEnd() orelse std.math.maxInt(u64);
         bad = bad or end > disk.data_size;
-        if (fixed != 0) bad = bad or e.loc.offset % fixed != 0 or e.loc.offset < c.record_count * fixed;
-        if (bad) return diag.fail(error.Corrupt, "delete journal entry for record {d} is out of bounds", .{e.index});
+        if (fixed != 0) {
+            bad = bad or e.loc.offset % fixed != 0 or e.loc.offset < c.record_count * fixed;
+        }
+        if (bad) {
+            return diag.fail(
+                error.Corrupt,
+                "delete journal entry for record {d} is out of bounds",
+                .{e.index},
+            );
+        }
     }
 }
 
@@ -349,7 +391,9 @@ pub fn compact(s: *Store) Error!void {
         // Compact moves bytes by the entries: a damaged one stops it first.
         try Store.checkLoc(locs[i], i, data, s.commit.data_size, true);
         const size = locs[i].storedTotal();
-        if (size != 0) order.appendAssumeCapacity(.{ .offset = locs[i].offset, .index = i, .size = size });
+        if (size != 0) {
+            order.appendAssumeCapacity(.{ .offset = locs[i].offset, .index = i, .size = size });
+        }
     }
     std.mem.sortUnstable(ByOffset, order.items, {}, ByOffset.less);
     const cursor = try compactRounds(s, order.items);
@@ -413,7 +457,9 @@ fn moveRound(s: *Store, round: []ByOffset, to: u64) Error!void {
         // Records adjacent in the file move as one write.
         var end = k + 1;
         var len = round[k].size;
-        while (end < round.len and round[end].offset == round[k].offset + len) : (end += 1) len += round[end].size;
+        while (end < round.len and round[end].offset == round[k].offset + len) : (end += 1) {
+            len += round[end].size;
+        }
         try copyData(s, round[k].offset, at, len);
         for (round[k..end]) |*o| {
             o.offset = at;
@@ -469,7 +515,8 @@ fn writeLoc(s: *Store, index: u64, loc: RecordLoc) Error!void {
 fn trimData(s: *Store) Error!void {
     const len = s.data.length(pool.io()) catch |e| return Store.ioFail(e, "data");
     if (len <= s.commit.data_size) return;
-    fsio.truncate(s.data, "data", s.commit.data_size) catch |e| return Store.ioFail(e, "shrinking data");
+    fsio.truncate(s.data, "data", s.commit.data_size) catch |e|
+        return Store.ioFail(e, "shrinking data");
     try s.syncFile(.data);
 }
 
@@ -488,21 +535,31 @@ pub fn checkTail(s: *Store) Error!Commit {
     const data_len = s.data.length(io) catch |e| return Store.ioFail(e, "data");
     const entries = index_len / s.entrySize();
     if (entries < c.durable_count or data_len < c.durable_data_size) {
-        return diag.fail(error.Corrupt, "store is truncated: synced records are missing ({d} of {d} " ++
-            "table entries, {d} of {d} data bytes)", .{ entries, c.durable_count, data_len, c.durable_data_size });
+        return diag.fail(
+            error.Corrupt,
+            "store is truncated: synced records are missing " ++
+                "({d} of {d} table entries, {d} of {d} data bytes)",
+            .{ entries, c.durable_count, data_len, c.durable_data_size },
+        );
     }
     const complete = entries >= c.record_count and data_len >= c.data_size;
     if (c.durable_count == c.record_count and complete) return c;
     const lock = try lockIfNoWriter(s) orelse {
-        if (!complete) return diag.fail(error.Corrupt, "store is truncated while a writer has it open", .{});
+        if (!complete) {
+            return diag.fail(error.Corrupt, "store is truncated while a writer has it open", .{});
+        }
         return c;
     };
     defer lock.close(io);
     const good = try intactPrefix(s, c, entries, data_len);
     if (!s.writable) {
         if (good.record_count == c.record_count) return c;
-        return diag.fail(error.Corrupt, "store was not closed cleanly and records from {d} on are damaged; " ++
-            "open it once with write permission to drop them", .{good.record_count});
+        return diag.fail(
+            error.Corrupt,
+            "store was not closed cleanly and records from {d} on are damaged; " ++
+                "open it once with write permission to drop them",
+            .{good.record_count},
+        );
     }
     s.commit = c;
     try s.syncFile(.data);
@@ -521,7 +578,8 @@ fn lockIfNoWriter(s: *Store) Error!?std.Io.File {
             else => e,
         };
     }
-    const lock = fsio.open(s.dir, "lock", .read_only) catch |e| return Store.ioFail(e, "opening lock");
+    const lock = fsio.open(s.dir, "lock", .read_only) catch |e|
+        return Store.ioFail(e, "opening lock");
     const got = lock.tryLock(pool.io(), .exclusive) catch |e| {
         lock.close(pool.io());
         return Store.ioFail(e, "checking the writer lock");
@@ -562,8 +620,16 @@ fn intactPrefix(s: *Store, c: Commit, entries: u64, data_len: u64) Error!Commit 
 /// else is what a power loss leaves (a lost entry write shows the stale entry
 /// an earlier delete left behind, intact but elsewhere), and the open keeps
 /// the records before it.
-fn intact(loc: RecordLoc, index: u64, expected_offset: u64, data: [*]const u8, data_limit: u64) bool {
-    if (loc.offset != expected_offset or loc.codec > @intFromEnum(format.Codec.zstd_dict)) return false;
+fn intact(
+    loc: RecordLoc,
+    index: u64,
+    expected_offset: u64,
+    data: [*]const u8,
+    data_limit: u64,
+) bool {
+    if (loc.offset != expected_offset or loc.codec > @backingInt(format.Codec.zstd_dict)) {
+        return false;
+    }
     const end = loc.checkedEnd() orelse return false;
     if (end > data_limit) return false;
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
@@ -576,7 +642,8 @@ test "moves follow the original swap-last rule" {
     var out: [4]Move = undefined;
     // {2, 3} from ten records: [0,1,8,9,4,5,6,7].
     const a = planMoves(&.{ 2, 3 }, 10, content[0..2], &out);
-    try std.testing.expectEqualSlices(Move, &.{ .{ .from = 8, .to = 2 }, .{ .from = 9, .to = 3 } }, a);
+    const expected = [_]Move{ .{ .from = 8, .to = 2 }, .{ .from = 9, .to = 3 } };
+    try std.testing.expectEqualSlices(Move, &expected, a);
     // {5, 8} from ten: 9 moves to 8, then (from 8) to 5: one net move.
     const b = planMoves(&.{ 5, 8 }, 10, content[0..2], &out);
     try std.testing.expectEqualSlices(Move, &.{.{ .from = 9, .to = 5 }}, b);

@@ -47,7 +47,9 @@ pub fn begin(gpa: Allocator, parts: []const Part, sc: *Scratch) Error![]const Sn
     var held: usize = 0;
     errdefer for (parts[0..held]) |p| p.store.exitRead();
     for (parts, sc.snaps.items) |p, *snap| {
-        if (p.store.isClosed()) return diag.fail(error.Closed, "a store of this read was closed", .{});
+        if (p.store.isClosed()) {
+            return diag.fail(error.Closed, "a store of this read was closed", .{});
+        }
         try p.store.enterRead();
         held += 1;
         snap.* = try store_read.snapshot(p.store);
@@ -61,7 +63,11 @@ pub fn end(parts: []const Part) void {
 
 /// Where `index` of the space lives: (part, index inside it); null when no
 /// part holds it.
-pub fn find(parts: []const Part, snaps: []const Snapshot, index: u64) ?struct { part: u16, local: u64 } {
+pub fn find(
+    parts: []const Part,
+    snaps: []const Snapshot,
+    index: u64,
+) ?struct { part: u16, local: u64 } {
     var lo: usize = 0;
     var hi: usize = parts.len;
     while (hi - lo > 1) {
@@ -76,7 +82,13 @@ pub fn find(parts: []const Part, snaps: []const Snapshot, index: u64) ?struct { 
 
 /// The reads of global `indices` over `parts` (sorted by `first`), their
 /// per-record part and local index kept in `sc`.
-pub fn locate(gpa: Allocator, parts: []const Part, snaps: []const Snapshot, indices: []const u64, sc: *Scratch) Error!store_read.Reads {
+pub fn locate(
+    gpa: Allocator,
+    parts: []const Part,
+    snaps: []const Snapshot,
+    indices: []const u64,
+    sc: *Scratch,
+) Error!store_read.Reads {
     sc.of.resize(gpa, indices.len) catch return error.OutOfMemory;
     sc.local.resize(gpa, indices.len) catch return error.OutOfMemory;
     for (indices, sc.of.items, sc.local.items) |index, *of, *local| {
@@ -96,21 +108,43 @@ fn outOfRange(parts: []const Part, snaps: []const Snapshot, index: u64) Error {
 }
 
 /// Gathers global `indices` over `parts` into `dest` (see store_read.gather).
-pub fn gather(gpa: Allocator, parts: []const Part, indices: []const u64, dest: store_read.Dest, part: store_read.Part, lanes: usize, sc: *Scratch) Error!void {
+pub fn gather(
+    gpa: Allocator,
+    parts: []const Part,
+    indices: []const u64,
+    dest: store_read.Dest,
+    part: store_read.Part,
+    lanes: usize,
+    sc: *Scratch,
+) Error!void {
     if (indices.len == 0) return;
     const snaps = try begin(gpa, parts, sc);
     defer end(parts);
-    const reads = if (single(parts)) store_read.Reads{ .snaps = snaps, .indices = indices } else try locate(gpa, parts, snaps, indices, sc);
+    const reads = if (single(parts))
+        store_read.Reads{ .snaps = snaps, .indices = indices }
+    else
+        try locate(gpa, parts, snaps, indices, sc);
     try store_read.gatherReads(reads, dest, part, lanes);
 }
 
 /// Gathers global `indices` over `parts` into new memory (see
 /// store_read.gatherAlloc).
-pub fn gatherAlloc(gpa: Allocator, parts: []const Part, indices: []const u64, lanes: usize, raw_out: []u64, aux_out: []u64, sc: *Scratch) Error![]u8 {
+pub fn gatherAlloc(
+    gpa: Allocator,
+    parts: []const Part,
+    indices: []const u64,
+    lanes: usize,
+    raw_out: []u64,
+    aux_out: []u64,
+    sc: *Scratch,
+) Error![]u8 {
     if (indices.len == 0) return &.{};
     const snaps = try begin(gpa, parts, sc);
     defer end(parts);
-    const reads = if (single(parts)) store_read.Reads{ .snaps = snaps, .indices = indices } else try locate(gpa, parts, snaps, indices, sc);
+    const reads = if (single(parts))
+        store_read.Reads{ .snaps = snaps, .indices = indices }
+    else
+        try locate(gpa, parts, snaps, indices, sc);
     return store_read.packedReads(gpa, reads, lanes, raw_out, aux_out);
 }
 
@@ -121,7 +155,11 @@ fn single(parts: []const Part) bool {
 
 test "indices map to the part that holds them" {
     const fake: *Store = @ptrFromInt(0x1000);
-    const parts = [_]Part{ .{ .store = fake, .first = 0 }, .{ .store = fake, .first = 10 }, .{ .store = fake, .first = 25 } };
+    const parts = [_]Part{
+        .{ .store = fake, .first = 0 },
+        .{ .store = fake, .first = 10 },
+        .{ .store = fake, .first = 25 },
+    };
     var snaps: [3]Snapshot = undefined;
     for (&snaps, [_]u64{ 10, 15, 4 }) |*s, count| s.count = count;
     try std.testing.expectEqual(@as(u64, 3), find(&parts, &snaps, 3).?.local);

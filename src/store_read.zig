@@ -41,7 +41,8 @@ const commit_reads_max: u32 = 1 << 20;
 /// atomic, so a read is kept only when its checksum matches (a torn read is
 /// retried): the record count and the data size always belong together.
 pub fn publishedCommit(s: *const Store) Error!Commit {
-    const page: *const [@sizeOf(Commit) / 8]u64 = @ptrCast(@alignCast(s.meta_map.memory[format.commit_offset..].ptr));
+    const commit_bytes = s.meta_map.memory[format.commit_offset..];
+    const page: *const [@sizeOf(Commit) / 8]u64 = @ptrCast(@alignCast(commit_bytes.ptr));
     var tries: u32 = 0;
     while (tries < commit_reads_max) : (tries += 1) {
         var words: [@sizeOf(Commit) / 8]u64 = undefined;
@@ -50,7 +51,11 @@ pub fn publishedCommit(s: *const Store) Error!Commit {
         if (c.checksum == c.computeChecksum() and c.consistent()) return c;
         std.atomic.spinLoopHint();
     }
-    return diag.fail(error.Corrupt, "the published commit is damaged (its checksum never matches)", .{});
+    return diag.fail(
+        error.Corrupt,
+        "the published commit is damaged (its checksum never matches)",
+        .{},
+    );
 }
 
 /// One consistent view of a store's committed records.
@@ -117,7 +122,9 @@ const GatherJob = struct {
             // With several lanes, pull this block's records into this lane's
             // cache, all misses in flight at once (the first pass prefetched
             // them to lane 0's core). A single lane has them already.
-            if (job.multi_lane) for (start..stop) |i| prefetchRecord(job.reads.snap(i).data, job.reads.loc(i));
+            if (job.multi_lane) {
+                for (start..stop) |i| prefetchRecord(job.reads.snap(i).data, job.reads.loc(i));
+            }
             for (start..stop) |i| {
                 if (!job.copyOne(i, &lease)) return;
             }
@@ -135,7 +142,7 @@ const GatherJob = struct {
         }
         const src = (src_aux + loc.aux_size)[0..@intCast(loc.stored_size)];
         const dst = job.dest.base[at..][0..@intCast(loc.raw_size)];
-        const c: Codec = @enumFromInt(loc.codec);
+        const c: Codec = @fromBackingInt(@intCast(loc.codec));
         if (c != .raw and lease.* == null) {
             lease.* = codec.DPool.acquire() catch {
                 job.fail(job.reads.indices[i]);
@@ -150,7 +157,9 @@ const GatherJob = struct {
     }
 
     fn fail(job: *GatherJob, index: u64) void {
-        if (job.failed.cmpxchgStrong(false, true, .acq_rel, .monotonic) == null) job.fail_index = index;
+        if (job.failed.cmpxchgStrong(false, true, .acq_rel, .monotonic) == null) {
+            job.fail_index = index;
+        }
     }
 };
 
@@ -172,7 +181,11 @@ const Work = struct {
     decoded_bytes: u64 = 0,
 
     fn add(w: *Work, loc: RecordLoc, size: u64, part: Part) void {
-        if (loc.codec == @intFromEnum(Codec.raw) or part == .aux) w.raw_bytes += size else w.decoded_bytes += size;
+        if (loc.codec == @backingInt(Codec.raw) or part == .aux) {
+            w.raw_bytes += size;
+        } else {
+            w.decoded_bytes += size;
+        }
     }
 
     fn worthLanes(w: Work) bool {
@@ -212,7 +225,8 @@ fn checkBatch(reads: Reads, dest: Dest, part: Part) Error!Work {
         const loc = snap.locs.get(index);
         // Raw records must still be exactly their stored size (a memcpy has no
         // frame to fail on); compressed ones are checked by the decoder.
-        try Store.checkLoc(loc, index, snap.data, snap.data_size, loc.codec != @intFromEnum(Codec.raw));
+        const compressed = loc.codec != @backingInt(Codec.raw);
+        try Store.checkLoc(loc, index, snap.data, snap.data_size, compressed);
         // Start fetching the record now: the copy pass then finds it in cache,
         // and the misses of many records overlap instead of queueing.
         prefetchRecord(snap.data, loc);
@@ -232,16 +246,27 @@ fn checkFits(dest: Dest, i: usize, index: u64, size: u64) Error!void {
     if (dest.offsets) |offsets| {
         const stop = std.math.add(u64, offsets[i], size) catch std.math.maxInt(u64);
         if (stop > dest.len) {
-            return diag.fail(error.SizeMismatch, "record {d} ({d} bytes) does not fit the destination " ++
-                "at offset {d}", .{ index, size, offsets[i] });
+            return diag.fail(
+                error.SizeMismatch,
+                "record {d} ({d} bytes) does not fit the destination at offset {d}",
+                .{ index, size, offsets[i] },
+            );
         }
     } else if (size != dest.stride) {
-        return diag.fail(error.SizeMismatch, "record {d} holds {d} bytes, expected {d}", .{ index, size, dest.stride });
+        return diag.fail(
+            error.SizeMismatch,
+            "record {d} holds {d} bytes, expected {d}",
+            .{ index, size, dest.stride },
+        );
     }
 }
 
 fn outOfRange(index: u64, count: u64) Error {
-    return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{ index, count });
+    return diag.fail(
+        error.OutOfRange,
+        "index {d} is out of range for {d} records",
+        .{ index, count },
+    );
 }
 
 /// Copies (decodes) checked records into `dest` on the lanes `work` is worth.
@@ -256,7 +281,11 @@ fn copyRecords(reads: Reads, dest: Dest, part: Part, lane_cap: usize, work: Work
     };
     pool.run(p.lanes, &job, GatherJob.work);
     if (job.failed.load(.acquire)) {
-        return diag.fail(error.Corrupt, "record {d} is damaged (cannot be decoded)", .{job.fail_index});
+        return diag.fail(
+            error.Corrupt,
+            "record {d} is damaged (cannot be decoded)",
+            .{job.fail_index},
+        );
     }
 }
 
@@ -266,7 +295,13 @@ fn copyRecords(reads: Reads, dest: Dest, part: Part, lane_cap: usize, work: Work
 /// and aux size to `raw_out[i]`/`aux_out[i]`. Sizes and bytes come from one
 /// snapshot, so a record is never stitched from two. Returns an empty slice
 /// (null pointer) when there are no bytes at all.
-pub fn gatherAlloc(s: *Store, indices: []const u64, lane_cap: usize, raw_out: []u64, aux_out: []u64) Error![]u8 {
+pub fn gatherAlloc(
+    s: *Store,
+    indices: []const u64,
+    lane_cap: usize,
+    raw_out: []u64,
+    aux_out: []u64,
+) Error![]u8 {
     try s.enterRead();
     defer s.exitRead();
     if (indices.len == 0) return &.{};
@@ -275,7 +310,13 @@ pub fn gatherAlloc(s: *Store, indices: []const u64, lane_cap: usize, raw_out: []
 }
 
 /// gatherAlloc() of prepared reads (the caller holds a read on every store).
-pub fn packedReads(gpa: std.mem.Allocator, reads: Reads, lane_cap: usize, raw_out: []u64, aux_out: []u64) Error![]u8 {
+pub fn packedReads(
+    gpa: std.mem.Allocator,
+    reads: Reads,
+    lane_cap: usize,
+    raw_out: []u64,
+    aux_out: []u64,
+) Error![]u8 {
     assert(raw_out.len == reads.indices.len and aux_out.len == reads.indices.len);
     var work: Work = .{};
     var aux_total: u64 = 0;
@@ -294,7 +335,8 @@ pub fn packedReads(gpa: std.mem.Allocator, reads: Reads, lane_cap: usize, raw_ou
         work.add(loc, loc.raw_size, .payload);
         aux_total += loc.aux_size;
     }
-    const payload_total = std.math.add(u64, work.raw_bytes, work.decoded_bytes) catch return tooLarge();
+    const payload_total = std.math.add(u64, work.raw_bytes, work.decoded_bytes) catch
+        return tooLarge();
     const total = std.math.add(u64, payload_total, aux_total) catch return tooLarge();
     if (total == 0) return &.{};
     if (total > std.math.maxInt(usize) / 2) return tooLarge();
@@ -306,17 +348,31 @@ pub fn packedReads(gpa: std.mem.Allocator, reads: Reads, lane_cap: usize, raw_ou
     defer gpa.free(offsets);
     try copyPacked(reads, buf, raw_out, offsets, 0, .payload, lane_cap, work);
     if (aux_total > 0) {
-        try copyPacked(reads, buf, aux_out, offsets, payload_total, .aux, lane_cap, .{ .raw_bytes = aux_total });
+        const aux_work: Work = .{ .raw_bytes = aux_total };
+        try copyPacked(reads, buf, aux_out, offsets, payload_total, .aux, lane_cap, aux_work);
     }
     return buf;
 }
 
 fn tooLarge() Error {
-    return diag.fail(error.OutOfMemory, "the batch's records add up to more bytes than fit in memory", .{});
+    return diag.fail(
+        error.OutOfMemory,
+        "the batch's records add up to more bytes than fit in memory",
+        .{},
+    );
 }
 
 /// Copies `part` of checked records back to back into `buf` from `start`.
-fn copyPacked(reads: Reads, buf: []u8, part_sizes: []const u64, offsets: []u64, start: u64, part: Part, lane_cap: usize, work: Work) Error!void {
+fn copyPacked(
+    reads: Reads,
+    buf: []u8,
+    part_sizes: []const u64,
+    offsets: []u64,
+    start: u64,
+    part: Part,
+    lane_cap: usize,
+    work: Work,
+) Error!void {
     var at = start;
     for (offsets, part_sizes) |*o, size| {
         o.* = at;
@@ -348,12 +404,24 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
     }
     bad_index.* = std.math.maxInt(u64);
     if (live != c.live_bytes) {
-        return diag.fail(error.Corrupt, "live byte count {d} disagrees with the records ({d})", .{ c.live_bytes, live });
+        return diag.fail(
+            error.Corrupt,
+            "live byte count {d} disagrees with the records ({d})",
+            .{ c.live_bytes, live },
+        );
     }
 }
 
 /// One record's full check: inside the data, checksum, decodes to its size.
-pub fn checkRecord(s: *Store, loc: RecordLoc, i: u64, data: [*]const u8, data_size: u64, dctx: *codec.ZSTD_DCtx, scratch: *std.ArrayList(u8)) Error!void {
+pub fn checkRecord(
+    s: *Store,
+    loc: RecordLoc,
+    i: u64,
+    data: [*]const u8,
+    data_size: u64,
+    dctx: *codec.ZSTD_DCtx,
+    scratch: *std.ArrayList(u8),
+) Error!void {
     try Store.checkLoc(loc, i, data, data_size, false);
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
@@ -361,6 +429,6 @@ pub fn checkRecord(s: *Store, loc: RecordLoc, i: u64, data: [*]const u8, data_si
         return diag.fail(error.Corrupt, "record {d} fails its checksum", .{i});
     }
     scratch.resize(s.gpa, @intCast(loc.raw_size)) catch return error.OutOfMemory;
-    codec.decode(dctx, @enumFromInt(loc.codec), &s.dict, stored, scratch.items) catch
+    codec.decode(dctx, @fromBackingInt(@intCast(loc.codec)), &s.dict, stored, scratch.items) catch
         return diag.fail(error.Corrupt, "record {d} does not decode to its recorded size", .{i});
 }

@@ -79,7 +79,10 @@ test "gatherAlloc returns payloads then aux bytes from one snapshot" {
     const sizes = [_]u64{ 3, 0, 35 };
     const auxp = [_][*]const u8{ "AB", "C", "" };
     const auxs = [_]u64{ 2, 1, 0 };
-    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .aux_ptrs = &auxp, .aux_sizes = &auxs, .count = 3 }, false);
+    _ = try s.append(
+        .{ .ptrs = &ptrs, .sizes = &sizes, .aux_ptrs = &auxp, .aux_sizes = &auxs, .count = 3 },
+        false,
+    );
     var raw: [3]u64 = undefined;
     var aux: [3]u64 = undefined;
     const out = try s.gatherAlloc(&.{ 2, 0, 1 }, 0, &raw, &aux);
@@ -94,12 +97,21 @@ test "open refuses a missing store and a foreign directory" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     var buf: [4096]u8 = undefined;
-    try testing.expectError(error.NotFound, Store.open(testing.allocator, try tmpPath(&tmp, &buf, "none"), .{}));
+    try testing.expectError(
+        error.NotFound,
+        Store.open(testing.allocator, try tmpPath(&tmp, &buf, "none"), .{}),
+    );
     try tmp.dir.createDirPath(pool.io(), "foreign");
     const f = try tmp.dir.createFile(pool.io(), "foreign/x.txt", .{});
     f.close(pool.io());
-    try testing.expectError(error.NotAStore, Store.open(testing.allocator, try tmpPath(&tmp, &buf, "foreign"), .{}));
-    try testing.expectError(error.NotAStore, Store.open(testing.allocator, try tmpPath(&tmp, &buf, "foreign"), .{ .create = true }));
+    try testing.expectError(
+        error.NotAStore,
+        Store.open(testing.allocator, try tmpPath(&tmp, &buf, "foreign"), .{}),
+    );
+    try testing.expectError(
+        error.NotAStore,
+        Store.open(testing.allocator, try tmpPath(&tmp, &buf, "foreign"), .{ .create = true }),
+    );
 }
 
 test "second writer is locked out; delete refuses while another handle is open" {
@@ -123,7 +135,8 @@ test "close while calls are in flight: the last one out releases the files" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     var buf: [4096]u8 = undefined;
-    const s = try Store.open(testing.allocator, try tmpPath(&tmp, &buf, "s"), .{ .create = true, .codec = .raw });
+    const path = try tmpPath(&tmp, &buf, "s");
+    const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = .raw });
     _ = try appendSlices(s, &.{ "abc", "def" });
     try s.enter(); // a call in flight
     s.shutdown();
@@ -161,7 +174,9 @@ test "delete order and moves match the original rule" {
     defer tmp.cleanup();
     var buf: [4096]u8 = undefined;
     inline for (.{ 0, 1 }, .{ "general", "fixed" }) |fixed, name| {
-        const s = try Store.open(gpa, try tmpPath(&tmp, &buf, name), .{ .create = true, .codec = .raw, .fixed_size = fixed });
+        const path = try tmpPath(&tmp, &buf, name);
+        const options: Store.OpenOptions = .{ .create = true, .codec = .raw, .fixed_size = fixed };
+        const s = try Store.open(gpa, path, options);
         defer s.close();
         var recs: [10][1]u8 = undefined;
         var slices: [10][]const u8 = undefined;
@@ -172,7 +187,8 @@ test "delete order and moves match the original rule" {
         _ = try appendSlices(s, &slices);
         var moves: [2]Move = undefined;
         const n = try s.delete(&.{ 3, 2 }, &moves);
-        try testing.expectEqualSlices(Move, &.{ .{ .from = 8, .to = 2 }, .{ .from = 9, .to = 3 } }, moves[0..n]);
+        const expected = [_]Move{ .{ .from = 8, .to = 2 }, .{ .from = 9, .to = 3 } };
+        try testing.expectEqualSlices(Move, &expected, moves[0..n]);
         var out: [8]u8 = undefined;
         const idx = [_]u64{ 0, 1, 2, 3, 4, 5, 6, 7 };
         try s.gather(&idx, .{ .base = &out, .len = 8, .stride = 1 }, .payload, 0);
@@ -235,7 +251,14 @@ fn randomRecord(gpa: Allocator, rnd: std.Random, fixed: usize) ![]u8 {
 
 /// Random appends (records of `fixed` bytes when non-zero), deletes, compacts
 /// and reopens of `s`, checking every record against `model` after each step.
-fn fuzzStore(gpa: Allocator, path: []const u8, s: **Store, model: *std.ArrayList([]u8), rnd: std.Random, fixed: usize) !void {
+fn fuzzStore(
+    gpa: Allocator,
+    path: []const u8,
+    s: **Store,
+    model: *std.ArrayList([]u8),
+    rnd: std.Random,
+    fixed: usize,
+) !void {
     var out: std.ArrayList(u8) = .empty;
     defer out.deinit(gpa);
     for (0..300) |_| {
@@ -283,20 +306,27 @@ test "fixed-width append of one contiguous block takes the dense path and reads 
     defer tmp.cleanup();
     var buf: [4096]u8 = undefined;
     const path = try tmpPath(&tmp, &buf, "dense");
-    const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = .raw, .fixed_size = 8 });
+    const s = try Store.open(
+        testing.allocator,
+        path,
+        .{ .create = true, .codec = .raw, .fixed_size = 8 },
+    );
     defer s.close();
     var block: [10 * 8]u8 = undefined;
     for (&block, 0..) |*b, i| b.* = @intCast(i);
     var ptrs: [10][*]const u8 = undefined;
     var szs: [10]u64 = @splat(8);
     for (&ptrs, 0..) |*p, i| p.* = block[i * 8 ..].ptr;
-    try testing.expectEqual(@as(u64, 0), try s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = 10 }, false));
-    try testing.expectEqual(@as(u64, 10), try s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = 10 }, false));
+    const batch: Store.Batch = .{ .ptrs = &ptrs, .sizes = &szs, .count = 10 };
+    try testing.expectEqual(@as(u64, 0), try s.append(batch, false));
+    try testing.expectEqual(@as(u64, 10), try s.append(batch, false));
     var out: [20 * 8]u8 = undefined;
     var idx: [20]u64 = undefined;
     for (&idx, 0..) |*x, i| x.* = 19 - i;
     try s.gather(&idx, .{ .base = &out, .len = out.len, .stride = 8 }, .payload, 0);
-    for (0..20) |i| try testing.expectEqualSlices(u8, block[((19 - i) % 10) * 8 ..][0..8], out[i * 8 ..][0..8]);
+    for (0..20) |i| {
+        try testing.expectEqualSlices(u8, block[((19 - i) % 10) * 8 ..][0..8], out[i * 8 ..][0..8]);
+    }
     var bad: u64 = 0;
     try s.verify(&bad);
     try deleteIndices(s, &.{ 0, 5 });
@@ -373,16 +403,17 @@ test "an injected write fault fails the append cleanly and the handle stays usab
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     var buf: [4096]u8 = undefined;
-    const s = try Store.open(testing.allocator, try tmpPath(&tmp, &buf, "f"), .{ .create = true, .codec = .raw });
+    const path = try tmpPath(&tmp, &buf, "f");
+    const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = .raw });
     defer s.close();
     _ = try appendSlices(s, &.{"one"});
-    fsio.armFault(@as(u32, 1) << @intFromEnum(fsio.Op.write), 1, false);
+    fsio.armFault(@as(u32, 1) << @backingInt(fsio.Op.write), 1, false);
     try testing.expectError(error.IoFailed, appendSlices(s, &.{"two"}));
     fsio.armFault(0, 0, false);
     try testing.expectEqual(@as(u64, 1), try s.recordCount());
     try testing.expectEqual(@as(u64, 1), try appendSlices(s, &.{"two"}));
     // A failed fsync fails the handle for good (the pages may be gone).
-    fsio.armFault(@as(u32, 1) << @intFromEnum(fsio.Op.sync), 1, false);
+    fsio.armFault(@as(u32, 1) << @backingInt(fsio.Op.sync), 1, false);
     try testing.expectError(error.IoFailed, s.sync());
     fsio.armFault(0, 0, false);
     try testing.expectError(error.Failed, s.sync());

@@ -70,17 +70,31 @@ pub const Spec = extern struct {
 
 pub fn checkSpec(s: Spec) Error!void {
     if (s.seq_len == 0) return diag.fail(error.InvalidArgument, "seq_len must be >= 1", .{});
-    if (s.docs == 0) return diag.fail(error.InvalidArgument, "a window index needs at least one document", .{});
+    if (s.docs == 0) {
+        return diag.fail(error.InvalidArgument, "a window index needs at least one document", .{});
+    }
     switch (s.itemsize) {
         1, 2, 4, 8 => {},
-        else => return diag.fail(error.InvalidArgument, "tokens of {d} bytes are not supported", .{s.itemsize}),
+        else => return diag.fail(
+            error.InvalidArgument,
+            "tokens of {d} bytes are not supported",
+            .{s.itemsize},
+        ),
     }
-    if (s.prefix[0] != 0) return diag.fail(error.InvalidArgument, "the window index must start at 0", .{});
+    if (s.prefix[0] != 0) {
+        return diag.fail(error.InvalidArgument, "the window index must start at 0", .{});
+    }
 }
 
 /// Builds `out[0..docs+1]`, the prefix sums of a corpus: the documents are
 /// records [0, docs) of `parts`, 1-D, each a whole number of tokens.
-pub fn index(gpa: Allocator, parts: []const store_parts.Part, itemsize: u32, has_separator: bool, out: []u64) Error!void {
+pub fn index(
+    gpa: Allocator,
+    parts: []const store_parts.Part,
+    itemsize: u32,
+    has_separator: bool,
+    out: []u64,
+) Error!void {
     assert(out.len >= 1);
     const docs = out.len - 1;
     var sc: store_parts.Scratch = .{};
@@ -93,8 +107,16 @@ pub fn index(gpa: Allocator, parts: []const store_parts.Part, itemsize: u32, has
             return diag.fail(error.OutOfRange, "document {d} is out of range", .{d});
         const loc = snaps[at.part].locs.get(at.local);
         try Store.checkLoc(loc, at.local, snaps[at.part].data, snaps[at.part].data_size, true);
-        if (loc.aux_size != 0) return diag.fail(error.SizeMismatch, "document {d} is not 1-D (token documents must be)", .{d});
-        if (loc.raw_size % itemsize != 0) return diag.fail(error.Corrupt, "document {d} is not a whole number of tokens", .{d});
+        if (loc.aux_size != 0) {
+            return diag.fail(
+                error.SizeMismatch,
+                "document {d} is not 1-D (token documents must be)",
+                .{d},
+            );
+        }
+        if (loc.raw_size % itemsize != 0) {
+            return diag.fail(error.Corrupt, "document {d} is not a whole number of tokens", .{d});
+        }
         const sep: u64 = @intFromBool(has_separator and d + 1 < docs);
         out[d + 1] = out[d] + loc.raw_size / itemsize + sep;
     }
@@ -119,7 +141,9 @@ pub const Scratch = struct {
 
     pub fn deinit(sc: *Scratch, gpa: Allocator) void {
         sc.parts.deinit(gpa);
-        inline for (.{ "ids", "docs", "decode_ids", "decode_of", "decode_local", "raw", "aux" }) |name| {
+        inline for (.{
+            "ids", "docs", "decode_ids", "decode_of", "decode_local", "raw", "aux",
+        }) |name| {
             @field(sc, name).deinit(gpa);
         }
     }
@@ -138,11 +162,25 @@ pub const Out = struct {
 };
 
 /// Gathers windows `windows` of corpus `spec` (documents in `parts`) into `out`.
-pub fn gather(gpa: Allocator, spec: Spec, parts: []const store_parts.Part, windows: []const u64, out: Out, lanes: usize, sc: *Scratch) Error!void {
+pub fn gather(
+    gpa: Allocator,
+    spec: Spec,
+    parts: []const store_parts.Part,
+    windows: []const u64,
+    out: Out,
+    lanes: usize,
+    sc: *Scratch,
+) Error!void {
     if (windows.len == 0) return;
     const count = spec.windowCount();
     for (windows) |w| {
-        if (w >= count) return diag.fail(error.OutOfRange, "window {d} is out of range for {d} windows", .{ w, count });
+        if (w >= count) {
+            return diag.fail(
+                error.OutOfRange,
+                "window {d} is out of range for {d} windows",
+                .{ w, count },
+            );
+        }
     }
     try neededDocs(gpa, spec, windows, sc);
     const snaps = try store_parts.begin(gpa, parts, &sc.parts);
@@ -151,7 +189,8 @@ pub fn gather(gpa: Allocator, spec: Spec, parts: []const store_parts.Part, windo
     defer if (decoded.len > 0) std.c.free(decoded.ptr);
     try locateDocs(gpa, spec, parts, snaps, sc, &decoded, lanes);
     var job: AssembleJob = .{ .spec = spec, .windows = windows, .out = out, .docs = sc.docs.items };
-    const plan = pool.plan(windows.len, windows.len * spec.seq_len * spec.itemsize >= store_read.inline_raw_bytes, lanes, 4);
+    const raw_bytes = windows.len * spec.seq_len * spec.itemsize;
+    const plan = pool.plan(windows.len, raw_bytes >= store_read.inline_raw_bytes, lanes, 4);
     job.block_size = plan.block_size;
     pool.run(plan.lanes, &job, AssembleJob.work);
 }
@@ -180,22 +219,39 @@ fn neededDocs(gpa: Allocator, spec: Spec, windows: []const u64, sc: *Scratch) Er
 
 /// Points every needed document at its tokens: raw ones in the mapping,
 /// compressed ones decoded (all at once, on the lanes) into `decoded`.
-fn locateDocs(gpa: Allocator, spec: Spec, parts: []const store_parts.Part, snaps: []const store_read.Snapshot, sc: *Scratch, decoded: *[]u8, lanes: usize) Error!void {
+fn locateDocs(
+    gpa: Allocator,
+    spec: Spec,
+    parts: []const store_parts.Part,
+    snaps: []const store_read.Snapshot,
+    sc: *Scratch,
+    decoded: *[]u8,
+    lanes: usize,
+) Error!void {
     sc.docs.resize(gpa, sc.ids.items.len) catch return error.OutOfMemory;
     sc.decode_ids.clearRetainingCapacity();
     sc.decode_of.clearRetainingCapacity();
     sc.decode_local.clearRetainingCapacity();
     for (sc.ids.items, sc.docs.items, 0..) |id, *doc, i| {
         const at = store_parts.find(parts, snaps, id) orelse
-            return diag.fail(error.OutOfRange, "document {d} is out of range: the store changed since its window index was built", .{id});
+            return diag.fail(
+                error.OutOfRange,
+                "document {d} is out of range: the store changed since its window index was built",
+                .{id},
+            );
         const snap = &snaps[at.part];
         const loc = snap.locs.get(at.local);
         try Store.checkLoc(loc, at.local, snap.data, snap.data_size, false);
         if (loc.aux_size != 0 or loc.raw_size != spec.docTokens(id) * spec.itemsize) {
-            return diag.fail(error.SizeMismatch, "document {d} holds {d} bytes, the window index says {d}: the store changed since the index was built", .{ id, loc.raw_size, spec.docTokens(id) * spec.itemsize });
+            return diag.fail(
+                error.SizeMismatch,
+                "document {d} holds {d} bytes, the window index says {d}: " ++
+                    "the store changed since the index was built",
+                .{ id, loc.raw_size, spec.docTokens(id) * spec.itemsize },
+            );
         }
         doc.* = .{ .id = id, .tokens = snap.data + loc.offset };
-        if (loc.codec != @intFromEnum(format.Codec.raw)) {
+        if (loc.codec != @backingInt(format.Codec.raw)) {
             sc.decode_ids.append(gpa, i) catch return error.OutOfMemory;
             sc.decode_of.append(gpa, at.part) catch return error.OutOfMemory;
             sc.decode_local.append(gpa, at.local) catch return error.OutOfMemory;
@@ -205,7 +261,11 @@ fn locateDocs(gpa: Allocator, spec: Spec, parts: []const store_parts.Part, snaps
     const n = sc.decode_local.items.len;
     sc.raw.resize(gpa, n) catch return error.OutOfMemory;
     sc.aux.resize(gpa, n) catch return error.OutOfMemory;
-    const reads: store_read.Reads = .{ .snaps = snaps, .of = sc.decode_of.items, .indices = sc.decode_local.items };
+    const reads: store_read.Reads = .{
+        .snaps = snaps,
+        .of = sc.decode_of.items,
+        .indices = sc.decode_local.items,
+    };
     decoded.* = try store_read.packedReads(gpa, reads, lanes, sc.raw.items, sc.aux.items);
     var at: usize = 0;
     for (sc.decode_ids.items, sc.raw.items) |i, size| {
@@ -258,7 +318,9 @@ const AssembleJob = struct {
                     const n: usize = @intCast((copy_end - t) * size);
                     codec.copy(base[@as(usize, @intCast(t - t0)) * size ..][0..n], from[0..n]);
                 }
-                if (span_end > doc_end) writeToken(base + @as(usize, @intCast(doc_end - t0)) * size, s.separator, size);
+                if (span_end > doc_end) {
+                    writeToken(base + @as(usize, @intCast(doc_end - t0)) * size, s.separator, size);
+                }
             }
             if (job.out.segments) |seg| {
                 const base = seg + row * @as(usize, @intCast(width));
@@ -300,7 +362,7 @@ test "windows cross documents, with separators and segments, raw and compressed 
         const path = try std.fmt.bufPrint(&buf, "{s}/{s}", .{ base, @tagName(cd) });
         const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = cd });
         defer s.close();
-        // Documents of u16 tokens: [1,2,3], [], [4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20], [21].
+        // Documents of u16 tokens: [1,2,3], [], [4,5,...,20] (17 tokens), [21].
         var tokens: [21]u16 = undefined;
         for (&tokens, 1..) |*t, v| t.* = @intCast(v);
         const bytes = std.mem.sliceAsBytes(&tokens);
@@ -312,19 +374,29 @@ test "windows cross documents, with separators and segments, raw and compressed 
         try index(testing.allocator, &parts, 2, true, &prefix);
         // With separators (id 0) between documents: 3+1, 0+1, 17+1, 1.
         try testing.expectEqualSlices(u64, &.{ 0, 4, 5, 23, 24 }, &prefix);
-        const spec: Spec = .{ .prefix = &prefix, .docs = 4, .seq_len = 4, .separator = 0, .has_separator = 1, .itemsize = 2 };
+        const spec: Spec = .{
+            .prefix = &prefix,
+            .docs = 4,
+            .seq_len = 4,
+            .separator = 0,
+            .has_separator = 1,
+            .itemsize = 2,
+        };
         try testing.expectEqual(@as(u64, 5), spec.windowCount());
         var out: [2][5]u16 = undefined;
         var seg: [2][5]i32 = undefined;
         var sc: Scratch = .{};
         defer sc.deinit(testing.allocator);
-        try gather(testing.allocator, spec, &parts, &.{ 0, 1 }, .{ .tokens = @ptrCast(&out), .segments = @ptrCast(&seg) }, 0, &sc);
+        const both: Out = .{ .tokens = @ptrCast(&out), .segments = @ptrCast(&seg) };
+        const tokens_only: Out = .{ .tokens = @ptrCast(&out) };
+        try gather(testing.allocator, spec, &parts, &.{ 0, 1 }, both, 0, &sc);
         try testing.expectEqualSlices(u16, &.{ 1, 2, 3, 0, 0 }, &out[0]);
         try testing.expectEqualSlices(i32, &.{ 0, 0, 0, 0, 1 }, &seg[0]);
         try testing.expectEqualSlices(u16, &.{ 0, 4, 5, 6, 7 }, &out[1]);
         try testing.expectEqualSlices(i32, &.{ 0, 1, 1, 1, 1 }, &seg[1]);
-        try gather(testing.allocator, spec, &parts, &.{4}, .{ .tokens = @ptrCast(&out) }, 0, &sc);
+        try gather(testing.allocator, spec, &parts, &.{4}, tokens_only, 0, &sc);
         try testing.expectEqualSlices(u16, &.{ 15, 16, 17, 18, 19 }, &out[0]);
-        try testing.expectError(error.OutOfRange, gather(testing.allocator, spec, &parts, &.{5}, .{ .tokens = @ptrCast(&out) }, 0, &sc));
+        const past_end = gather(testing.allocator, spec, &parts, &.{5}, tokens_only, 0, &sc);
+        try testing.expectError(error.OutOfRange, past_end);
     }
 }

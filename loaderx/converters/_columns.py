@@ -91,14 +91,20 @@ class ColumnSpec:
     codec: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
+    @property
+    def dense_shape(self) -> tuple:
+        """`item_shape` of a dense column, which always has one."""
+        assert self.item_shape is not None
+        return self.item_shape
+
     def record_bytes(self) -> int:
         if self.kind == "dense":
-            return int(self.dtype.itemsize * int(np.prod(self.item_shape, dtype=np.int64)))
+            return int(self.dtype.itemsize * int(np.prod(self.dense_shape, dtype=np.int64)))
         return 0
 
     def describe(self) -> str:
         if self.kind == "dense":
-            return f"DenseStore {self.dtype}{list(self.item_shape)}"
+            return f"DenseStore {self.dtype}{list(self.dense_shape)}"
         if self.kind == "ragged":
             return f"RaggedStore {self.dtype}"
         return "Zrecord"
@@ -187,12 +193,14 @@ def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
             name, "bytes", np.dtype(np.uint8), None, decode="utf8" if "string" in str(t) else ""
         )
     dims, inner = _fixed_chain(pa, t)
-    if dims and _leaf_dtype(pa, inner) is not None:
-        return ColumnSpec(name, "dense", _leaf_dtype(pa, inner), dims)
+    inner_leaf = _leaf_dtype(pa, inner)
+    if dims and inner_leaf is not None:
+        return ColumnSpec(name, "dense", inner_leaf, dims)
     if _is_list(pa, t):
         tdims, tinner = _fixed_chain(pa, t.value_type)
-        if _leaf_dtype(pa, tinner) is not None:
-            return ColumnSpec(name, "ragged", _leaf_dtype(pa, tinner), tdims)
+        tinner_leaf = _leaf_dtype(pa, tinner)
+        if tinner_leaf is not None:
+            return ColumnSpec(name, "ragged", tinner_leaf, tdims)
     raise unmappable(name, f"Arrow type {t}", flags)
 
 
@@ -253,7 +261,7 @@ def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
 def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
     """Every leaf value of a batch of fixed-shape records, checked to fill the shape."""
     count = len(arr)
-    per_row = int(np.prod(spec.item_shape, dtype=np.int64))
+    per_row = int(np.prod(spec.dense_shape, dtype=np.int64))
     while not (_leaf_dtype(pa, arr.type) is not None):
         if pa.types.is_fixed_size_list(arr.type):
             _check_nulls(arr, spec.name, row0, flags)
@@ -273,7 +281,7 @@ def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndar
             f"column {spec.name!r}: rows {row0}..{row0 + count - 1} do not all have "
             f"the shape {spec.item_shape}"
         )
-    return values.reshape((count,) + tuple(spec.item_shape))
+    return values.reshape((count,) + tuple(spec.dense_shape))
 
 
 def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:

@@ -51,7 +51,7 @@ def spec_entry(spec: ColumnSpec, codec: str) -> dict:
     entry = {
         "kind": spec.kind,
         "dtype": str(spec.dtype),
-        "item_shape": list(spec.item_shape) if spec.kind == "dense" else None,
+        "item_shape": list(spec.dense_shape) if spec.kind == "dense" else None,
         "codec": codec,
     }
     entry.update(spec.extra)
@@ -136,8 +136,16 @@ class Destination:
         os.makedirs(self.staging)
         return self.staging
 
+    def _staging_dir(self) -> str:
+        assert self.staging is not None  # made by begin()
+        return self.staging
+
+    def _existing_manifest(self) -> dict:
+        assert self.existing is not None  # read by __init__ in mode "append"
+        return self.existing
+
     def _check_append(self, specs: list[ColumnSpec]) -> None:
-        cols = self.existing["columns"]
+        cols = self._existing_manifest()["columns"]
         if [s.name for s in specs] != list(cols):
             raise ConvertError(
                 f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
@@ -156,7 +164,7 @@ class Destination:
             self.column_dirs[s.name] = os.path.dirname(have["shards"][0]["path"]) or s.name
 
     def part_path(self, column: str, k: int) -> str:
-        return os.path.join(self.staging, self.column_dirs[column], f"part-{k:05d}")
+        return os.path.join(self._staging_dir(), self.column_dirs[column], f"part-{k:05d}")
 
     def commit(
         self, specs: list[ColumnSpec], codecs: dict, part_rows: list[int], source: dict
@@ -173,7 +181,7 @@ class Destination:
             ]
             columns[s.name] = entry
         manifest = self._manifest(columns, sum(part_rows), source)
-        write_json(os.path.join(self.staging, MANIFEST_NAME), manifest)
+        write_json(os.path.join(self._staging_dir(), MANIFEST_NAME), manifest)
         self._swap_in()
         return manifest
 
@@ -193,11 +201,11 @@ class Destination:
         }
 
     def _swap_in(self) -> None:
-        swap_into(self.staging, self.dest)
+        swap_into(self._staging_dir(), self.dest)
         self.staging = None
 
     def _commit_append(self, specs, part_rows: list[int], source: dict) -> dict:
-        manifest = self.existing
+        manifest = self._existing_manifest()
         for s in specs:
             col_dir = os.path.join(self.dest, self.column_dirs[s.name])
             os.makedirs(col_dir, exist_ok=True)
@@ -222,7 +230,7 @@ class Destination:
         )
         manifest["appended"] = sources + [source]
         write_json(os.path.join(self.dest, MANIFEST_NAME), manifest)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        shutil.rmtree(self._staging_dir(), ignore_errors=True)
         self.staging = None
         return manifest
 

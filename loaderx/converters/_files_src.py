@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -119,7 +119,7 @@ class ImageFolderSource(Source):
             yield Batch(b - a, cols, b - a)
 
     def describe(self) -> dict:
-        d = {"type": "image-folder", "path": self.root}
+        d: dict[str, Any] = {"type": "image-folder", "path": self.root}
         if self.classes:
             d["classes"] = self.classes
         return d
@@ -141,7 +141,8 @@ def _split_key(member: str) -> tuple[str, str]:
 
 def _samples(path: str) -> Iterator[tuple[str, dict]]:
     """(key, {extension: bytes}) for consecutive members sharing a key."""
-    key, sample = None, {}
+    key = ""  # set before the sample gets its first member
+    sample: dict[str, bytes] = {}
     try:
         with tarfile.open(path, "r|*") as tf:
             for member in tf:
@@ -156,7 +157,9 @@ def _samples(path: str) -> Iterator[tuple[str, dict]]:
                     raise ConvertError(
                         f"{path}: sample {k!r} has two members with extension {ext!r}"
                     )
-                sample[ext] = tf.extractfile(member).read()
+                data = tf.extractfile(member)
+                assert data is not None  # a regular file (checked above)
+                sample[ext] = data.read()
     except tarfile.TarError as e:
         raise ConvertError(f"{path}: not a readable tar file ({e})") from None
     if sample:
@@ -171,7 +174,7 @@ class WebDatasetSource(Source):
 
     kind = "webdataset"
     _open_specs = None  # per process, never pickled
-    _open_probe = None  # per process, never pickled
+    _open_probe: list[tuple[str, dict]] | None = None  # per process, never pickled
     unit = "B"
 
     def __init__(self, files: list[str], options: Options):
@@ -197,8 +200,10 @@ class WebDatasetSource(Source):
         return self._open_specs
 
     def _spec(self, ext: str) -> ColumnSpec:
-        values = [s[ext] for _, s in self._open_probe if ext in s]
-        where = [f"{self.files[0]}:{k}.{ext}" for k, s in self._open_probe if ext in s]
+        probe = self._open_probe
+        assert probe is not None  # specs are decided in the process that built the source
+        values = [s[ext] for _, s in probe if ext in s]
+        where = [f"{self.files[0]}:{k}.{ext}" for k, s in probe if ext in s]
         if ext in _INT_EXTENSIONS:
             return ColumnSpec(ext, "dense", np.dtype(np.int64), (), decode="int")
         if ("." + ext.rsplit(".", 1)[-1]) in IMAGE_EXTENSIONS:
@@ -230,7 +235,8 @@ class WebDatasetSource(Source):
 
     def read(self, task, specs, batch_bytes: int) -> Iterator[Batch]:
         for path in task:
-            rows, cols, size = 0, {s.name: [] for s in specs}, 0
+            cols: dict[str, list] = {s.name: [] for s in specs}
+            rows, size = 0, 0
             for key, sample in _samples(path):
                 self._add(path, key, sample, specs, cols)
                 rows += 1
@@ -281,10 +287,10 @@ class WebDatasetSource(Source):
                 if a.shape != spec.item_shape or a.dtype != spec.dtype:
                     raise ConvertError(
                         f"{w}: array is {a.dtype}{list(a.shape)} but the column holds "
-                        f"{spec.dtype}{list(spec.item_shape)} (decided from the first "
+                        f"{spec.dtype}{list(spec.dense_shape)} (decided from the first "
                         f"samples); keep the bytes with {self.options.flags.opt('keep_encoded')}"
                     )
-            return np.stack(arrays) if arrays else np.zeros((0,) + spec.item_shape, spec.dtype)
+            return np.stack(arrays) if arrays else np.zeros((0,) + spec.dense_shape, spec.dtype)
         return values
 
     def describe(self) -> dict:

@@ -11,7 +11,7 @@ import mmap
 import os
 import warnings
 import zipfile
-from typing import Iterator
+from typing import IO, Iterator
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class _Member:
                 self.header_bytes = f.tell()
         self.shape, self.fortran, self.dtype = shape, fortran, dtype
         self.stored = info.compress_type == zipfile.ZIP_STORED
-        self._open_file = None
+        self._open_file: IO[bytes] | None = None
         self._open_pos = 0
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -76,6 +76,7 @@ class _Rows:
     def __init__(self, array=None, member: _Member | None = None, row_length: int | None = None):
         self.array, self.member, self.row_length = array, member, row_length
         src = array if array is not None else member
+        assert src is not None  # an array or an .npz member
         shape, self.dtype = tuple(src.shape), np.dtype(src.dtype)
         if row_length:
             if len(shape) != 1:
@@ -112,6 +113,36 @@ def _release(array, start: int, stop: int) -> None:
         mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
+def _array_columns(arrays: dict, length: int | None) -> dict:
+    cols = {}
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray):
+            raise ConvertError(f"column {name!r} is a {type(a).__name__}, not a numpy array")
+        cols[str(name)] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
+    return cols
+
+
+def _npz_columns(path: str, length: int | None) -> dict:
+    with zipfile.ZipFile(path) as zf:
+        members = [n for n in zf.namelist() if n.endswith(".npy")]
+    cols = {}
+    for m in members:
+        member = _Member(path, m)
+        if member.fortran and len(member.shape) > 1:
+            raise ConvertError(
+                f"{path}: array {m[:-4]!r} is in Fortran order; save it "
+                "with np.ascontiguousarray first"
+            )
+        cols[m[:-4]] = _Rows(member=member, row_length=length if len(member.shape) == 1 else None)
+    return cols
+
+
+def _npy_columns(path: str, length: int | None) -> dict:
+    a = np.load(path, mmap_mode="r", allow_pickle=False)
+    name = os.path.splitext(os.path.basename(path))[0]
+    return {name: _Rows(array=a, row_length=length if a.ndim == 1 else None)}
+
+
 class NumpySource(Source):
     kind = "numpy"
     _open_cols = None  # per process, never pickled
@@ -140,7 +171,9 @@ class NumpySource(Source):
             raise ConvertError(
                 f"{self.where}: the arrays have different lengths along axis 0: {lengths}"
             )
-        self.rows = next(iter(lengths.values()))
+        rows = next(iter(lengths.values()))
+        assert rows is not None  # 0-d columns were refused above
+        self.rows: int = rows
 
     @property
     def where(self) -> str:
@@ -150,31 +183,14 @@ class NumpySource(Source):
         if self._open_cols is not None:
             return self._open_cols
         length = self.options.row_length
-        cols = {}
         if self.arrays is not None:
-            for name, a in self.arrays.items():
-                if not isinstance(a, np.ndarray):
-                    raise ConvertError(
-                        f"column {name!r} is a {type(a).__name__}, not a numpy array"
-                    )
-                cols[str(name)] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
-        elif self.path.endswith(".npz"):
-            with zipfile.ZipFile(self.path) as zf:
-                members = [n for n in zf.namelist() if n.endswith(".npy")]
-            for m in members:
-                member = _Member(self.path, m)
-                if member.fortran and len(member.shape) > 1:
-                    raise ConvertError(
-                        f"{self.path}: array {m[:-4]!r} is in Fortran order; save it "
-                        "with np.ascontiguousarray first"
-                    )
-                cols[m[:-4]] = _Rows(
-                    member=member, row_length=length if len(member.shape) == 1 else None
-                )
+            cols = _array_columns(self.arrays, length)
         else:
-            a = np.load(self.path, mmap_mode="r", allow_pickle=False)
-            name = os.path.splitext(os.path.basename(self.path))[0]
-            cols[name] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
+            assert self.path is not None  # a source is a dict of arrays or a path
+            if self.path.endswith(".npz"):
+                cols = _npz_columns(self.path, length)
+            else:
+                cols = _npy_columns(self.path, length)
         self._warn_tail(cols)
         self._open_cols = cols
         return cols

@@ -160,7 +160,8 @@ def run_tasks(
     if len(tasks) == 1:
         return [write_task(source, tasks[0], specs, paths[0], opts, progress.update)]
     work = tempfile.mkdtemp(prefix="loaderx-convert-")
-    procs, readers, counters, rows = [], [], [0.0] * len(tasks), {}
+    procs, readers, counters = [], [], [0.0] * len(tasks)
+    rows: dict[int, int] = {}
     try:
         for k, task in enumerate(tasks):
             job = os.path.join(work, f"task-{k}.pickle")
@@ -238,8 +239,8 @@ def worker_main(job: str) -> int:
             payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
         except Exception:  # an exception that does not pickle: send its text
             payload = pickle.dumps((None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        with open(job[: -len(".pickle")] + ".error", "wb") as f:
-            f.write(payload)
+        with open(job[: -len(".pickle")] + ".error", "wb") as out:
+            out.write(payload)
         return 1
     print(f"R {rows}", flush=True)
     return 0

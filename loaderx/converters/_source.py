@@ -155,7 +155,7 @@ class ImageColumn:
                     f"files with {flags.opt('keep_encoded')}, or resize the images first"
                 )
         if not arrays:
-            return np.zeros((0,) + spec.item_shape, spec.dtype)
+            return np.zeros((0,) + spec.dense_shape, spec.dtype)
         return np.stack(arrays)
 
 

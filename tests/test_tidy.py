@@ -1,0 +1,251 @@
+"""Tidy: the shape rules the project guide sets for src/*.zig and loaderx/**/*.py,
+checked mechanically (as TigerBeetle's tidy does).
+
+- every function is at most 70 lines (Zig: from the `fn` line to its closing brace;
+  Python: the `def` line to the last line of the body);
+- every line is at most 100 columns (generated files, whose first line says
+  "Generated", are exempt: they mirror their source);
+- src/ has no `@panic`, and every `unreachable` carries a comment, on its line or
+  the line above, naming the invariant that makes it unreachable;
+- every file starts with a doc comment (Zig `//!`, Python a module docstring).
+
+Each test lists every violation as `file:line: what`, so one run shows them all.
+Run as a script (`python tests/test_tidy.py`) it prints the counts and the largest
+file and function."""
+import ast
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FUNCTION_LINES_MAX = 70
+LINE_COLUMNS_MAX = 100
+
+
+def zig_files():
+    return sorted(glob.glob(os.path.join(ROOT, "src", "*.zig")))
+
+
+def python_files():
+    return sorted(glob.glob(os.path.join(ROOT, "loaderx", "**", "*.py"), recursive=True))
+
+
+def all_files():
+    return zig_files() + python_files()
+
+
+def rel(path):
+    return os.path.relpath(path, ROOT)
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().split("\n")
+
+
+# --- Zig source without comments and literals -------------------------------------------
+
+
+def zig_code_line(line):
+    """The code of one Zig line: comments removed, string and character literal
+    contents blanked (so braces, `fn` and `unreachable` inside them do not count),
+    multiline string lines (`\\\\...`) empty."""
+    if line.lstrip().startswith("\\\\"):
+        return ""
+    out = []
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if ch == "/" and line.startswith("//", i):
+            break
+        if ch in "\"'":
+            end = i + 1
+            while end < len(line) and line[end] != ch:
+                end += 2 if line[end] == "\\" else 1
+            out.append(ch + " " * (min(end, len(line)) - i - 1) + ch)
+            i = end + 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def zig_comment(line):
+    """The `//` comment of one Zig line, or "" (a `//` inside a literal is not one)."""
+    code = zig_code_line(line)
+    if line.lstrip().startswith("\\\\") or len(code) >= len(line):
+        return ""
+    return line[len(code):].strip()
+
+
+FN_RE = re.compile(r"\bfn\s+(@\"[^\"]*\"|[A-Za-z_]\w*)\s*\(")
+# A `{` right after one of these opens a type in a signature, not the function body
+# (`error{...}!T`, `struct {...}`, `enum(u8) {...}`, `union(enum) {...}`).
+TYPE_OPENER = re.compile(r"(\b(error|struct|union|enum|opaque)|\b(enum|union)\s*\([^()]*\))$")
+
+
+def zig_functions(lines):
+    """(name, first line, last line) of every Zig function with a body (1-based)."""
+    code = [zig_code_line(line) for line in lines]
+    found = []
+    for row, text in enumerate(code):
+        for m in FN_RE.finditer(text):
+            end = zig_function_end(code, row, m.end())
+            if end is not None:
+                found.append((m.group(1), row + 1, end + 1))
+    return found
+
+
+def zig_function_end(code, row, col):
+    """The row of the brace closing the body of the `fn` whose parameter list opens
+    just before (row, col); None for a declaration without a body (`extern fn`)."""
+    parens = 1
+    braces = 0
+    in_body = False
+    while row < len(code):
+        text = code[row]
+        while col < len(text):
+            ch = text[col]
+            if ch in "([":
+                parens += 1
+            elif ch in ")]":
+                parens -= 1
+            elif ch == ";" and parens == 0 and braces == 0 and not in_body:
+                return None
+            elif ch == "{":
+                if braces == 0 and parens == 0 and not in_body:
+                    in_body = not TYPE_OPENER.search(text[:col].rstrip())
+                braces += 1
+            elif ch == "}":
+                braces -= 1
+                if braces == 0 and in_body:
+                    return row
+            col += 1
+        row += 1
+        col = 0
+    return None
+
+
+# --- checks -----------------------------------------------------------------------------
+
+
+def function_sizes():
+    """(file, line, name, length) of every function in src/ and loaderx/."""
+    sizes = []
+    for path in zig_files():
+        for name, first, last in zig_functions(read_lines(path)):
+            sizes.append((rel(path), first, name, last - first + 1))
+    for path in python_files():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sizes.append((rel(path), node.lineno, node.name,
+                              node.end_lineno - node.lineno + 1))
+    return sizes
+
+
+def is_generated(lines):
+    return bool(lines) and "Generated" in lines[0]
+
+
+def long_lines():
+    found = []
+    for path in all_files():
+        lines = read_lines(path)
+        if is_generated(lines):
+            continue
+        for number, line in enumerate(lines, 1):
+            if len(line) > LINE_COLUMNS_MAX:
+                found.append(f"{rel(path)}:{number}: {len(line)} columns")
+    return found
+
+
+def panics_and_unreachables():
+    found = []
+    for path in zig_files():
+        lines = read_lines(path)
+        for number, line in enumerate(lines, 1):
+            code = zig_code_line(line)
+            if "@panic" in code:
+                found.append(f"{rel(path)}:{number}: @panic (return an error, or assert)")
+            if re.search(r"\bunreachable\b", code):
+                above = lines[number - 2].strip() if number >= 2 else ""
+                if not zig_comment(line) and not above.startswith("//"):
+                    found.append(f"{rel(path)}:{number}: `unreachable` without a comment "
+                                 "naming the invariant")
+    return found
+
+
+def missing_doc_comments():
+    found = []
+    for path in zig_files():
+        if not read_lines(path)[0].startswith("//!"):
+            found.append(f"{rel(path)}:1: no `//!` doc comment at the top")
+    for path in python_files():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        if ast.get_docstring(tree) is None:
+            found.append(f"{rel(path)}:1: no module docstring")
+    return found
+
+
+def report(what, violations):
+    return f"{len(violations)} {what}:\n" + "\n".join(violations)
+
+
+def test_functions_are_short():
+    over = [f"{path}:{line}: {name} is {size} lines (max {FUNCTION_LINES_MAX})"
+            for path, line, name, size in function_sizes() if size > FUNCTION_LINES_MAX]
+    assert not over, report("functions too long", over)
+
+
+def test_lines_are_short():
+    found = long_lines()
+    assert not found, report(f"lines over {LINE_COLUMNS_MAX} columns", found)
+
+
+def test_no_panic_and_unreachable_is_explained():
+    found = panics_and_unreachables()
+    assert not found, report("panics or unexplained unreachables", found)
+
+
+def test_files_start_with_a_doc_comment():
+    found = missing_doc_comments()
+    assert not found, report("files without a doc comment", found)
+
+
+def test_zig_function_scanner():
+    """The scanner finds bodies, skips literals, type openers and body-less decls."""
+    src = [
+        "//! doc",
+        'extern fn ZSTD_x(a: usize) usize;',
+        "fn a(x: u32) error{Bad}!u32 {",
+        '    const s = "}{ fn b(";',
+        "    // } fn c() {",
+        "    return x;",
+        "}",
+        "pub fn d() void { return; }",
+        "const T = *const fn (u32) void;",
+        "fn e() enum(u8) { x, y } {",
+        "    \\\\ } multiline {",
+        "    return .x;",
+        "}",
+    ]
+    assert zig_functions(src) == [("a", 3, 7), ("d", 8, 8), ("e", 10, 13)]
+    assert zig_comment("    x catch unreachable; // count >= 1") == "// count >= 1"
+    assert zig_comment('    const s = "// not a comment";') == ""
+
+
+if __name__ == "__main__":
+    sizes = function_sizes()
+    over = [s for s in sizes if s[3] > FUNCTION_LINES_MAX]
+    print(f"long lines: {len(long_lines())}")
+    print(f"functions over {FUNCTION_LINES_MAX} lines: {len(over)}")
+    for path, line, name, size in sorted(over, key=lambda s: -s[3]):
+        print(f"  {path}:{line}: {name} {size}")
+    print("largest function:", max(sizes, key=lambda s: s[3]))
+    largest = max(all_files(), key=lambda p: len(read_lines(p)))
+    print("largest file:", rel(largest), len(read_lines(largest)) - 1, "lines")
+    print("unreachable/panic:", panics_and_unreachables())
+    print("doc comments:", missing_doc_comments())
