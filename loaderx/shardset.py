@@ -26,8 +26,8 @@ import numpy as np
 
 from . import _records
 from ._lib import check
-from .errors import (ClosedError, IdentityError, RecordIndexError, SizeMismatchError,
-                     ZrecordMemoryError)
+from ._store import normalize_indices
+from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 __all__ = ["ShardSet"]
 
@@ -84,38 +84,6 @@ def _check_out(out: Any, shape: tuple, dtype: np.dtype) -> None:
         raise SizeMismatchError("out must be C-contiguous")
     if not out.flags.writeable:
         raise SizeMismatchError("out is read-only")
-
-
-def _as_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
-    """A read key as (int64 indices in 0..n, is_scalar); wraps negatives."""
-    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-        i = int(key)
-        j = i + n if i < 0 else i
-        if not 0 <= j < n:
-            raise RecordIndexError(f"index {i} is out of range for {n} records")
-        return np.array([j], dtype=np.int64), True
-    if isinstance(key, slice):
-        return np.arange(*key.indices(n), dtype=np.int64), False
-    arr = np.asarray(list(key) if isinstance(key, tuple) else key)
-    if arr.dtype == np.bool_:
-        if arr.shape != (n,):
-            raise RecordIndexError(f"boolean mask has shape {arr.shape}, expected ({n},)")
-        return np.flatnonzero(arr).astype(np.int64), False
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64), False
-    if arr.dtype.kind not in "iu":
-        raise TypeError(
-            f"record indices must be integers, a slice or a boolean mask, not {arr.dtype}"
-        )
-    if arr.ndim != 1:
-        raise TypeError(f"record indices must be one-dimensional, got shape {arr.shape}")
-    if arr.dtype == np.uint64 and int(arr.max()) >= n:
-        raise RecordIndexError(f"index {int(arr.max())} is out of range for {n} records")
-    idx = arr.astype(np.int64, copy=False)
-    bad = (idx < -n) | (idx >= n)
-    if bad.any():
-        raise RecordIndexError(f"index {int(idx[np.argmax(bad)])} is out of range for {n} records")
-    return np.where(idx < 0, idx + n, idx), False
 
 
 class ShardSet:
@@ -237,7 +205,7 @@ class ShardSet:
         """Records `indices` in request order: a ``(B, *item_shape)`` array for
         dense shards (written into `out` when given), else a list."""
         self._check_open()
-        idx, _ = _as_indices(indices, self._len)
+        idx, _ = normalize_indices(indices, self._len)
         if self._kind == "dense":
             return self._gather_dense(idx, out, threads)
         if out is not None:
@@ -250,7 +218,7 @@ class ShardSet:
     def _read(self, idx: np.ndarray, threads: int):
         if not self._part_list:  # every shard is empty: so is idx
             return np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-        return _records.read_variable(self._parts, len(self._part_list), idx.astype(np.uint64),
+        return _records.read_variable(self._parts, len(self._part_list), idx,
                                       threads, None)
 
     def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
@@ -264,7 +232,7 @@ class ShardSet:
         else:
             _check_out(out, shape, self._dtype)
         if len(idx) and self._part_list:
-            rc = _records.gather_into(self._parts, len(self._part_list), idx.astype(np.uint64), out,
+            rc = _records.gather_into(self._parts, len(self._part_list), idx, out,
                                       self.record_bytes, threads, None)
             check(rc, None, "ShardSet gather")
         return out
@@ -276,13 +244,13 @@ class ShardSet:
             raise TypeError(
                 f"gather_packed applies to ragged shards; these hold {self._kind} records"
             )
-        idx, _ = _as_indices(indices, self._len)
+        idx, _ = normalize_indices(indices, self._len)
         buf, raw, aux = self._read(idx, threads)
         return _records.Ragged(buf, raw, aux, self._dtype, idx, None).to_packed(idx)
 
     def __getitem__(self, key):
         self._check_open()
-        idx, scalar = _as_indices(key, self._len)
+        idx, scalar = normalize_indices(key, self._len)
         got = self.gather(idx)
         return got[0] if scalar else got
 

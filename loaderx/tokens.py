@@ -41,7 +41,8 @@ import numpy as np
 
 from ._lib import check, ffi, lib
 from ._records import parts_array
-from .errors import IdentityError, RecordIndexError, SizeMismatchError
+from ._store import normalize_indices
+from .errors import IdentityError, SizeMismatchError
 
 __all__ = ["TokenWindows"]
 
@@ -125,7 +126,7 @@ class TokenWindows:
     def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
         """Windows `indices` as a ``(len(indices), seq_len + 1)`` array,
         written into `out` when given."""
-        idx = _window_indices(indices, self._len)
+        idx = normalize_indices(indices, self._len)[0]
         shape = (len(idx), self._seq_len + 1)
         out = _out(out, shape, self._dtype)
         self._gather(idx, out, None, threads)
@@ -189,7 +190,7 @@ class TokenSegments:
         return len(self._windows)
 
     def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
-        idx = _window_indices(indices, len(self._windows))
+        idx = normalize_indices(indices, len(self._windows))[0]
         out = _out(out, (len(idx), self._windows.seq_len + 1), self.dtype)
         self._windows._gather(idx, None, out, threads)
         return out
@@ -208,28 +209,6 @@ class TokenSegments:
 
 def _segments_of(windows: TokenWindows) -> TokenSegments:
     return windows.segments
-
-
-def _window_indices(indices, n: int) -> np.ndarray:
-    if isinstance(indices, slice):
-        return np.arange(*indices.indices(n), dtype=np.uint64)
-    arr = np.asarray(indices)
-    if arr.dtype == np.bool_:
-        if arr.shape != (n,):
-            raise RecordIndexError(f"boolean mask has shape {arr.shape}, expected ({n},)")
-        return np.flatnonzero(arr).astype(np.uint64)
-    if arr.size == 0:
-        return np.zeros(0, np.uint64)
-    if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        raise TypeError("window indices must be a 1-D integer array, a slice or a mask, "
-                        f"not {arr.dtype}{arr.shape}")
-    arr = arr.astype(np.int64)
-    arr = np.where(arr < 0, arr + n, arr)
-    bad = (arr < 0) | (arr >= n)
-    if bad.any():
-        raise RecordIndexError(f"window {int(np.asarray(indices)[np.argmax(bad)])} "
-                               f"is out of range for {n} windows")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
 def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray:

@@ -81,7 +81,8 @@ pub fn find(
 }
 
 /// The reads of global `indices` over `parts` (sorted by `first`), their
-/// per-record part and local index kept in `sc`.
+/// per-record part and local index kept in `sc` (one part from index 0: the
+/// indices are the store's own, nothing to map).
 pub fn locate(
     gpa: Allocator,
     parts: []const Part,
@@ -89,6 +90,7 @@ pub fn locate(
     indices: []const u64,
     sc: *Scratch,
 ) Error!store_read.Reads {
+    if (single(parts)) return .{ .snaps = snaps, .indices = indices };
     sc.of.resize(gpa, indices.len) catch return error.OutOfMemory;
     sc.local.resize(gpa, indices.len) catch return error.OutOfMemory;
     for (indices, sc.of.items, sc.local.items) |index, *of, *local| {
@@ -120,10 +122,7 @@ pub fn gather(
     if (indices.len == 0) return;
     const snaps = try begin(gpa, parts, sc);
     defer end(parts);
-    const reads = if (single(parts))
-        store_read.Reads{ .snaps = snaps, .indices = indices }
-    else
-        try locate(gpa, parts, snaps, indices, sc);
+    const reads = try locate(gpa, parts, snaps, indices, sc);
     try store_read.gatherReads(reads, dest, part, lanes);
 }
 
@@ -141,10 +140,7 @@ pub fn gatherAlloc(
     if (indices.len == 0) return &.{};
     const snaps = try begin(gpa, parts, sc);
     defer end(parts);
-    const reads = if (single(parts))
-        store_read.Reads{ .snaps = snaps, .indices = indices }
-    else
-        try locate(gpa, parts, snaps, indices, sc);
+    const reads = try locate(gpa, parts, snaps, indices, sc);
     return store_read.packedReads(gpa, reads, lanes, raw_out, aux_out);
 }
 
