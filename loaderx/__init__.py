@@ -20,6 +20,7 @@ from .dataset import from_iterator, from_numpy, open_dataset, open_store, pad
 from .errors import (
     BusyError,
     ClosedError,
+    LoaderClosedError,
     CorruptStoreError,
     DictionaryError,
     HandleFailedError,
@@ -43,6 +44,6 @@ __all__ = [
     "Sampler", "DataLoader",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
-    "LockedError", "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
-    "DictionaryError", "ReadOnlyError", "HandleFailedError",
+    "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
+    "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",
 ]

@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _pipeline
 from ._pipeline import Plan, Ring
+from .errors import LoaderClosedError
 
 # Reference counts prove an output array is free only where they are exact
 # (not on free-threaded builds, whose counts are biased and deferred).
@@ -142,14 +143,14 @@ class Engine:
                                "build one DataLoader per process")
         with self.lock:
             if self.closed:
-                raise RuntimeError("DataLoader is closed")
+                raise LoaderClosedError("DataLoader is closed")
             self.start()
             step = self.step_deliver
             if self.python_work:
                 while step not in self.ready:
                     self.ready_changed.wait()
                     if self.closed:
-                        raise RuntimeError("DataLoader was closed while next() was waiting")
+                        raise LoaderClosedError("DataLoader was closed while next() was waiting")
                 batch, error = self.ready.pop(step)
                 if error is None:
                     self.step_deliver = step + 1
@@ -163,7 +164,7 @@ class Engine:
         error, variable = ring.wait(step)
         with self.lock:
             if self.closed:
-                raise RuntimeError("DataLoader was closed while next() was waiting")
+                raise LoaderClosedError("DataLoader was closed while next() was waiting")
             if error is not None:
                 return step, None, error
             self.step_deliver = step + 1
@@ -180,7 +181,7 @@ class Engine:
         first, so none can still write into a recycled output array."""
         with self.lock:
             if self.closed:
-                raise RuntimeError("DataLoader is closed")
+                raise LoaderClosedError("DataLoader is closed")
             self.generation += 1
             self.ready.clear()
             self.draining = True

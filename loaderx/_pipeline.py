@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _abi, _lib, _records
 from ._lib import ffi, lib
+from .errors import LoaderClosedError
 from .mixture import Mixture, source_seed
 
 KINDS = ("dense", "ragged", "bytes")
@@ -186,7 +187,7 @@ class Ring:
         buffers of its variable columns, owned by the arrays)."""
         with self._users_changed:
             if self._closed:
-                return RuntimeError("DataLoader is closed"), []
+                return LoaderClosedError("DataLoader is closed"), []
             self._users += 1
         failed_out = ffi.new("uint32_t *")
         buffers = ffi.new("uint8_t *[]", self._width)

@@ -73,7 +73,8 @@ Closing
     ``close()`` (also on leaving a ``with`` block, and as a fallback when the
     loader is garbage collected or the interpreter exits) stops and joins
     every thread. It is idempotent and may be called from any thread: a
-    ``next()`` blocked in another thread then raises ``RuntimeError`` at once.
+    ``next()`` blocked in another thread then raises ``LoaderClosedError`` at
+    once (a ``ClosedError`` and a ``RuntimeError``); so does any later ``next()``.
 
 Thread safety
     ``next()``, ``state_dict()`` and ``load_state_dict()`` are meant for one
@@ -108,6 +109,7 @@ import numpy as np
 from loaderx import _abi
 from loaderx._engine import Engine
 from loaderx._pipeline import Plan
+from loaderx.errors import LoaderClosedError
 from loaderx.mixture import Mixture
 from loaderx.zsampler import Sampler
 
@@ -517,7 +519,7 @@ class DataLoader:
             raise RuntimeError(f"DataLoader stopped after an error at step {step}: "
                                f"{type(error).__name__}: {error}") from error
         if self.closed:
-            raise RuntimeError("DataLoader is closed")
+            raise LoaderClosedError("DataLoader is closed")
         return engine
 
 

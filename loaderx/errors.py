@@ -48,6 +48,11 @@ class ClosedError(ZrecordError, ValueError):
     """The store (or loader) has been closed."""
 
 
+class LoaderClosedError(ClosedError, RuntimeError):
+    """The DataLoader was closed (also a ``RuntimeError``, as the loader raised
+    before it was a ``ClosedError``)."""
+
+
 class RecordIndexError(ZrecordError, IndexError):
     """A record index is out of range."""
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from loaderx.dataloader import DataLoader
+from loaderx.errors import ClosedError, LoaderClosedError
 from loaderx.zsampler import Sampler
 
 LENGTH = 1000
@@ -477,6 +478,8 @@ def test_close_is_prompt_while_another_thread_is_blocked():
     consumer.join(1.0)
     assert elapsed < 1.0
     assert not consumer.is_alive()
+    assert isinstance(outcome["error"], LoaderClosedError)
+    assert isinstance(outcome["error"], RuntimeError)
     assert "closed" in str(outcome["error"])
     assert worker_threads() == []
 
@@ -490,9 +493,9 @@ def test_close_is_idempotent_and_final():
     loader.close()
     assert loader.closed
     assert worker_threads() == []
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(LoaderClosedError, match="closed"):
         next(loader)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         loader.load_state_dict(loader.state_dict())
 
 
