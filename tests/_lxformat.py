@@ -6,6 +6,8 @@ that forge stores: change any field and re-seal every checksum that covers it
 journal) and writes them back. The zstd frame builders write frames by hand
 from the zstd format description (RFC 8878): raw and RLE blocks, any frame
 content size, optional content checksum (low 32 bits of XXH64, seed 0).
+The helpers at the end (snapshot, restore, patch, flip, ...) damage a store's
+files in place, for the corruption tests.
 """
 
 from __future__ import annotations
@@ -336,3 +338,49 @@ def raw_frame(content: bytes, checksum: bool = True, **kw) -> bytes:
     chunks = [content[i : i + BLOCK_MAX] for i in range(0, len(content), BLOCK_MAX)] or [b""]
     blocks = [block("raw", c, last=(k == len(chunks) - 1)) for k, c in enumerate(chunks)]
     return frame(blocks, len(content), checksum_of=content if checksum else None, **kw)
+
+
+# -- in-place damage: the files of a store on disk, byte by byte
+
+
+def snapshot(path) -> dict:
+    """name -> bytes of every file in a store directory."""
+    out = {}
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def restore(path, snap: dict) -> None:
+    for name, data in snap.items():
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(data)
+
+
+def patch(path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def flip(path, offset: int, mask: int = 0xFF) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def record_loc(store_path, i: int) -> tuple:
+    with open(os.path.join(store_path, "index"), "rb") as f:
+        f.seek(i * LOC.size)
+        return LOC.unpack(f.read(LOC.size))
+
+
+def rewrite_identity(store_path, blob: bytes) -> None:
+    """Replaces the store's user blob (its type identity) with `blob`, with a
+    valid blob and header checksum, as a hostile file would."""
+    image = StoreImage.load(store_path)
+    image.put_blobs(user=blob)
+    image.write(store_path)

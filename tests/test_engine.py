@@ -57,10 +57,10 @@ from loaderx.errors import (
     StoreNotFoundError,
 )
 from loaderx.zrecord import DenseStore, RaggedStore, Zrecord, ZrecordError, train_dict  # noqa: F401
-from _format import (  # noqa: F401
-    COMMIT_CHECKSUM_SEED, COMMIT_OFFSET, HEADER_CHECKSUM_SEED, LOC, flip, patch, record_loc, restore,
-    snapshot, xxh64,
-)
+from _lxformat import COMMIT_OFFSET, LOC, flip, patch, record_loc, restore, snapshot
+from _xxhash import SEED_COMMIT as COMMIT_CHECKSUM_SEED
+from _xxhash import SEED_HEADER as HEADER_CHECKSUM_SEED
+from _xxhash import xxh64
 from _helpers import swap_last_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -26,7 +26,7 @@ import time
 import msgpack
 import numpy as np
 import pytest
-from _format import rewrite_identity
+from _lxformat import rewrite_identity
 from _helpers import expected_moves, swap_last_order
 
 from loaderx import _abi
@@ -463,7 +463,7 @@ def test_journal_entries_out_of_bounds_are_refused(tmp_path, no_faults):
     journal = bytearray((path / "journal").read_bytes())
     # Entry 0's loc.offset (header 96 B, then index u64, then offset u64) -> far past the data,
     # with both checksums recomputed so only the bounds check can catch it.
-    from _format import xxh64
+    from _xxhash import xxh64
     journal[104:112] = (10**9).to_bytes(8, "little")
     entries = bytes(journal[96:])
     journal[80:88] = xxh64(entries, 0).to_bytes(8, "little")
