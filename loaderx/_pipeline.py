@@ -142,7 +142,7 @@ class Ring:
         self._users_changed = threading.Condition(threading.Lock())
         self._closed = False
 
-    def _parts(self):
+    def _parts(self) -> Any:
         """Every (store handle, first, source, column) of the native columns."""
         self._part_list: List[Tuple[Any, int, int, int]] = []
         for c, col in enumerate(self.columns):
