@@ -132,7 +132,8 @@ class BufferPool:
         unmapped when its arrays are gone) or the smallest pooled request.
         Idle blocks over a lowered cap are unmapped now."""
         for name, value in (("max_idle_bytes", max_idle_bytes), ("min_bytes", min_bytes)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            bad = not isinstance(value, int) or isinstance(value, bool) or value < 0
+            if value is not None and bad:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if min_bytes is not None:
             self._min_bytes = max(1, min_bytes)

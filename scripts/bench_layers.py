@@ -105,6 +105,7 @@ class Context:
     venvs: Any = None  # bench_venvs.Venvs: private environments of contenders that need one
     cache: Path | None = None  # stores kept between runs (the scale layer's big stores)
     scale_max_bytes: int | None = None  # --scale-max-gib: the largest scale store to build
+    baseline: Path | None = None  # --baseline: a loaderx package the fresh-process rows also run
 
     def options(self, key: str, budget_s: float | None = None, chunk: int = 1) -> Options:
         directory = self.workdir / key
@@ -225,7 +226,10 @@ def run_dense(ctx: Context) -> list[Section]:
         )
         sections.append(_section(key, title, rows, "npy mmap fancy index", _dense_targets(label, record_bytes, ctx.threads, memcpy_all)))
         del source, backends
-    return sections
+    # The same gathers again, each run a fresh process (allocation and first-touch costs included).
+    import bench_fresh
+
+    return sections + bench_fresh.run_fresh(ctx)
 
 
 # ----------------------------------------------------------------------------- ragged tokens

@@ -234,14 +234,15 @@ def test_threads_never_share_a_block_and_the_cap_holds():
     def dropper() -> None:
         while not stop.is_set() or not handoff.empty():
             try:
-                item = handoff.get(timeout=0.01)
+                handoff.get(timeout=0.01)  # the array is dropped here, on this thread
             except queue.Empty:
                 continue
-            del item
 
     drop = threading.Thread(target=dropper)
     drop.start()
-    workers = [threading.Thread(target=_churn, args=(pool, t + 1, 300, handoff, errors)) for t in range(4)]
+    workers = [
+        threading.Thread(target=_churn, args=(pool, t + 1, 300, handoff, errors)) for t in range(4)
+    ]
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # switch threads often, inside the pool's code too
     try:
