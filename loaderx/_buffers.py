@@ -31,7 +31,10 @@ Bounds: blocks that are in use belong to their arrays, like any numpy
 allocation. Idle blocks (handed back, not yet reused) are capped at
 ``max_idle_bytes`` (default 256 MiB) per pool: a block handed back beyond the
 cap pushes the least recently returned idle blocks out, and they are unmapped
-at once. Requests smaller than ``min_bytes`` (default 1 MiB) are served by plain
+at once; so is a block left idle while 256 other arrays were handed out (the
+one-off shape of an evaluation pass does not stay resident).
+
+Requests smaller than ``min_bytes`` (default 1 MiB) are served by plain
 ``np.empty``: once glibc has seen one such block freed it serves them from
 its heap without an ``mmap``, and the pool's 2-4 us of bookkeeping per batch
 would cost more than it saves (it is 1-2 % of a 3 MiB gather). Above 32 MiB
@@ -61,6 +64,9 @@ HUGE_PAGE_BYTES = 2 << 20
 MIN_BYTES_DEFAULT = 1 << 20
 #: Idle bytes a pool keeps for reuse; more is unmapped as it comes back.
 MAX_IDLE_BYTES_DEFAULT = 256 << 20
+#: A block left idle while this many arrays were handed out is unmapped: the
+#: one-off batch shape of an evaluation pass does not stay resident for good.
+STALE_CHECKOUTS = 256
 
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 _MAP_FLAGS = (
@@ -76,7 +82,7 @@ def _round_up(n: int, unit: int) -> int:
 class _Block:
     """One mapping and the aligned span of it that arrays view."""
 
-    __slots__ = ("mapping", "address", "pointer", "size", "__weakref__")
+    __slots__ = ("mapping", "address", "pointer", "size", "returned_at", "__weakref__")
 
     def __init__(self, size: int):
         assert size > 0 and size % PAGE_BYTES == 0
@@ -90,6 +96,7 @@ class _Block:
         self.address = _round_up(base, HUGE_PAGE_BYTES) if slack else base
         self.pointer = ffi.cast("uint8_t *", self.address)
         self.size = size
+        self.returned_at = 0  # the pool's checkout count when it last came back
         self._advise(self.address - base)
 
     def _advise(self, offset: int) -> None:
@@ -116,6 +123,7 @@ class BufferPool:
         self._lock = threading.RLock()
         self._idle: list[_Block] = []  # oldest first
         self._idle_bytes = 0
+        self._checkouts = 0  # pooled arrays handed out so far
         self._max_idle_bytes = 0
         self._min_bytes = 0
         self._counts = {"created": 0, "reused": 0, "returned": 0, "unmapped": 0, "outstanding": 0}
@@ -173,6 +181,7 @@ class BufferPool:
         with self._lock:
             self._counts["created"] += 1
             self._counts["outstanding"] += 1
+            self._checkouts += 1
         return block
 
     def _take(self, size: int) -> _Block | None:
@@ -194,6 +203,7 @@ class BufferPool:
             self._idle_bytes -= block.size
             self._counts["reused"] += 1
             self._counts["outstanding"] += 1
+            self._checkouts += 1
             return block
 
     def _give_back(self, block: _Block) -> None:
@@ -205,6 +215,7 @@ class BufferPool:
                 self._counts["unmapped"] += 1
                 spill = [block]
             else:
+                block.returned_at = self._checkouts
                 self._idle.append(block)
                 self._idle_bytes += block.size
                 spill = self._spill()
@@ -212,10 +223,12 @@ class BufferPool:
             old.close()
 
     def _spill(self) -> list[_Block]:
-        """Idle blocks over the cap, oldest first, taken out of the pool.
-        Caller holds the lock and unmaps them after releasing it."""
+        """Idle blocks over the cap or gone stale, oldest first, taken out of
+        the pool. Caller holds the lock and unmaps them after releasing it."""
         spill = []
-        while self._idle_bytes > self._max_idle_bytes and self._idle:
+        stale = self._checkouts - STALE_CHECKOUTS
+        while self._idle and (self._idle_bytes > self._max_idle_bytes
+                              or self._idle[0].returned_at <= stale):
             old = self._idle.pop(0)
             self._idle_bytes -= old.size
             spill.append(old)

@@ -172,6 +172,20 @@ def test_evicts_the_least_recently_returned_first():
     assert {address(x), address(y)} == keep
 
 
+def test_a_block_left_idle_goes_stale_and_is_unmapped():
+    pool = pool_of()
+    odd = pool.empty((5 * PAGE_BYTES,), np.uint8)  # a one-off shape
+    del odd
+    for _ in range(_buffers.STALE_CHECKOUTS - 1):
+        a = pool.empty((PAGE_BYTES,), np.uint8)
+        del a
+    assert pool.stats()["idle_blocks"] == 2  # not yet stale
+    a = pool.empty((PAGE_BYTES,), np.uint8)
+    del a  # the hand-back finds the odd block stale
+    st = pool.stats()
+    assert st["idle_blocks"] == 1 and st["idle_bytes"] == PAGE_BYTES and st["unmapped"] == 1
+
+
 def test_trim_unmaps_idle_blocks():
     pool = pool_of()
     arrays = [pool.empty((PAGE_BYTES,), np.uint8) for _ in range(3)]
