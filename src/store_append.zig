@@ -141,7 +141,7 @@ const EncodeJob = struct {
     fn encodeOne(job: *EncodeJob, i: usize, lease: *?codec.CPool.Lease) bool {
         const s = job.store;
         const sc = &s.scratch;
-        const store_codec: Codec = @fromBackingInt(@intCast(s.header.codec));
+        const store_codec: Codec = @enumFromInt(s.header.codec);
         const src = job.batch.record(i);
         var c: Codec = .raw;
         var stored = src;
@@ -166,7 +166,7 @@ const EncodeJob = struct {
             .stored_size = stored.len,
             .raw_size = src.len,
             .checksum = format.recordChecksum(aux, stored),
-            .codec = @backingInt(c),
+            .codec = @intFromEnum(c),
             ._reserved = 0,
             .aux_size = @intCast(aux.len),
         };
@@ -180,7 +180,7 @@ const EncodeJob = struct {
 fn encode(s: *Store, batch: Batch) Error!void {
     const sc = &s.scratch;
     try sc.reserve(s.gpa, batch.count);
-    const compressing = s.header.codec != @backingInt(Codec.raw);
+    const compressing = s.header.codec != @intFromEnum(Codec.raw);
     var raw_total: u64 = 0;
     sc.bounds.items[0] = 0;
     for (0..batch.count) |i| {
