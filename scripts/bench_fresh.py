@@ -3,9 +3,9 @@
 The dense layer times every backend in one long-lived process, where whatever
 ran before (a freed 64 MiB array raises glibc's mmap threshold, pages already
 faulted in) changes what an allocating gather pays. Here every (workload,
-backend) run is its own child process that opens the data, reads one batch
-(open + first batch, timed apart as "first ms";
-imports come before the clock) and then reads random batches for a fixed time.
+backend) run is its own child process that opens the data and reads one
+batch (timed together as "first ms"; imports come before the clock), then
+reads random batches for a fixed time.
 Each run reports throughput, minor page faults and context switches per batch
 (getrusage of the whole process, all threads). Rounds run the backends
 round-robin, and ratios are medians of per-round ratios against the
