@@ -123,10 +123,10 @@ class BufferPool:
         self._lock = threading.RLock()
         self._idle: list[_Block] = []  # oldest first
         self._idle_bytes = 0
-        self._checkouts = 0  # pooled arrays handed out so far
         self._max_idle_bytes = 0
         self._min_bytes = 0
-        self._counts = {"created": 0, "reused": 0, "returned": 0, "unmapped": 0, "outstanding": 0}
+        # Blocks mapped, handed out again, handed back, and unmapped so far.
+        self._created = self._reused = self._returned = self._unmapped = 0
         self.configure(max_idle_bytes=max_idle_bytes, min_bytes=min_bytes)
         _POOLS.add(self)
 
@@ -160,7 +160,8 @@ class BufferPool:
         """An uninitialised C-contiguous array like ``np.empty(shape, dtype)``,
         in pooled memory when it is at least ``min_bytes`` large."""
         dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if type(shape) is not tuple:
+            shape = tuple(shape) if isinstance(shape, list) else (shape,)
         nbytes = math.prod(shape) * dt.itemsize
         if nbytes < self._min_bytes or dt.hasobject:
             return np.empty(shape, dtype=dt)
@@ -179,18 +180,15 @@ class BufferPool:
         except OSError as exc:  # ENOMEM from mmap
             raise MemoryError(f"cannot map {size} bytes for a batch: {exc}") from None
         with self._lock:
-            self._counts["created"] += 1
-            self._counts["outstanding"] += 1
-            self._checkouts += 1
+            self._created += 1
         return block
 
     def _take(self, size: int) -> _Block | None:
         """The most recently returned idle block of exactly `size` bytes."""
         with self._lock:
             idle = self._idle
-            for position in range(len(idle) - 1, -1, -1):
-                if idle[position].size == size:
-                    block = idle[position]
+            for block in reversed(idle):
+                if block.size == size:
                     break
             else:
                 return None
@@ -201,24 +199,23 @@ class BufferPool:
             except ValueError:
                 return None
             self._idle_bytes -= block.size
-            self._counts["reused"] += 1
-            self._counts["outstanding"] += 1
-            self._checkouts += 1
+            self._reused += 1
             return block
 
     def _give_back(self, block: _Block) -> None:
         with self._lock:
-            self._counts["returned"] += 1
-            self._counts["outstanding"] -= 1
+            self._returned += 1
             if block.size > self._max_idle_bytes:
                 # It could only stay by pushing out everything else: unmap it.
-                self._counts["unmapped"] += 1
+                self._unmapped += 1
                 spill = [block]
             else:
-                block.returned_at = self._checkouts
+                block.returned_at = now = self._created + self._reused
                 self._idle.append(block)
                 self._idle_bytes += block.size
-                spill = self._spill()
+                over = self._idle_bytes > self._max_idle_bytes
+                stale = self._idle[0].returned_at <= now - STALE_CHECKOUTS
+                spill = self._spill() if over or stale else ()
         for old in spill:
             old.close()
 
@@ -226,20 +223,20 @@ class BufferPool:
         """Idle blocks over the cap or gone stale, oldest first, taken out of
         the pool. Caller holds the lock and unmaps them after releasing it."""
         spill = []
-        stale = self._checkouts - STALE_CHECKOUTS
+        stale = self._created + self._reused - STALE_CHECKOUTS
         while self._idle and (self._idle_bytes > self._max_idle_bytes
                               or self._idle[0].returned_at <= stale):
             old = self._idle.pop(0)
             self._idle_bytes -= old.size
             spill.append(old)
-        self._counts["unmapped"] += len(spill)
+        self._unmapped += len(spill)
         return spill
 
     def trim(self) -> None:
         """Unmap every idle block now."""
         with self._lock:
             spill, self._idle, self._idle_bytes = self._idle, [], 0
-            self._counts["unmapped"] += len(spill)
+            self._unmapped += len(spill)
         for block in spill:
             block.close()
 
@@ -247,10 +244,13 @@ class BufferPool:
         """``{idle_bytes, idle_blocks, outstanding, created, reused,
         returned, unmapped, max_idle_bytes, min_bytes}``."""
         with self._lock:
-            out = dict(self._counts)
-            out.update(idle_bytes=self._idle_bytes, idle_blocks=len(self._idle),
-                       max_idle_bytes=self._max_idle_bytes, min_bytes=self._min_bytes)
-        return out
+            return {
+                "created": self._created, "reused": self._reused, "returned": self._returned,
+                "unmapped": self._unmapped,
+                "outstanding": self._created + self._reused - self._returned,
+                "idle_bytes": self._idle_bytes, "idle_blocks": len(self._idle),
+                "max_idle_bytes": self._max_idle_bytes, "min_bytes": self._min_bytes,
+            }
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()
