@@ -6,9 +6,9 @@ glibc, freed with ``munmap``. Every batch then pays a page fault per 4 KiB (or
 per 2 MiB huge page) on first touch, the kernel's zeroing of those pages, and,
 after several threads wrote it, a TLB shootdown (an interrupt to every CPU
 that touched it) when it is unmapped. Measured in fresh processes (see
-docs/performance.md): a 64 MiB batch of 256 KiB records cost ~545 faults on
-an Intel Xeon and gathered at ~2.6-3.7 GiB/s instead of 6.5-8.5 GiB/s into
-warm memory. A pooled block is faulted once, when it is made, and reused.
+docs/performance.md): a 64 MiB batch of 256 KiB records took ~590 faults on
+an Intel Xeon, and the pool made that gather 1.8-3.7x faster. A pooled block
+is faulted once, when it is made, and reused.
 
 The memory comes from anonymous private ``mmap`` calls of Python's ``mmap``
 module, never from ``malloc``, so the process's malloc state (glibc's dynamic
@@ -36,9 +36,11 @@ one-off shape of an evaluation pass does not stay resident).
 
 Requests smaller than ``min_bytes`` (default 1 MiB) are served by plain
 ``np.empty``: once glibc has seen one such block freed it serves them from
-its heap without an ``mmap``, and the pool's 2-4 us of bookkeeping per batch
-would cost more than it saves (it is 1-2 % of a 3 MiB gather). Above 32 MiB
-glibc always maps afresh, whatever it has seen.
+its heap without an ``mmap``, and the pool's ~3 us of bookkeeping per batch
+would cost more than it saves (it is ~2 % of a 3 MiB gather). Above 32 MiB
+glibc always maps afresh, whatever it has seen, and a process whose malloc
+threshold is pinned (``MALLOC_MMAP_THRESHOLD_``, ``mallopt``) maps every
+batch above it: there the pool gathered 12 KiB records 8x faster.
 
 Thread safety: every function may be called from any thread; blocks come back
 from whichever thread drops the last reference (or from the garbage
