@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import _records, identity
+from . import _buffers, _records, identity
 from ._lib import check, ffi
 from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, unchecked_indices
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
@@ -147,8 +147,13 @@ class DenseStore(Store):
         return out
 
     def _new_batch(self, shape: tuple) -> np.ndarray:
+        """The output of a read without ``out=``: pooled library memory for
+        batches large enough to be an ``mmap`` otherwise (loaderx._buffers),
+        so repeated batches reuse pages that are already faulted in."""
         try:
-            return np.empty(shape, dtype=self._dtype)
+            if shape[0] * self._record_bytes < _buffers.POOL.min_bytes:
+                return np.empty(shape, dtype=self._dtype)
+            return _buffers.POOL.empty(shape, self._dtype)
         except MemoryError:
             raise ZrecordMemoryError(f"{self._path}: a batch of shape {shape} ({self._dtype}) "
                                      "does not fit in memory", path=self._path) from None

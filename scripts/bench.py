@@ -3,8 +3,11 @@
     python scripts/bench.py LAYER [--size tiny|small|default] [--repeat N]
                                   [--json OUT.json] [--workdir DIR] [--keep]
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
+                                  [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, or all.
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, or all;
+"fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
+with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
 Streaming and LitData run from private venvs that the bench creates under
 --cache (default bench-out/, git-ignored) with pinned versions (bench_venvs).
@@ -54,6 +57,8 @@ import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
 LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
+# Run on their own only: "all" has them inside another layer (dense runs fresh).
+EXTRA_LAYERS = ("fresh",)
 
 # (label, distribution name for the version, module proving it imports)
 CONTENDERS = (
@@ -172,7 +177,7 @@ def print_machine(info: dict) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("layer", choices=LAYERS + ("all",))
+    parser.add_argument("layer", choices=LAYERS + EXTRA_LAYERS + ("all",))
     parser.add_argument("--size", choices=tuple(bench_layers.SIZES), default="default", help="tiny: seconds (smoke test); default: a few minutes")
     parser.add_argument("--repeat", type=int, default=None, help="rounds per figure (default by size)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
@@ -184,11 +189,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--venvs", choices=bench_venvs.MODES, default="build",
                         help="build: create missing private venvs; use: only ready ones; off: none")
     parser.add_argument("--scale-max-gib", type=float, default=None, help="largest scale-layer store to build (GiB)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="fresh-process dense rows also run the loaderx package in this directory"
+                             " (e.g. an export of the previous commit with its library built): before/after")
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.scale_max_gib is not None and args.scale_max_gib <= 0:
         parser.error(f"--scale-max-gib must be > 0, got {args.scale_max_gib}")
+    if args.baseline is not None and not (args.baseline / "loaderx" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline} holds no loaderx package (loaderx/__init__.py)")
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -204,6 +214,10 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_tokens.run_tokens(ctx)
     if name == "scale":
         return bench_scale.run_scale(ctx)
+    if name == "fresh":
+        import bench_fresh
+
+        return bench_fresh.run_fresh(ctx)
     return getattr(bench_layers, f"run_{name}")(ctx)
 
 
@@ -233,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = bench_layers.Context(
         size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log, venvs, args.cache,
         scale_max_bytes=None if args.scale_max_gib is None else int(args.scale_max_gib * (1 << 30)),
+        baseline=None if args.baseline is None else args.baseline.resolve(),
     )
     info = machine_block()
     print_machine(info)

@@ -47,7 +47,8 @@ def _load(data: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _total_records(cfg: dict) -> int:
     """Records a run may ask for, so loaders with epochs are given one long enough."""
-    return (cfg["batches"] + cfg["warmup"] + 8) * cfg["batch_size"]
+    # The warm-up may take up to `batches` too (bench_loader._warm_up).
+    return (2 * cfg["batches"] + cfg["warmup"] + 8) * cfg["batch_size"]
 
 
 def _endless(make_iterator):

@@ -54,6 +54,7 @@ class Size:
     loader_batches: int
     loader_warmup: int
     loader_seconds: float
+    loader_warmup_s: float  # and at least this long: every row warms up for the same time
     loader_repeat_max: int  # every loader run is a fresh process that imports torch or grain
     loader_torch_workers: tuple
     loader_grain_workers: tuple
@@ -66,21 +67,24 @@ SIZES = {
     "tiny": Size(
         dense_mib=2, plan_batches=6, plan_payload_mib=64, dense_batch=32, token_sequences=300, image_count=12, image_batch=4,
         budget_s=0.005, repeat=2, write_repeat=1, sampler_calls=256,
-        loader_records=1024, loader_batches=4, loader_warmup=2, loader_seconds=0.2, loader_repeat_max=1,
+        loader_records=1024, loader_batches=4, loader_warmup=2, loader_seconds=0.2, loader_warmup_s=0.0,
+        loader_repeat_max=1,
         loader_torch_workers=(0, 1), loader_grain_workers=(0,), loader_contender_workers=(0,),
         scale_exponents={"dense8": (3, 4), "dense1k": (3, 4), "ragged": (3, 4)}, scale_batches=20,
     ),
     "small": Size(
         dense_mib=16, plan_batches=256, plan_payload_mib=256, dense_batch=256, token_sequences=6000, image_count=48, image_batch=16,
         budget_s=0.08, repeat=3, write_repeat=1, sampler_calls=4096,
-        loader_records=4096, loader_batches=40, loader_warmup=3, loader_seconds=1.0, loader_repeat_max=2,
+        loader_records=4096, loader_batches=5000, loader_warmup=3, loader_seconds=1.0, loader_warmup_s=0.3,
+        loader_repeat_max=2,
         loader_torch_workers=(0, 1, 2, 4), loader_grain_workers=(0, 2), loader_contender_workers=(0, 2),
         scale_exponents={"dense8": (4, 7), "dense1k": (4, 6), "ragged": (4, 6)}, scale_batches=200,
     ),
     "default": Size(
         dense_mib=64, plan_batches=4096, plan_payload_mib=1024, dense_batch=256, token_sequences=50000, image_count=320, image_batch=32,
         budget_s=0.3, repeat=5, write_repeat=3, sampler_calls=32768,
-        loader_records=16384, loader_batches=3000, loader_warmup=30, loader_seconds=2.0, loader_repeat_max=5,
+        loader_records=16384, loader_batches=10000, loader_warmup=30, loader_seconds=2.0, loader_warmup_s=0.5,
+        loader_repeat_max=5,
         loader_torch_workers=(0, 1, 2, 4), loader_grain_workers=(0, 2), loader_contender_workers=(0, 2),
         scale_exponents={"dense8": (4, 8), "dense1k": (4, 8), "ragged": (4, 7)}, scale_batches=1000,
     ),
@@ -105,6 +109,7 @@ class Context:
     venvs: Any = None  # bench_venvs.Venvs: private environments of contenders that need one
     cache: Path | None = None  # stores kept between runs (the scale layer's big stores)
     scale_max_bytes: int | None = None  # --scale-max-gib: the largest scale store to build
+    baseline: Path | None = None  # --baseline: a loaderx package the fresh-process rows also run
 
     def options(self, key: str, budget_s: float | None = None, chunk: int = 1) -> Options:
         directory = self.workdir / key
@@ -225,7 +230,10 @@ def run_dense(ctx: Context) -> list[Section]:
         )
         sections.append(_section(key, title, rows, "npy mmap fancy index", _dense_targets(label, record_bytes, ctx.threads, memcpy_all)))
         del source, backends
-    return sections
+    # The same gathers again, each run a fresh process (allocation and first-touch costs included).
+    import bench_fresh
+
+    return sections + bench_fresh.run_fresh(ctx)
 
 
 # ----------------------------------------------------------------------------- ragged tokens

@@ -209,7 +209,7 @@ def _torch_source(cfg: dict):
         from torchdata.stateful_dataloader import StatefulDataLoader as DataLoader  # noqa: F811
 
     length = cfg["length"]
-    total = (cfg["batches"] + cfg["warmup"] + 4) * BATCH_SIZE
+    total = (2 * cfg["batches"] + cfg["warmup"] + 4) * BATCH_SIZE  # warm-up may take `batches`
     generator = torch.Generator().manual_seed(0)
     sampler = BatchSampler(
         RandomSampler(range(length), num_samples=total, generator=generator),
@@ -299,6 +299,20 @@ def _describe(x: np.ndarray, y: np.ndarray) -> dict:
     }
 
 
+def _warm_up(cfg: dict, step) -> tuple[int, float]:
+    """Runs `step` (one batch) for at least cfg["warmup"] batches and cfg["warmup_s"]
+    seconds, at most cfg["batches"]: every row warms up for the same time, so the
+    timed window compares steady states; the warm-up's own rate is reported apart
+    (a fresh process's thread start-up and first touches of its data are in it)."""
+    count, start = 1, time.perf_counter()  # the first batch was taken already
+    while count < cfg["warmup"] or (
+        count < cfg["batches"] and time.perf_counter() - start < cfg.get("warmup_s", 0.0)
+    ):
+        step()
+        count += 1
+    return count - 1, time.perf_counter() - start
+
+
 def _measure(cfg: dict, rss: TreeRss | None) -> dict:
     seen = np.zeros(cfg["length"], dtype=bool)
     checks = []
@@ -313,8 +327,7 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
     get, close = _source(cfg["backend"])[1](cfg)
     observe(get(), True)
     first_s = time.perf_counter() - start
-    for _ in range(cfg["warmup"] - 1):
-        observe(get(), len(checks) < CHECKED_BATCHES)
+    warm, warm_s = _warm_up(cfg, lambda: observe(get(), len(checks) < CHECKED_BATCHES))
     faults, switches = tree_counters()
     count, start = 0, time.perf_counter()
     while count < cfg["batches"] and (count < 3 or time.perf_counter() - start < cfg["seconds"]):
@@ -329,6 +342,8 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
         "batches": count,
         "seconds": seconds,
         "first_batch_s": first_s,
+        "warmup_batches": warm,
+        "warmup_batches_per_s": warm / warm_s if warm_s > 0 else 0.0,
         "faults_per_batch": (faults_end - faults) / count,
         "switches_per_batch": (switches_end - switches) / count,
         "vmhwm_bytes": _proc_kib("/proc/self/status", "VmHWM:") * 1024,
@@ -518,7 +533,8 @@ def run_loader(ctx, log):
         for cfg in _configs(ctx)
     }
     extra = {
-        cfg: {"first_s": [], "rss": [], "faults": [], "switches": [], "bound": None} for cfg in rows
+        cfg: {"first_s": [], "warm": [], "rss": [], "faults": [], "switches": [], "bound": None}
+        for cfg in rows
     }
     for cfg, row in rows.items():
         row.extra = extra[cfg]  # the same figures go to the JSON report
@@ -560,6 +576,7 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, prepared: dict, l
         "batch_size": BATCH_SIZE,
         "batches": ctx.size.loader_batches,
         "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
+        "warmup_s": ctx.size.loader_warmup_s,
         "seconds": ctx.size.loader_seconds,
     }
     try:
@@ -587,6 +604,7 @@ def _record(row: Row, extra: dict, result: dict, prepared: dict | None) -> None:
     row.gather_mibs.append(per_s * BATCH_SIZE * (RECORD_BYTES + 8) / MIB)
     row.batches_timed = result["batches"]
     extra["first_s"].append(result["first_batch_s"])
+    extra["warm"].append(result["warmup_batches_per_s"])
     extra["rss"].append(max(result["vmhwm_bytes"], result["tree_peak_bytes"]))
     extra["faults"].append(result["faults_per_batch"])
     extra["switches"].append(result["switches_per_batch"])
@@ -597,11 +615,14 @@ def _record(row: Row, extra: dict, result: dict, prepared: dict | None) -> None:
 def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
     width = max(len(r.name) for r in rows.values())
     head = (
-        f"  {'loader':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first s':>8} {'peak RSS MiB':>12}"
+        f"  {'loader':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first s':>8} {'warm b/s':>9}"
+        f" {'peak RSS MiB':>12}"
         f" {'faults/b':>9} {'ctxsw/b':>8} {'loaderx/this':>12}"
     )
     legend = (
-        "  faults/b, ctxsw/b: minor page faults and context switches of the process tree per batch;"
+        "  warm b/s: batches/s during the warm-up (the same time for every row, before the timed"
+        " window); faults/b, ctxsw/b: minor page faults and context switches of the process tree"
+        " per batch;"
         f" loaderx/this: '{lx.name}' over the row (median of per-round ratios)"
     )
     lines = [legend, head, "  " + "-" * (len(head) - 2)]
@@ -614,6 +635,7 @@ def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
         lines.append(
             f"  {row.name:<{width}} {row.median('records_s') / BATCH_SIZE:>10.1f}"
             f" {row.median('gather_mibs'):>8.1f} {np.median(e['first_s']):>8.3f}"
+            f" {np.median(e['warm']):>9.1f}"
             f" {max(e['rss']) / MIB:>12.1f}"
             f" {np.median(e['faults']):>9.1f} {np.median(e['switches']):>8.1f}"
             f" {fmt(versus, '.2f') + 'x' if versus else '-':>12}"
@@ -677,8 +699,8 @@ def _loader_section(ctx, rows: dict, extra: dict) -> Section:
     title = (
         f"loader end to end: x uint8 {ITEM_SHAPE} (12 KiB) + y int64, {ctx.size.loader_records}"
         f" records, batch {BATCH_SIZE},"
-        f" random order, up to {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s"
-        " per run,"
+        f" random order, after a warm-up of {ctx.size.loader_warmup_s:g} s up to"
+        f" {ctx.size.loader_batches} batches or {ctx.size.loader_seconds:g} s per run,"
         f" each run a fresh process, {_rounds(ctx)} rounds"
     )
     lines.insert(0, f"== {title} ==")

@@ -50,6 +50,8 @@ pub const Scratch = struct {
     frames: std.ArrayList(u8) = .empty,
     slices: std.ArrayList([]const u8) = .empty,
     sums: std.ArrayList(u32) = .empty,
+    /// Short records are copied here and written together (see SliceWriter).
+    stage: std.ArrayList(u8) = .empty,
 
     /// Frame space kept between appends; a larger batch's is given back.
     const frames_kept_max: usize = 128 << 20;
@@ -60,6 +62,7 @@ pub const Scratch = struct {
         sc.slices.resize(gpa, 2 * count) catch return error.OutOfMemory;
         sc.sums.resize(gpa, count) catch return error.OutOfMemory;
         sc.bounds.resize(gpa, count + 1) catch return error.OutOfMemory;
+        sc.stage.resize(gpa, stage_size) catch return error.OutOfMemory;
     }
 
     fn trim(sc: *Scratch, gpa: Allocator) void {
@@ -73,6 +76,7 @@ pub const Scratch = struct {
         sc.frames.deinit(gpa);
         sc.slices.deinit(gpa);
         sc.sums.deinit(gpa);
+        sc.stage.deinit(gpa);
     }
 };
 
@@ -214,7 +218,7 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
         sc.slices.items[2 * i + 1] = sc.stored.items[i];
     }
     const stored_total = at - c.data_size;
-    writeSlices(s.data, sc.slices.items[0 .. 2 * batch.count], c.data_size) catch |e|
+    writeSlices(s.data, sc.slices.items[0 .. 2 * batch.count], c.data_size, sc.stage.items) catch |e|
         return Store.ioFail(e, "writing data");
     if (s.header.fixed_size != 0) {
         // Fixed width: the location is implied; only the checksums are stored.
@@ -237,42 +241,66 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
     return first;
 }
 
-/// Writes `slices` back to back at `offset`, handling short writes.
-fn writeSlices(file: std.Io.File, slices: []const []const u8, offset: u64) !void {
-    var at = offset;
-    var first: usize = 0;
-    var skip: usize = 0; // bytes of slices[first] already written
-    var vec: [64][]const u8 = undefined;
-    while (first < slices.len) {
-        var n: usize = 0;
-        var i = first;
-        while (i < slices.len and n < vec.len) : (i += 1) {
-            const sl = if (i == first) slices[i][skip..] else slices[i];
-            if (sl.len == 0) continue;
-            // Records adjacent in memory (a dense array) become one large write,
-            // which also lets the page cache use large folios.
-            if (n > 0 and vec[n - 1].ptr + vec[n - 1].len == sl.ptr) {
-                vec[n - 1] = vec[n - 1].ptr[0 .. vec[n - 1].len + sl.len];
-                continue;
-            }
-            vec[n] = sl;
-            n += 1;
+/// Runs of adjacent slices up to this many bytes are copied into the stage
+/// and written together; longer ones go to the file directly, with no copy.
+/// Zig's vectored write passes at most 8 buffers per syscall, so writing 200 B
+/// frames slice by slice cost one syscall per 8 records (20978 `pwritev`
+/// calls for 32 MiB of 200 B records); staged, it is one per `stage_size`.
+const stage_run_max: usize = 32 << 10;
+const stage_size: usize = 1 << 20;
+
+/// Writes slices back to back from file offset `at`: adjacent slices (a dense
+/// array) become one run, short runs are staged, long runs written directly.
+const SliceWriter = struct {
+    file: std.Io.File,
+    stage: []u8,
+    at: u64,
+    staged: usize = 0,
+    run: []const u8 = &.{},
+
+    fn add(w: *SliceWriter, sl: []const u8) !void {
+        if (sl.len == 0) return;
+        if (w.run.len > 0 and w.run.ptr + w.run.len == sl.ptr) {
+            w.run = w.run.ptr[0 .. w.run.len + sl.len];
+            return;
         }
-        if (n == 0) return;
-        var written = try fsio.writeVec(file, "data", vec[0..n], at);
-        if (written == 0) return error.NoSpaceLeft;
-        at += written;
-        while (first < slices.len) {
-            const left = slices[first].len - skip;
-            if (written < left) {
-                skip += written;
-                break;
-            }
-            written -= left;
-            first += 1;
-            skip = 0;
-        }
+        try w.emit();
+        w.run = sl;
     }
+
+    fn emit(w: *SliceWriter) !void {
+        const run = w.run;
+        w.run = &.{};
+        if (run.len == 0) return;
+        if (run.len > stage_run_max or run.len > w.stage.len) {
+            try w.flush();
+            try fsio.write(w.file, "data", run, w.at);
+        } else {
+            if (w.staged + run.len > w.stage.len) try w.flush();
+            @memcpy(w.stage[w.staged..][0..run.len], run);
+            w.staged += run.len;
+        }
+        w.at += run.len;
+    }
+
+    /// Writes the staged bytes, which end at `at`.
+    fn flush(w: *SliceWriter) !void {
+        if (w.staged == 0) return;
+        try fsio.write(w.file, "data", w.stage[0..w.staged], w.at - w.staged);
+        w.staged = 0;
+    }
+
+    fn finish(w: *SliceWriter) !void {
+        try w.emit();
+        try w.flush();
+    }
+};
+
+/// Writes `slices` back to back at `offset` through `stage` (see SliceWriter).
+fn writeSlices(file: std.Io.File, slices: []const []const u8, offset: u64, stage: []u8) !void {
+    var w: SliceWriter = .{ .file = file, .stage = stage, .at = offset };
+    for (slices) |sl| try w.add(sl);
+    try w.finish();
 }
 
 /// True when the batch's records lie back to back in memory (a dense array).
@@ -386,4 +414,37 @@ pub fn sync(s: *Store) Error!void {
     if (s.writer_lock == null or s.open_pid != pool.currentPid()) return;
     try s.checkUsable();
     try s.syncLocked();
+}
+
+test "writeSlices: adjacent runs merge, short runs are staged, long runs go direct" {
+    const gpa = std.testing.allocator;
+    const io = std.testing.io;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const file = try tmp.dir.createFile(io, "data", .{ .read = true });
+    defer file.close(io);
+
+    const mem = try gpa.alloc(u8, 3 * stage_run_max);
+    defer gpa.free(mem);
+    for (mem, 0..) |*b, i| b.* = @truncate(i *% 31 +% 7);
+    // Out of order, adjacent pairs, an empty slice, runs on both sides of
+    // stage_run_max, and more short bytes than the (tiny) stage holds.
+    const slices = [_][]const u8{
+        mem[100..300],   mem[300..500],               "",
+        mem[10..20],     mem[0 .. stage_run_max + 1], mem[stage_run_max + 1 ..][0..40],
+        mem[5000..5090], mem[7..9],                   mem[2 * stage_run_max ..][0..stage_run_max],
+        mem[1..2],
+    };
+    var stage: [128]u8 = undefined;
+    const offset: u64 = 4096 + 3;
+    try writeSlices(file, &slices, offset, &stage);
+
+    var want: std.ArrayList(u8) = .empty;
+    defer want.deinit(gpa);
+    for (slices) |sl| try want.appendSlice(gpa, sl);
+    const got = try gpa.alloc(u8, want.items.len);
+    defer gpa.free(got);
+    try std.testing.expectEqual(got.len, try file.readPositionalAll(io, got, offset));
+    try std.testing.expectEqualSlices(u8, want.items, got);
+    try std.testing.expectEqual(offset + want.items.len, try file.length(io));
 }
