@@ -217,7 +217,7 @@ class BufferPool:
                 self._idle_bytes += block.size
                 over = self._idle_bytes > self._max_idle_bytes
                 stale = self._idle[0].returned_at <= now - STALE_CHECKOUTS
-                spill = self._spill() if over or stale else ()
+                spill = self._spill() if over or stale else []
         for old in spill:
             old.close()
 
@@ -264,8 +264,8 @@ class _Giveback:
     __slots__ = ("pool", "block")
 
     def __init__(self, pool: BufferPool, block: _Block):
-        self.pool = pool
-        self.block = block
+        self.pool: BufferPool | None = pool
+        self.block: _Block | None = block
 
     def __call__(self, _cdata: Any) -> None:
         pool, block = self.pool, self.block

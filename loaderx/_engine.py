@@ -17,9 +17,7 @@ Invariants, under ``lock``:
 """
 from __future__ import annotations
 
-import collections
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -27,13 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _pipeline
+from . import _buffers, _pipeline
 from ._pipeline import Plan, Ring
 from .errors import LoaderClosedError
-
-# Reference counts prove an output array is free only where they are exact
-# (not on free-threaded builds, whose counts are biased and deferred).
-_REFCOUNT_EXACT = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 #: How long ``close()`` waits for a worker that is inside a gather or transform.
 JOIN_TIMEOUT_S = 10.0
@@ -92,10 +86,6 @@ class Engine:
         self.gather_kwargs = {"threads": lanes} if lanes else {}
         self.worker_count = workers
         self.window = window
-        # Dense output arrays kept for reuse once the consumer drops them:
-        # enough for every batch alive at once (the window, plus one held).
-        self.recycle: Dict[str, Any] = {}
-        self.recycle_max = window + 2
 
         self.lock = threading.Lock()
         # Consumers (and a draining reset) wait for finished batches; workers
@@ -178,7 +168,8 @@ class Engine:
     def reset(self, step: int, position: int) -> None:
         """Drop everything prefetched and continue at ``step``, whose first
         record is at global ``position``. Waits for the batches being built
-        first, so none can still write into a recycled output array."""
+        first, so none can still write into an output array the pool may
+        hand out again."""
         with self.lock:
             if self.closed:
                 raise LoaderClosedError("DataLoader is closed")
@@ -253,38 +244,14 @@ class Engine:
 
     def output_array(self, col: _pipeline.Column, step: int) -> np.ndarray:
         """Where dense column `col` of ``step`` is gathered: the caller's
-        ``out=`` buffer, a recycled array nobody holds, or a fresh one."""
+        ``out=`` buffer, or an array from the library's buffer pool
+        (loaderx._buffers) whose block goes back to the pool once the ring
+        and the consumer have both dropped it: no mmap and no page faults per
+        batch in steady state, whatever the consumer keeps."""
         buffers = self.out.get(col.name)
         if buffers is not None:
             return buffers[step % len(buffers)]
-        arr = self.recycled(col.name)
-        if arr is None:
-            arr = np.empty((self.batch_size,) + col.dense_shape, dtype=col.dtype)
-        self.keep_for_recycling(col.name, arr)
-        return arr
-
-    def recycled(self, name: str) -> Optional[Any]:
-        """A previously delivered output array of column `name` that nobody
-        holds any more (only this pool references it), or None. Fresh
-        multi-MiB arrays cost page faults every batch; the reference count
-        proves an array is free (a caller's name, a view, a torch tensor from
-        torch.from_numpy all hold one). Off where counts are not exact."""
-        if not _REFCOUNT_EXACT:
-            return None
-        pool = self.recycle.setdefault(name, collections.deque())
-        for _ in range(len(pool)):
-            arr = pool.popleft()
-            # References: the local name `arr` and getrefcount's argument.
-            if sys.getrefcount(arr) <= 2:
-                return arr
-            pool.append(arr)
-        return None
-
-    def keep_for_recycling(self, name: str, arr: Any) -> None:
-        pool = self.recycle.setdefault(name, collections.deque())
-        pool.append(arr)
-        while len(pool) > self.recycle_max:
-            pool.popleft()
+        return _buffers.empty((self.batch_size,) + col.dense_shape, col.dtype)
 
     # -- assembling a batch ------------------------------------------------------
 

@@ -39,9 +39,9 @@ Shardings
 
 Memory
     On the CPU backend a ``jax.Array`` may share memory with the numpy batch
-    it was built from (no copy). The loader recycles an output array only when
-    nothing refers to it any more, and the ``jax.Array`` refers to it, so that
-    is safe. Do not combine ``global_batches`` with ``out=`` buffers: the
+    it was built from (no copy). The loader reuses an output array's memory
+    only when nothing refers to it any more, and the ``jax.Array`` refers to
+    it, so that is safe. Do not combine ``global_batches`` with ``out=`` buffers: the
     loader rewrites those on a fixed schedule, under a ``jax.Array`` that may
     share them or (on accelerators) whose host-to-device copy may still run.
     The loader itself stays the caller's: close it when done.

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _records
+from . import _buffers, _records
 from ._lib import check
 from ._store import normalize_indices
 from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
@@ -225,7 +225,7 @@ class ShardSet:
         shape = (len(idx),) + self._item_shape
         if out is None:
             try:
-                out = np.empty(shape, dtype=self._dtype)
+                out = _buffers.empty(shape, self._dtype)
             except MemoryError:
                 raise ZrecordMemoryError(f"ShardSet: a batch of shape {shape} "
                                          "does not fit in memory") from None

@@ -39,6 +39,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from . import _buffers
 from ._lib import check, ffi, lib
 from ._records import parts_array
 from ._store import normalize_indices
@@ -213,7 +214,7 @@ def _segments_of(windows: TokenWindows) -> TokenSegments:
 
 def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray:
     if out is None:
-        return np.empty(shape, dtype)
+        return _buffers.empty(shape, dtype)
     if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != shape:
         raise SizeMismatchError(f"out must be a {dtype} array of shape {shape}, got "
                                 f"{getattr(out, 'dtype', type(out).__name__)}"

@@ -686,18 +686,24 @@ def test_dlpack_round_trip_is_zero_copy(streams):
     assert view.shape == (8, 2)
 
 
-def test_recycled_outputs_never_overwrite_a_batch_still_held(tmp_path):
-    """Dense outputs are reused only once nothing references them: batches (and
-    views of them) that the consumer keeps stay intact; dropped ones are reused."""
+def test_pooled_outputs_never_overwrite_a_batch_still_held(tmp_path):
+    """Dense outputs of 1 MiB and more come from the buffer pool: batches (and
+    views of them) that the consumer keeps stay intact; dropped ones go back
+    to the pool and are reused, so steady state maps no new memory."""
+    from loaderx import _buffers
     from loaderx.zrecord import DenseStore
-    data = np.arange(600 * 16, dtype=np.int32).reshape(600, 16)
-    with DenseStore(tmp_path / "d", np.int32, (16,), codec="raw") as ds:
+    width = 8192  # 32 records x 32 KiB = 1 MiB per batch: pooled
+    assert 32 * width * 4 >= _buffers.POOL.min_bytes
+    data = np.arange(600 * width, dtype=np.int32).reshape(600, width)
+    with DenseStore(tmp_path / "d", np.int32, (width,), codec="raw") as ds:
         ds.append(data)
+        created = _buffers.POOL.stats()["created"]
         with DataLoader({"x": ds}, batch_size=32, seed=3, workers=2, prefetch=2) as loader:
             kept, views, pointers = [], [], set()
             for step in range(40):
                 batch = next(loader)
                 x = batch["x"]
+                assert not x.flags.owndata
                 pointers.add(x.ctypes.data)
                 if step % 3 == 0:
                     kept.append((step, x))
@@ -711,8 +717,11 @@ def test_recycled_outputs_never_overwrite_a_batch_still_held(tmp_path):
                 np.testing.assert_array_equal(x, expected[step])
             for step, v in views:
                 np.testing.assert_array_equal(v, expected[step][1:5])
-            # Every third batch was dropped at once: their arrays were reused.
+            # Every third batch was dropped at once: their blocks were reused.
             assert len(pointers) < 40
+            new_blocks = _buffers.POOL.stats()["created"] - created
+            held = len(kept) + len(views)
+            assert new_blocks <= held + 2 * (2 + 2 + 1) + 1, (new_blocks, held)
 
 
 # -- the native prefetch ring (DenseStore streams, no transform) ----------------------
