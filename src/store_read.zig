@@ -27,10 +27,12 @@ pub const Dest = struct {
 };
 
 /// Bytes of work below which a batch runs inline on the caller: handing half
-/// to a second lane costs more than it saves. Measured on 200 B records (batch
-/// sweep, 2 cores): random raw copies gain from ~50 KiB (1.25x there, a loss at
-/// 25 KiB); zstd frames from ~6 KiB decoded (32 records: 1.27x).
-pub const inline_raw_bytes: u64 = 32 << 10;
+/// to a second lane costs more than it saves. Measured on a 2-vCPU Xeon VM,
+/// 1 lane against 2 (scripts/bench.py dense, and a sweep of batch sizes):
+/// random raw copies of 50 KiB gain nothing (0.99-1.04x), of 200 KiB and more
+/// 1.02-1.47x, of 3 MiB 2.1x; a second lane that another tenant preempts
+/// makes the small ones lose. zstd frames gain from ~6 KiB decoded (1.5-1.8x).
+pub const inline_raw_bytes: u64 = 128 << 10;
 const inline_decoded_bytes: u64 = 4 << 10;
 
 /// Tries before a commit page that never reads consistently is called damaged.
@@ -102,8 +104,10 @@ const GatherJob = struct {
     part: Part,
     block_size: usize,
     multi_lane: bool,
-    next_block: std.atomic.Value(usize) = .init(0),
-    failed: std.atomic.Value(bool) = .init(false),
+    // Written while the lanes run: on a cache line of its own, so a claim does
+    // not evict the read-only fields above from the other lanes' caches.
+    next_block: std.atomic.Value(usize) align(std.atomic.cache_line) = .init(0),
+    failed: std.atomic.Value(bool) align(std.atomic.cache_line) = .init(false),
     fail_index: u64 = 0,
 
     fn destOffset(job: *const GatherJob, i: usize) usize {
@@ -191,7 +195,19 @@ const Work = struct {
     fn worthLanes(w: Work) bool {
         return w.raw_bytes >= inline_raw_bytes or w.decoded_bytes >= inline_decoded_bytes;
     }
+
+    /// Blocks per lane: as many as keep a lane that finishes early busy, but
+    /// none smaller than `block_work_min`, since every claim is an atomic on a
+    /// line that both lanes write (~0.1-0.2 µs across the cores of a VM).
+    fn blocksPerLane(w: Work, lanes: usize) usize {
+        const cost = w.raw_bytes + w.decoded_bytes * (inline_raw_bytes / inline_decoded_bytes);
+        const blocks = cost / (block_work_min * @max(1, lanes));
+        return @intCast(std.math.clamp(blocks, 1, 16));
+    }
 };
+
+/// The least work (bytes copied, or their decoding's equivalent) in one block.
+const block_work_min: u64 = 16 << 10;
 
 /// Reads records `indices` into `dest`, decoding straight into it. All indices
 /// and sizes are checked before any byte is written. `lane_cap` 0 = no cap.
@@ -271,7 +287,8 @@ fn outOfRange(index: u64, count: u64) Error {
 
 /// Copies (decodes) checked records into `dest` on the lanes `work` is worth.
 fn copyRecords(reads: Reads, dest: Dest, part: Part, lane_cap: usize, work: Work) Error!void {
-    const p = pool.plan(reads.indices.len, work.worthLanes(), lane_cap, 16);
+    const per_lane = work.blocksPerLane(pool.lanes());
+    const p = pool.plan(reads.indices.len, work.worthLanes(), lane_cap, per_lane);
     var job: GatherJob = .{
         .reads = reads,
         .dest = dest,
