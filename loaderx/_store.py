@@ -56,13 +56,13 @@ def byte_ptr(arr: Any, writable: bool = False):
 
 
 def unchecked_indices(key: Any) -> np.ndarray | None:
-    """The hot path (a sampler's int64 batch): the key itself as uint64, with
-    no Python-side check. The native call checks every index; a negative one
-    reads as >= 2^63, fails that check, and the caller retries the slow path,
-    which wraps negatives and names the bad index."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.dtype.itemsize == 8 \
+    """The hot path (a sampler's int64 batch): the key itself, passed to the
+    native call as uint64 with no Python-side check. The native call checks
+    every index; a negative one reads as >= 2^63, fails that check, and the
+    caller retries the slow path, which wraps negatives and names the bad index."""
+    if type(key) is np.ndarray and key.ndim == 1 and key.itemsize == 8 \
             and key.dtype.kind in "iu" and key.flags.c_contiguous:
-        return key.view(U64)
+        return key
     return None
 
 

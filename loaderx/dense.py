@@ -6,8 +6,9 @@ import math
 import numpy as np
 
 from . import _buffers, _records, identity
-from ._lib import check, ffi
-from ._store import APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, unchecked_indices
+from ._lib import check, ffi, lib
+from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, u64_ptr,
+                     unchecked_indices)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
@@ -160,18 +161,27 @@ class DenseStore(Store):
 
     def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
                 exact: bool = True) -> np.ndarray | None:
-        """With ``exact=False`` (unchecked indices) returns None instead of
-        raising on an out-of-range index, so the caller can retry the slow path."""
-        shape = (len(idx),) + self._item_shape
-        out = self._new_batch(shape) if out is None else self._check_out(out, shape)
-        if len(idx):
+        """Reads records `idx` (8-byte integers, C-contiguous) into `out` (a new
+        batch when None). With ``exact=False`` (unchecked indices) returns None
+        instead of raising on an out-of-range index, so the caller can retry
+        the slow path. Kept lean: for 200 B records its Python part is a
+        third of a batch of 256."""
+        n = len(idx)
+        if out is None:
+            shape = (n,) + self._item_shape
+            out = (np.empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
+                   else self._new_batch(shape))
+        else:
+            out = self._check_out(out, (n,) + self._item_shape)
+        if n:
             h = self._h()  # held for the call: keeps the handle's memory alive
-            rc = _records.gather_into(self._parts, 1, idx, out, self._record_bytes, threads,
-                                      self._path)
+            rc = lib.lx_gather(self._parts, 1, u64_ptr(idx), n, byte_ptr(out, True), out.nbytes,
+                               self._record_bytes, ffi.NULL, 0, threads)
             del h
-            if rc == RC_OUT_OF_RANGE and not exact:
-                return None
-            check(rc, self._path, "gather")
+            if rc:
+                if rc == RC_OUT_OF_RANGE and not exact:
+                    return None
+                check(rc, self._path, "gather")
         return out
 
     def __getitem__(self, key):
