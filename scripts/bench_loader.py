@@ -150,14 +150,33 @@ class TreeRss:
 
 def _loaderx_source(cfg: dict):
     """The default DataLoader; with backend "loaderx_out", one that gathers into a ring of
-    recycled output buffers (its documented `out=` option) instead of fresh arrays."""
+    recycled output buffers (its documented `out=` option) instead of fresh arrays;
+    "loaderx_mix" reads a 0.7/0.3 Mixture of the data set's two halves (two stores each),
+    "loaderx_ragged" reads x from a RaggedStore through the ring (packed, then reshaped)."""
+    from loaderx import Mixture, RaggedStore
     from loaderx.dataloader import DataLoader
     from loaderx.zrecord import DenseStore
 
     data = Path(cfg["data"])
-    streams = {"x": DenseStore(str(data / "lx_x")), "y": DenseStore(str(data / "lx_y"))}
-    out = None
-    if cfg["backend"] == "loaderx_out":
+    backend = cfg["backend"]
+    stores = []
+
+    def dense(name: str):
+        stores.append(DenseStore(str(data / name)))
+        return stores[-1]
+
+    out, ragged = None, "list"
+    if backend == "loaderx_mix":
+        streams = Mixture(
+            {half: {"x": dense(f"lx_x_{half}"), "y": dense(f"lx_y_{half}")} for half in "ab"},
+            weights={"a": 0.7, "b": 0.3},
+        )
+    elif backend == "loaderx_ragged":
+        stores.append(RaggedStore(str(data / "lx_x_ragged")))
+        streams, ragged = {"x": stores[-1], "y": dense("lx_y")}, "packed"
+    else:
+        streams = {"x": dense("lx_x"), "y": dense("lx_y")}
+    if backend == "loaderx_out":
         # The loader needs at least prefetch + workers + 1 buffers; workers default to the
         # usable cores.
         count = PREFETCH + len(os.sched_getaffinity(0)) + 2
@@ -165,15 +184,23 @@ def _loaderx_source(cfg: dict):
             "x": [np.empty((BATCH_SIZE, *ITEM_SHAPE), dtype=np.uint8) for _ in range(count)],
             "y": [np.empty((BATCH_SIZE,), dtype=np.int64) for _ in range(count)],
         }
-    loader = DataLoader(streams, batch_size=BATCH_SIZE, seed=0, prefetch=PREFETCH, out=out)
+    loader = DataLoader(streams, batch_size=BATCH_SIZE, seed=0, prefetch=PREFETCH, out=out,
+                        ragged=ragged)
     iterator = iter(loader)
+
+    def get():
+        batch = next(iterator)
+        if ragged == "packed":
+            values, _row_splits = batch["x"]
+            batch = {"x": values.reshape(BATCH_SIZE, *ITEM_SHAPE), "y": batch["y"]}
+        return batch
 
     def close() -> None:
         loader.close()
-        for store in streams.values():
+        for store in stores:
             store.close()
 
-    return lambda: next(iterator), close
+    return get, close
 
 
 class _TorchBatches:
@@ -258,6 +285,8 @@ def _grain_source(cfg: dict):
 SOURCES = {
     "loaderx": _loaderx_source,
     "loaderx_out": _loaderx_source,
+    "loaderx_mix": _loaderx_source,
+    "loaderx_ragged": _loaderx_source,
     "torch": _torch_source,
     "torchdata": _torch_source,
     "grain": _grain_source,
@@ -265,6 +294,8 @@ SOURCES = {
 MODULES = {
     "loaderx": "loaderx.dataloader",
     "loaderx_out": "loaderx.dataloader",
+    "loaderx_mix": "loaderx.dataloader",
+    "loaderx_ragged": "loaderx.dataloader",
     "torch": "torch",
     "torchdata": "torchdata.stateful_dataloader",
     "grain": "grain",
@@ -396,6 +427,16 @@ def _prepare(ctx, directory: Path, log) -> dict:
             store.append(x)
         with DenseStore(str(directory / "lx_y"), np.int64, (), codec="raw") as store:
             store.append(y)
+        half = length // 2
+        for name, part in (("a", slice(0, half)), ("b", slice(half, length))):
+            with DenseStore(str(directory / f"lx_x_{name}"), np.uint8, ITEM_SHAPE, codec="raw") as s:
+                s.append(x[part])
+            with DenseStore(str(directory / f"lx_y_{name}"), np.int64, (), codec="raw") as s:
+                s.append(y[part])
+        from loaderx import RaggedStore
+
+        with RaggedStore(str(directory / "lx_x_ragged"), np.uint8, codec="raw") as store:
+            store.append(list(x.reshape(length, -1)))
     except ImportError as exc:
         problems["loaderx"] = f"missing: {short_error(exc)}"
     except Exception as exc:  # the loaderx row then says why
@@ -489,6 +530,8 @@ def _validate(result: dict, x: np.ndarray, name: str) -> None:
 FAMILIES = {
     "loaderx": ("loaderx DataLoader (threads)", None),
     "loaderx_out": ("loaderx DataLoader (threads, out= ring)", None),
+    "loaderx_mix": ("loaderx DataLoader, Mixture of 2 sources 0.7/0.3", None),
+    "loaderx_ragged": ("loaderx DataLoader, x from a RaggedStore (packed)", None),
     "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
     "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
     "torchdata": (

@@ -36,6 +36,7 @@ const Allocator = std.mem.Allocator;
 const Store = @import("Store.zig");
 const sampler = @import("sampler.zig");
 const mixture = @import("mixture.zig");
+const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const store_read = @import("store_read.zig");
@@ -136,7 +137,7 @@ const Slot = struct {
     message: [message_size_max]u8 = undefined,
 };
 
-/// A variable column's result of a step: a malloc'ed buffer, or null.
+/// A variable column's result of a step: a buffer from outbuf.zig, or null.
 const Result = struct {
     buffer: ?[*]u8 = null,
     len: u64 = 0,
@@ -457,7 +458,7 @@ fn freeBuffers(l: *Loader) void {
         w.parts.deinit(gpa);
         w.win.deinit(gpa);
     }
-    for (l.results) |r| if (r.buffer) |b| std.c.free(b);
+    for (l.results) |r| outbuf.free(r.buffer);
     inline for (.{
         "work",        "source_out", "index_out", "results", "dests",   "slots",
         "range_start", "col_start",  "specs",     "parts",   "columns", "sources",
@@ -528,7 +529,7 @@ pub fn submit(
 
 /// Waits until submitted step `step` is built and frees its slot: its buffers
 /// are the caller's again, and each variable column's new buffer and its length
-/// go to `buffers[c]`/`lengths[c]` (the caller frees them with std.c.free).
+/// go to `buffers[c]`/`lengths[c]` (the caller frees them with outbuf.free).
 /// On a failed step, returns the error (message in diag) and the failing
 /// column in `failed_column`. Errors: Closed, InvalidArgument (not
 /// submitted), or the step's error.
@@ -570,7 +571,7 @@ pub fn wait(
 
 fn freeResults(results: []Result) void {
     for (results) |*r| {
-        if (r.buffer) |b| std.c.free(b);
+        outbuf.free(r.buffer);
         r.* = .{};
     }
 }
@@ -1062,7 +1063,7 @@ test "a variable column hands over one new buffer with the sizes" {
     var lens: [1]u64 = undefined;
     try l.submit(0, &.{@ptrCast(&sizes)}, null, null);
     try l.wait(0, &failed, &bufs, &lens);
-    defer std.c.free(bufs[0].?);
+    defer outbuf.free(bufs[0]);
     try testing.expectEqual(@as(u64, 32), lens[0]);
     try testing.expectEqualSlices(u64, &.{ 8, 8, 8, 8, 0, 0, 0, 0 }, &sizes);
     const values: [*]align(1) const u64 = @ptrCast(bufs[0].?);

@@ -59,6 +59,7 @@ const builtin = @import("builtin");
 const Store = @import("Store.zig");
 const format = @import("format.zig");
 const codec = @import("codec.zig");
+const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const sampler = @import("sampler.zig");
@@ -493,7 +494,7 @@ pub export fn lx_gather_alloc(
 
 /// Frees a buffer returned by lx_gather_alloc (null is ignored).
 pub export fn lx_free_buffer(buf: ?[*]u8) void {
-    if (buf) |b| std.c.free(b);
+    outbuf.free(buf);
 }
 
 /// One record's move in a delete: the survivor at index `from` is now at `to`.
@@ -858,6 +859,7 @@ test {
     _ = format;
     _ = codec;
     _ = pool;
+    _ = outbuf;
     _ = diag;
     _ = sampler;
     _ = Store;

@@ -7,6 +7,7 @@ const std = @import("std");
 const assert = std.debug.assert;
 const format = @import("format.zig");
 const codec = @import("codec.zig");
+const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const Store = @import("Store.zig");
@@ -306,8 +307,8 @@ fn copyRecords(reads: Reads, dest: Dest, part: Part, lane_cap: usize, work: Work
     }
 }
 
-/// Reads records `indices` back to back into one new buffer (malloc'ed; the
-/// caller frees it with `std.c.free`): every payload in request order, then
+/// Reads records `indices` back to back into one new buffer (from outbuf.zig;
+/// the caller frees it with `outbuf.free`): every payload in request order, then
 /// every record's aux bytes in request order. Writes each record's payload
 /// and aux size to `raw_out[i]`/`aux_out[i]`. Sizes and bytes come from one
 /// snapshot, so a record is never stitched from two. Returns an empty slice
@@ -357,10 +358,10 @@ pub fn packedReads(
     const total = std.math.add(u64, payload_total, aux_total) catch return tooLarge();
     if (total == 0) return &.{};
     if (total > std.math.maxInt(usize) / 2) return tooLarge();
-    const raw_ptr = std.c.malloc(@intCast(total)) orelse
+    const raw_ptr = outbuf.alloc(@intCast(total)) orelse
         return diag.fail(error.OutOfMemory, "no memory for a batch of {d} bytes", .{total});
-    const buf = @as([*]u8, @ptrCast(raw_ptr))[0..@intCast(total)];
-    errdefer std.c.free(raw_ptr);
+    const buf = raw_ptr[0..@intCast(total)];
+    errdefer outbuf.free(raw_ptr);
     const offsets = gpa.alloc(u64, reads.indices.len) catch return error.OutOfMemory;
     defer gpa.free(offsets);
     try copyPacked(reads, buf, raw_out, offsets, 0, .payload, lane_cap, work);

@@ -7,6 +7,7 @@ const testing = std.testing;
 const Allocator = std.mem.Allocator;
 const Store = @import("Store.zig");
 const format = @import("format.zig");
+const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const fsio = @import("fsio.zig");
 const Codec = format.Codec;
@@ -32,7 +33,7 @@ fn readOne(s: *Store, index: u64, out: *std.ArrayList(u8)) !void {
     var raw: [1]u64 = undefined;
     var aux: [1]u64 = undefined;
     const buf = try s.gatherAlloc(&.{index}, 0, &raw, &aux);
-    defer if (buf.len > 0) std.c.free(buf.ptr);
+    defer if (buf.len > 0) outbuf.free(buf.ptr);
     out.clearRetainingCapacity();
     try out.appendSlice(testing.allocator, buf[0..@intCast(raw[0])]);
 }
@@ -86,7 +87,7 @@ test "gatherAlloc returns payloads then aux bytes from one snapshot" {
     var raw: [3]u64 = undefined;
     var aux: [3]u64 = undefined;
     const out = try s.gatherAlloc(&.{ 2, 0, 1 }, 0, &raw, &aux);
-    defer std.c.free(out.ptr);
+    defer outbuf.free(out.ptr);
     try testing.expectEqualSlices(u64, &.{ 35, 3, 0 }, &raw);
     try testing.expectEqualSlices(u64, &.{ 0, 2, 1 }, &aux);
     try testing.expectEqualStrings("hello hello hello hello hello helloxyzABC", out);

@@ -18,6 +18,7 @@ const assert = std.debug.assert;
 const Allocator = std.mem.Allocator;
 const format = @import("format.zig");
 const codec = @import("codec.zig");
+const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const Store = @import("Store.zig");
@@ -186,7 +187,7 @@ pub fn gather(
     const snaps = try store_parts.begin(gpa, parts, &sc.parts);
     defer store_parts.end(parts);
     var decoded: []u8 = &.{};
-    defer if (decoded.len > 0) std.c.free(decoded.ptr);
+    defer if (decoded.len > 0) outbuf.free(decoded.ptr);
     try locateDocs(gpa, spec, parts, snaps, sc, &decoded, lanes);
     var job: AssembleJob = .{ .spec = spec, .windows = windows, .out = out, .docs = sc.docs.items };
     const raw_bytes = windows.len * spec.seq_len * spec.itemsize;
