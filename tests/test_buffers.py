@@ -1,5 +1,5 @@
 """Tests of the output-buffer pool (`loaderx._buffers`) and of DenseStore
-reads that use it.
+reads that use it; at the end, the native hand-out buffers of ragged reads.
 
 The safety contract first: a block is handed out again only once every array
 that views it (views, memoryviews, cffi buffers, arrays made with
@@ -342,3 +342,45 @@ def test_dense_small_batches_stay_plain_numpy(big_records):
     assert few.flags.owndata
     np.testing.assert_array_equal(one, data[3])
     np.testing.assert_array_equal(few, data[1:3])
+
+
+# ----------------------------------------------------------------- native hand-out buffers
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path):
+    """Ragged batches of >= 1 MiB come in buffers the library keeps for reuse
+    when freed (src/outbuf.zig): held batches stay intact, dropped ones are
+    reused, and a forked child reads correctly with its parent's idle buffers."""
+    from loaderx import RaggedStore
+
+    rng = np.random.default_rng(9)
+    records = [rng.integers(0, 1 << 30, n, dtype=np.int32) for n in rng.integers(3000, 5000, 600)]
+    with RaggedStore(tmp_path / "r", np.int32, codec="raw") as store:
+        store.append(records)
+    store = RaggedStore(tmp_path / "r")
+    batches = [rng.integers(0, len(records), 256) for _ in range(8)]
+
+    def check(batch, idx):
+        assert len(batch) == len(idx)
+        for got, i in zip(batch, idx):
+            np.testing.assert_array_equal(got, records[i])
+
+    held = store[batches[0]]  # ~4 MiB: a reused native buffer
+    for idx in batches[1:4]:
+        check(store[idx], idx)  # each dropped at once
+    check(held, batches[0])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for idx in batches[4:]:
+                check(store[idx], idx)
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for idx in batches[4:]:
+        check(store[idx], idx)
+    check(held, batches[0])
+    store.close()
