@@ -218,7 +218,8 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
         sc.slices.items[2 * i + 1] = sc.stored.items[i];
     }
     const stored_total = at - c.data_size;
-    writeSlices(s.data, sc.slices.items[0 .. 2 * batch.count], c.data_size, sc.stage.items) catch |e|
+    const slices = sc.slices.items[0 .. 2 * batch.count];
+    writeSlices(s.data, slices, c.data_size, sc.stage.items) catch |e|
         return Store.ioFail(e, "writing data");
     if (s.header.fixed_size != 0) {
         // Fixed width: the location is implied; only the checksums are stored.
