@@ -8,14 +8,22 @@ batch is B = 32 windows of L = 2048. Rows, each run in a fresh process:
   * numpy memmap get_batch: nanoGPT's loop, `np.stack` of B slices of a
     memory-mapped flat token array at random window-aligned offsets;
   * loaderx TokenWindows: `tw[idx]`, `tw.gather(idx, out=buf)` and
-    `DataLoader({"tokens": tw}, batch_size=32, seed=0)` over a RaggedStore of
-    the documents (the native TokenWindows API being built; until it exists
-    these rows say "missing: loaderx.TokenWindows not available");
+    `DataLoader({"tokens": tw}, batch_size=32, seed=0)` over a raw RaggedStore
+    of the documents, and `tw[idx]` over a zstd one;
+  * the zstd limit: zstandard's C batch API decoding, on every core
+    (`multi_decompress_to_buffer(threads=cores)`), exactly the documents the
+    same random windows overlap, each its own level-3 frame as loaderx stores
+    them; nothing is copied into windows, so this is what any reader of
+    compressed documents must at least spend;
   * LitData: `optimize(..., item_loader=TokensLoader())` of the documents, read
     with `StreamingDataset(item_loader=TokensLoader(block_size=L + 1),
     shuffle=True)` in a `StreamingDataLoader` (its private venv). LitData cuts
     blocks of L + 1 tokens without overlap inside each chunk, so its rows are
     checked to be exact contiguous slices of T, not aligned windows.
+
+A construction line times `TokenWindows(store)` on a store of many short
+documents (10^7 at the default size): the first construction (it builds and
+caches the index) and a cached one, each in a fresh process.
 
 Validation is exact: the child sends, for its first batches, the dtype, the
 shape, and per row the first tokens and a digest of all L + 1 tokens; the
@@ -58,6 +66,7 @@ BATCH = 32
 CHECKED_BATCHES = 2
 PREFIX = 8  # tokens of each checked row sent to the parent to find the row in the stream
 LITDATA_CHUNK_WINDOWS = 256
+LIMIT_PLAN = 64  # batches of windows the zstd limit row prepares and cycles through
 MISSING_TW = "missing: loaderx.TokenWindows not available"
 
 
@@ -84,14 +93,16 @@ def _numpy_source(cfg: dict):
 
 
 def _token_windows(cfg: dict):
-    from loaderx import RaggedStore, TokenWindows  # ImportError until TokenWindows exists
+    from loaderx import RaggedStore, TokenWindows
 
-    store = RaggedStore(str(Path(cfg["data"]) / "lx_tokens"))
+    name = "lx_tokens_zstd" if cfg["backend"] == "tw_zstd" else "lx_tokens"
+    store = RaggedStore(str(Path(cfg["data"]) / name))
     return store, TokenWindows(store, seq_len=cfg["seq_len"])
 
 
 def _tw_source(cfg: dict):
-    """`tw[idx]` (a fresh array) or, with backend "tw_gather", `tw.gather(idx, out=buf)`."""
+    """`tw[idx]` (a fresh array; backend "tw_zstd": over the zstd store) or, with
+    backend "tw_gather", `tw.gather(idx, out=buf)`."""
     store, tw = _token_windows(cfg)
     rng, batch = np.random.default_rng(0), cfg["batch_size"]
     buffer = np.empty((batch, cfg["seq_len"] + 1), dtype=np.int32)
@@ -118,6 +129,53 @@ def _tw_loader_source(cfg: dict):
         store.close()
 
     return (lambda: (next(iterator)["tokens"], None)), close
+
+
+def _zstd_limit_source(cfg: dict):
+    """Decodes, on every core, the documents that B random windows overlap: one
+    zstandard call per batch, its input (the frames of those documents) prepared
+    before the first batch for a cycle of LIMIT_PLAN batches, so no Python work is
+    timed. Only the first CHECKED_BATCHES batches are also put together as windows
+    (for validation); timed batches only decode."""
+    import zstandard
+
+    data = Path(cfg["data"])
+    flat = np.load(data / "flat.npy", mmap_mode="r")
+    splits = np.load(data / "splits.npy")
+    compressor = zstandard.ZstdCompressor(level=3)
+    frames = [compressor.compress(flat[splits[i] : splits[i + 1]].tobytes())
+              for i in range(len(splits) - 1)]
+    sizes = np.array([len(f) for f in frames], dtype=np.uint64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+    joined = b"".join(frames)
+    length, batch, threads = cfg["seq_len"], cfg["batch_size"], len(os.sched_getaffinity(0))
+    windows = (int(splits[-1]) - 1) // length
+    rng, plan = np.random.default_rng(0), []
+    for _ in range(LIMIT_PLAN):
+        ix = rng.integers(0, windows, batch)
+        first = np.searchsorted(splits, ix * length, side="right") - 1
+        last = np.searchsorted(splits, ix * length + length + 1, side="left") - 1
+        docs = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+        segments = np.stack([starts[docs], sizes[docs]], axis=1).tobytes()
+        plan.append((ix, first, last, docs, zstandard.BufferWithSegments(joined, segments)))
+    decompressor = zstandard.ZstdDecompressor()
+    served = [0]
+
+    def get():
+        ix, first, last, docs, frames_in = plan[served[0] % LIMIT_PLAN]
+        out = decompressor.multi_decompress_to_buffer(frames_in, threads=threads)
+        served[0] += 1
+        if served[0] > CHECKED_BATCHES:
+            return None, ix
+        decoded = {int(d): np.frombuffer(out[k].tobytes(), np.int32) for k, d in enumerate(docs)}
+        rows = []
+        for i, a, b in zip(ix.tolist(), first.tolist(), last.tolist()):
+            tokens = np.concatenate([decoded[d] for d in range(a, b + 1)])
+            offset = i * length - int(splits[a])
+            rows.append(tokens[offset : offset + length + 1])
+        return np.stack(rows), ix
+
+    return get, (lambda: None)
 
 
 def _litdata_source(cfg: dict):
@@ -152,6 +210,8 @@ SOURCES = {
     "tw_index": ("loaderx", _tw_source),
     "tw_gather": ("loaderx", _tw_source),
     "tw_loader": ("loaderx", _tw_loader_source),
+    "tw_zstd": ("loaderx", _tw_source),
+    "zstd_limit": ("zstandard", _zstd_limit_source),
     "litdata": ("litdata", _litdata_source),
 }
 
@@ -283,6 +343,9 @@ ROWS = {
     "tw_index": ("loaderx TokenWindows tw[idx]", None, None),
     "tw_gather": ("loaderx TokenWindows gather(out=)", None, None),
     "tw_loader": ("loaderx DataLoader({'tokens': tw})", None, None),
+    "tw_zstd": ("loaderx TokenWindows tw[idx], zstd store", None, None),
+    "zstd_limit": ("zstd -3 decode of the windows' documents, all threads (zstandard)", None,
+                   None),
     "litdata": ("litdata TokensLoader workers={w}", "loader_contender_workers", "litdata"),
 }
 
@@ -351,6 +414,8 @@ def _prepare(ctx, directory: Path) -> tuple[Stream, dict]:
         from loaderx.zrecord import RaggedStore
 
         with RaggedStore(str(directory / "lx_tokens"), np.int32, codec="raw") as store:
+            store.append(docs)
+        with RaggedStore(str(directory / "lx_tokens_zstd"), np.int32, codec="zstd") as store:
             store.append(docs)
     except Exception as exc:  # the loaderx rows then say why
         problems["loaderx"] = f"failed: store build: {short_error(exc)}"
@@ -440,6 +505,7 @@ def run_tokens(ctx) -> list[Section]:
         for cfg in _configs(ctx)
     }
     rows[("numpy", None)].group = "baseline"
+    rows[("zstd_limit", None)].group = "limit"
     extra = {cfg: {"first_s": [], "rss": [], "faults": [], "switches": []} for cfg in rows}
     for cfg, row in rows.items():
         row.extra = extra[cfg]  # the same figures go to the JSON report
@@ -495,7 +561,14 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
             "token windows DataLoader vs LitData TokensLoader (best)",
             ROWS["tw_loader"][0],
             litdata,
-            3.0,
+            5.0,
+            metric="records_s",
+        ),
+        Target(
+            "zstd token windows tw[idx] vs all-thread zstd decode of their documents",
+            ROWS["tw_zstd"][0],
+            [ROWS["zstd_limit"][0]],
+            0.8,
             metric="records_s",
         ),
     ]
