@@ -45,6 +45,11 @@ kind, src, dst, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]
 import numpy as np
 import pyarrow.parquet as pq
 import loaderx
+import resource
+def cpu_seconds():
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+               resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+cpu0 = cpu_seconds()
 t0 = time.perf_counter()
 if kind == "loaderx":
     loaderx.convert(src, dst, workers=workers, progress=False)
@@ -53,11 +58,11 @@ else:
 elapsed = time.perf_counter() - t0
 # VmHWM: this process's own peak (ru_maxrss would include the parent's at fork);
 # worker processes (exec'd from this small process) count through RUSAGE_CHILDREN.
-import resource
 with open("/proc/self/status") as f:
     peak = int(f.read().split("VmHWM:")[1].split()[0]) * 1024
 peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-print(json.dumps({"elapsed": elapsed, "peak_rss": peak}))
+# CPU seconds of the conversion: this process after its imports, and its workers.
+print(json.dumps({"elapsed": elapsed, "peak_rss": peak, "cpu_s": cpu_seconds() - cpu0}))
 """
 
 
@@ -222,7 +227,9 @@ def report(result: dict) -> dict:
     for name, rs in runs.items():
         t = statistics.median(r["elapsed"] for r in rs)
         peak = max(r["peak_rss"] for r in rs)
+        busy = statistics.median(r["cpu_s"] / r["elapsed"] for r in rs)
         summary[name] = {
+            "cores_busy": busy,
             "seconds": t,
             "mib_s": info["logical_bytes"] / MIB / t,
             "peak_rss_mib": peak / MIB,
@@ -230,7 +237,8 @@ def report(result: dict) -> dict:
         }
         print(
             f"  {name:<20} {t:7.2f} s  {summary[name]['mib_s']:7.0f} MiB/s  peak RSS "
-            f"{peak / MIB:5.0f} MiB  stored {summary[name]['stored_mib']:7.1f} MiB"
+            f"{peak / MIB:5.0f} MiB  stored {summary[name]['stored_mib']:7.1f} MiB  "
+            f"cores busy {busy:4.2f}"
         )
     one, many, pa = (runs["loaderx 1 worker"], runs[f"loaderx {w} workers"], runs["pyarrow zstd"])
     par = statistics.median(a["elapsed"] / b["elapsed"] for a, b in zip(one, many))
@@ -243,6 +251,8 @@ def report(result: dict) -> dict:
     )
     print(f"  1 worker / pyarrow zstd    : {vs:.2f}x  (target >= 0.5x)")
     print(f"  peak RSS, 1 worker         : {rss:.0f} MiB (target < 512 MiB for a 4 GB input)")
+    print("  (cores busy: CPU seconds of the conversion and its workers / its wall seconds;"
+          " a 1-worker run that keeps every core busy leaves N workers nothing to gain)")
     summary["ratios"] = {"workers_vs_one": par, "one_vs_pyarrow_zstd": vs}
     return summary
 

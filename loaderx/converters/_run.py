@@ -24,6 +24,9 @@ import numpy as np
 from ..errors import ZrecordError
 from ._columns import ColumnSpec, ConvertError
 
+#: Lanes (native threads) of a convert worker process, set by its parent.
+_LANES_ENV = "LOADERX_CONVERT_LANES"
+
 __all__ = ["StoreOptions", "write_task", "run_tasks", "open_writer"]
 
 _POLL_S = 0.2
@@ -133,9 +136,13 @@ def write_task(
     return rows
 
 
-def _child_env() -> dict:
-    """The environment of a worker: this one, with this loaderx importable."""
+def _child_env(workers: int) -> dict:
+    """The environment of a worker: this one, with this loaderx importable and
+    its share of the cores for the native compression lanes (N workers with a
+    lane per core each would oversubscribe the cores N times)."""
     env = dict(os.environ)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env[_LANES_ENV] = str(max(1, (cores or 1) // workers))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -173,7 +180,7 @@ def run_tasks(
                 [sys.executable, "-m", "loaderx.converters._worker", job],
                 stdout=subprocess.PIPE,
                 text=True,
-                env=_child_env(),
+                env=_child_env(len(tasks)),
             )
             procs.append(proc)
             reader = threading.Thread(
@@ -226,6 +233,11 @@ def _raise_worker_error(k: int, code: int, work: str) -> None:
 
 def worker_main(job: str) -> int:
     """Entry of a worker process: run one task, report on stdout."""
+    lanes = os.environ.get(_LANES_ENV)
+    if lanes:
+        from .._lib import lib
+
+        lib.lx_set_lanes(int(lanes))
     with open(job, "rb") as f:
         source, task, specs, paths, opts = pickle.load(f)
 
