@@ -277,6 +277,12 @@ def _grain_source(cfg: dict):
     )
     iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=16, prefetch_buffer_size=500))
     if cfg["workers"]:
+        # Grain's worker processes read absl flags; a program that is not an absl app
+        # (this child) must mark them parsed first, as grain's docs do for notebooks.
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
         iterable = iterable.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["workers"]))
     iterator = iter(iterable)
     return (lambda: next(iterator)), (lambda: None)
