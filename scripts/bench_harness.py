@@ -488,8 +488,10 @@ class Target:
         self.ratio = ratio
         if ratio is None:
             self.status = f"n/a ({why_missing})"
-        else:
+        elif self.spec:
             self.status = "met" if ratio >= self.threshold else "NOT MET"
+        else:
+            self.status = "context: " + ("reached" if ratio >= self.threshold else "below")
         return self
 
     def line(self) -> str:

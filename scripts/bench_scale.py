@@ -234,6 +234,20 @@ def _fetch(store, kind: str, indices: np.ndarray):
     return store[indices] if KINDS[kind][2] == "dense" else store.gather_packed(indices)
 
 
+class _NumpyView:
+    """The same records through numpy: a raw fixed-width store's data file holds
+    them back to back from offset 0, so a memory map of it is the array a .npy
+    user would fancy-index (the baseline of the throughput column)."""
+
+    def __init__(self, kind: str, path: str):
+        dtype, shape = (np.int64, ()) if kind == "dense8" else (np.uint8, (1024,))
+        flat = np.memmap(Path(path) / "store" / "data", dtype=dtype, mode="r")
+        self.array = np.asarray(flat).reshape((-1,) + shape)
+
+    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+        return self.array[indices]
+
+
 def _validate(kind: str, got, indices: np.ndarray, what: str) -> None:
     if KINDS[kind][2] == "dense":
         check_array(got, dense_records(kind, indices), what)
@@ -279,6 +293,7 @@ def size_child(cfg: dict) -> dict:
     rng = np.random.default_rng(cfg["seed"])
     plan = [rng.integers(0, count, BATCH) for _ in range(max(cfg["rss_batches"], timed + 3))]
     steady_plan = [rng.integers(0, count, BATCH) for _ in range(timed)]
+    numpy_plan = [rng.integers(0, count, BATCH) for _ in range(timed)]
     start = time.perf_counter()
     store = _open(kind, cfg["path"])
     open_s = time.perf_counter() - start
@@ -295,7 +310,13 @@ def size_child(cfg: dict) -> dict:
     _validate(kind, _fetch(store, kind, steady_plan[-1]), steady_plan[-1], "last batch")
     windows_s = _windows_construction(store) if kind == "ragged" else None
     store.close()
+    numpy_steady = None
+    if KINDS[kind][2] == "dense":
+        view = _NumpyView(kind, cfg["path"])
+        _validate(kind, view[numpy_plan[0]], numpy_plan[0], "numpy baseline")
+        numpy_steady = _timed_pass(view, kind, numpy_plan)
     return {
+        "numpy_steady": numpy_steady,
         "windows_s": windows_s,
         "status": "ok",
         "open_s": open_s,
@@ -438,6 +459,7 @@ def _size_rows(ctx, stores: dict) -> dict:
             "first_pass_mibs": [],
             "steady_faults": [],
             "windows_ms": [],
+            "numpy_mibs": [],
         }
         rows[(kind, count)] = row
         if kind == "ragged":
@@ -484,6 +506,9 @@ def _record_size(row: Row, result: dict) -> None:
     e["faults"].append(first["faults_per_batch"])
     e["switches"].append(first["switches_per_batch"])
     e["steady_faults"].append(steady["faults_per_batch"])
+    numpy_steady = result.get("numpy_steady")
+    if numpy_steady is not None:
+        e["numpy_mibs"].append(numpy_steady["bytes"] / MIB / numpy_steady["seconds"])
     if result.get("windows_s") is not None:
         e["windows_ms"].append(result["windows_s"] * 1e3)
 
@@ -508,6 +533,7 @@ SIZE_COLUMNS = (
     ("steady MiB/s", 12),
     ("records/s", 10),
     ("vs ref", 7),
+    ("numpy MiB/s", 11),
     ("RssAnon MiB", 11),
     ("RssFile MiB", 11),
     ("faults/b", 9),
@@ -527,6 +553,7 @@ def _size_cells(row: Row, ref: Row | None, store_mib: float) -> list:
         (row.median("gather_mibs"), ".1f"),
         (row.median("records_s"), ".3g"),
         ("-" if versus is None else f"{versus:.2f}x", ""),
+        ("-" if not e["numpy_mibs"] else f"{_median(e['numpy_mibs']):.1f}", ""),
         (max(r["RssAnon"] for r in e["rss"]) / MIB, ".1f"),
         (max(r["RssFile"] for r in e["rss"]) / MIB, ".1f"),
         (_median(e["faults"]), ".1f"),
@@ -612,6 +639,19 @@ def _size_targets(kind: str, rows: dict) -> list[Target]:
             0.8,
         ).settle(ratios[worst] if worst else None, "one size only")
     )
+    numpy_ref = ref.extra["numpy_mibs"] if ref is not None else []
+    if worst and numpy_ref and mine[worst].extra["numpy_mibs"]:
+        drop = _median(mine[worst].extra["numpy_mibs"]) / _median(numpy_ref)
+        targets.append(
+            Target(
+                f"  (context) numpy memmap of the same file, 10^{len(str(worst)) - 1} vs"
+                f" {ref_label}",
+                top_row.name,
+                [],
+                0.8,
+                spec=False,
+            ).settle(drop)
+        )
     cached_ms = top_row.extra["windows_ms"][1:]
     if cached_ms:
         ms = _median(cached_ms)

@@ -29,11 +29,12 @@ pub const Dest = struct {
 
 /// Bytes of work below which a batch runs inline on the caller: handing half
 /// to a second lane costs more than it saves. Measured on a 2-vCPU Xeon VM,
-/// 1 lane against 2 (scripts/bench.py dense, and a sweep of batch sizes):
-/// random raw copies of 50 KiB gain nothing (0.99-1.04x), of 200 KiB and more
-/// 1.02-1.47x, of 3 MiB 2.1x; a second lane that another tenant preempts
-/// makes the small ones lose. zstd frames gain from ~6 KiB decoded (1.5-1.8x).
-pub const inline_raw_bytes: u64 = 128 << 10;
+/// 1 lane against 2 (scripts/bench.py dense and scale, a sweep of batch sizes):
+/// random raw copies of 50 KiB gain nothing (0.99-1.04x), of 192-384 KiB
+/// 0.8-1.3x (256 x 1 KiB: 0.85x), of 1 MiB and more 1.6-2.2x; a second lane
+/// that another tenant preempts makes the small ones lose. zstd frames gain
+/// from ~6 KiB decoded (1.5-1.8x).
+pub const inline_raw_bytes: u64 = 256 << 10;
 const inline_decoded_bytes: u64 = 4 << 10;
 
 /// Tries before a commit page that never reads consistently is called damaged.
