@@ -267,6 +267,38 @@ def loaderx_store_source(cfg: dict):
     return get, close
 
 
+def loaderx_copy_source(cfg: dict):
+    """The copy limit of the loader row: the same random batches gathered with `gather(out=)`
+    into reused buffers on every lane, indices drawn ahead of time, no sampler and no ring. Any
+    loader of these batches makes at least this one copy of each, so its rate bounds what a
+    loader can reach on this machine (the consumer's own thread then competes for the cores)."""
+    from loaderx.zrecord import DenseStore
+
+    data = Path(cfg["data"])
+    sx, sy = DenseStore(str(data / "lx_x")), DenseStore(str(data / "lx_y"))
+    rng = np.random.default_rng(0)
+    length, batch_size = len(sx), cfg["batch_size"]
+    batches = [rng.integers(0, length, batch_size) for _ in range(64)]
+    outs = [
+        (np.empty((batch_size, *sx.item_shape), sx.dtype), np.empty(batch_size, sy.dtype))
+        for _ in range(2)
+    ]
+    count = [0]
+
+    def get() -> dict:
+        indices, (x, y) = batches[count[0] % 64], outs[count[0] % 2]
+        count[0] += 1
+        sx.gather(indices, out=x)
+        sy.gather(indices, out=y)
+        return {"x": x, "y": y}
+
+    def close() -> None:
+        sx.close()
+        sy.close()
+
+    return get, close
+
+
 # backend -> (module proving the contender imports, source function name in this file)
 SOURCES = {
     "mds": ("streaming", "mds_source"),
@@ -274,6 +306,7 @@ SOURCES = {
     "wds": ("webdataset", "wds_source"),
     "hf": ("datasets", "hf_source"),
     "loaderx_store": ("loaderx.zrecord", "loaderx_store_source"),
+    "loaderx_copy": ("loaderx.zrecord", "loaderx_copy_source"),
 }
 
 

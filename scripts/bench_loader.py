@@ -539,6 +539,7 @@ FAMILIES = {
     "loaderx_mix": ("loaderx DataLoader, Mixture of 2 sources 0.7/0.3", None),
     "loaderx_ragged": ("loaderx DataLoader, x from a RaggedStore (packed)", None),
     "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
+    "loaderx_copy": ("copy limit: gather(out=) loop, reused buffers, no sampler", None),
     "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
     "torchdata": (
         "torchdata StatefulDataLoader workers={w} (npy mmap)",
@@ -710,6 +711,28 @@ def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], li
             store.name,
             hf,
             3.0,
+            metric="records_s",
+            spec=False,
+        ).evaluate(named)
+    )
+    copy = named[_row_name("loaderx_copy", None)]
+    torchdata = [r.name for cfg, r in rows.items() if cfg[0] == "torchdata"]
+    targets.append(
+        Target(
+            "  (context) copy limit vs torchdata (best): the most any loader could show",
+            copy.name,
+            torchdata,
+            3.0,
+            metric="records_s",
+            spec=False,
+        ).evaluate(named)
+    )
+    targets.append(
+        Target(
+            "  (context) loader end to end vs the copy limit",
+            lx.name,
+            [copy.name],
+            0.8,
             metric="records_s",
             spec=False,
         ).evaluate(named)
