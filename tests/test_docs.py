@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from _user_code import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
@@ -27,10 +27,7 @@ def blocks():
 
 @pytest.mark.parametrize("path, code", list(blocks()))
 def test_python_block_runs(tmp_path, path, code):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert done.returncode == 0, f"{path}:\n{code}\n--- stderr ---\n{done.stderr[-3000:]}"
+    run_python(os.path.relpath(path, ROOT), code, ["-c", code], tmp_path)
 
 
 def test_every_doc_has_its_blocks_found():

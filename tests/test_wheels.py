@@ -294,16 +294,21 @@ def test_host_wheel_passes_the_suite_in_a_fresh_venv(release):
     assert re.fullmatch(r"\d+\.\d+\.\d+", where["version"])
     _run([venv / ("Scripts" if sys.platform == "win32" else "bin") / "loaderx", "--help"],
          cwd=outside)
-    # The suite, copied out of the repository. tests/ reads src/capi.zig (the ABI test)
-    # and scripts/ (the bench smoke test), so those come along as data; the loaderx
-    # package exists only in the venv. The two source-tree tests (this file and the
-    # version check, which read pyproject.toml and loaderx/) stay behind.
+    # The suite, copied out of the repository. tests/ reads src/capi.zig (the ABI test),
+    # scripts/ (the bench smoke test) and the README, docs/ and examples/ (whose code
+    # runs as tests), so those come along as data; the loaderx
+    # package exists only in the venv. The three source-tree tests stay behind: this
+    # file, the version check (pyproject.toml, loaderx/) and the bindings check (it
+    # regenerates loaderx/_abi.py with Zig).
     suite = work / "suite"
     shutil.copytree(ROOT / "tests", suite / "tests", ignore=shutil.ignore_patterns(
-        "__pycache__", "*.pyc", "test_wheels.py", "test_version.py"))
+        "__pycache__", "*.pyc", "test_wheels.py", "test_version.py", "test_abi.py"))
     shutil.copytree(ROOT / "src", suite / "src", ignore=shutil.ignore_patterns("*.o"))
     shutil.copytree(ROOT / "scripts", suite / "scripts",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    for docs in ("docs", "examples"):
+        shutil.copytree(ROOT / docs, suite / docs, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "README.md", suite / "README.md")
     assert not (suite / "loaderx").exists()
     out = _run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", suite,
                 suite / "tests"], cwd=suite, timeout=3600)
