@@ -131,6 +131,59 @@ def pointers(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list]:
     return ptrs, sizes, keep
 
 
+def row_splits(splits: Any, total: int, what: str = "row_splits") -> np.ndarray:
+    """`splits` checked as the offsets of packed records into `total` rows:
+    1-D integers, from 0 to `total`, never decreasing. As int64."""
+    arr = np.asarray(splits)
+    if arr.ndim != 1 or len(arr) == 0:
+        raise ValueError(f"{what} must be one-dimensional with at least one entry (0), "
+                         f"got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be integers, not {arr.dtype}")
+    if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{what} holds {int(arr.max())}, past the {total} rows of the values")
+    arr = arr.astype(np.int64, copy=False)
+    if arr[0] != 0:
+        raise ValueError(f"{what} must start at 0, not {int(arr[0])}")
+    if arr[-1] != total:
+        raise ValueError(f"{what} must end at the {total} rows of the values, "
+                         f"not at {int(arr[-1])}")
+    steps = np.diff(arr)
+    if len(steps) and int(steps.min()) < 0:
+        at = int(np.flatnonzero(steps < 0)[0])
+        raise ValueError(f"{what} decreases at record {at}: {int(arr[at])} -> {int(arr[at + 1])}")
+    return arr
+
+
+def packed_chunks(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                  aux: np.ndarray | None = None) -> Iterator[tuple]:
+    """The append chunks of records packed in one contiguous buffer: record i
+    is bytes ``[starts[i], starts[i] + sizes[i])`` of `data`, and its aux part
+    (when given) row i of the C-contiguous uint64 array `aux`. Pointer arrays
+    come from numpy arithmetic, with no Python object per record; chunks are
+    cut as `chunks_of` cuts them."""
+    keep = byte_ptr(data)
+    ptrs = starts.astype(U64) + U64(int(ffi.cast("uintptr_t", keep)))
+    sizes = sizes.astype(U64)
+    aux_ptrs = aux_sizes = None
+    if aux is not None:
+        row = aux.shape[1] * aux.itemsize
+        aux_keep = byte_ptr(aux)
+        aux_ptrs = (np.arange(len(aux), dtype=U64) * U64(row)
+                    + U64(int(ffi.cast("uintptr_t", aux_keep))))
+        aux_sizes = np.full(len(aux), row, dtype=U64)
+        keep = (keep, aux_keep)
+    ends = np.cumsum(sizes, dtype=U64)
+    i = 0
+    while i < len(sizes):
+        before = int(ends[i - 1]) if i else 0
+        full = int(np.searchsorted(ends, U64(before + APPEND_CHUNK_BYTES), side="left")) + 1
+        j = max(i + 1, min(full, i + APPEND_CHUNK_RECORDS, len(sizes)))
+        yield (ptrs[i:j], sizes[i:j], None if aux_ptrs is None else aux_ptrs[i:j],
+               None if aux_sizes is None else aux_sizes[i:j], (data, aux, keep))
+        i = j
+
+
 def _store_path(path: Any) -> str:
     p = os.fspath(path)
     if isinstance(p, bytes):

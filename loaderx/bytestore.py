@@ -6,7 +6,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import _records, identity
-from ._store import U64, Store, chunks_of, pointers
+from ._store import U64, Store, chunks_of, packed_chunks, pointers, row_splits
 from .errors import IdentityError, SizeMismatchError
 
 
@@ -61,6 +61,21 @@ class Zrecord(Store):
                 ptrs, sizes, keep = pointers(chunk)
                 yield ptrs, sizes, None, None, keep
         return self._append_chunks(chunks())
+
+    def append_packed(self, data, offsets) -> int:
+        """Append records given packed: record i is bytes
+        ``data[offsets[i]:offsets[i + 1]]`` (Arrow's binary and string layout,
+        with ``offsets[0] == 0``). One native append with no Python object per
+        record. Returns the index of the first record."""
+        self._w()
+        try:
+            flat = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8) \
+                if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+        except TypeError:
+            raise TypeError(f"data is a {type(data).__name__}, not a bytes-like object") from None
+        flat = np.ascontiguousarray(flat)
+        splits = row_splits(offsets, len(flat), "offsets")
+        return self._append_chunks(packed_chunks(flat, splits[:-1], np.diff(splits)))
 
     def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
         """Records `indices` as a list of bytes, in request order."""

@@ -6,7 +6,8 @@ from typing import Iterable
 import numpy as np
 
 from . import _records, identity
-from ._store import Store, chunks_of, pointers
+from ._store import Store, chunks_of, packed_chunks, pointers
+from ._store import row_splits as _row_splits
 from .errors import IdentityError
 
 
@@ -101,6 +102,35 @@ class RaggedStore(Store):
     def _read(self, idx: np.ndarray, threads: int = 0) -> list[np.ndarray]:
         buf, raw, aux = self._gather_alloc(idx, threads)
         return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_list()
+
+    def append_packed(self, values, row_splits) -> int:
+        """Append records given packed, the form `gather_packed` returns:
+        record i is ``values[row_splits[i]:row_splits[i + 1]]``, of shape
+        ``(n_i, *values.shape[1:])``. One native append with no Python object
+        per record (the way to write a tokenized corpus: one flat token array
+        and its document offsets). Returns the index of the first record."""
+        self._w()
+        values = np.asarray(values)
+        if values.dtype != self._dtype:
+            raise IdentityError(f"{self._path}: values have dtype {values.dtype}, "
+                                f"store holds {self._dtype}", path=self._path)
+        if values.ndim == 0 or values.ndim > identity.NDIM_MAX:
+            raise ValueError(f"values must have 1 to {identity.NDIM_MAX} dimensions, "
+                             f"got shape {values.shape}")
+        values = np.ascontiguousarray(values)
+        splits = _row_splits(row_splits, len(values))
+        trailing = values.shape[1:]
+        row_bytes = self._dtype.itemsize * int(np.prod(trailing, dtype=np.int64))
+        counts = np.diff(splits)
+        aux = None
+        if trailing:  # every record's shape, as encode_shape writes it
+            aux = np.empty((len(counts), 2 + len(trailing)), dtype="<u8")
+            aux[:, 0] = values.ndim
+            aux[:, 1] = counts
+            aux[:, 2:] = trailing
+        return self._append_chunks(packed_chunks(values.reshape(-1).view(np.uint8),
+                                                 splits[:-1] * row_bytes, counts * row_bytes,
+                                                 aux))
 
     def gather(self, indices, out=None, *, threads: int = 0) -> list[np.ndarray]:
         """Records `indices` as a list of arrays, in request order."""

@@ -32,6 +32,7 @@ __all__ = [
     "ConvertError",
     "MissingDependencyError",
     "Flags",
+    "Packed",
     "arrow_spec",
     "arrow_to_batch",
     "decode_image",
@@ -74,6 +75,19 @@ class Flags:
         if self.cli:
             return f"--{name.replace('_', '-')}" + (f" {value}" if value else "")
         return f"{name}={value or 'True'}"
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batch of variable-size records as one flat buffer and its offsets
+    (Arrow's layout): record i is ``values[splits[i]:splits[i + 1]]``. The
+    stores append it with ``append_packed``, with no Python object per record."""
+
+    values: Any
+    splits: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.splits) - 1
 
 
 @dataclass(frozen=True)
@@ -284,7 +298,7 @@ def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndar
     return values.reshape((count,) + tuple(spec.dense_shape))
 
 
-def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
+def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list | Packed:
     if spec.decode == "ray-variable":
         return [np.asarray(x) for x in arr.to_numpy(zero_copy_only=False)]
     offsets, values = _list_level(pa, arr, spec, row0, flags)
@@ -296,11 +310,10 @@ def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
         flat = _dense_values(
             pa, values, ColumnSpec(spec.name, "dense", spec.dtype, ()), row0, flags
         )
-    o = offsets.tolist()
-    return [flat[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+    return Packed(flat, offsets)
 
 
-def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
+def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> Packed:
     _check_nulls(arr, spec.name, row0, flags)
     if not (pa.types.is_large_binary(arr.type) or pa.types.is_binary(arr.type)):
         arr = arr.cast(pa.large_binary())
@@ -308,9 +321,9 @@ def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list:
     width = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
     offsets = np.frombuffer(buffers[1], dtype=width)[
         arr.offset : arr.offset + len(arr) + 1
-    ].tolist()
-    data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
-    return [data[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+    ].astype(np.int64)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else b""
+    return Packed(data[offsets[0] : offsets[-1]], offsets - offsets[0])
 
 
 def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):

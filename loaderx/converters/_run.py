@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import ZrecordError
-from ._columns import ColumnSpec, ConvertError
+from ._columns import ColumnSpec, ConvertError, Packed
 
 #: Lanes (native threads) of a convert worker process, set by its parent.
 _LANES_ENV = "LOADERX_CONVERT_LANES"
@@ -60,7 +60,10 @@ def _append(store, spec: ColumnSpec, values, row0: int) -> None:
     if spec.kind == "dense" and isinstance(values, np.ndarray) and values.dtype != spec.dtype:
         values = values.astype(spec.dtype)
     try:
-        store.append(values)
+        if isinstance(values, Packed):
+            store.append_packed(values.values, values.splits)
+        else:
+            store.append(values)
     except (ZrecordError, TypeError, ValueError) as e:
         raise ConvertError(f"column {spec.name!r}, rows from {row0}: {e}") from e
 
