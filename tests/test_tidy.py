@@ -7,15 +7,21 @@ checked mechanically (as TigerBeetle's tidy does).
   "Generated", are exempt: they mirror their source);
 - src/ has no `@panic`, and every `unreachable` carries a comment, on its line or
   the line above, naming the invariant that makes it unreachable;
-- every file starts with a doc comment (Zig `//!`, Python a module docstring).
+- every file starts with a doc comment (Zig `//!`, Python a module docstring);
+- the Zig sources are formatted as `zig fmt` formats them.
 
 Each test lists every violation as `file:line: what`, so one run shows them all.
 Run as a script (`python tests/test_tidy.py`) it prints the counts and the largest
 file and function."""
 import ast
 import glob
+import importlib.util
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUNCTION_LINES_MAX = 70
@@ -213,6 +219,18 @@ def test_no_panic_and_unreachable_is_explained():
 def test_files_start_with_a_doc_comment():
     found = missing_doc_comments()
     assert not found, report("files without a doc comment", found)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ziglang") is None,
+                    reason="ziglang (the test extra) is not installed")
+def test_zig_sources_are_formatted():
+    files = [os.path.join(ROOT, "build.zig")] + zig_files()
+    files = [f for f in files if os.path.exists(f)]
+    if not files:
+        pytest.skip("no Zig sources here (an installed wheel's suite)")
+    done = subprocess.run([sys.executable, "-m", "ziglang", "fmt", "--check", *files],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"zig fmt would change:\n{done.stdout}{done.stderr}"
 
 
 def test_zig_function_scanner():
