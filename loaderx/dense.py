@@ -147,13 +147,11 @@ class DenseStore(Store):
             raise SizeMismatchError("out is read-only", path=self._path)
         return out
 
-    def _new_batch(self, shape: tuple) -> np.ndarray:
-        """The output of a read without ``out=``: pooled library memory for
-        batches large enough to be an ``mmap`` otherwise (loaderx._buffers),
-        so repeated batches reuse pages that are already faulted in."""
+    def _pooled_batch(self, shape: tuple) -> np.ndarray:
+        """The output of a large read without ``out=``: pooled library memory
+        (loaderx._buffers), so repeated batches reuse pages that are already
+        faulted in instead of being an ``mmap`` each."""
         try:
-            if shape[0] * self._record_bytes < _buffers.POOL.min_bytes:
-                return np.empty(shape, dtype=self._dtype)
             return _buffers.POOL.empty(shape, self._dtype)
         except MemoryError:
             raise ZrecordMemoryError(f"{self._path}: a batch of shape {shape} ({self._dtype}) "
@@ -169,8 +167,9 @@ class DenseStore(Store):
         n = len(idx)
         if out is None:
             shape = (n,) + self._item_shape
+            # Small batches: plain np.empty (glibc's heap has them warm).
             out = (np.empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
-                   else self._new_batch(shape))
+                   else self._pooled_batch(shape))
         else:
             out = self._check_out(out, (n,) + self._item_shape)
         if n:

@@ -696,47 +696,32 @@ def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
 def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], list[str]]:
     named = {r.name: r for r in rows.values()}
     targets = []
-    for family, (label, threshold) in BARS.items():
-        bases = [r.name for cfg, r in rows.items() if cfg[0] == family]
+
+    def family(name: str) -> list[str]:
+        return [r.name for cfg, r in rows.items() if cfg[0] == name]
+
+    for name, (label, threshold) in BARS.items():
         targets.append(
             Target(
-                f"loader end to end vs {label}", lx.name, bases, threshold, metric="records_s"
+                f"loader end to end vs {label}", lx.name, family(name), threshold,
+                metric="records_s",
             ).evaluate(named)
         )
-    store = named[_row_name("loaderx_store", None)]
-    hf = [r.name for cfg, r in rows.items() if cfg[0] == "hf"]
-    targets.append(
-        Target(
-            "  (context) DenseStore[idx] loop vs HF datasets [idx], the same access",
-            store.name,
-            hf,
-            3.0,
-            metric="records_s",
-            spec=False,
-        ).evaluate(named)
-    )
-    copy = named[_row_name("loaderx_copy", None)]
-    torchdata = [r.name for cfg, r in rows.items() if cfg[0] == "torchdata"]
-    targets.append(
-        Target(
-            "  (context) copy limit vs torchdata (best): the most any loader could show",
-            copy.name,
-            torchdata,
-            3.0,
-            metric="records_s",
-            spec=False,
-        ).evaluate(named)
-    )
-    targets.append(
-        Target(
-            "  (context) loader end to end vs the copy limit",
-            lx.name,
-            [copy.name],
-            0.8,
-            metric="records_s",
-            spec=False,
-        ).evaluate(named)
-    )
+    store = _row_name("loaderx_store", None)
+    copy = _row_name("loaderx_copy", None)
+    # (label, row, rows it is compared with, level): no bar of their own, they
+    # name the limit a bar above is held against.
+    contexts = [
+        ("DenseStore[idx] loop vs HF datasets [idx], the same access", store, family("hf"), 3.0),
+        ("copy limit vs torchdata (best): the most any loader could show", copy,
+         family("torchdata"), 3.0),
+        ("loader end to end vs the copy limit", lx.name, [copy], 0.8),
+    ]
+    for label, row, bases, level in contexts:
+        targets.append(
+            Target(f"  (context) {label}", row, bases, level, metric="records_s", spec=False)
+            .evaluate(named)
+        )
     lines = []
     memory = Target(
         "loader peak RSS within touched + prefetch x batch + 64 MiB (bound / peak)",

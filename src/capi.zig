@@ -33,8 +33,10 @@
 //!   written during the call; the library keeps none of them, except the
 //!   destinations given to `lx_loader_submit`, which the ring's threads write
 //!   until `lx_loader_wait` returns for that step (or `lx_loader_reset`).
-//!   Memory the library returns (lx_gather_alloc) belongs to the caller, who
-//!   frees it with lx_free_buffer.
+//!   Memory the library returns (lx_gather_alloc, and a loader step's
+//!   variable columns from lx_loader_wait) belongs to the caller, who frees
+//!   it with lx_free_buffer, from any thread; large buffers are kept for
+//!   reuse (outbuf.zig), so they must not be freed any other way.
 //!
 //! Durability, per operation (what survives what):
 //! - lx_append: atomic. It writes data, then the record table, then one commit

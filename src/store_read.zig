@@ -98,6 +98,15 @@ pub const Reads = struct {
     pub fn loc(r: *const Reads, i: usize) RecordLoc {
         return r.snap(i).locs.get(r.indices[i]);
     }
+
+    /// Random indices miss the cache on their table entries: put every miss
+    /// in flight before the checks wait on the first one.
+    fn prefetchEntries(r: *const Reads) void {
+        for (r.indices, 0..) |index, i| {
+            const s = r.snap(i);
+            if (index < s.count) s.locs.prefetch(index);
+        }
+    }
 };
 
 const GatherJob = struct {
@@ -237,12 +246,7 @@ pub fn gatherReads(reads: Reads, dest: Dest, part: Part, lane_cap: usize) Error!
 /// The checks of a gather into caller memory: every index in range, every
 /// entry inside the committed data, every record fitting its destination.
 fn checkBatch(reads: Reads, dest: Dest, part: Part) Error!Work {
-    // Random indices miss the cache on their table entries: put every miss in
-    // flight before the checks below wait on the first one.
-    for (reads.indices, 0..) |index, i| {
-        const snap = reads.snap(i);
-        if (index < snap.count) snap.locs.prefetch(index);
-    }
+    reads.prefetchEntries();
     var work: Work = .{};
     for (reads.indices, 0..) |index, i| {
         const snap = reads.snap(i);
@@ -342,10 +346,7 @@ pub fn packedReads(
     assert(raw_out.len == reads.indices.len and aux_out.len == reads.indices.len);
     var work: Work = .{};
     var aux_total: u64 = 0;
-    for (reads.indices, 0..) |index, i| {
-        const snap = reads.snap(i);
-        if (index < snap.count) snap.locs.prefetch(index);
-    }
+    reads.prefetchEntries();
     for (reads.indices, raw_out, aux_out, 0..) |index, *raw, *aux, i| {
         const snap = reads.snap(i);
         if (index >= snap.count) return outOfRange(index, snap.count);
