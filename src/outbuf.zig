@@ -9,6 +9,11 @@
 //! ran at 0.43x the same bytes read as a dense store, whose outputs come from
 //! the Python-side pool (loaderx/_buffers.py).
 //!
+//! Why not the Python pool: a dense output has its shape before the call, so
+//! Python allocates it (huge-page-aligned, freed with its last numpy view);
+//! a variable-size result is sized here, during the gather, so the memory
+//! must come from native code, and Python only wraps and frees it.
+//!
 //! Buffers of `reuse_min` bytes and more are malloc'ed with a little slack
 //! (ragged batches vary in size) and, when freed, kept idle: at most
 //! `idle_count_max` of them and `idle_bytes_max` bytes, the least recently
