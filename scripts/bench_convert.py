@@ -11,7 +11,9 @@ round by round, each in a fresh process:
 * ``loaderx 1 worker``  : ``loaderx.convert(src, dst, workers=1)`` (zstd level 3);
 * ``loaderx N workers`` : the same with ``workers=N``;
 * ``pyarrow zstd``      : ``pq.write_table(pq.read_table(src), dst, compression="zstd")``,
-  the same job for Parquet: read the source, write it compressed.
+  the same job for Parquet: read the source, write it compressed;
+* ``loaderx 1 worker, 1 core``: the 1-worker run confined to one core
+  (``sched_setaffinity`` before the library starts), for core scaling.
 
 Every conversion is checked before it counts: the dataset's rows and a sample
 of values must equal the source. Reports medians of the rounds, medians of
@@ -43,6 +45,9 @@ ROW_GROUP_ROWS = 16384
 _CHILD = r"""
 import json, sys, time
 kind, src, dst, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+import os
+if sys.argv[5] == "pin":  # one core, before the library counts its lanes
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 import numpy as np
 import pyarrow.parquet as pq
 import loaderx
@@ -106,8 +111,10 @@ def build_parquet(path: str, size_mib: float, seed: int = 0) -> dict:
         ]
     )
     with pq.ParquetWriter(path, schema) as writer:
+        # Row groups of ROW_GROUP_ROWS rows; a small source (a smoke test) gets
+        # groups of about a quarter of its rows, so it stays small.
+        n = int(min(ROW_GROUP_ROWS, max(64, target / 4 / (IMAGE_BYTES + 800))))
         while logical < target:
-            n = ROW_GROUP_ROWS
             lengths = np.clip(rng.lognormal(5.0, 0.6, n), 8, 1024).astype(np.int64)
             tokens = np.minimum(rng.zipf(1.3, int(lengths.sum())), 32000).astype(np.int32)
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
@@ -158,12 +165,12 @@ def validate(src: str, dst: str, rows: int) -> None:
             col.close()
 
 
-def run_child(kind: str, src: str, dst: str, workers: int) -> dict:
+def run_child(kind: str, src: str, dst: str, workers: int, pin: bool = False) -> dict:
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, kind, src, dst, str(workers)],
+        [sys.executable, "-c", _CHILD, kind, src, dst, str(workers), "pin" if pin else "all"],
         capture_output=True,
         text=True,
         env=env,
@@ -180,21 +187,22 @@ def bench(args) -> dict:
     src = os.path.join(work, "source.parquet")
     info = build_parquet(src, args.size_mib)
     plans = [
-        ("loaderx 1 worker", "loaderx", 1),
-        (f"loaderx {args.workers} workers", "loaderx", args.workers),
-        ("pyarrow zstd", "pyarrow", 1),
-    ][: 1 if args.memory_only else 3]
-    runs: dict = {name: [] for name, _, _ in plans}
+        ("loaderx 1 worker", "loaderx", 1, False),
+        (f"loaderx {args.workers} workers", "loaderx", args.workers, False),
+        ("pyarrow zstd", "pyarrow", 1, False),
+        ("loaderx 1 worker, 1 core", "loaderx", 1, True),
+    ][: 1 if args.memory_only else 4]
+    runs: dict = {plan[0]: [] for plan in plans}
     for r in range(args.repeat):
         order = plans[r % len(plans) :] + plans[: r % len(plans)]  # rotate who goes first
-        for name, kind, workers in order:
+        for name, kind, workers, pin in order:
             dst = os.path.join(
                 work, f"out-{kind}-{workers}" + (".parquet" if kind == "pyarrow" else "")
             )
             shutil.rmtree(dst, ignore_errors=True) if os.path.isdir(dst) else None
             if os.path.isfile(dst):
                 os.remove(dst)
-            result = run_child(kind, src, dst, workers)
+            result = run_child(kind, src, dst, workers, pin)
             if kind == "loaderx":
                 validate(src, dst, info["rows"])
             result["stored_bytes"] = _size(dst)
@@ -254,11 +262,21 @@ def report(result: dict) -> dict:
         f"  {w} workers / 1 worker      : {par:.2f}x  "
         "(target >= 1.6x with 2 workers on 2 cores, 1 GiB)"
     )
+    pinned = runs["loaderx 1 worker, 1 core"]
+    cores = statistics.median(a["elapsed"] / b["elapsed"] for a, b in zip(pinned, many))
     print(f"  1 worker / pyarrow zstd    : {vs:.2f}x  (target >= 0.5x)")
+    print(
+        f"  {w} workers / 1 worker on 1 core: {cores:.2f}x  (core scaling: the same "
+        f"conversion on {min(w, m['cores'])} cores and on one)"
+    )
     print(f"  peak RSS, 1 worker         : {rss:.0f} MiB (target < 512 MiB for a 4 GB input)")
     print("  (cores busy: CPU seconds of the conversion and its workers / its wall seconds;"
           " a 1-worker run that keeps every core busy leaves N workers nothing to gain)")
-    summary["ratios"] = {"workers_vs_one": par, "one_vs_pyarrow_zstd": vs}
+    summary["ratios"] = {
+        "workers_vs_one": par,
+        "one_vs_pyarrow_zstd": vs,
+        "workers_vs_one_core": cores,
+    }
     return summary
 
 

@@ -67,7 +67,6 @@ CHECKED_BATCHES = 2
 PREFIX = 8  # tokens of each checked row sent to the parent to find the row in the stream
 LITDATA_CHUNK_WINDOWS = 256
 LIMIT_PLAN = 64  # batches of windows the zstd limit row prepares and cycles through
-MISSING_TW = "missing: loaderx.TokenWindows not available"
 
 
 def _digest(row: np.ndarray) -> str:
@@ -281,15 +280,8 @@ def child_main(argv: list[str]) -> int:
     module = SOURCES[cfg["backend"]][0]
     try:
         __import__(module)
-        if module == "loaderx":
-            from loaderx import TokenWindows  # noqa: F401
     except ImportError as exc:
-        reason = (
-            "loaderx.TokenWindows not available"
-            if module == "loaderx"
-            else f"{type(exc).__name__}: {exc}"
-        )
-        print(json.dumps({"status": "missing", "reason": reason[:200]}))
+        print(json.dumps({"status": "missing", "reason": f"{type(exc).__name__}: {exc}"[:200]}))
         return 0
     try:
         if cfg["workers"]:
@@ -483,11 +475,7 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
     argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
     result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
     if result["status"] != "ok":
-        row.status = (
-            MISSING_TW
-            if result["reason"] == "loaderx.TokenWindows not available"
-            else f"{result['status']}: {result['reason']}"
-        )
+        row.status = f"{result['status']}: {result['reason']}"
         return
     try:
         _validate(result, stream, backend, row.name)

@@ -30,8 +30,6 @@ import bench_venvs  # noqa: E402
 
 LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
-# The one loaderx row allowed not to run: the token-window API the lead is building.
-NOT_YET = "missing: loaderx.TokenWindows not available"
 
 
 # Rows (name prefixes) each layer must report, whether they ran or say why not.
@@ -96,7 +94,7 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     for row in rows:
         assert row["status"] == "ok" or row["status"].startswith(("missing:", "failed:")), row
         if row["group"] == "loaderx":
-            assert row["status"] == "ok" or (layer == "tokens" and row["status"] == NOT_YET), row
+            assert row["status"] == "ok", row
         if row["status"] == "ok":
             assert row["gather_mib_s"] and row["gather_mib_s"] > 0, row
     for section in report["sections"]:
@@ -246,34 +244,8 @@ def test_plot_draws_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-class _ShimWindows:
-    """The documented TokenWindows contract in plain numpy, to exercise the bench's rows
-    before the native one exists: window i = T[i*L : i*L + L + 1] of the documents."""
-
-    def __init__(self, store, seq_len):
-        self.flat, _splits = store.gather_packed(np.arange(len(store)))
-        self.seq_len = seq_len
-
-    def __len__(self):
-        return (len(self.flat) - 1) // self.seq_len
-
-    def __getitem__(self, indices):
-        length = self.seq_len
-        return np.stack(
-            [self.flat[i * length : i * length + length + 1] for i in np.asarray(indices).tolist()]
-        )
-
-    def gather(self, indices, out):
-        out[...] = self[indices]
-        return out
-
-
 @pytest.mark.parametrize("backend", ["tw_index", "tw_gather", "numpy"])
-def test_token_rows_validate_against_the_documented_api(backend, tmp_path, monkeypatch):
-    import loaderx
-
-    if not hasattr(loaderx, "TokenWindows"):
-        monkeypatch.setattr(loaderx, "TokenWindows", _ShimWindows, raising=False)
+def test_token_rows_validate_against_the_documented_api(backend, tmp_path):
     ctx = type(
         "Ctx",
         (),
@@ -305,3 +277,43 @@ def test_token_rows_validate_against_the_documented_api(backend, tmp_path, monke
     )
     with pytest.raises(bench_harness.ValidationError):
         bench_tokens._validate(result, stream, backend, backend)
+
+
+def test_convert_bench_runs_every_row_and_validates(tmp_path, capsys):
+    """scripts/bench_convert.py at 1 MiB: every row converts, the loaderx outputs
+    pass the bench's own value check, and every ratio is reported."""
+    pytest.importorskip("pyarrow")
+    import bench_convert
+
+    out = tmp_path / "convert.json"
+    assert bench_convert.main(
+        ["--size-mib", "1", "--repeat", "1", "--workdir", str(tmp_path / "w"), "--json", str(out)]
+    ) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {
+        "loaderx 1 worker", "loaderx 2 workers", "pyarrow zstd", "loaderx 1 worker, 1 core",
+        "ratios",
+    }
+    ratios = summary["ratios"]
+    assert set(ratios) == {"workers_vs_one", "one_vs_pyarrow_zstd", "workers_vs_one_core"}
+    assert all(v > 0 for v in ratios.values())
+    assert "core scaling" in capsys.readouterr().out
+
+
+def test_convert_bench_rejects_a_wrong_conversion(tmp_path):
+    """The bench's check fails when a converted value differs from the source."""
+    pytest.importorskip("pyarrow")
+    import bench_convert
+
+    import loaderx
+
+    src, dst = str(tmp_path / "s.parquet"), str(tmp_path / "d")
+    info = bench_convert.build_parquet(src, 0.5)
+    loaderx.convert(src, dst, progress=False)
+    bench_convert.validate(src, dst, info["rows"])
+    with pytest.raises(AssertionError, match="rows"):
+        bench_convert.validate(src, dst, info["rows"] + 1)
+    other = str(tmp_path / "other.parquet")  # same rows, other values
+    assert bench_convert.build_parquet(other, 0.5, seed=1)["rows"] == info["rows"]
+    with pytest.raises(AssertionError, match="differs"):
+        bench_convert.validate(other, dst, info["rows"])
