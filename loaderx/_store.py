@@ -39,6 +39,9 @@ RC_OUT_OF_RANGE = _lib.RESULTS["out_of_range"]
 _RC_FAILED = _lib.RESULTS["failed"]
 _T_U64 = ffi.typeof("uint64_t[]")
 _T_U8 = ffi.typeof("uint8_t[]")
+#: The largest `threads` cap a gather takes (the native argument is a uint32).
+THREADS_MAX = 2**32 - 1
+_INT_MAX = 2**31 - 1  # the native `level` is a C int
 
 
 # ----------------------------------------------------------------- marshalling
@@ -61,9 +64,22 @@ def unchecked_indices(key: Any) -> np.ndarray | None:
     every index; a negative one reads as >= 2^63, fails that check, and the
     caller retries the slow path, which wraps negatives and names the bad index."""
     if type(key) is np.ndarray and key.ndim == 1 and key.itemsize == 8 \
-            and key.dtype.kind in "iu" and key.flags.c_contiguous:
+            and key.dtype.kind in "iu" and key.flags.c_contiguous and key.dtype.isnative:
         return key
     return None
+
+
+def check_threads(threads: Any) -> int:
+    """A gather's `threads` cap: an int from 0 (every usable core) to THREADS_MAX."""
+    if type(threads) is int and 0 <= threads <= THREADS_MAX:
+        return threads
+    if not isinstance(threads, (int, np.integer)) or isinstance(threads, (bool, np.bool_)):
+        raise ArgumentTypeError(f"threads must be an int (0: every usable core), "
+                                f"not {type(threads).__name__}")
+    if not 0 <= int(threads) <= THREADS_MAX:
+        raise InvalidArgumentError(f"threads must be from 0 (every usable core) to "
+                                   f"{THREADS_MAX}, got {int(threads)}")
+    return int(threads)
 
 
 def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
@@ -79,7 +95,13 @@ def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
         return np.arange(*key.indices(n), dtype=np.int64).astype(U64), False
     if isinstance(key, tuple):
         key = list(key)
-    arr = np.asarray(key)
+    try:
+        arr = np.asarray(key)
+    except (TypeError, ValueError):  # a ragged nesting such as [1, [2]]
+        raise TypeError("record indices must be integers, a slice or a boolean mask, "
+                        f"not {_preview(key)}") from None
+    if arr.dtype == object and arr.ndim == 1:
+        _check_python_ints(arr.tolist(), n)
     if arr.dtype == np.bool_:
         if arr.shape != (n,):
             raise RecordIndexError(f"boolean mask has shape {arr.shape}, expected ({n},)")
@@ -103,6 +125,21 @@ def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     if hi >= n:
         raise RecordIndexError(f"index {hi} is out of range for {n} records")
     return np.ascontiguousarray(arr, dtype=U64), False
+
+
+def _preview(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_python_ints(values: list, n: int) -> None:
+    """Indices numpy keeps as Python objects: ints past 64 bits (out of range
+    for any store) or anything else (left to the integer check)."""
+    if not all(type(v) is int for v in values):
+        return
+    for v in values:
+        if not -n <= v < n:
+            raise RecordIndexError(f"index {v} is out of range for {n} records")
 
 
 def chunks_of(arrays: Iterable[np.ndarray]) -> Iterator[list[np.ndarray]]:
@@ -212,9 +249,9 @@ class Store:
         self._path = _store_path(path)
         self._readonly = False
         self._append_lock = threading.Lock()
-        _check_codec_args(self._path, create, codec, level, dict_bytes)
+        d = _dict_bytes(dict_bytes, self._path)
+        _check_codec_args(self._path, create, codec, level, d)
         user = identity.pack(ident) if ident is not None else b""
-        d = bytes(dict_bytes) if dict_bytes else b""
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
         rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
@@ -459,14 +496,28 @@ class Store:
         return buf
 
 
+def _dict_bytes(dict_bytes: Any, path: str) -> bytes:
+    """`dict_bytes` as bytes (b"" for None): any bytes-like object, a numpy
+    array included; never an int (``bytes(5)`` is five zero bytes) or a str."""
+    if dict_bytes is None:
+        return b""
+    try:
+        return memoryview(dict_bytes).tobytes()
+    except TypeError:
+        raise ArgumentTypeError(f"{path}: dict_bytes must be bytes-like (from train_dict), "
+                                f"not {type(dict_bytes).__name__}", path=path) from None
+
+
 def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,
-                      dict_bytes: bytes | None) -> None:
-    if codec is not None and codec not in _lib.CODECS:
+                      dict_bytes: bytes) -> None:
+    if codec is not None and (not isinstance(codec, str) or codec not in _lib.CODECS):
         raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; "
                                    f"choose one of {sorted(_lib.CODECS)}", path=path)
     if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
         raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}",
                                 path=path)
+    if level is not None and not -_INT_MAX - 1 <= level <= _INT_MAX:
+        raise InvalidArgumentError(f"{path}: zstd level {level} is out of range", path=path)
     if not create:
         return
     if codec == "zstd_dict" and not dict_bytes:

@@ -6,24 +6,64 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import _records, identity
-from ._store import U64, Store, chunks_of, packed_chunks, pointers, row_splits
+from ._store import U64, Store, check_threads, chunks_of, packed_chunks, pointers, row_splits
 from .errors import IdentityError, SizeMismatchError
 
 
 def _bytes_records(records: Iterable) -> Iterator[np.ndarray]:
+    if isinstance(records, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"append takes an iterable of records, not one {type(records).__name__} "
+                        "(iterating it gives single characters or ints); wrap it in a list")
     for i, r in enumerate(records):
         if isinstance(r, np.ndarray):
+            if r.dtype.hasobject:
+                raise TypeError(f"record {i} is an array of Python objects ({r.dtype}), "
+                                "not bytes")
             if not r.flags.c_contiguous:
                 r = np.ascontiguousarray(r)
             yield r.reshape(-1).view(np.uint8) if r.nbytes else np.zeros(0, np.uint8)
             continue
         try:
-            mv = memoryview(r)
+            yield _flat_bytes(r)
         except TypeError:
             raise TypeError(f"record {i} is a {type(r).__name__}, "
                             "not a bytes-like object") from None
-        yield np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
-                            dtype=np.uint8)
+
+
+def _flat_bytes(obj) -> np.ndarray:
+    """The bytes of a bytes-like object (copied when it is not contiguous) as
+    a uint8 array; TypeError when it is not bytes-like."""
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+                         dtype=np.uint8)
+
+
+def _writable_bytes(out) -> np.ndarray:
+    """The caller's `out` as a writable uint8 view of the same memory."""
+    if isinstance(out, np.ndarray):
+        if out.dtype.hasobject:
+            raise TypeError(f"out is an array of Python objects ({out.dtype}), not a buffer")
+        contiguous = out.flags.c_contiguous
+    else:
+        try:
+            mv = memoryview(out)
+        except TypeError:
+            raise TypeError(f"out must be a writable bytes-like object or array, "
+                            f"not {type(out).__name__}") from None
+        contiguous = mv.c_contiguous
+    if not contiguous:
+        # A reshape of it would be a copy: the records would never reach `out`.
+        raise SizeMismatchError("out must be C-contiguous (records are written back to back)")
+    if isinstance(out, np.ndarray):
+        dest = out.reshape(-1).view(np.uint8)
+    else:
+        dest = np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+                             dtype=np.uint8)
+    if not dest.flags.writeable:
+        raise ValueError("out is read-only")
+    return dest
 
 
 class Zrecord(Store):
@@ -68,9 +108,11 @@ class Zrecord(Store):
         with ``offsets[0] == 0``). One native append with no Python object per
         record. Returns the index of the first record."""
         self._w()
+        if isinstance(data, np.ndarray) and data.dtype.hasobject:
+            raise TypeError(f"data is an array of Python objects ({data.dtype}), not bytes")
         try:
-            flat = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8) \
-                if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+            flat = _flat_bytes(data) if not isinstance(data, np.ndarray) \
+                else data.reshape(-1).view(np.uint8)
         except TypeError:
             raise TypeError(f"data is a {type(data).__name__}, not a bytes-like object") from None
         flat = np.ascontiguousarray(flat)
@@ -86,29 +128,30 @@ class Zrecord(Store):
         return self._read(idx, threads)
 
     def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
-        buf, sizes, _ = self._gather_alloc(idx, threads)
+        buf, sizes, _ = self._gather_alloc(idx, check_threads(threads))
         return _records.to_bytes(buf, sizes)
 
     def gather_into(self, indices, out, offsets=None) -> np.ndarray:
-        """Read records into the caller's writable buffer `out` (bytes-like or
-        array), back to back from offset 0 or at byte `offsets[i]` (non-negative
+        """Read records into the caller's writable, C-contiguous buffer `out`
+        (bytes-like or array), back to back from offset 0 or at byte `offsets[i]` (non-negative
         integers). Returns the records' sizes (uint64), from the same snapshot
         as the bytes. Nothing is allocated per record."""
         idx, _ = self._indices(indices)
+        dest = _writable_bytes(out)
+        if offsets is not None:
+            offsets = _checked_offsets(offsets, len(idx))
         buf, sizes, _ = self._gather_alloc(idx)
         if offsets is None:
             starts = np.zeros(len(idx), dtype=U64)
             if len(idx) > 1:
                 np.cumsum(sizes[:-1], out=starts[1:])
         else:
-            starts = _checked_offsets(offsets, len(idx))
-        dest = np.frombuffer(memoryview(out).cast("B"), dtype=np.uint8) \
-            if not isinstance(out, np.ndarray) else out.reshape(-1).view(np.uint8)
-        if not dest.flags.writeable:
-            raise ValueError("out is read-only")
-        ends = starts + sizes
-        if len(idx) and int(ends.max()) > dest.nbytes:
-            i = int(np.argmax(ends > dest.nbytes))
+            starts = offsets
+        room = U64(dest.nbytes)
+        # (room - start, not start + size: that wraps past 2**64 for a huge offset)
+        too_big = (starts > room) | (sizes > room - np.minimum(starts, room))
+        if too_big.any():
+            i = int(np.argmax(too_big))
             raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes "
                                     f"at offset {int(starts[i])}) does not fit the "
                                     f"{dest.nbytes}-byte buffer", path=self._path)

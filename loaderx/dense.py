@@ -7,8 +7,8 @@ import numpy as np
 
 from . import _buffers, _records, identity
 from ._lib import check, ffi, lib
-from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, U64, Store, byte_ptr, u64_ptr,
-                     unchecked_indices)
+from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
+                     check_threads, u64_ptr, unchecked_indices)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
@@ -122,6 +122,8 @@ class DenseStore(Store):
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
         when given (C-contiguous, writable, exact dtype and shape). `threads`
         caps the native threads (0: every usable core)."""
+        if type(threads) is not int or not 0 <= threads <= THREADS_MAX:
+            threads = check_threads(threads)
         fast = unchecked_indices(indices)
         if fast is not None:
             result = self._gather(fast, out, threads, exact=False)

@@ -12,6 +12,9 @@ from .errors import DictionaryError
 _TIERS = {"fast": (32 << 10, 4 << 20), "balanced": (128 << 10, 16 << 20),
           "max": (1 << 20, 64 << 20)}
 _SAMPLE_MAX = 128 << 10  # zstd's trainer works on sample prefixes up to this size
+#: Largest dictionary `size`: zstd never looks back further than its 2 GiB
+#: maximum window, and a buffer this size is zero-filled before training.
+_DICT_SIZE_MAX = 1 << 31
 
 
 def _sample_records(source, budget: int) -> list[bytes]:
@@ -69,12 +72,13 @@ def train_dict(source, tier: str = "balanced", *, size: int | None = None) -> by
     `size` overrides the dictionary size. Raises `DictionaryError` when zstd
     cannot train one (too few or too uniform samples).
     """
-    if tier not in _TIERS:
+    if not isinstance(tier, str) or tier not in _TIERS:
         raise ValueError(f"unknown tier {tier!r}; choose one of {sorted(_TIERS)}")
     dict_size, budget = _TIERS[tier]
     if size is not None:
-        if not isinstance(size, int) or size < 256:
-            raise ValueError(f"size must be an int >= 256, got {size!r}")
+        if not isinstance(size, int) or isinstance(size, bool) \
+                or not 256 <= size <= _DICT_SIZE_MAX:
+            raise ValueError(f"size must be an int from 256 to {_DICT_SIZE_MAX}, got {size!r}")
         dict_size = size
     samples = [s for s in _sample_records(source, budget) if s]
     if len(samples) < 8:

@@ -6,7 +6,7 @@ from typing import Iterable
 import numpy as np
 
 from . import _records, identity
-from ._store import Store, chunks_of, packed_chunks, pointers
+from ._store import Store, check_threads, chunks_of, packed_chunks, pointers
 from ._store import row_splits as _row_splits
 from .errors import IdentityError
 
@@ -71,15 +71,29 @@ class RaggedStore(Store):
                                     f"{self._dtype}", path=self._path)
             a = np.frombuffer(x, dtype=np.uint8)
         else:
-            try:
-                a = np.asarray(x, dtype=self._dtype)
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"record {i} cannot be read as {self._dtype}: {e}") from None
+            a = self._converted(i, x)
         if a.ndim > identity.NDIM_MAX:
             raise ValueError(f"record {i} has {a.ndim} dimensions; "
                              f"at most {identity.NDIM_MAX} are supported")
         # (np.ascontiguousarray would turn a 0-d record into a 1-d one)
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+
+    def _converted(self, i: int, x) -> np.ndarray:
+        """Record `i` given as a list or scalar, converted to the store's dtype;
+        values the conversion would change (fractions, imaginary parts) are refused."""
+        try:
+            probe = np.asarray(x)
+            found = probe.dtype  # float64 for [], which holds nothing to lose
+            lossy = probe.size and ((found.kind in "fc" and self._dtype.kind in "biu")
+                                    or (found.kind == "c" and self._dtype.kind == "f"))
+            if not lossy:
+                return np.asarray(x, dtype=self._dtype)
+        except OverflowError as e:
+            raise OverflowError(f"record {i} does not fit {self._dtype}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"record {i} cannot be read as {self._dtype}: {e}") from None
+        raise TypeError(f"record {i} holds {found} values, which {self._dtype} cannot hold "
+                        f"exactly; convert (and round) them yourself, as a {self._dtype} array")
 
     def append(self, records: Iterable) -> int:
         """Append arrays (a one-pass iterator is fine); returns the first index."""
@@ -100,7 +114,7 @@ class RaggedStore(Store):
         return self._append_chunks(chunks())
 
     def _read(self, idx: np.ndarray, threads: int = 0) -> list[np.ndarray]:
-        buf, raw, aux = self._gather_alloc(idx, threads)
+        buf, raw, aux = self._gather_alloc(idx, check_threads(threads))
         return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_list()
 
     def append_packed(self, values, row_splits) -> int:
@@ -144,7 +158,7 @@ class RaggedStore(Store):
         axis, and int64 row offsets (length B+1). Records must share their
         trailing dimensions (all 1-D, or all ``(n, *t)`` with the same ``t``)."""
         idx, _ = self._indices(indices)
-        buf, raw, aux = self._gather_alloc(idx, threads)
+        buf, raw, aux = self._gather_alloc(idx, check_threads(threads))
         return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_packed(idx)
 
     def __getitem__(self, key):

@@ -42,7 +42,7 @@ import numpy as np
 from . import _buffers
 from ._lib import check, ffi, lib
 from ._records import parts_array
-from ._store import normalize_indices
+from ._store import check_threads, normalize_indices
 from .errors import IdentityError, SizeMismatchError
 
 __all__ = ["TokenWindows"]
@@ -65,8 +65,9 @@ class TokenWindows:
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
             raise IdentityError("token documents must hold integers of 1, 2, 4 or 8 bytes, "
                                 f"not {dtype}")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-            raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
+                or not 1 <= seq_len < 2**63:
+            raise ValueError(f"seq_len must be an int from 1 to 2**63 - 1, got {seq_len!r}")
         if separator is not None:
             info = np.iinfo(dtype)
             if isinstance(separator, bool) or not isinstance(separator, (int, np.integer)) \
@@ -135,6 +136,7 @@ class TokenWindows:
 
     def _gather(self, idx: np.ndarray, tokens: Optional[np.ndarray], segments: Optional[np.ndarray],
                 threads: int) -> None:
+        threads = check_threads(threads)
         if len(idx) == 0:
             return
         handles = [h for h, _ in self._part_list]  # held for the call
