@@ -27,6 +27,7 @@ from .errors import (
     DictionaryError,
     IdentityError,
     InvalidArgumentError,
+    LockedError,
     ReadOnlyError,
     RecordIndexError,
 )
@@ -249,6 +250,7 @@ class Store:
         self._path = _store_path(path)
         self._readonly = False
         self._append_lock = threading.Lock()
+        self._append_thread: int | None = None  # the thread inside _append_chunks
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
         user = identity.pack(ident) if ident is not None else b""
@@ -464,7 +466,14 @@ class Store:
         the last publishes them all; an error drops what was staged. One chunk
         is held in memory ahead of the one being written."""
         self._w()
+        if self._append_thread == threading.get_ident():
+            # The records iterator of an append on this thread appends again:
+            # it would wait for the lock its own caller holds, forever.
+            raise LockedError(f"{self._path}: append called while producing the records of "
+                              "another append to this store; append after that call returns",
+                              path=self._path)
         with self._append_lock:
+            self._append_thread = threading.get_ident()
             first = None
             staged = False
             try:
@@ -480,6 +489,7 @@ class Store:
                     first = f if first is None else first
                 staged = False
             finally:
+                self._append_thread = None
                 h = self._handle
                 if staged and h is not None:
                     lib.lx_publish(h, 0)

@@ -12,6 +12,7 @@ from loaderx import DenseStore, RaggedStore, TokenWindows, Zrecord, train_dict
 from loaderx.errors import (
     ArgumentTypeError,
     InvalidArgumentError,
+    LockedError,
     RecordIndexError,
     SizeMismatchError,
 )
@@ -197,3 +198,18 @@ def test_token_windows_seq_len_past_uint64(tmp_path):
         rs.append([np.arange(9, dtype=np.int32)])
         with pytest.raises(ValueError, match="seq_len"):
             TokenWindows(rs, 2**70)
+
+
+def test_append_from_inside_the_records_of_an_append_raises(tmp_path):
+    """Before the fix, a records iterator that appended to the same store
+    (a callback writing a side record, say) hung forever on the append lock
+    its own caller held."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        def records():
+            yield b"a"
+            z.append([b"inner"])
+            yield b"b"
+        with pytest.raises(LockedError, match="append called while producing the records"):
+            z.append(records())
+        assert z.append([b"c"]) == 0  # the store is usable afterwards, nothing half-written
+        assert z[:] == [b"c"]
