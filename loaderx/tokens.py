@@ -26,6 +26,12 @@ generation (any append or delete rebuilds it); where the directory is not
 writable the index lives in memory only. A ShardSet's index is its shards'
 indices put together (a copy: 8 B per document in memory).
 
+A TokenWindows reads the documents it was built over. Documents appended
+later are not in it; after a delete on its store (which moves the last
+documents into the holes) every read raises ``SizeMismatchError``: build a
+new one. Deletes followed by appends that bring a store back to at least its
+old count are not detected.
+
 A window gather is one native call: it binary-searches each window's first
 document and copies only the documents the windows overlap, raw ones
 straight from the store's mapping, compressed ones decoded once per call

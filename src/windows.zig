@@ -186,6 +186,7 @@ pub fn gather(
     try neededDocs(gpa, spec, windows, sc);
     const snaps = try store_parts.begin(gpa, parts, &sc.parts);
     defer store_parts.end(parts);
+    try checkCounts(spec, parts, snaps);
     var decoded: []u8 = &.{};
     defer if (decoded.len > 0) outbuf.free(decoded.ptr);
     try locateDocs(gpa, spec, parts, snaps, sc, &decoded, lanes);
@@ -194,6 +195,28 @@ pub fn gather(
     const plan = pool.plan(windows.len, raw_bytes >= store_read.inline_raw_bytes, lanes, 4);
     job.block_size = plan.block_size;
     pool.run(plan.lanes, &job, AssembleJob.work);
+}
+
+/// Every part still holds the documents the index was built over. A delete
+/// moves a store's last records into the holes and shrinks it, so a moved
+/// document of the deleted one's length would otherwise read as the old one.
+/// (Appends after a delete that bring the count back are not detected.)
+fn checkCounts(
+    spec: Spec,
+    parts: []const store_parts.Part,
+    snaps: []const store_read.Snapshot,
+) Error!void {
+    for (parts, snaps, 0..) |p, snap, k| {
+        const end = if (k + 1 < parts.len) parts[k + 1].first else spec.docs;
+        if (snap.count < end -| p.first) {
+            return diag.fail(
+                error.SizeMismatch,
+                "the window index covers {d} documents of store {d}, which now holds {d}: " ++
+                    "records were deleted since the index was built; build a new TokenWindows",
+                .{ end -| p.first, k, snap.count },
+            );
+        }
+    }
 }
 
 /// The sorted, distinct documents the windows overlap, into sc.ids.
@@ -399,5 +422,11 @@ test "windows cross documents, with separators and segments, raw and compressed 
         try testing.expectEqualSlices(u16, &.{ 15, 16, 17, 18, 19 }, &out[0]);
         const past_end = gather(testing.allocator, spec, &parts, &.{5}, tokens_only, 0, &sc);
         try testing.expectError(error.OutOfRange, past_end);
+        // Deleting a document moves the last one ([21]) into its hole; every
+        // window of the old index is refused, the untouched first one included.
+        var moves: [1]@import("store_maintain.zig").Move = undefined;
+        _ = try s.delete(&.{1}, &moves);
+        const stale = gather(testing.allocator, spec, &parts, &.{0}, tokens_only, 0, &sc);
+        try testing.expectError(error.SizeMismatch, stale);
     }
 }

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loaderx import DataLoader, Mixture, RaggedStore, ShardSet, TokenWindows
-from loaderx.errors import IdentityError, RecordIndexError
+from loaderx.errors import IdentityError, RecordIndexError, SizeMismatchError
 
 
 def make_docs(seed: int, count: int, dtype=np.int32):
@@ -87,6 +87,34 @@ def test_the_cached_index_is_rebuilt_when_the_store_changes(tmp_path):
         want, _ = expected(docs + more, 8)
         assert len(grown) == len(want) > len(first)
         np.testing.assert_array_equal(grown[np.arange(len(grown))], want)
+
+
+def test_windows_built_before_a_delete_are_refused(tmp_path):
+    """A delete moves the last documents into the holes; with documents of one
+    length the moved ones would read as the deleted ones. Every read of the old
+    index (the untouched first window too, in a DataLoader too) is refused,
+    windows built before an append keep reading, and a new index reads the
+    documents as they are now."""
+    docs = [np.arange(8, dtype=np.int32) + 100 * k for k in range(6)]
+    shards = [RaggedStore(tmp_path / f"s{k}", np.int32) for k in range(2)]
+    shards[0].append(docs[:3])
+    shards[1].append(docs[3:])
+    appended = TokenWindows(shards[0], seq_len=4)
+    shards[0].append([np.arange(3, dtype=np.int32)])
+    np.testing.assert_array_equal(appended[[0, 4]], expected(docs[:3], 4)[0][[0, 4]])
+    for store in (shards[1], ShardSet(shards)):
+        tw = TokenWindows(store, seq_len=4)
+        shards[1].delete([0])
+        with pytest.raises(SizeMismatchError, match="deleted since the index was built"):
+            tw[[0]]
+        with pytest.raises(SizeMismatchError, match="deleted since"):
+            next(iter(DataLoader({"t": tw}, batch_size=2)))
+        shards[1].append([docs[3]])  # back to its old length, in another order
+    fresh = TokenWindows(shards[1], seq_len=4)
+    np.testing.assert_array_equal(fresh[np.arange(len(fresh))],
+                                  expected([docs[3], docs[4], docs[3]], 4)[0])
+    for s in shards:
+        s.close()
 
 
 def test_bad_corpora_are_refused(tmp_path):
