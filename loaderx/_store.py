@@ -253,6 +253,7 @@ class Store:
         self._append_thread: int | None = None  # the thread inside _append_chunks
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
+        level = None if level is None else int(level)
         user = identity.pack(ident) if ident is not None else b""
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
@@ -523,7 +524,8 @@ def _check_codec_args(path: str, create: bool, codec: str | None, level: int | N
     if codec is not None and (not isinstance(codec, str) or codec not in _lib.CODECS):
         raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; "
                                    f"choose one of {sorted(_lib.CODECS)}", path=path)
-    if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
+    if level is not None and (not isinstance(level, (int, np.integer))
+                              or isinstance(level, (bool, np.bool_))):
         raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}",
                                 path=path)
     if level is not None and not -_INT_MAX - 1 <= level <= _INT_MAX:

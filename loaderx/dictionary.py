@@ -76,10 +76,10 @@ def train_dict(source, tier: str = "balanced", *, size: int | None = None) -> by
         raise ValueError(f"unknown tier {tier!r}; choose one of {sorted(_TIERS)}")
     dict_size, budget = _TIERS[tier]
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) \
+        if not isinstance(size, (int, np.integer)) or isinstance(size, (bool, np.bool_)) \
                 or not 256 <= size <= _DICT_SIZE_MAX:
             raise ValueError(f"size must be an int from 256 to {_DICT_SIZE_MAX}, got {size!r}")
-        dict_size = size
+        dict_size = int(size)
     samples = [s for s in _sample_records(source, budget) if s]
     if len(samples) < 8:
         raise DictionaryError("need at least 8 non-empty samples to train a dictionary, "

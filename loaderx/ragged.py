@@ -98,6 +98,12 @@ class RaggedStore(Store):
     def append(self, records: Iterable) -> int:
         """Append arrays (a one-pass iterator is fine); returns the first index."""
         self._w()
+        if isinstance(records, np.ndarray) and records.ndim == 1 and not records.dtype.hasobject:
+            # Each element would become one 0-d record: a document without its brackets.
+            raise TypeError(f"{self._path}: append takes an iterable of records, and this 1-D "
+                            f"array of {len(records)} values would make {len(records)} scalar "
+                            "records; pass [array] to append it as one record, or "
+                            "append_packed(values, row_splits) for many")
         if isinstance(records, np.ndarray) and records.dtype == self._dtype and records.ndim >= 1:
             records = list(records)
         arrays = (self._as_record(i, x) for i, x in enumerate(records))

@@ -213,3 +213,26 @@ def test_append_from_inside_the_records_of_an_append_raises(tmp_path):
             z.append(records())
         assert z.append([b"c"]) == 0  # the store is usable afterwards, nothing half-written
         assert z[:] == [b"c"]
+
+
+def test_numpy_ints_are_ints_for_level_and_dictionary_size(tmp_path):
+    """level= and train_dict(size=) take numpy integers, as threads= and seq_len do."""
+    rng = np.random.default_rng(0)
+    with DenseStore(tmp_path / "d", np.uint8, (64,), level=np.int64(5)) as ds:
+        assert ds.level == 5 and type(ds.level) is int
+        ds.append(rng.integers(0, 4, (300, 64), dtype=np.uint8))
+        d = train_dict(ds, size=np.int32(1024))
+        assert 0 < len(d) <= 1024
+
+
+def test_ragged_append_refuses_one_flat_array(tmp_path):
+    """``rs.append(tokens)`` with one 1-D array stored one 0-d record per token,
+    silently: a document appended without its brackets. It is refused, naming
+    the fix; nothing is stored. (0-d records in a list stay allowed.)"""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        for records in (np.arange(5, dtype=np.int32), np.arange(5.0)):
+            with pytest.raises(TypeError, match=r"5 scalar records; pass \[array\]"):
+                rs.append(records)
+        assert len(rs) == 0
+        rs.append([np.arange(5, dtype=np.int32), np.int32(7)])
+        assert rs[0].tolist() == [0, 1, 2, 3, 4] and rs[1].shape == ()
