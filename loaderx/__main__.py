@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -356,7 +357,10 @@ def _dict_source(args):
     from .dataset import open_dataset, open_store
 
     if args.src.endswith(".npy"):
-        return np.load(args.src, mmap_mode="r"), []
+        from .converters._numpy_src import npy_header
+
+        npy_header(args.src)  # a damaged or object-holding file is refused by name
+        return np.load(args.src, mmap_mode="r", allow_pickle=False), []
     if os.path.isfile(os.path.join(args.src, "loaderx.json")):
         opened = open_dataset(args.src)
         name = args.column or next(iter(opened))
@@ -494,6 +498,17 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _batch_mib(text: str) -> float:
+    """--batch-mib: a finite size of at least one byte."""
+    try:
+        mib = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(mib) or mib * (1 << 20) < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite size of at least 1 byte, got {text!r}")
+    return mib
+
+
 def _convert_parser(sub, quiet) -> None:
     p = sub.add_parser(
         "convert",
@@ -528,7 +543,10 @@ def _convert_parser(sub, quiet) -> None:
     )
     p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
     p.add_argument(
-        "--batch-mib", type=float, default=16.0, help="MiB read and written at a time (default 16)"
+        "--batch-mib",
+        type=_batch_mib,
+        default=16.0,
+        help="MiB read and written at a time (default 16)",
     )
     p.set_defaults(fn=cmd_convert)
 

@@ -189,20 +189,31 @@ def read_manifest(path) -> dict:
     try:
         with open(file, encoding="utf-8") as f:
             manifest = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise _manifest_error(p, f"is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise _manifest_error(p, f"is not a {MANIFEST_FORMAT} manifest")
     version = manifest.get("version")
-    if not isinstance(version, int) or version > MANIFEST_VERSION:
+    if not isinstance(version, int) or not 1 <= version <= MANIFEST_VERSION:
         raise _manifest_error(p, f"has version {version!r}; this loaderx reads up to "
                                  f"{MANIFEST_VERSION}")
     if "splits" in manifest:
-        if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
+        splits = manifest["splits"]
+        if not isinstance(splits, dict) or not splits:
             raise _manifest_error(p, "has an empty or malformed 'splits'")
+        for name, sub in splits.items():
+            if not _inside(sub) or os.path.normpath(sub) == ".":
+                raise _manifest_error(p, f"split {name!r} names {sub!r}, which is not a "
+                                         "directory inside this one")
         return manifest
     _check_columns(p, manifest)
     return manifest
+
+
+def _inside(sub: Any) -> bool:
+    """Whether a manifest's relative path stays inside the dataset directory."""
+    return (isinstance(sub, str) and not os.path.isabs(sub)
+            and ".." not in sub.replace("\\", "/").split("/"))
 
 
 def _shard_entry_ok(s: Any) -> bool:
@@ -222,7 +233,7 @@ def _check_columns(p: str, manifest: dict) -> None:
             raise _manifest_error(p, f"column {name!r} shards hold {total} rows, the dataset "
                                      f"{rows}")
         for s in shards:
-            if os.path.isabs(s["path"]) or ".." in s["path"].replace("\\", "/").split("/"):
+            if not _inside(s["path"]):
                 raise _manifest_error(p, f"column {name!r} names a shard outside the directory: "
                                          f"{s['path']!r}")
 

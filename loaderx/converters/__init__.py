@@ -31,7 +31,7 @@ from typing import Any
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, StoreNotFoundError
 from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
-from ._dest import Destination, swap_into, write_json
+from ._dest import Destination, safe_name, swap_into, write_json
 from ._progress import make_progress
 from ._run import StoreOptions, run_tasks, sample_records
 from ._source import Options, Source
@@ -127,6 +127,13 @@ def convert_to_directory(
         raise ConvertError(
             f"codec must be one of {_CODECS} (add dict=True for zstd_dict), got {codec!r}"
         )
+    for label, names in (("columns", columns), ("skip_columns", skip_columns)):
+        if isinstance(names, (str, bytes)):
+            raise TypeError(f"{label} must be a list of column names, not the string {names!r}")
+    if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
+        # zstd reads 0 as "the default"; a store records the level it used,
+        # so 0 is refused rather than stored as 3 behind the caller's back.
+        raise ValueError(f"level must be a non-zero int zstd level or None (3), got {level!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
@@ -172,12 +179,25 @@ def _splits(source: Any) -> list | None:
         p = os.fspath(source)
         marker = os.path.join(p, "dataset_dict.json")
         if os.path.isfile(marker):
-            import json
-
-            with open(marker, encoding="utf-8") as f:
-                names = json.load(f).get("splits", [])
+            names = _json_file(marker).get("splits")
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ConvertError(f"{marker}: 'splits' is not a list of split names")
             return [(n, os.path.join(p, n)) for n in names]
     return None
+
+
+def _json_file(path: str) -> dict:
+    """A JSON object file of a Hugging Face directory, or a ConvertError naming it."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return obj
 
 
 def open_source(source: Any, options: Options) -> Source:
@@ -220,10 +240,12 @@ def _open_directory(
 ) -> Source:
     state = os.path.join(p, "state.json")
     if os.path.isfile(state) and os.path.isfile(os.path.join(p, "dataset_info.json")):
-        import json
-
-        with open(state, encoding="utf-8") as f:
-            files = [os.path.join(p, d["filename"]) for d in json.load(f).get("_data_files", [])]
+        entries = _json_file(state).get("_data_files", [])
+        entries = entries if isinstance(entries, list) else [None]
+        names = [d.get("filename") if isinstance(d, dict) else None for d in entries]
+        files = [os.path.join(p, n) for n in names if isinstance(n, str)]
+        if len(files) != len(names):
+            raise ConvertError(f"{state}: '_data_files' is not a list of {{'filename': ...}}")
         return ArrowSource(files, options, {"type": "huggingface", "path": os.path.abspath(p)})
     if tar_files(p):
         return WebDatasetSource(tar_files(p), options)
@@ -325,13 +347,16 @@ def _convert_splits(splits: list, dest, mode: str, options: Options, job: dict) 
         raise ConvertError("append to one split at a time: convert a Dataset into DEST/<split>")
     parent, base = os.path.split(os.path.abspath(os.fspath(dest)))
     Destination(dest, mode, options.flags)  # checks the destination per mode
+    taken: set = set()
+    # A split's name is data, not a path: "../x" must not write outside `dest`.
+    dirs = {str(n): safe_name(str(n), taken) for n, _ in splits}
     staging = os.path.join(parent, f".{base}.loaderx-partial-{uuid.uuid4().hex[:12]}")
     os.makedirs(staging)
     try:
         for name, split in splits:
             _convert_one(
                 open_source(split, options),
-                os.path.join(staging, str(name)),
+                os.path.join(staging, dirs[str(name)]),
                 "create",
                 options,
                 job,
@@ -341,7 +366,7 @@ def _convert_splits(splits: list, dest, mode: str, options: Options, job: dict) 
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
-            "splits": {str(n): str(n) for n, _ in splits},
+            "splits": dirs,
         }
         write_json(os.path.join(staging, MANIFEST_NAME), manifest)
         swap_into(staging, os.path.abspath(os.fspath(dest)))

@@ -13,6 +13,7 @@ schema) refines the mapping: ``Image`` columns are decoded (or kept encoded),
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Iterator
@@ -214,7 +215,20 @@ class ArrowSource(Source):
         pa = _pa()
         path, fmt = self.files[k], self.formats[k]
         row = offset
-        for rb in self._piece_reader(pa, path, fmt, unit, names, step):
+        with contextlib.closing(self._piece_reader(pa, path, fmt, unit, names, step)) as reader:
+            yield from self._slices(pa, path, reader, row, lo, hi, names, step)
+
+    @staticmethod
+    def _slices(pa, path, reader, row, lo, hi, names, step):
+        """(first row, table) of rows lo..hi of a piece's record batches."""
+        while row < hi:
+            try:
+                rb = next(reader, None)
+            except (pa.ArrowException, OSError) as e:
+                # Damage past the footer (a row group's pages, a batch body).
+                raise ConvertError(f"{path}: cannot read rows from {row} ({e})") from None
+            if rb is None:
+                return
             n = rb.num_rows
             a, b = max(lo, row), min(hi, row + n)
             if a < b:
@@ -222,8 +236,6 @@ class ArrowSource(Source):
                 for s in range(0, b - a, step):
                     yield a + s, table.slice(s, step)
             row += n
-            if row >= hi:
-                return
 
     @staticmethod
     def _piece_reader(pa, path, fmt, unit, names, step):

@@ -247,9 +247,15 @@ def unmappable(name: str, what: str, flags: Flags) -> ConvertError:
 # ----------------------------------------------------------------- Arrow values
 
 
-def _check_nulls(arr, name: str, row0: int, flags: Flags) -> None:
+def _whole_rows(i: int) -> int:
+    return i
+
+
+def _check_nulls(arr, name: str, row0: int, flags: Flags, locate=_whole_rows) -> None:
+    """Refuse nulls; `locate` maps an index of `arr` (a flattened level of a
+    nested column) to the row of the batch that holds it."""
     if arr.null_count:
-        first = int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0])
+        first = locate(int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0]))
         raise ConvertError(
             f"column {name!r} has a null value (row {row0 + first}); loaderx stores have no "
             f"nulls: fill them before converting (pyarrow.compute.fill_null) or skip the column "
@@ -257,31 +263,41 @@ def _check_nulls(arr, name: str, row0: int, flags: Flags) -> None:
         )
 
 
-def _leaf_numpy(arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
-    _check_nulls(arr, spec.name, row0, flags)
+def _leaf_numpy(arr, spec: ColumnSpec, row0: int, flags: Flags, locate) -> np.ndarray:
+    _check_nulls(arr, spec.name, row0, flags, locate)
     values = arr.to_numpy(zero_copy_only=False)
     return values if values.dtype == spec.dtype else values.astype(spec.dtype)
 
 
-def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
+def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags, locate=_whole_rows):
     """(offsets relative to the flattened values, flattened values) of a list array."""
-    _check_nulls(arr, spec.name, row0, flags)
+    _check_nulls(arr, spec.name, row0, flags, locate)
     if pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type):
         arr = arr.cast(pa.large_list(arr.type.value_type))
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     return offsets - offsets[0], arr.flatten()
 
 
-def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndarray:
+def _in_lists(offsets: np.ndarray, locate):
+    """`locate` for the flattened values of lists with `offsets`."""
+    return lambda i: locate(int(np.searchsorted(offsets, i, side="right")) - 1)
+
+
+def _dense_values(
+    pa, arr, spec: ColumnSpec, row0: int, flags: Flags, locate=_whole_rows
+) -> np.ndarray:
     """Every leaf value of a batch of fixed-shape records, checked to fill the shape."""
     count = len(arr)
     per_row = int(np.prod(spec.dense_shape, dtype=np.int64))
     while not (_leaf_dtype(pa, arr.type) is not None):
         if pa.types.is_fixed_size_list(arr.type):
-            _check_nulls(arr, spec.name, row0, flags)
+            _check_nulls(arr, spec.name, row0, flags, locate)
+            size = arr.type.list_size
+            locate = (lambda outer, k: lambda i: outer(i // k))(locate, size)
             arr = arr.flatten()
         elif _is_list(pa, arr.type):
-            offsets, arr = _list_level(pa, arr, spec, row0, flags)
+            offsets, arr = _list_level(pa, arr, spec, row0, flags, locate)
+            locate = _in_lists(offsets, locate)
             if len(offsets) > 1 and len(set(np.diff(offsets).tolist())) > 1:
                 raise ConvertError(
                     f"column {spec.name!r}: rows {row0}..{row0 + count - 1} hold "
@@ -289,7 +305,7 @@ def _dense_values(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> np.ndar
                 )
         else:
             raise ConvertError(f"column {spec.name!r}: unexpected Arrow type {arr.type}")
-    values = _leaf_numpy(arr, spec, row0, flags)
+    values = _leaf_numpy(arr, spec, row0, flags, locate)
     if values.size != count * per_row:
         raise ConvertError(
             f"column {spec.name!r}: rows {row0}..{row0 + count - 1} do not all have "
@@ -302,14 +318,8 @@ def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list 
     if spec.decode == "ray-variable":
         return [np.asarray(x) for x in arr.to_numpy(zero_copy_only=False)]
     offsets, values = _list_level(pa, arr, spec, row0, flags)
-    trailing = tuple(spec.item_shape or ())
-    if trailing:
-        inner = ColumnSpec(spec.name, "dense", spec.dtype, trailing)
-        flat = _dense_values(pa, values, inner, row0, flags)
-    else:
-        flat = _dense_values(
-            pa, values, ColumnSpec(spec.name, "dense", spec.dtype, ()), row0, flags
-        )
+    inner = ColumnSpec(spec.name, "dense", spec.dtype, tuple(spec.item_shape or ()))
+    flat = _dense_values(pa, values, inner, row0, flags, _in_lists(offsets, _whole_rows))
     return Packed(flat, offsets)
 
 
@@ -353,13 +363,23 @@ _SINGLE_BAND = {
 }
 
 
-def image_target_mode(modes: set) -> str:
+def image_target_mode(modes: set, name: str = "", flags: Flags = Flags()) -> str:
     """One Pillow mode for a column whose images have `modes`: kept when all
-    share a simple one, else RGB (RGBA when any has transparency)."""
+    share a simple one, else RGB (RGBA when any has transparency). Images of
+    more than 8 bits per value (16-bit, 32-bit, float) never share a column
+    with another mode: converting them would clip their values."""
     if len(modes) == 1:
         (mode,) = modes
         if mode in ("L", "LA", "RGB", "RGBA") or mode in _SINGLE_BAND:
             return mode
+    deep = sorted(modes & set(_SINGLE_BAND))
+    if deep:
+        raise ConvertError(
+            f"column {name!r}: the images have the Pillow modes {sorted(modes)}; converting "
+            f"the {deep} images (more than 8 bits per value) to one mode would lose values. "
+            f"Convert them to one mode first, or keep the encoded files with "
+            f"{flags.opt('keep_encoded')}"
+        )
     return "RGBA" if modes & _ALPHA else "RGB"
 
 
@@ -379,7 +399,19 @@ def decode_image(data, mode: str, where: str) -> np.ndarray:
     try:
         with image_mod.open(io.BytesIO(data)) as im:
             if im.mode != mode:
+                if im.mode in _SINGLE_BAND or mode in _SINGLE_BAND:
+                    raise ConvertError(
+                        f"{where}: the image has the Pillow mode {im.mode!r} but the column "
+                        f"holds {mode!r} images (decided from the first ones); converting "
+                        "would lose values: convert the images to one mode first"
+                    )
                 im = im.convert(mode)
             return np.asarray(im, dtype=image_dtype(mode))
-    except (OSError, ValueError, SyntaxError) as e:
+    except image_errors(image_mod) as e:
         raise ConvertError(f"{where}: cannot decode the image ({e})") from None
+
+
+def image_errors(image_mod) -> tuple:
+    """What Pillow raises for a damaged, unknown or oversized image (a
+    decompression bomb: more pixels than ``PIL.Image.MAX_IMAGE_PIXELS``)."""
+    return (OSError, ValueError, SyntaxError, image_mod.DecompressionBombError)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import zlib
 from typing import Any, Iterator
 
 import numpy as np
@@ -139,13 +140,54 @@ def _split_key(member: str) -> tuple[str, str]:
     return os.path.join(folder, stem), ext.lower() if dot else ""
 
 
+class _TarInfo(tarfile.TarInfo):
+    """Records on its TarFile why the header read that ended the archive
+    failed: `tarfile` ends the iteration silently on a truncated or damaged
+    header, which only the end-of-archive marker (a zero block) tells apart
+    from a complete archive."""
+
+    @classmethod
+    def fromtarfile(cls, tf):
+        try:
+            info = super().fromtarfile(tf)
+        except tarfile.HeaderError as e:
+            tf.loaderx_end = e
+            raise
+        tf.loaderx_end = None
+        return info
+
+
+def _members(tf: tarfile.TarFile, path: str) -> Iterator[tarfile.TarInfo]:
+    """The members of an archive read as a stream, then a check that it
+    ended with its end-of-archive marker rather than at a damaged or
+    truncated header."""
+    count = 0
+    while True:
+        member = tf.next()
+        if member is None:
+            break
+        # A stream reader needs no member list (TarFile keeps one, undeclared
+        # in the stubs): clearing it keeps memory flat on a shard of many members.
+        tf.members.clear()  # type: ignore[attr-defined]
+        count += 1
+        yield member
+    end = getattr(tf, "loaderx_end", None)
+    # EOFHeaderError (an all-zero block: the marker) is in every CPython 3 but not the stubs.
+    if not isinstance(end, tarfile.EOFHeaderError):  # type: ignore[attr-defined]
+        why = f"({end})" if end is not None else "(no end-of-archive marker)"
+        raise ConvertError(
+            f"{path}: the archive ends after {count} members without its end-of-archive "
+            f"marker {why}: the file is truncated or damaged"
+        )
+
+
 def _samples(path: str) -> Iterator[tuple[str, dict]]:
     """(key, {extension: bytes}) for consecutive members sharing a key."""
     key = ""  # set before the sample gets its first member
     sample: dict[str, bytes] = {}
     try:
-        with tarfile.open(path, "r|*") as tf:
-            for member in tf:
+        with tarfile.open(path, "r|*", tarinfo=_TarInfo) as tf:
+            for member in _members(tf, path):
                 if not member.isfile():
                     continue
                 k, ext = _split_key(member.name)
@@ -160,7 +202,7 @@ def _samples(path: str) -> Iterator[tuple[str, dict]]:
                 data = tf.extractfile(member)
                 assert data is not None  # a regular file (checked above)
                 sample[ext] = data.read()
-    except tarfile.TarError as e:
+    except (tarfile.TarError, EOFError, zlib.error) as e:
         raise ConvertError(f"{path}: not a readable tar file ({e})") from None
     if sample:
         yield key, sample
@@ -271,17 +313,19 @@ class WebDatasetSource(Source):
 
     def _column(self, spec: ColumnSpec, values: list, where: list):
         if spec.decode == "int":
-            try:
-                return np.array([int(v.decode().strip()) for v in values], dtype=np.int64)
-            except (UnicodeDecodeError, ValueError):
-                raise ConvertError(
-                    f"{where[0]}.. : {spec.name!r} members must hold an integer"
-                ) from None
+            return np.array([_int_member(v, w) for v, w in zip(values, where)], dtype=np.int64)
         if spec.decode in ("image", "encoded-image"):
             return ImageColumn.records(spec, values, where, self.options.flags)
         if spec.decode == "npy":
             arrays = [_load_npy(v, w) for v, w in zip(values, where)]
             if spec.kind == "ragged":
+                for a, w in zip(arrays, where):
+                    if a.dtype != spec.dtype:
+                        raise ConvertError(
+                            f"{w}: array has dtype {a.dtype} but the column holds {spec.dtype} "
+                            "(decided from the first samples); keep the bytes with "
+                            f"{self.options.flags.opt('keep_encoded')}"
+                        )
                 return arrays
             for a, w in zip(arrays, where):
                 if a.shape != spec.item_shape or a.dtype != spec.dtype:
@@ -304,6 +348,16 @@ class WebDatasetSource(Source):
                 else len(self.files)
             ),
         }
+
+
+def _int_member(data: bytes, where: str) -> int:
+    try:
+        value = int(data.decode().strip())
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if value is None or not -(1 << 63) <= value < (1 << 63):
+        raise ConvertError(f"{where}: holds {data[:40]!r}, not an integer of int64")
+    return value
 
 
 def _load_npy(data: bytes, where: str) -> np.ndarray:

@@ -7,10 +7,13 @@ compressed ``.npz`` members by streaming decompression.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import tokenize
 import warnings
 import zipfile
+import zlib
 from typing import IO, Iterator
 
 import numpy as np
@@ -18,7 +21,7 @@ import numpy as np
 from ._columns import ColumnSpec, ConvertError
 from ._source import Batch, Options, Source, row_tasks, rows_per_batch, select_columns
 
-__all__ = ["NumpySource"]
+__all__ = ["NumpySource", "npy_header"]
 
 
 class _Member:
@@ -26,18 +29,24 @@ class _Member:
 
     def __init__(self, path: str, name: str):
         self.path, self.name = path, name
-        with zipfile.ZipFile(path) as zf:
-            info = zf.getinfo(name)
-            with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                shape, fortran, dtype = _read_header(f, version)
-                self.header_bytes = f.tell()
+        with _reading(f"{path}: array {name[:-4]!r}"):
+            with zipfile.ZipFile(path) as zf:
+                info = zf.getinfo(name)
+                with zf.open(info) as f:
+                    shape, fortran, dtype = _read_header(f)
+                    self.header_bytes = f.tell()
         self.shape, self.fortran, self.dtype = shape, fortran, dtype
+        _check_size(f"{path}: array {name[:-4]!r}", info.file_size - self.header_bytes, shape,
+                    dtype)
         self.stored = info.compress_type == zipfile.ZIP_STORED
         self._open_file: IO[bytes] | None = None
         self._open_pos = 0
 
     def read(self, start: int, stop: int) -> np.ndarray:
+        with _reading(f"{self.path}: array {self.name[:-4]!r}"):
+            return self._read(start, stop)
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
         row = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
         if self._open_file is None or self._open_pos > start:
             self.close()
@@ -50,6 +59,8 @@ class _Member:
             f.seek(self.header_bytes + start * row)
         data = f.read((stop - start) * row)
         self._open_pos = stop
+        if len(data) != (stop - start) * row:
+            raise ValueError(f"rows {start}..{stop} end early: the archive is truncated")
         return np.frombuffer(data, dtype=self.dtype).reshape(
             (stop - start,) + tuple(self.shape[1:])
         )
@@ -61,7 +72,46 @@ class _Member:
             self._open_file = None
 
 
-def _read_header(f, version):
+#: What reading a damaged .npy/.npz raises: NumPy parses the header with
+#: `ast` and `tokenize`, zipfile checks CRCs, zlib inflates.
+_DAMAGE_ERRORS = (
+    ValueError,
+    EOFError,
+    SyntaxError,
+    TypeError,
+    OverflowError,
+    OSError,
+    tokenize.TokenError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
+
+
+@contextlib.contextmanager
+def _reading(where: str, what: str = ".npy array"):
+    """Damage found while reading `where` as a ConvertError naming it."""
+    try:
+        yield
+    except ConvertError:
+        raise
+    except _DAMAGE_ERRORS as e:
+        raise ConvertError(f"{where}: not a readable {what} ({e})") from None
+
+
+def _check_size(where: str, available: int, shape: tuple, dtype: np.dtype) -> None:
+    if dtype.hasobject:
+        return  # refused by the source with the column's name; never read
+    need = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if available < need:
+        raise ConvertError(
+            f"{where}: the header says {dtype}{list(shape)} ({need:,} bytes) but only "
+            f"{max(available, 0):,} bytes follow it: the file is truncated"
+        )
+
+
+def _read_header(f):
+    """(shape, fortran_order, dtype) of the .npy header at `f`; never unpickles."""
+    version = np.lib.format.read_magic(f)
     if version == (1, 0):
         return np.lib.format.read_array_header_1_0(f)
     if version == (2, 0):
@@ -118,13 +168,16 @@ def _array_columns(arrays: dict, length: int | None) -> dict:
     for name, a in arrays.items():
         if not isinstance(a, np.ndarray):
             raise ConvertError(f"column {name!r} is a {type(a).__name__}, not a numpy array")
+        if str(name) in cols:
+            raise ConvertError(f"two arrays are named {str(name)!r} (as column names)")
         cols[str(name)] = _Rows(array=a, row_length=length if a.ndim == 1 else None)
     return cols
 
 
 def _npz_columns(path: str, length: int | None) -> dict:
-    with zipfile.ZipFile(path) as zf:
-        members = [n for n in zf.namelist() if n.endswith(".npy")]
+    with _reading(path, ".npz archive"):
+        with zipfile.ZipFile(path) as zf:
+            members = [n for n in zf.namelist() if n.endswith(".npy")]
     cols = {}
     for m in members:
         member = _Member(path, m)
@@ -137,8 +190,26 @@ def _npz_columns(path: str, length: int | None) -> dict:
     return cols
 
 
+def npy_header(path: str) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of the .npy file `path`, checked to hold all its data;
+    a ConvertError naming the file if it is damaged or holds Python objects."""
+    with _reading(path):
+        with open(path, "rb") as f:
+            shape, _, dtype = _read_header(f)
+            offset = f.tell()
+    if dtype.hasobject:
+        raise ConvertError(
+            f"{path}: the array holds Python objects (dtype {dtype}), which cannot be stored "
+            "(and loaderx never unpickles them); save it as a numeric array"
+        )
+    _check_size(path, os.path.getsize(path) - offset, shape, dtype)
+    return shape, dtype
+
+
 def _npy_columns(path: str, length: int | None) -> dict:
-    a = np.load(path, mmap_mode="r", allow_pickle=False)
+    npy_header(path)
+    with _reading(path):
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
     name = os.path.splitext(os.path.basename(path))[0]
     return {name: _Rows(array=a, row_length=length if a.ndim == 1 else None)}
 

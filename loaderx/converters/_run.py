@@ -121,8 +121,7 @@ def write_task(
     rows = 0
     try:
         for spec in specs:
-            os.makedirs(os.path.dirname(paths[spec.name]), exist_ok=True)
-            stores[spec.name] = open_writer(paths[spec.name], spec, opts)
+            stores[spec.name] = _create(paths[spec.name], spec, opts)
         for batch in read_ahead(source.read(task, specs, opts.batch_bytes)):
             for spec in specs:
                 values = batch.columns[spec.name]
@@ -137,6 +136,18 @@ def write_task(
         for store in stores.values():
             store.close()
     return rows
+
+
+def _create(path: str, spec: ColumnSpec, opts: StoreOptions):
+    """The new store of one column's shard; an error names the column, not
+    the staging path the user never chose."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        return open_writer(path, spec, opts)
+    except ZrecordError as e:
+        text = str(e)
+        text = text[len(path) + 2 :] if text.startswith(f"{path}: ") else text
+        raise ConvertError(f"column {spec.name!r}: {text}") from None
 
 
 def _child_env(workers: int) -> dict:

@@ -73,6 +73,13 @@ class Source:
 def select_columns(available: list[str], options: Options, where: str) -> list[str]:
     """The columns to convert, in source order, after `columns` / `skip_columns`."""
     for label, names in (
+        ("the source has the columns", available),
+        ("columns names", options.columns or []),
+    ):
+        twice = sorted({str(n) for n in names if names.count(n) > 1})
+        if twice:
+            raise ConvertError(f"{where}: {label} {twice} more than once")
+    for label, names in (
         ("columns", options.columns or []),
         ("skip_columns", options.skip_columns),
     ):
@@ -127,7 +134,7 @@ class ImageColumn:
             return ColumnSpec(name, "bytes", np.dtype(np.uint8), None, decode="encoded-image")
         if not headers:
             raise ConvertError(f"column {name!r}: no images to look at")
-        mode = image_target_mode({m for _, m in headers})
+        mode = image_target_mode({m for _, m in headers}, name, options.flags)
         from ._columns import image_dtype
 
         shapes = {image_shape(size, mode) for size, _ in headers}
@@ -163,11 +170,11 @@ def image_header(data, where: str) -> tuple[tuple, str]:
     """(size, mode) of encoded image bytes, reading only the header."""
     import io
 
-    from ._columns import require
+    from ._columns import image_errors, require
 
     image_mod = require("PIL.Image", "convert", "reading images")
     try:
         with image_mod.open(io.BytesIO(data) if not isinstance(data, str) else data) as im:
             return im.size, im.mode
-    except (OSError, ValueError, SyntaxError) as e:
+    except image_errors(image_mod) as e:
         raise ConvertError(f"{where}: not a readable image ({e})") from None
