@@ -530,6 +530,9 @@ def _check_codec_args(path: str, create: bool, codec: str | None, level: int | N
                                 path=path)
     if level is not None and not -_INT_MAX - 1 <= level <= _INT_MAX:
         raise InvalidArgumentError(f"{path}: zstd level {level} is out of range", path=path)
+    if level == 0:  # zstd's "default" is no level of its own; None asks for the default
+        raise InvalidArgumentError(f"{path}: level 0 is not a zstd level; pass level=None "
+                                   "for the default (3)", path=path)
     if not create:
         return
     if codec == "zstd_dict" and not dict_bytes:

@@ -236,3 +236,12 @@ def test_ragged_append_refuses_one_flat_array(tmp_path):
         assert len(rs) == 0
         rs.append([np.arange(5, dtype=np.int32), np.int32(7)])
         assert rs[0].tolist() == [0, 1, 2, 3, 4] and rs[1].shape == ()
+
+
+def test_level_zero_is_refused_before_anything_is_created(tmp_path):
+    """level=0 passed the argument check, the store was created at zstd's
+    default (3), then the reopen check refused 0 != 3 and left the new store
+    behind."""
+    with pytest.raises(InvalidArgumentError, match="level 0 is not a zstd level"):
+        DenseStore(tmp_path / "d", np.uint8, (4,), level=0)
+    assert not (tmp_path / "d").exists()

@@ -155,8 +155,7 @@ def _child_env(workers: int) -> dict:
     its share of the cores for the native compression lanes (N workers with a
     lane per core each would oversubscribe the cores N times)."""
     env = dict(os.environ)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    env[_LANES_ENV] = str(max(1, (cores or 1) // workers))
+    env[_LANES_ENV] = str(max(1, _cores() // workers))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -172,37 +171,47 @@ def _read_reports(k: int, stream, counters: list, rows: dict) -> None:
             rows[k] = int(value)
 
 
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 def run_tasks(
     source, tasks: list, specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions, progress
 ) -> list[int]:
     """Rows written by each task; in this process for one task, else one
     worker process per task (``python -m loaderx.converters._worker``: a
-    fresh interpreter that never imports the caller's main module)."""
+    fresh interpreter that never imports the caller's main module), at most
+    one per usable core at a time (more would only share the cores, at one
+    interpreter's memory each)."""
     if len(tasks) == 1:
         return [write_task(source, tasks[0], specs, paths[0], opts, progress.update)]
     work = tempfile.mkdtemp(prefix="loaderx-convert-")
-    procs, readers, counters = [], [], [0.0] * len(tasks)
+    at_once = min(len(tasks), _cores())
+    env = _child_env(at_once)
+    procs: dict = {}
+    readers, counters = [], [0.0] * len(tasks)
     rows: dict[int, int] = {}
+
+    def start(k: int) -> None:
+        job = os.path.join(work, f"task-{k}.pickle")
+        with open(job, "wb") as f:
+            pickle.dump((source, tasks[k], specs, paths[k], opts), f, pickle.HIGHEST_PROTOCOL)
+        procs[k] = proc = subprocess.Popen(
+            [sys.executable, "-m", "loaderx.converters._worker", job],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        reader = threading.Thread(
+            target=_read_reports, args=(k, proc.stdout, counters, rows), daemon=True
+        )
+        reader.start()
+        readers.append(reader)
+
     try:
-        for k, task in enumerate(tasks):
-            job = os.path.join(work, f"task-{k}.pickle")
-            with open(job, "wb") as f:
-                pickle.dump(
-                    (source, task, specs, paths[k], opts), f, protocol=pickle.HIGHEST_PROTOCOL
-                )
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "loaderx.converters._worker", job],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=_child_env(len(tasks)),
-            )
-            procs.append(proc)
-            reader = threading.Thread(
-                target=_read_reports, args=(k, proc.stdout, counters, rows), daemon=True
-            )
-            reader.start()
-            readers.append(reader)
-        _wait(procs, counters, progress, work)
+        _wait(len(tasks), at_once, start, procs, counters, progress, work)
         for reader in readers:
             reader.join()
         missing = [k for k in range(len(tasks)) if k not in rows]
@@ -210,25 +219,33 @@ def run_tasks(
             raise ConvertError(f"convert worker {missing[0]} ended without reporting its rows")
         return [rows[k] for k in range(len(tasks))]
     finally:
-        for proc in procs:
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait(procs: list, counters: list, progress, work: str) -> None:
-    """Until every worker exits; re-raises the first worker error."""
+def _wait(
+    count: int, at_once: int, start, procs: dict, counters: list, progress, work: str
+) -> None:
+    """Starts tasks 0..count-1, `at_once` running at a time, until every
+    worker exits; re-raises the first worker error."""
     shown = 0.0
+    pending = list(range(count))
     while True:
+        codes = {k: p.poll() for k, p in procs.items()}
+        failed = [k for k, c in codes.items() if c not in (None, 0)]
+        if failed:
+            _raise_worker_error(failed[0], codes[failed[0]], work)
+        running = sum(c is None for c in codes.values())
+        while pending and running < at_once:
+            start(pending.pop(0))
+            running += 1
         done = float(sum(counters))
         progress.update(done - shown)
         shown = done
-        codes = [p.poll() for p in procs]
-        failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            _raise_worker_error(failed[0], codes[failed[0]], work)
-        if all(c == 0 for c in codes):
+        if not pending and running == 0:
             progress.update(float(sum(counters)) - shown)
             return
         time.sleep(_POLL_S)
