@@ -272,3 +272,18 @@ def test_packed_ragged_output_for_python_streams_too(tmp_path):
                 assert values.dtype == np.int32 and splits.dtype == np.int64
                 np.testing.assert_array_equal(values, batch["r"][0])
                 np.testing.assert_array_equal(splits, batch["r"][1])
+
+
+@pytest.mark.parametrize("transform", [None, identity])
+def test_a_batch_that_cannot_be_packed_stops_the_loader_at_its_step(tmp_path, transform):
+    """Records without common trailing dimensions under ragged="packed": with
+    no transform, the failing step raised ValueError and the next next()
+    silently went on with the step after it."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        rs.append([np.zeros((2, 3), np.int32), np.zeros((1, 4), np.int32)])
+        with DataLoader({"r": rs}, 2, mode="sequential", workers=1, ragged="packed",
+                        transform=transform) as loader:
+            with pytest.raises(ValueError, match="trailing dimensions"):
+                next(loader)
+            with pytest.raises(RuntimeError, match="stopped after an error at step 0"):
+                next(loader)
