@@ -94,9 +94,9 @@ class Engine:
         self.consumer = threading.Lock()
         self.torn = False
         self.lock = threading.Lock()
-        # Consumers (and a draining reset) wait for finished batches; workers
-        # wait for room in the window.
-        self.ready_changed = threading.Condition(self.lock)
+        # The consumer (and a draining reset) waits for finished batches on
+        # ``waiter`` (see take_built); workers wait for room in the window.
+        self.waiter: Optional[Any] = None
         self.room_changed = threading.Condition(self.lock)
         self.base_step = step
         self.base_position = position
@@ -152,6 +152,40 @@ class Engine:
             self.torn = False
             return taken
 
+    def take_built(self, step: int) -> Tuple[int, Any, Optional[BaseException]]:
+        """Step `step` from the workers, once built. Waits with ``lock``
+        released: not in ``Condition.wait``, whose taking back of the lock a
+        KeyboardInterrupt can cut short, so that the caller's ``with`` then
+        releases the lock from under a worker. Here an interrupt lands while
+        no lock is held, or in a ``with`` that has not taken it yet."""
+        message = "DataLoader is closed"
+        while True:
+            with self.lock:
+                if self.closed:
+                    raise LoaderClosedError(message)
+                if step in self.ready:
+                    batch, error = self.ready.pop(step)
+                    if error is None:
+                        self.step_deliver = step + 1
+                        self.room_changed.notify()  # one more step fits into the window
+                    return step, batch, error
+                waiter = self.new_waiter()
+            waiter.acquire()  # until finish() or shutdown() releases it
+            message = "DataLoader was closed while next() was waiting"
+
+    def new_waiter(self) -> Any:
+        """A locked lock that the next `wake_waiter` releases. Caller holds ``lock``."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        self.waiter = waiter
+        return waiter
+
+    def wake_waiter(self) -> None:
+        """Caller holds ``lock``."""
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.release()
+
     def take_locked(self) -> Tuple[int, Any, Optional[BaseException]]:
         """``take()`` for the caller that holds ``consumer``."""
         with self.lock:
@@ -159,20 +193,13 @@ class Engine:
                 raise LoaderClosedError("DataLoader is closed")
             self.start()
             step = self.step_deliver
-            if self.python_work:
-                while step not in self.ready:
-                    self.ready_changed.wait()
-                    if self.closed:
-                        raise LoaderClosedError("DataLoader was closed while next() was waiting")
-                batch, error = self.ready.pop(step)
-                if error is None:
-                    self.step_deliver = step + 1
-                    self.room_changed.notify()  # one more step fits into the window
-                return step, batch, error
-            # No Python work: the consumer feeds the ring itself, up to the window.
-            self.submit_until(step + self.window)
-            bufs = self.submitted.pop(step)
-            ring = self.ring
+            if not self.python_work:
+                # The consumer feeds the ring itself, up to the window.
+                self.submit_until(step + self.window)
+                bufs = self.submitted.pop(step)
+                ring = self.ring
+        if self.python_work:
+            return self.take_built(step)
         assert ring is not None
         error, variable = ring.wait(step)
         batch = None
@@ -219,11 +246,18 @@ class Engine:
             self.generation += 1
             self.ready.clear()
             self.draining = True
-            try:
-                while self.in_flight > 0 and not self.closed:
-                    self.ready_changed.wait()
-            finally:
-                self.draining = False
+        while True:  # as in take_built: wait with the lock released
+            with self.lock:
+                if self.closed:
+                    raise LoaderClosedError("DataLoader was closed during load_state_dict()")
+                if self.in_flight == 0:
+                    break
+                waiter = self.new_waiter()
+            waiter.acquire()
+        with self.lock:
+            if self.closed:
+                raise LoaderClosedError("DataLoader was closed during load_state_dict()")
+            self.draining = False
             if self.ring is not None:
                 self.ring.reset(step, position)
             self.submitted.clear()
@@ -241,7 +275,7 @@ class Engine:
         with self.lock:
             self.closed = True
             self.ready.clear()
-            self.ready_changed.notify_all()
+            self.wake_waiter()
             self.room_changed.notify_all()
             threads = list(self.threads)
             ring = self.ring
@@ -370,7 +404,7 @@ class Engine:
             # Wake the consumer only for the step it waits on, and a draining
             # reset for every batch that leaves the builders.
             if step == self.step_deliver or self.draining:
-                self.ready_changed.notify_all()
+                self.wake_waiter()
 
 
 def _worker_main(engine: Engine, worker_index: int) -> None:

@@ -4,7 +4,10 @@ silently wrong batch, and now gives a clear error or the right result."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -287,3 +290,81 @@ def test_a_batch_that_cannot_be_packed_stops_the_loader_at_its_step(tmp_path, tr
                 next(loader)
             with pytest.raises(RuntimeError, match="stopped after an error at step 0"):
                 next(loader)
+
+
+def test_close_during_load_state_dict_raises_closed(store):
+    """close() from another thread while load_state_dict() waited for the
+    batches being built: load_state_dict() went on to reset the ring close()
+    was freeing, and returned as if it had worked."""
+    def slow(batch):
+        time.sleep(0.2)
+        return batch
+
+    loader = DataLoader({"x": store}, 4, workers=2, transform=slow)
+    next(loader)
+    state = loader.state_dict()
+    outcome = {}
+
+    def load():
+        try:
+            loader.load_state_dict(state)
+            outcome["result"] = "loaded"
+        except ClosedError as exc:
+            outcome["result"] = str(exc)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    time.sleep(0.05)
+    loader.close()
+    thread.join(WAIT_S)
+    assert outcome == {"result": "DataLoader was closed during load_state_dict()"}
+
+
+class Interrupted(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("transform", [None, identity])
+def test_interrupts_storming_next_lose_no_batch(store, transform):
+    """Signals whose handler raises inside next(), hundreds a second: with a
+    transform, one landing while Condition.wait took the lock back left the
+    lock released from under a worker ("release unlocked lock" in a worker,
+    then a hang); without one, the first gave KeyError for good."""
+    count = 300
+    want = reference(store, count, batch_size=4, seed=9)
+    inside = [False]
+
+    def handler(signum, frame):
+        if inside[0]:
+            inside[0] = False
+            raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    done = threading.Event()
+
+    def storm():
+        while not done.wait(0.0003):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    kicker = threading.Thread(target=storm, daemon=True)
+    got = []
+    try:
+        with DataLoader({"x": store}, 4, seed=9, workers=2, transform=transform) as loader:
+            kicker.start()
+            deadline = time.monotonic() + 4 * WAIT_S
+            while len(got) < count and time.monotonic() < deadline:
+                try:
+                    inside[0] = True
+                    batch = next(loader)
+                    inside[0] = False
+                    got.append(batch["x"].copy())
+                except Interrupted:
+                    pass
+    finally:
+        inside[0] = False
+        done.set()
+        kicker.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert len(got) == count
+    for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
