@@ -67,7 +67,9 @@ Errors
     the original exception object (with a note naming the thread and step on
     Python 3.11+). After that the loader is stopped, and every later
     ``next()`` raises ``RuntimeError`` chained to it. A store closed under a
-    running loader fails its next step with ``ClosedError``.
+    running loader fails its next step with ``ClosedError``. A
+    ``StopIteration`` from a transform or stream arrives as a
+    ``RuntimeError`` (it would otherwise end a ``for`` loop silently).
 
 Closing
     ``close()`` (also on leaving a ``with`` block, and as a fallback when the
@@ -78,7 +80,11 @@ Closing
 
 Thread safety
     ``next()``, ``state_dict()`` and ``load_state_dict()`` are meant for one
-    consumer thread; ``close()`` may come from any thread at any time.
+    consumer thread; concurrent ``next()`` callers take turns (each step
+    goes to one of them). ``close()`` may come from any thread at any time.
+    A ``next()`` cut short by an exception (a KeyboardInterrupt) delivers
+    nothing: the next call returns that step. Calling ``next()`` or
+    ``load_state_dict()`` from the loader's own transform is a RuntimeError.
 
 Framework hand-off (zero-copy)
     Dense streams arrive as C-contiguous numpy arrays: ``torch.from_numpy``,

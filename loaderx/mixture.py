@@ -4,7 +4,8 @@
 weights={"web": 0.7, "code": 0.3})`` is a stream source for ``DataLoader``.
 Every source has the same stream names, with compatible types (the same
 dtype and item shape for dense streams, the same dtype for ragged ones, bytes
-with bytes); anything else is refused, naming the source and the stream.
+with bytes); anything else is refused, naming the source and the stream. The
+stream name ``source`` is reserved for ``batch["source"]``.
 
 How records are drawn (the native loader does it, see ``src/mixture.zig``):
 
