@@ -38,6 +38,8 @@ JOIN_TIMEOUT_S = 10.0
 # them inherited and keeps their rings referenced for good.
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _INHERITED: List[Any] = []
+# The engine whose worker this thread is (a transform must not wait for its own engine).
+_WORKER = threading.local()
 
 
 def _after_fork_in_child() -> None:
@@ -87,10 +89,14 @@ class Engine:
         self.worker_count = workers
         self.window = window
 
+        # One consumer at a time in take() and reset(): a step is taken
+        # whole, and a take interrupted part-way (``torn``) is undone first.
+        self.consumer = threading.Lock()
+        self.torn = False
         self.lock = threading.Lock()
-        # Consumers (and a draining reset) wait for finished batches; workers
-        # wait for room in the window.
-        self.ready_changed = threading.Condition(self.lock)
+        # The consumer (and a draining reset) waits for finished batches on
+        # ``waiter`` (see take_built); workers wait for room in the window.
+        self.waiter: Optional[Any] = None
         self.room_changed = threading.Condition(self.lock)
         self.base_step = step
         self.base_position = position
@@ -115,9 +121,11 @@ class Engine:
         """Start the ring and the worker threads (once). Caller holds ``lock``."""
         if self.started:
             return
-        self.started = True
+        # Started only once the ring exists: a ring that fails to open (a
+        # store closed before the first batch) raises again at the next try.
         self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position,
                          **self.ring_args)
+        self.started = True
         if not self.python_work:
             return
         for worker_index in range(self.worker_count):
@@ -127,38 +135,85 @@ class Engine:
             thread.start()
 
     def take(self) -> Tuple[int, Any, Optional[BaseException]]:
-        """Wait for the next undelivered step and remove it from the buffer."""
+        """Wait for the next undelivered step and remove it from the buffer.
+        One consumer at a time: concurrent callers take turns."""
         if self.inherited:
             raise RuntimeError("this DataLoader was built in another process (before a fork): "
                                "build one DataLoader per process")
+        self.refuse_own_worker("next()")
+        with self.consumer:
+            if self.torn:
+                # The last take stopped part-way (KeyboardInterrupt, a closed
+                # loader): the step it held may be half taken. Going back to
+                # the next undelivered step rebuilds it exactly.
+                self.reset_locked(self.step_deliver, self.position_of(self.step_deliver))
+            self.torn = True
+            taken = self.take_locked()
+            self.torn = False
+            return taken
+
+    def take_built(self, step: int) -> Tuple[int, Any, Optional[BaseException]]:
+        """Step `step` from the workers, once built. Waits with ``lock``
+        released: not in ``Condition.wait``, whose taking back of the lock a
+        KeyboardInterrupt can cut short, so that the caller's ``with`` then
+        releases the lock from under a worker. Here an interrupt lands while
+        no lock is held, or in a ``with`` that has not taken it yet."""
+        message = "DataLoader is closed"
+        while True:
+            with self.lock:
+                if self.closed:
+                    raise LoaderClosedError(message)
+                if step in self.ready:
+                    batch, error = self.ready.pop(step)
+                    if error is None:
+                        self.step_deliver = step + 1
+                        self.room_changed.notify()  # one more step fits into the window
+                    return step, batch, error
+                waiter = self.new_waiter()
+            waiter.acquire()  # until finish() or shutdown() releases it
+            message = "DataLoader was closed while next() was waiting"
+
+    def new_waiter(self) -> Any:
+        """A locked lock that the next `wake_waiter` releases. Caller holds ``lock``."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        self.waiter = waiter
+        return waiter
+
+    def wake_waiter(self) -> None:
+        """Caller holds ``lock``."""
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.release()
+
+    def take_locked(self) -> Tuple[int, Any, Optional[BaseException]]:
+        """``take()`` for the caller that holds ``consumer``."""
         with self.lock:
             if self.closed:
                 raise LoaderClosedError("DataLoader is closed")
             self.start()
             step = self.step_deliver
-            if self.python_work:
-                while step not in self.ready:
-                    self.ready_changed.wait()
-                    if self.closed:
-                        raise LoaderClosedError("DataLoader was closed while next() was waiting")
-                batch, error = self.ready.pop(step)
-                if error is None:
-                    self.step_deliver = step + 1
-                    self.room_changed.notify()  # one more step fits into the window
-                return step, batch, error
-            # No Python work: the consumer feeds the ring itself, up to the window.
-            self.submit_until(step + self.window)
-            bufs = self.submitted.pop(step)
-            ring = self.ring
+            if not self.python_work:
+                # The consumer feeds the ring itself, up to the window.
+                self.submit_until(step + self.window)
+                bufs = self.submitted.pop(step)
+                ring = self.ring
+        if self.python_work:
+            return self.take_built(step)
         assert ring is not None
         error, variable = ring.wait(step)
+        batch = None
+        if error is None:
+            try:
+                batch = self.native_batch(bufs, variable)
+            except Exception as exc:  # a record that does not decode fails its step
+                error = exc
         with self.lock:
             if self.closed:
                 raise LoaderClosedError("DataLoader was closed while next() was waiting")
-            if error is not None:
-                return step, None, error
-            self.step_deliver = step + 1
-        return step, self.native_batch(bufs, variable), None
+            if error is None:
+                self.step_deliver = step + 1
+        return step, batch, error
 
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
@@ -170,14 +225,38 @@ class Engine:
         record is at global ``position``. Waits for the batches being built
         first, so none can still write into an output array the pool may
         hand out again."""
+        self.refuse_own_worker("load_state_dict()")
+        with self.consumer:
+            self.reset_locked(step, position)
+
+    def refuse_own_worker(self, call: str) -> None:
+        """A worker thread of this engine must not wait for its own steps."""
+        if getattr(_WORKER, "engine", None) is self:
+            raise RuntimeError(
+                f"{call} called from this DataLoader's own transform (or stream) on "
+                f"{threading.current_thread().name}: it would wait for itself forever")
+
+    def reset_locked(self, step: int, position: int) -> None:
+        """``reset()`` for the caller that holds ``consumer``. Interrupted
+        part-way, it leaves the engine ``torn``: the next take resets again."""
+        self.torn = True
         with self.lock:
             if self.closed:
                 raise LoaderClosedError("DataLoader is closed")
             self.generation += 1
             self.ready.clear()
             self.draining = True
-            while self.in_flight > 0 and not self.closed:
-                self.ready_changed.wait()
+        while True:  # as in take_built: wait with the lock released
+            with self.lock:
+                if self.closed:
+                    raise LoaderClosedError("DataLoader was closed during load_state_dict()")
+                if self.in_flight == 0:
+                    break
+                waiter = self.new_waiter()
+            waiter.acquire()
+        with self.lock:
+            if self.closed:
+                raise LoaderClosedError("DataLoader was closed during load_state_dict()")
             self.draining = False
             if self.ring is not None:
                 self.ring.reset(step, position)
@@ -185,6 +264,7 @@ class Engine:
             self.base_step, self.base_position = step, position
             self.step_submit = self.step_claim = self.step_deliver = step
             self.room_changed.notify_all()
+        self.torn = False
 
     def shutdown(self) -> None:
         """Stop and join every thread. Idempotent; safe from any thread. In a
@@ -195,7 +275,7 @@ class Engine:
         with self.lock:
             self.closed = True
             self.ready.clear()
-            self.ready_changed.notify_all()
+            self.wake_waiter()
             self.room_changed.notify_all()
             threads = list(self.threads)
             ring = self.ring
@@ -291,7 +371,7 @@ class Engine:
                     out = self.output_array(col, step)
             assert bufs.indices is not None  # want_indices: Python columns need them
             batch[col.name] = _pipeline.python_column(col, bufs.indices, bufs.sources, out,
-                                                      self.gather_kwargs)
+                                                      self.gather_kwargs, self.packed)
         if "source" in native:
             batch["source"] = native["source"]
         if self.transform is not None:
@@ -324,10 +404,11 @@ class Engine:
             # Wake the consumer only for the step it waits on, and a draining
             # reset for every batch that leaves the builders.
             if step == self.step_deliver or self.draining:
-                self.ready_changed.notify_all()
+                self.wake_waiter()
 
 
 def _worker_main(engine: Engine, worker_index: int) -> None:
+    _WORKER.engine = engine
     while True:
         claimed = engine.claim()
         if claimed is None:

@@ -240,9 +240,33 @@ def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np
 
 
 def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],
-                  out: Optional[np.ndarray], gather_kwargs: Dict[str, Any]) -> Any:
+                  out: Optional[np.ndarray], gather_kwargs: Dict[str, Any],
+                  packed: bool = False) -> Any:
     """A Python column's batch: each source's stream gathered at its records'
-    indices, put back in the batch's order."""
+    indices, put back in the batch's order (``packed``: a ragged column as
+    ``(values, row_splits)``, as the ring gives a store's)."""
+    result = _python_records(col, indices, sources, out, gather_kwargs)
+    if packed and col.kind == "ragged":
+        return pack_records(col, result, indices)
+    return result
+
+
+def pack_records(col: Column, records: List[Any], indices: np.ndarray) -> Any:
+    """A list of ragged records as ``(values, row_splits)``; the records must
+    share their trailing dimensions (as for ``RaggedStore.gather_packed``)."""
+    arrays = [np.asarray(record) for record in records]
+    try:
+        trailing = _records._common_trailing(indices, [a.shape for a in arrays])
+    except ValueError as exc:
+        raise ValueError(f"stream {col.name!r} (ragged='packed'): {exc}") from None
+    row_splits = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.shape[0] for a in arrays], out=row_splits[1:])
+    values = np.concatenate(arrays) if arrays else np.empty((0,) + trailing, col.dtype)
+    return values.astype(col.dtype, copy=False), row_splits
+
+
+def _python_records(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],
+                    out: Optional[np.ndarray], gather_kwargs: Dict[str, Any]) -> Any:
     def gather(stream, idx, out=None):
         kw = gather_kwargs if callable(getattr(stream, "__loaderx_parts__", None)) else {}
         if col.kind == "dense":

@@ -67,7 +67,9 @@ Errors
     the original exception object (with a note naming the thread and step on
     Python 3.11+). After that the loader is stopped, and every later
     ``next()`` raises ``RuntimeError`` chained to it. A store closed under a
-    running loader fails its next step with ``ClosedError``.
+    running loader fails its next step with ``ClosedError``. A
+    ``StopIteration`` from a transform or stream arrives as a
+    ``RuntimeError`` (it would otherwise end a ``for`` loop silently).
 
 Closing
     ``close()`` (also on leaving a ``with`` block, and as a fallback when the
@@ -78,7 +80,11 @@ Closing
 
 Thread safety
     ``next()``, ``state_dict()`` and ``load_state_dict()`` are meant for one
-    consumer thread; ``close()`` may come from any thread at any time.
+    consumer thread; concurrent ``next()`` callers take turns (each step
+    goes to one of them). ``close()`` may come from any thread at any time.
+    A ``next()`` cut short by an exception (a KeyboardInterrupt) delivers
+    nothing: the next call returns that step. Calling ``next()`` or
+    ``load_state_dict()`` from the loader's own transform is a RuntimeError.
 
 Framework hand-off (zero-copy)
     Dense streams arrive as C-contiguous numpy arrays: ``torch.from_numpy``,
@@ -132,6 +138,9 @@ _COLUMNS_MAX = _abi.LOADER_COLUMNS_MAX
 
 #: Steps are int64 (JSON- and checkpoint-friendly), with room for the window.
 _STEP_MAX = 2**63 - 2**20
+#: Global record positions (``step * batch_size * world`` from step 0) stay
+#: below this, so every later position, and every state_dict(), fits 64 bits.
+_POSITION_MAX = 2**63
 
 
 def _default_worker_count() -> int:
@@ -296,6 +305,11 @@ class DataLoader:
         # The sampler checks batch_size, mode, seed, step and shard (and says
         # which value is wrong); the loader keeps its normalised values.
         sampler = Sampler(plan.lengths[0], batch_size, mode, seed, step=step, shard=shard)
+        position = sampler.step * sampler.global_batch_size
+        if position > _POSITION_MAX:
+            raise ValueError(
+                f"step * batch_size * world (the first record's global position) must be "
+                f"<= 2**63, got {sampler.step} * {sampler.batch_size} * {sampler.shard[1]}")
         plan = Plan(streams, sampler.seed)
         self._plan = plan
         self._sampler = sampler
@@ -308,8 +322,7 @@ class DataLoader:
         self._engine = Engine(
             plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
             mode=int(sampler.mode), transform=transform, out=out_checked, workers=workers,
-            window=window, step=sampler.step,
-            position=sampler.step * sampler.global_batch_size, packed=ragged == "packed",
+            window=window, step=sampler.step, position=position, packed=ragged == "packed",
             # With a thread per core, each gather runs on its own thread alone.
             lanes=1 if workers >= cores else 0)
         self._finalizer = weakref.finalize(self, Engine.shutdown, self._engine)
@@ -327,6 +340,12 @@ class DataLoader:
         if error is not None:
             self._failure = (step, error)
             self._finalizer()
+            if isinstance(error, StopIteration):
+                # Raised as is, it would end the caller's for loop as if the
+                # data had run out (the reason for PEP 479).
+                raise RuntimeError(f"the transform or a stream raised StopIteration building "
+                                   f"step {step}; a DataLoader is endless (use stop_after= "
+                                   "to end it)") from error
             raise error
         return batch
 
@@ -383,7 +402,8 @@ class DataLoader:
     def epoch_of(self, step: int) -> int:
         """The CYCLIC cycle (epoch) that `step`'s first record belongs to."""
         _ = self.steps_per_epoch
-        return self._require_engine().position_of(int(step)) // self._plan.lengths[0]
+        step = _check_int("step", step, 0)
+        return self._require_engine().position_of(step) // self._plan.lengths[0]
 
     # -- checkpoints --------------------------------------------------------------
 
@@ -441,7 +461,7 @@ class DataLoader:
         _check_step("state step", step)
         shard = state["shard"]
         if version == 1:
-            position = step * int(state["batch_size"]) * int(shard[1])
+            position = _check_position(step * int(state["batch_size"]) * int(shard[1]))
         else:
             position = _check_position(state["position"])
         _check_equal("mode", state["mode"], self._sampler.mode.name)
@@ -530,6 +550,8 @@ def _check_state_types(state: Mapping[str, Any]) -> None:
     for key in ("seed", "batch_size"):
         if not _is_int(state[key]):
             raise TypeError(f"state {key} must be an int, got {state[key]!r}")
+    if state["batch_size"] < 1:
+        raise ValueError(f"state batch_size must be >= 1, got {state['batch_size']!r}")
     if not isinstance(state["mode"], str):
         raise TypeError(f"state mode must be a str, got {state['mode']!r}")
     shard = state["shard"]
@@ -544,8 +566,8 @@ def _check_state_types(state: Mapping[str, Any]) -> None:
 def _check_position(position: Any) -> int:
     if not _is_int(position) or position < 0:
         raise TypeError(f"state position must be an int >= 0, got {position!r}")
-    if position >= 2**64:
-        raise ValueError(f"state position must be below 2**64, got {position}")
+    if position > _POSITION_MAX:
+        raise ValueError(f"state position must be <= 2**63, got {position}")
     return int(position)
 
 

@@ -4,7 +4,8 @@
 weights={"web": 0.7, "code": 0.3})`` is a stream source for ``DataLoader``.
 Every source has the same stream names, with compatible types (the same
 dtype and item shape for dense streams, the same dtype for ragged ones, bytes
-with bytes); anything else is refused, naming the source and the stream.
+with bytes); anything else is refused, naming the source and the stream. The
+stream name ``source`` is reserved for ``batch["source"]``.
 
 How records are drawn (the native loader does it, see ``src/mixture.zig``):
 
@@ -59,7 +60,10 @@ def integer_weights(weights: List[float]) -> List[int]:
     total = Fraction(0)
     parts = []
     for w in weights:
-        parts.append(Fraction(w))
+        # Fraction takes ints, Fractions and Python floats; other reals
+        # (numpy floats) go through float first.
+        exact = isinstance(w, (numbers.Rational, float))
+        parts.append(Fraction(w) if exact else Fraction(float(w)))
         total += parts[-1]
     ratios = [(p / total).limit_denominator(_DENOMINATOR_MAX) for p in parts]
     scale = math.lcm(*(r.denominator for r in ratios))
@@ -101,8 +105,9 @@ class Mixture:
             if not isinstance(name, str):
                 raise TypeError(f"source names must be str, got {name!r}")
             w = weights[name]
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
-                    or w <= 0:
+            # An int may be too large for a float (math.isfinite), and is finite.
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or w <= 0 or (
+                    not isinstance(w, numbers.Integral) and not math.isfinite(w)):
                 raise ValueError(f"weight of source {name!r} must be a positive number, got {w!r}")
         self._sources: Dict[str, Dict[str, Any]] = {
             name: _check_source(name, sources[name]) for name in names}
@@ -115,6 +120,9 @@ class Mixture:
     def _check_compatible(self) -> None:
         first_name, first = next(iter(self._sources.items()))
         columns = list(first)
+        if "source" in columns:
+            raise ValueError("stream name 'source' is reserved in a Mixture: the loader adds "
+                             "batch['source'] (each record's source id); rename the stream")
         for name, streams in self._sources.items():
             if sorted(streams) != sorted(columns):
                 raise ValueError(f"source {name!r} has streams {sorted(streams)}, "
