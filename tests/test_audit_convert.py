@@ -280,3 +280,17 @@ def test_more_workers_than_cores_run_a_core_s_worth_at_a_time(tmp_path, monkeypa
     assert len(started) == 3
     col = loaderx.open_dataset(tmp_path / "out")["x"]
     assert col[np.arange(10)].tolist() == x.tolist()
+
+
+def test_a_failed_conversion_does_not_log_done(tmp_path, capsys):
+    """Log-mode progress said "done in X s" after a conversion that failed."""
+    arrays = [np.zeros(i + 1, np.float64 if i < 70 else np.float32) for i in range(80)]
+    _tar(tmp_path / "npy.tar", [(f"k{i:02d}.npy", _npy_bytes(a)) for i, a in enumerate(arrays)])
+    with pytest.raises(ConvertError, match="k70.npy"):
+        loaderx.convert(tmp_path / "npy.tar", tmp_path / "out", progress="log")
+    err = capsys.readouterr().err
+    assert "convert: stopped" in err and "done" not in err
+    good = [(f"k{i:02d}.npy", _npy_bytes(a)) for i, a in enumerate(arrays[:70])]
+    _tar(tmp_path / "good.tar", good)
+    loaderx.convert(tmp_path / "good.tar", tmp_path / "out", progress="log")
+    assert "done in" in capsys.readouterr().err

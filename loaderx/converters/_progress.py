@@ -109,19 +109,23 @@ class Progress:
             parts.append(f"{elapsed:.0f} s elapsed")
         print(", ".join(parts), file=sys.stderr, flush=True)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Ends the bar; a log line says "done" only when the work finished."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         elif self.mode == "log":
-            self._log(time.monotonic(), final=True)
+            if failed:
+                print(f"{self.desc}: stopped", file=sys.stderr, flush=True)
+            else:
+                self._log(time.monotonic(), final=True)
             self.mode = "off"
 
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def make_progress(mode, total: float | None, desc: str, unit: str = "rows") -> Progress:
@@ -162,15 +166,16 @@ class Ticker:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if self._bar is not None:
             self._bar.close()
         elif self._mode == "log":
+            end = "stopped after" if exc_type is not None else "done in"
             print(
-                f"{self._desc}: done in {time.monotonic() - self._t0:.1f} s",
+                f"{self._desc}: {end} {time.monotonic() - self._t0:.1f} s",
                 file=sys.stderr,
                 flush=True,
             )
