@@ -197,6 +197,12 @@ def write_dataset(
     """Write `ray_dataset` into the dataset directory `dest`; returns the
     manifest written. Each Ray write task writes one shard per column."""
     _ray()
+    ray_data = require("ray.data", "ray", "loaderx.ray")
+    if not isinstance(ray_dataset, ray_data.Dataset):
+        raise TypeError(
+            f"write_dataset takes a ray.data.Dataset, got {type(ray_dataset).__name__} "
+            "(ray.data.from_numpy, from_pandas, from_arrow, ... make one)"
+        )
     if codec not in ("raw", "zstd"):
         raise ConvertError(f"codec must be 'raw' or 'zstd', got {codec!r}")
     options = Options(
@@ -235,6 +241,21 @@ def _read_rows(dest: str, columns, batch: dict) -> dict:
             col.close()
 
 
+def _check_read_columns(path: str, manifest: dict, columns) -> list | None:
+    """`columns` as a list, checked here in the driver: a Ray task would
+    raise only when the dataset runs, wrapped in Ray's task error."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)):
+        raise TypeError(f"columns must be a list of column names, got {columns!r}")
+    names = list(columns)
+    for name in names:
+        if name not in manifest["columns"]:
+            known = list(manifest["columns"])
+            raise KeyError(f"{path}: no column {name!r}; the dataset has {known}")
+    return names
+
+
 def read_dataset(
     dest,
     *,
@@ -245,12 +266,15 @@ def read_dataset(
     """A ``ray.data.Dataset`` of the dataset directory `dest` (every row, the
     manifest's column order; `columns` picks a subset)."""
     ray = _ray()
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
     path = os.path.abspath(os.fspath(dest))
     manifest = read_manifest(path)
     if "splits" in manifest:
         raise ConvertError(
             f"{path} holds splits {list(manifest['splits'])}; read one split's directory"
         )
+    columns = _check_read_columns(path, manifest, columns)
     ds = ray.data.range(manifest["rows"], override_num_blocks=override_num_blocks)
     return ds.map_batches(
         functools.partial(_read_rows, path, columns), batch_format="numpy", batch_size=batch_rows
