@@ -13,6 +13,9 @@ writes the manifest (``mode="create"``, ``"append"`` or ``"overwrite"``, as
 `loaderx.convert`). Columns map to stores from their Arrow types as in
 `loaderx.convert`; the row order is the order of Ray's write tasks (set
 ``DataContext.execution_options.preserve_order`` for the input order).
+Every block must have the same columns of the same types: a block unlike
+the others is refused naming the column (cast it in ``map_batches``), never
+cast to the first block's type.
 
 ``read_dataset(dest)`` gives a ``ray.data.Dataset`` back: dense columns as
 tensors, ragged columns as variable-shaped tensors, byte columns as binary.
@@ -50,15 +53,17 @@ class _BlocksSource(Source):
 
     kind = "ray"
 
-    def __init__(self, tables: Iterator, options: Options):
+    def __init__(self, tables: Iterator, options: Options, task: int = 0):
         super().__init__(options)
         self.tables = tables
+        self.task = task
 
     def read(self, task, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
         import pyarrow as pa
 
         row = 0
         for table in self.tables:
+            self._check_block(pa, table, specs)
             fixed = sum(s.record_bytes() for s in specs) or max(
                 table.nbytes / max(table.num_rows, 1), 1
             )
@@ -70,6 +75,30 @@ class _BlocksSource(Source):
                 }
                 row += batch.num_rows
                 yield Batch(batch.num_rows, cols, batch.num_rows)
+
+
+    def _check_block(self, pa, table, specs: list[ColumnSpec]) -> None:
+        """Every block of the task must map to the first block's columns:
+        a block of another type would be cast to it (2**40 into an int32
+        column, 0.5 into an int column) without a word."""
+        names = select_columns(table.schema.names, self.options, "the Ray dataset")
+        if names != [s.name for s in specs]:
+            raise ConvertError(
+                f"a block of Ray write task {self.task} has the columns {names}, the "
+                f"task's first block {[s.name for s in specs]}: give every block the same "
+                "columns"
+            )
+        for s in specs:
+            arrow_type = table.schema.field(s.name).type
+            found = arrow_spec(pa, s.name, arrow_type, self.options.flags)
+            if found != s:
+                raise ConvertError(
+                    f"column {s.name!r}: a block of Ray write task {self.task} has Arrow "
+                    f"type {arrow_type} ({found.kind} {found.dtype}, item_shape "
+                    f"{found.item_shape}), the task's first block {s.kind} {s.dtype}, "
+                    f"item_shape {s.item_shape}: give every block the same schema (cast "
+                    "the column in map_batches)"
+                )
 
 
 def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
@@ -106,7 +135,8 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
     try:
         rows = write_task(
-            _BlocksSource(tables, sink.options), None, specs, paths, opts, lambda n: None
+            _BlocksSource(tables, sink.options, ctx.task_idx), None, specs, paths, opts,
+            lambda n: None,
         )
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)

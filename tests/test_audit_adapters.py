@@ -12,7 +12,10 @@ failed before its fix:
 * loaderx.ray: ``read_dataset`` with an unknown column or ``batch_rows=0``
   gave a Dataset that failed only when it ran, inside a Ray task (no Ray is
   started here: the checks now run in the driver first); ``write_dataset``
-  of something that is not a Ray dataset raised a bare AttributeError;
+  of something that is not a Ray dataset raised a bare AttributeError; a
+  write task whose later blocks had another Arrow type than its first block
+  cast them silently (2**40 became 0 in an int32 column, 0.5 became 0) and
+  dropped a column only later blocks had;
 * ``loaderx demo``: ``--seed -1`` stopped with numpy's bare "expected
   non-negative integer", ``--workers 0`` only after building the stores.
 """
@@ -152,6 +155,33 @@ def test_ray_arguments_are_checked_in_the_driver(tmp_path):
     with pytest.raises(TypeError, match="takes a ray.data.Dataset, got ndarray"):
         lxray.write_dataset(np.arange(3), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not (_has("ray") and _has("pyarrow")),
+                    reason="Ray is not installed (pip install 'loaderx[ray]')")
+def test_ray_write_task_refuses_blocks_unlike_its_first():
+    import pyarrow as pa
+
+    from loaderx.converters import ConvertError
+    from loaderx.converters._columns import Flags, arrow_spec
+    from loaderx.converters._source import Options
+    from loaderx.ray import _BlocksSource
+
+    options = Options(columns=None, skip_columns=[], flags=Flags())
+    first = pa.table({"v": pa.array(np.arange(3, dtype=np.int32))})
+    specs = [arrow_spec(pa, "v", first.schema.field("v").type, options.flags)]
+    later = {
+        "int64": (pa.table({"v": pa.array([2**40, 1, 2], pa.int64())}), "Arrow type int64"),
+        "double": (pa.table({"v": pa.array([0.5, 1.5, 2.5])}), "Arrow type double"),
+        "extra": (pa.table({"v": first["v"], "w": pa.array([1, 2, 3])}), "['v', 'w']"),
+    }
+    for name, (table, words) in later.items():
+        source = _BlocksSource(iter([first, table]), options, 5)
+        with pytest.raises(ConvertError, match="Ray write task 5") as info:
+            list(source.read(None, specs, 1 << 20))
+        assert words in str(info.value), name
+    same = _BlocksSource(iter([first, first]), options, 5).read(None, specs, 1 << 20)
+    assert [b.columns["v"].tolist() for b in same] == [[0, 1, 2], [0, 1, 2]]
 
 
 # -- demo -------------------------------------------------------------------------------
