@@ -39,9 +39,14 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="loader threads (default: usable cores)")
     parser.add_argument("--seed", type=int, default=0, help="data and sampler seed (default 0)")
     args = parser.parse_args(argv)
-    for name in ("records", "steps", "batch_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    # Checked before anything is built: a bad --workers used to surface only
+    # after the stores were written, a negative --seed as numpy's bare
+    # "expected non-negative integer".
+    for name, least in (("records", 1), ("steps", 1), ("batch_size", 1), ("workers", 1),
+                        ("seed", 0)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     return args
 
 

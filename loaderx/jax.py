@@ -31,11 +31,18 @@ Shardings
     batch, or a tree of shardings shaped like the batch (or a prefix of it),
     e.g. ``{"x": data_sharding, "y": replicated}``. The batch may be the
     loader's dict or whatever a ``transform`` returns (dicts, lists, tuples);
-    its leaves must be numeric numpy arrays. JAX's dtype rule applies: unless
+    its leaves must be numeric numpy arrays: bool, integers, floats up to 64
+    bits, complex, and the ``ml_dtypes`` types JAX has (``bfloat16``, the
+    ``float8`` types, ``int4``); a non-native byte order is copied to the
+    native one first. JAX's dtype rule applies: unless
     ``jax_enable_x64`` is on, 64-bit arrays become 32-bit ones (store labels
     and indices as int32 to avoid the conversion). Ragged and byte streams arrive as
     lists of records: pad or pack them in a ``transform`` first (a list value
-    in the batch dict is refused with that advice).
+    in the batch dict is refused with that advice). Every leaf's leading
+    (batch) dimension must split evenly over the devices its sharding
+    divides it across: with the data-parallel sharding, ``batch_size`` a
+    multiple of ``jax.local_device_count()``; an array that does not fit its
+    sharding is refused naming the leaf.
 
 Memory
     On the CPU backend a ``jax.Array`` may share memory with the numpy batch
@@ -61,8 +68,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without jax.
 
 __all__ = ["global_batches", "global_batch", "process_shard"]
 
-# Numpy kinds JAX takes: bool, signed, unsigned, float, complex.
-_NUMERIC_KINDS = "biufc"
+# Largest item size JAX takes per numpy kind: bool, signed, unsigned, float,
+# complex (float128 and complex256 are numpy's, not JAX's).
+_MAX_ITEMSIZE = {"b": 1, "i": 8, "u": 8, "f": 8, "c": 16}
 
 
 def process_shard() -> Tuple[int, int]:
@@ -100,14 +108,25 @@ def global_batch(batch: Any, sharding: Any) -> Any:
                     "into an array in a transform before global_batches"
                 )
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(batch)
-    for path, leaf in paths_leaves:
-        _check_leaf(path, leaf)
+    leaves = [_jax_leaf(path, leaf) for path, leaf in paths_leaves]
     shardings = _leaf_shardings(batch, sharding, len(paths_leaves))
     arrays = [
-        jax.make_array_from_process_local_data(leaf_sharding, leaf)
-        for (_, leaf), leaf_sharding in zip(paths_leaves, shardings)
+        _global_array(path, leaf, leaf_sharding)
+        for (path, _), leaf, leaf_sharding in zip(paths_leaves, leaves, shardings)
     ]
     return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _global_array(path: Any, leaf: np.ndarray, leaf_sharding: Any) -> Any:
+    try:
+        return jax.make_array_from_process_local_data(leaf_sharding, leaf)
+    except ValueError as exc:  # IndivisibleError and other layout mismatches
+        raise ValueError(
+            f"batch{jax.tree_util.keystr(path)} of shape {leaf.shape} does not fit its "
+            f"sharding {leaf_sharding} (each process's rows must split evenly over the "
+            f"devices the sharding divides them across; make batch_size a multiple of "
+            f"that count): {exc}"
+        ) from exc
 
 
 def _is_sharding(value: Any) -> bool:
@@ -123,18 +142,32 @@ def _check_sharding_arg(sharding: Any) -> None:
         )
 
 
-def _check_leaf(path: Any, leaf: Any) -> None:
+def _jax_dtype(dtype: np.dtype) -> bool:
+    """Whether JAX makes arrays of ``dtype`` (any byte order)."""
+    if dtype.kind in _MAX_ITEMSIZE:
+        return dtype.itemsize <= _MAX_ITEMSIZE[dtype.kind]
+    # bfloat16, float8_*, int4 & co (ml_dtypes) are numpy void types to numpy.
+    return dtype.kind == "V" and dtype.names is None and bool(
+        jax.dtypes.issubdtype(dtype, np.number)
+    )
+
+
+def _jax_leaf(path: Any, leaf: Any) -> np.ndarray:
+    """``leaf`` checked, in native byte order (JAX refuses any other)."""
     where = f"batch{jax.tree_util.keystr(path)}"
     if not isinstance(leaf, np.ndarray):
         raise TypeError(
             f"{where} is a {type(leaf).__name__}; global_batches takes numpy arrays "
             "(convert or drop it in the loader's transform)"
         )
-    if leaf.dtype.kind not in _NUMERIC_KINDS or leaf.ndim == 0:
+    if not _jax_dtype(leaf.dtype) or leaf.ndim == 0:
         raise TypeError(
             f"{where} is a {leaf.dtype} array of shape {leaf.shape}; global_batches takes "
-            "numeric arrays with a batch dimension"
+            "numeric arrays of a dtype JAX has, with a batch dimension"
         )
+    if not leaf.dtype.isnative:
+        leaf = leaf.astype(leaf.dtype.newbyteorder("="))
+    return leaf
 
 
 def _leaf_shardings(batch: Any, sharding: Any, leaf_count: int) -> List[Any]:

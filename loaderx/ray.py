@@ -13,6 +13,9 @@ writes the manifest (``mode="create"``, ``"append"`` or ``"overwrite"``, as
 `loaderx.convert`). Columns map to stores from their Arrow types as in
 `loaderx.convert`; the row order is the order of Ray's write tasks (set
 ``DataContext.execution_options.preserve_order`` for the input order).
+Every block must have the same columns of the same types: a block unlike
+the others is refused naming the column (cast it in ``map_batches``), never
+cast to the first block's type.
 
 ``read_dataset(dest)`` gives a ``ray.data.Dataset`` back: dense columns as
 tensors, ragged columns as variable-shaped tensors, byte columns as binary.
@@ -50,15 +53,17 @@ class _BlocksSource(Source):
 
     kind = "ray"
 
-    def __init__(self, tables: Iterator, options: Options):
+    def __init__(self, tables: Iterator, options: Options, task: int = 0):
         super().__init__(options)
         self.tables = tables
+        self.task = task
 
     def read(self, task, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
         import pyarrow as pa
 
         row = 0
         for table in self.tables:
+            self._check_block(pa, table, specs)
             fixed = sum(s.record_bytes() for s in specs) or max(
                 table.nbytes / max(table.num_rows, 1), 1
             )
@@ -70,6 +75,30 @@ class _BlocksSource(Source):
                 }
                 row += batch.num_rows
                 yield Batch(batch.num_rows, cols, batch.num_rows)
+
+
+    def _check_block(self, pa, table, specs: list[ColumnSpec]) -> None:
+        """Every block of the task must map to the first block's columns:
+        a block of another type would be cast to it (2**40 into an int32
+        column, 0.5 into an int column) without a word."""
+        names = select_columns(table.schema.names, self.options, "the Ray dataset")
+        if names != [s.name for s in specs]:
+            raise ConvertError(
+                f"a block of Ray write task {self.task} has the columns {names}, the "
+                f"task's first block {[s.name for s in specs]}: give every block the same "
+                "columns"
+            )
+        for s in specs:
+            arrow_type = table.schema.field(s.name).type
+            found = arrow_spec(pa, s.name, arrow_type, self.options.flags)
+            if found != s:
+                raise ConvertError(
+                    f"column {s.name!r}: a block of Ray write task {self.task} has Arrow "
+                    f"type {arrow_type} ({found.kind} {found.dtype}, item_shape "
+                    f"{found.item_shape}), the task's first block {s.kind} {s.dtype}, "
+                    f"item_shape {s.item_shape}: give every block the same schema (cast "
+                    "the column in map_batches)"
+                )
 
 
 def _peek(blocks: Iterable) -> tuple[Any, Iterator]:
@@ -106,7 +135,8 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
     try:
         rows = write_task(
-            _BlocksSource(tables, sink.options), None, specs, paths, opts, lambda n: None
+            _BlocksSource(tables, sink.options, ctx.task_idx), None, specs, paths, opts,
+            lambda n: None,
         )
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
@@ -197,6 +227,12 @@ def write_dataset(
     """Write `ray_dataset` into the dataset directory `dest`; returns the
     manifest written. Each Ray write task writes one shard per column."""
     _ray()
+    ray_data = require("ray.data", "ray", "loaderx.ray")
+    if not isinstance(ray_dataset, ray_data.Dataset):
+        raise TypeError(
+            f"write_dataset takes a ray.data.Dataset, got {type(ray_dataset).__name__} "
+            "(ray.data.from_numpy, from_pandas, from_arrow, ... make one)"
+        )
     if codec not in ("raw", "zstd"):
         raise ConvertError(f"codec must be 'raw' or 'zstd', got {codec!r}")
     options = Options(
@@ -235,6 +271,21 @@ def _read_rows(dest: str, columns, batch: dict) -> dict:
             col.close()
 
 
+def _check_read_columns(path: str, manifest: dict, columns) -> list | None:
+    """`columns` as a list, checked here in the driver: a Ray task would
+    raise only when the dataset runs, wrapped in Ray's task error."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)):
+        raise TypeError(f"columns must be a list of column names, got {columns!r}")
+    names = list(columns)
+    for name in names:
+        if name not in manifest["columns"]:
+            known = list(manifest["columns"])
+            raise KeyError(f"{path}: no column {name!r}; the dataset has {known}")
+    return names
+
+
 def read_dataset(
     dest,
     *,
@@ -245,12 +296,15 @@ def read_dataset(
     """A ``ray.data.Dataset`` of the dataset directory `dest` (every row, the
     manifest's column order; `columns` picks a subset)."""
     ray = _ray()
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
     path = os.path.abspath(os.fspath(dest))
     manifest = read_manifest(path)
     if "splits" in manifest:
         raise ConvertError(
             f"{path} holds splits {list(manifest['splits'])}; read one split's directory"
         )
+    columns = _check_read_columns(path, manifest, columns)
     ds = ray.data.range(manifest["rows"], override_num_blocks=override_num_blocks)
     return ds.map_batches(
         functools.partial(_read_rows, path, columns), batch_format="numpy", batch_size=batch_rows

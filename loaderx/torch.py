@@ -53,10 +53,13 @@ Conversion (``to_torch``)
     A batch is converted recursively: a numeric or bool numpy array becomes a
     tensor that shares its memory (``torch.from_numpy``, zero-copy), except a
     read-only array, a non-native byte order or a negative stride, which are
-    copied first; dicts, lists and tuples (named tuples too) keep their shape
-    with converted items, so a ragged stream (a list of arrays) becomes a list
-    of tensors; tensors, bytes, strings, numbers, ``None``, numpy arrays of
-    strings, objects or records and any other object pass through unchanged.
+    copied first; an ``ml_dtypes`` array torch has a type for (``bfloat16``
+    as a bfloat16 store yields, the ``float8`` types) becomes a tensor of
+    that torch dtype, sharing memory the same way; dicts, lists and tuples
+    (named tuples too) keep their shape with converted items, so a ragged
+    stream (a list of arrays) becomes a list of tensors; tensors, bytes,
+    strings, numbers, ``None``, numpy arrays of strings, objects or records
+    and any other object pass through unchanged.
     Pass ``convert=`` to replace it (``convert=None`` yields numpy batches).
 
 Pinned memory and CUDA
@@ -112,6 +115,15 @@ _INHERITED_LOADERS: list = []
 # Numpy kinds torch.from_numpy takes: bool, signed, unsigned, float, complex.
 _NUMERIC_KINDS = "biufc"
 
+# ml_dtypes' types (numpy void types to numpy) that torch has, by dtype name.
+_CUSTOM_DTYPES = {
+    name: getattr(torch, name)
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+}
+# Same-size integer types to view such an array as before torch.from_numpy.
+_CARRIERS = {1: np.uint8, 2: np.int16}
+
 
 def to_torch(batch: Any) -> Any:
     """``batch`` with its numeric numpy arrays as tensors (see the module docs)."""
@@ -129,14 +141,28 @@ def to_torch(batch: Any) -> Any:
     return batch
 
 
+def _custom_dtype(dtype: np.dtype) -> Any:
+    """The torch dtype of an ml_dtypes array (bfloat16 & co), else None."""
+    if dtype.names is not None:  # ml_dtypes' kinds vary ("V", "f"): go by name
+        return None
+    custom = _CUSTOM_DTYPES.get(dtype.name)
+    if custom is None or custom.itemsize != dtype.itemsize:
+        return None
+    return custom
+
+
 def _array_to_tensor(array: np.ndarray) -> Any:
-    if array.dtype.kind not in _NUMERIC_KINDS:
+    custom = _custom_dtype(array.dtype)
+    if array.dtype.kind not in _NUMERIC_KINDS and custom is None:
         return array
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     if not array.flags.writeable or any(stride < 0 for stride in array.strides):
         # A tensor is always writable; torch refuses negative strides.
         array = np.array(array, copy=True, order="C")
+    if custom is not None:
+        # torch.from_numpy knows no ml_dtypes type: share the bits, then reinterpret.
+        return torch.from_numpy(array.view(_CARRIERS[array.dtype.itemsize])).view(custom)
     return torch.from_numpy(array)
 
 
