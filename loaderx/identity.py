@@ -110,7 +110,9 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
     try:
         dt = np.lib.format.descr_to_dtype(_descr_from_msgpack(d["descr"]))
     except Exception as e:  # numpy raises many types for a hostile descr
-        raise _corrupt(path, f"its dtype cannot be built ({type(e).__name__}: {e})") from None
+        dt = _named_dtype(d.get("name"), d["descr"])
+        if dt is None:
+            raise _corrupt(path, f"its dtype cannot be built ({type(e).__name__}: {e})") from None
     if dt.hasobject:
         raise _corrupt(path, f"its dtype {dt} holds Python objects")
     if dt.subdtype is not None:
@@ -120,6 +122,19 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
             and not name.startswith("void"):
         dt = _registered_dtype(name, dt)
     return dt
+
+
+def _named_dtype(name: Any, descr: Any) -> np.dtype | None:
+    """A registered scalar type whose descr numpy cannot parse back (ml_dtypes'
+    float8_e5m2 saves as '<f1'), by its saved name, if it has that descr."""
+    if not isinstance(name, str) or not name or not isinstance(descr, str):
+        return None
+    try:
+        import ml_dtypes  # noqa: F401
+        dt = np.dtype(name)
+    except (ImportError, TypeError):
+        return None
+    return dt if dt.str == descr and not dt.hasobject else None
 
 
 def _registered_dtype(name: str, fallback: np.dtype) -> np.dtype:
