@@ -1,7 +1,9 @@
 """Running a conversion: one task writes one shard store per column; N tasks
 run in N fresh worker processes (no fork: no native thread or lock is
 inherited half-way, and the caller's main module is never re-imported), and
-the parent draws one progress bar from what they report.
+the parent draws one progress bar from what they report. A worker's stdin
+is a pipe from its parent that never carries data: when it ends (the parent
+died, even by SIGKILL) the worker stops instead of converting on for nobody.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ._columns import ColumnSpec, ConvertError, Packed
 
 #: Lanes (native threads) of a convert worker process, set by its parent.
 _LANES_ENV = "LOADERX_CONVERT_LANES"
+#: Set for a worker whose stdin is the pipe from its parent.
+_PIPE_ENV = "LOADERX_CONVERT_PARENT_PIPE"
 
 __all__ = ["StoreOptions", "write_task", "run_tasks", "open_writer"]
 
@@ -156,6 +160,7 @@ def _child_env(workers: int) -> dict:
     lane per core each would oversubscribe the cores N times)."""
     env = dict(os.environ)
     env[_LANES_ENV] = str(max(1, _cores() // workers))
+    env[_PIPE_ENV] = "1"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -200,6 +205,7 @@ def run_tasks(
             pickle.dump((source, tasks[k], specs, paths[k], opts), f, pickle.HIGHEST_PROTOCOL)
         procs[k] = proc = subprocess.Popen(
             [sys.executable, "-m", "loaderx.converters._worker", job],
+            stdin=subprocess.PIPE,  # its end tells the worker that this process is gone
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -223,6 +229,8 @@ def run_tasks(
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -262,8 +270,26 @@ def _raise_worker_error(k: int, code: int, work: str) -> None:
     raise ConvertError(f"convert worker {k} failed: {text}")
 
 
+def _exit_with_parent() -> None:
+    """Ends this worker when its stdin (a pipe from the parent) ends."""
+
+    def watch() -> None:
+        # The descriptor, not sys.stdin: a daemon thread blocked in a buffered
+        # read would hold its lock through interpreter shutdown (a fatal error).
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        os._exit(3)  # nobody will commit what this worker writes
+
+    threading.Thread(target=watch, name="loaderx-parent-watch", daemon=True).start()
+
+
 def worker_main(job: str) -> int:
     """Entry of a worker process: run one task, report on stdout."""
+    if os.environ.get(_PIPE_ENV) == "1":
+        _exit_with_parent()
     lanes = os.environ.get(_LANES_ENV)
     if lanes:
         from .._lib import lib
