@@ -110,9 +110,10 @@ def _decode_dtype(d: Any, path: str) -> np.dtype:
     try:
         dt = np.lib.format.descr_to_dtype(_descr_from_msgpack(d["descr"]))
     except Exception as e:  # numpy raises many types for a hostile descr
-        dt = _named_dtype(d.get("name"), d["descr"])
-        if dt is None:
+        named = _named_dtype(d.get("name"), d["descr"])
+        if named is None:
             raise _corrupt(path, f"its dtype cannot be built ({type(e).__name__}: {e})") from None
+        dt = named
     if dt.hasobject:
         raise _corrupt(path, f"its dtype {dt} holds Python objects")
     if dt.subdtype is not None:

@@ -294,3 +294,50 @@ def test_a_failed_conversion_does_not_log_done(tmp_path, capsys):
     _tar(tmp_path / "good.tar", good)
     loaderx.convert(tmp_path / "good.tar", tmp_path / "out", progress="log")
     assert "done in" in capsys.readouterr().err
+
+
+def test_a_killed_conversion_s_leftovers_are_swept_by_the_next_one(tmp_path):
+    """A convert killed outright left its staging directory (a full copy of
+    the data) behind, and each retry left another. The next conversion to the
+    same destination removes staging directories no live process owns, keeps
+    those a live one does, and removes an interrupted overwrite's old copy
+    only once the destination is back."""
+    import subprocess
+    import sys
+    import time
+
+    from loaderx.converters._dest import Destination
+
+    np.save(tmp_path / "x.npy", np.arange(12).reshape(4, 3))
+    child = (
+        "import os, sys\n"
+        "from loaderx.converters import _dest, _columns\n"
+        "d = _dest.Destination(sys.argv[1], 'create', _columns.Flags())\n"
+        "d.begin([])\n"
+        "open(os.path.join(d.staging, 'data'), 'w').write('x' * 1000)\n"
+        "os._exit(9)  # killed: no abort, no cleanup\n"
+    )
+    for _ in range(2):  # the second run already sweeps the first one's
+        subprocess.run([sys.executable, "-c", child, str(tmp_path / "out")], check=False)
+    killed = [n for n in os.listdir(tmp_path) if "loaderx-partial" in n]
+    assert len(killed) == 1
+    _convert(tmp_path / "x.npy", tmp_path / "other")  # another destination: touches nothing
+    assert (tmp_path / killed[0]).is_dir()
+    fresh = tmp_path / ".out.loaderx-partial-fresh"  # unowned, just made: kept
+    stale = tmp_path / ".out.loaderx-partial-stale"  # unowned, old: removed
+    fresh.mkdir()
+    stale.mkdir()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    old = tmp_path / ".out.loaderx-old-abc"  # an overwrite's old copy
+    old.mkdir()
+    live = Destination(tmp_path / "out", "create", loaderx.converters._columns.Flags())
+    live.begin([])  # a conversion still running in this process; it swept already
+    assert not (tmp_path / killed[0]).exists() and not stale.exists()
+    _convert(tmp_path / "x.npy", tmp_path / "out")
+    left = sorted(n for n in os.listdir(tmp_path) if n.startswith(".out."))
+    assert left == sorted([os.path.basename(live.staging), fresh.name, old.name])
+    # (out was missing: the old copy may be all there is of it, so it stayed)
+    _convert(tmp_path / "x.npy", tmp_path / "out", mode="overwrite")
+    assert not old.exists()
+    live.abort()
+    assert loaderx.open_dataset(tmp_path / "out")["x"][[3]].tolist() == [[9, 10, 11]]

@@ -13,6 +13,13 @@ per shard). Nothing a reader trusts changes until the end:
 
 So a failed or interrupted conversion never leaves a half-written shard in
 a manifest, and `abort()` removes the staging directory.
+
+A staging directory holds ``.loaderx-owner``, locked (``flock``) by the
+converting process while it lives. A process killed outright (SIGKILL, power
+loss) cannot clean up, so the next conversion to the same destination removes
+staging directories whose owner lock is free (or, with no owner file, that
+are over a minute old) and old directories an interrupted ``overwrite`` left
+aside once DEST is back in place.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import time
 import uuid
 
 from ..dataset import (
@@ -81,6 +89,71 @@ def swap_into(staging: str, dest: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+_OWNER = ".loaderx-owner"
+#: A staging directory with no owner file is left alone for this long: its
+#: converter may be between making it and locking its owner file.
+_UNOWNED_STALE_S = 60.0
+
+
+def _lock_owner(staging: str) -> int | None:
+    """Creates and locks `staging`'s owner file; the descriptor holds the lock
+    (None where flock does not exist)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(os.path.join(staging, _OWNER), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _abandoned(path: str) -> bool:
+    """No live process owns the staging directory `path`."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(os.path.join(path, _OWNER), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        try:
+            return time.time() - os.lstat(path).st_mtime > _UNOWNED_STALE_S
+        except OSError:
+            return False
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_stale(parent: str, prefix: str, dest: str) -> list[str]:
+    """Removes what killed conversions to `dest` left in `parent`: staging
+    directories ``<prefix>loaderx-partial-*`` no live process owns, and
+    ``<prefix>loaderx-old-*`` directories once `dest` exists again (an
+    interrupted overwrite's old data; while `dest` is missing they are kept).
+    Returns the paths removed."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        partial = name.startswith(prefix + "loaderx-partial-") and _abandoned(path)
+        old = name.startswith(prefix + "loaderx-old-") and os.path.isdir(dest)
+        if partial or old:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _is_loaderx(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MANIFEST_NAME)) or os.path.isfile(
         os.path.join(path, "meta")
@@ -119,6 +192,7 @@ class Destination:
                 raise ConvertError(f"{self.dest} holds splits; append to one split's directory")
         self.mode = mode if exists else "create"
         self.staging: str | None = None
+        self._owner: int | None = None
         self.column_dirs: dict = {}
 
     def begin(self, specs: list[ColumnSpec]) -> str:
@@ -128,13 +202,22 @@ class Destination:
         tag = uuid.uuid4().hex[:12]
         if self.mode == "append":
             self._check_append(specs)
+            sweep_stale(self.dest, ".", self.dest)
             self.staging = os.path.join(self.dest, f".loaderx-partial-{tag}")
         else:
+            sweep_stale(parent, f".{base}.", self.dest)
             self.staging = os.path.join(parent, f".{base}.loaderx-partial-{tag}")
             taken: set = set()
             self.column_dirs = {s.name: safe_name(s.name, taken) for s in specs}
         os.makedirs(self.staging)
+        self._owner = _lock_owner(self.staging)
         return self.staging
+
+    def _release(self) -> None:
+        """Drops the owner lock (its file goes with the staging directory)."""
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
 
     def _staging_dir(self) -> str:
         assert self.staging is not None  # made by begin()
@@ -182,7 +265,9 @@ class Destination:
             columns[s.name] = entry
         manifest = self._manifest(columns, sum(part_rows), source)
         write_json(os.path.join(self._staging_dir(), MANIFEST_NAME), manifest)
+        os.unlink(os.path.join(self._staging_dir(), _OWNER))  # not part of the dataset
         self._swap_in()
+        self._release()
         return manifest
 
     def _manifest(self, columns: dict, rows: int, source: dict, created: str | None = None) -> dict:
@@ -232,9 +317,11 @@ class Destination:
         write_json(os.path.join(self.dest, MANIFEST_NAME), manifest)
         shutil.rmtree(self._staging_dir(), ignore_errors=True)
         self.staging = None
+        self._release()
         return manifest
 
     def abort(self) -> None:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
+        self._release()
