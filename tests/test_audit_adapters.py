@@ -88,6 +88,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import loaderx
 import loaderx.jax as lxjax
+from _jax_checks import expect_error as refused
 
 root = sys.argv[1]
 rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
@@ -99,13 +100,6 @@ def first_batch(name, array, batch_size=8):
     with loaderx.DataLoader({"x": store}, batch_size, mode="sequential", workers=1) as loader:
         return next(lxjax.global_batches(loader, rows))["x"]
 
-def refused(error, words, call):
-    try:
-        call()
-    except error as exc:
-        assert all(word in str(exc) for word in words), (words, str(exc))
-        return
-    raise AssertionError(f"no {error.__name__} with {words}")
 
 bf = (np.arange(16, dtype=np.float32) / 8).astype(ml_dtypes.bfloat16)
 x = first_batch("bf", bf)
@@ -130,7 +124,8 @@ def test_jax_dtypes_byte_order_and_indivisible_batches(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    tests = os.path.join(REPO, "tests")  # for _jax_checks
+    env["PYTHONPATH"] = os.pathsep.join([REPO, tests] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run([sys.executable, "-c", JAX_CHILD, str(tmp_path)], env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stderr[-3000:]
