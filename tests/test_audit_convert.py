@@ -341,3 +341,40 @@ def test_a_killed_conversion_s_leftovers_are_swept_by_the_next_one(tmp_path):
     assert not old.exists()
     live.abort()
     assert loaderx.open_dataset(tmp_path / "out")["x"][[3]].tolist() == [[9, 10, 11]]
+
+
+def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
+    """Two appends at once each wrote a manifest without the other's parts
+    (the later one silently dropped the earlier one's rows), and a create
+    finishing after another create of the same path replaced it. An append or
+    overwrite now holds the dataset's lock (a second one gets LockedError), a
+    create never replaces what appeared meanwhile, and parts a killed append
+    moved in without a manifest entry are removed by the next append."""
+    from loaderx.converters._columns import Flags
+    from loaderx.converters._dest import Destination, _lock_dataset
+    from loaderx.dataset import DestinationExistsError
+    from loaderx.errors import LockedError
+
+    x = np.arange(12).reshape(4, 3)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _convert(tmp_path / "x.npy", out)
+    held = _lock_dataset(str(out))  # an append or overwrite still running
+    for mode in ("append", "overwrite"):
+        with pytest.raises(LockedError, match="another conversion is writing to this dataset"):
+            _convert(tmp_path / "x.npy", out, mode=mode)
+    os.close(held)
+    orphan = out / "x" / "part-00007"  # moved in by an append killed before its manifest
+    orphan.mkdir()
+    (orphan / "data").write_bytes(b"x" * 100)
+    _convert(tmp_path / "x.npy", out, mode="append")
+    assert not orphan.exists()
+    assert sorted(os.listdir(out / "x")) == ["part-00000", "part-00001"]
+    assert loaderx.open_dataset(out)["x"][np.arange(8)].tolist() == x.tolist() * 2
+    late = Destination(tmp_path / "new", "create", Flags())
+    late.begin([])  # a create that started before the one below finished
+    _convert(tmp_path / "x.npy", tmp_path / "new")
+    with pytest.raises(DestinationExistsError, match="appeared while this conversion ran"):
+        late.commit([], {}, [], {})
+    late.abort()
+    assert loaderx.open_dataset(tmp_path / "new")["x"][np.arange(4)].tolist() == x.tolist()

@@ -14,6 +14,12 @@ per shard). Nothing a reader trusts changes until the end:
 So a failed or interrupted conversion never leaves a half-written shard in
 a manifest, and `abort()` removes the staging directory.
 
+An ``append`` or ``overwrite`` holds an exclusive ``flock`` on DEST from
+``begin()`` to ``commit()``/``abort()`` (a second one raises ``LockedError``:
+two appends at once would each write a manifest without the other's parts),
+re-reads the manifest under it, and removes parts a killed append moved in
+but never named. A ``create`` never replaces a DEST that appeared meanwhile.
+
 A staging directory holds ``.loaderx-owner``, locked (``flock``) by the
 converting process while it lives. A process killed outright (SIGKILL, power
 loss) cannot clean up, so the next conversion to the same destination removes
@@ -39,7 +45,7 @@ from ..dataset import (
     DestinationExistsError,
     read_manifest,
 )
-from ..errors import IdentityError
+from ..errors import IdentityError, LockedError
 from ._columns import ColumnSpec, ConvertError, Flags
 
 __all__ = ["Destination", "safe_name", "spec_entry", "swap_into", "write_json"]
@@ -76,11 +82,16 @@ def write_json(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def swap_into(staging: str, dest: str) -> None:
+def swap_into(staging: str, dest: str, replace: bool = True) -> None:
     """Rename the finished `staging` directory to `dest`, moving an old
-    non-empty `dest` aside first and deleting it after."""
+    non-empty `dest` aside first and deleting it after; with `replace` false,
+    a non-empty `dest` (made while this conversion ran) is an error instead."""
     old = None
     if os.path.lexists(dest) and os.listdir(dest):
+        if not replace:
+            raise DestinationExistsError(
+                f"{dest} appeared while this conversion ran; nothing was replaced", path=dest
+            )
         parent, base = os.path.split(dest)
         old = os.path.join(parent, f".{base}.loaderx-old-{uuid.uuid4().hex[:12]}")
         os.rename(dest, old)
@@ -129,6 +140,43 @@ def _abandoned(path: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _lock_dataset(path: str) -> int | None:
+    """An exclusive lock on the dataset directory `path` for one append or
+    overwrite (None where flock does not exist): two at once would each
+    write a manifest without the other's parts."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise LockedError(
+            f"{path}: another conversion is writing to this dataset; run it after that one",
+            path=path,
+        ) from None
+    return fd
+
+
+def _sweep_orphan_parts(dest: str, manifest: dict) -> None:
+    """Parts in `dest`'s column directories that its manifest does not name:
+    an append killed between moving its parts in and writing the manifest.
+    (Called under the dataset lock, so no live append is mid-way.)"""
+    for col in manifest["columns"].values():
+        shards = [sh["path"] for sh in col.get("shards", [])]
+        folder = os.path.dirname(shards[0]) if shards else ""
+        named = {os.path.basename(p) for p in shards}
+        where = os.path.join(dest, folder)
+        if not folder or not os.path.isdir(where):
+            continue
+        for name in os.listdir(where):
+            path = os.path.join(where, name)
+            if re.fullmatch(r"part-\d+", name) and name not in named and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep_stale(parent: str, prefix: str, dest: str) -> list[str]:
@@ -193,16 +241,29 @@ class Destination:
         self.mode = mode if exists else "create"
         self.staging: str | None = None
         self._owner: int | None = None
+        self._dest_lock: int | None = None
         self.column_dirs: dict = {}
 
     def begin(self, specs: list[ColumnSpec]) -> str:
-        """Make the staging directory and choose each column's directory."""
+        """Make the staging directory and choose each column's directory; on
+        an error nothing is left made or locked."""
+        try:
+            return self._begin(specs)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _begin(self, specs: list[ColumnSpec]) -> str:
         parent, base = os.path.split(self.dest)
         os.makedirs(parent, exist_ok=True)
         tag = uuid.uuid4().hex[:12]
+        if self.mode in ("append", "overwrite"):
+            self._dest_lock = _lock_dataset(self.dest)
         if self.mode == "append":
+            self.existing = read_manifest(self.dest)  # again: under the lock now
             self._check_append(specs)
             sweep_stale(self.dest, ".", self.dest)
+            _sweep_orphan_parts(self.dest, self.existing)
             self.staging = os.path.join(self.dest, f".loaderx-partial-{tag}")
         else:
             sweep_stale(parent, f".{base}.", self.dest)
@@ -214,10 +275,12 @@ class Destination:
         return self.staging
 
     def _release(self) -> None:
-        """Drops the owner lock (its file goes with the staging directory)."""
-        if self._owner is not None:
-            os.close(self._owner)
-            self._owner = None
+        """Drops the owner lock (its file goes with the staging directory) and
+        the dataset lock."""
+        for fd in (self._owner, self._dest_lock):
+            if fd is not None:
+                os.close(fd)
+        self._owner = self._dest_lock = None
 
     def _staging_dir(self) -> str:
         assert self.staging is not None  # made by begin()
@@ -286,7 +349,7 @@ class Destination:
         }
 
     def _swap_in(self) -> None:
-        swap_into(self._staging_dir(), self.dest)
+        swap_into(self._staging_dir(), self.dest, replace=self.mode == "overwrite")
         self.staging = None
 
     def _commit_append(self, specs, part_rows: list[int], source: dict) -> dict:
