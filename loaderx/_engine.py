@@ -153,25 +153,32 @@ class Engine:
             return taken
 
     def take_built(self, step: int) -> Tuple[int, Any, Optional[BaseException]]:
-        """Step `step` from the workers, once built. Waits with ``lock``
-        released: not in ``Condition.wait``, whose taking back of the lock a
-        KeyboardInterrupt can cut short, so that the caller's ``with`` then
-        releases the lock from under a worker. Here an interrupt lands while
-        no lock is held, or in a ``with`` that has not taken it yet."""
-        message = "DataLoader is closed"
+        """Step `step` from the workers, once built."""
+        self.wait_for(lambda: step in self.ready, "DataLoader was closed while next() was waiting")
+        with self.lock:  # (one consumer: nobody else pops the step meanwhile)
+            if self.closed:
+                raise LoaderClosedError("DataLoader is closed")
+            batch, error = self.ready.pop(step)
+            if error is None:
+                self.step_deliver = step + 1
+                self.room_changed.notify()  # one more step fits into the window
+            return step, batch, error
+
+    def wait_for(self, condition: Callable[[], bool], closed_message: str) -> None:
+        """Until `condition()` (called holding ``lock``) holds; LoaderClosedError
+        on close. Waits with ``lock`` released: not in ``Condition.wait``, whose
+        taking back of the lock a KeyboardInterrupt can cut short, so that the
+        caller's ``with`` then releases the lock from under a worker. Here an
+        interrupt lands while no lock is held, or in a ``with`` that has not
+        taken it yet."""
         while True:
             with self.lock:
                 if self.closed:
-                    raise LoaderClosedError(message)
-                if step in self.ready:
-                    batch, error = self.ready.pop(step)
-                    if error is None:
-                        self.step_deliver = step + 1
-                        self.room_changed.notify()  # one more step fits into the window
-                    return step, batch, error
+                    raise LoaderClosedError(closed_message)
+                if condition():
+                    return
                 waiter = self.new_waiter()
             waiter.acquire()  # until finish() or shutdown() releases it
-            message = "DataLoader was closed while next() was waiting"
 
     def new_waiter(self) -> Any:
         """A locked lock that the next `wake_waiter` releases. Caller holds ``lock``."""
@@ -246,14 +253,7 @@ class Engine:
             self.generation += 1
             self.ready.clear()
             self.draining = True
-        while True:  # as in take_built: wait with the lock released
-            with self.lock:
-                if self.closed:
-                    raise LoaderClosedError("DataLoader was closed during load_state_dict()")
-                if self.in_flight == 0:
-                    break
-                waiter = self.new_waiter()
-            waiter.acquire()
+        self.wait_for(lambda: self.in_flight == 0, "DataLoader was closed during load_state_dict()")
         with self.lock:
             if self.closed:
                 raise LoaderClosedError("DataLoader was closed during load_state_dict()")
