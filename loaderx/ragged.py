@@ -79,21 +79,30 @@ class RaggedStore(Store):
         return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
 
     def _converted(self, i: int, x) -> np.ndarray:
-        """Record `i` given as a list or scalar, converted to the store's dtype;
-        values the conversion would change (fractions, imaginary parts) are refused."""
+        """Record `i` given as a list or scalar, converted to the store's dtype
+        (one conversion; values it would change are refused: fractions,
+        imaginary parts, integers out of range)."""
         try:
             probe = np.asarray(x)
-            found = probe.dtype  # float64 for [], which holds nothing to lose
-            lossy = probe.size and ((found.kind in "fc" and self._dtype.kind in "biu")
-                                    or (found.kind == "c" and self._dtype.kind == "f"))
-            if not lossy:
-                return np.asarray(x, dtype=self._dtype)
-        except OverflowError as e:
-            raise OverflowError(f"record {i} does not fit {self._dtype}: {e}") from None
         except (TypeError, ValueError) as e:
             raise TypeError(f"record {i} cannot be read as {self._dtype}: {e}") from None
-        raise TypeError(f"record {i} holds {found} values, which {self._dtype} cannot hold "
-                        f"exactly; convert (and round) them yourself, as a {self._dtype} array")
+        found, want = probe.dtype, self._dtype
+        if probe.size and ((found.kind in "fc" and want.kind in "biu")
+                           or (found.kind == "c" and want.kind == "f")):
+            raise TypeError(f"record {i} holds {found} values, which {want} cannot hold "
+                            f"exactly; convert (and round) them yourself, as a {want} array")
+        if probe.size and found.kind in "iu" and want.kind in "iu":
+            lo, hi, info = int(probe.min()), int(probe.max()), np.iinfo(want)
+            if lo < info.min or hi > info.max:
+                raise OverflowError(f"record {i} does not fit {want}: it holds "
+                                    f"{lo if lo < info.min else hi}")
+        try:  # (float64 for [], which holds nothing to lose; object for huge ints)
+            return probe.astype(want, copy=False) if found.kind != "O" \
+                else np.asarray(x, dtype=want)
+        except OverflowError as e:
+            raise OverflowError(f"record {i} does not fit {want}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"record {i} cannot be read as {want}: {e}") from None
 
     def append(self, records: Iterable) -> int:
         """Append arrays (a one-pass iterator is fine); returns the first index."""
