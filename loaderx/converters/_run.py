@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..dataloader import _default_worker_count as _cores  # the cores this process may use
 from ..errors import ZrecordError
 from ._columns import ColumnSpec, ConvertError, Packed
 
@@ -174,12 +175,6 @@ def _read_reports(k: int, stream, counters: list, rows: dict) -> None:
             counters[k] += float(value)
         elif tag == "R":
             rows[k] = int(value)
-
-
-def _cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 def run_tasks(
