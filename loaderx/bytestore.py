@@ -34,8 +34,11 @@ def _flat_bytes(obj) -> np.ndarray:
     """The bytes of a bytes-like object (copied when it is not contiguous) as
     a uint8 array; TypeError when it is not bytes-like."""
     mv = memoryview(obj)
-    if not mv.c_contiguous:
-        mv = memoryview(mv.tobytes())
+    return _byte_view(mv if mv.c_contiguous else memoryview(mv.tobytes()))
+
+
+def _byte_view(mv: memoryview) -> np.ndarray:
+    """A C-contiguous memoryview's memory as a flat uint8 array (no copy)."""
     return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
                          dtype=np.uint8)
 
@@ -59,8 +62,7 @@ def _writable_bytes(out) -> np.ndarray:
     if isinstance(out, np.ndarray):
         dest = out.reshape(-1).view(np.uint8)
     else:
-        dest = np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
-                             dtype=np.uint8)
+        dest = _byte_view(mv)
     if not dest.flags.writeable:
         raise ValueError("out is read-only")
     return dest

@@ -38,6 +38,11 @@ import shutil
 import time
 import uuid
 
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): staging is neither locked nor swept
+    fcntl = None  # type: ignore[assignment]
+
 from ..dataset import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -106,26 +111,36 @@ _OWNER = ".loaderx-owner"
 _UNOWNED_STALE_S = 60.0
 
 
-def _lock_owner(staging: str) -> int | None:
-    """Creates and locks `staging`'s owner file; the descriptor holds the lock
-    (None where flock does not exist)."""
+def _try_lock(path: str, flags: int, mode: int = 0o600) -> int | None:
+    """`path` opened with `flags` and exclusively ``flock``ed without waiting:
+    the descriptor, which holds the lock until closed; None when another open
+    file holds it. Only where flock exists (``fcntl`` is not None)."""
+    assert fcntl is not None
+    fd = os.open(path, flags | os.O_CLOEXEC, mode)
     try:
-        import fcntl
-    except ImportError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         return None
-    fd = os.open(os.path.join(staging, _OWNER), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+def _lock_owner(staging: str) -> int | None:
+    """Creates and locks `staging`'s owner file (None where flock does not exist)."""
+    if fcntl is None:
+        return None
+    return _try_lock(os.path.join(staging, _OWNER), os.O_RDWR | os.O_CREAT)
 
 
 def _abandoned(path: str) -> bool:
     """No live process owns the staging directory `path`."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return False
     try:
-        fd = os.open(os.path.join(path, _OWNER), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = _try_lock(os.path.join(path, _OWNER), os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
         try:
             return time.time() - os.lstat(path).st_mtime > _UNOWNED_STALE_S
@@ -133,32 +148,24 @@ def _abandoned(path: str) -> bool:
             return False
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
+    if fd is None:
         return False
-    finally:
-        os.close(fd)
+    os.close(fd)
+    return True
 
 
 def _lock_dataset(path: str) -> int | None:
     """An exclusive lock on the dataset directory `path` for one append or
     overwrite (None where flock does not exist): two at once would each
     write a manifest without the other's parts."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+    fd = _try_lock(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    if fd is None:
         raise LockedError(
             f"{path}: another conversion is writing to this dataset; run it after that one",
             path=path,
-        ) from None
+        )
     return fd
 
 
