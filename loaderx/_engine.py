@@ -181,7 +181,9 @@ class Engine:
             waiter.acquire()  # until finish() or shutdown() releases it
 
     def new_waiter(self) -> Any:
-        """A locked lock that the next `wake_waiter` releases. Caller holds ``lock``."""
+        """A locked lock that the next `wake_waiter` releases. Caller holds
+        ``lock``. One slot: only the consumer waits (it holds ``consumer``),
+        and a worker's finish() or shutdown() releases it from any thread."""
         waiter = threading.Lock()
         waiter.acquire()
         self.waiter = waiter

@@ -122,8 +122,8 @@ class DenseStore(Store):
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
         when given (C-contiguous, writable, exact dtype and shape). `threads`
         caps the native threads (0: every usable core)."""
-        if type(threads) is not int or not 0 <= threads <= THREADS_MAX:
-            threads = check_threads(threads)
+        if type(threads) is not int or not 0 <= threads <= THREADS_MAX:  # (hot path: the
+            threads = check_threads(threads)  # common case without a call; it raises the rest)
         fast = unchecked_indices(indices)
         if fast is not None:
             result = self._gather(fast, out, threads, exact=False)

@@ -375,6 +375,7 @@ fn writeToken(dst: [*]u8, value: u64, size: usize) void {
 // ---------------------------------------------------------------- tests
 
 const testing = std.testing;
+const Move = @import("store_maintain.zig").Move;
 
 test "windows cross documents, with separators and segments, raw and compressed alike" {
     var tmp = testing.tmpDir(.{});
@@ -424,7 +425,7 @@ test "windows cross documents, with separators and segments, raw and compressed 
         try testing.expectError(error.OutOfRange, past_end);
         // Deleting a document moves the last one ([21]) into its hole; every
         // window of the old index is refused, the untouched first one included.
-        var moves: [1]@import("store_maintain.zig").Move = undefined;
+        var moves: [1]Move = undefined;
         _ = try s.delete(&.{1}, &moves);
         const stale = gather(testing.allocator, spec, &parts, &.{0}, tokens_only, 0, &sc);
         try testing.expectError(error.SizeMismatch, stale);
