@@ -278,6 +278,11 @@ def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags, locate=_whol
     return offsets - offsets[0], arr.flatten()
 
 
+def _in_fixed_lists(size: int, locate):
+    """`locate` for the flattened values of lists of `size` values each."""
+    return lambda i: locate(i // size)
+
+
 def _in_lists(offsets: np.ndarray, locate):
     """`locate` for the flattened values of lists with `offsets`."""
     return lambda i: locate(int(np.searchsorted(offsets, i, side="right")) - 1)
@@ -293,7 +298,7 @@ def _dense_values(
         if pa.types.is_fixed_size_list(arr.type):
             _check_nulls(arr, spec.name, row0, flags, locate)
             size = arr.type.list_size
-            locate = (lambda outer, k: lambda i: outer(i // k))(locate, size)
+            locate = _in_fixed_lists(size, locate)
             arr = arr.flatten()
         elif _is_list(pa, arr.type):
             offsets, arr = _list_level(pa, arr, spec, row0, flags, locate)
