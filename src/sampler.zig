@@ -5,28 +5,43 @@
 //! the same whatever thread or process asks. Nothing allocates and nothing is
 //! global, so every function may be called from any thread.
 //!
-//! Positions. Step `s` of a run with per-rank batch `B` and `world` ranks owns the
-//! global positions `p = s*G + j`, `j` in `[0, G)`, `G = B*world`; rank `r` takes
-//! `j` in `[r*B, (r+1)*B)`. Positions are exact 192-bit integers: with `s`, `B` and
-//! `world` each below 2^64, `p < 2^64 * (2^64-1)^2 < 2^192`, so no input can wrap.
-//! The cycle number `p / length` and offset `p % length` are computed once per
-//! batch and then advanced incrementally, so the per-index cost has no division.
-//! Each mode is a function of the position alone (and the seed), so the union of
-//! the ranks' batches is exactly the batch of one process with `G` per step.
+//! Positions. Each mode reads a sequence of global positions; step `s` of a run
+//! with per-rank batch `B` and `world` ranks owns the `G = B*world` consecutive
+//! positions from `positionAt(s)`, and rank `r` takes its slice `[r*B, (r+1)*B)`
+//! of them. SEQUENTIAL and IID put step `s` at `s*G`. CYCLIC reads position `p`
+//! as offset `p % length` of cycle `p / length`, and a cycle holds `length / G`
+//! whole steps: step `s` starts at `(s / (length/G)) * length + (s % (length/G)) * G`,
+//! so a step never straddles two cycles and the positions from
+//! `(length/G) * G` to the cycle's end are never read (see Modes). Positions
+//! are exact 192-bit integers: with `s`, `B` and `world` each below 2^64,
+//! `p < 2^64 * (2^64-1)^2 < 2^192`, so no input can wrap. The cycle number and
+//! offset of a run's first position are computed once and then advanced
+//! incrementally, so the per-index cost has no division. Each mode is a function
+//! of the position alone (and the seed), so the union of the ranks' batches is
+//! exactly the batch of one process with `G` per step.
 //!
 //! Modes.
 //! - `sequential`: index `p mod length`, a circular window that never truncates.
 //! - `iid`: uniform on `[0, length)` with replacement. A counter-based generator
 //!   keyed by `(seed, p, attempt)` gives 64-bit words; Lemire's multiply-shift
 //!   with rejection maps them without bias.
-//! - `cyclic`: without replacement. Cycle `c = p / length` is a permutation
-//!   `perm_{seed,c}` of `[0, length)`, evaluated at `p mod length`, so every
-//!   index appears exactly once per cycle and each cycle is shuffled afresh.
-//!   Lengths up to `shuffle_length_max` get an exact Fisher-Yates shuffle, drawn
-//!   again from `(seed, c)` in a fixed-size table. Longer ones use a keyed,
-//!   mixed-radix Feistel network over a domain slightly larger than `length`
-//!   (see `Feistel`), restricted to `[0, length)` by cycle walking: O(1) memory
-//!   for every length up to 2^64-1, and a few nanoseconds per index.
+//! - `cyclic`: without replacement. Cycle `c` is a permutation `perm_{seed,c}`
+//!   of `[0, length)`, evaluated at offsets `0 .. (length/G)*G`: each cycle
+//!   serves `length / G` whole global batches and drops the rest of its
+//!   permutation (a different rest each cycle, as each cycle is shuffled
+//!   afresh), so no global batch repeats an index and within a cycle every
+//!   index appears at most once. The original loaderx's rule; it needs
+//!   `G <= length` (callers refuse anything else). Lengths up to
+//!   `shuffle_length_max` get an exact Fisher-Yates shuffle, drawn again from
+//!   `(seed, c)` in a fixed-size table. Longer ones use a keyed, mixed-radix
+//!   Feistel network over a domain slightly larger than `length` (see
+//!   `Feistel`), restricted to `[0, length)` by cycle walking: O(1) memory for
+//!   every length up to 2^64-1, and a few nanoseconds per index.
+//!
+//! A run resumed with another global batch (the loader's elastic resume)
+//! passes `positionAt` the position it stopped at: the new run finishes that
+//! cycle from the same offset with as many whole new batches as its rest
+//! holds, drops the remainder, and continues with whole cycles.
 //!
 //! Trade-offs. The Feistel round function is a keyed multiply hash, chosen for
 //! speed, not a cryptographic one; the shuffle is statistically sound (see the
@@ -43,20 +58,88 @@ pub const Mode = enum(u8) { sequential = 0, iid = 1, cyclic = 2 };
 pub const Position = u192;
 
 /// Fills `out` (len = per-rank batch size B) with the indices for global step `step`.
-/// Global batch G = B * world; global positions p = step*G + j, j in [0,G); rank r takes
-/// j in [r*B, (r+1)*B). Pure function of (length, B, mode, seed, step, rank, world).
-/// Every index written is `< length`. The caller validates the arguments; breaking
-/// a precondition is a programmer error.
+/// Global batch G = B * world; rank r takes positions [r*B, (r+1)*B) of the step's G
+/// (see `positionAt`). Pure function of (length, B, mode, seed, step, rank, world).
+/// Every index written is `< length`. The caller validates the arguments (for CYCLIC,
+/// G <= length); breaking a precondition is a programmer error.
 pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64, out: []u64) void {
+    fillSteps(length, mode, seed, step, rank, world, out.len, out);
+}
+
+/// `fill` for the `out.len / batch_size` consecutive steps from `step_first`, one
+/// batch after another. Steps whose positions follow each other (one rank, and in
+/// CYCLIC the steps of one cycle) are filled by one run, which costs a CYCLIC
+/// shuffle or key derivation once per run instead of once per step.
+pub fn fillSteps(
+    length: u64,
+    mode: Mode,
+    seed: u64,
+    step_first: u64,
+    rank: u64,
+    world: u64,
+    batch_size: usize,
+    out: []u64,
+) void {
     assert(length >= 1);
-    assert(out.len >= 1);
+    assert(batch_size >= 1);
+    assert(out.len % batch_size == 0);
     assert(world >= 1);
     assert(rank < world);
-    const batch_size: u128 = out.len;
-    const global_batch_size: u128 = batch_size * world;
-    const position_first: Position = @as(Position, step) * global_batch_size +
-        @as(u128, rank) * batch_size;
-    fillFrom(length, mode, seed, position_first, out);
+    const global: u128 = @as(u128, batch_size) * world;
+    assert(mode != .cyclic or global <= length);
+    const steps = out.len / batch_size;
+    // Steps per cycle, or per run of consecutive positions otherwise.
+    const run_steps_max: u64 = if (world > 1) 1 else if (mode == .cyclic)
+        batchesPerCycle(length, global)
+    else
+        std.math.maxInt(u64);
+    var done: usize = 0;
+    while (done < steps) {
+        const step = step_first + done;
+        // A run ends with the step before the next cycle's first.
+        const in_cycle: u64 = if (mode == .cyclic and world == 1) step % run_steps_max else 0;
+        const run: usize = @intCast(@min(steps - done, run_steps_max - in_cycle));
+        const first = positionAt(mode, length, global, 0, 0, step) + @as(u128, rank) * batch_size;
+        fillFrom(length, mode, seed, first, out[done * batch_size ..][0 .. run * batch_size]);
+        done += run;
+    }
+}
+
+/// CYCLIC: the whole global batches of `global` records one cycle of `length`
+/// serves (0 when `global > length`, which callers refuse).
+pub fn batchesPerCycle(length: u64, global: u128) u64 {
+    return @intCast(length / global);
+}
+
+/// The global position of the first record of `step`, for a run whose step
+/// `base_step` starts at global position `base_position` (a fresh run: step 0 at
+/// position 0). SEQUENTIAL and IID: `G` positions per step. CYCLIC: the base's
+/// cycle serves as many whole batches as the rest of it holds (from the base's
+/// offset), then every cycle `length / G` batches from offset 0. The base may
+/// come from a run with another global batch: this is how an elastic resume
+/// finishes the cycle it stopped in. Preconditions: `step >= base_step`; CYCLIC
+/// needs `global <= length`.
+pub fn positionAt(
+    mode: Mode,
+    length: u64,
+    global: u128,
+    base_step: u64,
+    base_position: Position,
+    step: u64,
+) Position {
+    assert(step >= base_step);
+    assert(global >= 1);
+    const steps: u64 = step - base_step;
+    if (mode != .cyclic) return base_position + @as(Position, steps) * global;
+    assert(global <= length);
+    const base = split(base_position, length);
+    // Whole batches left in the base's cycle: the rest of it, (length - offset) / G.
+    const left: u64 = @intCast((length - base.offset) / global);
+    if (steps < left) return base_position + @as(Position, steps) * global;
+    const per_cycle = batchesPerCycle(length, global);
+    const later = steps - left;
+    const cycle = base.cycle + 1 + later / per_cycle;
+    return cycle * length + @as(Position, later % per_cycle) * global;
 }
 
 /// Fills `out` with the indices at global positions [position_first,
