@@ -1072,6 +1072,80 @@ test "shards and a mixture: every record from its source's own sequence" {
     try testing.expectEqual(@as(u64, 32), per_source[1]);
 }
 
+test "a CYCLIC mixture repeats no record of a source in a step; a reset with cursors continues" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 23, 1);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 17, 1);
+    defer b.close();
+    // 10 records a step, 6 and 4 of them from the sources: cycles of 3 and 4 steps.
+    const sources = [_]Source{
+        .{ .length = 23, .seed = 1, .weight = 3 },
+        .{ .length = 17, .seed = 2, .weight = 2 },
+    };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+    const l = try Loader.create(testing.allocator, testConfig(10, 2, 1, 0), &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    try testing.expect(l.hasCursors());
+    var got: [10]u64 = undefined;
+    var indices: [40][10]u64 = undefined;
+    var origin: [40][10]u16 = undefined;
+    var failed: u32 = 0;
+    var bufs: [1]?[*]u8 = undefined;
+    var lens: [1]u64 = undefined;
+    for (0..40) |step| {
+        try l.submit(step, &.{@ptrCast(&got)}, &indices[step], &origin[step]);
+        try l.wait(step, &failed, &bufs, &lens);
+        for (0..10) |i| {
+            for (0..i) |j| {
+                const same = origin[step][i] == origin[step][j] and indices[step][i] == indices[step][j];
+                try testing.expect(!same);
+            }
+        }
+    }
+    // Every source's cursor at step 20, then the run again from there.
+    var cursors: [2]mixture.Cursor = undefined;
+    for (&cursors, 0..) |*cursor, k| {
+        const place = l.mix.cursorAt(k, 10, l.cycle_steps[k], .{ .step = 0, .position = 0 }, l.cursors[k], 20);
+        cursor.* = .{ .cycle = @intCast(place.cycle), .offset = @intCast(place.offset), .steps_left = place.steps_left };
+    }
+    l.reset(20, 200, &cursors);
+    var again: [10]u64 = undefined;
+    var again_origin: [10]u16 = undefined;
+    for (20..40) |step| {
+        try l.submit(step, &.{@ptrCast(&got)}, &again, &again_origin);
+        try l.wait(step, &failed, &bufs, &lens);
+        try testing.expectEqualSlices(u64, &indices[step], &again);
+        try testing.expectEqualSlices(u16, &origin[step], &again_origin);
+    }
+}
+
+test "CYCLIC refuses a global batch that must repeat a record" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "s", 10, 1);
+    defer s.close();
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const one = [_]Source{.{ .length = 10, .seed = 1, .weight = 1 }};
+    const config = testConfig(11, 2, 1, 0);
+    try testing.expectError(error.InvalidArgument, Loader.create(testing.allocator, config, &one, &dense8(), &parts, null));
+    // A mixture source of 10 records with half of every step of 22.
+    const two = [_]Source{
+        .{ .length = 100, .seed = 1, .weight = 1 },
+        .{ .length = 10, .seed = 2, .weight = 1 },
+    };
+    const both = [_]Part{
+        .{ .store = s, .first = 0, .source = 0, .column = 0 },
+        .{ .store = s, .first = 0, .source = 1, .column = 0 },
+    };
+    const mixed = testConfig(22, 2, 1, 0);
+    try testing.expectError(error.InvalidArgument, Loader.create(testing.allocator, mixed, &two, &dense8(), &both, null));
+}
+
 test "a failing step reports its error and column; close wakes a waiter" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();

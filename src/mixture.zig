@@ -384,3 +384,102 @@ test "a composed batch holds each source's next positions once, in a keyed order
     compose(&m, 7, 1000, 64, 32, scratch[0..32], &half);
     for (half, out[32..]) |x, y| try testing.expectEqual(y, x);
 }
+
+test "windowMax bounds every window and is reached" {
+    const weight_sets = [_][]const u64{ &.{ 5, 3, 2 }, &.{ 1, 1 }, &.{ 7, 1, 1, 1, 3 }, &.{ 1, 999 } };
+    for (weight_sets) |weights| {
+        const m = Mixture.init(weights);
+        for ([_]u128{ 1, 7, 16, 100 }) |window| {
+            for (0..m.count) |k| {
+                const bound = m.windowMax(k, window);
+                var most: u128 = 0;
+                var n: u128 = 0;
+                while (n < 3000) : (n += 1) {
+                    most = @max(most, m.countOf(k, n + window) - m.countOf(k, n));
+                }
+                try testing.expect(most <= bound);
+                // Off by at most a record per tree level.
+                try testing.expect(bound - most <= 3);
+            }
+        }
+    }
+}
+
+test "countOf agrees with cumulative" {
+    const m = Mixture.init(&.{ 4, 1, 3, 2, 9 });
+    var counts: [5]u128 = undefined;
+    var n: u128 = 0;
+    while (n < 5000) : (n += 13) {
+        m.cumulative(n, &counts);
+        for (counts, 0..) |c, k| try testing.expectEqual(c, m.countOf(k, n));
+    }
+}
+
+test "stepsPerCycle is the most steps whose records always fit" {
+    const m = Mixture.init(&.{ 5, 3, 2 });
+    for ([_]u64{ 16, 24, 100 }) |global| {
+        for (0..3) |k| {
+            for ([_]u64{ 40, 53, 1000, 1 << 40 }) |length| {
+                const steps = m.stepsPerCycle(k, length, global);
+                if (steps == 0) {
+                    try testing.expect(m.windowMax(k, global) > length);
+                    continue;
+                }
+                try testing.expect(m.windowMax(k, @as(u128, steps) * global) <= length);
+                try testing.expect(m.windowMax(k, @as(u128, steps + 1) * global) > length);
+            }
+        }
+    }
+}
+
+/// Source k's cursor stepped one step at a time from `base_cursor` (the
+/// definition `cursorAt` computes in closed form), checking that no step's
+/// records run past the cycle.
+fn replayCursor(m: *const Mixture, k: usize, length: u64, global: u64, steps_per_cycle: u64, base: Base, base_cursor: Cursor, steps: u64) !Place {
+    var place: Place = .{ .cycle = base_cursor.cycle, .offset = base_cursor.offset, .steps_left = base_cursor.steps_left };
+    for (0..steps) |i| {
+        const first = base.position + @as(u128, i) * global;
+        const count = m.countOf(k, first + global) - m.countOf(k, first);
+        try testing.expect(place.offset + count <= length);
+        place.offset += count;
+        place.steps_left -= 1;
+        if (place.steps_left == 0) place = .{ .cycle = place.cycle + 1, .offset = 0, .steps_left = steps_per_cycle };
+    }
+    return place;
+}
+
+test "cursorAt is the step-by-step schedule in closed form, and never overflows a cycle" {
+    const m = Mixture.init(&.{ 5, 3, 2 });
+    const lengths = [_]u64{ 53, 37, 23 };
+    const global = 16;
+    for (0..3) |k| {
+        const steps_per_cycle = m.stepsPerCycle(k, lengths[k], global);
+        try testing.expect(steps_per_cycle >= 1);
+        // A fresh run, and a base mid-run with an unknown (0) steps_left.
+        const bases = [_]Base{ .{ .step = 0, .position = 0 }, .{ .step = 40, .position = 40 * global + 3 } };
+        const starts = [_]Cursor{ .{}, .{ .cycle = 6, .offset = 11 } };
+        for (bases, starts) |base, start| {
+            const base_cursor = m.normalize(k, lengths[k], global, base.position, start);
+            try testing.expect(base_cursor.steps_left >= 1);
+            for (0..300) |i| {
+                const want = try replayCursor(&m, k, lengths[k], global, steps_per_cycle, base, base_cursor, i);
+                const got = m.cursorAt(k, global, steps_per_cycle, base, base_cursor, base.step + i);
+                try testing.expectEqual(want, got);
+            }
+        }
+    }
+}
+
+test "normalize fits as many steps as the rest of the cycle holds, else starts the next" {
+    const m = Mixture.init(&.{ 1, 1 });
+    // 8 records of each source per step of 16.
+    const fitted = m.normalize(0, 100, 16, 0, .{ .cycle = 2, .offset = 70 });
+    try testing.expectEqual(Cursor{ .cycle = 2, .offset = 70, .steps_left = 3 }, fitted);
+    const next = m.normalize(0, 100, 16, 0, .{ .cycle = 2, .offset = 95 });
+    try testing.expectEqual(Cursor{ .cycle = 3, .offset = 0, .steps_left = 12 }, next);
+    const known: Cursor = .{ .cycle = 2, .offset = 70, .steps_left = 1 };
+    try testing.expectEqual(known, m.normalize(0, 100, 16, 0, known));
+    try testing.expect(m.cursorFits(0, 100, 16, 0, known));
+    try testing.expect(!m.cursorFits(0, 100, 16, 0, .{ .cycle = 2, .offset = 70, .steps_left = 4 }));
+    try testing.expect(!m.cursorFits(0, 100, 16, 0, .{ .offset = 101 }));
+}

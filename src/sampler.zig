@@ -622,24 +622,120 @@ test "cyclic covers every index exactly once per cycle" {
     }
 }
 
-test "cyclic batches that straddle cycles are permutations piecewise" {
-    const length = 1000;
-    const batch_size = 333;
-    var buffer: [batch_size]u64 = undefined;
-    var counts: [length]u32 = @splat(0);
-    // 3000 positions = three full cycles, read as 9 batches plus a tail.
-    var position: u64 = 0;
-    var step: u64 = 0;
-    while (position + batch_size <= 3 * length) : (step += 1) {
-        fill(length, .cyclic, 42, step, 0, 1, &buffer);
-        for (buffer) |index| counts[@intCast(index)] += 1;
-        position += batch_size;
+/// The global batch of `step` (all ranks' shards, in rank order) into `out`.
+fn fillGlobal(length: u64, seed: u64, step: u64, batch_size: usize, world: u64, out: []u64) void {
+    for (0..world) |rank| {
+        fill(length, .cyclic, seed, step, rank, world, out[rank * batch_size ..][0..batch_size]);
     }
-    // 9 batches cover positions [0, 2997); the third cycle lacks its last 3.
-    var whole_cycles: [length]u64 = undefined;
-    fill(length, .cyclic, 42, 2, 0, 1, &whole_cycles);
-    for (whole_cycles[997..]) |index| counts[@intCast(index)] += 1;
-    for (counts) |count| try testing.expectEqual(@as(u32, 3), count);
+}
+
+test "cyclic: each cycle serves length / G whole batches, a prefix of its permutation" {
+    var permutation: [1025]u64 = undefined;
+    var batch: [3 * 64]u64 = undefined;
+    for ([_]u64{ 1, 2, 3, 7, 10, 100, 128, 129, 1000, 1025 }) |length| {
+        for ([_]usize{ 1, 3, 4, 7, 64 }) |batch_size| {
+            for ([_]u64{ 1, 2, 3 }) |world| {
+                const global: usize = @intCast(batch_size * world);
+                if (global > length) continue;
+                const per_cycle = batchesPerCycle(length, global);
+                for (0..3) |cycle| {
+                    // Batch == length: step `cycle` is the whole permutation.
+                    fill(length, .cyclic, 42, cycle, 0, 1, permutation[0..@intCast(length)]);
+                    for (0..per_cycle) |i| {
+                        const step = cycle * per_cycle + i;
+                        fillGlobal(length, 42, step, batch_size, world, batch[0..global]);
+                        const want = permutation[i * global ..][0..global];
+                        try testing.expectEqualSlices(u64, want, batch[0..global]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+test "cyclic: no global batch repeats an index, across cycle ends too" {
+    var batch: [3 * 64]u64 = undefined;
+    var seen = try std.DynamicBitSetUnmanaged.initEmpty(testing.allocator, 1_000_003);
+    defer seen.deinit(testing.allocator);
+    for ([_]u64{ 2, 7, 10, 129, 1000, 1023, 1_000_003 }) |length| {
+        for ([_]usize{ 1, 3, 64 }) |batch_size| {
+            for ([_]u64{ 1, 3 }) |world| {
+                const global: usize = @intCast(batch_size * world);
+                if (global > length) continue;
+                const per_cycle = batchesPerCycle(length, global);
+                // Steps around the first two cycle ends, and far away.
+                const steps = [_]u64{ 0, per_cycle - 1, per_cycle, 2 * per_cycle - 1, 2 * per_cycle, 1 << 40 };
+                for (steps) |step| {
+                    fillGlobal(length, 9, step, batch_size, world, batch[0..global]);
+                    for (batch[0..global]) |index| {
+                        try testing.expect(index < length);
+                        try testing.expect(!seen.isSet(@intCast(index)));
+                        seen.set(@intCast(index));
+                    }
+                    for (batch[0..global]) |index| seen.unset(@intCast(index));
+                }
+            }
+        }
+    }
+}
+
+test "cyclic: the dropped rest differs from cycle to cycle" {
+    // 1000 = 3 * 256 + 232: each cycle drops the last 232 entries of its permutation.
+    var permutation: [1000]u64 = undefined;
+    var rests: [3][1000]bool = undefined;
+    for (&rests, 0..) |*rest, cycle| {
+        fill(1000, .cyclic, 5, cycle, 0, 1, &permutation);
+        @memset(rest, false);
+        for (permutation[768..]) |index| rest[@intCast(index)] = true;
+    }
+    try testing.expect(!std.mem.eql(bool, &rests[0], &rests[1]));
+    try testing.expect(!std.mem.eql(bool, &rests[1], &rests[2]));
+    try testing.expectEqual(@as(u64, 3), batchesPerCycle(1000, 256));
+    try testing.expectEqual(@as(Position, 1000), positionAt(.cyclic, 1000, 256, 0, 0, 3));
+    try testing.expectEqual(@as(Position, 1256), positionAt(.cyclic, 1000, 256, 0, 0, 4));
+}
+
+test "positionAt: another global batch finishes the cycle from the same offset" {
+    const length = 97;
+    // A run of G = 5 stopped at step 13: cycle 0, offset 65.
+    const base = positionAt(.cyclic, length, 5, 0, 0, 13);
+    try testing.expectEqual(@as(Position, 65), base);
+    // With G = 9: (97 - 65) / 9 = 3 more batches of cycle 0, then 10 per cycle.
+    const at = struct {
+        fn f(step: u64) Position {
+            return positionAt(.cyclic, length, 9, 13, 65, step);
+        }
+    }.f;
+    try testing.expectEqual(@as(Position, 65), at(13));
+    try testing.expectEqual(@as(Position, 83), at(15));
+    try testing.expectEqual(@as(Position, length), at(16));
+    try testing.expectEqual(@as(Position, length + 81), at(25));
+    try testing.expectEqual(@as(Position, 2 * length), at(26));
+    // A rest smaller than one batch starts the next cycle at once.
+    try testing.expectEqual(@as(Position, length), positionAt(.cyclic, length, 40, 13, 65, 13));
+    // The same global batch continues the run it was saved from.
+    for (13..60) |step| {
+        try testing.expectEqual(positionAt(.cyclic, length, 5, 0, 0, step), positionAt(.cyclic, length, 5, 13, 65, step));
+    }
+    // SEQUENTIAL and IID: G positions per step.
+    try testing.expectEqual(@as(Position, 65 + 2 * 9), positionAt(.iid, length, 9, 13, 65, 15));
+}
+
+test "fillSteps gives fill's batches one after another" {
+    var steps: [40 * 7]u64 = undefined;
+    var one: [7]u64 = undefined;
+    for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
+        for ([_]u64{ 50, 100, 1000 }) |length| {
+            for ([_][2]u64{ .{ 0, 1 }, .{ 2, 3 } }) |shard| {
+                if (7 * shard[1] > length) continue;
+                fillSteps(length, mode, 3, 5, shard[0], shard[1], 7, &steps);
+                for (0..40) |i| {
+                    fill(length, mode, 3, 5 + i, shard[0], shard[1], &one);
+                    try testing.expectEqualSlices(u64, &one, steps[i * 7 ..][0..7]);
+                }
+            }
+        }
+    }
 }
 
 test "different seeds and different cycles give different permutations" {
@@ -824,11 +920,11 @@ test "sharded ranks together give the unsharded global batch" {
     for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
         for ([_]u64{ 0, 1, 7, 1 << 40 }) |step| {
             var global: [batch_size * world]u64 = undefined;
-            fill(137, mode, 5, step, 0, 1, &global);
+            fill(1037, mode, 5, step, 0, 1, &global);
             var union_batch: [batch_size * world]u64 = undefined;
             for (0..world) |rank| {
                 const slice = union_batch[rank * batch_size ..][0..batch_size];
-                fill(137, mode, 5, step, rank, world, slice);
+                fill(1037, mode, 5, step, rank, world, slice);
             }
             try testing.expectEqualSlices(u64, &global, &union_batch);
         }
@@ -842,6 +938,8 @@ test "huge lengths and steps stay in range" {
         for ([_]u64{ 1, 2, 3, 1 << 32, (1 << 32) + 1, 1 << 63, max - 1, max }) |length| {
             for ([_]u64{ 0, 1 << 63, max }) |step| {
                 for ([_][2]u64{ .{ 0, 1 }, .{ 5, 7 }, .{ max - 1, max } }) |shard| {
+                    // CYCLIC refuses a global batch larger than the length.
+                    if (mode == .cyclic and @as(u128, buffer.len) * shard[1] > length) continue;
                     fill(length, mode, max, step, shard[0], shard[1], &buffer);
                     for (buffer) |index| try testing.expect(index < length);
                 }
