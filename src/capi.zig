@@ -693,7 +693,9 @@ pub export fn lx_mixture_cursors(
     if (rc != 0) return rc;
     const o = out orelse return invalid("out is null", .{});
     if (global == 0) return invalid("global must be >= 1", .{});
-    if (step < base_step) return invalid("step {d} is before the base step {d}", .{ step, base_step });
+    if (step < base_step) {
+        return invalid("step {d} is before the base step {d}", .{ step, base_step });
+    }
     const s = sources.?[0..source_count];
     for (s, 0..) |source, k| {
         const steps_per_cycle = mix.stepsPerCycle(k, source.length, global);
@@ -705,8 +707,12 @@ pub export fn lx_mixture_cursors(
         }
         if (!mix.cursorFits(k, source.length, global, base_position, source.cursor)) {
             return invalid(
-                "source {d}: cursor (cycle {d}, offset {d}, steps_left {d}) does not fit its {d} records",
-                .{ k, source.cursor.cycle, source.cursor.offset, source.cursor.steps_left, source.length },
+                "source {d}: cursor (cycle {d}, offset {d}, steps_left {d}) " ++
+                    "does not fit its {d} records",
+                .{
+                    k,                        source.cursor.cycle, source.cursor.offset,
+                    source.cursor.steps_left, source.length,
+                },
             );
         }
         const base_cursor = mix.normalize(k, source.length, global, base_position, source.cursor);
@@ -726,14 +732,18 @@ pub export fn lx_mixture_cursors(
 fn mixtureOf(sources: ?[*]const LoaderSource, source_count: u32, out: *mixture.Mixture) c_int {
     const s = sources orelse return invalid("sources is null", .{});
     if (source_count == 0 or source_count > mixture.sources_max) {
-        return invalid("a mixture takes 1 to {d} sources, got {d}", .{ mixture.sources_max, source_count });
+        return invalid(
+            "a mixture takes 1 to {d} sources, got {d}",
+            .{ mixture.sources_max, source_count },
+        );
     }
     var weights: [mixture.sources_max]u64 = undefined;
     var total: u64 = 0;
     for (s[0..source_count], 0..) |source, k| {
         if (source.weight == 0) return invalid("source {d} has weight 0", .{k});
         if (source.length == 0) return invalid("source {d} is empty", .{k});
-        total = std.math.add(u64, total, source.weight) catch return invalid("weights overflow", .{});
+        total = std.math.add(u64, total, source.weight) catch
+            return invalid("weights overflow", .{});
         weights[k] = source.weight;
     }
     if (total > mixture.weight_total_max) {
@@ -917,7 +927,12 @@ pub export fn lx_loader_wait(
 /// `cursors[0..source_count]` (as lx_mixture_cursors gives them; any other
 /// ring ignores `cursors`, which may be null). Errors: invalid (a CYCLIC
 /// mixture without cursors; nothing is dropped then).
-pub export fn lx_loader_reset(l: *Loader, step: u64, position: u64, cursors: ?[*]const Cursor) c_int {
+pub export fn lx_loader_reset(
+    l: *Loader,
+    step: u64,
+    position: u64,
+    cursors: ?[*]const Cursor,
+) c_int {
     diag.clear();
     if (!l.hasCursors()) {
         l.reset(step, position, &.{});

@@ -138,8 +138,12 @@ pub const Mixture = struct {
         while (hi - lo > 1) {
             const mid = (lo + hi) / 2;
             const w = m.prefix[hi] - m.prefix[lo];
-            const w_child = if (k < mid) m.prefix[mid] - m.prefix[lo] else m.prefix[hi] - m.prefix[mid];
-            records = @intCast(std.math.divCeil(u256, @as(u256, records) * w_child, w) catch unreachable);
+            const w_child = if (k < mid)
+                m.prefix[mid] - m.prefix[lo]
+            else
+                m.prefix[hi] - m.prefix[mid];
+            // ceil(records * w_child / w) <= records: w_child <= w, and w >= 1.
+            records = @intCast((@as(u256, records) * w_child + w - 1) / w);
             if (k < mid) hi = mid else lo = mid;
         }
         return records;
@@ -185,7 +189,15 @@ pub const Mixture = struct {
 
     /// Whether source `k`'s records in `steps` steps of `global` records from
     /// mixed position `first` (with `before` records of it before) fit in `room`.
-    fn fits(m: *const Mixture, k: usize, first: u128, before: u128, steps: u128, global: u64, room: u64) bool {
+    fn fits(
+        m: *const Mixture,
+        k: usize,
+        first: u128,
+        before: u128,
+        steps: u128,
+        global: u64,
+        room: u64,
+    ) bool {
         // Past 2^128 records, source k holds far more than any room (w_k / W >= 2^-40).
         const span = std.math.mul(u128, steps, global) catch return false;
         const end = std.math.add(u128, first, span) catch return false;
@@ -196,19 +208,37 @@ pub const Mixture = struct {
     /// known: unchanged when known, else as many steps as the rest of its
     /// cycle holds, or, when not one step fits, the next cycle from offset 0.
     /// Needs `stepsPerCycle(k, length, global) >= 1`.
-    pub fn normalize(m: *const Mixture, k: usize, length: u64, global: u64, first: u128, cursor: Cursor) Cursor {
+    pub fn normalize(
+        m: *const Mixture,
+        k: usize,
+        length: u64,
+        global: u64,
+        first: u128,
+        cursor: Cursor,
+    ) Cursor {
         if (cursor.steps_left != 0) return cursor;
         const u64_max = std.math.maxInt(u64);
         const rest = m.stepsFitting(k, length -| cursor.offset, first, global);
-        if (rest > 0) return .{ .cycle = cursor.cycle, .offset = cursor.offset, .steps_left = @intCast(@min(rest, u64_max)) };
+        if (rest > 0) {
+            const steps_left: u64 = @intCast(@min(rest, u64_max));
+            return .{ .cycle = cursor.cycle, .offset = cursor.offset, .steps_left = steps_left };
+        }
         const whole = m.stepsFitting(k, length, first, global);
         assert(whole >= 1);
-        return .{ .cycle = cursor.cycle +| 1, .offset = 0, .steps_left = @intCast(@min(whole, u64_max)) };
+        const steps_left: u64 = @intCast(@min(whole, u64_max));
+        return .{ .cycle = cursor.cycle +| 1, .offset = 0, .steps_left = steps_left };
     }
 
     /// Whether the known `steps_left` of `cursor` at mixed position `first`
     /// fit the rest of its cycle (a state from elsewhere may not).
-    pub fn cursorFits(m: *const Mixture, k: usize, length: u64, global: u64, first: u128, cursor: Cursor) bool {
+    pub fn cursorFits(
+        m: *const Mixture,
+        k: usize,
+        length: u64,
+        global: u64,
+        first: u128,
+        cursor: Cursor,
+    ) bool {
         if (cursor.offset > length) return false;
         if (cursor.steps_left == 0) return true;
         return m.stepsFitting(k, length - cursor.offset, first, global) >= cursor.steps_left;
@@ -242,7 +272,9 @@ pub const Mixture = struct {
         }
         const later = steps - base_cursor.steps_left;
         const cycles = later / steps_per_cycle;
-        const cycle_start = base.position + (@as(u128, base_cursor.steps_left) + @as(u128, cycles) * steps_per_cycle) * global;
+        const whole_cycles: u128 = @as(u128, cycles) * steps_per_cycle;
+        const steps_before = base_cursor.steps_left + whole_cycles;
+        const cycle_start = base.position + steps_before * global;
         return .{
             .cycle = @as(u128, base_cursor.cycle) + 1 + cycles,
             .offset = m.countOf(k, first) - m.countOf(k, cycle_start),
@@ -386,7 +418,9 @@ test "a composed batch holds each source's next positions once, in a keyed order
 }
 
 test "windowMax bounds every window and is reached" {
-    const weight_sets = [_][]const u64{ &.{ 5, 3, 2 }, &.{ 1, 1 }, &.{ 7, 1, 1, 1, 3 }, &.{ 1, 999 } };
+    const weight_sets = [_][]const u64{
+        &.{ 5, 3, 2 }, &.{ 1, 1 }, &.{ 7, 1, 1, 1, 3 }, &.{ 1, 999 },
+    };
     for (weight_sets) |weights| {
         const m = Mixture.init(weights);
         for ([_]u128{ 1, 7, 16, 100 }) |window| {
@@ -435,15 +469,30 @@ test "stepsPerCycle is the most steps whose records always fit" {
 /// Source k's cursor stepped one step at a time from `base_cursor` (the
 /// definition `cursorAt` computes in closed form), checking that no step's
 /// records run past the cycle.
-fn replayCursor(m: *const Mixture, k: usize, length: u64, global: u64, steps_per_cycle: u64, base: Base, base_cursor: Cursor, steps: u64) !Place {
-    var place: Place = .{ .cycle = base_cursor.cycle, .offset = base_cursor.offset, .steps_left = base_cursor.steps_left };
+fn replayCursor(
+    m: *const Mixture,
+    k: usize,
+    length: u64,
+    global: u64,
+    steps_per_cycle: u64,
+    base: Base,
+    base_cursor: Cursor,
+    steps: u64,
+) !Place {
+    var place: Place = .{
+        .cycle = base_cursor.cycle,
+        .offset = base_cursor.offset,
+        .steps_left = base_cursor.steps_left,
+    };
     for (0..steps) |i| {
         const first = base.position + @as(u128, i) * global;
         const count = m.countOf(k, first + global) - m.countOf(k, first);
         try testing.expect(place.offset + count <= length);
         place.offset += count;
         place.steps_left -= 1;
-        if (place.steps_left == 0) place = .{ .cycle = place.cycle + 1, .offset = 0, .steps_left = steps_per_cycle };
+        if (place.steps_left == 0) {
+            place = .{ .cycle = place.cycle + 1, .offset = 0, .steps_left = steps_per_cycle };
+        }
     }
     return place;
 }
@@ -456,14 +505,20 @@ test "cursorAt is the step-by-step schedule in closed form, and never overflows 
         const steps_per_cycle = m.stepsPerCycle(k, lengths[k], global);
         try testing.expect(steps_per_cycle >= 1);
         // A fresh run, and a base mid-run with an unknown (0) steps_left.
-        const bases = [_]Base{ .{ .step = 0, .position = 0 }, .{ .step = 40, .position = 40 * global + 3 } };
+        const bases = [_]Base{
+            .{ .step = 0, .position = 0 },
+            .{ .step = 40, .position = 40 * global + 3 },
+        };
         const starts = [_]Cursor{ .{}, .{ .cycle = 6, .offset = 11 } };
         for (bases, starts) |base, start| {
             const base_cursor = m.normalize(k, lengths[k], global, base.position, start);
             try testing.expect(base_cursor.steps_left >= 1);
             for (0..300) |i| {
-                const want = try replayCursor(&m, k, lengths[k], global, steps_per_cycle, base, base_cursor, i);
-                const got = m.cursorAt(k, global, steps_per_cycle, base, base_cursor, base.step + i);
+                const length = lengths[k];
+                const per_cycle = steps_per_cycle;
+                const want =
+                    try replayCursor(&m, k, length, global, per_cycle, base, base_cursor, i);
+                const got = m.cursorAt(k, global, per_cycle, base, base_cursor, base.step + i);
                 try testing.expectEqual(want, got);
             }
         }
@@ -480,6 +535,7 @@ test "normalize fits as many steps as the rest of the cycle holds, else starts t
     const known: Cursor = .{ .cycle = 2, .offset = 70, .steps_left = 1 };
     try testing.expectEqual(known, m.normalize(0, 100, 16, 0, known));
     try testing.expect(m.cursorFits(0, 100, 16, 0, known));
-    try testing.expect(!m.cursorFits(0, 100, 16, 0, .{ .cycle = 2, .offset = 70, .steps_left = 4 }));
+    const too_long: Cursor = .{ .cycle = 2, .offset = 70, .steps_left = 4 };
+    try testing.expect(!m.cursorFits(0, 100, 16, 0, too_long));
     try testing.expect(!m.cursorFits(0, 100, 16, 0, .{ .offset = 101 }));
 }

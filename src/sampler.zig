@@ -664,7 +664,9 @@ test "cyclic: no global batch repeats an index, across cycle ends too" {
                 if (global > length) continue;
                 const per_cycle = batchesPerCycle(length, global);
                 // Steps around the first two cycle ends, and far away.
-                const steps = [_]u64{ 0, per_cycle - 1, per_cycle, 2 * per_cycle - 1, 2 * per_cycle, 1 << 40 };
+                const steps = [_]u64{
+                    0, per_cycle - 1, per_cycle, 2 * per_cycle - 1, 2 * per_cycle, 1 << 40,
+                };
                 for (steps) |step| {
                     fillGlobal(length, 9, step, batch_size, world, batch[0..global]);
                     for (batch[0..global]) |index| {
@@ -715,7 +717,8 @@ test "positionAt: another global batch finishes the cycle from the same offset" 
     try testing.expectEqual(@as(Position, length), positionAt(.cyclic, length, 40, 13, 65, 13));
     // The same global batch continues the run it was saved from.
     for (13..60) |step| {
-        try testing.expectEqual(positionAt(.cyclic, length, 5, 0, 0, step), positionAt(.cyclic, length, 5, 13, 65, step));
+        const fresh = positionAt(.cyclic, length, 5, 0, 0, step);
+        try testing.expectEqual(fresh, positionAt(.cyclic, length, 5, 13, 65, step));
     }
     // SEQUENTIAL and IID: G positions per step.
     try testing.expectEqual(@as(Position, 65 + 2 * 9), positionAt(.iid, length, 9, 13, 65, 15));
