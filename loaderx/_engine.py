@@ -230,7 +230,7 @@ class Engine:
 
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
-        return self.base_at(step).position
+        return self.base.position_of(step)
 
     def reset(self, base: Any) -> None:
         """Drop everything prefetched and continue at `base` (its step, its

@@ -91,14 +91,10 @@ class Track:
         self.weights: List[int] = list(plan.weights)
         self.names: List[str] = list(plan.source_names)
         self.global_batch: int = sampler.global_batch_size
-        #: One source: the sampler's positions. Several: a mixed stream, and
-        #: in CYCLIC mode a cursor per source.
+        #: One source: the sampler's positions (the Sampler refuses a CYCLIC
+        #: global batch above its length). Several: a mixed stream, and in
+        #: CYCLIC mode a cursor per source.
         self.cursored = self.mode == _CYCLIC and len(self.lengths) > 1
-        if self.mode == _CYCLIC and len(self.lengths) == 1 and self.global_batch > self.lengths[0]:
-            raise ValueError(
-                f"CYCLIC needs batch_size * world ({self.global_batch}) <= the "
-                f"{self.lengths[0]} records, or every batch would repeat one; use a smaller "
-                "batch, or mode IID or SEQUENTIAL")
         if self.cursored:
             self._check_sources()
 
@@ -190,13 +186,17 @@ class Base:
         track = self.track
         if step == self.step:
             return self
-        if step < self.step:
-            raise ValueError(f"step {step} is before this run's first step {self.step}")
-        position = track.position_at(self.step, self.position, step)
+        position = self.position_of(step)
         cursors = None
         if self.cursors is not None:
             cursors = track.cursors_at(self.step, self.position, self.cursors, step)
         return Base(track, step, position, cursors)
+
+    def position_of(self, step: int) -> int:
+        """The global position of `step`'s (>= this one's) first record."""
+        if step < self.step:
+            raise ValueError(f"step {step} is before this run's first step {self.step}")
+        return self.track.position_at(self.step, self.position, step)
 
     def __repr__(self) -> str:
         return f"Base(step={self.step}, position={self.position}, cursors={self.cursors})"

@@ -261,8 +261,8 @@ class DataLoader:
         prefetch: >= 1; the loader works at most ``prefetch + workers`` steps
             (at most 65536) ahead of the next undelivered one.
         shard: ``(rank, world)`` for multi-process training, or ``None``.
-        step: the first step to deliver (its first record at global position
-            ``step * batch_size * world``).
+        step: the first step to deliver, as if the loader had run from step 0
+            (O(1): nothing is replayed).
         out: recycled output buffers for dense streams (see the module docs).
         ragged: ``"list"`` (a list of arrays per batch) or ``"packed"``
             (``(values, row_splits)``) for ragged streams.
@@ -415,7 +415,7 @@ class DataLoader:
         step = _check_int("step", step, 0)
         engine = self._require_engine()
         base = engine.base if step >= engine.base.step else self._track.start(0)
-        return base.at(step).position // self._plan.lengths[0]
+        return base.position_of(step) // self._plan.lengths[0]
 
     # -- checkpoints --------------------------------------------------------------
 
