@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset import MANIFEST_NAME, open_dataset
-from ..errors import DictionaryError, StoreNotFoundError
+from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
 from ._dest import Destination, safe_name, swap_into, write_json
 from ._progress import make_progress
@@ -391,10 +391,11 @@ def _check_settled_append(target: Destination, settled: list[ColumnSpec]) -> Non
     for s in settled:
         have = target.existing["columns"].get(s.name) or {}
         if have.get("kind") == "dense" and s.kind != "dense":
-            raise ConvertError(
-                f"{target.dest}: column {s.name!r} holds dense rows of shape "
-                f"{tuple(have.get('item_shape') or ())}, but the new rows have other shapes; "
-                "nothing was appended"
+            raise IdentityError(
+                f"{target.dest}: column {s.name!r} holds kind=dense rows of shape "
+                f"{tuple(have.get('item_shape') or ())}, but some new rows have other shapes; "
+                "nothing was appended",
+                path=target.dest,
             )
 
 

@@ -201,7 +201,7 @@ def user_warning(text: str) -> None:
     """A warning attributed to the caller's line, not to loaderx's (the CLI
     prints it as one line naming the input)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    level, frame = 1, sys._getframe(1)
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is the frame that called this one
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         level, frame = level + 1, frame.f_back
     warnings.warn(text, stacklevel=level)
