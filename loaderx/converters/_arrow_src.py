@@ -191,7 +191,8 @@ class ArrowSource(Source):
             if shape and shape[0] is None:
                 return ColumnSpec(name, "ragged", dtype, tuple(shape[1:]), decode="tensor")
             return ColumnSpec(name, "dense", dtype, shape, decode="tensor")
-        spec = fixed_list_spec(arrow_spec(pa, name, t, self.options.flags), self._probe_lengths(name))
+        spec = arrow_spec(pa, name, t, self.options.flags)
+        spec = fixed_list_spec(spec, self._probe_lengths(name))
         if ftype == "ClassLabel" and feature.get("names"):
             return ColumnSpec(
                 spec.name,

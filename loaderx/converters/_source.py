@@ -201,7 +201,8 @@ def user_warning(text: str) -> None:
     """A warning attributed to the caller's line, not to loaderx's (the CLI
     prints it as one line naming the input)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    level, frame = 2, sys._getframe(1)  # stacklevel 2 is the frame that called this one
+    level = 2  # stacklevel 2 is the frame that called this one
+    frame: Any = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         level, frame = level + 1, frame.f_back
     warnings.warn(text, stacklevel=level)
@@ -251,7 +252,7 @@ class ImageColumn:
         counts: dict = {}
         for h in headers:
             counts[h.mode] = counts.get(h.mode, 0) + 1
-        extra = {"image_mode": mode, "image_modes": dict(sorted(counts.items()))}
+        extra: dict[str, Any] = {"image_mode": mode, "image_modes": dict(sorted(counts.items()))}
         if not complete:
             extra["images_probed"] = len(headers)
         _suggest_encoded(name, headers, mode, options.flags)
