@@ -251,3 +251,23 @@ def _tar_file(path, members) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
+
+
+def test_convert_image_column_flags(tmp_path):
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+    import io
+
+    def png(value: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("L", (4, 4), value).save(buf, format="PNG")
+        return buf.getvalue()
+
+    _tar_file(tmp_path / "t.tar", [(f"k{i}.png", png(i)) for i in range(3)])
+    out = run("convert", tmp_path / "t.tar", tmp_path / "a", "--image-column", "pixels", "-q")
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads((tmp_path / "a" / "loaderx.json").read_text())["columns"]) == [
+        "pixels", "key"]
+    out = run("convert", tmp_path / "t.tar", tmp_path / "b", "--image-per-extension", "--no-keys")
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads((tmp_path / "b" / "loaderx.json").read_text())["columns"]) == ["png"]
+    assert "DenseStore uint8[4, 4], stored as L (the first 3 images: L 3)" in out.stderr

@@ -840,6 +840,10 @@ def test_keys_labels_and_source_rows_of_an_image_folder(tmp_path):
     assert list(ds) == ["image", "label"]
     for v in ds.values():
         v.close()
+    # Appending images of other classes would give code 0 another name.
+    _save(tmp_path / "more" / "bird" / "0.png", "RGB", (4, 4), (1, 1, 1))
+    with pytest.raises(ConvertError, match=r"labels are \['cat', 'dog'\], the new data's \['bird'\]"):
+        loaderx.convert(tmp_path / "more", tmp_path / "d", mode="append", progress=False)
 
 
 def test_manifest_gives_each_source_file_its_rows(tmp_path, hf_dataset):

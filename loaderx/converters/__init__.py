@@ -371,7 +371,7 @@ def _fallback_note(spec: ColumnSpec) -> str:
 def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[ColumnSpec]:
     """For an append: a provisional dense column goes ragged at once when
     the dataset's column is ragged (equal-length rows appended to a column
-    of lists stay lists)."""
+    of lists stay lists), and label codes must mean the same names."""
     if existing is None or "columns" not in existing:
         return specs
     out = []
@@ -379,6 +379,12 @@ def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[Colum
         have = existing["columns"].get(s.name) or {}
         if s.kind == "dense" and s.provisional and have.get("kind") == "ragged":
             s = s.as_ragged()
+        names, had = s.extra.get("labels"), have.get("labels", have.get("class_names"))
+        if names is not None and had is not None and list(names) != list(had):
+            raise ConvertError(
+                f"column {s.name!r}: the dataset's labels are {had}, the new data's {names}; "
+                "appended, the same code would name another label"
+            )
         out.append(s)
     return out
 

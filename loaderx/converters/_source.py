@@ -296,18 +296,15 @@ class ImageColumn:
         mode = spec.extra.get("image_mode")
         if spec.decode != "image" or mode is None:
             return None
-        seen = ", ".join(f"{m} {n:,}" for m, n in spec.extra.get("image_modes", {}).items())
+        counts = ", ".join(f"{m} {n:,}" for m, n in spec.extra.get("image_modes", {}).items())
         probed = spec.extra.get("images_probed")
-        seen = f"{seen} in the first {probed:,}" if probed else seen
+        seen = f"the first {probed:,} images: {counts}" if probed else f"images: {counts}"
         if spec.kind == "dense":
-            return (
-                f"column {spec.name!r}: {spec.describe()}, images stored as {mode} "
-                f"(modes seen: {seen})"
-            )
+            return f"column {spec.name!r}: {spec.describe()}, stored as {mode} ({seen})"
         if mode == PER_IMAGE:
             return (
                 f"column {spec.name!r}: images of several sizes, RaggedStore, each in its "
-                f"own mode: (h, w) for L, (h, w, 2|3|4) for LA, RGB, RGBA (modes seen: {seen})"
+                f"own mode: (h, w) for L, (h, w, 2|3|4) for LA, RGB, RGBA ({seen})"
             )
         return f"column {spec.name!r}: images of several sizes, RaggedStore, all {mode}"
 
