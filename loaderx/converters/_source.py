@@ -101,9 +101,10 @@ class Source:
     def read(self, task: Any, specs: list[ColumnSpec], batch_bytes: int) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def describe(self, file_rows: list[int] | None = None) -> dict:
-        """The manifest's ``source``; `file_rows`: the rows read from each
-        file of the source's file list, in order (from `Batch.file`)."""
+    def describe(self, file_rows: list | None = None) -> dict:
+        """The manifest's ``source``; `file_rows`: ``[start, stop)`` in the
+        dataset of the rows read from each file of the source's ``files``
+        list, in order (counted from `Batch.file`), or None."""
         raise NotImplementedError
 
     def __getstate__(self) -> dict:
