@@ -2,9 +2,11 @@
 (also ``python -m loaderx``), and ``loaderx --version``.
 
 Long commands show a progress bar with rate and ETA on a terminal and plain
-periodic log lines otherwise; ``--quiet`` silences both. Exit codes: 0 ok, 1 a
-loaderx error (one line on stderr, no traceback), 2 a usage error, 130 when
-interrupted.
+periodic log lines otherwise; ``--quiet`` silences both. Warnings are one line
+on stderr naming the input. Exit codes: 0 ok, 1 a loaderx error (one line on
+stderr, no traceback), 2 a usage error, 130 when interrupted, 141 (as if
+killed by SIGPIPE, silently) when stdout is a pipe closed early
+(``loaderx info --json X | head``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -165,6 +168,7 @@ def _dataset_report(path: str) -> dict:
             reports = [store_report(s) for s in shards]
             total = _sum_reports(reports)
             total["shards"] = len(shards)
+            total.update(_column_facts(path, name, manifest["columns"][name]))
             columns[name] = total
     finally:
         for col in opened.values():
@@ -175,6 +179,63 @@ def _dataset_report(path: str) -> dict:
         "source": manifest.get("source"),
         "columns": columns,
     }
+
+
+def _column_facts(path: str, name: str, entry: dict) -> dict:
+    """What the manifest says of a column beyond its stores: label names,
+    the images' mode, a role (``key``)."""
+    from .dataset import labels
+
+    facts: dict = {}
+    names = labels(path, name)
+    if names is not None:
+        facts["labels"] = names
+    for key in ("image_mode", "image_modes", "role"):
+        if key in entry:
+            facts[key] = entry[key]
+    return facts
+
+
+def _source_files(source: dict) -> list[dict]:
+    """The manifest's source files as ``{"path", "rows"}`` (rows may be
+    missing: manifests before loaderx 0.2 listed names only, or a count)."""
+    files = source.get("files")
+    if not isinstance(files, list):
+        return []
+    out = []
+    for f in files:
+        if isinstance(f, str):
+            out.append({"path": f})
+        elif isinstance(f, dict) and isinstance(f.get("path"), str):
+            out.append(f)
+    return out
+
+
+_FILES_SHOWN = 20
+_LABELS_SHOWN = 10
+
+
+def _print_source(src: dict, indent: str) -> None:
+    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    files = _source_files(src)
+    for f in files[:_FILES_SHOWN]:
+        rows = f.get("rows")
+        span = f"rows {rows[0]:,}:{rows[1]:,}" if isinstance(rows, list) and len(rows) == 2 else ""
+        print(f"{indent}  {f['path']}  {span}".rstrip())
+    if len(files) > _FILES_SHOWN:
+        print(f"{indent}  ... {len(files) - _FILES_SHOWN:,} more files (--json lists them all)")
+
+
+def _print_facts(col: dict, indent: str) -> None:
+    if "labels" in col:
+        names = col["labels"]
+        shown = ", ".join(names[:_LABELS_SHOWN]) + (", ..." if len(names) > _LABELS_SHOWN else "")
+        print(f"{indent}{'labels:':<10} {shown} ({len(names):,} names; loaderx.labels(ds, name))")
+    if "image_mode" in col:
+        seen = ", ".join(f"{m} {n:,}" for m, n in (col.get("image_modes") or {}).items())
+        print(f"{indent}{'images:':<10} {col['image_mode']}" + (f" (seen: {seen})" if seen else ""))
+    if col.get("role") == "key":
+        print(f"{indent}{'role:':<10} key (where each row came from)")
 
 
 def _sum_reports(reports: list[dict]) -> dict:
@@ -212,9 +273,10 @@ def _print_dataset(report: dict, indent: str = "") -> None:
     src = report.get("source") or {}
     print(f"{indent}dataset:   {report['path']}")
     print(f"{indent}rows:      {report['rows']:,}")
-    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    _print_source(src, indent)
     for name, col in report["columns"].items():
         print(f"{indent}column {name!r}: {col['shards']} shard{'s' if col['shards'] != 1 else ''}")
+        _print_facts(col, indent + "  ")
         _print_store(col, indent + "  ")
 
 
@@ -265,6 +327,8 @@ def cmd_convert(args) -> int:
         allow_tiny_records=args.allow_tiny_records,
         batch_bytes=int(args.batch_mib * (1 << 20)),
         progress=_progress_mode(args),
+        keys=not args.no_keys,
+        image_column=None if args.image_per_extension else args.image_column,
         cli=True,
     )
     elapsed = time.perf_counter() - t0
@@ -273,7 +337,8 @@ def cmd_convert(args) -> int:
         return 0
     cols = ", ".join(
         f"{n} ({c['kind']} {c['dtype']}{c['item_shape'] if c['kind'] == 'dense' else ''}, "
-        f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
+        + (f"images {c['image_mode']}, " if "image_mode" in c else "")
+        + f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
         for n, c in manifest["columns"].items()
     )
     _say(
@@ -543,6 +608,23 @@ def _convert_parser(sub, quiet) -> None:
     )
     p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
     p.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="no 'key' column (a tar sample's __key__, an image's path under the folder)",
+    )
+    images = p.add_mutually_exclusive_group()
+    images.add_argument(
+        "--image-column",
+        default="image",
+        metavar="NAME",
+        help="WebDataset: the column of each sample's image, jpg, png, webp... (default image)",
+    )
+    images.add_argument(
+        "--image-per-extension",
+        action="store_true",
+        help="WebDataset: one column per image extension instead",
+    )
+    p.add_argument(
         "--batch-mib",
         type=_batch_mib,
         default=16.0,
@@ -561,7 +643,11 @@ def main(argv=None) -> int:
     from .errors import ZrecordError
 
     try:
-        return args.fn(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args)
+            return args.fn(args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"loaderx {args.cmd}: interrupted", file=sys.stderr)
         return 130
@@ -569,6 +655,28 @@ def main(argv=None) -> int:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1
+
+
+def _warning_printer(args):
+    """`warnings.showwarning` for the CLI: one line naming the input, never
+    the loaderx source line that raised it."""
+    where = getattr(args, "src", None) or getattr(args, "path", None)
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        prefix = f"{where}: " if where and not text.startswith(str(where)) else ""
+        print(f"loaderx {args.cmd}: warning: {prefix}{text}", file=sys.stderr)
+
+    return show
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix
+    tools killed by SIGPIPE do, with nothing left to flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, Zreco
 from .zrecord import DenseStore, RaggedStore, Zrecord
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
-           "DestinationExistsError", "MANIFEST_NAME"]
+           "labels", "DestinationExistsError", "MANIFEST_NAME"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
 MANIFEST_NAME = "loaderx.json"
@@ -284,6 +284,57 @@ def _open_column(root: str, name: str, shards: list) -> Any:
                 f"{s['rows']}; it was changed after it was written (run loaderx verify)",
                 path=shard_path)
     return opened
+
+
+def labels(dataset, column: str) -> list[str] | None:
+    """The label names of `column`, so that ``labels(ds, "label")[code]``
+    names the label `code`: an image folder's class folders, a Hugging Face
+    ``ClassLabel``'s names, a categorical column's categories. None for a
+    column without names. `dataset` is a dataset directory or the dict
+    `open_dataset` returned (a split's, for a converted ``DatasetDict``)."""
+    manifest, where = _manifest_of(dataset, column)
+    columns = manifest["columns"]
+    if column not in columns:
+        raise KeyError(f"{where}: no column {column!r}; the dataset has {list(columns)}")
+    entry = columns[column]
+    # "class_names" is what loaderx 0.1 manifests called them.
+    names = entry.get("labels", entry.get("class_names"))
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _manifest_error(where, f"column {column!r} has malformed 'labels'")
+    return list(names)
+
+
+def _manifest_of(dataset, column: str) -> tuple[dict, str]:
+    """(manifest, directory) of a dataset directory path or of the columns
+    `open_dataset` returned (found from the column's first shard)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        where = os.fspath(dataset)
+    elif isinstance(dataset, dict):
+        if column not in dataset:
+            raise KeyError(f"no column {column!r}; the dataset has {list(dataset)}")
+        store = dataset[column]
+        shards = getattr(store, "shards", None)
+        shard = os.path.abspath((shards[0] if shards else store).path)
+        where = os.path.dirname(os.path.dirname(shard))  # DEST/<column dir>/part-NNNNN
+        manifest = read_manifest(where) if os.path.isfile(os.path.join(where, MANIFEST_NAME)) \
+            else None
+        entry = (manifest or {}).get("columns", {}).get(column) or {}
+        first = (entry.get("shards") or [{}])[0].get("path")
+        if manifest is None or not isinstance(first, str) \
+                or os.path.join(where, first) != shard:
+            raise ValueError(f"column {column!r} ({shard}) was not opened from a dataset "
+                             "directory; give the directory's path")
+        return manifest, where
+    else:
+        raise TypeError(f"labels takes a dataset directory or the dict open_dataset returned, "
+                        f"not {type(dataset).__name__}")
+    manifest = read_manifest(where)
+    if "splits" in manifest:
+        raise ValueError(f"{where} holds the splits {list(manifest['splits'])}; give one "
+                         "split's directory")
+    return manifest, where
 
 
 def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,11 @@ a ``save_to_disk`` directory; an image folder (``class_name/*.jpg|png``);
 WebDataset ``.tar`` shards (a file or a directory of them). How columns map
 to stores is in ``loaderx.converters._columns`` (and the README).
 
+Provenance: tar samples and image files get a ``key`` column (the sample's
+``__key__``, the file's path under the folder) unless ``keys=False``; the
+manifest's ``source.files`` gives each source file its row range, and a
+column's ``labels`` its label names (`loaderx.labels`).
+
 Conversion streams in batches of about `batch_bytes`, so memory stays bounded
 whatever the input size. ``mode="create"`` refuses an existing destination;
 ``"append"`` adds shards to an existing dataset directory; ``"overwrite"``
@@ -25,16 +30,17 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-import warnings
 from typing import Any
 
+import numpy as np
+
 from ..dataset import MANIFEST_NAME, open_dataset
-from ..errors import DictionaryError, StoreNotFoundError
+from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
 from ._dest import Destination, safe_name, swap_into, write_json
 from ._progress import make_progress
-from ._run import StoreOptions, run_tasks, sample_records
-from ._source import Options, Source
+from ._run import StoreOptions, TaskResult, run_tasks, sample_records, settle_columns
+from ._source import ImageColumn, Options, Source, user_warning
 
 __all__ = [
     "convert",
@@ -65,6 +71,8 @@ def convert(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
@@ -83,6 +91,11 @@ def convert(
         allow_tiny_records: accept rows under 64 bytes (one record per value).
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
+        keys: keep a ``key`` column of where each row came from: a tar
+            sample's ``__key__``, an image's path under the folder.
+        image_column: WebDataset: the column of every sample's image, whatever
+            its extension (jpg, jpeg, png, webp, ...: one image per sample, as
+            webdataset's decoders read them); None for one column per extension.
     """
     convert_to_directory(
         source,
@@ -99,6 +112,8 @@ def convert(
         allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
+        keys=keys,
+        image_column=image_column,
     )
     return open_dataset(dest)
 
@@ -119,6 +134,8 @@ def convert_to_directory(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
     cli: bool = False,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
@@ -140,12 +157,16 @@ def convert_to_directory(
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
+    if image_column is not None and (not isinstance(image_column, str) or not image_column):
+        raise ValueError(f"image_column must be a column name or None, got {image_column!r}")
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
         keep_encoded=keep_encoded,
         row_length=row_length,
         flags=flags,
+        keys=bool(keys),
+        image_column=image_column,
     )
     job = {
         "codec": codec,
@@ -278,10 +299,13 @@ def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow
 
 
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
-    """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
+    """Each column's codec: its own if it names one, else `codec`, except raw
+    for dense records under 64 bytes."""
     return {
         s.name: (
-            "raw"
+            s.codec
+            if s.codec is not None
+            else "raw"
             if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
             else codec
         )
@@ -302,28 +326,97 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
             dicts[s.name] = train_dict(samples[s.name], tier="balanced")
             codecs[s.name] = "zstd_dict"
         except DictionaryError as e:
-            warnings.warn(f"column {s.name!r}: no dictionary ({e}); using plain zstd", stacklevel=4)
+            user_warning(f"column {s.name!r}: no dictionary ({e}); using plain zstd")
     return dicts
 
 
 def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -> dict:
-    specs = source.specs()
+    target = Destination(dest, mode, options.flags)
+    specs = _like_existing(source.specs(), target.existing)
     _check_tiny(source, specs, options, job["allow_tiny"])
     tasks = source.tasks(job["workers"])
     codecs = column_codecs(specs, job["codec"])
     dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
-    target = Destination(dest, mode, options.flags)
     target.begin(specs)
     try:
         paths = [{s.name: target.part_path(s.name, k) for s in specs} for k in range(len(tasks))]
         opts = StoreOptions(codecs, job["level"], dicts, job["batch_bytes"])
         with make_progress(job["progress"], source.progress_total(), "convert", source.unit) as bar:
-            rows = run_tasks(source, tasks, specs, paths, opts, bar)
-        rows = _drop_empty_parts(target, specs, rows, keep_one=target.mode != "append")
-        return target.commit(specs, codecs, rows, source.describe())
+            for note in filter(None, map(ImageColumn.note, specs)):
+                bar.note(note)
+            results = run_tasks(source, tasks, specs, paths, opts, bar)
+            settled = settle_columns(specs, paths, opts)
+            for before, after in zip(specs, settled):
+                if before.kind != after.kind:
+                    bar.note(_fallback_note(before))
+        _check_settled_append(target, settled)
+        rows = _drop_empty_parts(
+            target, settled, [r.rows for r in results], keep_one=target.mode != "append"
+        )
+        first = target.existing["rows"] if target.mode == "append" and target.existing else 0
+        described = source.describe(_file_rows(results, first, len(getattr(source, "files", []))))
+        return target.commit(settled, codecs, rows, described)
     except BaseException:
         target.abort()
         raise
+
+
+def _fallback_note(spec: ColumnSpec) -> str:
+    return (
+        f"column {spec.name!r}: a row has another shape than the first rows' "
+        f"{spec.item_shape}, so the column is a RaggedStore"
+    )
+
+
+def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[ColumnSpec]:
+    """For an append: a provisional dense column goes ragged at once when
+    the dataset's column is ragged (equal-length rows appended to a column
+    of lists stay lists), and label codes must mean the same names."""
+    if existing is None or "columns" not in existing:
+        return specs
+    out = []
+    for s in specs:
+        have = existing["columns"].get(s.name) or {}
+        if s.kind == "dense" and s.provisional and have.get("kind") == "ragged":
+            s = s.as_ragged()
+        names, had = s.extra.get("labels"), have.get("labels", have.get("class_names"))
+        if names is not None and had is not None and list(names) != list(had):
+            raise ConvertError(
+                f"column {s.name!r}: the dataset's labels are {had}, the new data's {names}; "
+                "appended, the same code would name another label"
+            )
+        out.append(s)
+    return out
+
+
+def _check_settled_append(target: Destination, settled: list[ColumnSpec]) -> None:
+    """An append whose provisional column fell back to ragged cannot join a
+    dataset whose column is dense."""
+    if target.mode != "append" or target.existing is None:
+        return
+    for s in settled:
+        have = target.existing["columns"].get(s.name) or {}
+        if have.get("kind") == "dense" and s.kind != "dense":
+            raise IdentityError(
+                f"{target.dest}: column {s.name!r} holds kind=dense rows of shape "
+                f"{tuple(have.get('item_shape') or ())}, but some new rows have other shapes; "
+                "nothing was appended",
+                path=target.dest,
+            )
+
+
+def _file_rows(results: list[TaskResult], first: int, count: int) -> list | None:
+    """``[start, stop)`` of each of the source's `count` files in the
+    dataset's row numbers (an append starts at `first`), from what the tasks
+    read; None for a source that is not a list of files."""
+    if not count:
+        return None
+    rows = [0] * count
+    for r in results:
+        for file, n in r.files:
+            rows[file] += n
+    ends = np.cumsum(rows) + first
+    return [[int(end - n), int(end)] for n, end in zip(rows, ends)]
 
 
 def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: bool) -> list[int]:
