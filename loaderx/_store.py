@@ -280,6 +280,7 @@ class Store:
             check(lib.lx_info(self._handle, info), self._path)
             self._codec = _lib.CODEC_NAMES[info.codec]
             self._level = int(info.level)
+            self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
@@ -352,6 +353,11 @@ class Store:
     @property
     def level(self) -> int:
         return self._level
+
+    @property
+    def format_version(self) -> int:
+        """The on-disk format version the store is written in (``loaderx info`` shows it)."""
+        return self._format_version
 
     @property
     def closed(self) -> bool:

@@ -616,8 +616,8 @@ pub export fn lx_train_dict(
 /// zstd, 2 zstd with the dictionary `dict`, trained or raw content; dict_len 0
 /// for none), and must decode to exactly `dst_sizes[i]` bytes; the records are
 /// laid end to end in `dst[0..dst_len]`. On a record that does not,
-/// `*bad_index` is its index. Errors: corrupt, bad_dictionary, invalid,
-/// out_of_memory.
+/// `*bad_index` is its index and the message says why. Errors: corrupt,
+/// bad_dictionary, invalid, out_of_memory.
 pub export fn lx_decode_frames(
     src: ?[*]const u8,
     src_len: u64,
@@ -659,9 +659,7 @@ pub export fn lx_decode_frames(
         &why,
     ) catch |e| switch (e) {
         error.Corrupt => {
-            diag.set("record {d} does not decode to its {d} bytes: {s}", .{
-                bad_index.*, ds[@intCast(bad_index.*)], why,
-            });
+            diag.set("{s}", .{why});
             return @backingInt(Result.corrupt);
         },
         error.BadDictionary => {

@@ -27,6 +27,10 @@ class Options:
     keep_encoded: bool = False
     row_length: int | None = None
     flags: Flags = field(default_factory=Flags)
+    #: What the records of a store of the original loaderx are, where its
+    #: schema.msgpack cannot be read (see _original_src).
+    dtype: Any = None
+    item_shape: Any = None
 
 
 @dataclass
@@ -64,6 +68,11 @@ class Source:
 
     def describe(self) -> dict:
         raise NotImplementedError
+
+    def dictionaries(self, codecs: dict) -> dict:
+        """Dictionaries the source brings for its columns (``{column: bytes}``),
+        setting those columns' codec to zstd_dict; most sources have none."""
+        return {}
 
     def __getstate__(self) -> dict:
         # Open handles stay behind: each process opens its own.
