@@ -374,17 +374,30 @@ pub fn decodeFrames(
                 continue;
             },
             1 => ZSTD_decompressDCtx(lease.ctx, out.ptr, out.len, in.ptr, in.len),
-            2 => ZSTD_decompress_usingDDict(lease.ctx, out.ptr, out.len, in.ptr, in.len, ddict orelse {
-                why.* = "it needs the dictionary, and there is none";
-                return error.Corrupt;
-            }),
+            2 => blk: {
+                const d = ddict orelse {
+                    why.* = "it needs the dictionary, and there is none";
+                    return error.Corrupt;
+                };
+                break :blk ZSTD_decompress_usingDDict(
+                    lease.ctx,
+                    out.ptr,
+                    out.len,
+                    in.ptr,
+                    in.len,
+                    d,
+                );
+            },
             else => {
                 why.* = "its codec is unknown";
                 return error.Corrupt;
             },
         };
         if (ZSTD_isError(n) != 0 or n != out.len) {
-            why.* = if (ZSTD_isError(n) != 0) ZSTD_getErrorName(n) else "the frame is shorter than the record";
+            why.* = if (ZSTD_isError(n) != 0)
+                ZSTD_getErrorName(n)
+            else
+                "the frame is shorter than the record";
             return error.Corrupt;
         }
     }
@@ -491,13 +504,25 @@ test "decodeFrames decodes stored records end to end and names the first bad one
     try std.testing.expectEqualSlices(u8, &a, out[505..]);
     // A frame that decodes to more bytes than its record says, a stored range
     // past the end, a dictionary record with no dictionary, a damaged frame.
-    try std.testing.expectError(error.Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{ 499, 5, 300 }, "", &bad, &why));
+    const Corrupt = error.Corrupt;
+    const expectError = std.testing.expectError;
+    const end = src.len - 2;
+    const o10 = out[0..10];
+    try expectError(Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{
+        499, 5, 300,
+    }, "", &bad, &why));
     try std.testing.expectEqual(@as(u64, 0), bad);
-    try std.testing.expectError(error.Corrupt, decodeFrames(&src, &.{ 0, src.len - 2 }, &.{ 5, 5 }, &.{ 0, 0 }, out[0..10], &.{ 5, 5 }, "", &bad, &why));
+    try expectError(Corrupt, decodeFrames(&src, &.{ 0, end }, &.{ 5, 5 }, &.{ 0, 0 }, o10, &.{
+        5, 5,
+    }, "", &bad, &why));
     try std.testing.expectEqual(@as(u64, 1), bad);
-    try std.testing.expectError(error.Corrupt, decodeFrames(&src, &.{5}, &.{na}, &.{2}, out[0..300], &.{300}, "", &bad, &why));
+    try expectError(Corrupt, decodeFrames(&src, &.{5}, &.{na}, &.{2}, out[0..300], &.{
+        300,
+    }, "", &bad, &why));
     src[5 + na + 2] ^= 0xFF;
-    try std.testing.expectError(error.Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{ 500, 5, 300 }, "", &bad, &why));
+    try expectError(Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{
+        500, 5, 300,
+    }, "", &bad, &why));
     try std.testing.expectEqual(@as(u64, 0), bad);
     try std.testing.expect(std.mem.span(why).len > 0);
 }
