@@ -14,12 +14,13 @@
 #   test    the suite under PYTHON_GIL=0 (the log is $FT/pytest.log)
 #   bench   the bench's loader and dense layers (--size tiny unless BENCH_SIZE is set)
 # Environment: FT (default /work/ft), SUITE (default sid), JOBS (default 2),
-#   PYTEST_ARGS (default -q), BENCH_SIZE (default tiny).
-# Needs root (apt) for `source`; the build dependencies are the usual CPython ones
-# (gcc, make, libssl-dev, zlib1g-dev, libffi-dev, libbz2-dev, liblzma-dev, libsqlite3-dev,
-# libreadline-dev, uuid-dev); run `apt-get build-dep`-free on purpose: sid's exact
-# build dependencies are newer than bookworm's, and an ordinary ./configure does not
-# need them.
+#   PYTEST_ARGS (default -q), BENCH_SIZE (default tiny), PYTHON_SRC (a CPython
+#   3.14 source tree or .tar.xz/.tgz to build instead of Debian's source package,
+#   for a mirror that serves sid's package lists but not its python3.14 sources).
+# Needs root (apt). `build` installs the usual CPython build dependencies from the
+# machine's own suite (BUILD_DEPS below; libzstd-dev gives 3.14 its compression.zstd);
+# not `apt-get build-dep`: sid's exact build dependencies are newer than bookworm's,
+# and an ordinary ./configure does not need them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,7 +36,14 @@ log() { printf '[freethreaded] %s\n' "$*" >&2; }
 
 step_source() {
     mkdir -p "$FT/src"
-    if ! ls "$FT"/src/python3.14-*/configure >/dev/null 2>&1; then
+    if [ -n "${PYTHON_SRC:-}" ]; then
+        if [ -d "$PYTHON_SRC" ]; then
+            ln -sfn "$(cd "$PYTHON_SRC" && pwd)" "$FT/src/python3.14-given"
+        else
+            mkdir -p "$FT/src/python3.14-given"
+            tar -xf "$PYTHON_SRC" -C "$FT/src/python3.14-given" --strip-components=1
+        fi
+    elif ! ls "$FT"/src/python3.14-*/configure >/dev/null 2>&1; then
         if [ ! -f "$SRC_LIST" ]; then
             log "adding deb-src for $SUITE in $SRC_LIST"
             cat >"$SRC_LIST" <<EOF
@@ -54,19 +62,39 @@ EOF
         # Download only, then unpack without Debian's patches: they adapt the tree to
         # Debian's multiarch install layout and debian/rules' flags, while this is an
         # ordinary private-prefix build of the upstream sources.
-        apt-get source --download-only python3.14
+        if ! apt-get source --download-only python3.14; then
+            log "apt-get source python3.14 failed: the $SUITE index lists it, but its files"
+            log "could not be downloaded (above). Give a CPython 3.14 source tree or tarball"
+            log "instead: PYTHON_SRC=/path/to/Python-3.14.x.tar.xz $0"
+            exit 1
+        fi
         dsc="$(ls -1 python3.14_*.dsc | sort -V | tail -n1)"
         dpkg-source --skip-patches -x "$dsc"
     fi
+    src_dir
+}
+
+src_dir() {
     ls -d "$FT"/src/python3.14-*/ | sort -V | tail -n1
 }
 
+BUILD_DEPS=(gcc make pkg-config libssl-dev zlib1g-dev libffi-dev libbz2-dev liblzma-dev
+    libsqlite3-dev libreadline-dev uuid-dev libzstd-dev libgdbm-dev libexpat1-dev)
+
 step_build() {
     local src
-    src="$(ls -d "$FT"/src/python3.14-*/ | sort -V | tail -n1)"
+    src="$(src_dir)"
     if [ -x "$PREFIX/bin/python3.14t" ]; then
         log "already built: $PREFIX/bin/python3.14t"
         return
+    fi
+    local need=()
+    for pkg in "${BUILD_DEPS[@]}"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    if [ "${#need[@]}" -gt 0 ]; then
+        log "installing build dependencies: ${need[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}"
     fi
     mkdir -p "$FT/build"
     cd "$FT/build"
@@ -139,7 +167,7 @@ step_bench() {
     cd "$ROOT"
     for layer in loader dense; do
         PYTHON_GIL=0 PYTHONPATH="$ROOT" "${NICE[@]}" "$VENV/bin/python" scripts/bench.py "$layer" \
-            --size "${BENCH_SIZE:-tiny}" --venvs none --json "$FT/bench-$layer.json" 2>&1 | tee "$FT/bench-$layer.log"
+            --size "${BENCH_SIZE:-tiny}" --venvs off --json "$FT/bench-$layer.json" 2>&1 | tee "$FT/bench-$layer.log"
     done
 }
 
