@@ -36,6 +36,7 @@ from .errors import (
     IdentityError,
     InvalidArgumentError,
     LockedError,
+    NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
 )
@@ -270,6 +271,10 @@ class Store:
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
                          fixed_size if create_codec == "raw" else 0, out)
+        if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
+            raise NotAStoreError(f"{self._path} is a store written by the original loaderx "
+                                 "(0.9.x/1.7.x), read only to convert it: loaderx.convert(path, "
+                                 "dest) or `loaderx convert PATH DEST`", path=self._path)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
         # This store as a one-part index space for the gathers (a call holds

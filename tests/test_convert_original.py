@@ -20,7 +20,7 @@ import loaderx
 from loaderx import DenseStore, RaggedStore, Zrecord
 from loaderx.converters import ConvertError
 from loaderx.dataset import read_manifest
-from loaderx.errors import CorruptStoreError
+from loaderx.errors import CorruptStoreError, NotAStoreError
 
 Z = zstd()
 needs_zstd = pytest.mark.skipif(
@@ -282,3 +282,10 @@ def test_a_loaderx_store_is_not_taken_for_an_original_one(tmp_path):
         s.append(np.zeros((3, 2), np.int32))
     out = _cli("info", str(tmp_path / "s"))
     assert out.returncode == 0 and "loaderx store format 2" in out.stdout
+
+
+def test_opening_an_original_store_says_to_convert_it(tmp_path):
+    write_store(tmp_path / "old", [b"abcd"] * 3)
+    for opener in (loaderx.open_store, Zrecord, DenseStore):
+        with pytest.raises(NotAStoreError, match=r"written by the original loaderx .*convert"):
+            opener(tmp_path / "old")
