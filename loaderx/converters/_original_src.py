@@ -172,9 +172,10 @@ class OriginalSource(Source):
     """One store of the original loaderx, as one column named after its directory."""
 
     kind = "loaderx-original"
-    _open_layout = None
-    _open_chunks = None
-    _open_dict = None
+    # Opened per process, never pickled (Source.__getstate__ leaves _open* behind).
+    _open_layout: _Layout | None = None
+    _open_chunks: dict[int, np.ndarray] | None = None
+    _open_dict: bytes | None = None
 
     def __init__(self, path: str, options: Options):
         super().__init__(options)
@@ -334,7 +335,7 @@ class OriginalSource(Source):
     def _chunk(self, cid: int) -> np.ndarray:
         if self._open_chunks is None:
             self._open_chunks = {}
-        arr = self._open_chunks.get(cid)
+        arr: np.ndarray | None = self._open_chunks.get(cid)
         if arr is None:
             file = os.path.join(self.path, chunk_name(cid))
             with open(file, "rb") as f:
@@ -460,10 +461,6 @@ class OriginalSource(Source):
         return {"type": "loaderx-original", "path": self.path, "format_version": self.version,
                 "schema": self.schema["kind"]}
 
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_open_layout"] = state["_open_chunks"] = state["_open_dict"] = None
-        return state
 
 
 def _release_pages(src: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
