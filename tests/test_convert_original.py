@@ -84,6 +84,16 @@ def test_ragged_without_row_shape_gives_one_dimensional_records(tmp_path):
     assert [g.tolist() for g in got] == [d.tolist() for d in docs]
 
 
+def test_schema_strings_written_as_msgpack_bin_are_read(tmp_path):
+    import msgpack
+
+    write_store(tmp_path / "old", [np.full(20, i, np.int32).tobytes() for i in range(3)])
+    (tmp_path / "old" / "schema.msgpack").write_bytes(msgpack.packb(
+        {b"kind": b"dense", b"dtype": b"int32", b"shape": [4, 5]}, use_bin_type=True))
+    col = _only(loaderx.convert(tmp_path / "old", tmp_path / "new", progress=False))
+    assert col.item_shape == (4, 5) and col[2].tolist() == [[2] * 5] * 4
+
+
 @needs_zstd
 def test_bytes_store_keeps_its_trained_dictionary_at_level_19(tmp_path):
     records = [json.dumps({"id": i, "user": f"name{i % 50}", "tags": ["a", "b"][: i % 3]}).encode()

@@ -136,6 +136,7 @@ def _read_schema(path: str) -> tuple[dict | None, str | None]:
         return None, f"not readable msgpack ({type(e).__name__}: {e})"
     if not isinstance(raw, dict):
         return None, f"holds a {type(raw).__name__}, not a map"
+    raw = {_text(k): _text(v) for k, v in raw.items()}
     kind = raw.get("kind", raw.get("type"))
     if kind not in ("dense", "ragged", "bytes"):
         return None, f"kind is {kind!r}, not 'dense' or 'ragged'"
@@ -147,6 +148,11 @@ def _read_schema(path: str) -> tuple[dict | None, str | None]:
     except (TypeError, ValueError) as e:
         return None, str(e)
     return {"kind": kind, "dtype": dtype, "shape": shape}, None
+
+
+def _text(value: Any) -> Any:
+    """msgpack bin values (a writer's choice for short strings) as str."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _dtype(value: Any) -> np.dtype:
@@ -455,6 +461,8 @@ class OriginalSource(Source):
         if kind == "dense":
             return values.reshape((b - a,) + shape)
         row = self._row_bytes()
+        if row == 0:  # rows of zero bytes: the checks let only empty records through
+            return Packed(np.zeros((0,) + shape, dtype), np.zeros(b - a + 1, np.int64))
         return Packed(values.reshape((-1,) + shape), splits // row)
 
     def describe(self) -> dict:
