@@ -7,6 +7,11 @@
 # python3.14; sid (unstable) does, trixie does not, so a deb-src line for sid is
 # added in its own file (sources only: no sid binary package can be installed by it).
 #
+# On the machine this was written on (2026-12), the Debian mirror served sid's
+# Sources index (python3.14 3.14.9-1 and 3.14.10-1) but answered 404 for their
+# files, so `source` stops with that message; PYTHON_SRC takes any CPython 3.14
+# source tree or tarball instead, and the later steps are the same.
+#
 # Usage: scripts/freethreaded.sh [all|source|build|venv|test|bench]   (default: all)
 #   source  add the deb-src line, `apt-get source python3.14` into $FT/src
 #   build   ./configure --disable-gil && make -j2 && make install into $FT/python3.14t
