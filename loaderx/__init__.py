@@ -12,7 +12,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.converters import convert
     from loaderx.dataloader import DataLoader
 """
-__version__ = "0.1.0"
+__version__ = "3.0.0"
 
 from .converters import convert
 from .dataloader import DataLoader

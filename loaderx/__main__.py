@@ -83,6 +83,7 @@ def store_report(store) -> dict:
         "kind": store.kind,
         "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if store.item_shape is not None else None,
+        "format_version": store.format_version,
         "codec": store.codec,
         "level": store.level,
         "dictionary_bytes": len(dictionary) if dictionary else 0,
@@ -123,6 +124,7 @@ def _print_store(r: dict, indent: str = "") -> None:
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
     lines = [
         ("kind", f"{r['kind']} ({shape})"),
+        ("format", f"loaderx store format {r['format_version']}"),
         (
             "codec",
             f"{r['codec']}"
@@ -175,6 +177,7 @@ def _dataset_report(path: str) -> dict:
             col.close()
     return {
         "path": os.path.abspath(path),
+        "manifest_version": manifest["version"],
         "rows": manifest["rows"],
         "source": manifest.get("source"),
         "columns": columns,
@@ -272,6 +275,7 @@ def _print_dataset(report: dict, indent: str = "") -> None:
         return
     src = report.get("source") or {}
     print(f"{indent}dataset:   {report['path']}")
+    print(f"{indent}format:    loaderx dataset manifest version {report['manifest_version']}")
     print(f"{indent}rows:      {report['rows']:,}")
     _print_source(src, indent)
     for name, col in report["columns"].items():
@@ -280,9 +284,40 @@ def _print_dataset(report: dict, indent: str = "") -> None:
         _print_store(col, indent + "  ")
 
 
+def _original_info(args) -> int:
+    """`info` on a store written by the original loaderx: what it is and the
+    command that converts it (it is not read in place)."""
+    from .converters._original_src import original_summary
+
+    r = original_summary(args.path)
+    r["convert"] = f"loaderx convert {args.path} DEST"
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    shape = f"{r['dtype']}{r['shape']}" if r["dtype"] else "bytes"
+    codecs = ", ".join(f"{n:,} {c}" for c, n in r["codecs"].items()) or "none"
+    for key, value in (
+        ("path", r["path"]),
+        ("layout", f"a store of the original loaderx (0.9.x/1.7.x), format version "
+                   f"{r['format_version']}; loaderx reads it only to convert it"),
+        ("kind", f"{r['kind']} ({shape}); converts to a {r['becomes']}"),
+        ("records", f"{r['records']:,} in {r['chunks']} chunk file{'s' * (r['chunks'] != 1)} "
+                    f"({codecs})"),
+        ("payload", _fmt_bytes(r["payload_bytes"])),
+        ("stored", f"{_fmt_bytes(r['stored_bytes'])}, dictionary "
+                   f"{_fmt_bytes(r['dictionary_bytes']) if r['dictionary_bytes'] else 'none'}"),
+        ("convert", f"{r['convert']}   (then open DEST with loaderx.open_dataset)"),
+    ):
+        print(f"{key + ':':<10} {value}")
+    return 0
+
+
 def cmd_info(args) -> int:
+    from .converters._original_src import is_original_store
     from .dataset import open_store
 
+    if is_original_store(args.path):
+        return _original_info(args)
     if os.path.isfile(os.path.join(args.path, "loaderx.json")):
         report = _dataset_report(args.path)
         if args.json:
@@ -330,6 +365,8 @@ def cmd_convert(args) -> int:
         keys=not args.no_keys,
         image_column=None if args.image_per_extension else args.image_column,
         cli=True,
+        dtype=args.dtype,
+        item_shape=args.item_shape,
     )
     elapsed = time.perf_counter() - t0
     if "splits" in manifest:
@@ -355,7 +392,14 @@ def cmd_convert(args) -> int:
 
 def _stores_of(path: str) -> tuple[list, list]:
     """(stores, things to close) for a store path or a dataset directory."""
+    from .converters._original_src import is_original_store
     from .dataset import open_dataset, open_store
+    from .errors import NotAStoreError
+
+    if is_original_store(path):
+        raise NotAStoreError(f"{path} is a store written by the original loaderx (0.9.x/1.7.x), "
+                             f"which loaderx reads only to convert it: loaderx convert {path} DEST",
+                             path=path)
 
     if os.path.isfile(os.path.join(path, "loaderx.json")):
         opened = open_dataset(path)
@@ -394,7 +438,31 @@ def _each_store(args, label: str, action) -> tuple:
     return records, before, after, time.perf_counter() - t0, len(stores)
 
 
+def _original_verify(args) -> int:
+    """`verify` on a store written by the original loaderx: every entry and
+    every frame decoded, then the command that converts it."""
+    from .converters._original_src import OriginalSource
+    from .converters._progress import make_progress
+    from .converters._source import Options
+
+    t0 = time.perf_counter()
+    src = OriginalSource(args.path, Options())
+    with make_progress(_progress_mode(args), float(src.rows), "verify", "records") as bar:
+        for start in range(0, src.rows, 4096):
+            src.read_all(start, min(start + 4096, src.rows))
+            bar.update(min(4096, src.rows - start))
+    src._close()
+    _say(args, f"ok: {src.rows:,} records of a store written by the original loaderx (format "
+               f"version {src.version}) verified in {time.perf_counter() - t0:.2f} s; convert "
+               f"it with: loaderx convert {args.path} DEST")
+    return 0
+
+
 def cmd_verify(args) -> int:
+    from .converters._original_src import is_original_store
+
+    if is_original_store(args.path):
+        return _original_verify(args)
     records, _, _, dt, count = _each_store(args, "verify", lambda s: s.verify())
     _say(
         args,
@@ -580,13 +648,16 @@ def _convert_parser(sub, quiet) -> None:
         parents=[quiet],
         help="convert data into a loaderx dataset directory",
         description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png) or "
-        "WebDataset .tar shards. DST: a new dataset directory.",
+        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
+        "WebDataset .tar shards or a store written by the original loaderx 0.9.x/1.7.x "
+        "(meta.zr). DST: a new dataset directory.",
     )
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--codec", default="zstd", choices=["raw", "zstd"])
-    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument(
+        "--level", type=int, default=None, help="zstd level (default 3; 19 with a dictionary)"
+    )
     p.add_argument(
         "--dict", action="store_true", help="train a zstd dictionary per column (small records)"
     )
@@ -630,7 +701,22 @@ def _convert_parser(sub, quiet) -> None:
         default=16.0,
         help="MiB read and written at a time (default 16)",
     )
+    p.add_argument("--dtype", default=None, help="an original loaderx store's record dtype "
+                   "(where its schema.msgpack cannot be read)")
+    p.add_argument("--item-shape", type=_shape, default=None,
+                   help="with --dtype: dense records of this shape, e.g. 3,32,32 ('' for scalars)")
     p.set_defaults(fn=cmd_convert)
+
+
+def _shape(text: str) -> tuple:
+    """--item-shape: comma-separated non-negative ints ('' for a scalar)."""
+    try:
+        dims = tuple(int(d) for d in text.replace(" ", "").split(",") if d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"dimensions must be >= 0, got {text!r}")
+    return dims
 
 
 def main(argv=None) -> int:

@@ -94,6 +94,7 @@ int lx_stats(lx_store *, lx_stats_t *);
 int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
+int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);
 int lx_sampler_fill(uint64_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
 int lx_mixture_step_max(const lx_source_t *, uint32_t, uint64_t, uint64_t *);
 int lx_mixture_cursors(const lx_source_t *, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t, lx_cursor_t *);

@@ -77,8 +77,8 @@ comptime {
     std.debug.assert(@sizeOf(usize) == 8);
 }
 
-pub const version_major = 0;
-pub const version_minor = 1;
+pub const version_major = 3;
+pub const version_minor = 0;
 pub const version_patch = 0;
 
 /// lx_result: every code a function here can return.
@@ -202,7 +202,7 @@ pub export fn lx_last_error() [*:0]const u8 {
 /// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
 /// missing store is created (with any missing parent directories) with
 /// `codec` (Codec: raw, zstd, zstd_dict), `level` (zstd level; 0 = default
-/// 3), dictionary `dict` (required for zstd_dict, refused otherwise) and the
+/// 3; 19 for zstd_dict), dictionary `dict` (zstd_dict only, required) and the
 /// opaque `user` blob (the typed identity); these are ignored when the store
 /// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
 /// every record exactly that many bytes, found by arithmetic instead of a
@@ -236,7 +236,12 @@ pub export fn lx_open(
     const s = Store.open(gpa, std.mem.span(p), .{
         .create = create != 0,
         .codec = c,
-        .level = if (level == 0) codec.level_default else level,
+        .level = if (level != 0)
+            level
+        else if (c == .zstd_dict)
+            codec.level_default_dict
+        else
+            codec.level_default,
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
         .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
         .fixed_size = fixed_size,
@@ -602,6 +607,68 @@ pub export fn lx_train_dict(
     ) catch {
         diag.set("zstd could not train a dictionary: {s}", .{why});
         return @backingInt(Result.bad_dictionary);
+    };
+    return 0;
+}
+
+/// Decodes `count` records stored by another writer (the original package's
+/// stores, read by `loaderx convert`): record i is the `src_sizes[i]` bytes at
+/// `src_offsets[i]` of `src[0..src_len]`, stored with `codecs[i]` (0 raw, 1
+/// zstd, 2 zstd with the dictionary `dict`, trained or raw content; dict_len 0
+/// for none), and must decode to exactly `dst_sizes[i]` bytes; the records are
+/// laid end to end in `dst[0..dst_len]`. On a record that does not,
+/// `*bad_index` is its index and the message says why. Errors: corrupt,
+/// bad_dictionary, invalid, out_of_memory.
+pub export fn lx_decode_frames(
+    src: ?[*]const u8,
+    src_len: u64,
+    src_offsets: ?[*]const u64,
+    src_sizes: ?[*]const u64,
+    codecs: ?[*]const u8,
+    count: u64,
+    dst: ?[*]u8,
+    dst_len: u64,
+    dst_sizes: ?[*]const u64,
+    dict: ?[*]const u8,
+    dict_len: u64,
+    bad_index: *u64,
+) c_int {
+    diag.clear();
+    bad_index.* = std.math.maxInt(u64);
+    if (count == 0) return 0;
+    const n: usize = @intCast(count);
+    const offs = (src_offsets orelse return invalid("src_offsets is null", .{}))[0..n];
+    const ss = (src_sizes orelse return invalid("src_sizes is null", .{}))[0..n];
+    const cs = (codecs orelse return invalid("codecs is null", .{}))[0..n];
+    const ds = (dst_sizes orelse return invalid("dst_sizes is null", .{}))[0..n];
+    const d = dst orelse return invalid("dst is null", .{});
+    if (src_len > 0 and src == null) return invalid("src is null", .{});
+    if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
+    var total: u64 = 0;
+    for (ds) |x| total = std.math.add(u64, total, x) catch return invalid("sizes overflow", .{});
+    if (total != dst_len) return invalid("dst_sizes add up to {d}, not {d}", .{ total, dst_len });
+    var why: [*:0]const u8 = "";
+    codec.decodeFrames(
+        if (src) |p| p[0..@intCast(src_len)] else &.{},
+        offs,
+        ss,
+        cs,
+        d[0..@intCast(dst_len)],
+        ds,
+        if (dict) |p| p[0..@intCast(dict_len)] else &.{},
+        bad_index,
+        &why,
+    ) catch |e| switch (e) {
+        error.Corrupt => {
+            diag.set("{s}", .{why});
+            return @backingInt(Result.corrupt);
+        },
+        error.BadDictionary => {
+            diag.set("zstd cannot use the dictionary ({d} bytes)", .{dict_len});
+            return @backingInt(Result.bad_dictionary);
+        },
+        error.OutOfMemory => return @backingInt(Result.out_of_memory),
+        error.BadLevel => unreachable, // decoding sets no level
     };
     return 0;
 }

@@ -10,7 +10,8 @@ writes one store per column (a `ShardSet` of shard stores with
 Sources: a ``.npy`` / ``.npz`` file or a dict of arrays; Parquet, Arrow IPC
 and Feather files or directories; a ``datasets.Dataset`` / ``DatasetDict`` or
 a ``save_to_disk`` directory; an image folder (``class_name/*.jpg|png``);
-WebDataset ``.tar`` shards (a file or a directory of them). How columns map
+WebDataset ``.tar`` shards (a file or a directory of them); a store written by
+the original loaderx 0.9.x/1.7.x (``meta.zr``, see ``_original_src``). How columns map
 to stores is in ``loaderx.converters._columns`` (and the README).
 
 Provenance: tar samples and image files get a ``key`` column (the sample's
@@ -60,7 +61,7 @@ def convert(
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns: list | None = None,
     workers: int | None = None,
@@ -73,6 +74,8 @@ def convert(
     progress=None,
     keys: bool = True,
     image_column: str | None = "image",
+    dtype=None,
+    item_shape=None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
@@ -81,8 +84,9 @@ def convert(
         codec: ``"zstd"`` or ``"raw"`` for every column; dense columns whose
             records are under 64 bytes are always stored raw (compressing them
             cannot pay, and a raw dense store needs only 4 bytes of index per record).
-        level: zstd level. dict: train one zstd dictionary per column on a
-            sample of its first records (``zstd_dict``), for small records.
+        level: zstd level (None: 3, and 19 for zstd_dict columns). dict: train
+            one zstd dictionary per column on a sample of its first records
+            (``zstd_dict``), for small records.
         columns / skip_columns: names to convert / to leave out.
         workers: processes; each writes one shard store per column.
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
@@ -96,6 +100,8 @@ def convert(
         image_column: WebDataset: the column of every sample's image, whatever
             its extension (jpg, jpeg, png, webp, ...: one image per sample, as
             webdataset's decoders read them); None for one column per extension.
+        dtype / item_shape: what the records of a store written by the original
+            loaderx are, where its schema.msgpack cannot be read.
     """
     convert_to_directory(
         source,
@@ -114,6 +120,8 @@ def convert(
         progress=progress,
         keys=keys,
         image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
     )
     return open_dataset(dest)
 
@@ -123,7 +131,7 @@ def convert_to_directory(
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns=None,
     workers=None,
@@ -137,6 +145,8 @@ def convert_to_directory(
     keys: bool = True,
     image_column: str | None = "image",
     cli: bool = False,
+    dtype=None,
+    item_shape=None,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
     flags = Flags(cli=cli)
@@ -150,7 +160,7 @@ def convert_to_directory(
     if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
         # zstd reads 0 as "the default"; a store records the level it used,
         # so 0 is refused rather than stored as 3 behind the caller's back.
-        raise ValueError(f"level must be a non-zero int zstd level or None (3), got {level!r}")
+        raise ValueError(f"level must be a non-zero int zstd level or None, got {level!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
@@ -167,6 +177,8 @@ def convert_to_directory(
         flags=flags,
         keys=bool(keys),
         image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
     )
     job = {
         "codec": codec,
@@ -226,7 +238,16 @@ def open_source(source: Any, options: Options) -> Source:
     from ._arrow_src import ArrowSource, HFDatasetSource, arrow_files
     from ._files_src import ImageFolderSource, WebDatasetSource, tar_files
     from ._numpy_src import NumpySource
+    from ._original_src import OriginalSource, is_original_store
 
+    original = isinstance(source, (str, os.PathLike)) and is_original_store(os.fspath(source))
+    if (options.dtype is not None or options.item_shape is not None) and not original:
+        raise ConvertError(
+            f"{options.flags.opt('dtype', '...')} and {options.flags.opt('item_shape', '...')} "
+            "apply to stores written by the original loaderx (a directory with meta.zr)"
+        )
+    if original:
+        return OriginalSource(os.fspath(source), options)
     if _is_hf(source, "Dataset"):
         return HFDatasetSource(source, options)
     if isinstance(source, dict):
@@ -336,7 +357,10 @@ def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -
     _check_tiny(source, specs, options, job["allow_tiny"])
     tasks = source.tasks(job["workers"])
     codecs = column_codecs(specs, job["codec"])
-    dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
+    if job["dict"]:
+        dicts = _train_dicts(source, tasks[0], specs, codecs)
+    else:
+        dicts = source.dictionaries(codecs)  # a source's own (an original loaderx store's)
     target.begin(specs)
     try:
         paths = [{s.name: target.part_path(s.name, k) for s in specs} for k in range(len(tasks))]

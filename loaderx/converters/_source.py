@@ -60,6 +60,10 @@ class Options:
     flags: Flags = field(default_factory=Flags)
     keys: bool = True
     image_column: str | None = "image"
+    #: What the records of a store of the original loaderx are, where its
+    #: schema.msgpack cannot be read (see _original_src).
+    dtype: Any = None
+    item_shape: Any = None
 
 
 @dataclass
@@ -106,6 +110,11 @@ class Source:
         dataset of the rows read from each file of the source's ``files``
         list, in order (counted from `Batch.file`), or None."""
         raise NotImplementedError
+
+    def dictionaries(self, codecs: dict) -> dict:
+        """Dictionaries the source brings for its columns (``{column: bytes}``),
+        setting those columns' codec to zstd_dict; most sources have none."""
+        return {}
 
     def __getstate__(self) -> dict:
         # Open handles stay behind: each process opens its own.
