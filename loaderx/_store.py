@@ -253,7 +253,8 @@ class Store:
         def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):
+                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
+                 frame_size: int = 0):
         self._handle = None
         self._fork_hold: weakref.finalize | None = None  # a forked child's meta lock
         self._path = _store_path(path)
@@ -269,7 +270,8 @@ class Store:
         rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
-                         fixed_size if create_codec == "raw" else 0, out)
+                         fixed_size if create_codec == "raw" else 0,
+                         frame_size if create_codec != "raw" else 0, out)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
         # This store as a one-part index space for the gathers (a call holds
@@ -281,6 +283,7 @@ class Store:
             self._codec = _lib.CODEC_NAMES[info.codec]
             self._level = int(info.level)
             self._fixed_size = int(info.fixed_size)
+            self._frame_size = int(info.frame_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
         except BaseException:
@@ -356,6 +359,13 @@ class Store:
     @property
     def closed(self) -> bool:
         return self._handle is None
+
+    @property
+    def frame_size(self) -> int:
+        """Bytes of one zstd frame of a long record (0: one frame per record).
+        Records longer than this are stored seekable: a token window decodes
+        only the frames it reads (see RaggedStore)."""
+        return self._frame_size
 
     def __len__(self) -> int:
         n = ffi.new("uint64_t *")

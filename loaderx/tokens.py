@@ -39,8 +39,6 @@ even when two windows share one.
 """
 from __future__ import annotations
 
-import os
-import struct
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -52,10 +50,6 @@ from ._store import check_threads, normalize_indices
 from .errors import IdentityError, SizeMismatchError
 
 __all__ = ["TokenWindows"]
-
-_MAGIC = b"LXWIDX01"
-_HEADER = struct.Struct("<8sQQQI4x")  # magic, generation, docs, separator, itemsize
-
 
 class TokenWindows:
     """Token windows of `store` (see the module docs)."""
@@ -87,14 +81,15 @@ class TokenWindows:
         self._separator = None if separator is None else int(separator)
         self._part_list = store.__loaderx_parts__()
         self._parts = parts_array(self._part_list)
-        self._prefix = _index_of(store, dtype.itemsize, self._separator)
+        self._prefix, epoch = _index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
         self._len = (total - 1) // self._seq_len if total else 0
         sep = 0 if self._separator is None else self._separator & ((1 << (8 * dtype.itemsize)) - 1)
         self._spec = ffi.new("lx_windows_t *", {
             "prefix": ffi.cast("uint64_t *", self._prefix.ctypes.data),
             "docs": len(self._prefix) - 1, "seq_len": self._seq_len, "separator": sep,
-            "has_separator": self._separator is not None, "itemsize": dtype.itemsize})
+            "has_separator": self._separator is not None, "itemsize": dtype.itemsize,
+            "epoch": epoch})
         self.segments = TokenSegments(self)
 
     # -- identity
@@ -234,69 +229,31 @@ def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray
 
 # ----------------------------------------------------------------- the index
 
-def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
+def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.ndarray, int]:
     """The prefix sums of `store`'s documents (a ShardSet's: its shards' put
-    together, a separator between shards too)."""
+    together, a separator between shards too) and the sum of the stores'
+    delete epochs (lx_windows_t.epoch)."""
     shards = getattr(store, "shards", None)
     if shards is None:
         return _store_index(store, itemsize, separator)
-    pieces, offset = [], 0
+    pieces, offset, epoch = [], 0, 0
     nonempty = [s for s in shards if len(s)]
     for k, shard in enumerate(nonempty):
-        p = _store_index(shard, itemsize, separator)
+        p, e = _store_index(shard, itemsize, separator)
         pieces.append(p[:-1] + offset)
         offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
+        epoch += e
     pieces.append(np.array([offset], np.uint64))
-    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64)
+    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64), epoch % 2**64
 
 
-def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
+def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.ndarray, int]:
+    """One store's prefix sums, natively: from its windows.idx where that is
+    valid (copied in, checked), the record table for the rest."""
     docs = len(store)
-    generation = store.generation
-    sep = separator if separator is not None else -1
-    cache = os.path.join(store.path, f"windows-{itemsize}"
-                         + (f"-{sep}" if separator is not None else "") + ".idx")
-    cached = _load_cache(cache, generation, docs, sep, itemsize)
-    if cached is not None:
-        return cached
     prefix = np.empty(docs + 1, np.uint64)
-    handles = store.__loaderx_parts__()
-    parts = parts_array(handles)
-    check(lib.lx_windows_index(parts, len(handles), itemsize, separator is not None,
-                               ffi.cast("uint64_t *", prefix.ctypes.data), docs),
+    epoch = ffi.new("uint64_t *")
+    check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
+                               ffi.cast("uint64_t *", prefix.ctypes.data), docs, epoch),
           store.path, "token window index")
-    _save_cache(cache, prefix, generation, docs, sep, itemsize)
-    return prefix
-
-
-def _load_cache(path: str, generation: int, docs: int, sep: int,
-                itemsize: int) -> Optional[np.ndarray]:
-    try:
-        with open(path, "rb") as f:
-            header = f.read(_HEADER.size)
-        if len(header) != _HEADER.size:
-            return None
-        magic, gen, n, s, size = _HEADER.unpack(header)
-        if magic != _MAGIC or gen != generation or n != docs or s != sep & (2**64 - 1) \
-                or size != itemsize:
-            return None
-        prefix = np.memmap(path, dtype=np.uint64, mode="r", offset=_HEADER.size, shape=(docs + 1,))
-    except (OSError, ValueError):
-        return None
-    return prefix
-
-
-def _save_cache(path: str, prefix: np.ndarray, generation: int, docs: int, sep: int,
-                itemsize: int) -> None:
-    """Best effort: a store directory that is not writable keeps no cache."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, generation, docs, sep & (2**64 - 1), itemsize))
-            f.write(prefix.tobytes())
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    return prefix, int(epoch[0])

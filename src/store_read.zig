@@ -35,7 +35,7 @@ pub const Dest = struct {
 /// that another tenant preempts makes the small ones lose. zstd frames gain
 /// from ~6 KiB decoded (1.5-1.8x).
 pub const inline_raw_bytes: u64 = 256 << 10;
-const inline_decoded_bytes: u64 = 4 << 10;
+pub const inline_decoded_bytes: u64 = 4 << 10;
 
 /// Tries before a commit page that never reads consistently is called damaged.
 const commit_reads_max: u32 = 1 << 20;
