@@ -21,7 +21,7 @@ def encode_shape(shape: tuple) -> bytes:
 
 # Raw bytes in one zstd frame of a long token document (see RaggedStore);
 # the measurements behind the choice are in docs/performance.md.
-TOKEN_FRAME_SIZE = 8 << 10
+TOKEN_FRAME_SIZE = 4 << 10
 
 
 class RaggedStore(Store):
@@ -36,7 +36,7 @@ class RaggedStore(Store):
     bytes are stored as independent zstd frames of that size plus a seek
     table (zstd's seekable format), so a `TokenWindows` window decodes only
     the few KiB it returns instead of its whole document. ``None`` (the
-    default) means `TOKEN_FRAME_SIZE` (8 KiB) for integer dtypes (token
+    default) means `TOKEN_FRAME_SIZE` (4 KiB) for integer dtypes (token
     documents) and 0 for the rest; 0 stores every record as one frame.
     ``rs[i]`` returns whole records either way.
     """

@@ -73,6 +73,7 @@ extern fn ZSTD_compress2(
     size: usize,
 ) usize;
 extern fn ZSTD_getFrameContentSize(src: [*]const u8, size: usize) c_ulonglong;
+extern fn ZSTD_findFrameCompressedSize(src: [*]const u8, size: usize) usize;
 extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
 extern fn ZSTD_minCLevel() c_int;
 extern fn ZSTD_maxCLevel() c_int;
@@ -276,6 +277,25 @@ pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
 }
 
 const content_size_unknown: u64 = std.math.maxInt(u64);
+
+/// The full check of a seekable payload (verify): its table adds up to the
+/// record, and each entry names exactly the zstd frame at its place (its
+/// compressed and decoded sizes), so a window that decodes one frame by the
+/// table reads what decoding the whole record would. O(frames); true for a
+/// payload without a seek table.
+pub fn seekTableMatches(stored: []const u8, raw_size: u64) bool {
+    const t = format.SeekTable.parse(stored) orelse return true;
+    if (!t.check(raw_size)) return false;
+    var at: usize = 0;
+    for (0..t.count()) |k| {
+        const frame = stored[at..@intCast(t.frames_size)];
+        const size = ZSTD_findFrameCompressedSize(frame.ptr, frame.len);
+        if (ZSTD_isError(size) != 0 or size != t.compressed(k)) return false;
+        if (ZSTD_getFrameContentSize(frame.ptr, size) != t.decompressed(k)) return false;
+        at += size;
+    }
+    return true;
+}
 
 /// The most a zstd frame of `stored` bytes can decode to: every block holds at
 /// most 128 KiB and takes at least 4 bytes (a 3-byte header and one RLE byte).

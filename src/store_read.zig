@@ -433,6 +433,7 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
             .{ c.live_bytes, live },
         );
     }
+    try @import("windows.zig").verifyFile(s.gpa, s, c);
 }
 
 /// One record's full check: inside the data, checksum, decodes to its size.
@@ -454,4 +455,7 @@ pub fn checkRecord(
     scratch.resize(s.gpa, @intCast(loc.raw_size)) catch return error.OutOfMemory;
     codec.decode(dctx, @fromBackingInt(@intCast(loc.codec)), &s.dict, stored, scratch.items) catch
         return diag.fail(error.Corrupt, "record {d} does not decode to its recorded size", .{i});
+    if (loc.codec != @backingInt(Codec.raw) and !codec.seekTableMatches(stored, loc.raw_size)) {
+        return diag.fail(error.Corrupt, "record {d} has a seek table that does not match it", .{i});
+    }
 }

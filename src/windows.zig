@@ -146,9 +146,32 @@ pub fn index(
     const data = try s.dataMap(c.data_size);
     const ends = gpa.alloc(u64, docs) catch return error.OutOfMemory;
     defer gpa.free(ends);
-    const loaded = loadFile(gpa, s, c, table, ends);
-    var prev: u64 = if (loaded == 0) 0 else ends[@intCast(loaded - 1)];
-    for (@intCast(loaded)..docs) |d| {
+    var loaded = loadFile(gpa, s, c, table, ends);
+    try tableEnds(c, table, data, ends, loaded);
+    if (loaded > 0) {
+        // A file that passed its checks but does not add up (a record that is
+        // not a whole number of tokens by it) is set aside like any bad one.
+        tokenPrefix(ends, itemsize, has_separator, out) catch {
+            loaded = 0;
+            try tableEnds(c, table, data, ends, 0);
+        };
+    }
+    const durable: usize = @intCast(@min(docs, c.durable_count));
+    if (durable > loaded and s.writable) saveFile(s, c, ends[0..durable]);
+    try tokenPrefix(ends, itemsize, has_separator, out);
+    return epoch;
+}
+
+/// ends[from..] from the record table (ends[from - 1] is already set).
+fn tableEnds(
+    c: format.Commit,
+    table: Store.Table,
+    data: [*]const u8,
+    ends: []u64,
+    from: u64,
+) Error!void {
+    var prev: u64 = if (from == 0) 0 else ends[@intCast(from - 1)];
+    for (@intCast(from)..ends.len) |d| {
         const loc = table.get(d);
         try Store.checkLoc(loc, d, data, c.data_size, true);
         if (loc.aux_size != 0) {
@@ -162,10 +185,6 @@ pub fn index(
             return diag.fail(error.Corrupt, "document sizes overflow", .{});
         ends[d] = prev;
     }
-    const durable: usize = @intCast(@min(docs, c.durable_count));
-    if (durable > loaded and s.writable) saveFile(s, c, ends[0..durable]);
-    try tokenPrefix(ends, itemsize, has_separator, out);
-    return epoch;
 }
 
 /// out[d + 1] = tokens of documents 0..d, separators included.
@@ -187,8 +206,11 @@ fn tokenPrefix(ends: []const u64, itemsize: u32, has_separator: bool, out: []u64
 }
 
 /// Spot checks of a loaded index against the record table: this many
-/// documents spread over it, and its last.
-const spot_checks: u64 = 64;
+/// documents spread over it (its first and last among them). The file is
+/// otherwise trusted as the record table is, on its checksum and on the
+/// rule that only a delete changes records (and removes it); verify()
+/// checks every entry.
+const spot_checks: u64 = 1024;
 
 /// Reads windows.idx into `ends` when it is valid for store `s` at commit `c`;
 /// returns how many documents it gave (0: absent or not valid, every problem
@@ -245,6 +267,32 @@ fn loadFile(
     return take;
 }
 
+/// Part of verify(): when the store has a windows.idx that an index build
+/// would use, every one of its entries must be the records' (a file that
+/// fails its own checks is never used, and is not an error).
+pub fn verifyFile(gpa: Allocator, s: *Store, c: format.Commit) Error!void {
+    const table = try s.table(c.record_count);
+    const data = try s.dataMap(c.data_size);
+    const docs: usize = @intCast(c.durable_count);
+    const ends = gpa.alloc(u64, docs) catch return error.OutOfMemory;
+    defer gpa.free(ends);
+    const loaded: usize = @intCast(loadFile(gpa, s, c, table, ends));
+    var prev: u64 = 0;
+    for (ends[0..loaded], 0..) |end, d| {
+        const loc = table.get(d);
+        try Store.checkLoc(loc, d, data, c.data_size, true);
+        if (end -% prev != loc.raw_size) {
+            return diag.fail(
+                error.Corrupt,
+                "{s} does not match record {d} (it is derived data: delete the file " ++
+                    "and the next TokenWindows rebuilds it)",
+                .{ WindowsIndex.file_name, d },
+            );
+        }
+        prev = end;
+    }
+}
+
 /// Writes windows.idx for `ends` (records 0..ends.len, all durable in `c`):
 /// a temporary file, fsync, rename, directory fsync. Best effort: the index
 /// is derived data, so any failure (a read-only directory, a full disk)
@@ -272,10 +320,28 @@ fn saveFile(s: *Store, c: format.Commit, ends: []const u64) void {
         .checksum = 0,
     };
     h.checksum = h.computeChecksum();
+    sweepTemporaries(s);
     writeFile(s, tmp, &h, ends) catch {
         fsio.unlink(s.dir, tmp) catch {};
         diag.clear();
     };
+}
+
+/// Removes temporary index files a writer that failed or was killed left.
+/// One that another process is writing right now may go too: its rename
+/// then fails, and that process keeps its index in memory only.
+fn sweepTemporaries(s: *Store) void {
+    const io = pool.io();
+    const d = s.dir.openDir(io, ".", .{ .iterate = true }) catch return;
+    defer d.close(io);
+    var it = d.iterate();
+    while (it.next(io) catch null) |entry| {
+        const name = entry.name;
+        if (!std.mem.startsWith(u8, name, WindowsIndex.file_name ++ ".")) continue;
+        if (!std.mem.endsWith(u8, name, ".tmp")) continue;
+        fsio.unlink(s.dir, name) catch {};
+    }
+    diag.clear();
 }
 
 fn writeFile(s: *Store, tmp: [:0]const u8, h: *const WindowsIndex, ends: []const u64) !void {

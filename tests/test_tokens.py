@@ -10,6 +10,8 @@ import threading
 import numpy as np
 import pytest
 
+from _lxformat import WINDOWS_INDEX_NAME, pack_windows_index, unpack_windows_index
+
 from loaderx import DataLoader, Mixture, RaggedStore, ShardSet, TokenWindows
 from loaderx.errors import IdentityError, RecordIndexError, SizeMismatchError
 
@@ -29,6 +31,11 @@ def stream_of(docs, separator=None):
             flat.append(separator)
             seg_flat.append(i)
     return np.array(flat), np.array(seg_flat)
+
+
+def index_file(path):
+    """(header, ends) of the store's windows.idx."""
+    return unpack_windows_index((path / WINDOWS_INDEX_NAME).read_bytes())
 
 
 def expected(docs, seq_len, separator=None):
@@ -74,27 +81,35 @@ def test_a_shard_set_reads_as_one_corpus(tmp_path):
         s.close()
 
 
-def test_the_cached_index_is_rebuilt_when_the_store_changes(tmp_path):
+def test_the_index_file_covers_durable_documents_and_grows_with_them(tmp_path):
     docs = make_docs(4, 50)
     with RaggedStore(tmp_path / "t", np.int32) as rs:
         rs.append(docs)
-        first = TokenWindows(rs, seq_len=8)
-        again = TokenWindows(rs, seq_len=8)
-        assert isinstance(again._prefix, np.memmap)  # read from the cache
+        TokenWindows(rs, seq_len=8)
+        assert not (tmp_path / "t" / "windows.idx").exists()  # nothing durable yet
+        rs.sync()
+        TokenWindows(rs, seq_len=8)
+        assert index_file(tmp_path / "t")[0]["docs"] == 50
         more = make_docs(5, 20)
         rs.append(more)
         grown = TokenWindows(rs, seq_len=8)
         want, _ = expected(docs + more, 8)
-        assert len(grown) == len(want) > len(first)
         np.testing.assert_array_equal(grown[np.arange(len(grown))], want)
+    # close() synced: the next construction extends the file to every document.
+    with RaggedStore(tmp_path / "t") as rs:
+        again = TokenWindows(rs, seq_len=8, separator=3)
+        want, _ = expected(docs + more, 8, 3)
+        np.testing.assert_array_equal(again[np.arange(len(again))], want)
+    header, ends = index_file(tmp_path / "t")
+    assert header["docs"] == 70 and ends[-1] == 4 * sum(len(d) for d in docs + more)
 
 
 def test_windows_built_before_a_delete_are_refused(tmp_path):
     """A delete moves the last documents into the holes; with documents of one
     length the moved ones would read as the deleted ones. Every read of the old
-    index (the untouched first window too, in a DataLoader too) is refused,
-    windows built before an append keep reading, and a new index reads the
-    documents as they are now."""
+    index (the untouched first window too, in a DataLoader too) is refused, also
+    after appends bring the store back to its old length; windows built before
+    an append keep reading, and a new index reads the documents as they are now."""
     docs = [np.arange(8, dtype=np.int32) + 100 * k for k in range(6)]
     shards = [RaggedStore(tmp_path / f"s{k}", np.int32) for k in range(2)]
     shards[0].append(docs[:3])
@@ -105,11 +120,13 @@ def test_windows_built_before_a_delete_are_refused(tmp_path):
     for store in (shards[1], ShardSet(shards)):
         tw = TokenWindows(store, seq_len=4)
         shards[1].delete([0])
-        with pytest.raises(SizeMismatchError, match="deleted since the index was built"):
+        with pytest.raises(SizeMismatchError, match="deleted since the window index was built"):
             tw[[0]]
         with pytest.raises(SizeMismatchError, match="deleted since"):
             next(iter(DataLoader({"t": tw}, batch_size=2)))
         shards[1].append([docs[3]])  # back to its old length, in another order
+        with pytest.raises(SizeMismatchError, match="deleted since"):
+            tw[np.arange(len(tw))]
     fresh = TokenWindows(shards[1], seq_len=4)
     np.testing.assert_array_equal(fresh[np.arange(len(fresh))],
                                   expected([docs[3], docs[4], docs[3]], 4)[0])
