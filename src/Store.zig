@@ -608,15 +608,25 @@ fn newHeader(opts: OpenOptions) Header {
 
 /// A random store id, never 0 (0 marks stores written before ids existed).
 fn newUid() u64 {
-    var bytes: [8]u8 = undefined;
-    pool.io().random(&bytes);
-    // Mixed with the clock and the process, should the entropy source be missing.
+    return randomU64() | 1;
+}
+
+var random_calls: std.atomic.Value(u64) = .init(0);
+
+/// 64 random bits for names and ids (unique, not secret): the kernel's
+/// getrandom on Linux (a system call: no descriptor kept open, unlike a
+/// cached /dev/urandom), mixed with the clock, the process and a counter,
+/// which alone keep values distinct where there is no such call.
+pub fn randomU64() u64 {
+    var bytes: [8]u8 = @splat(0);
+    if (builtin.os.tag == .linux) _ = std.os.linux.getrandom(&bytes, bytes.len, 0);
     var h = std.hash.XxHash64.init(0x4C5F);
     h.update(&bytes);
     h.update(std.mem.asBytes(&pool.currentPid()));
     const now = Io.Timestamp.now(pool.io(), .real);
     h.update(std.mem.asBytes(&now));
-    return h.final() | 1;
+    h.update(std.mem.asBytes(&random_calls.fetchAdd(1, .monotonic)));
+    return h.final();
 }
 
 fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {

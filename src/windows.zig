@@ -299,11 +299,9 @@ pub fn verifyFile(gpa: Allocator, s: *Store, c: format.Commit) Error!void {
 /// leaves the store as it was and the index in memory only.
 fn saveFile(s: *Store, c: format.Commit, ends: []const u64) void {
     var name_buf: [64]u8 = undefined;
-    var rnd: [8]u8 = undefined;
-    pool.io().random(&rnd);
     const tmp = std.mem.printSentinel(&name_buf, "{s}.{x:0>16}.tmp", .{
         WindowsIndex.file_name,
-        std.mem.readInt(u64, &rnd, .little),
+        Store.randomU64(),
     }, 0) catch unreachable;
     var h: WindowsIndex = .{
         .magic = WindowsIndex.magic_value,

@@ -128,7 +128,7 @@ def test_the_index_of_a_similar_store_is_not_trusted(tmp_path):
 
 
 def test_truncating_the_index_under_a_reader_does_not_crash_it(tmp_path):
-    docs = docs_of(5, 400)
+    docs = docs_of(5, 3000)  # an index of several pages
     build(tmp_path / "s", docs)
     code = textwrap.dedent(f"""
         import glob, os
