@@ -677,8 +677,8 @@ pub export fn lx_windows_index(
         else => return invalid("tokens of {d} bytes are not supported", .{itemsize}),
     }
     if (docs >= std.math.maxInt(u64) / 8) return invalid("docs {d} is too large", .{docs});
-    epoch.* = windows.index(gpa, h, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e|
-        return code(e);
+    const prefix = o[0..@intCast(docs + 1)];
+    epoch.* = windows.index(gpa, h, itemsize, has_separator != 0, prefix) catch |e| return code(e);
     return 0;
 }
 

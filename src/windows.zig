@@ -302,7 +302,7 @@ fn saveFile(s: *Store, c: format.Commit, ends: []const u64) void {
     const tmp = std.mem.printSentinel(&name_buf, "{s}.{x:0>16}.tmp", .{
         WindowsIndex.file_name,
         Store.randomU64(),
-    }, 0) catch unreachable;
+    }, 0) catch unreachable; // 11 + 1 + 16 + 4 bytes fit name_buf
     var h: WindowsIndex = .{
         .magic = WindowsIndex.magic_value,
         .version = WindowsIndex.version_value,
@@ -668,7 +668,8 @@ const Job = struct {
             return;
         }
         const table = ref.seek orelse {
-            const bytes = try job.decoded(ref, d, whole, ref.stored, @intCast(ref.raw_size), cache, lease);
+            const size: usize = @intCast(ref.raw_size);
+            const bytes = try job.decoded(ref, d, whole, ref.stored, size, cache, lease);
             codec.copy(dst[0 .. hi - lo], bytes[lo..hi]);
             return;
         };
