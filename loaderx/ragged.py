@@ -131,7 +131,9 @@ class RaggedStore(Store):
             raise TypeError(f"{self._path}: append takes an iterable of records, and this 1-D "
                             f"array of {len(records)} values would make {len(records)} scalar "
                             "records; pass [array] to append it as one record, or "
-                            "append_packed(values, row_splits) for many")
+                            "append_packed(values, row_splits) for many (a flat token "
+                            "stream is read as it is by TokenWindows.from_array(array, "
+                            "seq_len))")
         if isinstance(records, np.ndarray) and records.dtype == self._dtype and records.ndim >= 1:
             records = list(records)
         arrays = (self._as_record(i, x) for i, x in enumerate(records))

@@ -49,7 +49,7 @@ from ._records import parts_array
 from ._store import check_threads, normalize_indices
 from .errors import IdentityError, SizeMismatchError
 
-__all__ = ["TokenWindows"]
+__all__ = ["TokenWindows", "ArrayTokenWindows"]
 
 class TokenWindows:
     """Token windows of `store` (see the module docs)."""
@@ -57,17 +57,23 @@ class TokenWindows:
     kind = "dense"
 
     def __init__(self, store: Any, seq_len: int, *, separator: Optional[int] = None):
-        if getattr(store, "kind", None) != "ragged" \
+        if isinstance(store, np.ndarray):
+            raise TypeError("TokenWindows reads stores; for a NumPy array (a memmap of a flat "
+                            "token file) use TokenWindows.from_array(array, seq_len)")
+        kind = getattr(store, "kind", None)
+        shape = getattr(store, "item_shape", None)
+        flat = kind == "dense" and shape is not None and tuple(shape) == ()
+        if (kind != "ragged" and not flat) \
                 or not callable(getattr(store, "__loaderx_parts__", None)):
-            raise TypeError("TokenWindows reads a RaggedStore or a ShardSet of them, "
-                            f"not {type(store).__name__}")
+            raise TypeError("TokenWindows reads a RaggedStore of token documents, a DenseStore "
+                            "of token ids (one document), or a ShardSet of either, not "
+                            f"{type(store).__name__}; for a NumPy array use "
+                            "TokenWindows.from_array")
         dtype = np.dtype(store.dtype)
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
             raise IdentityError("token documents must hold integers of 1, 2, 4 or 8 bytes, "
                                 f"not {dtype}")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-                or not 1 <= seq_len < 2**63:
-            raise ValueError(f"seq_len must be an int from 1 to 2**63 - 1, got {seq_len!r}")
+        seq_len = _check_seq_len(seq_len)
         if separator is not None:
             info = np.iinfo(dtype)
             if isinstance(separator, bool) or not isinstance(separator, (int, np.integer)) \
@@ -79,7 +85,9 @@ class TokenWindows:
         self._dtype = dtype
         self._seq_len = int(seq_len)
         self._separator = None if separator is None else int(separator)
-        self._part_list = store.__loaderx_parts__()
+        # A store of token ids is one document, and its part starts at that
+        # document's number (lx_windows_index); documents are records otherwise.
+        self._part_list = _flat_parts(store) if flat else store.__loaderx_parts__()
         self._parts = parts_array(self._part_list)
         self._prefix, epoch = _index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
@@ -163,6 +171,17 @@ class TokenWindows:
         # A reference: the store (itself a reference) and the parameters.
         return (_rebuild, (self._store, self._seq_len, self._separator))
 
+    @staticmethod
+    def from_array(tokens: np.ndarray, seq_len: int) -> "ArrayTokenWindows":
+        """Windows of one flat token array (an in-memory array, or the
+        ``np.memmap`` of a ``.bin``/``.npy`` token file as nanoGPT writes it):
+        the whole array is one document; window ``i`` is
+        ``tokens[i * seq_len : i * seq_len + seq_len + 1]``. Read with NumPy
+        (one fancy index a batch); a DataLoader reads it as a Python stream.
+        For the native path, store the tokens once (``DenseStore(path, dtype,
+        codec="raw")`` holds them as they are) and pass that store."""
+        return ArrayTokenWindows(tokens, seq_len)
+
     def __repr__(self) -> str:
         sep = f", separator={self._separator}" if self._separator is not None else ""
         return f"TokenWindows({self._store!r}, seq_len={self._seq_len}{sep}, len={self._len})"
@@ -170,6 +189,144 @@ class TokenWindows:
 
 def _rebuild(store: Any, seq_len: int, separator: Optional[int]) -> "TokenWindows":
     return TokenWindows(store, seq_len, separator=separator)
+
+
+def _flat_parts(store: Any) -> List[Tuple[Any, int]]:
+    shards = getattr(store, "shards", None)
+    stores = [store] if shards is None else [s for s in shards if len(s)]
+    for s in stores:
+        if s.codec != "raw":
+            raise ValueError(f"{s.path}: a DenseStore of token ids is read as one document "
+                             f"when it is raw (its tokens back to back); this one is {s.codec}. "
+                             "Store the tokens with codec='raw' (nothing to gain from "
+                             "compressing single tokens one by one)")
+    return [(s._h(), k) for k, s in enumerate(stores)]
+
+
+def _check_seq_len(seq_len: Any) -> int:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
+            or not 1 <= seq_len < 2**62:
+        raise ValueError(f"seq_len must be an int from 1 to 2**62 - 1, got {seq_len!r}")
+    return int(seq_len)
+
+
+class ArrayTokenWindows:
+    """`TokenWindows.from_array`: the windows of one 1-D token array."""
+
+    kind = "dense"
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1:
+            raise TypeError("from_array takes a 1-D NumPy array of token ids, got "
+                            f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+        if tokens.dtype.kind not in "iu":
+            raise IdentityError(f"tokens must be integers, not {tokens.dtype}")
+        self._tokens = tokens
+        self._seq_len = _check_seq_len(seq_len)
+        self._len = max(0, (len(tokens) - 1) // self._seq_len)
+        # Window i as row i of a strided view: one fancy index reads a batch.
+        step = tokens.strides[0]
+        self._rows = np.lib.stride_tricks.as_strided(
+            tokens, shape=(self._len, self._seq_len + 1),
+            strides=(step * self._seq_len, step), writeable=False)
+        self.segments = _ArraySegments(self)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._tokens.dtype
+
+    @property
+    def seq_len(self) -> int:
+        return self._seq_len
+
+    @property
+    def separator(self) -> None:
+        return None
+
+    @property
+    def item_shape(self) -> Tuple[int]:
+        return (self._seq_len + 1,)
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self._tokens)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
+        """Windows `indices` as a ``(len(indices), seq_len + 1)`` array,
+        written into `out` when given."""
+        check_threads(threads)
+        idx = normalize_indices(indices, self._len)[0]
+        out = _out(out, (len(idx), self._seq_len + 1), self.dtype)
+        np.take(self._rows, idx.astype(np.intp, copy=False), axis=0, out=out)
+        return out
+
+    def __getitem__(self, key):
+        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        got = self.gather([key] if scalar else key)
+        return got[0] if scalar else got
+
+    def __reduce__(self):
+        # A memmap pickles as a reference to its file; any other array by value.
+        t = self._tokens
+        where = _file_offset(t)
+        if where is not None:
+            return (_array_windows_from_file,
+                    (where[0], t.dtype.str, where[1], len(t), self._seq_len))
+        return (ArrayTokenWindows, (np.ascontiguousarray(t), self._seq_len))
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows.from_array({len(self._tokens)} tokens of {self.dtype}, "
+                f"seq_len={self._seq_len}, len={self._len})")
+
+
+def _file_offset(t: np.ndarray) -> Optional[Tuple[str, int]]:
+    """(file, byte offset of t[0]) of a contiguous memmap, else None."""
+    mm = getattr(t, "_mmap", None)
+    if not isinstance(t, np.memmap) or t.filename is None or mm is None \
+            or not t.flags.c_contiguous:
+        return None
+    import mmap
+
+    mapped_from = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
+    return t.filename, mapped_from + (t.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data)
+
+
+def _array_windows_from_file(filename: str, dtype: str, offset: int, count: int,
+                             seq_len: int) -> ArrayTokenWindows:
+    tokens = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(count,))
+    return ArrayTokenWindows(tokens, seq_len)
+
+
+class _ArraySegments:
+    """The segments of `from_array` windows: one document, all zeros."""
+
+    kind = "dense"
+    dtype = np.dtype(np.int32)
+
+    def __init__(self, windows: ArrayTokenWindows):
+        self._windows = windows
+
+    @property
+    def item_shape(self) -> Tuple[int]:
+        return self._windows.item_shape
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
+        check_threads(threads)
+        idx = normalize_indices(indices, len(self._windows))[0]
+        out = _out(out, (len(idx), self._windows.seq_len + 1), self.dtype)
+        out.fill(0)
+        return out
+
+    def __getitem__(self, key):
+        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        got = self.gather([key] if scalar else key)
+        return got[0] if scalar else got
 
 
 class TokenSegments:
@@ -239,7 +396,7 @@ def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.n
     pieces, offset, epoch = [], 0, 0
     nonempty = [s for s in shards if len(s)]
     for k, shard in enumerate(nonempty):
-        p, e = _store_index(shard, itemsize, separator)
+        p, e = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
         pieces.append(p[:-1] + offset)
         offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
         epoch += e
@@ -250,7 +407,7 @@ def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.n
 def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.ndarray, int]:
     """One store's prefix sums, natively: from its windows.idx where that is
     valid (copied in, checked), the record table for the rest."""
-    docs = len(store)
+    docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
     prefix = np.empty(docs + 1, np.uint64)
     epoch = ffi.new("uint64_t *")
     check(lib.lx_windows_index(store._h(), itemsize, separator is not None,

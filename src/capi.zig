@@ -652,7 +652,10 @@ pub export fn lx_set_lanes(n: u32) void {
 /// Writes the prefix sums of a token corpus to `out[0..docs+1]`: the
 /// documents are records [0, docs) of store `h`, 1-D records of
 /// `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
-/// after every document but the last. Writes the store's delete epoch to
+/// after every document but the last; a fixed-width store of `itemsize`-byte
+/// records (single tokens) is one document (`docs` 1, and its part in
+/// lx_windows_gather starts at that document's number, not a record's).
+/// Writes the store's delete epoch to
 /// `*epoch` (lx_windows_t.epoch is the sum over a corpus's stores). Reads the
 /// store's windows.idx where it is valid (copied in and checked, never
 /// trusted: a damaged, foreign or stale one is ignored) and the record table

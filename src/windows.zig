@@ -118,7 +118,9 @@ pub fn checkSpec(s: Spec) Error!void {
 /// Builds `out[0..docs+1]`, the prefix sums of records [0, docs) of store
 /// `s` read as documents of `itemsize`-byte tokens (1-D records, each a whole
 /// number of tokens), with a separator token after every document but the
-/// last when `has_separator`. Reads windows.idx where it is valid, the record
+/// last when `has_separator`. A fixed-width store of `itemsize`-byte records
+/// (single tokens) is one document (`docs` 1): its records in order; a
+/// corpus's part for it then starts at that document's number. Reads windows.idx where it is valid, the record
 /// table for the rest, and rewrites windows.idx (best effort) when the
 /// store's durable records reach past what it covered. Returns the store's
 /// delete epoch, read before anything else (a delete meanwhile then shows).
@@ -141,6 +143,21 @@ pub fn index(
             "the store holds {d} documents, not {d}: it changed while the index was built",
             .{ c.record_count, docs },
         );
+    }
+    if (s.header.fixed_size != 0) {
+        // A store of single tokens (a DenseStore of scalars, fixed width):
+        // one document, its records in order. Nothing to index.
+        if (s.header.fixed_size != itemsize or docs != 1) {
+            return diag.fail(
+                error.SizeMismatch,
+                "a fixed-width store of {d}-byte records is one document of {d}-byte tokens " ++
+                    "only when each record is one token",
+                .{ s.header.fixed_size, itemsize },
+            );
+        }
+        out[0] = 0;
+        out[1] = c.record_count;
+        return epoch;
     }
     const table = try s.table(c.record_count);
     const data = try s.dataMap(c.data_size);
@@ -549,9 +566,30 @@ fn docRef(
             .{d},
         );
     const snap = &snaps[at.part];
+    const want = spec.docTokens(d) * spec.itemsize;
+    if (snap.locs.fixed != 0) {
+        // A store of single tokens is one document: its first records (its
+        // part starts at the document, not at a record: lx_windows_index).
+        if (snap.locs.fixed != spec.itemsize or at.local != 0 or
+            want > snap.count * snap.locs.fixed)
+        {
+            return diag.fail(
+                error.SizeMismatch,
+                "document {d} (a store of single tokens) does not hold {d} bytes of " ++
+                    "{d}-byte tokens",
+                .{ d, want, spec.itemsize },
+            );
+        }
+        return .{
+            .store = snap.store,
+            .codec = .raw,
+            .stored = snap.data[0..@intCast(want)],
+            .raw_size = want,
+            .seek = null,
+        };
+    }
     const loc = snap.locs.get(at.local);
     try Store.checkLoc(loc, at.local, snap.data, snap.data_size, false);
-    const want = spec.docTokens(d) * spec.itemsize;
     if (loc.aux_size != 0 or loc.raw_size != want) {
         return diag.fail(
             error.SizeMismatch,
