@@ -120,9 +120,10 @@ pub fn checkSpec(s: Spec) Error!void {
 /// number of tokens), with a separator token after every document but the
 /// last when `has_separator`. A fixed-width store of `itemsize`-byte records
 /// (single tokens) is one document (`docs` 1): its records in order; a
-/// corpus's part for it then starts at that document's number. Reads windows.idx where it is valid, the record
-/// table for the rest, and rewrites windows.idx (best effort) when the
-/// store's durable records reach past what it covered. Returns the store's
+/// corpus's part for it then starts at that document's number. Reads
+/// windows.idx where it is valid, the record table for the rest, and
+/// rewrites windows.idx (best effort) when the store's durable records reach
+/// past what it covered. Returns the store's
 /// delete epoch, read before anything else (a delete meanwhile then shows).
 pub fn index(
     gpa: Allocator,
