@@ -207,19 +207,25 @@ fn tableEnds(
 
 /// out[d + 1] = tokens of documents 0..d, separators included.
 fn tokenPrefix(ends: []const u64, itemsize: u32, has_separator: bool, out: []u64) Error!void {
+    assert(std.math.isPowerOfTwo(itemsize));
+    const shift: u6 = @intCast(std.math.log2_int(u32, itemsize));
+    const mask: u64 = itemsize - 1;
     out[0] = 0;
+    // out[d] is ends[d - 1] / itemsize plus separators (documents are whole
+    // tokens), at most the last one: bounded here, no sum below can wrap.
+    const last = if (ends.len == 0) 0 else ends[ends.len - 1];
+    if ((last >> shift) > tokens_max - ends.len) {
+        return diag.fail(error.InvalidArgument, "the corpus holds too many tokens", .{});
+    }
     var before: u64 = 0;
     for (ends, 0..) |end, d| {
         const bytes = end - before;
         before = end;
-        if (bytes % itemsize != 0) {
+        if (bytes & mask != 0) {
             return diag.fail(error.Corrupt, "document {d} is not a whole number of tokens", .{d});
         }
         const sep: u64 = @intFromBool(has_separator and d + 1 < ends.len);
-        out[d + 1] = out[d] + bytes / itemsize + sep;
-        if (out[d + 1] > tokens_max) {
-            return diag.fail(error.InvalidArgument, "the corpus holds too many tokens", .{});
-        }
+        out[d + 1] = out[d] + (bytes >> shift) + sep;
     }
 }
 
@@ -261,8 +267,10 @@ fn loadFile(
     const body = std.math.mul(u64, h.docs, 8) catch return 0;
     const size = f.length(io) catch return 0;
     if (size != @sizeOf(WindowsIndex) + body) return 0;
-    const all = gpa.alloc(u64, @intCast(h.docs)) catch return 0;
-    defer gpa.free(all);
+    // Read straight into `ends` when it covers no more than asked (the usual case).
+    const own = h.docs > ends.len;
+    const all = if (own) gpa.alloc(u64, @intCast(h.docs)) catch return 0 else ends[0..@intCast(h.docs)];
+    defer if (own) gpa.free(all);
     const n = f.readPositionalAll(io, std.mem.sliceAsBytes(all), @sizeOf(WindowsIndex)) catch
         return 0;
     if (n != body or WindowsIndex.endsChecksum(all) != h.ends_checksum) return 0;
@@ -281,7 +289,7 @@ fn loadFile(
         if (at == h.docs - 1) break;
     }
     const take: usize = @intCast(@min(h.docs, ends.len));
-    @memcpy(ends[0..take], all[0..take]);
+    if (own) @memcpy(ends[0..take], all[0..take]);
     return take;
 }
 
