@@ -269,7 +269,10 @@ fn loadFile(
     if (size != @sizeOf(WindowsIndex) + body) return 0;
     // Read straight into `ends` when it covers no more than asked (the usual case).
     const own = h.docs > ends.len;
-    const all = if (own) gpa.alloc(u64, @intCast(h.docs)) catch return 0 else ends[0..@intCast(h.docs)];
+    const all = if (own)
+        gpa.alloc(u64, @intCast(h.docs)) catch return 0
+    else
+        ends[0..@intCast(h.docs)];
     defer if (own) gpa.free(all);
     const n = f.readPositionalAll(io, std.mem.sliceAsBytes(all), @sizeOf(WindowsIndex)) catch
         return 0;
