@@ -11,10 +11,11 @@ batch is B = 32 windows of L = 2048. Rows, each run in a fresh process:
     `DataLoader({"tokens": tw}, batch_size=32, seed=0)` over a raw RaggedStore
     of the documents, and `tw[idx]` over a zstd one;
   * the zstd limit: zstandard's C batch API (`multi_decompress_to_buffer`) on
-    one thread per core, each decoding whole batches of exactly the documents
-    the same random windows overlap, each its own level-3 frame as loaderx
-    stores them; nothing is copied into windows, so this is what any reader of
-    compressed documents must at least spend;
+    one thread per core, each decoding whole batches of exactly the frames
+    the same random windows overlap (documents cut into frames of 4 KiB, each
+    its own level-3 frame, as loaderx stores them by default); nothing is
+    copied into windows, so this is what any reader of that layout must at
+    least spend;
   * LitData: `optimize(..., item_loader=TokensLoader())` of the documents, read
     with `StreamingDataset(item_loader=TokensLoader(block_size=L + 1),
     shuffle=True)` in a `StreamingDataLoader` (its private venv). LitData cuts
@@ -53,6 +54,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -426,7 +428,7 @@ ROWS = {
     "tw_gather": ("loaderx TokenWindows gather(out=)", None, None),
     "tw_loader": ("loaderx DataLoader({'tokens': tw})", None, None),
     "tw_zstd": ("loaderx TokenWindows tw[idx], zstd store", None, None),
-    "zstd_limit": ("zstd -3 decode of the windows' documents, all threads (zstandard)", None,
+    "zstd_limit": ("zstd -3 decode of the windows' 4 KiB frames, all threads (zstandard)", None,
                    None),
     "litdata": ("litdata TokensLoader workers={w}", "loader_contender_workers", "litdata"),
 }
@@ -630,7 +632,7 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
         "batches": ctx.size.loader_batches,
         "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
         "seconds": ctx.size.loader_seconds,
-        "frame_bytes": _token_frame_size() if backend == "real_zstd_limit" else 0,
+        "frame_bytes": _token_frame_size() if backend.endswith("zstd_limit") else 0,
     }
     argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
     result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
@@ -801,7 +803,7 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
             metric="records_s",
         ),
         Target(
-            "zstd token windows tw[idx] vs all-thread zstd decode of their documents",
+            "zstd token windows tw[idx] vs all-thread zstd decode of their frames",
             ROWS["tw_zstd"][0],
             [ROWS["zstd_limit"][0]],
             0.8,
@@ -821,12 +823,84 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
     return Section("tokens", title, lines, list(rows.values()), targets)
 
 
+def frame_sweep(files: int | None = None, rounds: int = 5) -> list[str]:
+    """The layout measurement behind the default frame size (docs/performance.md
+    section 7): the real corpus stored whole-document zstd, in seekable frames
+    of 4 to 64 KiB, in chunk records of 4 and 8 KiB (one record per chunk), and
+    raw; per layout its size and the CPU time of one batch of 32 random
+    windows of 1,024 tokens read on one lane (`tw.gather(idx, out=buf,
+    threads=1)`, process time, median of `rounds` interleaved rounds of 300
+    batches), next to nanoGPT's literal get_batch (CPU time too)."""
+    import tempfile
+
+    import torch
+
+    from loaderx import RaggedStore, TokenWindows
+
+    docs = tokenize_stdlib(stdlib_sources(files))
+    flat = np.concatenate(docs)
+    work = Path(tempfile.mkdtemp(prefix="lx-frames-"))
+    flat.tofile(work / "train.bin")
+    layouts = {"raw": ({"codec": "raw"}, 0), "zstd, one frame per document": ({"frame_size": 0}, 0)}
+    for kib in (4, 8, 16, 64):
+        layouts[f"zstd, {kib} KiB frames"] = ({"frame_size": kib << 10}, 0)
+    for kib in (4, 8):
+        layouts[f"zstd, {kib} KiB chunk records"] = ({"frame_size": 0}, (kib << 10) // 2)
+    sizes = {}
+    for name, (kwargs, chunk) in layouts.items():
+        records = docs if not chunk else [d[i:i + chunk] for d in docs for i in range(0, len(d), chunk)]
+        with RaggedStore(str(work / name), np.uint16, **kwargs) as store:
+            store.append(records)
+            sizes[name] = store.stats()["live_bytes"]
+    length, batch, n = REAL_SEQ_LEN, BATCH, 300
+
+    def nanogpt() -> float:
+        start = time.process_time()
+        for _ in range(n):
+            data = np.memmap(work / "train.bin", dtype=np.uint16, mode="r")
+            ix = torch.randint(len(data) - length, (batch,))
+            torch.stack([torch.from_numpy((data[i:i + length]).astype(np.int64)) for i in ix])
+            torch.stack([torch.from_numpy((data[i + 1:i + 1 + length]).astype(np.int64)) for i in ix])
+        return (time.process_time() - start) / n
+
+    def windows(name: str) -> float:
+        with RaggedStore(str(work / name)) as store:
+            tw = TokenWindows(store, length)
+            rng, buf = np.random.default_rng(1), np.empty((batch, length + 1), np.uint16)
+            plan = [rng.integers(0, len(tw), batch) for _ in range(n)]
+            for idx in plan[:30]:
+                tw.gather(idx, out=buf, threads=1)
+            start = time.process_time()
+            for idx in plan:
+                tw.gather(idx, out=buf, threads=1)
+            return (time.process_time() - start) / n
+
+    cpu: dict = {"nanoGPT get_batch, literal": []}
+    for _ in range(rounds):
+        cpu["nanoGPT get_batch, literal"].append(nanogpt())
+        for name in layouts:
+            cpu.setdefault(name, []).append(windows(name))
+    shutil.rmtree(work)
+    lines = [f"{len(docs)} documents, {len(flat)} tokens; B={batch}, L={length}, one lane",
+             f"{'layout':<34} {'MiB':>6} {'ratio':>6} {'us CPU/batch':>13} {'vs nanoGPT':>11}"]
+    base = float(np.median(cpu["nanoGPT get_batch, literal"]))
+    for name, values in cpu.items():
+        mib = f"{sizes[name] / MIB:6.1f}" if name in sizes else f"{flat.nbytes / MIB:6.1f}"
+        ratio = f"{flat.nbytes / sizes[name]:6.2f}" if name in sizes else f"{'-':>6}"
+        us = float(np.median(values))
+        lines.append(f"{name:<34} {mib} {ratio} {us * 1e6:13.1f} {base / us:10.2f}x")
+    return lines
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "frames":
+        print("\n".join(frame_sweep(int(sys.argv[2]) if len(sys.argv) > 2 else None)))
+        sys.exit(0)
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
         sys.exit(child_main(sys.argv[2:]))
     if len(sys.argv) == 4 and sys.argv[1] == "build":
         sys.exit(build_litdata(sys.argv[2], int(sys.argv[3])))
     sys.exit(
         "usage: bench_tokens.py child CONFIG_JSON | build DATA_DIR SEQ_LEN"
-        " (started by scripts/bench.py)"
+        " (started by scripts/bench.py) | frames [FILES] (the frame-size sweep)"
     )
