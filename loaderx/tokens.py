@@ -18,24 +18,39 @@ Both are streams for ``DataLoader`` (built by its native threads, no Python
 thread) and for ``Mixture`` (the standard pretraining mix of sources), with
 any sampler mode and sharding.
 
-The index. The prefix sums of the document lengths (8 B per document) are
-built once, at construction: O(documents), natively. They are cached in the
-store's directory (``windows-<itemsize>[-<separator>].idx``) and memory-mapped
-on later constructions, checked against the store's record count and commit
-generation (any append or delete rebuilds it); where the directory is not
-writable the index lives in memory only. A ShardSet's index is its shards'
-indices put together (a copy: 8 B per document in memory).
+A raw ``DenseStore`` of token ids (how a 1-D token array converts) is one
+document, read natively; a ShardSet of them is one document per shard.
+``TokenWindows.from_array(np.memmap("train.bin", ...), seq_len)`` reads a
+flat token array as it is (NumPy, a Python stream for the DataLoader).
+
+Bounded decode. A window decodes only the tokens it returns: a token store
+(a RaggedStore of integers, by default) keeps documents longer than 4 KiB as
+independent zstd frames with a seek table, and a window decodes the one or
+two frames its tokens lie in; raw documents are copied from the mapping.
+
+The index. The prefix sums of the document lengths (8 B per document, in
+memory) are built at construction, natively: from the store's
+``windows.idx`` (format.zig) where it is valid, copied in and checked (its
+checksum, its binding to this store and its durable records, spot checks
+against the record table; never memory-mapped, so a file changed under a
+reader cannot crash it), and from the record table for the documents it does
+not cover, O(those documents). The file is rewritten (temporary file, fsync,
+rename, directory fsync) when more documents are durable than it covers, and
+a delete removes it before changing anything, so it never describes records
+the store no longer holds; ``verify()`` checks every entry. A directory that
+is not writable keeps the index in memory only. A ShardSet's index is its
+shards' put together (a copy).
 
 A TokenWindows reads the documents it was built over. Documents appended
-later are not in it; after a delete on its store (which moves the last
-documents into the holes) every read raises ``SizeMismatchError``: build a
-new one. Deletes followed by appends that bring a store back to at least its
-old count are not detected.
+later are not in it; after a delete on any of its stores (which moves the
+last documents into the holes) every read raises ``SizeMismatchError``,
+appends that bring the store back to its old length included: build a new
+one.
 
 A window gather is one native call: it binary-searches each window's first
 document and copies only the documents the windows overlap, raw ones
-straight from the store's mapping, compressed ones decoded once per call
-even when two windows share one.
+straight from the store's mapping, compressed ones decoded a frame at a
+time, each lane keeping its last decoded frames for the next window.
 """
 from __future__ import annotations
 
