@@ -93,7 +93,8 @@ int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64
 int lx_sampler_fill(uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t, uint64_t *);
+int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);

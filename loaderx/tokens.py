@@ -104,7 +104,11 @@ class TokenWindows:
         # document's number (lx_windows_index); documents are records otherwise.
         self._part_list = _flat_parts(store) if flat else store.__loaderx_parts__()
         self._parts = parts_array(self._part_list)
-        self._prefix, epoch = _index_of(store, dtype.itemsize, self._separator)
+        # Read before the index: a delete from now on fails every read.
+        epoch = ffi.new("uint64_t *")
+        check(lib.lx_windows_epoch(self._parts, len(self._part_list), epoch), self.path,
+              "token windows")
+        self._prefix = _index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
         self._len = (total - 1) // self._seq_len if total else 0
         sep = 0 if self._separator is None else self._separator & ((1 << (8 * dtype.itemsize)) - 1)
@@ -112,7 +116,7 @@ class TokenWindows:
             "prefix": ffi.cast("uint64_t *", self._prefix.ctypes.data),
             "docs": len(self._prefix) - 1, "seq_len": self._seq_len, "separator": sep,
             "has_separator": self._separator is not None, "itemsize": dtype.itemsize,
-            "epoch": epoch})
+            "epoch": epoch[0]})
         self.segments = TokenSegments(self)
 
     # -- identity
@@ -401,31 +405,28 @@ def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray
 
 # ----------------------------------------------------------------- the index
 
-def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.ndarray, int]:
+def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
     """The prefix sums of `store`'s documents (a ShardSet's: its shards' put
-    together, a separator between shards too) and the sum of the stores'
-    delete epochs (lx_windows_t.epoch)."""
+    together, a separator between shards too)."""
     shards = getattr(store, "shards", None)
     if shards is None:
         return _store_index(store, itemsize, separator)
-    pieces, offset, epoch = [], 0, 0
+    pieces, offset = [], 0
     nonempty = [s for s in shards if len(s)]
     for k, shard in enumerate(nonempty):
-        p, e = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
+        p = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
         pieces.append(p[:-1] + offset)
         offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
-        epoch += e
     pieces.append(np.array([offset], np.uint64))
-    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64), epoch % 2**64
+    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64)
 
 
-def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> Tuple[np.ndarray, int]:
+def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
     """One store's prefix sums, natively: from its windows.idx where that is
     valid (copied in, checked), the record table for the rest."""
     docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
     prefix = np.empty(docs + 1, np.uint64)
-    epoch = ffi.new("uint64_t *")
     check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
-                               ffi.cast("uint64_t *", prefix.ctypes.data), docs, epoch),
+                               ffi.cast("uint64_t *", prefix.ctypes.data), docs),
           store.path, "token window index")
-    return prefix, int(epoch[0])
+    return prefix

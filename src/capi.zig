@@ -655,8 +655,7 @@ pub export fn lx_set_lanes(n: u32) void {
 /// after every document but the last; a fixed-width store of `itemsize`-byte
 /// records (single tokens) is one document (`docs` 1, and its part in
 /// lx_windows_gather starts at that document's number, not a record's).
-/// Writes the store's delete epoch to
-/// `*epoch` (lx_windows_t.epoch is the sum over a corpus's stores). Reads the
+/// Reads the
 /// store's windows.idx where it is valid (copied in and checked, never
 /// trusted: a damaged, foreign or stale one is ignored) and the record table
 /// for the rest, O(documents it does not cover); rewrites windows.idx,
@@ -670,7 +669,6 @@ pub export fn lx_windows_index(
     has_separator: c_int,
     out: ?[*]u64,
     docs: u64,
-    epoch: *u64,
 ) c_int {
     if (enter(h)) |rc| return rc;
     defer h.leave();
@@ -681,7 +679,21 @@ pub export fn lx_windows_index(
     }
     if (docs >= std.math.maxInt(u64) / 8) return invalid("docs {d} is too large", .{docs});
     const prefix = o[0..@intCast(docs + 1)];
-    epoch.* = windows.index(gpa, h, itemsize, has_separator != 0, prefix) catch |e| return code(e);
+    windows.index(gpa, h, itemsize, has_separator != 0, prefix) catch |e| return code(e);
+    return 0;
+}
+
+/// Writes to `*out` the delete epoch of the index space `parts`: the sum of
+/// its stores' counts of deletes through those handles (lx_windows_t.epoch).
+/// Read it before building a corpus's prefix sums: a delete after that
+/// changes it, and every lx_windows_gather of the corpus then fails with
+/// size_mismatch. Errors: closed, invalid.
+pub export fn lx_windows_epoch(parts: ?[*]const Part, part_count: u32, out: *u64) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    out.* = windows.epochOf(ps);
     return 0;
 }
 

@@ -50,8 +50,8 @@ pub const Spec = extern struct {
     has_separator: u32,
     /// Bytes of one token: 1, 2, 4 or 8.
     itemsize: u32,
-    /// The sum of the delete epochs of the parts' stores when the prefix sums
-    /// were built (lx_windows_index): a read fails once it differs.
+    /// The delete epoch of the parts (lx_windows_epoch) read before the prefix
+    /// sums were built: a read fails once it differs.
     epoch: u64,
 
     comptime {
@@ -123,20 +123,19 @@ pub fn checkSpec(s: Spec) Error!void {
 /// corpus's part for it then starts at that document's number. Reads
 /// windows.idx where it is valid, the record table for the rest, and
 /// rewrites windows.idx (best effort) when the store's durable records reach
-/// past what it covered. Returns the store's
-/// delete epoch, read before anything else (a delete meanwhile then shows).
+/// past what it covered. The caller reads the delete epoch (`epochOf`)
+/// before: a delete meanwhile then shows.
 pub fn index(
     gpa: Allocator,
     s: *Store,
     itemsize: u32,
     has_separator: bool,
     out: []u64,
-) Error!u64 {
+) Error!void {
     assert(out.len >= 1);
     const docs = out.len - 1;
     try s.enterRead();
     defer s.exitRead();
-    const epoch = s.delete_epoch.load(.acquire);
     const c = try store_read.publishedCommit(s);
     if (docs > c.record_count) {
         return diag.fail(
@@ -158,7 +157,7 @@ pub fn index(
         }
         out[0] = 0;
         out[1] = c.record_count;
-        return epoch;
+        return;
     }
     const table = try s.table(c.record_count);
     const data = try s.dataMap(c.data_size);
@@ -177,6 +176,12 @@ pub fn index(
     const durable: usize = @intCast(@min(docs, c.durable_count));
     if (durable > loaded and s.writable) saveFile(s, c, ends[0..durable]);
     try tokenPrefix(ends, itemsize, has_separator, out);
+}
+
+/// The delete epoch of an index space: the sum of its stores' (Spec.epoch).
+pub fn epochOf(parts: []const store_parts.Part) u64 {
+    var epoch: u64 = 0;
+    for (parts) |p| epoch +%= p.store.delete_epoch.load(.acquire);
     return epoch;
 }
 
@@ -532,9 +537,7 @@ fn checkUnchanged(
     parts: []const store_parts.Part,
     snaps: []const store_read.Snapshot,
 ) Error!void {
-    var epoch: u64 = 0;
-    for (parts) |p| epoch +%= p.store.delete_epoch.load(.acquire);
-    if (epoch != spec.epoch) {
+    if (epochOf(parts) != spec.epoch) {
         return diag.fail(
             error.SizeMismatch,
             "records were deleted since the window index was built: build a new TokenWindows",
@@ -815,7 +818,8 @@ test "windows cross documents, with separators and segments, raw and compressed 
         _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 4 }, false);
         const parts = [_]store_parts.Part{.{ .store = s, .first = 0 }};
         var prefix: [5]u64 = undefined;
-        const epoch = try index(testing.allocator, s, 2, true, &prefix);
+        const epoch = epochOf(&parts);
+        try index(testing.allocator, s, 2, true, &prefix);
         // With separators (id 0) between documents: 3+1, 0+1, 17+1, 1.
         try testing.expectEqualSlices(u64, &.{ 0, 4, 5, 23, 24 }, &prefix);
         const spec = testSpec(&prefix, 4, 0, 2, epoch);
@@ -896,7 +900,8 @@ test "seekable documents decode only the frames a window reads, and whole record
     // Every window, by a batch of all of them, matches the flat stream.
     const parts = [_]store_parts.Part{.{ .store = s, .first = 0 }};
     var prefix: [41]u64 = undefined;
-    const epoch = try index(gpa, s, 4, false, &prefix);
+    const epoch = epochOf(&parts);
+    try index(gpa, s, 4, false, &prefix);
     const spec = testSpec(&prefix, 37, null, 4, epoch);
     const count: usize = @intCast(spec.windowCount());
     const got = try gpa.alloc(u32, count * 38);
@@ -926,11 +931,11 @@ test "the index file is written for durable records, read back, and refused when
     const sizes = [_]u64{ 8, 16, 0, 64, 8, 8, 32, 24 };
     _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 8 }, false);
     var prefix: [9]u64 = undefined;
-    _ = try index(gpa, s, 8, false, &prefix);
+    try index(gpa, s, 8, false, &prefix);
     // Not durable yet: no file.
     try testing.expectError(error.FileNotFound, tmp.dir.access(pool.io(), "idx/windows.idx", .{}));
     try s.sync();
-    _ = try index(gpa, s, 8, false, &prefix);
+    try index(gpa, s, 8, false, &prefix);
     try tmp.dir.access(pool.io(), "idx/windows.idx", .{});
     try testing.expectEqualSlices(u64, &.{ 0, 1, 3, 3, 11, 12, 13, 17, 20 }, &prefix);
     // A file that lies about a size (checksums re-sealed) is not used.
@@ -947,7 +952,7 @@ test "the index file is written for durable records, read back, and refused when
     try f.writePositionalAll(io, std.mem.asBytes(&h), 0);
     f.close(io);
     var again: [9]u64 = undefined;
-    _ = try index(gpa, s, 8, false, &again);
+    try index(gpa, s, 8, false, &again);
     try testing.expectEqualSlices(u64, &prefix, &again);
     // A delete removes the file before it changes anything.
     var moves: [1]Move = undefined;

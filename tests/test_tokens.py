@@ -369,3 +369,19 @@ def test_refusals_of_a_flat_array_point_at_token_windows(tmp_path):
     np.save(tmp_path / "tokens.npy", np.arange(1000, dtype=np.uint16))
     with pytest.raises(ConvertError, match="TokenWindows.from_array"):
         convert(str(tmp_path / "tokens.npy"), str(tmp_path / "out"))
+
+
+def test_a_shard_emptied_by_a_delete_does_not_refuse_new_windows(tmp_path):
+    """Every part of a ShardSet counts in the delete check, empty ones too."""
+    docs = make_docs(22, 40)
+    shards = [RaggedStore(tmp_path / f"s{k}", np.int32) for k in range(3)]
+    shards[0].append(docs[:20])
+    shards[1].append([docs[20]])
+    shards[2].append(docs[21:])
+    shards[1].delete([0])
+    tw = TokenWindows(ShardSet(shards), seq_len=8, separator=2)
+    want, want_seg = expected(docs[:20] + docs[21:], 8, 2)
+    np.testing.assert_array_equal(tw[np.arange(len(tw))], want)
+    np.testing.assert_array_equal(tw.segments[np.arange(len(tw))], want_seg)
+    for s in shards:
+        s.close()
