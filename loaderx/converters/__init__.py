@@ -313,7 +313,9 @@ def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow
         f"every row of this source is {row} B "
         f"({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
         f"each value would become its own record: {count} that cost more index than data. "
-        f"If these are tokens, store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
+        "If this is a flat token array, read it as it is with "
+        "loaderx.TokenWindows.from_array(np.load(path, mmap_mode='r'), seq_len), "
+        f"store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
         "or documents as a RaggedStore (loaderx.from_iterator); to keep one record per value "
         f"anyway, pass {f.opt('allow_tiny_records')}"
     )
