@@ -413,12 +413,10 @@ def _open_column(root: str, name: str, col: dict, version: int) -> Any:
 def _check_part(root: str, name: str, col: dict, shard: dict, store: Any, version: int) -> None:
     """A part holds what the manifest says its column holds: kind, dtype,
     item_shape and (version 2) codec."""
-    have = {"kind": store.kind}
-    want = {"kind": col["kind"]}
-    if store.kind != "bytes":
-        have["dtype"], want["dtype"] = str(store.dtype), col.get("dtype")
-    if store.kind == "dense":
-        have["item_shape"], want["item_shape"] = list(store.item_shape), col.get("item_shape")
+    shape = store.item_shape
+    have = {"kind": store.kind, "dtype": str(store.dtype),
+            "item_shape": None if shape is None else list(shape)}
+    want = {key: col.get(key) for key in have}
     if version >= 2:
         have["codec"], want["codec"] = store.codec, shard.get("codec", col.get("codec"))
     for key, value in have.items():
