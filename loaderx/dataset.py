@@ -325,25 +325,29 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
     p = os.fspath(path)
     wanted = None if columns is None else list(columns)
     for _ in range(_OPEN_ATTEMPTS):
+        seen = _manifest_id(p)
         manifest = read_manifest(p)
-        opened = _open_generation(p, manifest, wanted)
+        opened = _open_generation(p, manifest, wanted, seen)
         if opened is not None:
             return opened
     raise BusyError(f"{p}: the dataset was replaced {_OPEN_ATTEMPTS} times while it was being "
                     "opened; open it again", path=p)
 
 
-def _replaced(p: str, manifest: dict) -> bool:
-    """Whether the manifest of `p` is no longer `manifest`."""
+def _manifest_id(p: str) -> tuple | None:
+    """Which file the manifest of `p` is now (a writer replaces it by a
+    rename, which makes a new file)."""
     try:
-        return read_manifest(p) != manifest
-    except ZrecordError:
-        return True
+        st = os.stat(os.path.join(p, MANIFEST_NAME))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _open_generation(p: str, manifest: dict, wanted: list | None) -> dict | None:
-    """What `manifest` describes, opened; None when it was replaced meanwhile
-    (then the caller reads the manifest again)."""
+def _open_generation(p: str, manifest: dict, wanted: list | None,
+                     seen: tuple | None) -> dict | None:
+    """What `manifest` (read from the file `seen`) describes, opened; None
+    when it was replaced meanwhile (then the caller reads it again)."""
     generation = manifest.get("generation")
     try:
         if generation is None:  # version 1: parts straight under `p`, no lock to take
@@ -354,10 +358,10 @@ def _open_generation(p: str, manifest: dict, wanted: list | None) -> dict | None
             if held:
                 return _open_manifest(p, manifest, wanted)
     except (ZrecordError, OSError):
-        if _replaced(p, manifest):
-            return None
+        if _manifest_id(p) != seen:
+            return None  # replaced meanwhile: read it again
         raise
-    if _replaced(p, manifest):
+    if _manifest_id(p) != seen:
         return None
     raise _manifest_error(p, f"names generation {generation!r}, which is missing")
 
