@@ -241,9 +241,11 @@ def read_manifest(path) -> dict:
 def _inside(sub: Any, generation: str | None = None) -> bool:
     """Whether a manifest's relative path stays inside the dataset directory
     (and, in a version 2 manifest, inside its generation directory)."""
-    if not isinstance(sub, str) or not sub or os.path.isabs(sub) or "\0" in sub:
+    # Paths are written with "/" on every system; a backslash would be a
+    # separator on Windows and a file-name character elsewhere: refused.
+    if not isinstance(sub, str) or not sub or os.path.isabs(sub) or "\0" in sub or "\\" in sub:
         return False
-    parts = sub.replace("\\", "/").split("/")
+    parts = sub.split("/")
     if ".." in parts:
         return False
     return generation is None or (parts[0] == generation and len(parts) > 1)
@@ -296,7 +298,7 @@ def check_inside(root: str, rel: str, what: str) -> str:
     through a link out of the dataset). A missing component is left for the
     open to report."""
     path = root
-    for comp in rel.replace("\\", "/").split("/"):
+    for comp in rel.split("/"):
         path = os.path.join(path, comp)
         try:
             st = os.lstat(path)

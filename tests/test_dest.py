@@ -190,3 +190,65 @@ def test_ray_task_directories_of_a_killed_driver_are_swept(tmp_path):
         assert live.is_dir()
     finally:
         os.close(owner)
+
+
+# ----------------------------------------------------------------- layouts an overwrite replaces
+
+
+def _v1_dataset(dest, values) -> None:
+    """A dataset in the version 1 layout (parts straight under the directory)."""
+    from loaderx import DenseStore
+
+    with DenseStore(os.path.join(dest, "x", "part-00000"), np.int64, (2,)) as s:
+        s.append(values)
+    manifest = {"format": "loaderx-dataset", "version": 1, "rows": len(values),
+                "columns": {"x": {"kind": "dense", "dtype": "int64", "item_shape": [2],
+                                  "codec": "zstd",
+                                  "shards": [{"path": "x/part-00000", "rows": len(values)}]}}}
+    with open(os.path.join(dest, "loaderx.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+@needs_flock
+def test_appends_keep_a_version_1_layout_and_overwrites_replace_any_layout(tmp_path):
+    from loaderx import DenseStore
+
+    new = np.arange(6).reshape(3, 2)
+    v1 = tmp_path / "v1"
+    _v1_dataset(v1, np.full((2, 2), 9))
+    loaderx.convert({"x": new}, v1, mode="append", progress=False)["x"].close()
+    m = _manifest(v1)
+    assert m["version"] == 1 and [s["path"] for s in m["columns"]["x"]["shards"]] == [
+        "x/part-00000", "x/part-00001"]
+    assert loaderx.open_dataset(v1)["x"][np.arange(5)].tolist() == [[9, 9]] * 2 + new.tolist()
+    loaderx.convert({"x": new}, v1, mode="overwrite", progress=False)["x"].close()
+    store = tmp_path / "store"
+    with DenseStore(store, np.int64, (2,)) as s:
+        s.append(np.zeros((4, 2), np.int64))
+    loaderx.convert({"x": new}, store, mode="overwrite", progress=False)["x"].close()
+    damaged = tmp_path / "damaged"
+    loaderx.convert({"x": np.zeros((2, 2))}, damaged, progress=False)["x"].close()
+    (damaged / "loaderx.json").write_text("{not json")
+    loaderx.convert({"x": new}, damaged, mode="overwrite", progress=False)["x"].close()
+    for dest in (v1, store, damaged):
+        assert sorted(os.listdir(dest)) == [_manifest(dest)["generation"], "loaderx.json"], dest
+        assert loaderx.open_dataset(dest)["x"][np.arange(3)].tolist() == new.tolist()
+
+
+@needs_flock
+def test_an_overwrite_leaves_a_generation_readers_are_opening_to_the_next_sweep(tmp_path):
+    """A generation is removed only once no reader holds its lock; one that
+    readers were opening stays until the next conversion, and never breaks
+    the switch."""
+    from loaderx import _locks
+
+    dest = tmp_path / "ds"
+    loaderx.convert({"x": np.zeros((2, 2))}, dest, progress=False)["x"].close()
+    old = _manifest(dest)["generation"]
+    with _locks.reading(str(dest / old)) as held:  # a reader opening the old generation
+        assert held
+        loaderx.convert({"x": np.ones((2, 2))}, dest, mode="overwrite", progress=False)["x"].close()
+        assert (dest / old).is_dir()
+        np.testing.assert_array_equal(loaderx.open_dataset(dest)["x"][[0]], [[1, 1]])
+    loaderx.convert({"x": np.ones((1, 2))}, dest, mode="append", progress=False)["x"].close()
+    assert sorted(os.listdir(dest)) == [_manifest(dest)["generation"], "loaderx.json"]

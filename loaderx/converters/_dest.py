@@ -202,7 +202,7 @@ def _named(manifest: dict | None) -> set:
     paths = list(manifest.get("splits", {}).values()) + [
         s["path"] for c in manifest.get("columns", {}).values() for s in c["shards"]
     ]
-    return {p.replace("\\", "/").split("/")[0] for p in paths}
+    return {p.split("/")[0] for p in paths}
 
 
 def _retire(dest: str, name: str) -> bool:
@@ -238,15 +238,18 @@ def _collect(dest: str, retired: str, manifest: dict) -> None:
 
 def _sweep_inside(dest: str, manifest: dict | None) -> None:
     """Removes the debris of killed writers inside `dest`. Called under the
-    dataset's writer lock, so nothing here belongs to a live writer."""
+    dataset's writer lock, so nothing here belongs to a live writer. Without
+    a readable manifest (`manifest` None) no generation is removed: any of
+    them may hold the only copy of the data."""
     named = _named(manifest)
     for name in sorted(os.listdir(dest)):
         path = os.path.join(dest, name)
         if name.startswith(_RETIRED) and name.endswith(".json"):
-            _collect(dest, path, manifest or {})
+            if manifest is not None:
+                _collect(dest, path, manifest)
         elif name.startswith((_PARTIAL, _TRASH, _RETIRED, MANIFEST_NAME + ".tmp-")):
             _remove(path)
-        elif GENERATION_RE.fullmatch(name) and name not in named:
+        elif manifest is not None and GENERATION_RE.fullmatch(name) and name not in named:
             if os.path.islink(path):
                 _remove(path)
             else:
