@@ -11,18 +11,15 @@ closes a store that was dropped without `close()` (without syncing: records
 appended are in the page cache and survive the process, but only
 ``sync()``/``close()`` survive a power loss).
 
-Fork: a child inherits its parent's descriptors, and a file lock belongs to
-the open file, not to the process. So right after a fork the child gives up
-its copies of the parent's writer lock (a child that never touched the
-store kept it locked after the parent closed it), and takes a shared lock of
-its own on each inherited store's ``meta`` (else the parent's delete or
-compact saw no other handle and moved records under the child's reads).
+Fork: the library makes each handle a forked child inherits the child's
+own (src/Store.zig, "Fork"): the child never keeps the parent's writer lock,
+and it holds its own shared lock on the store while it has the handle open.
+Nothing here takes part.
 """
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
@@ -257,7 +254,6 @@ class Store:
                  dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
                  frame_size: int = 0):
         self._handle = None
-        self._fork_hold: weakref.finalize | None = None  # a forked child's meta lock
         self._path = _store_path(path)
         self._readonly = False
         self._append_lock = threading.Lock()
@@ -295,8 +291,6 @@ class Store:
         except BaseException:
             self.close()
             raise
-        self._files = _file_ids(self._path)
-        _OPEN.add(self)
 
     def _check_reopen(self, codec: str | None, level: int | None, dict_bytes: bytes) -> None:
         """An explicit codec, level or dictionary must match an existing store's."""
@@ -453,9 +447,6 @@ class Store:
         finally:
             self._handle = None
             lib.lx_close(h)
-            _OPEN.discard(self)
-            if self._fork_hold is not None:
-                self._fork_hold()  # closes the child's lock on meta
         if rc != _RC_FAILED:
             check(rc, self._path, "sync")
 
@@ -591,90 +582,3 @@ def stored_kind(path) -> str:
 
 def _reopen(cls, path):
     return cls(path).read_only()
-
-
-# ----------------------------------------------------------------- fork
-
-#: Open stores of this process, for the fork handler.
-_OPEN: "weakref.WeakSet[Store]" = weakref.WeakSet()
-
-
-def _file_ids(path: str) -> dict:
-    """``{"meta": (dev, ino), "lock": (dev, ino)}`` of a store's files (those
-    that exist), to find their descriptors after a fork."""
-    ids = {}
-    for name in ("meta", "lock"):
-        try:
-            st = os.lstat(os.path.join(path, name))
-        except OSError:
-            continue
-        ids[name] = (st.st_dev, st.st_ino)
-    return ids
-
-
-def _fds_by_file() -> dict:
-    """This process's open descriptors by the file they refer to."""
-    where = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    found: dict = {}
-    for name in os.listdir(where):
-        try:
-            st = os.fstat(int(name))
-        except (OSError, ValueError):
-            continue
-        found.setdefault((st.st_dev, st.st_ino), []).append(int(name))
-    return found
-
-
-def _drop_inherited_locks(fds: list) -> None:
-    """Points the child's copies of a writer lock at /dev/null: the native
-    handle still owns (and will close) those descriptor numbers, but they no
-    longer hold the lock's open file, so the lock goes with the parent's."""
-    null = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        for fd in fds:
-            os.dup2(null, fd, inheritable=False)
-    finally:
-        os.close(null)
-
-
-def _hold_meta(store: Store, fds: dict) -> None:
-    """Takes a shared lock on `store`'s meta through an open file of the
-    child's own, as every other open handle does (kept until it closes)."""
-    import fcntl
-
-    ident = store._files.get("meta")
-    inherited = fds.get(ident, [])
-    if store._fork_hold is not None:
-        store._fork_hold()  # a grandchild: the copy it inherited from its parent
-    # /proc/self/fd/N opens the same file anew, even if the store was renamed.
-    source = f"/proc/self/fd/{inherited[0]}" if inherited and os.path.isdir("/proc/self/fd") \
-        else os.path.join(store._path, "meta")
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    st = os.fstat(fd)
-    try:
-        if (st.st_dev, st.st_ino) != ident:
-            raise OSError(f"{source} is no longer the store's meta")
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return
-    store._fork_hold = weakref.finalize(store, os.close, fd)
-
-
-def _after_fork_in_child() -> None:
-    stores = [s for s in list(_OPEN) if s._handle is not None]
-    if not stores:
-        return
-    fds = _fds_by_file()
-    for s in stores:
-        # A handle opened before the store had a lock file may have made it since.
-        lock = s._files.get("lock") or _file_ids(s._path).get("lock")
-        try:
-            _drop_inherited_locks(fds.get(lock, []) if lock else [])
-            _hold_meta(s, fds)
-        except OSError:  # best effort: the store's files are gone or unreadable
-            s._fork_hold = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from . import _locks
 from .converters import ConvertError, column_codecs
 from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
 from .converters._dest import Destination
@@ -173,6 +174,30 @@ def _commit_tasks(sink, returns: list) -> dict:
         raise
 
 
+#: The task directories this process (a Ray driver) owns: path -> the
+#: descriptor of its owner lock (see loaderx._locks).
+_TASK_DIRS: dict = {}
+
+
+def _make_tasks_dir(dest: str) -> str:
+    """The hidden sibling of `dest` where the write tasks put their shards,
+    owned (locked) by this driver: if the driver is killed, the next
+    conversion to `dest` finds the lock free and removes it."""
+    parent, name = os.path.split(dest)
+    os.makedirs(parent, exist_ok=True)
+    path = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+    os.mkdir(path)
+    _TASK_DIRS[path] = _locks.own(path)
+    return path
+
+
+def _drop_tasks_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _TASK_DIRS.pop(path, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def _make_datasink(base):
     class LoaderxDatasink(base):
         """Writes each task's blocks as one shard store per column; the
@@ -180,8 +205,7 @@ def _make_datasink(base):
 
         def __init__(self, dest, mode: str, codec: str, level, options: Options):
             self.target = Destination(dest, mode, options.flags)
-            parent, name = os.path.split(self.target.dest)
-            self.tasks_dir = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+            self.tasks_dir = _make_tasks_dir(self.target.dest)
             self.codec, self.level, self.options = codec, level, options
             self.manifest: dict | None = None
 
@@ -195,13 +219,13 @@ def _make_datasink(base):
             try:
                 self.manifest = self._commit(write_result.write_returns)
             finally:
-                shutil.rmtree(self.tasks_dir, ignore_errors=True)
+                _drop_tasks_dir(self.tasks_dir)
 
         def _commit(self, returns: list) -> dict:
             return _commit_tasks(self, returns)
 
         def on_write_failed(self, error: Exception) -> None:
-            shutil.rmtree(self.tasks_dir, ignore_errors=True)
+            _drop_tasks_dir(self.tasks_dir)
             self.target.abort()
 
     return LoaderxDatasink
@@ -244,7 +268,7 @@ def write_dataset(
     try:
         ray_dataset.write_datasink(sink)
     finally:
-        shutil.rmtree(sink.tasks_dir, ignore_errors=True)
+        _drop_tasks_dir(sink.tasks_dir)
     if sink.manifest is None:
         raise ConvertError(f"{dest}: the Ray write finished without committing a manifest")
     return sink.manifest

@@ -21,7 +21,12 @@
 //!   gather is running on this one.
 //! - A handle inherited by a forked child reads normally but never writes: its
 //!   mutations return LX_LOCKED (the writer lock is the parent's) and its
-//!   `lx_sync` does nothing. A child that writes opens the store itself.
+//!   `lx_sync` does nothing. A child that writes opens the store itself. The
+//!   library's `pthread_atfork` child handler gives the child its own shared
+//!   lock on every inherited store (so the parent's delete and compact return
+//!   LX_BUSY while the child has it open; a fork during the parent's own
+//!   delete or compact waits in fork() until it is done) and closes the
+//!   child's copy of the writer lock.
 //! - After an error that leaves a handle unsure of what is on disk (a failed
 //!   fsync or commit write, a failure inside delete or compact after it began
 //!   changing records), every later call on it but lx_close/lx_free returns

@@ -436,12 +436,12 @@ def _warm_up(bases: dict, workdir: str) -> None:
             raise RuntimeError(f"intact base {base.name} fails the checks: {result['problems']}")
 
 
-def run_counted(case, records: list, workdir: str) -> dict:
-    """run_case, plus the descriptor count: an open that fails, or a handle
-    that is closed, must not leave files (or the writer lock) open."""
+def run_counted(case, records: list, workdir: str, run=None) -> dict:
+    """run_case (or `run()`), plus the descriptor count: an open that fails,
+    or a handle that is closed, must not leave files (or the writer lock) open."""
     before = open_descriptors()
     try:
-        result = run_case(case, records, workdir)
+        result = run() if run is not None else run_case(case, records, workdir)
     except Exception as e:  # noqa: BLE001 - a harness bug is reported, not hidden
         return {
             "outcome": "FAIL",
@@ -471,14 +471,42 @@ def run_counted(case, records: list, workdir: str) -> dict:
     return result
 
 
-def worker_main(bases_path: str, seed: int, workdir: str) -> None:
+def _manifest_runner(bases: dict, workdir: str):
+    """The manifest corpus (tests/_fuzz_manifests.py): builds the template,
+    checks that its valid manifests open cleanly, returns make(seed, i) and
+    run(case)."""
+    import _fuzz_manifests as fm
+
+    template = os.path.join(workdir, "template")
+    shutil.rmtree(template, ignore_errors=True)
+    fm.write_template(template, bases)
+    for which in range(len(fm.DATASETS)):
+        data = json.dumps(fm.valid_manifest(bases, which)).encode()
+        case = fm.ManifestCase(-1, "warm-up", "valid", data, [], fm.template_parts())
+        result = fm.run_manifest_case(case, bases, template, workdir)
+        if result["problems"] or result["outcome"] != "opened, verify ok":
+            raise RuntimeError(f"a valid manifest fails the checks: {result}")
+
+    def run(case):
+        return run_counted(case, [], workdir,
+                           lambda: fm.run_manifest_case(case, bases, template, workdir))
+
+    return (lambda seed, i: fm.make_manifest_case(bases, seed, i)), run
+
+
+def worker_main(bases_path: str, seed: int, workdir: str, corpus: str = "stores") -> None:
     """Reads case numbers from stdin, answers one JSON line per case."""
     limit_resources()
     faulthandler.enable()
     from _fuzz_cases import make_case
 
     bases = load_bases(bases_path)
-    _warm_up(bases, workdir)
+    if corpus == "manifests":
+        make, run = _manifest_runner(bases, workdir)
+    else:
+        _warm_up(bases, workdir)
+        make = (lambda seed, i: make_case(bases, seed, i))  # noqa: E731
+        run = (lambda case: run_counted(case, bases[case.base].records, workdir))  # noqa: E731
     print("ready", flush=True)
     for line in sys.stdin:
         i = int(line)
@@ -486,7 +514,7 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
         sys.stderr.flush()
         _selftest(i)
         try:
-            case = make_case(bases, seed, i)
+            case = make(seed, i)
         except Exception as e:  # noqa: BLE001 - a harness bug is reported, not hidden
             result = {
                 "outcome": "FAIL",
@@ -502,7 +530,7 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
                 ],
             }
         else:
-            result = run_counted(case, bases[case.base].records, workdir)
+            result = run(case)
             result["what"] = f"{case.base}, {case.family}: {case.what}"
         result["rss_kib"] = peak_rss_kib()
         print(f"E {i} {json.dumps(result)}", flush=True)
@@ -514,7 +542,9 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
 class Worker:
     """One worker process and the case it is running."""
 
-    def __init__(self, bases_path: str, seed: int, root: str, serial: int):
+    def __init__(self, bases_path: str, seed: int, root: str, serial: int,
+                 corpus: str = "stores"):
+        self.corpus = corpus
         self.workdir = os.path.join(root, f"w{serial}")
         os.makedirs(self.workdir, exist_ok=True)
         self.err_path = os.path.join(root, f"w{serial}.stderr")
@@ -534,6 +564,7 @@ class Worker:
                     bases_path,
                     str(seed),
                     self.workdir,
+                    corpus,
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -592,13 +623,16 @@ def _died(w: Worker) -> dict:
 
 
 def run_corpus(
-    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 20.0
+    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 20.0,
+    corpus: str = "stores",
 ) -> dict[int, dict]:
-    """Runs `cases` on `jobs` workers; returns each case's result."""
+    """Runs `cases` of `corpus` ("stores" or "manifests") on `jobs` workers;
+    returns each case's result."""
     todo = collections.deque(cases)
     results: dict[int, dict] = {}
     serial = iter(range(1 << 30))
-    workers = [Worker(bases_path, seed, root, next(serial)) for _ in range(min(jobs, len(todo)))]
+    workers = [Worker(bases_path, seed, root, next(serial), corpus)
+               for _ in range(min(jobs, len(todo)))]
     try:
         while workers:
             for w in list(workers):
@@ -624,7 +658,7 @@ def run_corpus(
 
 
 def _replace(w, workers, root, bases_path, seed, serial) -> None:
-    workers[workers.index(w)] = Worker(bases_path, seed, root, next(serial))
+    workers[workers.index(w)] = Worker(bases_path, seed, root, next(serial), w.corpus)
 
 
 def _collect(w: Worker, workers, results, root, bases_path, seed, serial) -> None:
@@ -757,6 +791,6 @@ def repro(seed: int, i: int, keep: str | None = None) -> dict:
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     if sys.argv[1] == "worker":
-        worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "repro":
         repro(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)

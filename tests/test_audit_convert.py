@@ -351,7 +351,8 @@ def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
     create never replaces what appeared meanwhile, and parts a killed append
     moved in without a manifest entry are removed by the next append."""
     from loaderx.converters._columns import Flags
-    from loaderx.converters._dest import Destination, _lock_dataset
+    from loaderx._locks import lock_dataset
+    from loaderx.converters._dest import Destination
     from loaderx.dataset import DestinationExistsError
     from loaderx.errors import LockedError
 
@@ -359,17 +360,17 @@ def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
     _convert(tmp_path / "x.npy", out)
-    held = _lock_dataset(str(out))  # an append or overwrite still running
+    held = lock_dataset(str(out))  # an append or overwrite still running
     for mode in ("append", "overwrite"):
         with pytest.raises(LockedError, match="another conversion is writing to this dataset"):
             _convert(tmp_path / "x.npy", out, mode=mode)
     os.close(held)
-    orphan = out / "x" / "part-00007"  # moved in by an append killed before its manifest
+    orphan = out / "gen-000001" / "x" / "part-00007"  # an append killed before its manifest
     orphan.mkdir()
     (orphan / "data").write_bytes(b"x" * 100)
     _convert(tmp_path / "x.npy", out, mode="append")
     assert not orphan.exists()
-    assert sorted(os.listdir(out / "x")) == ["part-00000", "part-00001"]
+    assert sorted(os.listdir(out / "gen-000001" / "x")) == ["part-00000", "part-00001"]
     assert loaderx.open_dataset(out)["x"][np.arange(8)].tolist() == x.tolist() * 2
     late = Destination(tmp_path / "new", "create", Flags())
     late.begin([])  # a create that started before the one below finished

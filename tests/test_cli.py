@@ -227,8 +227,8 @@ def test_info_shows_labels_files_and_keys(tmp_path):
     report = json.loads(run("info", tmp_path / "d", "--json").stdout)
     assert report["columns"]["label"]["labels"] == ["ant", "bee"]
     out = run("convert", tmp_path / "imgs", tmp_path / "n", "--no-keys", "-q")
-    assert out.returncode == 0 and sorted(os.listdir(tmp_path / "n")) == [
-        "image", "label", "loaderx.json"]
+    assert out.returncode == 0 and sorted(os.listdir(tmp_path / "n" / "gen-000001")) == [
+        "image", "label"]
     (tmp_path / "pq").mkdir()
     pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
     import pyarrow.parquet as pq

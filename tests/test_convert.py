@@ -34,7 +34,7 @@ Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extr
 
 
 def _leftovers(parent) -> list:
-    return [n for n in os.listdir(parent) if "loaderx-partial" in n or "loaderx-old" in n]
+    return [n for n in os.listdir(parent) if ".loaderx-" in n or n.startswith("loaderx.json.")]
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -55,7 +55,8 @@ def test_npy_round_trip_and_manifest(tmp_path):
     assert_same(ds["feat"][:], x)
     ds["feat"].close()
     m = json.loads((tmp_path / "out" / "loaderx.json").read_text())
-    assert m["format"] == "loaderx-dataset" and m["version"] == 1 and m["rows"] == 50
+    assert m["format"] == "loaderx-dataset" and m["version"] == 2 and m["rows"] == 50
+    assert m["generation"] == "gen-000001"
     col = m["columns"]["feat"]
     assert (col["kind"], col["dtype"], col["item_shape"], col["codec"]) == (
         "dense",
@@ -63,9 +64,30 @@ def test_npy_round_trip_and_manifest(tmp_path):
         [4, 5],
         "zstd",
     )
-    assert col["shards"] == [{"path": "feat/part-00000", "rows": 50}]
+    assert col["shards"] == [{"path": "gen-000001/feat/part-00000", "rows": 50}]
+    assert sorted(os.listdir(tmp_path / "out")) == ["gen-000001", "loaderx.json"]
     assert m["source"] == {"type": "numpy", "path": str(tmp_path / "feat.npy")}
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", [(-1,), (-1, 3), (2, -3)])
+def test_negative_dimensions_in_npy_and_npz_headers_are_refused(tmp_path, shape):
+    """Before the fix an .npz member whose header said ``shape: (-1,)``
+    became an empty column without a word; the same .npy was refused."""
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<i8", "fortran_order": False, "shape": shape}
+    )
+    buf.write(np.arange(12, dtype="<i8").tobytes())
+    (tmp_path / "neg.npy").write_bytes(buf.getvalue())
+    with zipfile.ZipFile(tmp_path / "neg.npz", "w") as z:
+        z.writestr("a.npy", buf.getvalue())
+    for src in ("neg.npy", "neg.npz"):
+        with pytest.raises(ConvertError, match=f"{src}.*negative dimensions"):
+            loaderx.convert(tmp_path / src, tmp_path / "out", allow_tiny_records=True)
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
@@ -204,7 +226,7 @@ def test_failed_conversion_leaves_nothing(tmp_path):
     with pytest.raises(ConvertError):
         loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"])
     assert (tmp_path / "ok" / "loaderx.json").read_text() == before
-    assert sorted(os.listdir(tmp_path / "ok" / "a")) == ["part-00000"]
+    assert sorted(os.listdir(tmp_path / "ok" / "gen-000001" / "a")) == ["part-00000"]
     assert _leftovers(tmp_path / "ok") == []
 
 
@@ -388,7 +410,8 @@ def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
         for split in splits.values():
             for v in split.values():
                 v.close()
-    assert read_manifest(tmp_path / "s-obj")["splits"] == {"train": "train", "test": "test"}
+    assert read_manifest(tmp_path / "s-obj")["splits"] == {
+        "train": "gen-000001/train", "test": "gen-000001/test"}
     with pytest.raises(DestinationExistsError):
         loaderx.convert(dd, tmp_path / "s-obj")
     assert _leftovers(tmp_path) == []
@@ -495,12 +518,13 @@ def test_open_dataset_checks(tmp_path):
     loaderx.convert({"x": np.zeros((5, 9))}, tmp_path / "d")["x"].close()
     with pytest.raises(KeyError, match="no column 'y'"):
         open_dataset(tmp_path / "d", columns=["y"])
-    with DenseStore(tmp_path / "d" / "x" / "part-00000") as s:
+    part = tmp_path / "d" / "gen-000001" / "x" / "part-00000"
+    with DenseStore(part) as s:
         s.append(np.ones((1, 9)))
     with pytest.raises(CorruptStoreError, match="holds 6 records, the manifest says 5"):
         open_dataset(tmp_path / "d")
     with pytest.raises(NotAStoreError, match="single store"):
-        open_dataset(tmp_path / "d" / "x" / "part-00000")
+        open_dataset(part)
     with pytest.raises(FileNotFoundError):
         open_dataset(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
@@ -677,7 +701,7 @@ def test_appending_lists_keeps_the_dataset_s_layout(tmp_path):
             loaderx.convert(tmp_path / f"{name}.parquet", tmp_path / "d", mode="append",
                             batch_bytes=64 << 10, progress=False)
         assert (tmp_path / "d" / "loaderx.json").read_text() == before
-        assert sorted(os.listdir(tmp_path / "d" / "pixels")) == ["part-00000"]
+        assert sorted(os.listdir(tmp_path / "d" / "gen-000001" / "pixels")) == ["part-00000"]
     # Equal-length rows appended to a column of lists stay lists.
     loaderx.convert(tmp_path / "b.parquet", tmp_path / "r", progress=False)["pixels"].close()
     ds = loaderx.convert(tmp_path / "a.parquet", tmp_path / "r", mode="append", progress=False)

@@ -271,7 +271,7 @@ def test_cli_info_verify_and_convert(tmp_path):
     assert conv.returncode == 0, conv.stderr
     assert _only(loaderx.open_dataset(tmp_path / "new"))[np.arange(200)].tobytes() == x.tobytes()
     new_info = _cli("info", str(tmp_path / "new"))
-    assert "loaderx dataset manifest version 1" in new_info.stdout
+    assert "loaderx dataset manifest version 2" in new_info.stdout
     assert "loaderx store format 2" in new_info.stdout
 
 

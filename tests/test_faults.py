@@ -25,7 +25,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -453,6 +455,46 @@ def test_power_loss_at_every_instant_keeps_what_was_made_durable(tmp_path):
             losses += 1
     STATS["losses"] += losses
     assert losses >= 200
+
+
+_TRUNCATE = """
+import os, sys
+import numpy as np
+from loaderx import DenseStore
+path, mapped = sys.argv[1], sys.argv[2] == "mapped"
+s = DenseStore(path, np.uint8, (4096,), codec="raw")
+s.append(np.ones((64, 4096), np.uint8))
+s.sync()
+if mapped:
+    assert int(s[np.arange(64)].sum()) == 64 * 4096
+os.truncate(os.path.join(path, "data"), 4096)  # another program cuts the file
+try:
+    s[np.arange(64)]
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGBUS semantics are POSIX's")
+def test_a_data_file_truncated_from_outside(tmp_path):
+    """The README's caveat, pinned: a handle that has not mapped the lost
+    bytes yet checks the file's size before mapping and raises
+    CorruptStoreError; one whose mapping already covers them dies of SIGBUS
+    on the read (as with LMDB: mmap gives no other signal). A fresh open
+    reports the damage cleanly either way."""
+    import subprocess
+
+    from loaderx.errors import CorruptStoreError
+
+    fresh = subprocess.run([sys.executable, "-c", _TRUNCATE, str(tmp_path / "a"), "fresh"],
+                           capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "CorruptStoreError" in fresh.stdout and "data file is truncated" in fresh.stdout
+    mapped = subprocess.run([sys.executable, "-c", _TRUNCATE, str(tmp_path / "b"), "mapped"],
+                            capture_output=True, text=True, timeout=120)
+    assert mapped.returncode == -signal.SIGBUS, (mapped.returncode, mapped.stdout, mapped.stderr)
+    with pytest.raises(CorruptStoreError, match="truncated"):
+        DenseStore(tmp_path / "b")
 
 
 def test_report_counts():

@@ -289,3 +289,45 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
     ), "the corpus should hold both good and refused stores"
     assert counts["max rss MiB"] < _fuzz.MEMORY_LIMIT >> 20
     assert not failing, report
+
+
+# ----------------------------------------------------------------- the manifest corpus
+
+MANIFEST_CASES = int(os.environ.get("LOADERX_FUZZ_MANIFEST_CASES", "360"))
+
+
+def test_fuzz_manifest_corpus(bases, tmp_path, capsys):
+    """Hostile dataset manifests (tests/_fuzz_manifests.py), opened with
+    `open_dataset` in worker subprocesses: no crash, no hang, no leaked
+    descriptor, only loaderx exceptions, and a dataset that opens holds
+    exactly the records of the parts its manifest names, typed as it says."""
+    import _fuzz_manifests
+
+    made, path = bases
+    start = time.monotonic()
+    results = _fuzz.run_corpus(path, SEED, range(MANIFEST_CASES), str(tmp_path),
+                               jobs=min(2, os.cpu_count() or 1), corpus="manifests")
+    wall = time.monotonic() - start
+    counts = _fuzz.tally(results)
+    wrong = sum(1 for r in results.values() if any(p["kind"] == "wrong data"
+                                                   for p in r["problems"]))
+    failing = sorted(i for i, r in results.items() if r["problems"])
+    lines = [
+        f"manifest corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s",
+        "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
+        f"  crashes {counts['crashes']}, hangs {counts['hangs']}, wrong data {wrong}, "
+        f"foreign exceptions {counts['foreign exceptions']}, leaked descriptors "
+        f"{counts['leaked descriptors']}, harness errors {counts['harness errors']}",
+    ]
+    if failing:
+        lines.append(f"  {len(failing)} failing cases, by problem:")
+        lines += _fuzz.failure_groups(results, lambda i: results[i].get("what", "?"))
+    report = "\n".join(lines)
+    with capsys.disabled():
+        print("\n" + report)
+    assert counts["cases"] == MANIFEST_CASES
+    families = {_fuzz_manifests.make_manifest_case(made, SEED, i).family for i in range(12)}
+    assert len(families) == 8, families
+    assert counts["outcomes"].get("opened, verify ok", 0) > 0 and any(
+        k.startswith("refused") for k in counts["outcomes"])
+    assert not failing, report

@@ -131,7 +131,7 @@ def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
     with pytest.raises(Exception, match="null value"):
         lray.write_dataset(source, tmp_path / "ok", mode="append")
     assert (tmp_path / "ok" / "loaderx.json").read_text() == before
-    assert sorted(os.listdir(tmp_path / "ok" / "y")) == ["part-00000", "part-00001"]
+    assert sorted(os.listdir(tmp_path / "ok" / "gen-000001" / "y")) == ["part-00000", "part-00001"]
     assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "ok") == []
     manifest = lray.write_dataset(good, tmp_path / "ok", mode="append")
     assert (

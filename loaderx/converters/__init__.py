@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ import numpy as np
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
-from ._dest import Destination, safe_name, swap_into, write_json
+from ._dest import Destination, safe_name
 from ._progress import make_progress
 from ._run import StoreOptions, TaskResult, run_tasks, sample_records, settle_columns
 from ._source import ImageColumn, Options, Source, user_warning
@@ -460,36 +459,25 @@ def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: boo
 
 
 def _convert_splits(splits: list, dest, mode: str, options: Options, job: dict) -> dict:
-    """A DatasetDict: one dataset directory per split under `dest`, and a
-    manifest naming them."""
+    """A DatasetDict: one dataset directory per split, in one generation of
+    `dest`, and a manifest naming them."""
     if mode == "append":
         raise ConvertError("append to one split at a time: convert a Dataset into DEST/<split>")
-    parent, base = os.path.split(os.path.abspath(os.fspath(dest)))
-    Destination(dest, mode, options.flags)  # checks the destination per mode
+    target = Destination(dest, mode, options.flags)
     taken: set = set()
     # A split's name is data, not a path: "../x" must not write outside `dest`.
     dirs = {str(n): safe_name(str(n), taken) for n, _ in splits}
-    staging = os.path.join(parent, f".{base}.loaderx-partial-{uuid.uuid4().hex[:12]}")
-    os.makedirs(staging)
+    root = target.begin_splits()
     try:
         for name, split in splits:
             _convert_one(
                 open_source(split, options),
-                os.path.join(staging, dirs[str(name)]),
+                os.path.join(root, dirs[str(name)]),
                 "create",
                 options,
                 job,
             )
-        from ..dataset import MANIFEST_FORMAT, MANIFEST_VERSION
-
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "splits": dirs,
-        }
-        write_json(os.path.join(staging, MANIFEST_NAME), manifest)
-        swap_into(staging, os.path.abspath(os.fspath(dest)))
-        return manifest
+        return target.commit_splits(dirs)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        target.abort()
         raise

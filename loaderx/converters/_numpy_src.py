@@ -118,13 +118,19 @@ def _check_size(where: str, available: int, shape: tuple, dtype: np.dtype) -> No
 
 
 def _read_header(f):
-    """(shape, fortran_order, dtype) of the .npy header at `f`; never unpickles."""
+    """(shape, fortran_order, dtype) of the .npy header at `f`; never unpickles.
+    A negative dimension is refused here, for .npy files and .npz members
+    alike (NumPy's header parser lets it through)."""
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(f)
-    raise ValueError(f"unsupported .npy format version {version}")
+        header = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        header = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"unsupported .npy format version {version}")
+    if any(d < 0 for d in header[0]):
+        raise ValueError(f"negative dimensions are not allowed (the header says {header[0]})")
+    return header
 
 
 class _Rows:
