@@ -99,8 +99,8 @@ def store_report(store) -> dict:
 
 
 def _warnings(r: dict) -> list[str]:
-    if not r["records"]:
-        return []
+    if not r["records"] or (r["kind"] == "dense" and r["item_shape"] == []):
+        return []  # a scalar column (labels, metadata): one value per record is its form
     mean = r["payload_bytes"] / r["records"]
     if mean >= _TINY_RECORD_BYTES:
         return []

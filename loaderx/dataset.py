@@ -260,6 +260,9 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
     for name in wanted:
         if name not in manifest["columns"]:
             raise KeyError(f"{p}: no column {name!r}; the dataset has {list(manifest['columns'])}")
+    # A column's validity mask comes with it (loaderx.columns).
+    masks = [manifest["columns"][n].get("valid") for n in wanted]
+    wanted += [m for m in masks if m in manifest["columns"] and m not in wanted]
     opened: dict = {}
     try:
         for name in wanted:
@@ -268,7 +271,8 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
         for store in opened.values():
             store.close()
         raise
-    return opened
+    from .columns import wrap_columns
+    return wrap_columns(opened, manifest["columns"])
 
 
 def _open_column(root: str, name: str, shards: list) -> Any:

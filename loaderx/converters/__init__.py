@@ -26,14 +26,23 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, StoreNotFoundError
-from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
+from ._columns import (
+    ColumnSpec,
+    ConvertError,
+    Flags,
+    MissingDependencyError,
+    mask_name,
+    mask_spec,
+    with_extra,
+)
 from ._dest import Destination, safe_name, swap_into, write_json
 from ._progress import make_progress
-from ._run import StoreOptions, run_tasks, sample_records
+from ._run import StoreOptions, complete_masks, run_tasks, sample_records
 from ._source import Options, Source
 
 __all__ = [
@@ -65,6 +74,7 @@ def convert(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    fill_null: dict | None = None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
@@ -80,9 +90,14 @@ def convert(
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
         keep_encoded: keep images (and WebDataset ``.npy``) as encoded bytes.
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
-        allow_tiny_records: accept rows under 64 bytes (one record per value).
+        allow_tiny_records: accepted for compatibility; scalar columns (a
+            label file, a metadata table) convert without it, as raw
+            columns with no per-record index beyond a 4-byte checksum.
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
+        fill_null: ``{column: value}``: that column's nulls become `value`
+            instead of getting a ``<column>.valid`` mask (see
+            ``loaderx.converters._columns``).
     """
     convert_to_directory(
         source,
@@ -99,6 +114,7 @@ def convert(
         allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
+        fill_null=fill_null,
     )
     return open_dataset(dest)
 
@@ -120,6 +136,7 @@ def convert_to_directory(
     batch_bytes: int = 16 << 20,
     progress=None,
     cli: bool = False,
+    fill_null: dict | None = None,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
     flags = Flags(cli=cli)
@@ -140,12 +157,15 @@ def convert_to_directory(
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
+    if fill_null is not None and not isinstance(fill_null, Mapping):
+        raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
         keep_encoded=keep_encoded,
         row_length=row_length,
         flags=flags,
+        fill_null={**(fill_null or {})},
     )
     job = {
         "codec": codec,
@@ -258,25 +278,6 @@ def _open_directory(
 # ----------------------------------------------------------------- one dataset
 
 
-def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow: bool) -> None:
-    if allow or not all(s.kind == "dense" and s.item_shape == () for s in specs):
-        return
-    row = sum(s.dtype.itemsize for s in specs)
-    if row >= _TINY_RECORD_BYTES:
-        return
-    rows = source.row_count()
-    f = options.flags
-    count = f"{rows:,} records" if rows is not None else "one record per value"
-    raise ConvertError(
-        f"every row of this source is {row} B "
-        f"({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
-        f"each value would become its own record: {count} that cost more index than data. "
-        f"If these are tokens, store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
-        "or documents as a RaggedStore (loaderx.from_iterator); to keep one record per value "
-        f"anyway, pass {f.opt('allow_tiny_records')}"
-    )
-
-
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
     """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
     return {
@@ -307,23 +308,82 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
 
 
 def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -> dict:
-    specs = source.specs()
-    _check_tiny(source, specs, options, job["allow_tiny"])
+    specs = _with_fills(source.specs(), options)
     tasks = source.tasks(job["workers"])
     codecs = column_codecs(specs, job["codec"])
     dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
     target = Destination(dest, mode, options.flags)
-    target.begin(specs)
+    if target.mode == "append":
+        specs = _merge_categories(specs, target.existing or {}, target.dest)
+    # A place for every column's validity mask; a mask is made only when its
+    # column's first null arrives (see _run.write_task).
+    names = {s.name for s in specs}
+    masks = [mask_spec(s) for s in specs if mask_name(s.name) not in names]
+    target.begin(specs + masks)
     try:
-        paths = [{s.name: target.part_path(s.name, k) for s in specs} for k in range(len(tasks))]
+        paths = [
+            {s.name: target.part_path(s.name, k) for s in specs + masks}
+            for k in range(len(tasks))
+        ]
         opts = StoreOptions(codecs, job["level"], dicts, job["batch_bytes"])
         with make_progress(job["progress"], source.progress_total(), "convert", source.unit) as bar:
             rows = run_tasks(source, tasks, specs, paths, opts, bar)
+        used = complete_masks(specs, paths, rows, target.existing_masks())
+        specs = with_masks(specs, used)
+        codecs.update({m.name: "raw" for m in used})
         rows = _drop_empty_parts(target, specs, rows, keep_one=target.mode != "append")
         return target.commit(specs, codecs, rows, source.describe())
     except BaseException:
         target.abort()
         raise
+
+
+def with_masks(specs: list[ColumnSpec], masks: list[ColumnSpec]) -> list[ColumnSpec]:
+    """`specs` with each used mask right after its column (which names it)."""
+    by_owner = {m.extra["valid_of"]: m for m in masks}
+    out = []
+    for s in specs:
+        mask = by_owner.get(s.name)
+        out += [s] if mask is None else [with_extra(s, valid=mask.name), mask]
+    return out
+
+
+def _with_fills(specs: list[ColumnSpec], options: Options) -> list[ColumnSpec]:
+    from dataclasses import replace
+
+    unknown = sorted(set(options.fill_null) - {s.name for s in specs})
+    if unknown:
+        raise ConvertError(
+            f"fill_null names {unknown}, which are not columns being converted "
+            f"({[s.name for s in specs]})"
+        )
+    return [
+        replace(s, fill=options.fill_null[s.name]) if s.name in options.fill_null else s
+        for s in specs
+    ]
+
+
+def _merge_categories(specs: list[ColumnSpec], manifest: dict, dest: str) -> list[ColumnSpec]:
+    """Appending to a categorical column: its categories are the dataset's,
+    then the new data's others, so the codes already stored keep their meaning."""
+    from ._columns import code_dtype
+
+    out = []
+    for s in specs:
+        cats = s.extra.get("categories")
+        have = (manifest.get("columns") or {}).get(s.name, {}).get("categories")
+        if cats is None or have is None:
+            out.append(s)
+            continue
+        merged = list(have) + [c for c in cats if c not in set(have)]
+        if code_dtype(len(merged)) != code_dtype(len(have)):
+            raise ConvertError(
+                f"{dest}: column {s.name!r} would grow to {len(merged)} categories, more "
+                f"than its {code_dtype(len(have))} codes hold; convert into a new dataset"
+            )
+        out.append(ColumnSpec(s.name, s.kind, code_dtype(len(have)), s.item_shape, s.decode,
+                              s.codec, {**s.extra, "categories": merged}, s.fill))
+    return out
 
 
 def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: bool) -> list[int]:

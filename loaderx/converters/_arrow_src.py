@@ -20,7 +20,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ._columns import ColumnSpec, ConvertError, arrow_spec, arrow_to_batch, require
+from ._columns import (
+    ColumnSpec,
+    ConvertError,
+    add_categories,
+    arrow_spec,
+    arrow_to_batch,
+    categorical_spec,
+    is_categorical,
+    require,
+)
 from ._source import (
     Batch,
     ImageColumn,
@@ -171,6 +180,8 @@ class ArrowSource(Source):
             if shape and shape[0] is None:
                 return ColumnSpec(name, "ragged", dtype, tuple(shape[1:]), decode="tensor")
             return ColumnSpec(name, "dense", dtype, shape, decode="tensor")
+        if is_categorical(pa, t):
+            return categorical_spec(name, self._categories(name))
         spec = arrow_spec(pa, name, t, self.options.flags)
         if ftype == "ClassLabel" and feature.get("names"):
             return ColumnSpec(
@@ -181,6 +192,16 @@ class ArrowSource(Source):
                 extra={"class_names": list(feature["names"])},
             )
         return spec
+
+    def _categories(self, name: str) -> list:
+        """Every category of a dictionary column, in order of appearance: one
+        read of that column alone (each batch may carry its own dictionary;
+        the store keeps codes into this one list)."""
+        pa = _pa()
+        found: dict = {}
+        for _, table in self._batches((0, self.rows), [name], 1 << 20):
+            add_categories(pa, table.column(name), found)
+        return list(found)
 
     def _probe_headers(self, name: str) -> list:
         spec = ColumnSpec(name, "bytes", np.dtype(np.uint8), None, decode="encoded-image")

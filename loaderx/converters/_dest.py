@@ -215,6 +215,25 @@ def _is_loaderx(path: str) -> bool:
     )
 
 
+def _add_all_valid_mask(dest: str, manifest: dict, mask: ColumnSpec, folder: str) -> None:
+    """An append brought the first nulls of a column: the rows already in
+    the dataset get one all-valid mask store, and the manifest the mask
+    column (right after its column)."""
+    from ._run import write_all_valid
+
+    owner = mask.extra["valid_of"]
+    write_all_valid(os.path.join(dest, folder, "part-00000"), manifest["rows"])
+    entry = spec_entry(mask, "raw")
+    entry["shards"] = [{"path": f"{folder}/part-00000", "rows": manifest["rows"]}]
+    columns = {}
+    for name, col in manifest["columns"].items():
+        columns[name] = col
+        if name == owner:
+            col["valid"] = mask.name
+            columns[mask.name] = entry
+    manifest["columns"] = columns
+
+
 class Destination:
     """One conversion's destination. ``begin()`` → staging directory;
     ``part_path(column, k)``; ``commit(...)`` or ``abort()``."""
@@ -299,13 +318,29 @@ class Destination:
 
     def _check_append(self, specs: list[ColumnSpec]) -> None:
         cols = self._existing_manifest()["columns"]
-        if [s.name for s in specs] != list(cols):
+        # Validity masks come and go with nulls: only the value columns must match.
+        names = [s.name for s in specs if not s.extra.get("valid_of")]
+        have_names = [n for n, c in cols.items() if not c.get("valid_of")]
+        if names != have_names:
             raise ConvertError(
-                f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
-                f"with columns {list(cols)}; they must be the same"
+                f"{self.dest}: appending columns {names} to a dataset "
+                f"with columns {have_names}; they must be the same"
             )
+        taken = {os.path.dirname(c["shards"][0]["path"]).lower() for c in cols.values()}
         for s in specs:
+            if s.extra.get("valid_of") and s.name not in cols:
+                self.column_dirs[s.name] = safe_name(s.name, taken)
+                continue
             have = cols[s.name]
+            cats = s.extra.get("categories")
+            if cats is not None and cats[: len(have.get("categories", []))] != have.get(
+                "categories"
+            ):
+                raise IdentityError(
+                    f"{self.dest}: column {s.name!r} holds the categories "
+                    f"{have.get('categories')}, the new data's start with {cats[:10]}",
+                    path=self.dest,
+                )
             mine = spec_entry(s, have.get("codec", ""))
             for key in ("kind", "dtype", "item_shape"):
                 if have.get(key) != mine[key]:
@@ -362,6 +397,10 @@ class Destination:
     def _commit_append(self, specs, part_rows: list[int], source: dict) -> dict:
         manifest = self._existing_manifest()
         for s in specs:
+            if s.name not in manifest["columns"]:
+                _add_all_valid_mask(self.dest, manifest, s, self.column_dirs[s.name])
+            if s.extra.get("categories") is not None:  # appended data may add categories
+                manifest["columns"][s.name]["categories"] = s.extra["categories"]
             col_dir = os.path.join(self.dest, self.column_dirs[s.name])
             os.makedirs(col_dir, exist_ok=True)
             taken = [
@@ -389,6 +428,13 @@ class Destination:
         self.staging = None
         self._release()
         return manifest
+
+    def existing_masks(self) -> set:
+        """The value columns of an appended-to dataset that have a validity mask."""
+        if self.mode != "append":
+            return set()
+        cols = self._existing_manifest()["columns"]
+        return {c["valid_of"] for c in cols.values() if c.get("valid_of")}
 
     def abort(self) -> None:
         if self.staging is not None:

@@ -27,6 +27,7 @@ class Options:
     keep_encoded: bool = False
     row_length: int | None = None
     flags: Flags = field(default_factory=Flags)
+    fill_null: dict = field(default_factory=dict)
 
 
 @dataclass
