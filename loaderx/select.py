@@ -365,7 +365,15 @@ def _given_rows(where: Any, space: int) -> np.ndarray:
         raise TypeError("select takes a SQL string, a bool mask or a 1-D array of record "
                         f"indices, not {arr.dtype} of shape {arr.shape}")
     idx, _ = normalize_indices(arr, space)
-    return np.unique(idx.astype(np.int64))
+    return _sorted_unique(idx.astype(np.int64))
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted, without repeats (np.unique hashes, which is slower for this)."""
+    values = np.sort(values)
+    if len(values) > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return values
 
 
 # ----------------------------------------------------------------- SQL
@@ -587,7 +595,7 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
             raise _duckdb_error(e, where, list(bases)) from None
     finally:
         con.close()
-    return np.unique(np.asarray(found, dtype=np.int64))
+    return np.sort(np.asarray(found, dtype=np.int64))  # row numbers: unique already
 
 
 def _mentions(where: str, name: str) -> bool:
