@@ -10,7 +10,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.zsampler import Sampler
     from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, pad
     from loaderx.converters import convert
-    from loaderx.select import select, View
+    from loaderx.subset import select, View
     from loaderx.columns import Column
     from loaderx.dataloader import DataLoader
 """
@@ -37,7 +37,7 @@ from .errors import (
 )
 from .columns import Column
 from .mixture import Mixture
-from .select import View, select
+from .subset import View, select
 from .shardset import ShardSet
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict

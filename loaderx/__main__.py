@@ -182,7 +182,7 @@ def _dataset_report(path: str) -> dict:
 
 def _scalar_columns(opened: dict) -> dict:
     """The columns a `loaderx select` predicate can name, with their SQL types."""
-    from .select import _info
+    from .subset import _info
 
     out = {}
     for name, col in opened.items():
@@ -331,7 +331,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_select(args) -> int:
-    from .select import select
+    from .subset import select
 
     t0 = time.perf_counter()
     sub = select(args.dataset, args.where, engine=args.engine)

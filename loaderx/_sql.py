@@ -587,8 +587,8 @@ def _eval(node: Node, chunk: Chunk, positive: bool) -> Any:
     from a NaN for an ordered comparison)."""
     pa, pc = _pa()
     op = node.op
-    if op == "lit":
-        return _scalar(pa, node.value, None)
+    if op == "lit":  # here a condition: NULL is an unknown bool
+        return _scalar(pa, node.value, pa.bool_() if node.value is None else None)
     if op == "col":
         return chunk.column(node.value, True)
     if op == "codes":
