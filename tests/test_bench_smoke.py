@@ -28,7 +28,7 @@ import bench_scale  # noqa: E402
 import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
 
 
@@ -51,6 +51,14 @@ EXPECTED = {
         "loaderx TokenWindows gather(out=)",
         "loaderx DataLoader({'tokens': tw})",
         "litdata TokensLoader",
+    ),
+    "select": (
+        "loaderx select (pyarrow engine)",
+        "loaderx select (DuckDB engine)",
+        "numpy mask over memmapped .npy",
+        "HF datasets filter (per-example lambda)",
+        "loaderx DataLoader over a 10% subset (views)",
+        "loaderx DataLoader over a dataset of the same size",
     ),
     "scale": (
         "DenseStore raw 8 B (int64) 10^3",
