@@ -510,7 +510,7 @@ class Chunk:
     def __init__(self, start: int, stop: int, fetch: Callable[..., Any]):
         self.start, self.stop = start, stop
         self._fetch = fetch
-        self._cache: Dict[Tuple[str, bool], Any] = {}
+        self._cache: Dict[Tuple[str, Any], Any] = {}
 
     def column(self, name: str, nan_as_null: bool) -> Any:
         key = (name, nan_as_null)
@@ -521,8 +521,8 @@ class Chunk:
     def codes(self, name: str) -> np.ndarray:
         key = (name, "codes")
         if key not in self._cache:
-            self._cache[key] = self._fetch(name, self.start, self.stop, "codes")  # type: ignore
-        return self._cache[key]  # type: ignore[return-value]
+            self._cache[key] = self._fetch(name, self.start, self.stop, "codes")
+        return self._cache[key]
 
 
 def _pa():

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import importlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -53,10 +54,18 @@ from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_
 
 __all__ = ["select", "View", "Selection", "NativePart"]
 
-try:  # the stream protocol's part (loaderx.streams), once it exists
-    from .streams import NativePart  # type: ignore[attr-defined]
-except ImportError:
-    NativePart = collections.namedtuple("NativePart", "handle first rows")  # type: ignore[misc]
+
+
+def _native_part_type() -> Any:
+    """The stream protocol's part type (``loaderx.streams.NativePart``), or
+    the same named tuple where that module does not exist yet."""
+    try:
+        return importlib.import_module("loaderx.streams").NativePart
+    except (ImportError, AttributeError):
+        return collections.namedtuple("NativePart", "handle first rows")
+
+
+NativePart = _native_part_type()
 
 #: Selections of up to this many records pickle as their index array;
 #: larger ones as the dataset path and predicate (when they have both).

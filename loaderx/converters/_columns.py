@@ -421,6 +421,7 @@ def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
     valid = None
     if arr.null_count and spec.decode != "ray-variable":
         valid, arr = _fill_rows(pa, arr, spec)
+    values: Any
     if spec.kind == "dense":
         values = _dense_values(pa, arr, spec, row0, flags)
     elif spec.kind == "ragged":
