@@ -76,7 +76,8 @@ def test_convert_info_verify_compact(tmp_path, npz):
     assert (
         "column 'x': 2 shards" in out.stdout
         and "overhead:" in out.stdout
-        and "warning:" in out.stdout
+        and "scalar columns" in out.stdout
+        and "  y int64\n" in out.stdout
     )
     out = run("verify", tmp_path / "ds")
     assert out.returncode == 0 and "ok: 800 records in 4 stores verified" in out.stdout
