@@ -369,7 +369,10 @@ def _stores_of(path: str) -> tuple[list, list]:
             cols = [c for split in opened.values() for c in split.values()]
         else:
             cols = list(opened.values())
-        stores = [s for c in cols for s in (c.shards if hasattr(c, "shards") else (c,))]
+        # A text or list column's mask is read through its column, not listed.
+        folded = [c.valid for c in cols if getattr(c, "valid", None) is not None
+                  and not any(c.valid is other for other in cols)]
+        stores = [s for c in cols + folded for s in (c.shards if hasattr(c, "shards") else (c,))]
         return stores, cols
     store = open_store(path)
     return [store], [store]

@@ -97,6 +97,8 @@ def test_a_pandas_table_with_nulls_converts_without_flags(tmp_path):
     assert batch["name"][7] is None and batch["name"][0] == "n0"
     for col in ds.values():
         col.close()
+    out = _cli("verify", tmp_path / "ds")  # every store, the folded name.valid too
+    assert out.returncode == 0 and "in 24 stores verified" in out.stdout, out.stderr
 
 
 def test_fill_null_instead_of_a_mask(tmp_path):
@@ -204,3 +206,25 @@ def test_a_raw_scalar_column_is_a_memory_mapped_array(tmp_path):
         assert e.as_array().shape == (0, 3)
         e.append(np.ones((2, 3), np.float32))
         assert e.as_array().shape == (2, 3)
+
+
+def test_a_null_image_is_a_masked_row(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+    import io
+
+    def png(value):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 5, 3), value, np.uint8)).save(buf, "PNG")
+        return {"bytes": buf.getvalue(), "path": None}
+
+    rows = [png(10), None, png(30)]
+    hf = datasets.Dataset.from_dict({"img": rows},
+                                    features=datasets.Features({"img": datasets.Image()}))
+    ds = loaderx.convert(hf, tmp_path / "d", progress="off")
+    assert ds["img"].item_shape == (4, 5, 3)
+    assert_same(ds["img.valid"][:], np.array([True, False, True]))
+    assert (ds["img"][1] == 0).all() and (ds["img"][2] == 30).all()
+    enc = loaderx.convert(hf, tmp_path / "e", keep_encoded=True, progress="off")
+    got = enc["img"][:]
+    assert got[1] is None and got[0] == rows[0]["bytes"]

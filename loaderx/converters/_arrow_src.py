@@ -23,6 +23,7 @@ import numpy as np
 from ._columns import (
     ColumnSpec,
     ConvertError,
+    Nullable,
     add_categories,
     arrow_spec,
     arrow_to_batch,
@@ -36,6 +37,7 @@ from ._source import (
     Options,
     Source,
     image_header,
+    image_shape,
     row_tasks,
     rows_per_batch,
     select_columns,
@@ -210,7 +212,8 @@ class ArrowSource(Source):
             return []
         row0, table = batch
         values = self._image_bytes(table.column(name), spec, row0)
-        return [image_header(v, f"column {name!r} row {row0 + i}") for i, v in enumerate(values)]
+        return [image_header(v, f"column {name!r} row {row0 + i}")
+                for i, v in enumerate(values) if v is not None]
 
     # -- reading
     def row_count(self) -> int:
@@ -289,10 +292,15 @@ class ArrowSource(Source):
     def _convert(self, pa, column, spec: ColumnSpec, row0: int):
         if spec.decode in ("image", "encoded-image", "struct-bytes"):
             data = self._image_bytes(column, spec, row0)
+            valid = np.array([b is not None for b in data], dtype=bool)
+            present = [b for b in data if b is not None]
             if spec.decode == "struct-bytes":
-                return data
-            where = [f"column {spec.name!r} row {row0 + i}" for i in range(len(data))]
-            return ImageColumn.records(spec, data, where, self.options.flags)
+                records = present
+            else:
+                where = [f"column {spec.name!r} row {row0 + i}"
+                         for i in np.flatnonzero(valid).tolist()]
+                records = ImageColumn.records(spec, present, where, self.options.flags)
+            return records if valid.all() else _null_images(spec, records, valid)
         return arrow_to_batch(pa, column, spec, row0, self.options.flags)
 
     def _image_bytes(self, column, spec: ColumnSpec, row0: int) -> list:
@@ -301,9 +309,11 @@ class ArrowSource(Source):
         pa = _pa()
         arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         if pa.types.is_struct(arr.type):
-            data = arr.field("bytes").to_pylist()
+            # A null row is a null struct, whatever its fields hold.
+            rows = arr.is_valid().to_pylist()
+            data = [b if ok else None for b, ok in zip(arr.field("bytes").to_pylist(), rows)]
             paths = (
-                arr.field("path").to_pylist()
+                [p if ok else None for p, ok in zip(arr.field("path").to_pylist(), rows)]
                 if arr.type.get_field_index("path") >= 0
                 else [None] * len(arr)
             )
@@ -311,15 +321,15 @@ class ArrowSource(Source):
             data, paths = arr.to_pylist(), [None] * len(arr)
         out = []
         for i, (b, p) in enumerate(zip(data, paths)):
-            if b is None and p and os.path.isfile(p):
+            if b is None and p:
+                if not os.path.isfile(p):
+                    raise ConvertError(
+                        f"column {spec.name!r} row {row0 + i} names the file {p}, which does "
+                        f"not exist; skip the column with {self.options.flags.skip(spec.name)}"
+                    )
                 with open(p, "rb") as f:
                     b = f.read()
-            if b is None:
-                raise ConvertError(
-                    f"column {spec.name!r} row {row0 + i} has no data; skip the column "
-                    f"with {self.options.flags.skip(spec.name)}"
-                )
-            out.append(b)
+            out.append(b)  # None: a null image (no bytes, no path)
         return out
 
     def describe(self) -> dict:
@@ -336,6 +346,25 @@ class ArrowSource(Source):
             "path", self.files[0] if len(self.files) == 1 else os.path.commonpath(self.files)
         )
         return d
+
+
+def _null_images(spec: ColumnSpec, records, valid: np.ndarray) -> Nullable:
+    """A batch of images with null rows: fillers (no bytes, a black image, an
+    empty array) where `valid` is False, and the mask."""
+    n = len(valid)
+    if spec.kind == "dense":
+        out = np.zeros((n,) + spec.dense_shape, spec.dtype)
+        out[valid] = records
+        return Nullable(out, valid)
+    if spec.kind == "ragged":
+        mode = spec.extra["image_mode"]
+        empty = np.zeros(image_shape((0, 0), mode), spec.dtype)
+    else:
+        empty = b""
+    filled, it = [], iter(records)
+    for ok in valid.tolist():
+        filled.append(next(it) if ok else empty)
+    return Nullable(filled, valid)
 
 
 class HFDatasetSource(ArrowSource):

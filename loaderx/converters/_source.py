@@ -15,7 +15,8 @@ import numpy as np
 
 from ._columns import ColumnSpec, ConvertError, Flags, decode_image, image_shape, image_target_mode
 
-__all__ = ["Batch", "Options", "Source", "row_tasks", "select_columns", "ImageColumn"]
+__all__ = ["Batch", "Options", "Source", "row_tasks", "select_columns", "ImageColumn",
+           "image_shape"]
 
 
 @dataclass
