@@ -165,6 +165,10 @@ class _Segments:
     def item_shape(self) -> Tuple[int]:
         return self._windows.item_shape
 
+    @property
+    def fingerprint(self) -> str:
+        return f"segments of the {self._windows.fingerprint}"
+
     def __len__(self) -> int:
         return len(self._windows)
 

@@ -223,16 +223,28 @@ class View:
         got = self.gather(idx)
         return got[0] if scalar else got
 
-    def native_parts(self) -> List[Any]:
-        """The stream protocol's native parts: each store of the base column
-        that holds selected records, with the selected records of it
-        (``rows``: sorted uint64 local indices). Only for columns a native
-        read gives as they are (not text, nor a list column with nulls)."""
-        parts_of = getattr(self._base, "native_parts", None)
-        if not callable(parts_of):
-            parts_of = getattr(self._base, "__loaderx_parts__", None)
-        if not callable(parts_of):
-            raise AttributeError(f"column {self._name!r} is not read natively")
+    def _base_parts(self) -> Optional[Any]:
+        """The base column's parts function, if a native read gives its records as they are."""
+        for name in ("native_parts", "__loaderx_parts__"):
+            fn = getattr(self._base, name, None)
+            if callable(fn):
+                return fn
+        return None
+
+    @property
+    def native_parts(self) -> Any:
+        """The stream protocol's ``native_parts()``: each store of the base
+        column that holds selected records, with the selected records of it
+        (``rows``: sorted uint64 local indices). Absent (``hasattr`` is
+        False) where a native read would not give the column's records as
+        they are (text, a list column with nulls): those are read by Python."""
+        if self._base_parts() is None:
+            raise AttributeError(f"column {self._name!r} is read by Python, not natively")
+        return self._native_parts
+
+    def _native_parts(self) -> List[Any]:
+        parts_of = self._base_parts()
+        assert parts_of is not None  # checked by the property
         base = [(p[0], int(p[1])) for p in parts_of()]
         if self._u64 is None:
             self._u64 = self._selection.rows.astype(np.uint64)
@@ -251,7 +263,7 @@ class View:
         # What the column says about its records (categories, text, path,
         # codec, ...) is the column's. Read protocols are never the base's:
         # a native read of the base would read every record, not these.
-        if attr.startswith("_") or attr in ("native_windows", "shards", "lengths"):
+        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths"):
             raise AttributeError(attr)
         return getattr(self._base, attr)
 

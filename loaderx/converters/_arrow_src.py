@@ -356,11 +356,9 @@ def _null_images(spec: ColumnSpec, records, valid: np.ndarray) -> Nullable:
         out = np.zeros((n,) + spec.dense_shape, spec.dtype)
         out[valid] = records
         return Nullable(out, valid)
+    empty: Any = b""
     if spec.kind == "ragged":
-        mode = spec.extra["image_mode"]
-        empty = np.zeros(image_shape((0, 0), mode), spec.dtype)
-    else:
-        empty = b""
+        empty = np.zeros(image_shape((0, 0), spec.extra["image_mode"]), spec.dtype)
     filled, it = [], iter(records)
     for ok in valid.tolist():
         filled.append(next(it) if ok else empty)
