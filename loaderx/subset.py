@@ -199,8 +199,15 @@ class View:
 
     # -- reads
     def _mapped(self, indices) -> np.ndarray:
+        rows = self._selection.rows
+        if type(indices) is np.ndarray and indices.ndim == 1 and indices.dtype == np.int64:
+            # The loader's path (a sampler's batch): numpy checks the bounds.
+            try:
+                return rows.take(indices)
+            except IndexError:
+                pass  # the slow path names the bad index
         idx, _ = normalize_indices(indices, len(self))
-        return self._selection.rows[idx]
+        return rows[idx]
 
     def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> Any:
         """Records `indices` of this view: the base column's records
