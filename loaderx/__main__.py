@@ -2,9 +2,11 @@
 (also ``python -m loaderx``), and ``loaderx --version``.
 
 Long commands show a progress bar with rate and ETA on a terminal and plain
-periodic log lines otherwise; ``--quiet`` silences both. Exit codes: 0 ok, 1 a
-loaderx error (one line on stderr, no traceback), 2 a usage error, 130 when
-interrupted.
+periodic log lines otherwise; ``--quiet`` silences both. Warnings are one line
+on stderr naming the input. Exit codes: 0 ok, 1 a loaderx error (one line on
+stderr, no traceback), 2 a usage error, 130 when interrupted, 141 (as if
+killed by SIGPIPE, silently) when stdout is a pipe closed early
+(``loaderx info --json X | head``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -80,6 +83,7 @@ def store_report(store) -> dict:
         "kind": store.kind,
         "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if store.item_shape is not None else None,
+        "format_version": store.format_version,
         "codec": store.codec,
         "level": store.level,
         "dictionary_bytes": len(dictionary) if dictionary else 0,
@@ -120,6 +124,7 @@ def _print_store(r: dict, indent: str = "") -> None:
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
     lines = [
         ("kind", f"{r['kind']} ({shape})"),
+        ("format", f"loaderx store format {r['format_version']}"),
         (
             "codec",
             f"{r['codec']}"
@@ -166,6 +171,7 @@ def _dataset_report(path: str) -> dict:
             reports = [store_report(s) for s in shards]
             total = _sum_reports(reports)
             total["shards"] = len(shards)
+            total.update(_column_facts(path, name, manifest["columns"][name]))
             columns[name] = total
         scalars = _scalar_columns(opened)
     finally:
@@ -173,6 +179,7 @@ def _dataset_report(path: str) -> dict:
             col.close()
     return {
         "path": os.path.abspath(path),
+        "manifest_version": manifest["version"],
         "rows": manifest["rows"],
         "source": manifest.get("source"),
         "columns": columns,
@@ -213,6 +220,63 @@ def _scalar_text(name: str, c: dict) -> str:
     return f"{name} {what}" + (", nullable" if c["nullable"] else "")
 
 
+def _column_facts(path: str, name: str, entry: dict) -> dict:
+    """What the manifest says of a column beyond its stores: label names,
+    the images' mode, a role (``key``)."""
+    from .dataset import labels
+
+    facts: dict = {}
+    names = labels(path, name)
+    if names is not None:
+        facts["labels"] = names
+    for key in ("image_mode", "image_modes", "role"):
+        if key in entry:
+            facts[key] = entry[key]
+    return facts
+
+
+def _source_files(source: dict) -> list[dict]:
+    """The manifest's source files as ``{"path", "rows"}`` (rows may be
+    missing: manifests before loaderx 0.2 listed names only, or a count)."""
+    files = source.get("files")
+    if not isinstance(files, list):
+        return []
+    out = []
+    for f in files:
+        if isinstance(f, str):
+            out.append({"path": f})
+        elif isinstance(f, dict) and isinstance(f.get("path"), str):
+            out.append(f)
+    return out
+
+
+_FILES_SHOWN = 20
+_LABELS_SHOWN = 10
+
+
+def _print_source(src: dict, indent: str) -> None:
+    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    files = _source_files(src)
+    for f in files[:_FILES_SHOWN]:
+        rows = f.get("rows")
+        span = f"rows {rows[0]:,}:{rows[1]:,}" if isinstance(rows, list) and len(rows) == 2 else ""
+        print(f"{indent}  {f['path']}  {span}".rstrip())
+    if len(files) > _FILES_SHOWN:
+        print(f"{indent}  ... {len(files) - _FILES_SHOWN:,} more files (--json lists them all)")
+
+
+def _print_facts(col: dict, indent: str) -> None:
+    if "labels" in col:
+        names = col["labels"]
+        shown = ", ".join(names[:_LABELS_SHOWN]) + (", ..." if len(names) > _LABELS_SHOWN else "")
+        print(f"{indent}{'labels:':<10} {shown} ({len(names):,} names; loaderx.labels(ds, name))")
+    if "image_mode" in col:
+        seen = ", ".join(f"{m} {n:,}" for m, n in (col.get("image_modes") or {}).items())
+        print(f"{indent}{'images:':<10} {col['image_mode']}" + (f" (seen: {seen})" if seen else ""))
+    if col.get("role") == "key":
+        print(f"{indent}{'role:':<10} key (where each row came from)")
+
+
 def _sum_reports(reports: list[dict]) -> dict:
     r = dict(reports[0])
     r["path"] = os.path.dirname(reports[0]["path"]) if len(reports) > 1 else reports[0]["path"]
@@ -247,8 +311,9 @@ def _print_dataset(report: dict, indent: str = "") -> None:
         return
     src = report.get("source") or {}
     print(f"{indent}dataset:   {report['path']}")
+    print(f"{indent}format:    loaderx dataset manifest version {report['manifest_version']}")
     print(f"{indent}rows:      {report['rows']:,}")
-    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    _print_source(src, indent)
     scalars = report.get("scalar_columns") or {}
     if scalars:
         print(f"{indent}scalar columns (loaderx select predicates name these):")
@@ -256,12 +321,44 @@ def _print_dataset(report: dict, indent: str = "") -> None:
             print(f"{indent}  {_scalar_text(name, c)}")
     for name, col in report["columns"].items():
         print(f"{indent}column {name!r}: {col['shards']} shard{'s' if col['shards'] != 1 else ''}")
+        _print_facts(col, indent + "  ")
         _print_store(col, indent + "  ")
 
 
+def _original_info(args) -> int:
+    """`info` on a store written by the original loaderx: what it is and the
+    command that converts it (it is not read in place)."""
+    from .converters._original_src import original_summary
+
+    r = original_summary(args.path)
+    r["convert"] = f"loaderx convert {args.path} DEST"
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    shape = f"{r['dtype']}{r['shape']}" if r["dtype"] else "bytes"
+    codecs = ", ".join(f"{n:,} {c}" for c, n in r["codecs"].items()) or "none"
+    for key, value in (
+        ("path", r["path"]),
+        ("layout", f"a store of the original loaderx (0.9.x/1.7.x), format version "
+                   f"{r['format_version']}; loaderx reads it only to convert it"),
+        ("kind", f"{r['kind']} ({shape}); converts to a {r['becomes']}"),
+        ("records", f"{r['records']:,} in {r['chunks']} chunk file{'s' * (r['chunks'] != 1)} "
+                    f"({codecs})"),
+        ("payload", _fmt_bytes(r["payload_bytes"])),
+        ("stored", f"{_fmt_bytes(r['stored_bytes'])}, dictionary "
+                   f"{_fmt_bytes(r['dictionary_bytes']) if r['dictionary_bytes'] else 'none'}"),
+        ("convert", f"{r['convert']}   (then open DEST with loaderx.open_dataset)"),
+    ):
+        print(f"{key + ':':<10} {value}")
+    return 0
+
+
 def cmd_info(args) -> int:
+    from .converters._original_src import is_original_store
     from .dataset import open_store
 
+    if is_original_store(args.path):
+        return _original_info(args)
     if os.path.isfile(os.path.join(args.path, "loaderx.json")):
         report = _dataset_report(args.path)
         if args.json:
@@ -306,8 +403,12 @@ def cmd_convert(args) -> int:
         allow_tiny_records=args.allow_tiny_records,
         batch_bytes=int(args.batch_mib * (1 << 20)),
         progress=_progress_mode(args),
+        keys=not args.no_keys,
+        image_column=None if args.image_per_extension else args.image_column,
         cli=True,
         fill_null=dict(args.fill_null or []),
+        dtype=args.dtype,
+        item_shape=args.item_shape,
     )
     elapsed = time.perf_counter() - t0
     if "splits" in manifest:
@@ -315,7 +416,8 @@ def cmd_convert(args) -> int:
         return 0
     cols = ", ".join(
         f"{n} ({c['kind']} {c['dtype']}{c['item_shape'] if c['kind'] == 'dense' else ''}, "
-        f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
+        + (f"images {c['image_mode']}, " if "image_mode" in c else "")
+        + f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
         for n, c in manifest["columns"].items()
     )
     _say(
@@ -361,7 +463,14 @@ def cmd_select(args) -> int:
 
 def _stores_of(path: str) -> tuple[list, list]:
     """(stores, things to close) for a store path or a dataset directory."""
+    from .converters._original_src import is_original_store
     from .dataset import open_dataset, open_store
+    from .errors import NotAStoreError
+
+    if is_original_store(path):
+        raise NotAStoreError(f"{path} is a store written by the original loaderx (0.9.x/1.7.x), "
+                             f"which loaderx reads only to convert it: loaderx convert {path} DEST",
+                             path=path)
 
     if os.path.isfile(os.path.join(path, "loaderx.json")):
         opened = open_dataset(path)
@@ -403,7 +512,31 @@ def _each_store(args, label: str, action) -> tuple:
     return records, before, after, time.perf_counter() - t0, len(stores)
 
 
+def _original_verify(args) -> int:
+    """`verify` on a store written by the original loaderx: every entry and
+    every frame decoded, then the command that converts it."""
+    from .converters._original_src import OriginalSource
+    from .converters._progress import make_progress
+    from .converters._source import Options
+
+    t0 = time.perf_counter()
+    src = OriginalSource(args.path, Options())
+    with make_progress(_progress_mode(args), float(src.rows), "verify", "records") as bar:
+        for start in range(0, src.rows, 4096):
+            src.read_all(start, min(start + 4096, src.rows))
+            bar.update(min(4096, src.rows - start))
+    src._close()
+    _say(args, f"ok: {src.rows:,} records of a store written by the original loaderx (format "
+               f"version {src.version}) verified in {time.perf_counter() - t0:.2f} s; convert "
+               f"it with: loaderx convert {args.path} DEST")
+    return 0
+
+
 def cmd_verify(args) -> int:
+    from .converters._original_src import is_original_store
+
+    if is_original_store(args.path):
+        return _original_verify(args)
     records, _, _, dt, count = _each_store(args, "verify", lambda s: s.verify())
     _say(
         args,
@@ -618,13 +751,16 @@ def _convert_parser(sub, quiet) -> None:
         parents=[quiet],
         help="convert data into a loaderx dataset directory",
         description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png) or "
-        "WebDataset .tar shards. DST: a new dataset directory.",
+        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
+        "WebDataset .tar shards or a store written by the original loaderx 0.9.x/1.7.x "
+        "(meta.zr). DST: a new dataset directory.",
     )
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--codec", default="zstd", choices=["raw", "zstd"])
-    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument(
+        "--level", type=int, default=None, help="zstd level (default 3; 19 with a dictionary)"
+    )
     p.add_argument(
         "--dict", action="store_true", help="train a zstd dictionary per column (small records)"
     )
@@ -650,12 +786,44 @@ def _convert_parser(sub, quiet) -> None:
                    help="store COL's nulls as VALUE instead of keeping a COL.valid mask "
                    "(repeatable)")
     p.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="no 'key' column (a tar sample's __key__, an image's path under the folder)",
+    )
+    images = p.add_mutually_exclusive_group()
+    images.add_argument(
+        "--image-column",
+        default="image",
+        metavar="NAME",
+        help="WebDataset: the column of each sample's image, jpg, png, webp... (default image)",
+    )
+    images.add_argument(
+        "--image-per-extension",
+        action="store_true",
+        help="WebDataset: one column per image extension instead",
+    )
+    p.add_argument(
         "--batch-mib",
         type=_batch_mib,
         default=16.0,
         help="MiB read and written at a time (default 16)",
     )
+    p.add_argument("--dtype", default=None, help="an original loaderx store's record dtype "
+                   "(where its schema.msgpack cannot be read)")
+    p.add_argument("--item-shape", type=_shape, default=None,
+                   help="with --dtype: dense records of this shape, e.g. 3,32,32 ('' for scalars)")
     p.set_defaults(fn=cmd_convert)
+
+
+def _shape(text: str) -> tuple:
+    """--item-shape: comma-separated non-negative ints ('' for a scalar)."""
+    try:
+        dims = tuple(int(d) for d in text.replace(" ", "").split(",") if d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"dimensions must be >= 0, got {text!r}")
+    return dims
 
 
 def main(argv=None) -> int:
@@ -668,7 +836,11 @@ def main(argv=None) -> int:
     from .errors import ZrecordError
 
     try:
-        return args.fn(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args)
+            return args.fn(args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"loaderx {args.cmd}: interrupted", file=sys.stderr)
         return 130
@@ -676,6 +848,28 @@ def main(argv=None) -> int:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1
+
+
+def _warning_printer(args):
+    """`warnings.showwarning` for the CLI: one line naming the input, never
+    the loaderx source line that raised it."""
+    where = getattr(args, "src", None) or getattr(args, "path", None)
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        prefix = f"{where}: " if where and not text.startswith(str(where)) else ""
+        print(f"loaderx {args.cmd}: warning: {prefix}{text}", file=sys.stderr)
+
+    return show
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix
+    tools killed by SIGPIPE do, with nothing left to flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from .errors import (
     IdentityError,
     InvalidArgumentError,
     LockedError,
+    NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
 )
@@ -270,6 +271,10 @@ class Store:
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
                          fixed_size if create_codec == "raw" else 0, out)
+        if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
+            raise NotAStoreError(f"{self._path} is a store written by the original loaderx "
+                                 "(0.9.x/1.7.x), read only to convert it: loaderx.convert(path, "
+                                 "dest) or `loaderx convert PATH DEST`", path=self._path)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
         # This store as a one-part index space for the gathers (a call holds
@@ -280,6 +285,7 @@ class Store:
             check(lib.lx_info(self._handle, info), self._path)
             self._codec = _lib.CODEC_NAMES[info.codec]
             self._level = int(info.level)
+            self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
@@ -352,6 +358,11 @@ class Store:
     @property
     def level(self) -> int:
         return self._level
+
+    @property
+    def format_version(self) -> int:
+        """The on-disk format version the store is written in (``loaderx info`` shows it)."""
+        return self._format_version
 
     @property
     def closed(self) -> bool:

@@ -7,8 +7,9 @@ manifest (``loaderx.json``), additively to the store's own identity:
 * ``"text": true`` — a Zrecord of UTF-8 strings, read back as ``str``;
 * ``"categories": [...]`` — a DenseStore of int8/16/32 codes into these
   names (-1 for a null), the layout of pandas categoricals and Arrow
-  dictionaries; ``"class_names"`` (Hugging Face ``ClassLabel``) names the
-  values of an integer label column the same way;
+  dictionaries; ``"labels"`` (an image folder's classes, a Hugging Face
+  ``ClassLabel``; ``"class_names"`` before) names the values of an integer
+  label column the same way (`loaderx.labels` reads both);
 * ``"valid": "<name>.valid"`` — the column had nulls: ``<name>.valid`` is a
   bool DenseStore column, False where the source held a null (the mask
   column says ``"valid_of": "<name>"``).
@@ -204,9 +205,10 @@ def wrap_columns(opened: dict, manifest_columns: dict) -> dict:
             continue  # read through its column
         mask = opened.get(entry.get("valid", ""), None)
         cats = entry.get("categories")
-        labels = cats is None and entry.get("class_names") is not None
+        names = entry.get("labels", entry.get("class_names"))  # integer labels' names
+        labels = cats is None and names is not None
         if labels:
-            cats = entry.get("class_names")
+            cats = names
         if entry.get("text") or cats is not None or mask is not None:
             stream = Column(stream, name=name, text=bool(entry.get("text")), categories=cats,
                             labels=labels, valid=mask)

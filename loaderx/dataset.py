@@ -22,7 +22,7 @@ from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, Zreco
 from .zrecord import DenseStore, RaggedStore, Zrecord
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
-           "DestinationExistsError", "MANIFEST_NAME"]
+           "labels", "DestinationExistsError", "MANIFEST_NAME"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
 MANIFEST_NAME = "loaderx.json"
@@ -62,14 +62,22 @@ def prepare_store_path(path, mode: str, flag_style: str = "python") -> bool:
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
-               dict_bytes: bytes | None = None, chunk_bytes: int = 64 << 20,
-               progress=None, mode: str = "create") -> DenseStore:
+               dict_bytes: bytes | None = None, dict_size: int | None = None,
+               chunk_bytes: int = 64 << 20, progress=None, mode: str = "create") -> DenseStore:
     """Stream `array` (rows are records; an ``np.load(..., mmap_mode="r")``
     array or a path to a ``.npy`` file) into a new DenseStore in chunks of about
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
     the open store. `progress(done_rows, total_rows)` is called after each chunk.
     `mode`: ``"create"`` (an existing store at `path` is an error),
     ``"append"`` or ``"overwrite"``.
+
+    ``codec="zstd_dict"`` without `dict_bytes` trains the dictionary here, as
+    the original loaderx did: from up to 16 MiB of rows drawn at random with a
+    fixed seed (the same array gives the same dictionary), at most `dict_size`
+    bytes (default 128 KiB, `train_dict`'s "balanced" tier). When zstd cannot
+    train one (too few or too uniform rows) the store is plain ``zstd``, with a
+    warning. `level` None is the codec's default: 3, or 19 for ``zstd_dict``.
+    Appending to an existing ``zstd_dict`` store reuses its dictionary.
     """
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
@@ -82,7 +90,12 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if array.dtype.hasobject:
         raise TypeError(f"dtype {array.dtype} holds Python objects, which cannot be stored")
-    prepare_store_path(path, mode)
+    appending = prepare_store_path(path, mode)
+    if dict_size is not None and (codec != "zstd_dict" or dict_bytes is not None):
+        raise ValueError("dict_size= sizes the dictionary from_numpy trains, which it does for "
+                         "codec='zstd_dict' without dict_bytes=")
+    if codec == "zstd_dict" and dict_bytes is None:
+        codec, dict_bytes = _own_dictionary(path, array, dict_size, appending)
     store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level,
                        dict_bytes=dict_bytes)
     try:
@@ -101,6 +114,26 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         store.close()
         raise
     return store
+
+
+def _own_dictionary(path, array: np.ndarray, size: int | None, appending: bool) -> tuple:
+    """(codec, dictionary) for a zstd_dict store from_numpy writes: an existing
+    store's own, else one trained on a bounded, seeded sample of `array`'s rows."""
+    import warnings
+
+    from .dictionary import train_dict
+    from .errors import DictionaryError
+
+    if appending:
+        with DenseStore(path) as existing:
+            if existing.codec == "zstd_dict":
+                return "zstd_dict", existing.dictionary()
+    try:
+        return "zstd_dict", train_dict(array, "balanced", size=size)
+    except DictionaryError as e:
+        warnings.warn(f"{os.fspath(path)}: no dictionary ({e}); the store uses plain zstd",
+                      stacklevel=3)
+        return "zstd", None
 
 
 def _page_releaser(array: np.ndarray):
@@ -288,6 +321,60 @@ def _open_column(root: str, name: str, shards: list) -> Any:
                 f"{s['rows']}; it was changed after it was written (run loaderx verify)",
                 path=shard_path)
     return opened
+
+
+def labels(dataset, column: str) -> list[str] | None:
+    """The label names of `column`, so that ``labels(ds, "label")[code]``
+    names the label `code`: an image folder's class folders, a Hugging Face
+    ``ClassLabel``'s names, a categorical column's categories. None for a
+    column without names. `dataset` is a dataset directory or the dict
+    `open_dataset` returned (a split's, for a converted ``DatasetDict``)."""
+    manifest, where = _manifest_of(dataset, column)
+    columns = manifest["columns"]
+    if column not in columns:
+        raise KeyError(f"{where}: no column {column!r}; the dataset has {list(columns)}")
+    entry = columns[column]
+    # "class_names" is what loaderx 0.1 manifests called them; a categorical's
+    # codes are named by its "categories" (loaderx.columns).
+    names = entry.get("labels", entry.get("class_names"))
+    if names is None and isinstance(entry.get("categories"), list):
+        names = [str(c) for c in entry["categories"]]
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _manifest_error(where, f"column {column!r} has malformed 'labels'")
+    return list(names)
+
+
+def _manifest_of(dataset, column: str) -> tuple[dict, str]:
+    """(manifest, directory) of a dataset directory path or of the columns
+    `open_dataset` returned (found from the column's first shard)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        where = os.fspath(dataset)
+    elif isinstance(dataset, dict):
+        if column not in dataset:
+            raise KeyError(f"no column {column!r}; the dataset has {list(dataset)}")
+        store = dataset[column]
+        shards = getattr(store, "shards", None)
+        shard = os.path.abspath((shards[0] if shards else store).path)
+        where = os.path.dirname(os.path.dirname(shard))  # DEST/<column dir>/part-NNNNN
+        manifest = read_manifest(where) if os.path.isfile(os.path.join(where, MANIFEST_NAME)) \
+            else None
+        entry = (manifest or {}).get("columns", {}).get(column) or {}
+        first = (entry.get("shards") or [{}])[0].get("path")
+        if manifest is None or not isinstance(first, str) \
+                or os.path.join(where, first) != shard:
+            raise ValueError(f"column {column!r} ({shard}) was not opened from a dataset "
+                             "directory; give the directory's path")
+        return manifest, where
+    else:
+        raise TypeError(f"labels takes a dataset directory or the dict open_dataset returned, "
+                        f"not {type(dataset).__name__}")
+    manifest = read_manifest(where)
+    if "splits" in manifest:
+        raise ValueError(f"{where} holds the splits {list(manifest['splits'])}; give one "
+                         "split's directory")
+    return manifest, where
 
 
 def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:

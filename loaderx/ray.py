@@ -139,8 +139,8 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     try:
         rows = write_task(
             _BlocksSource(tables, sink.options, ctx.task_idx), None, specs, paths, opts,
-            lambda n: None,
-        )
+            lambda units, rows, nbytes: None,
+        ).rows
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise

@@ -151,6 +151,16 @@ def load_average() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min){busy}"
 
 
+def _gil() -> str:
+    """", free-threaded, GIL disabled" on a 3.13t/3.14t interpreter (scripts/freethreaded.sh)."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return ""
+    enabled = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return f", free-threaded, GIL {'enabled' if enabled else 'disabled'}"
+
+
 def machine_block() -> dict:
     info = {
         "cpu": _cpu_model(),
@@ -158,7 +168,7 @@ def machine_block() -> dict:
         "memory": _memory(),
         "load at start": load_average(),
         "os": f"{platform.system()} {platform.release()} {platform.machine()}",
-        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "python": f"{platform.python_version()} ({platform.python_implementation()}{_gil()})",
         "numpy": np.__version__,
         "loaderx": _loaderx_version(),
     }

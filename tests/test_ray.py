@@ -175,3 +175,15 @@ def test_modes_and_column_selection(tmp_path, local_ray):
     assert list(m["columns"]) == ["x", "y", "text"] and len(m["columns"]["x"]["shards"]) == 3
     with pytest.raises(loaderx.converters.ConvertError, match="codec"):
         lray.write_dataset(_source(2), tmp_path / "z", codec="lz4")
+
+
+def test_read_dataset_gives_equal_length_lists_as_fixed_tensors(tmp_path, local_ray):
+    pd = pytest.importorskip("pandas", reason="pandas comes with datasets in the test extra")
+    pixels = [np.arange(64, dtype=np.float64) + i for i in range(40)]
+    pd.DataFrame({"pixels": pixels, "target": np.arange(40)}).to_parquet(tmp_path / "d.parquet")
+    loaderx.convert(tmp_path / "d.parquet", tmp_path / "ds", progress=False)["pixels"].close()
+    back = lray.read_dataset(tmp_path / "ds")
+    assert back.schema().types[0].shape == (64,)
+    batch = back.take_batch(40, batch_format="numpy")
+    order = np.argsort(batch["target"])
+    assert_same(batch["pixels"][order], np.stack(pixels))

@@ -166,3 +166,38 @@ def test_windows_in_the_loader_mixture_and_shards(tmp_path):
                 assert (table == row).all(axis=1).any()
     a.close()
     b.close()
+
+
+def test_loader_windows_never_repeat_within_a_cycle(tmp_path):
+    """CYCLIC over token windows (the records of a TokenWindows stream): each
+    cycle serves len(windows) // global batch whole batches, so no global
+    batch repeats a window, nor does a cycle."""
+    lengths = np.random.default_rng(3).integers(1, 40, 120)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    # Token t of the stream is t: a window's first token names it.
+    docs = [np.arange(bounds[i], bounds[i + 1], dtype=np.int32) for i in range(len(lengths))]
+    with RaggedStore(tmp_path / "w", np.int32) as rs:
+        rs.append(docs)
+        tw = TokenWindows(rs, seq_len=8)
+        batch_size, world = 7, 3
+        g = batch_size * world
+        per_cycle = len(tw) // g
+        assert len(tw) % g  # the dropped rest is not empty
+        ranks = [DataLoader({"t": tw}, batch_size, seed=5, shard=(r, world), workers=1)
+                 for r in range(world)]
+        try:
+            assert ranks[0].steps_per_epoch == per_cycle
+            for cycle in range(3):
+                seen = set()
+                for _ in range(per_cycle):
+                    batch = np.concatenate([next(loader)["t"] for loader in ranks])
+                    first = batch[:, 0]
+                    np.testing.assert_array_equal(batch, first[:, None] + np.arange(9))
+                    windows = set((first // 8).tolist())
+                    assert len(windows) == g, "a batch repeats a window"
+                    assert not seen & windows, f"cycle {cycle} repeats a window"
+                    seen |= windows
+                assert len(seen) == per_cycle * g
+        finally:
+            for loader in ranks:
+                loader.close()

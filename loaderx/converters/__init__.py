@@ -10,8 +10,14 @@ writes one store per column (a `ShardSet` of shard stores with
 Sources: a ``.npy`` / ``.npz`` file or a dict of arrays; Parquet, Arrow IPC
 and Feather files or directories; a ``datasets.Dataset`` / ``DatasetDict`` or
 a ``save_to_disk`` directory; an image folder (``class_name/*.jpg|png``);
-WebDataset ``.tar`` shards (a file or a directory of them). How columns map
+WebDataset ``.tar`` shards (a file or a directory of them); a store written by
+the original loaderx 0.9.x/1.7.x (``meta.zr``, see ``_original_src``). How columns map
 to stores is in ``loaderx.converters._columns`` (and the README).
+
+Provenance: tar samples and image files get a ``key`` column (the sample's
+``__key__``, the file's path under the folder) unless ``keys=False``; the
+manifest's ``source.files`` gives each source file its row range, and a
+column's ``labels`` its label names (`loaderx.labels`).
 
 Conversion streams in batches of about `batch_bytes`, so memory stays bounded
 whatever the input size. ``mode="create"`` refuses an existing destination;
@@ -25,12 +31,13 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..dataset import MANIFEST_NAME, open_dataset
-from ..errors import DictionaryError, StoreNotFoundError
+from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import (
     ColumnSpec,
     ConvertError,
@@ -42,8 +49,15 @@ from ._columns import (
 )
 from ._dest import Destination, safe_name, swap_into, write_json
 from ._progress import make_progress
-from ._run import StoreOptions, complete_masks, run_tasks, sample_records
-from ._source import Options, Source
+from ._run import (
+    StoreOptions,
+    TaskResult,
+    complete_masks,
+    run_tasks,
+    sample_records,
+    settle_columns,
+)
+from ._source import ImageColumn, Options, Source, user_warning
 
 __all__ = [
     "convert",
@@ -63,7 +77,7 @@ def convert(
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns: list | None = None,
     workers: int | None = None,
@@ -74,6 +88,10 @@ def convert(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
+    dtype=None,
+    item_shape=None,
     fill_null: dict | None = None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
@@ -83,8 +101,9 @@ def convert(
         codec: ``"zstd"`` or ``"raw"`` for every column; dense columns whose
             records are under 64 bytes are always stored raw (compressing them
             cannot pay, and a raw dense store needs only 4 bytes of index per record).
-        level: zstd level. dict: train one zstd dictionary per column on a
-            sample of its first records (``zstd_dict``), for small records.
+        level: zstd level (None: 3, and 19 for zstd_dict columns). dict: train
+            one zstd dictionary per column on a sample of its first records
+            (``zstd_dict``), for small records.
         columns / skip_columns: names to convert / to leave out.
         workers: processes; each writes one shard store per column.
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
@@ -95,6 +114,13 @@ def convert(
             columns with no per-record index beyond a 4-byte checksum.
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
+        keys: keep a ``key`` column of where each row came from: a tar
+            sample's ``__key__``, an image's path under the folder.
+        image_column: WebDataset: the column of every sample's image, whatever
+            its extension (jpg, jpeg, png, webp, ...: one image per sample, as
+            webdataset's decoders read them); None for one column per extension.
+        dtype / item_shape: what the records of a store written by the original
+            loaderx are, where its schema.msgpack cannot be read.
         fill_null: ``{column: value}``: that column's nulls become `value`
             instead of getting a ``<column>.valid`` mask (see
             ``loaderx.converters._columns``).
@@ -114,6 +140,10 @@ def convert(
         allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
+        keys=keys,
+        image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
         fill_null=fill_null,
     )
     return open_dataset(dest)
@@ -124,7 +154,7 @@ def convert_to_directory(
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns=None,
     workers=None,
@@ -135,7 +165,11 @@ def convert_to_directory(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
     cli: bool = False,
+    dtype=None,
+    item_shape=None,
     fill_null: dict | None = None,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
@@ -150,13 +184,15 @@ def convert_to_directory(
     if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
         # zstd reads 0 as "the default"; a store records the level it used,
         # so 0 is refused rather than stored as 3 behind the caller's back.
-        raise ValueError(f"level must be a non-zero int zstd level or None (3), got {level!r}")
+        raise ValueError(f"level must be a non-zero int zstd level or None, got {level!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
+    if image_column is not None and (not isinstance(image_column, str) or not image_column):
+        raise ValueError(f"image_column must be a column name or None, got {image_column!r}")
     if fill_null is not None and not isinstance(fill_null, Mapping):
         raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
     options = Options(
@@ -165,6 +201,10 @@ def convert_to_directory(
         keep_encoded=keep_encoded,
         row_length=row_length,
         flags=flags,
+        keys=bool(keys),
+        image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
         fill_null={**(fill_null or {})},
     )
     job = {
@@ -225,7 +265,16 @@ def open_source(source: Any, options: Options) -> Source:
     from ._arrow_src import ArrowSource, HFDatasetSource, arrow_files
     from ._files_src import ImageFolderSource, WebDatasetSource, tar_files
     from ._numpy_src import NumpySource
+    from ._original_src import OriginalSource, is_original_store
 
+    original = isinstance(source, (str, os.PathLike)) and is_original_store(os.fspath(source))
+    if (options.dtype is not None or options.item_shape is not None) and not original:
+        raise ConvertError(
+            f"{options.flags.opt('dtype', '...')} and {options.flags.opt('item_shape', '...')} "
+            "apply to stores written by the original loaderx (a directory with meta.zr)"
+        )
+    if original:
+        return OriginalSource(os.fspath(source), options)
     if _is_hf(source, "Dataset"):
         return HFDatasetSource(source, options)
     if isinstance(source, dict):
@@ -279,10 +328,13 @@ def _open_directory(
 
 
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
-    """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
+    """Each column's codec: its own if it names one, else `codec`, except raw
+    for dense records under 64 bytes."""
     return {
         s.name: (
-            "raw"
+            s.codec
+            if s.codec is not None
+            else "raw"
             if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
             else codec
         )
@@ -303,18 +355,21 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
             dicts[s.name] = train_dict(samples[s.name], tier="balanced")
             codecs[s.name] = "zstd_dict"
         except DictionaryError as e:
-            warnings.warn(f"column {s.name!r}: no dictionary ({e}); using plain zstd", stacklevel=4)
+            user_warning(f"column {s.name!r}: no dictionary ({e}); using plain zstd")
     return dicts
 
 
 def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -> dict:
-    specs = _with_fills(source.specs(), options)
-    tasks = source.tasks(job["workers"])
-    codecs = column_codecs(specs, job["codec"])
-    dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
     target = Destination(dest, mode, options.flags)
+    specs = _with_fills(_like_existing(source.specs(), target.existing), options)
     if target.mode == "append":
         specs = _merge_categories(specs, target.existing or {}, target.dest)
+    tasks = source.tasks(job["workers"])
+    codecs = column_codecs(specs, job["codec"])
+    if job["dict"]:
+        dicts = _train_dicts(source, tasks[0], specs, codecs)
+    else:
+        dicts = source.dictionaries(codecs)  # a source's own (an original loaderx store's)
     # A place for every column's validity mask; a mask is made only when its
     # column's first null arrives (see _run.write_task).
     names = {s.name for s in specs}
@@ -327,12 +382,22 @@ def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -
         ]
         opts = StoreOptions(codecs, job["level"], dicts, job["batch_bytes"])
         with make_progress(job["progress"], source.progress_total(), "convert", source.unit) as bar:
-            rows = run_tasks(source, tasks, specs, paths, opts, bar)
-        used = complete_masks(specs, paths, rows, target.existing_masks())
-        specs = with_masks(specs, used)
+            for note in filter(None, map(ImageColumn.note, specs)):
+                bar.note(note)
+            results = run_tasks(source, tasks, specs, paths, opts, bar)
+            settled = settle_columns(specs, paths, opts)
+            for before, after in zip(specs, settled):
+                if before.kind != after.kind:
+                    bar.note(_fallback_note(before))
+        _check_settled_append(target, settled)
+        counts = [r.rows for r in results]
+        used = complete_masks(settled, paths, counts, target.existing_masks())
+        settled = with_masks(settled, used)
         codecs.update({m.name: "raw" for m in used})
-        rows = _drop_empty_parts(target, specs, rows, keep_one=target.mode != "append")
-        return target.commit(specs, codecs, rows, source.describe())
+        rows = _drop_empty_parts(target, settled, counts, keep_one=target.mode != "append")
+        first = target.existing["rows"] if target.mode == "append" and target.existing else 0
+        described = source.describe(_file_rows(results, first, len(getattr(source, "files", []))))
+        return target.commit(settled, codecs, rows, described)
     except BaseException:
         target.abort()
         raise
@@ -384,6 +449,64 @@ def _merge_categories(specs: list[ColumnSpec], manifest: dict, dest: str) -> lis
         out.append(ColumnSpec(s.name, s.kind, code_dtype(len(have)), s.item_shape, s.decode,
                               s.codec, {**s.extra, "categories": merged}, s.fill))
     return out
+
+
+def _fallback_note(spec: ColumnSpec) -> str:
+    return (
+        f"column {spec.name!r}: a row has another shape than the first rows' "
+        f"{spec.item_shape}, so the column is a RaggedStore"
+    )
+
+
+def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[ColumnSpec]:
+    """For an append: a provisional dense column goes ragged at once when
+    the dataset's column is ragged (equal-length rows appended to a column
+    of lists stay lists), and label codes must mean the same names."""
+    if existing is None or "columns" not in existing:
+        return specs
+    out = []
+    for s in specs:
+        have = existing["columns"].get(s.name) or {}
+        if s.kind == "dense" and s.provisional and have.get("kind") == "ragged":
+            s = s.as_ragged()
+        names, had = s.extra.get("labels"), have.get("labels", have.get("class_names"))
+        if names is not None and had is not None and list(names) != list(had):
+            raise ConvertError(
+                f"column {s.name!r}: the dataset's labels are {had}, the new data's {names}; "
+                "appended, the same code would name another label"
+            )
+        out.append(s)
+    return out
+
+
+def _check_settled_append(target: Destination, settled: list[ColumnSpec]) -> None:
+    """An append whose provisional column fell back to ragged cannot join a
+    dataset whose column is dense."""
+    if target.mode != "append" or target.existing is None:
+        return
+    for s in settled:
+        have = target.existing["columns"].get(s.name) or {}
+        if have.get("kind") == "dense" and s.kind != "dense":
+            raise IdentityError(
+                f"{target.dest}: column {s.name!r} holds kind=dense rows of shape "
+                f"{tuple(have.get('item_shape') or ())}, but some new rows have other shapes; "
+                "nothing was appended",
+                path=target.dest,
+            )
+
+
+def _file_rows(results: list[TaskResult], first: int, count: int) -> list | None:
+    """``[start, stop)`` of each of the source's `count` files in the
+    dataset's row numbers (an append starts at `first`), from what the tasks
+    read; None for a source that is not a list of files."""
+    if not count:
+        return None
+    rows = [0] * count
+    for r in results:
+        for file, n in r.files:
+            rows[file] += n
+    ends = np.cumsum(rows) + first
+    return [[int(end - n), int(end)] for n, end in zip(rows, ends)]
 
 
 def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: bool) -> list[int]:

@@ -12,10 +12,18 @@ categoricals (Arrow dictionaries of     DenseStore of int8/16/32 codes, the
 strings or integers)                    category names in the manifest
 fixed-size lists, tensors, fixed-size   DenseStore, ``item_shape`` = the fixed shape
 images
-variable-length lists and sequences     RaggedStore (records ``(n, *fixed trailing)``)
+lists whose rows all have one length    DenseStore, ``item_shape=(n, *fixed trailing)``
+other variable-length lists, sequences  RaggedStore (records ``(n, *fixed trailing)``)
 strings (UTF-8)                         Zrecord, marked ``"text"`` (read back as str)
 binary, encoded files                   Zrecord
 ======================================  ==========================================
+
+Equal-length lists and probed images are *provisional* dense columns: the
+source decides "dense" from its first rows (`ColumnSpec.provisional`), and
+when a later batch does not fit that shape it hands over ragged records
+instead; the writer then moves what it wrote into a RaggedStore and goes on
+(``_run.write_task``), so the decision never needs a second pass over the
+source and is never wrong.
 
 Anything else (structs, maps, decimals, nested variable lists) is refused
 with a `ConvertError` that names the column and the flag that skips it.
@@ -53,7 +61,11 @@ __all__ = [
     "arrow_spec",
     "arrow_to_batch",
     "decode_image",
+    "fixed_list_spec",
+    "list_lengths",
     "image_target_mode",
+    "normal_mode",
+    "PER_IMAGE",
     "require",
 ]
 
@@ -131,7 +143,10 @@ class ColumnSpec:
     """What one column becomes. `item_shape`: a dense record's shape; for a
     ragged column the trailing dims every record shares (``()`` for 1-D
     records) or None when records have any shape. `decode` tells the source
-    how to turn raw values into records (``"image"``, ``"int"``, ``"npy"``)."""
+    how to turn raw values into records (``"image"``, ``"int"``, ``"npy"``).
+    `provisional`: a dense column decided from the first rows, which becomes
+    ragged (`as_ragged`) if a later row has another shape. `codec`: this
+    column's codec whatever the conversion's (None: the conversion's)."""
 
     name: str
     kind: str
@@ -140,6 +155,18 @@ class ColumnSpec:
     decode: str = ""
     codec: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
+    provisional: bool = field(default=False, compare=False)
+
+    def as_ragged(self) -> "ColumnSpec":
+        """The RaggedStore column a provisional dense one falls back to: a
+        list column keeps its fixed trailing dimensions, images and arrays
+        keep any shape."""
+        assert self.kind == "dense" and self.provisional
+        trailing = None if self.decode in ("image", "npy") else tuple(self.dense_shape[1:])
+        extra = dict(self.extra)
+        if "image_mode" in extra:  # later images keep their own modes (see decode_image)
+            extra["image_mode"] = PER_IMAGE
+        return replace(self, kind="ragged", item_shape=trailing, provisional=False, extra=extra)
     #: ``fill_null`` for this column: nulls become this value (no mask).
     fill: Any = field(default=None, compare=False)
 
@@ -384,6 +411,33 @@ def _dense_values(
     return values.reshape((count,) + tuple(spec.dense_shape))
 
 
+def list_lengths(pa, arr) -> np.ndarray | None:
+    """The length of every row of a (variable-size) list array, or None for
+    another type. Null rows count as length 0."""
+    if not _is_list(pa, arr.type):
+        return None
+    if pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type):
+        return np.asarray(arr.value_lengths().fill_null(0), dtype=np.int64)
+    return np.diff(np.asarray(arr.offsets, dtype=np.int64))
+
+
+def _fixed_length(pa, arr, length: int) -> bool:
+    """Whether every row of the list array `arr` holds `length` values."""
+    lengths = list_lengths(pa, arr)
+    return lengths is None or bool((lengths == length).all())
+
+
+def fixed_list_spec(spec: ColumnSpec, lengths: np.ndarray) -> ColumnSpec:
+    """A ragged list column whose probed rows (`lengths`) all have one
+    non-zero length, as a provisional dense column of that length."""
+    if spec.kind != "ragged" or spec.decode or spec.item_shape is None or not len(lengths):
+        return spec
+    first = int(lengths[0])
+    if first == 0 or not (lengths == first).all():
+        return spec
+    return replace(spec, kind="dense", item_shape=(first, *spec.item_shape), provisional=True)
+
+
 def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list | Packed:
     if spec.decode == "ray-variable":
         return [np.asarray(x) for x in arr.to_numpy(zero_copy_only=False)]
@@ -423,7 +477,10 @@ def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
         valid, arr = _fill_rows(pa, arr, spec)
     values: Any
     if spec.kind == "dense":
-        values = _dense_values(pa, arr, spec, row0, flags)
+        if spec.provisional and not _fixed_length(pa, arr, spec.dense_shape[0]):
+            values = _ragged_records(pa, arr, spec.as_ragged(), row0, flags)
+        else:
+            values = _dense_values(pa, arr, spec, row0, flags)
     elif spec.kind == "ragged":
         values = _ragged_records(pa, arr, spec, row0, flags)
     else:
@@ -441,7 +498,7 @@ def _fill_rows(pa, arr, spec: ColumnSpec):
         arr.is_valid().to_numpy(zero_copy_only=False)
     )
     try:
-        filler = _row_filler(pa, arr.type, spec.fill)
+        filler = _row_filler(pa, arr.type, spec.fill, spec)
         return valid, pc.fill_null(arr, filler)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
             ValueError, OverflowError) as e:
@@ -451,13 +508,27 @@ def _fill_rows(pa, arr, spec: ColumnSpec):
         ) from None
 
 
-def _row_filler(pa, t, fill):
-    """The Arrow scalar that takes a null row's place."""
-    if fill is not None and not (
-        pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    ):
+def _row_filler(pa, t, fill, spec: ColumnSpec):
+    """The Arrow scalar that takes a null row's place: for a dense column of
+    equal-length lists, a list of that length (an empty one would make the
+    column ragged)."""
+    listed = _is_list(pa, t) or pa.types.is_fixed_size_list(t)
+    if fill is not None and not listed:
         return pa.scalar(fill, t) if not isinstance(fill, pa.Scalar) else fill.cast(t)
+    if spec.kind == "dense" and _is_list(pa, t):
+        return pa.scalar(_zeros(pa, t, tuple(spec.dense_shape)), t)
     return pa.scalar(_zero(pa, t), t)
+
+
+def _zeros(pa, t, shape: tuple):
+    """Nested Python lists of `shape` of the filler of `t`'s leaf type."""
+    while _is_list(pa, t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    leaf = _zero(pa, t, True)
+    out: Any = leaf
+    for n in reversed(shape):
+        out = [out] * n
+    return out
 
 
 def _zero(pa, t, nested: bool = False):
@@ -574,7 +645,6 @@ def with_extra(spec: ColumnSpec, **extra) -> ColumnSpec:
 
 # ----------------------------------------------------------------- images
 
-_ALPHA = {"RGBA", "LA", "PA", "RGBa", "La"}
 _SINGLE_BAND = {
     "I;16": np.uint16,
     "I;16B": np.uint16,
@@ -582,17 +652,55 @@ _SINGLE_BAND = {
     "I": np.int32,
     "F": np.float32,
 }
+#: The four 8-bit modes a column stores, by band count.
+_BANDS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+#: A ragged image column whose records keep each image's own mode.
+PER_IMAGE = "per-image"
 
 
-def image_target_mode(modes: set, name: str = "", flags: Flags = Flags()) -> str:
-    """One Pillow mode for a column whose images have `modes`: kept when all
-    share a simple one, else RGB (RGBA when any has transparency). Images of
-    more than 8 bits per value (16-bit, 32-bit, float) never share a column
-    with another mode: converting them would clip their values."""
+def normal_mode(mode: str, info: dict) -> str:
+    """The mode an image is stored in: one of L, LA, RGB, RGBA without loss
+    (1-bit as L, a palette as RGB, or RGBA when it has transparency, CMYK and
+    other colour spaces as RGB), or its own mode when it has more than 8 bits
+    per value."""
+    if mode in _BANDS or mode in _SINGLE_BAND:
+        return mode
+    if mode == "1":
+        return "L"
+    if mode == "La":
+        return "LA"
+    if mode in ("PA", "RGBa") or (mode == "P" and "transparency" in info):
+        return "RGBA"
+    return "RGB"
+
+
+def _join(modes: set) -> str:
+    """The smallest 8-bit mode that holds images of every mode in `modes`."""
+    colour = bool(modes & {"RGB", "RGBA"})
+    alpha = bool(modes & {"LA", "RGBA"})
+    return ("RGBA" if alpha else "RGB") if colour else ("LA" if alpha else "L")
+
+
+def holds(column_mode: str, mode: str) -> bool:
+    """Whether a column of `column_mode` stores an image of `mode` losslessly."""
+    if column_mode == PER_IMAGE:
+        return mode not in _SINGLE_BAND
+    if mode in _SINGLE_BAND or column_mode in _SINGLE_BAND:
+        return mode == column_mode
+    return _join({column_mode, mode}) == column_mode
+
+
+def image_target_mode(
+    modes: set, name: str = "", flags: Flags = Flags(), ragged: bool = False
+) -> str:
+    """The mode of a column whose images have the (normal) `modes`: theirs
+    when they share one; else, in a ragged column, each image's own
+    (`PER_IMAGE`), and in a dense one the smallest mode that holds them all
+    (L and RGB images: RGB). Images of more than 8 bits per value (16-bit,
+    32-bit, float) never share a column with another mode: converting them
+    would clip their values."""
     if len(modes) == 1:
-        (mode,) = modes
-        if mode in ("L", "LA", "RGB", "RGBA") or mode in _SINGLE_BAND:
-            return mode
+        return next(iter(modes))
     deep = sorted(modes & set(_SINGLE_BAND))
     if deep:
         raise ConvertError(
@@ -601,7 +709,7 @@ def image_target_mode(modes: set, name: str = "", flags: Flags = Flags()) -> str
             f"Convert them to one mode first, or keep the encoded files with "
             f"{flags.opt('keep_encoded')}"
         )
-    return "RGBA" if modes & _ALPHA else "RGB"
+    return PER_IMAGE if ragged else _join(modes)
 
 
 def image_dtype(mode: str) -> np.dtype:
@@ -610,24 +718,35 @@ def image_dtype(mode: str) -> np.dtype:
 
 def image_shape(size: tuple, mode: str) -> tuple:
     width, height = size
-    bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode, 1)
+    bands = _BANDS.get(mode, 1)
     return (height, width) if bands == 1 else (height, width, bands)
 
 
-def decode_image(data, mode: str, where: str) -> np.ndarray:
-    """Decode encoded image bytes into an array of `mode` (Pillow)."""
+def decode_image(data, mode: str, where: str, own_if_wider: bool = False) -> np.ndarray:
+    """Decode encoded image bytes into an array of `mode` (Pillow), or of the
+    image's own normal mode in a `PER_IMAGE` column. An image that `mode`
+    cannot hold is refused, or with `own_if_wider` returned in its own mode
+    (a provisional dense column then becomes ragged)."""
     image_mod = require("PIL.Image", "convert", "decoding images")
     try:
         with image_mod.open(io.BytesIO(data)) as im:
-            if im.mode != mode:
-                if im.mode in _SINGLE_BAND or mode in _SINGLE_BAND:
-                    raise ConvertError(
-                        f"{where}: the image has the Pillow mode {im.mode!r} but the column "
-                        f"holds {mode!r} images (decided from the first ones); converting "
-                        "would lose values: convert the images to one mode first"
-                    )
-                im = im.convert(mode)
-            return np.asarray(im, dtype=image_dtype(mode))
+            own = normal_mode(im.mode, im.info)
+            if holds(mode, own):
+                target = own if mode == PER_IMAGE else mode
+            elif own_if_wider and own not in _SINGLE_BAND and mode not in _SINGLE_BAND:
+                target = own
+            else:
+                held = "8-bit" if mode == PER_IMAGE else repr(mode)
+                raise ConvertError(
+                    f"{where}: the image has the Pillow mode {im.mode!r} but the column "
+                    f"holds {held} images (decided from the first ones); converting "
+                    "would lose values: convert the images to one mode first"
+                )
+            if im.mode != target:
+                im = im.convert(target)
+            return np.asarray(im, dtype=image_dtype(target))
+    except ConvertError:
+        raise
     except image_errors(image_mod) as e:
         raise ConvertError(f"{where}: cannot decode the image ({e})") from None
 
