@@ -465,10 +465,9 @@ class OriginalSource(Source):
             return Packed(np.zeros((0,) + shape, dtype), np.zeros(b - a + 1, np.int64))
         return Packed(values.reshape((-1,) + shape), splits // row)
 
-    def describe(self) -> dict:
+    def describe(self, file_rows: list | None = None) -> dict:
         return {"type": "loaderx-original", "path": self.path, "format_version": self.version,
                 "schema": self.schema["kind"]}
-
 
 
 def _release_pages(src: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
