@@ -482,3 +482,42 @@ def test_cli_select_and_info(data, tmp_path):
     assert scalars["name"]["type"] == "string" and "vec" not in scalars and "tokens" not in scalars
     out = _cli("info", tmp / "ds")
     assert "scalar columns" in out.stdout and "lang categorical string (3: en, de, fr)" in out.stdout
+
+
+def test_resume_refuses_another_subset_or_a_changed_dataset(tmp_path):
+    loaderx.convert({"x": np.arange(100, dtype=np.int64)}, tmp_path / "d", progress="off")
+    ds = loaderx.open_dataset(tmp_path / "d")
+    even = loaderx.select(ds, "x % 2 = 0")["x"]
+    low = loaderx.select(ds, "x < 50")["x"]  # as many records, other ones
+    state = _drain_state(even)
+    again = loaderx.DataLoader({"x": loaderx.select(ds, "x % 2 = 0")["x"]}, 10, seed=0)
+    again.load_state_dict(state)  # the same subset: resumes
+    assert (next(again)["x"] % 2 == 0).all()
+    again.close()
+    with pytest.raises(ValueError, match=r"state fingerprints\['x'\] is 'subset of .*: 50 of 100 "
+                                         r"records, blake2b:\w+' but this loader has 'subset of "
+                                         r".*: 50 of 100 records, blake2b:\w+'"):
+        _resume(low, state)
+    loaderx.convert({"x": np.arange(101, 121, 2, dtype=np.int64)}, tmp_path / "d", mode="append",
+                    progress="off")
+    grown = loaderx.select(tmp_path / "d", "x % 2 = 0")["x"]  # 50 records still
+    assert len(grown) == 50
+    with pytest.raises(ValueError, match=r"50 of 100 records.* but this loader has .*50 of 110"):
+        _resume(grown, state)
+
+
+def _drain_state(view):
+    loader = loaderx.DataLoader({"x": view}, 10, seed=0)
+    next(loader)
+    state = loader.state_dict()
+    loader.close()
+    assert state["fingerprints"] == {"x": view.fingerprint}
+    return state
+
+
+def _resume(view, state):
+    loader = loaderx.DataLoader({"x": view}, 10, seed=0)
+    try:
+        loader.load_state_dict(state)
+    finally:
+        loader.close()
