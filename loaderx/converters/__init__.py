@@ -109,9 +109,7 @@ def convert(
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
         keep_encoded: keep images (and WebDataset ``.npy``) as encoded bytes.
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
-        allow_tiny_records: accepted for compatibility; scalar columns (a
-            label file, a metadata table) convert without it, as raw
-            columns with no per-record index beyond a 4-byte checksum.
+        allow_tiny_records: accepted for compatibility (scalar columns need no flag).
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
         keys: keep a ``key`` column of where each row came from: a tar
@@ -121,9 +119,7 @@ def convert(
             webdataset's decoders read them); None for one column per extension.
         dtype / item_shape: what the records of a store written by the original
             loaderx are, where its schema.msgpack cannot be read.
-        fill_null: ``{column: value}``: that column's nulls become `value`
-            instead of getting a ``<column>.valid`` mask (see
-            ``loaderx.converters._columns``).
+        fill_null: ``{column: value}``: its nulls become `value`, with no ``<column>.valid`` mask.
     """
     convert_to_directory(
         source,
@@ -137,7 +133,6 @@ def convert(
         skip_columns=skip_columns,
         keep_encoded=keep_encoded,
         row_length=row_length,
-        allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
         keys=keys,
@@ -212,7 +207,6 @@ def convert_to_directory(
         "level": level,
         "dict": dict,
         "workers": workers or 1,
-        "allow_tiny": allow_tiny_records,
         "batch_bytes": batch_bytes,
         "progress": progress,
     }
