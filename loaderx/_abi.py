@@ -14,6 +14,7 @@ typedef struct {
     uint64_t dict_size;
     uint64_t user_size;
     uint64_t fixed_size;
+    uint64_t frame_size;
 } lx_info_t;
 typedef struct {
     uint64_t records;
@@ -71,13 +72,14 @@ typedef struct {
     uint64_t separator;
     uint32_t has_separator;
     uint32_t itemsize;
+    uint64_t epoch;
 } lx_windows_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int);
 const char *lx_last_error(void);
-int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, lx_store **);
+int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, uint64_t, lx_store **);
 void lx_close(lx_store *);
 void lx_free(lx_store *);
 int lx_len(lx_store *, uint64_t *);
@@ -100,7 +102,8 @@ int lx_mixture_step_max(const lx_source_t *, uint32_t, uint64_t, uint64_t *);
 int lx_mixture_cursors(const lx_source_t *, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t, lx_cursor_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_windows_index(const lx_part_t *, uint32_t, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);
@@ -130,6 +133,6 @@ LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
+STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
     "lx_loader_config_t": 64, "lx_cursor_t": 24, "lx_source_t": 48,
-    "lx_column_t": 16, "lx_loader_part_t": 24, "lx_windows_t": 40}
+    "lx_column_t": 16, "lx_loader_part_t": 24, "lx_windows_t": 48}

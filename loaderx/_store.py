@@ -254,7 +254,8 @@ class Store:
         def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):
+                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
+                 frame_size: int = 0):
         self._handle = None
         self._fork_hold: weakref.finalize | None = None  # a forked child's meta lock
         self._path = _store_path(path)
@@ -270,7 +271,8 @@ class Store:
         rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
-                         fixed_size if create_codec == "raw" else 0, out)
+                         fixed_size if create_codec == "raw" else 0,
+                         frame_size if create_codec != "raw" else 0, out)
         if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
             raise NotAStoreError(f"{self._path} is a store written by the original loaderx "
                                  "(0.9.x/1.7.x), read only to convert it: loaderx.convert(path, "
@@ -287,6 +289,7 @@ class Store:
             self._level = int(info.level)
             self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
+            self._frame_size = int(info.frame_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
         except BaseException:
@@ -367,6 +370,13 @@ class Store:
     @property
     def closed(self) -> bool:
         return self._handle is None
+
+    @property
+    def frame_size(self) -> int:
+        """Bytes of one zstd frame of a long record (0: one frame per record).
+        Records longer than this are stored seekable: a token window decodes
+        only the frames it reads (see RaggedStore)."""
+        return self._frame_size
 
     def __len__(self) -> int:
         n = ffi.new("uint64_t *")

@@ -135,6 +135,12 @@ failed_what: []const u8 = "",
 failed_error: []const u8 = "",
 /// The process that opened the handle: only it may write through it.
 open_pid: i64,
+/// Bumped by every delete through this handle (the only operation that
+/// changes records in place). While this handle is open no other handle can
+/// delete (delete needs the store to itself), so a reader that saw one value
+/// knows its records are unchanged while the value is the same (token
+/// window indexes, windows.zig).
+delete_epoch: std.atomic.Value(u64) = .init(0),
 
 const closed_bit: u64 = 1 << 63;
 
@@ -310,7 +316,15 @@ pub const OpenOptions = struct {
     user: []const u8 = &.{},
     /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
     fixed_size: u64 = 0,
+    /// Non-zero (zstd codecs only): records longer than this are written
+    /// seekable, in frames of this many raw bytes (format.zig).
+    frame_size: u64 = 0,
 };
+
+/// The bounds of `OpenOptions.frame_size`: a seek table entry holds a frame's
+/// sizes in 32 bits, and frames below a few dozen bytes only add overhead.
+pub const frame_size_min: u64 = 64;
+pub const frame_size_max: u64 = 1 << 30;
 
 fn validateCreate(opts: OpenOptions) Error!void {
     if (opts.fixed_size != 0 and opts.codec != .raw) {
@@ -318,6 +332,18 @@ fn validateCreate(opts: OpenOptions) Error!void {
     }
     if (!codec.levelValid(opts.level)) {
         return diag.fail(error.InvalidArgument, "zstd level {d} is out of range", .{opts.level});
+    }
+    if (opts.frame_size != 0 and opts.codec == .raw) {
+        return diag.fail(error.InvalidArgument, "frame_size applies to the zstd codecs", .{});
+    }
+    if (opts.frame_size != 0 and
+        (opts.frame_size < frame_size_min or opts.frame_size > frame_size_max))
+    {
+        return diag.fail(
+            error.InvalidArgument,
+            "frame_size {d} is out of range ({d} to {d} bytes)",
+            .{ opts.frame_size, frame_size_min, frame_size_max },
+        );
     }
     if (opts.codec == .zstd_dict) {
         if (opts.dict.len == 0) {
@@ -482,6 +508,11 @@ fn checkHeader(h: *const Header) Error!void {
     if (h.fixed_size != 0 and h.codec != @backingInt(Codec.raw)) {
         return diag.fail(error.Corrupt, "meta names a fixed-width layout with a codec", .{});
     }
+    if (h.frame_size != 0 and (h.codec == @backingInt(Codec.raw) or
+        h.frame_size < frame_size_min or h.frame_size > frame_size_max))
+    {
+        return diag.fail(error.Corrupt, "meta names an invalid frame size", .{});
+    }
 }
 
 /// The commit on disk (not the mapped page: open reads it before mapping).
@@ -564,6 +595,8 @@ fn newHeader(opts: OpenOptions) Header {
     header.dict_size = opts.dict.len;
     header.user_size = opts.user.len;
     header.fixed_size = opts.fixed_size;
+    header.frame_size = opts.frame_size;
+    header.uid = newUid();
     var hasher = std.hash.XxHash64.init(0x4C5C);
     hasher.update(opts.dict);
     hasher.update(opts.user);
@@ -571,6 +604,29 @@ fn newHeader(opts: OpenOptions) Header {
     header.checksum = header.computeChecksum();
     assert(header.checksum == header.computeChecksum());
     return header;
+}
+
+/// A random store id, never 0 (0 marks stores written before ids existed).
+fn newUid() u64 {
+    return randomU64() | 1;
+}
+
+var random_calls: std.atomic.Value(u64) = .init(0);
+
+/// 64 random bits for names and ids (unique, not secret): the kernel's
+/// getrandom on Linux (a system call: no descriptor kept open, unlike a
+/// cached /dev/urandom), mixed with the clock, the process and a counter,
+/// which alone keep values distinct where there is no such call.
+pub fn randomU64() u64 {
+    var bytes: [8]u8 = @splat(0);
+    if (builtin.os.tag == .linux) _ = std.os.linux.getrandom(&bytes, bytes.len, 0);
+    var h = std.hash.XxHash64.init(0x4C5F);
+    h.update(&bytes);
+    h.update(std.mem.asBytes(&pool.currentPid()));
+    const now = Io.Timestamp.now(pool.io(), .real);
+    h.update(std.mem.asBytes(&now));
+    h.update(std.mem.asBytes(&random_calls.fetchAdd(1, .monotonic)));
+    return h.final();
 }
 
 fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
@@ -621,6 +677,7 @@ fn refuseForeignFiles(dir: Io.Dir) Error!void {
     defer d.close(io);
     var it = d.iterate();
     while (it.next(io) catch |e| return ioFail(e, "listing the store directory")) |entry| {
+        if (store_maintain.isWindowsIndexName(entry.name)) continue; // bound to its store's uid
         for (known) |k| {
             if (std.mem.eql(u8, k, entry.name)) break;
         } else return diag.fail(

@@ -206,7 +206,10 @@ pub export fn lx_last_error() [*:0]const u8 {
 /// opaque `user` blob (the typed identity); these are ignored when the store
 /// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
 /// every record exactly that many bytes, found by arithmetic instead of a
-/// table lookup, 4 bytes of index per record. Files inside the store are
+/// table lookup, 4 bytes of index per record. `frame_size` != 0 (zstd codecs
+/// only, 64 B to 1 GiB) writes records longer than that many bytes in the
+/// seekable format: frames of `frame_size` raw bytes and a seek table, so a
+/// token window decodes only the frames it reads (format.zig). Files inside the store are
 /// opened without following symlinks. An open may finish a delete a crash
 /// interrupted, or check the records a dead writer appended after its last
 /// sync (see Durability). Errors: not_found, not_a_store, corrupt,
@@ -223,6 +226,7 @@ pub export fn lx_open(
     user: ?[*]const u8,
     user_len: u64,
     fixed_size: u64,
+    frame_size: u64,
     out: ?*?*Store,
 ) c_int {
     diag.clear();
@@ -245,6 +249,7 @@ pub export fn lx_open(
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
         .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
         .fixed_size = fixed_size,
+        .frame_size = frame_size,
     }) catch |e| return code(e);
     o.* = s;
     return 0;
@@ -285,9 +290,11 @@ pub const Info = extern struct {
     user_size: u64,
     /// Non-zero: the fixed-width layout, every record exactly this many bytes.
     fixed_size: u64,
+    /// Non-zero: longer records are written seekable, in frames of this many bytes.
+    frame_size: u64,
 
     comptime {
-        std.debug.assert(@sizeOf(Info) == 40);
+        std.debug.assert(@sizeOf(Info) == 48);
         std.debug.assert(@alignOf(Info) == 8);
     }
 };
@@ -304,6 +311,7 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
         .dict_size = h.header.dict_size,
         .user_size = h.header.user_size,
         .fixed_size = h.header.fixed_size,
+        .frame_size = h.header.frame_size,
     };
     return 0;
 }
@@ -834,29 +842,50 @@ pub export fn lx_set_lanes(n: u32) void {
 // ---------------------------------------------------------------- token windows
 
 /// Writes the prefix sums of a token corpus to `out[0..docs+1]`: the
-/// documents are records [0, docs) of the index space `parts`, 1-D records
-/// of `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
-/// between two documents. O(docs). Errors: closed, failed, out_of_range,
-/// size_mismatch (a record is not 1-D), corrupt, invalid.
+/// documents are records [0, docs) of store `h`, 1-D records of
+/// `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
+/// after every document but the last; a fixed-width store of `itemsize`-byte
+/// records (single tokens) is one document (`docs` 1, and its part in
+/// lx_windows_gather starts at that document's number, not a record's).
+/// Reads the
+/// store's windows.idx where it is valid (copied in and checked, never
+/// trusted: a damaged, foreign or stale one is ignored) and the record table
+/// for the rest, O(documents it does not cover); rewrites windows.idx,
+/// durably, when the store's durable records reach past it and the directory
+/// is writable (failures to write it are ignored). Errors: closed, failed,
+/// out_of_range (docs > the store's records), size_mismatch (a record is not
+/// 1-D), corrupt, invalid.
 pub export fn lx_windows_index(
-    parts: ?[*]const Part,
-    part_count: u32,
+    h: *Store,
     itemsize: u32,
     has_separator: c_int,
     out: ?[*]u64,
     docs: u64,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
-    if (enterParts(ps)) |rc| return rc;
-    defer leaveParts(ps);
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     const o = out orelse return invalid("out is null", .{});
     switch (itemsize) {
         1, 2, 4, 8 => {},
         else => return invalid("tokens of {d} bytes are not supported", .{itemsize}),
     }
-    windows.index(gpa, ps, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e|
-        return code(e);
+    if (docs >= std.math.maxInt(u64) / 8) return invalid("docs {d} is too large", .{docs});
+    const prefix = o[0..@intCast(docs + 1)];
+    windows.index(gpa, h, itemsize, has_separator != 0, prefix) catch |e| return code(e);
+    return 0;
+}
+
+/// Writes to `*out` the delete epoch of the index space `parts`: the sum of
+/// its stores' counts of deletes through those handles (lx_windows_t.epoch).
+/// Read it before building a corpus's prefix sums: a delete after that
+/// changes it, and every lx_windows_gather of the corpus then fails with
+/// size_mismatch. Errors: closed, invalid.
+pub export fn lx_windows_epoch(parts: ?[*]const Part, part_count: u32, out: *u64) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    out.* = windows.epochOf(ps);
     return 0;
 }
 

@@ -73,6 +73,7 @@ extern fn ZSTD_compress2(
     size: usize,
 ) usize;
 extern fn ZSTD_getFrameContentSize(src: [*]const u8, size: usize) c_ulonglong;
+extern fn ZSTD_findFrameCompressedSize(src: [*]const u8, size: usize) usize;
 extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
 extern fn ZSTD_minCLevel() c_int;
 extern fn ZSTD_maxCLevel() c_int;
@@ -216,7 +217,49 @@ pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
     // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
     if (ZSTD_isError(n) != 0) return null;
     if (n >= src.len) return null;
+    // One frame whose last bytes happen to read as a seek table would be
+    // taken for a seekable record (astronomically rare): store it raw.
+    if (format.SeekTable.parse(dst[0..n]) != null) return null;
     return n;
+}
+
+/// Frames a record of `size` bytes is cut into with frames of `frame_size`
+/// (0: one frame).
+pub fn frameCount(size: usize, frame_size: u64) usize {
+    if (frame_size == 0 or size <= frame_size) return 1;
+    return @intCast((size - 1) / frame_size + 1);
+}
+
+/// The room `encodeSeekable` needs for a record of `size` bytes.
+pub fn seekableBound(size: usize, frame_size: u64) usize {
+    const n = frameCount(size, frame_size);
+    return n * compressBound(@intCast(@min(size, frame_size))) + format.SeekTable.sizeFor(n);
+}
+
+/// Compresses `src` in the seekable format (format.zig): frames of
+/// `frame_size` raw bytes, then the seek table. `dst` has seekableBound()
+/// bytes. Null when the whole would not be smaller than `src` (stored raw).
+pub fn encodeSeekable(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8, frame_size: u64) ?usize {
+    const n = frameCount(src.len, frame_size);
+    assert(n > 1 and dst.len >= seekableBound(src.len, frame_size));
+    const frame: usize = @intCast(frame_size);
+    // The table is built in the last bytes of `dst`, which the frames never
+    // reach (the bound holds both), then moved to just after the frames.
+    const table_len = format.SeekTable.sizeFor(n);
+    const table = dst[dst.len - table_len ..];
+    format.SeekTable.writeFrame(table, n);
+    var at: usize = 0;
+    for (0..n) |k| {
+        const piece = src[k * frame ..][0..@min(frame, src.len - k * frame)];
+        const room = dst[at .. dst.len - table_len];
+        const size = ZSTD_compress2(cctx, room.ptr, room.len, piece.ptr, piece.len);
+        if (ZSTD_isError(size) != 0) return null;
+        format.SeekTable.putEntry(table, k, @intCast(size), @intCast(piece.len));
+        at += size;
+    }
+    if (at + table_len >= src.len) return null; // no gain: stored raw
+    std.mem.copyForwards(u8, dst[at..][0..table_len], table);
+    return at + table_len;
 }
 
 /// True when a stored payload of `codec` can decode to `raw_size` bytes: the
@@ -227,6 +270,7 @@ pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
     return switch (codec) {
         .raw => stored.len == raw_size,
         .zstd, .zstd_dict => blk: {
+            if (format.SeekTable.parse(stored)) |t| break :blk t.check(raw_size);
             // Frames always name their size (we write them so); zstd's
             // "unknown" and "error" values are never a record's size.
             if (raw_size >= content_size_unknown - 1) break :blk false;
@@ -237,6 +281,25 @@ pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
 }
 
 const content_size_unknown: u64 = std.math.maxInt(u64);
+
+/// The full check of a seekable payload (verify): its table adds up to the
+/// record, and each entry names exactly the zstd frame at its place (its
+/// compressed and decoded sizes), so a window that decodes one frame by the
+/// table reads what decoding the whole record would. O(frames); true for a
+/// payload without a seek table.
+pub fn seekTableMatches(stored: []const u8, raw_size: u64) bool {
+    const t = format.SeekTable.parse(stored) orelse return true;
+    if (!t.check(raw_size)) return false;
+    var at: usize = 0;
+    for (0..t.count()) |k| {
+        const frame = stored[at..@intCast(t.frames_size)];
+        const size = ZSTD_findFrameCompressedSize(frame.ptr, frame.len);
+        if (ZSTD_isError(size) != 0 or size != t.compressed(k)) return false;
+        if (ZSTD_getFrameContentSize(frame.ptr, size) != t.decompressed(k)) return false;
+        at += size;
+    }
+    return true;
+}
 
 /// The most a zstd frame of `stored` bytes can decode to: every block holds at
 /// most 128 KiB and takes at least 4 bytes (a 3-byte header and one RLE byte).

@@ -247,6 +247,47 @@ def check_handle(store, label: str, case, records: list, oracle: Oracle, out: Ou
     ok, _ = out.call(f"{label}: verify", store.verify)
     out.verified += ok
     _hold_to_states(got, states, label, case, records, oracle, out)
+    _check_windows(store, label, ok, out)
+
+
+WINDOW = 5  # seq_len of the token windows read from integer ragged stores
+
+
+def _check_windows(store, label: str, verified: bool, out: Outcome) -> None:
+    """A ragged store of integers is also read as TokenWindows (building or
+    reading its windows.idx). Unless verify() reported damage, every window
+    must be the slice of the store's own records that it names."""
+    import numpy as np
+    from loaderx import RaggedStore, TokenWindows
+
+    if not isinstance(store, RaggedStore) or store.dtype.kind not in "iu":
+        return
+    ok, tw = out.call(f"{label}: TokenWindows", lambda: TokenWindows(store, WINDOW))
+    if not ok:
+        return
+    # A damaged table can claim a corpus of 2^40 tokens: read a few of those windows.
+    picked = np.arange(len(tw)) if len(tw) <= 4096 else np.array([0, 1, len(tw) // 2, len(tw) - 1])
+    ok, windows = out.call(f"{label}: windows", lambda: tw[picked])
+    if not ok or not verified:
+        return
+    ok, docs = out.call(f"{label}: records for windows", lambda: store[:])
+    if not ok:
+        return
+    flat = np.concatenate([np.ravel(d) for d in docs]) if docs else np.zeros(0, store.dtype)
+    n = (len(flat) - 1) // WINDOW if len(flat) else 0
+    if n != len(tw):
+        picked = np.zeros(0, np.int64)
+    want = np.array([flat[i * WINDOW : i * WINDOW + WINDOW + 1] for i in picked.tolist()])
+    got = windows.reshape(len(picked), -1)
+    if n != len(tw) or not np.array_equal(got, want.reshape(len(picked), -1)):
+        out.problems.append(
+            {
+                "kind": "wrong windows",
+                "stage": f"{label}: windows",
+                "message": f"{len(tw)} windows differ from the records' token stream "
+                f"({n} windows); verify() reports no damage",
+            }
+        )
 
 
 def _hold_to_states(got, states, label, case, records, oracle: Oracle, out: Outcome) -> None:
@@ -629,7 +670,7 @@ def _hang(w: Worker, workers, results, root, bases_path, seed, serial, timeout) 
 
 def _signature(p: dict) -> str:
     """What a problem is, without the numbers that differ from case to case."""
-    if p["kind"] in ("wrong bytes", "wrong count", "leaked descriptors"):
+    if p["kind"] in ("wrong bytes", "wrong windows", "wrong count", "leaked descriptors"):
         return p["kind"] + ": " + re.sub(r"\d+", "N", p["message"].split(";")[0].split(": got")[0])
     if p["kind"] in ("crash", "hang"):
         frames = [
@@ -685,6 +726,7 @@ def tally(results: dict[int, dict]) -> dict:
         "crashes": cases_with("crash"),
         "hangs": cases_with("hang"),
         "wrong bytes": cases_with("wrong bytes"),
+        "wrong windows": cases_with("wrong windows"),
         "wrong count": cases_with("wrong count"),
         "foreign exceptions": cases_with("exception"),
         "leaked descriptors": cases_with("leaked descriptors"),

@@ -51,6 +51,11 @@ EXPECTED = {
         "loaderx TokenWindows gather(out=)",
         "loaderx DataLoader({'tokens': tw})",
         "litdata TokensLoader",
+        "nanoGPT get_batch, literal",
+        "numpy memmap get_batch, simplified",
+        "loaderx DataLoader, TokenWindows, raw store",
+        "loaderx DataLoader, TokenWindows, default store",
+        "loaderx DataLoader, TokenWindows, zstd one frame per document",
     ),
     "select": (
         "loaderx select (pyarrow engine)",

@@ -458,3 +458,69 @@ def test_power_loss_at_every_instant_keeps_what_was_made_durable(tmp_path):
 def test_report_counts():
     """Prints the totals of this module's runs (for the closing note)."""
     print(f"\nfault injection: {STATS['faults']} faults injected; power loss: {STATS['losses']} losses simulated")
+
+
+# ----------------------------------------------------------------- the token window index
+
+def _token_docs(seed: int, count: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 300, n).astype(np.uint16) for n in rng.integers(0, 200, count)]
+
+
+def _windows(docs, seq_len: int) -> np.ndarray:
+    flat = np.concatenate(docs) if docs else np.zeros(0, np.uint16)
+    n = max(0, (len(flat) - 1) // seq_len)
+    return np.array([flat[i * seq_len:i * seq_len + seq_len + 1] for i in range(n)])
+
+
+def test_power_loss_never_leaves_a_stale_window_index(tmp_path):
+    """The power-loss simulation over token-window index writes (temporary
+    file, fsync, rename, directory fsync), appends, syncs and a delete (which
+    removes windows.idx before its journal): at every instant, the store the
+    loss leaves opens, passes verify() (which checks every windows.idx
+    entry), and its TokenWindows are slices of the documents it holds."""
+    from loaderx import RaggedStore, TokenWindows
+
+    path = tmp_path / "s"
+    rs = RaggedStore(path, np.uint16, codec="zstd", frame_size=64)
+    rs.append(_token_docs(1, 6))
+    rs.sync()
+    start_files = read_files(path)
+    lib.lx_debug_record(1)
+    TokenWindows(rs, 7)                 # writes windows.idx (6 durable documents)
+    rs.append(_token_docs(2, 4))        # not durable
+    TokenWindows(rs, 7)                 # covers only what is durable: no write
+    rs.sync()
+    TokenWindows(rs, 7)                 # rewrites it for 10
+    rs.append(_token_docs(3, 2))
+    rs.delete([1, 3])                   # removes it first
+    TokenWindows(rs, 7)
+    rs.append(_token_docs(4, 1))
+    rs.close()
+    log = parse_recording()
+    lib.lx_debug_record(0)
+    assert any(op == "rename" and name.startswith("windows.idx.") for op, name, _, _ in log)
+    rng = random.Random(7)
+    losses = 0
+    for cut in range(len(log) + 1):
+        for keep in (False, True, True):
+            disk = Disk(start_files)
+            for entry in log[:cut]:
+                disk.apply(*entry)
+            target = tmp_path / f"loss{cut}-{losses}"
+            os.makedirs(target)
+            for name, data in disk.lose_power(rng, keep).items():
+                (target / name).write_bytes(data)
+            with RaggedStore(target) as s:
+                s.verify()
+                docs = s[:]
+                for seq_len in (7, 3):
+                    tw = TokenWindows(s, seq_len)
+                    got = tw[np.arange(len(tw))]
+                    want = _windows(docs, seq_len)
+                    assert np.array_equal(got.reshape(len(want), -1), want.reshape(len(want), -1)), \
+                        f"cut {cut}/{len(log)} keep={keep}"
+                s.verify()
+            shutil.rmtree(target)
+            losses += 1
+    STATS["losses"] += losses

@@ -1,12 +1,14 @@
 """The seeded fuzz corpus of hostile stores (issue 11, "Fuzz corpus").
 
-Every CI run builds five small base stores (DenseStore raw in the fixed-width
+Every CI run builds six small base stores (DenseStore raw in the fixed-width
 layout, DenseStore zstd, RaggedStore 1-D raw, RaggedStore n-D zstd, a
-zstd_dict Zrecord) and derives at least 1,000 mutated stores from them
+zstd_dict Zrecord, a uint16 token store in seekable zstd frames with its
+token window index windows.idx) and derives at least 1,000 mutated stores from them
 (tests/_fuzz_cases.py): random bit flips and byte overwrites, truncations of
 each file, and forged headers, commits, table entries, zstd frames,
 dictionaries, type identities, ragged shapes and delete journals whose
-checksums are valid, so the engine's structural checks are what stands
+checksums are valid, windows.idx files damaged or forged with valid
+checksums, so the engine's structural checks are what stands
 between them and a crash. `LOADERX_FUZZ_CASES=20000` runs a longer corpus,
 `LOADERX_FUZZ_SEED=N` another one.
 
@@ -28,6 +30,10 @@ Invariants, per case:
 * nothing leaks: once every handle of a case is closed (or failed to open),
   the worker holds no more file descriptors than before the case (a leaked
   descriptor of the `lock` file also keeps the writer lock held);
+* no wrong windows: a ragged store of integers is also read as
+  TokenWindows (which builds, reads or rewrites windows.idx); unless
+  verify() reports damage (it checks windows.idx too), every window is the
+  slice of the store's own records it names;
 * no wrong count: a store that opens holds as many records as an allowed
   state of the case (the base's records; for a delete journal, before or after
   the delete);
@@ -261,7 +267,8 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
         f"fuzz corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s, "
         f"worker peak RSS {counts['max rss MiB']} MiB",
         "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
-        "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, wrong count {wrong count}, "
+        "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, "
+        "wrong windows {wrong windows}, wrong count {wrong count}, "
         "foreign exceptions {foreign exceptions}, leaked descriptors {leaked descriptors}, "
         "harness errors {harness errors}".format(**counts),
     ]
