@@ -10,6 +10,8 @@ The public names, re-exported here from the modules that own them::
     from loaderx.zsampler import Sampler
     from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, labels, pad
     from loaderx.converters import convert
+    from loaderx.subset import select, View
+    from loaderx.columns import Column
     from loaderx.dataloader import DataLoader
 """
 __version__ = "3.0.0"
@@ -33,7 +35,9 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
+from .columns import Column
 from .mixture import Mixture
+from .subset import View, select
 from .shardset import ShardSet
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
@@ -43,6 +47,7 @@ __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",
     "Sampler", "DataLoader",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "labels", "convert", "pad",
+    "select", "View", "Column",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
     "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",

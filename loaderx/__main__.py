@@ -1,4 +1,4 @@
-"""Command line: ``loaderx {info,convert,verify,compact,train-dict,bench,demo}``
+"""Command line: ``loaderx {info,convert,select,verify,compact,train-dict,bench,demo}``
 (also ``python -m loaderx``), and ``loaderx --version``.
 
 Long commands show a progress bar with rate and ETA on a terminal and plain
@@ -103,8 +103,8 @@ def store_report(store) -> dict:
 
 
 def _warnings(r: dict) -> list[str]:
-    if not r["records"]:
-        return []
+    if not r["records"] or (r["kind"] == "dense" and r["item_shape"] == []):
+        return []  # a scalar column (labels, metadata): one value per record is its form
     mean = r["payload_bytes"] / r["records"]
     if mean >= _TINY_RECORD_BYTES:
         return []
@@ -166,12 +166,14 @@ def _dataset_report(path: str) -> dict:
     try:
         columns = {}
         for name, col in opened.items():
-            shards = col.shards if hasattr(col, "shards") else (col,)
+            stores = col.stream if hasattr(col, "text") else col  # a typed Column's store
+            shards = stores.shards if hasattr(stores, "shards") else (stores,)
             reports = [store_report(s) for s in shards]
             total = _sum_reports(reports)
             total["shards"] = len(shards)
             total.update(_column_facts(path, name, manifest["columns"][name]))
             columns[name] = total
+        scalars = _scalar_columns(opened)
     finally:
         for col in opened.values():
             col.close()
@@ -181,7 +183,41 @@ def _dataset_report(path: str) -> dict:
         "rows": manifest["rows"],
         "source": manifest.get("source"),
         "columns": columns,
+        "scalar_columns": scalars,
     }
+
+
+def _scalar_columns(opened: dict) -> dict:
+    """The columns a `loaderx select` predicate can name, with their SQL types."""
+    from .subset import _info
+
+    out = {}
+    for name, col in opened.items():
+        info = _info(name, col)
+        if not info.type:
+            continue
+        entry: dict = {"type": info.type, "dtype": str(info.dtype), "nullable": info.nullable}
+        if info.categories is not None:
+            entry["categories"] = list(info.categories)
+        if info.labels is not None:
+            entry["labels"] = list(info.labels)
+        out[name] = entry
+    return out
+
+
+def _scalar_text(name: str, c: dict) -> str:
+    if "categories" in c:
+        cats = c["categories"]
+        shown = ", ".join(map(str, cats[:5])) + (", ..." if len(cats) > 5 else "")
+        what = f"categorical {c['type']} ({len(cats)}: {shown})"
+    elif c["type"] == "string":
+        what = "string"
+    else:
+        what = c["dtype"]
+        if "labels" in c:
+            what += f" (labels: {', '.join(map(str, c['labels'][:5]))}" \
+                + (", ...)" if len(c["labels"]) > 5 else ")")
+    return f"{name} {what}" + (", nullable" if c["nullable"] else "")
 
 
 def _column_facts(path: str, name: str, entry: dict) -> dict:
@@ -278,6 +314,11 @@ def _print_dataset(report: dict, indent: str = "") -> None:
     print(f"{indent}format:    loaderx dataset manifest version {report['manifest_version']}")
     print(f"{indent}rows:      {report['rows']:,}")
     _print_source(src, indent)
+    scalars = report.get("scalar_columns") or {}
+    if scalars:
+        print(f"{indent}scalar columns (loaderx select predicates name these):")
+        for name, c in scalars.items():
+            print(f"{indent}  {_scalar_text(name, c)}")
     for name, col in report["columns"].items():
         print(f"{indent}column {name!r}: {col['shards']} shard{'s' if col['shards'] != 1 else ''}")
         _print_facts(col, indent + "  ")
@@ -365,6 +406,7 @@ def cmd_convert(args) -> int:
         keys=not args.no_keys,
         image_column=None if args.image_per_extension else args.image_column,
         cli=True,
+        fill_null=dict(args.fill_null or []),
         dtype=args.dtype,
         item_shape=args.item_shape,
     )
@@ -384,6 +426,35 @@ def cmd_convert(args) -> int:
         f"({manifest['rows'] / max(elapsed, 1e-9):,.0f} "
         f"rows/s) into {args.dst}: {cols}",
     )
+    return 0
+
+
+# ----------------------------------------------------------------- select
+
+
+def cmd_select(args) -> int:
+    from .subset import select
+
+    t0 = time.perf_counter()
+    sub = select(args.dataset, args.where, engine=args.engine)
+    elapsed = time.perf_counter() - t0
+    view = next(iter(sub.values()))
+    rows, total = view.rows, view.selection.total
+    try:
+        if args.out:
+            np.save(args.out, rows)
+        if args.count:
+            print(len(rows))
+            return 0
+        share = f" ({100 * len(rows) / total:.2f}%)" if total else ""
+        _say(args, f"selected {len(rows):,} of {total:,} records{share} in {elapsed:.2f} s "
+                   f"({view.selection.engine})" + (f" -> {args.out}" if args.out else ""))
+        if not args.out and len(rows):
+            preview = ", ".join(map(str, rows[:10].tolist())) + (", ..." if len(rows) > 10 else "")
+            _say(args, f"records: {preview} (--out FILE.npy saves them)")
+    finally:
+        for v in sub.values():
+            v.close()
     return 0
 
 
@@ -407,7 +478,10 @@ def _stores_of(path: str) -> tuple[list, list]:
             cols = [c for split in opened.values() for c in split.values()]
         else:
             cols = list(opened.values())
-        stores = [s for c in cols for s in (c.shards if hasattr(c, "shards") else (c,))]
+        # A text or list column's mask is read through its column, not listed.
+        folded = [c.valid for c in cols if getattr(c, "valid", None) is not None
+                  and not any(c.valid is other for other in cols)]
+        stores = [s for c in cols + folded for s in (c.shards if hasattr(c, "shards") else (c,))]
         return stores, cols
     store = open_store(path)
     return [store], [store]
@@ -609,6 +683,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_info)
     _convert_parser(sub, quiet)
+    p = sub.add_parser(
+        "select", parents=[quiet], help="the records of a dataset where a SQL predicate holds",
+        description="WHERE: a SQL boolean expression over the scalar columns (loaderx info "
+        "lists them), e.g. \"label = 3 AND score > 0.5\"; subqueries need DuckDB.",
+    )
+    p.add_argument("dataset")
+    p.add_argument("where")
+    p.add_argument("--count", action="store_true", help="print only the number of records")
+    p.add_argument("--out", help="save the record indices (sorted int64) to this .npy file")
+    p.add_argument("--engine", choices=["arrow", "duckdb"], default=None,
+                   help="pyarrow.compute or DuckDB (default: pyarrow, DuckDB for SQL beyond it)")
+    p.set_defaults(fn=cmd_select)
     for name, fn, text in (
         ("verify", cmd_verify, "check every record of a store or dataset"),
         ("compact", cmd_compact, "reclaim deleted bytes of a store or dataset"),
@@ -629,6 +715,23 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_bench)
     sub.add_parser("demo", help="build a small store and run the loader (options: demo --help)")
     return ap
+
+
+def _fill_null(text: str) -> tuple:
+    """--fill-null COL=VALUE: VALUE as a number or bool when it reads as one."""
+    col, eq, value = text.partition("=")
+    if not eq or not col:
+        raise argparse.ArgumentTypeError(f"expected COL=VALUE, got {text!r}")
+    parsed: object = value
+    for cast in (int, float):
+        try:
+            parsed = cast(value)
+            break
+        except ValueError:
+            continue
+    if value.lower() in ("true", "false"):
+        parsed = value.lower() == "true"
+    return col, parsed
 
 
 def _batch_mib(text: str) -> float:
@@ -677,7 +780,11 @@ def _convert_parser(sub, quiet) -> None:
     p.add_argument(
         "--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length"
     )
-    p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
+    p.add_argument("--allow-tiny-records", action="store_true",
+                   help="accepted for compatibility (scalar columns need no flag)")
+    p.add_argument("--fill-null", action="append", type=_fill_null, metavar="COL=VALUE",
+                   help="store COL's nulls as VALUE instead of keeping a COL.valid mask "
+                   "(repeatable)")
     p.add_argument(
         "--no-keys",
         action="store_true",

@@ -414,10 +414,13 @@ def _open_manifest(p: str, manifest: dict, wanted: list | None) -> dict:
             raise
         return splits
     columns = manifest["columns"]
-    names = list(columns) if wanted is None else wanted
+    names = list(columns) if wanted is None else list(wanted)
     for name in names:
         if name not in columns:
             raise KeyError(f"{p}: no column {name!r}; the dataset has {list(columns)}")
+    # A column's validity mask comes with it (loaderx.columns).
+    masks = [columns[n].get("valid") for n in names]
+    names += [m for m in masks if m in columns and m not in names]
     opened: dict = {}
     try:
         for name in names:
@@ -426,7 +429,8 @@ def _open_manifest(p: str, manifest: dict, wanted: list | None) -> dict:
         for store in opened.values():
             store.close()
         raise
-    return opened
+    from .columns import wrap_columns
+    return wrap_columns(opened, columns)
 
 
 def _open_column(root: str, name: str, col: dict, version: int) -> Any:
@@ -477,8 +481,11 @@ def labels(dataset, column: str) -> list[str] | None:
     if column not in columns:
         raise KeyError(f"{where}: no column {column!r}; the dataset has {list(columns)}")
     entry = columns[column]
-    # "class_names" is what loaderx 0.1 manifests called them.
+    # "class_names" is what loaderx 0.1 manifests called them; a categorical's
+    # codes are named by its "categories" (loaderx.columns).
     names = entry.get("labels", entry.get("class_names"))
+    if names is None and isinstance(entry.get("categories"), list):
+        names = [str(c) for c in entry["categories"]]
     if names is None:
         return None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

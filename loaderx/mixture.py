@@ -187,7 +187,10 @@ def _check_source(name: str, streams: Any) -> Dict[str, Any]:
     if len(set(lengths.values())) != 1:
         raise ValueError(f"source {name!r}: its streams must have the same length, got {lengths}")
     if next(iter(lengths.values())) == 0:
-        raise ValueError(f"source {name!r} is empty (len 0): nothing to load")
+        from .dataloader import empty_note
+
+        first = next(iter(out.values()))
+        raise ValueError(f"source {name!r} is empty (len 0): nothing to load{empty_note(first)}")
     return out
 
 

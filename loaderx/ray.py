@@ -33,9 +33,10 @@ import numpy as np
 
 from . import _locks
 from .converters import ConvertError, column_codecs
-from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
+from .converters import with_masks
+from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, mask_name, require
 from .converters._dest import Destination
-from .converters._run import StoreOptions, write_task
+from .converters._run import StoreOptions, complete_masks, write_task
 from .converters._source import Batch, Options, Source, select_columns
 from .dataset import open_dataset, read_manifest
 
@@ -133,6 +134,8 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     ]
     out = os.path.join(sink.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
     paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
+    # Where a column's validity mask goes if nulls arrive (made on the first one).
+    paths.update({mask_name(s.name): os.path.join(out, f"c{k}.valid") for k, s in enumerate(specs)})
     opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
     try:
         rows = write_task(
@@ -158,6 +161,9 @@ def _commit_tasks(sink, returns: list) -> dict:
                 f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
                 f"column types: {specs} and {r['specs']}"
             )
+    # A column with nulls in any task gets a mask in every task.
+    masks = complete_masks(specs, [r["paths"] for r in done], [r["rows"] for r in done])
+    specs = with_masks(specs, masks)
     sink.target.begin(specs)
     try:
         for k, r in enumerate(done):
@@ -166,9 +172,9 @@ def _commit_tasks(sink, returns: list) -> dict:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.rename(r["paths"][s.name], target)
         source = {"type": "ray", "tasks": len(done)}
-        return sink.target.commit(
-            specs, column_codecs(specs, sink.codec), [r["rows"] for r in done], source
-        )
+        codecs = column_codecs(specs, sink.codec)
+        codecs.update({m.name: "raw" for m in masks})
+        return sink.target.commit(specs, codecs, [r["rows"] for r in done], source)
     except BaseException:
         sink.target.abort()
         raise

@@ -71,6 +71,13 @@ class TokenWindows:
 
     kind = "dense"
 
+    def __new__(cls, store: Any, seq_len: int, *, separator: Optional[int] = None):
+        if getattr(store, "selection", None) is not None and cls is TokenWindows:
+            # Documents a `loaderx.select` view selects: windows over those alone.
+            from ._subset_windows import SubsetWindows
+            return SubsetWindows(store, seq_len, separator=separator)
+        return super().__new__(cls)
+
     def __init__(self, store: Any, seq_len: int, *, separator: Optional[int] = None):
         if isinstance(store, np.ndarray):
             raise TypeError("TokenWindows reads stores; for a NumPy array (a memmap of a flat "

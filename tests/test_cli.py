@@ -71,12 +71,13 @@ def test_convert_info_verify_compact(tmp_path, npz):
     assert col["warnings"] == []
     y = report["columns"]["y"]
     assert y["codec"] == "raw" and y["index_bytes"] == 400 * 4 and y["overhead_pct"] > 50
-    assert "tiny" in y["warnings"][0] and "--row-length" in y["warnings"][0]
+    assert y["warnings"] == []  # a scalar column: one value per record is its form
     out = run("info", tmp_path / "ds")
     assert (
         "column 'x': 2 shards" in out.stdout
         and "overhead:" in out.stdout
-        and "warning:" in out.stdout
+        and "scalar columns" in out.stdout
+        and "  y int64\n" in out.stdout
     )
     out = run("verify", tmp_path / "ds")
     assert out.returncode == 0 and "ok: 800 records in 4 stores verified" in out.stdout
@@ -107,12 +108,10 @@ def test_info_of_a_single_store_and_tiny_records(tmp_path):
 
 def test_convert_flags_reach_the_converter(tmp_path):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
-    out = run("convert", tmp_path / "tok.npy", tmp_path / "t")
-    assert (
-        out.returncode == 1
-        and "--row-length L" in out.stderr
-        and "--allow-tiny-records" in out.stderr
-    )
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "t0", "-q")  # a scalar column
+    assert out.returncode == 0, out.stderr
+    m = json.loads((tmp_path / "t0" / "loaderx.json").read_text())
+    assert m["columns"]["tok"]["item_shape"] == [] and m["columns"]["tok"]["codec"] == "raw"
     out = run(
         "convert",
         tmp_path / "tok.npy",

@@ -3,7 +3,7 @@
 Every source kind is built here from local data (nothing is downloaded) and
 converted; the stores are then read back and compared value by value, in
 order, with the source. Also: the column-type mapping and its refusals (named
-column, named flag), the tiny-record guard, create/append/overwrite, worker
+column, named flag), scalar columns, create/append/overwrite, worker
 processes giving one ShardSet per column, failures leaving nothing behind,
 and bounded memory on a file larger than the memory allowed.
 """
@@ -131,19 +131,22 @@ def test_dict_of_arrays_columns_and_skip(tmp_path):
     assert not (tmp_path / "o3").exists() and _leftovers(tmp_path) == []
 
 
-def test_token_array_is_refused_with_the_fix_then_rows(tmp_path):
+def test_a_1d_array_is_a_scalar_column_or_rows_of_tokens(tmp_path):
     tokens = np.arange(10_050, dtype=np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
-    with pytest.raises(ConvertError) as e:
-        loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t")
-    msg = str(e.value)
-    assert "10,050 records" in msg and "row_length=L" in msg and "allow_tiny_records=True" in msg
-    assert not (tmp_path / "t").exists()
+    # No flag: one value per record, a raw column that maps to a numpy array.
+    ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t")
+    col = ds["tokens"]
+    assert len(col) == 10_050 and col.codec == "raw" and col.item_shape == ()
+    assert_same(col.as_array(), tokens)
+    assert_same(col[[3, 10_049]], tokens[[3, 10_049]])
+    col.close()
     with pytest.warns(UserWarning, match="50 trailing values"):
-        ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t", row_length=100)
+        ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t1", row_length=100)
     assert ds["tokens"].item_shape == (100,) and len(ds["tokens"]) == 100
     assert_same(ds["tokens"][7], tokens[700:800])
     ds["tokens"].close()
+    # The old flag is still accepted.
     ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t2", allow_tiny_records=True)
     assert len(ds["tokens"]) == 10_050 and ds["tokens"].codec == "raw"
     ds["tokens"].close()
@@ -216,15 +219,16 @@ def test_failed_conversion_leaves_nothing(tmp_path):
         }
     )
     pq.write_table(table, tmp_path / "n.parquet", row_group_size=25)
-    with pytest.raises(
-        ConvertError, match=r"column 'a' has a null value \(row 50\).*skip_columns=\['a'\]"
-    ):
-        loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2)
+    # The null at row 50 cannot take the fill value: the second worker fails.
+    bad = {"a": "not a number"}
+    with pytest.raises(ConvertError, match=r"column 'a' \(double\): cannot replace its nulls"):
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2, fill_null=bad)
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
     loaderx.convert({"a": np.zeros(3), "b": np.zeros((3, 16))}, tmp_path / "ok")["a"].close()
     before = (tmp_path / "ok" / "loaderx.json").read_text()
     with pytest.raises(ConvertError):
-        loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"])
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"],
+                        fill_null=bad)
     assert (tmp_path / "ok" / "loaderx.json").read_text() == before
     assert sorted(os.listdir(tmp_path / "ok" / "gen-000001" / "a")) == ["part-00000"]
     assert _leftovers(tmp_path / "ok") == []
@@ -274,7 +278,7 @@ def _check_table(ds: dict, d: dict, rows=slice(None)) -> None:
         assert_same(got, want)
     values, splits = ds["pairs"].gather_packed(np.arange(len(ds["pairs"])))
     assert_same(values, np.concatenate(d["pairs"][rows]).reshape(-1, 2))
-    assert ds["text"][:] == [t.encode("utf-8") for t in d["text"][rows]]
+    assert ds["text"][:] == list(d["text"][rows])  # strings read back as str
     assert ds["blob"][:] == d["blob"][rows]
     assert_same(ds["y"][:], d["y"][rows])
     assert_same(ds["flag"][:], d["flag"][rows])
@@ -286,7 +290,9 @@ def test_parquet_types_workers_and_row_groups(tmp_path):
     ds = loaderx.convert(tmp_path / "t.parquet", tmp_path / "out", workers=2, progress=False)
     assert ds["y"].lengths == (240, 260)  # the cut moved to a row-group boundary
     _check_table(ds, d)
-    assert ds["dict"][:3] == [b"a", b"bb", b"a"]
+    # An Arrow dictionary is a categorical: codes, and the names they stand for.
+    assert ds["dict"].categories == ("a", "bb")
+    assert list(ds["dict"].names_of(ds["dict"][:3])) == ["a", "bb", "a"]
     for v in ds.values():
         v.close()
     m = read_manifest(tmp_path / "out")
@@ -370,7 +376,7 @@ def _check_hf(ds: dict, order, images) -> None:
     assert_same(ds["img"][:], np.stack([images[i] for i in order]))
     assert_same(ds["label"][:], np.array([i % 3 for i in order], np.int64))
     assert_same(ds["arr"][:], np.stack([np.full((2, 3), i, np.float32) for i in order]))
-    assert ds["text"][:] == [f"t{i}".encode() for i in order]
+    assert ds["text"][:] == [f"t{i}" for i in order]
     assert [r.tolist() for r in ds["ids"][:]] == [list(range(i % 5)) for i in order]
 
 

@@ -27,7 +27,6 @@ from loaderx import (
     from_iterator,
     open_dataset,
 )
-from loaderx.converters import ConvertError
 from loaderx.errors import (
     CorruptStoreError,
     IdentityError,
@@ -395,13 +394,17 @@ def test_a_flat_token_array_reads_as_windows(tmp_path):
         TokenWindows.from_array(tokens, 0)
 
 
-def test_refusals_of_a_flat_array_point_at_token_windows(tmp_path):
+def test_a_flat_array_is_refused_by_a_ragged_store_and_converts_to_one_document(tmp_path):
     with RaggedStore(tmp_path / "r", np.int32) as rs:
         with pytest.raises(TypeError, match="TokenWindows.from_array"):
             rs.append(np.arange(10, dtype=np.int32))
+    # convert: a raw scalar column (select's form), which TokenWindows reads as one document.
     np.save(tmp_path / "tokens.npy", np.arange(1000, dtype=np.uint16))
-    with pytest.raises(ConvertError, match="TokenWindows.from_array"):
-        convert(str(tmp_path / "tokens.npy"), str(tmp_path / "out"))
+    ds = convert(str(tmp_path / "tokens.npy"), str(tmp_path / "out"))
+    tw = TokenWindows(ds["tokens"], 100)
+    assert len(tw) == 9
+    np.testing.assert_array_equal(tw[1], np.arange(100, 201, dtype=np.uint16))
+    ds["tokens"].close()
 
 
 def test_a_shard_emptied_by_a_delete_does_not_refuse_new_windows(tmp_path):

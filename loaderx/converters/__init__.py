@@ -30,16 +30,32 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
-from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
+from ._columns import (
+    ColumnSpec,
+    ConvertError,
+    Flags,
+    MissingDependencyError,
+    mask_name,
+    mask_spec,
+    with_extra,
+)
 from ._dest import Destination, safe_name
 from ._progress import make_progress
-from ._run import StoreOptions, TaskResult, run_tasks, sample_records, settle_columns
+from ._run import (
+    StoreOptions,
+    TaskResult,
+    complete_masks,
+    run_tasks,
+    sample_records,
+    settle_columns,
+)
 from ._source import ImageColumn, Options, Source, user_warning
 
 __all__ = [
@@ -75,6 +91,7 @@ def convert(
     image_column: str | None = "image",
     dtype=None,
     item_shape=None,
+    fill_null: dict | None = None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
@@ -91,7 +108,7 @@ def convert(
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
         keep_encoded: keep images (and WebDataset ``.npy``) as encoded bytes.
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
-        allow_tiny_records: accept rows under 64 bytes (one record per value).
+        allow_tiny_records: accepted for compatibility (scalar columns need no flag).
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
         keys: keep a ``key`` column of where each row came from: a tar
@@ -101,6 +118,7 @@ def convert(
             webdataset's decoders read them); None for one column per extension.
         dtype / item_shape: what the records of a store written by the original
             loaderx are, where its schema.msgpack cannot be read.
+        fill_null: ``{column: value}``: its nulls become `value`, with no ``<column>.valid`` mask.
     """
     convert_to_directory(
         source,
@@ -114,13 +132,13 @@ def convert(
         skip_columns=skip_columns,
         keep_encoded=keep_encoded,
         row_length=row_length,
-        allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
         keys=keys,
         image_column=image_column,
         dtype=dtype,
         item_shape=item_shape,
+        fill_null=fill_null,
     )
     return open_dataset(dest)
 
@@ -146,6 +164,7 @@ def convert_to_directory(
     cli: bool = False,
     dtype=None,
     item_shape=None,
+    fill_null: dict | None = None,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
     flags = Flags(cli=cli)
@@ -168,6 +187,8 @@ def convert_to_directory(
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
     if image_column is not None and (not isinstance(image_column, str) or not image_column):
         raise ValueError(f"image_column must be a column name or None, got {image_column!r}")
+    if fill_null is not None and not isinstance(fill_null, Mapping):
+        raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
@@ -178,13 +199,13 @@ def convert_to_directory(
         image_column=image_column,
         dtype=dtype,
         item_shape=item_shape,
+        fill_null={**(fill_null or {})},
     )
     job = {
         "codec": codec,
         "level": level,
         "dict": dict,
         "workers": workers or 1,
-        "allow_tiny": allow_tiny_records,
         "batch_bytes": batch_bytes,
         "progress": progress,
     }
@@ -299,27 +320,6 @@ def _open_directory(
 # ----------------------------------------------------------------- one dataset
 
 
-def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow: bool) -> None:
-    if allow or not all(s.kind == "dense" and s.item_shape == () for s in specs):
-        return
-    row = sum(s.dtype.itemsize for s in specs)
-    if row >= _TINY_RECORD_BYTES:
-        return
-    rows = source.row_count()
-    f = options.flags
-    count = f"{rows:,} records" if rows is not None else "one record per value"
-    raise ConvertError(
-        f"every row of this source is {row} B "
-        f"({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
-        f"each value would become its own record: {count} that cost more index than data. "
-        "If this is a flat token array, read it as it is with "
-        "loaderx.TokenWindows.from_array(np.load(path, mmap_mode='r'), seq_len), "
-        f"store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
-        "or documents as a RaggedStore (loaderx.from_iterator); to keep one record per value "
-        f"anyway, pass {f.opt('allow_tiny_records')}"
-    )
-
-
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
     """Each column's codec: its own if it names one, else `codec`, except raw
     for dense records under 64 bytes."""
@@ -354,17 +354,25 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
 
 def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -> dict:
     target = Destination(dest, mode, options.flags)
-    specs = _like_existing(source.specs(), target.existing)
-    _check_tiny(source, specs, options, job["allow_tiny"])
+    specs = _with_fills(_like_existing(source.specs(), target.existing), options)
+    if target.mode == "append":
+        specs = _merge_categories(specs, target.existing or {}, target.dest)
     tasks = source.tasks(job["workers"])
     codecs = column_codecs(specs, job["codec"])
     if job["dict"]:
         dicts = _train_dicts(source, tasks[0], specs, codecs)
     else:
         dicts = source.dictionaries(codecs)  # a source's own (an original loaderx store's)
-    target.begin(specs)
+    # A place for every column's validity mask; a mask is made only when its
+    # column's first null arrives (see _run.write_task).
+    names = {s.name for s in specs}
+    masks = [mask_spec(s) for s in specs if mask_name(s.name) not in names]
+    target.begin(specs + masks)
     try:
-        paths = [{s.name: target.part_path(s.name, k) for s in specs} for k in range(len(tasks))]
+        paths = [
+            {s.name: target.part_path(s.name, k) for s in specs + masks}
+            for k in range(len(tasks))
+        ]
         opts = StoreOptions(codecs, job["level"], dicts, job["batch_bytes"])
         with make_progress(job["progress"], source.progress_total(), "convert", source.unit) as bar:
             for note in filter(None, map(ImageColumn.note, specs)):
@@ -375,15 +383,65 @@ def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -
                 if before.kind != after.kind:
                     bar.note(_fallback_note(before))
         _check_settled_append(target, settled)
-        rows = _drop_empty_parts(
-            target, settled, [r.rows for r in results], keep_one=target.mode != "append"
-        )
+        counts = [r.rows for r in results]
+        used = complete_masks(settled, paths, counts, target.existing_masks())
+        settled = with_masks(settled, used)
+        codecs.update({m.name: "raw" for m in used})
+        rows = _drop_empty_parts(target, settled, counts, keep_one=target.mode != "append")
         first = target.existing["rows"] if target.mode == "append" and target.existing else 0
         described = source.describe(_file_rows(results, first, len(getattr(source, "files", []))))
         return target.commit(settled, codecs, rows, described)
     except BaseException:
         target.abort()
         raise
+
+
+def with_masks(specs: list[ColumnSpec], masks: list[ColumnSpec]) -> list[ColumnSpec]:
+    """`specs` with each used mask right after its column (which names it)."""
+    by_owner = {m.extra["valid_of"]: m for m in masks}
+    out = []
+    for s in specs:
+        mask = by_owner.get(s.name)
+        out += [s] if mask is None else [with_extra(s, valid=mask.name), mask]
+    return out
+
+
+def _with_fills(specs: list[ColumnSpec], options: Options) -> list[ColumnSpec]:
+    from dataclasses import replace
+
+    unknown = sorted(set(options.fill_null) - {s.name for s in specs})
+    if unknown:
+        raise ConvertError(
+            f"fill_null names {unknown}, which are not columns being converted "
+            f"({[s.name for s in specs]})"
+        )
+    return [
+        replace(s, fill=options.fill_null[s.name]) if s.name in options.fill_null else s
+        for s in specs
+    ]
+
+
+def _merge_categories(specs: list[ColumnSpec], manifest: dict, dest: str) -> list[ColumnSpec]:
+    """Appending to a categorical column: its categories are the dataset's,
+    then the new data's others, so the codes already stored keep their meaning."""
+    from ._columns import code_dtype
+
+    out = []
+    for s in specs:
+        cats = s.extra.get("categories")
+        have = (manifest.get("columns") or {}).get(s.name, {}).get("categories")
+        if cats is None or have is None:
+            out.append(s)
+            continue
+        merged = list(have) + [c for c in cats if c not in set(have)]
+        if code_dtype(len(merged)) != code_dtype(len(have)):
+            raise ConvertError(
+                f"{dest}: column {s.name!r} would grow to {len(merged)} categories, more "
+                f"than its {code_dtype(len(have))} codes hold; convert into a new dataset"
+            )
+        out.append(ColumnSpec(s.name, s.kind, code_dtype(len(have)), s.item_shape, s.decode,
+                              s.codec, {**s.extra, "categories": merged}, s.fill))
+    return out
 
 
 def _fallback_note(spec: ColumnSpec) -> str:

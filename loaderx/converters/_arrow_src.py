@@ -31,9 +31,13 @@ from ._columns import (
     ColumnSpec,
     _is_list,
     ConvertError,
+    Nullable,
+    add_categories,
     arrow_spec,
     arrow_to_batch,
+    categorical_spec,
     fixed_list_spec,
+    is_categorical,
     list_lengths,
     require,
 )
@@ -44,6 +48,7 @@ from ._source import (
     Source,
     file_entries,
     image_header,
+    image_shape,
     ramp,
     row_tasks,
     rows_per_batch,
@@ -191,6 +196,8 @@ class ArrowSource(Source):
             if shape and shape[0] is None:
                 return ColumnSpec(name, "ragged", dtype, tuple(shape[1:]), decode="tensor")
             return ColumnSpec(name, "dense", dtype, shape, decode="tensor")
+        if is_categorical(pa, t):
+            return categorical_spec(name, self._categories(name))
         spec = arrow_spec(pa, name, t, self.options.flags)
         spec = fixed_list_spec(spec, self._probe_lengths(name))
         if ftype == "ClassLabel" and feature.get("names"):
@@ -202,6 +209,17 @@ class ArrowSource(Source):
                 extra={"labels": [str(n) for n in feature["names"]]},
             )
         return spec
+
+    def _categories(self, name: str) -> list:
+        """Every category of a dictionary column, in order of appearance: one
+        read of that column alone (each batch may carry its own dictionary;
+        the store keeps codes into this one list)."""
+        pa = _pa()
+        found: dict = {}
+        for batch in self._batches((0, self.rows), [name], 1 << 20):
+            table = batch[1]
+            add_categories(pa, table.column(name), found)
+        return list(found)
 
     def _probe(self, name: str, rows: int):
         """(first row, table) of the first `rows` rows of column `name`, or None."""
@@ -227,7 +245,8 @@ class ArrowSource(Source):
             return []
         row0, table = probe
         values = self._image_bytes(table.column(name), spec, row0)
-        return [image_header(v, f"column {name!r} row {row0 + i}") for i, v in enumerate(values)]
+        return [image_header(v, f"column {name!r} row {row0 + i}")
+                for i, v in enumerate(values) if v is not None]
 
     # -- reading
     def row_count(self) -> int:
@@ -316,10 +335,15 @@ class ArrowSource(Source):
     def _convert(self, pa, column, spec: ColumnSpec, row0: int):
         if spec.decode in ("image", "encoded-image", "struct-bytes"):
             data = self._image_bytes(column, spec, row0)
+            valid = np.array([b is not None for b in data], dtype=bool)
+            present = [b for b in data if b is not None]
             if spec.decode == "struct-bytes":
-                return data
-            where = [f"column {spec.name!r} row {row0 + i}" for i in range(len(data))]
-            return ImageColumn.records(spec, data, where, self.options.flags)
+                records = present
+            else:
+                where = [f"column {spec.name!r} row {row0 + i}"
+                         for i in np.flatnonzero(valid).tolist()]
+                records = ImageColumn.records(spec, present, where, self.options.flags)
+            return records if valid.all() else _null_images(spec, records, valid)
         return arrow_to_batch(pa, column, spec, row0, self.options.flags)
 
     def _image_bytes(self, column, spec: ColumnSpec, row0: int) -> list:
@@ -328,9 +352,11 @@ class ArrowSource(Source):
         pa = _pa()
         arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
         if pa.types.is_struct(arr.type):
-            data = arr.field("bytes").to_pylist()
+            # A null row is a null struct, whatever its fields hold.
+            rows = arr.is_valid().to_pylist()
+            data = [b if ok else None for b, ok in zip(arr.field("bytes").to_pylist(), rows)]
             paths = (
-                arr.field("path").to_pylist()
+                [p if ok else None for p, ok in zip(arr.field("path").to_pylist(), rows)]
                 if arr.type.get_field_index("path") >= 0
                 else [None] * len(arr)
             )
@@ -338,15 +364,15 @@ class ArrowSource(Source):
             data, paths = arr.to_pylist(), [None] * len(arr)
         out = []
         for i, (b, p) in enumerate(zip(data, paths)):
-            if b is None and p and os.path.isfile(p):
+            if b is None and p:
+                if not os.path.isfile(p):
+                    raise ConvertError(
+                        f"column {spec.name!r} row {row0 + i} names the file {p}, which does "
+                        f"not exist; skip the column with {self.options.flags.skip(spec.name)}"
+                    )
                 with open(p, "rb") as f:
                     b = f.read()
-            if b is None:
-                raise ConvertError(
-                    f"column {spec.name!r} row {row0 + i} has no data; skip the column "
-                    f"with {self.options.flags.skip(spec.name)}"
-                )
-            out.append(b)
+            out.append(b)  # None: a null image (no bytes, no path)
         return out
 
     def describe(self, file_rows: list | None = None) -> dict:
@@ -357,6 +383,23 @@ class ArrowSource(Source):
         base = d["path"] if os.path.isdir(d["path"]) else os.path.dirname(d["path"])
         d["files"] = file_entries(self.files, base, file_rows)
         return d
+
+
+def _null_images(spec: ColumnSpec, records, valid: np.ndarray) -> Nullable:
+    """A batch of images with null rows: fillers (no bytes, a black image, an
+    empty array) where `valid` is False, and the mask."""
+    n = len(valid)
+    if isinstance(records, np.ndarray):  # a dense batch
+        out = np.zeros((n,) + spec.dense_shape, spec.dtype)
+        out[valid] = records
+        return Nullable(out, valid)
+    empty: Any = b""
+    if spec.kind != "bytes":  # ragged images (or a provisional dense column's fallback)
+        empty = np.zeros(image_shape((0, 0), spec.extra["image_mode"]), spec.dtype)
+    filled, it = [], iter(records)
+    for ok in valid.tolist():
+        filled.append(next(it) if ok else empty)
+    return Nullable(filled, valid)
 
 
 class HFDatasetSource(ArrowSource):

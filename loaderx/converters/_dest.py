@@ -286,6 +286,30 @@ def _next_generation(dest: str | None, manifest: dict | None) -> str:
     return f"gen-{max(numbers, default=0) + 1:06d}"
 
 
+def _add_all_valid_mask(dest: str, manifest: dict, mask: ColumnSpec, folder: str) -> None:
+    """An append brought the first nulls of a column: the rows already in
+    the dataset get one all-valid mask store, and the manifest the mask
+    column (right after its column)."""
+    from ._run import write_all_valid
+
+    owner = mask.extra["valid_of"]
+    col_dir = check_inside(dest, folder, f"column {mask.name!r}")
+    if os.path.lexists(col_dir):  # left by a killed append: no manifest names it
+        _remove(col_dir)
+    write_all_valid(os.path.join(col_dir, "part-00000"), manifest["rows"])
+    sync_dir(col_dir)
+    sync_dir(os.path.dirname(col_dir))
+    entry = spec_entry(mask, "raw")
+    entry["shards"] = [{"path": f"{folder}/part-00000", "rows": manifest["rows"]}]
+    columns = {}
+    for name, col in manifest["columns"].items():
+        columns[name] = col
+        if name == owner:
+            col["valid"] = mask.name
+            columns[mask.name] = entry
+    manifest["columns"] = columns
+
+
 # ----------------------------------------------------------------- the destination
 
 
@@ -420,13 +444,34 @@ class Destination:
 
     def _check_append(self, specs: list[ColumnSpec]) -> None:
         cols = self._existing_manifest()["columns"]
-        if [s.name for s in specs] != list(cols):
+        # Validity masks come and go with nulls: only the value columns must match.
+        names = [s.name for s in specs if not s.extra.get("valid_of")]
+        have_names = [n for n, c in cols.items() if not c.get("valid_of")]
+        if names != have_names:
             raise ConvertError(
-                f"{self.dest}: appending columns {[s.name for s in specs]} to a dataset "
-                f"with columns {list(cols)}; they must be the same"
+                f"{self.dest}: appending columns {names} to a dataset "
+                f"with columns {have_names}; they must be the same"
             )
+        # A new mask column's directory sits next to the others (inside the
+        # dataset's generation; at the top of a version 1 dataset).
+        generation = self._existing_manifest().get("generation")
+        prefix = f"{generation}/" if generation else ""
+        taken = {os.path.basename(os.path.dirname(c["shards"][0]["path"])).lower()
+                 for c in cols.values()}
         for s in specs:
+            if s.extra.get("valid_of") and s.name not in cols:
+                self.column_dirs[s.name] = prefix + safe_name(s.name, taken)
+                continue
             have = cols[s.name]
+            cats = s.extra.get("categories")
+            if cats is not None and cats[: len(have.get("categories", []))] != have.get(
+                "categories"
+            ):
+                raise IdentityError(
+                    f"{self.dest}: column {s.name!r} holds the categories "
+                    f"{have.get('categories')}, the new data's start with {cats[:10]}",
+                    path=self.dest,
+                )
             mine = spec_entry(s, have.get("codec", ""))
             for key in ("kind", "dtype", "item_shape"):
                 if have.get(key) != mine[key]:
@@ -546,7 +591,11 @@ class Destination:
     def _commit_append(self, specs, codecs: dict, part_rows: list[int], source: dict) -> dict:
         manifest = self._existing_manifest()
         for s in specs:
+            if s.name not in manifest["columns"]:  # a mask an append brought
+                _add_all_valid_mask(self.dest, manifest, s, self.column_dirs[s.name])
             column = manifest["columns"][s.name]
+            if s.extra.get("categories") is not None:  # appended data may add categories
+                column["categories"] = s.extra["categories"]
             col_dir = check_inside(self.dest, self.column_dirs[s.name], f"column {s.name!r}")
             taken = [
                 int(m.group(1))
@@ -576,6 +625,13 @@ class Destination:
         self.staging = None
         self._release()
         return manifest
+
+    def existing_masks(self) -> set:
+        """The value columns of an appended-to dataset that have a validity mask."""
+        if self.mode != "append":
+            return set()
+        cols = self._existing_manifest()["columns"]
+        return {c["valid_of"] for c in cols.values() if c.get("valid_of")}
 
     def abort(self) -> None:
         if self.staging is not None:

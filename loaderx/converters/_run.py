@@ -26,14 +26,22 @@ import numpy as np
 from .._store import stored_kind
 from ..dataloader import _default_worker_count as _cores  # the cores this process may use
 from ..errors import ZrecordError
-from ._columns import ColumnSpec, ConvertError, Packed
+from ._columns import ColumnSpec, ConvertError, Nullable, Packed, mask_name, mask_spec
 
 #: Lanes (native threads) of a convert worker process, set by its parent.
 _LANES_ENV = "LOADERX_CONVERT_LANES"
 #: Set for a worker whose stdin is the pipe from its parent.
 _PIPE_ENV = "LOADERX_CONVERT_PARENT_PIPE"
 
-__all__ = ["StoreOptions", "TaskResult", "write_task", "run_tasks", "open_writer", "settle_columns"]
+__all__ = [
+    "StoreOptions",
+    "TaskResult",
+    "write_task",
+    "run_tasks",
+    "open_writer",
+    "settle_columns",
+    "complete_masks",
+]
 
 _POLL_S = 0.2
 
@@ -49,7 +57,7 @@ class StoreOptions:
 def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
     from ..zrecord import DenseStore, RaggedStore, Zrecord
 
-    codec = opts.codecs[spec.name]
+    codec = opts.codecs.get(spec.name, "raw")  # validity masks are raw
     kw = {
         "codec": codec,
         "level": opts.level if codec != "raw" else None,
@@ -173,8 +181,11 @@ def write_task(
 ) -> TaskResult:
     """Write `task` of `source` into one new store per column. `report(units,
     rows, bytes)` is called (on the reading thread) as each batch is read, so
-    progress moves while the first batch is still being compressed."""
-    stores = {}
+    progress moves while the first batch is still being compressed. A
+    column's validity mask store (at ``paths[mask_name(column)]``) is made
+    when its first null arrives, with every earlier row valid."""
+    stores: dict = {}
+    masks: dict = {}
     writing = {s.name: s for s in specs}  # a provisional column may turn ragged
     rows = 0
     files: list = []
@@ -190,6 +201,9 @@ def write_task(
         for batch in read_ahead(reported(source.read(task, specs, opts.batch_bytes))):
             for spec in specs:
                 values = batch.columns[spec.name]
+                valid = None
+                if isinstance(values, Nullable):
+                    values, valid = values.values, values.valid
                 if len(values) != batch.rows:
                     raise ConvertError(
                         f"column {spec.name!r}: {len(values)} values for {batch.rows} rows"
@@ -203,6 +217,8 @@ def write_task(
                     writing[spec.name] = column = column.as_ragged()
                     stores[spec.name] = dense_to_ragged(paths[spec.name], column, opts)
                 _append(stores[spec.name], column, values, rows)
+                if valid is not None or spec.name in masks:
+                    _append_valid(masks, spec, paths, valid, rows, batch.rows, opts)
             rows += batch.rows
             if batch.file is not None:
                 if files and files[-1][0] == batch.file:
@@ -210,9 +226,51 @@ def write_task(
                 else:
                     files.append([batch.file, batch.rows])
     finally:
-        for store in stores.values():
+        for store in list(stores.values()) + list(masks.values()):
             store.close()
     return TaskResult(rows, files)
+
+
+def _append_valid(masks: dict, spec: ColumnSpec, paths: dict, valid, row0: int, count: int,
+                  opts: StoreOptions) -> None:
+    """Appends a batch's validity (None: every row valid) to `spec`'s mask,
+    making the mask (every row before `row0` valid) on its first null."""
+    mask = masks.get(spec.name)
+    if mask is None:
+        path = paths.get(mask_name(spec.name))
+        if path is None:  # a caller that reserved no mask path: a bug, not bad data
+            raise ConvertError(f"column {spec.name!r} has nulls but no place for its mask")
+        mask = masks[spec.name] = _create(path, mask_spec(spec), opts)
+        if row0:
+            mask.append(np.ones(row0, dtype=np.bool_))
+    mask.append(np.ones(count, np.bool_) if valid is None else np.ascontiguousarray(valid, bool))
+
+
+def complete_masks(specs: list[ColumnSpec], paths: list[dict], rows: list[int],
+                   required=()) -> list[ColumnSpec]:
+    """The mask columns of a finished conversion: a column whose nulls made
+    a mask in any part (or named in `required`) gets an all-valid mask in
+    every part that has none. Returns the mask specs, in column order."""
+    used = []
+    for spec in specs:
+        name = mask_name(spec.name)
+        have = [name in p and os.path.isdir(p[name]) for p in paths]
+        if not any(have) and spec.name not in required:
+            continue
+        for p, made, n in zip(paths, have, rows):
+            if not made:
+                write_all_valid(p[name], n)
+        used.append(mask_spec(spec))
+    return used
+
+
+def write_all_valid(path: str, rows: int) -> None:
+    """A validity mask store at `path` of `rows` valid rows."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    spec = ColumnSpec(os.path.basename(path), "dense", np.dtype(np.bool_), ())
+    with open_writer(path, spec, StoreOptions({}, None, {}, 0)) as mask:
+        if rows:
+            mask.append(np.ones(rows, dtype=np.bool_))
 
 
 def _create(path: str, spec: ColumnSpec, opts: StoreOptions):
@@ -413,6 +471,8 @@ def sample_records(source, task: Any, specs: list[ColumnSpec], budget: int) -> d
 
 def _records_of(values) -> Iterator:
     """The records of a batch of one column, whatever its form."""
+    if isinstance(values, Nullable):
+        values = values.values
     if isinstance(values, Packed):
         for a, b in zip(values.splits[:-1], values.splits[1:]):
             yield values.values[a:b]

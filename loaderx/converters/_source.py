@@ -36,6 +36,7 @@ __all__ = [
     "select_columns",
     "ImageColumn",
     "ImageHeader",
+    "image_shape",
     "KEY_COLUMN",
     "key_spec",
     "file_entries",
@@ -58,6 +59,7 @@ class Options:
     keep_encoded: bool = False
     row_length: int | None = None
     flags: Flags = field(default_factory=Flags)
+    fill_null: dict = field(default_factory=dict)
     keys: bool = True
     image_column: str | None = "image"
     #: What the records of a store of the original loaderx are, where its
