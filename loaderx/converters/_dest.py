@@ -500,7 +500,13 @@ class Destination:
             ]
             columns[s.name] = entry
         manifest = self._manifest(columns, sum(part_rows), source)
-        self._publish(manifest, list(self.column_dirs.values()))
+        # A column begun but not committed (a validity mask no row needed)
+        # leaves no directory behind.
+        for name, folder in self.column_dirs.items():
+            path = os.path.join(self._staging_dir(), folder)
+            if name not in columns and os.path.lexists(path):
+                _remove(path)
+        self._publish(manifest, [self.column_dirs[name] for name in columns])
         return manifest
 
     def commit_splits(self, dirs: dict) -> dict:
