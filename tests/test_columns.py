@@ -196,7 +196,7 @@ def test_a_raw_scalar_column_is_a_memory_mapped_array(tmp_path):
     with pytest.raises(ValueError):
         arr[0] = 1
     store.close()
-    store = loaderx.DenseStore(tmp_path / "ds" / "label" / "part-00000")
+    store = loaderx.DenseStore(tmp_path / "ds" / "gen-000001" / "label" / "part-00000")
     store.read_only()
     assert_same(store.as_array()[[5, 999]], labels[[5, 999]])
     with loaderx.DenseStore(tmp_path / "z", np.int32, (), codec="zstd") as z:
