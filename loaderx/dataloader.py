@@ -1,23 +1,30 @@
 """An endless, step-based, resumable batch loader over loaderx stores.
 
 ``DataLoader(streams, batch_size, ...)`` reads batches from *streams* — a dict
-of name -> store (``DenseStore``, ``RaggedStore``, ``Zrecord``, a ``ShardSet``
-of them, or any object with ``gather()`` and a ``kind``) that share one index
-space, or a `loaderx.Mixture` of several such sources mixed by weight — and
-hands them to the caller in step order.
+of name -> stream that share one index space, or a `loaderx.Mixture` of
+several such sources mixed by weight — and hands them to the caller in step
+order. A stream is a store (``DenseStore``, ``RaggedStore``, ``Zrecord``), a
+``ShardSet`` of them, ``TokenWindows``, a plain numpy array (its rows, read
+in memory, never written), or any object of the `loaderx.Stream` protocol
+(``gather()`` and a ``kind``; see ``loaderx.streams`` for the optional
+``native_parts``, ``native_windows`` and ``prefetch`` capabilities).
 
-One native pipeline
-    Library threads (``src/Loader.zig``) compute every step's indices once
-    (the sampler of one source, or the mixture's weighted draw), gather every
-    store and ShardSet stream — dense records straight into the batch arrays,
-    ragged and byte records into one buffer per step, decoded without a copy
-    — and prefetch up to ``prefetch + workers`` steps ahead, with no Python
-    and no GIL in between. A loader of stores without a ``transform`` has no
-    Python thread at all. Python threads (``loaderx-worker-N``) run only a
-    ``transform`` and streams that are plain Python objects, on the ring's
-    indices. Threads, not processes: no pickling, no IPC, no ``/dev/shm``;
-    the default thread count is the number of cores this process may run on
-    (``os.sched_getaffinity``).
+One step machine
+    The native ring (``src/Loader.zig``) is the loader's only step machine:
+    library threads compute every step's indices once (the sampler of one
+    source, or the mixture's weighted draw), gather every native stream —
+    dense records straight into the batch arrays, ragged and byte records
+    into one buffer per step, decoded without a copy — and work up to
+    ``prefetch + workers`` steps ahead, with no Python and no GIL in between.
+    ``next()`` is one native wait that hands a built step over, and one dict
+    build; a loader of stores without a ``transform`` has no Python thread at
+    all. Python threads (``loaderx-worker-N``) map only a ``transform`` and
+    streams that are Python objects over the ring's finished steps, in step
+    order; a stream with a ``prefetch`` hook gets it called for each step
+    ahead, on one ``loaderx-prefetch`` thread, before the ring builds that
+    step. Threads, not processes: no pickling, no IPC, no ``/dev/shm``; the
+    default thread count is the number of cores this process may run on
+    (``os.sched_getaffinity``, as the library counts them).
 
 Order and determinism
     The batch at step ``s`` is a pure function of ``(seed, s)`` (and the
@@ -62,21 +69,24 @@ Epochs for people who count them
     step, so a resumed loader stops at the same place).
 
 Errors
-    An exception raised by a gather or by ``transform`` while building step
-    ``k`` is raised by the ``next()`` that would have returned step ``k``, as
-    the original exception object (with a note naming the thread and step on
-    Python 3.11+). After that the loader is stopped, and every later
-    ``next()`` raises ``RuntimeError`` chained to it. A store closed under a
-    running loader fails its next step with ``ClosedError``. A
-    ``StopIteration`` from a transform or stream arrives as a
-    ``RuntimeError`` (it would otherwise end a ``for`` loop silently).
+    An exception raised by a gather, a stream's ``prefetch`` hook or the
+    ``transform`` while building step ``k`` is raised by the ``next()`` that
+    would have returned step ``k``, as the original exception object (with a
+    note naming the thread and step on Python 3.11+). After that the loader
+    is stopped, and every later ``next()`` raises ``RuntimeError`` chained
+    to it. A store closed under a running loader fails its next step with
+    ``ClosedError``. A ``StopIteration`` from a transform or stream arrives
+    as a ``RuntimeError`` (it would otherwise end a ``for`` loop silently).
 
 Closing
     ``close()`` (also on leaving a ``with`` block, and as a fallback when the
     loader is garbage collected or the interpreter exits) stops and joins
-    every thread. It is idempotent and may be called from any thread: a
-    ``next()`` blocked in another thread then raises ``LoaderClosedError`` at
-    once (a ``ClosedError`` and a ``RuntimeError``); so does any later ``next()``.
+    every thread; only then is the memory of the steps still in flight freed
+    (a batch is the caller's from the moment ``next()`` returns it, and a
+    step's memory is never freed while a library thread may write it). It
+    is idempotent and may be called from any thread: a ``next()`` blocked in
+    another thread then raises ``LoaderClosedError`` at once (a
+    ``ClosedError`` and a ``RuntimeError``); so does any later ``next()``.
 
 Thread safety
     ``next()``, ``state_dict()`` and ``load_state_dict()`` are meant for one
@@ -106,15 +116,16 @@ Recycled output buffers (``out=``)
 from __future__ import annotations
 
 import numbers
-import os
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from loaderx import _abi
-from loaderx._engine import Engine
+from loaderx import _abi, streams as _streams
+from loaderx._lib import usable_cores
 from loaderx._pipeline import Plan
+from loaderx._ring import Prefetcher, Ring, check_out
+from loaderx._workers import Workers
 from loaderx.errors import LoaderClosedError
 from loaderx.mixture import Mixture
 from loaderx.zsampler import Sampler
@@ -128,7 +139,6 @@ _STATE_KEYS = {
     1: ("version", "seed", "mode", "step", "batch_size", "shard", "lengths"),
     2: ("version", "seed", "mode", "step", "position", "batch_size", "shard", "lengths", "sources"),
 }
-_STORE_KINDS = ("dense", "ragged", "bytes")
 
 #: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
 #: flight (prefetch + workers) and columns.
@@ -143,14 +153,6 @@ _STEP_MAX = 2**63 - 2**20
 _POSITION_MAX = 2**63
 
 
-def _default_worker_count() -> int:
-    """The number of cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS and Windows have no affinity mask.
-        return os.cpu_count() or 1
-
-
 def _is_int(value: Any) -> bool:
     """True for Python and numpy integers, but not for ``bool``."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
@@ -162,83 +164,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _check_streams(streams: Any) -> Dict[str, Any]:
-    """Check the streams mapping: non-empty, string names, stores of one length."""
-    if not isinstance(streams, Mapping):
-        raise TypeError(
-            f"streams must be a dict of name -> store, got {type(streams).__name__}"
-        )
-    if not streams:
-        raise ValueError("streams is empty: give at least one name -> store")
-    for name, store in streams.items():
-        if not isinstance(name, str):
-            raise TypeError(f"stream names must be str, got {name!r}")
-        kind = getattr(store, "kind", None)
-        if not callable(getattr(store, "gather", None)) or kind not in _STORE_KINDS:
-            raise TypeError(
-                f"stream {name!r} is not a loaderx store (needs gather() and a kind in "
-                f"{_STORE_KINDS}): got {type(store).__name__}"
-            )
-    lengths = {name: len(store) for name, store in streams.items()}
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"streams must all have the same length, got {lengths}")
-    for name, length in lengths.items():
-        if length == 0:
-            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load")
-    return dict(streams)
-
-
-def _check_out(
-    out: Any, streams: Mapping[str, Any], batch_size: int, buffer_count_min: int
-) -> Dict[str, List[np.ndarray]]:
-    """Check the recycled output buffers against the dense streams they fill
-    (`streams`: name -> a stream of that column)."""
-    if out is None:
-        return {}
-    if not isinstance(out, Mapping):
-        raise TypeError(f"out must be a dict of name -> list of arrays, got {type(out).__name__}")
-    checked: Dict[str, List[np.ndarray]] = {}
-    for name, buffers in out.items():
-        if name not in streams:
-            raise ValueError(f"out names stream {name!r}, which is not one of {list(streams)}")
-        store = streams[name]
-        if store.kind != "dense":
-            raise ValueError(
-                f"out[{name!r}]: output buffers are only for dense streams, "
-                f"stream {name!r} is {store.kind}"
-            )
-        if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
-            raise TypeError(f"out[{name!r}] must be a list of arrays, got {type(buffers).__name__}")
-        if len(buffers) < buffer_count_min:
-            raise ValueError(
-                f"out[{name!r}] has {len(buffers)} buffers; it needs at least "
-                f"prefetch + workers + 1 = {buffer_count_min}"
-            )
-        shape = (batch_size,) + tuple(store.item_shape)
-        dtype = np.dtype(store.dtype)
-        for position, buffer in enumerate(buffers):
-            _check_buffer(f"out[{name!r}][{position}]", buffer, shape, dtype)
-        for position, buffer in enumerate(buffers):
-            for other in buffers[position + 1:]:
-                if np.shares_memory(buffer, other):
-                    raise ValueError(f"out[{name!r}]: buffers must not share memory")
-        checked[name] = list(buffers)
-    return checked
-
-
-def _check_buffer(label: str, buffer: Any, shape: Tuple[int, ...], dtype: np.dtype) -> None:
-    if not isinstance(buffer, np.ndarray):
-        raise TypeError(f"{label} must be a numpy array, got {type(buffer).__name__}")
-    if buffer.dtype != dtype or buffer.shape != shape:
-        raise ValueError(
-            f"{label} is {buffer.dtype}{list(buffer.shape)}, the stream needs {dtype}{list(shape)}"
-        )
-    if not buffer.flags.c_contiguous or not buffer.flags.writeable:
-        raise ValueError(f"{label} must be C-contiguous and writable")
-
-
 
 
 class DataLoader:
@@ -281,12 +206,12 @@ class DataLoader:
         ragged: str = "list",
         stop_after: Optional[int] = None,
     ) -> None:
-        self._engine: Optional[Engine] = None
+        self._ring: Optional[Ring] = None
         self._failure: Optional[Tuple[int, BaseException]] = None
         if not isinstance(streams, Mixture):
-            streams = _check_streams(streams)
+            streams = _streams.check_streams(streams)
         prefetch = _check_int("prefetch", prefetch, 1)
-        workers = _default_worker_count() if workers is None else _check_int("workers", workers, 1)
+        workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
         if workers > _WORKERS_MAX:
             raise ValueError(f"workers must be <= {_WORKERS_MAX}, got {workers}")
         if prefetch + workers > _WINDOW_MAX:
@@ -316,16 +241,21 @@ class DataLoader:
         self._prefetch, self._workers, self._stop_after = prefetch, workers, stop_after
         window = prefetch + workers
         first = {c.name: c.streams[0] for c in plan.columns}
-        out_checked = _check_out(out, first, sampler.batch_size, window + 1)
+        out_checked = check_out(out, first, sampler.batch_size, window + 1)
         rank, world = sampler.shard
-        cores = _default_worker_count()
-        self._engine = Engine(
-            plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
-            mode=int(sampler.mode), transform=transform, out=out_checked, workers=workers,
-            window=window, step=sampler.step, position=position, packed=ragged == "packed",
-            # With a thread per core, each gather runs on its own thread alone.
-            lanes=1 if workers >= cores else 0)
-        self._finalizer = weakref.finalize(self, Engine.shutdown, self._engine)
+        # With a thread per core, each gather runs on its own thread alone.
+        lanes = 1 if workers >= usable_cores() else 0
+        ring = Ring(plan, batch_size=sampler.batch_size, rank=rank, world=world,
+                    seed=sampler.seed, mode=int(sampler.mode), window=window, threads=workers,
+                    lanes=lanes, step=sampler.step, position=position,
+                    packed=ragged == "packed", out=out_checked)
+        if plan.python or transform is not None:
+            ring.stage = Workers(ring, transform=transform, workers=workers,
+                                 gather_kwargs={"threads": lanes} if lanes else {})
+        if plan.prefetching:
+            ring.prefetcher = Prefetcher(ring)
+        self._ring = ring
+        self._finalizer = weakref.finalize(self, Ring.shutdown, ring)
 
     # -- iteration ------------------------------------------------------------------
 
@@ -333,10 +263,10 @@ class DataLoader:
         return self
 
     def __next__(self) -> Any:
-        engine = self._usable_engine()
-        if self._stop_after is not None and engine.step_deliver >= self._stop_after:
+        ring = self._usable_ring()
+        if self._stop_after is not None and ring.deliver >= self._stop_after:
             raise StopIteration
-        step, batch, error = engine.take()
+        step, batch, error = ring.take()
         if error is not None:
             self._failure = (step, error)
             self._finalizer()
@@ -358,13 +288,13 @@ class DataLoader:
     @property
     def step(self) -> int:
         """The step of the next batch ``next()`` will return."""
-        return self._require_engine().step_deliver
+        return self._require_ring().deliver
 
     @property
     def position(self) -> int:
         """The global position of the next batch's first record."""
-        engine = self._require_engine()
-        return engine.position_of(engine.step_deliver)
+        ring = self._require_ring()
+        return ring.position_of(ring.deliver)
 
     @property
     def batch_size(self) -> int:
@@ -403,7 +333,7 @@ class DataLoader:
         """The CYCLIC cycle (epoch) that `step`'s first record belongs to."""
         _ = self.steps_per_epoch
         step = _check_int("step", step, 0)
-        return self._require_engine().position_of(step) // self._plan.lengths[0]
+        return self._require_ring().position_of(step) // self._plan.lengths[0]
 
     # -- checkpoints --------------------------------------------------------------
 
@@ -440,7 +370,7 @@ class DataLoader:
         Raises ``ValueError`` (``TypeError`` for a wrongly typed field) when
         the state does not describe this loader's record sequence."""
         step, position = self._check_state(state)
-        self._usable_engine().reset(step, position)
+        self._usable_ring().reset(step, position)
 
     def _check_state(self, state: Any) -> Tuple[int, int]:
         if not isinstance(state, Mapping):
@@ -510,7 +440,7 @@ class DataLoader:
                         "the loader)")
 
     def __repr__(self) -> str:
-        if self._engine is None:
+        if self._ring is None:
             return "DataLoader(<not constructed>)"
         streams = ", ".join(f"{c.name}: {c.kind}" for c in self._plan.columns)
         if self._failure is not None:
@@ -527,20 +457,20 @@ class DataLoader:
 
     # -- helpers ------------------------------------------------------------------
 
-    def _require_engine(self) -> Engine:
-        engine = self._engine
-        assert engine is not None, "DataLoader.__init__ did not finish"
-        return engine
+    def _require_ring(self) -> Ring:
+        ring = self._ring
+        assert ring is not None, "DataLoader.__init__ did not finish"
+        return ring
 
-    def _usable_engine(self) -> Engine:
-        engine = self._require_engine()
+    def _usable_ring(self) -> Ring:
+        ring = self._require_ring()
         if self._failure is not None:
             step, error = self._failure
             raise RuntimeError(f"DataLoader stopped after an error at step {step}: "
                                f"{type(error).__name__}: {error}") from error
         if self.closed:
             raise LoaderClosedError("DataLoader is closed")
-        return engine
+        return ring
 
 
 def _check_state_types(state: Mapping[str, Any]) -> None:

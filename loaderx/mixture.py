@@ -36,6 +36,8 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
+from .streams import as_stream
+
 __all__ = ["Mixture"]
 
 _KINDS = ("dense", "ragged", "bytes")
@@ -170,6 +172,7 @@ def _check_source(name: str, streams: Any) -> Dict[str, Any]:
     for column, stream in streams.items():
         if not isinstance(column, str):
             raise TypeError(f"source {name!r}: stream names must be str, got {column!r}")
+        stream = as_stream(stream)  # a numpy array is a stream of its rows
         try:
             _signature(stream)
         except TypeError as e:

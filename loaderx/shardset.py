@@ -28,6 +28,7 @@ from . import _buffers, _records
 from ._lib import check
 from ._store import normalize_indices
 from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
+from .streams import NativePart
 
 __all__ = ["ShardSet"]
 
@@ -196,8 +197,13 @@ class ShardSet:
             store.verify()
 
     # -- reads
+    def native_parts(self) -> list:
+        """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
+        self._check_open()
+        return [NativePart(handle, first, None) for handle, first in self._part_list]
+
     def __loaderx_parts__(self) -> list:
-        """The shards as native parts (see ``Store.__loaderx_parts__``)."""
+        """The old name of `native_parts` (kept until every caller moved)."""
         self._check_open()
         return list(self._part_list)
 

@@ -164,6 +164,11 @@ class TokenWindows:
         (document parts, the lx_windows_t of this corpus)."""
         return list(self._part_list), self._spec
 
+    def native_windows(self) -> Tuple[List[Any], Any, bool]:
+        """The stream protocol (``loaderx.streams``): (document parts, the
+        lx_windows_t of this corpus, False: tokens, not segments)."""
+        return list(self._part_list), self._spec, False
+
     def __reduce__(self):
         # A reference: the store (itself a reference) and the parameters.
         return (_rebuild, (self._store, self._seq_len, self._separator))
@@ -211,6 +216,10 @@ class TokenSegments:
 
     def __loaderx_windows__(self):
         return self._windows.__loaderx_windows__()
+
+    def native_windows(self) -> Tuple[List[Any], Any, bool]:
+        """The stream protocol: the windows' parts and index, True: segments."""
+        return list(self._windows._part_list), self._windows._spec, True
 
     def __reduce__(self):
         return (_segments_of, (self._windows,))

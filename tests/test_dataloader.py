@@ -273,9 +273,9 @@ def test_checkpoint_at_every_step_continues_exactly():
         for step in range(steps + follow):
             if step % 10 == 0:
                 time.sleep(0.01)  # Let the workers fill the prefetch window.
-            engine = run._engine
-            with engine.lock:
-                ahead += engine.step_claim > engine.step_deliver
+            workers = run._ring.stage
+            with workers.lock:
+                ahead += workers.claim > run._ring.deliver
             states.append(run.state_dict())
             reference.append(indices_of(next(run)))
     assert ahead > 0, "no checkpoint was taken with batches in flight"
@@ -614,7 +614,7 @@ def test_bad_output_buffers_are_refused(out, error, message):
     [
         (dict(streams={}), ValueError, "streams is empty"),
         (dict(streams=[FakeDenseStore(dense_rows(4))]), TypeError, "must be a dict"),
-        (dict(streams={"x": np.zeros((4, 2))}), TypeError, "stream 'x' is not a loaderx store.*ndarray"),
+        (dict(streams={"x": [np.zeros(2)] * 4}), TypeError, "stream 'x' is not a loaderx store.*list"),
         (
             dict(streams={"x": FakeDenseStore(dense_rows(10)), "y": FakeDenseStore(dense_rows(9))}),
             ValueError,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..dataloader import _default_worker_count as _cores  # the cores this process may use
+from .._lib import usable_cores as _cores  # the cores this process may use
 from ..errors import ZrecordError
 from ._columns import ColumnSpec, ConvertError, Packed
 
