@@ -11,6 +11,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, pad
     from loaderx.converters import convert
     from loaderx.dataloader import DataLoader
+    from loaderx.streams import Stream, NativePart, ArrayStream
 """
 __version__ = "0.1.0"
 
@@ -35,13 +36,14 @@ from .errors import (
 )
 from .mixture import Mixture
 from .shardset import ShardSet
+from .streams import ArrayStream, NativePart, Stream
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
 
 __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",
-    "Sampler", "DataLoader",
+    "Sampler", "DataLoader", "Stream", "NativePart", "ArrayStream",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
