@@ -70,6 +70,8 @@ class _Owned:
     """The base of an array over a library buffer: keeps its owner alive."""
 
     __slots__ = ("__array_interface__", "owner")
+    __array_interface__: dict
+    owner: Any
 
 
 def owner() -> Any:

@@ -11,7 +11,7 @@ exactly). Two optional stages hang off it:
 * ``Workers`` (``_workers.py``): where a batch needs Python (a transform, or
   streams that are Python objects), worker threads map that over the ring's
   finished steps, in step order.
-* ``Prefetcher`` (here): where streams have a ``prefetch`` hook, one thread
+* ``Prefetcher`` (``_prefetch.py``): where streams have a ``prefetch`` hook, one thread
   calls it for each step ahead, in step order, and releases the step to the
   ring (a gated ring) only once it returned; a hook's exception fails that
   step at its step.
@@ -32,7 +32,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class Ring:
         self.generation = 0  # resets of the native ring so far
         self.failures: Dict[int, BaseException] = {}  # steps a prefetch hook failed
         self.stage: Any = None  # Workers, when batches need Python
-        self.prefetcher: Optional[Prefetcher] = None
+        self.prefetcher: Any = None  # Prefetcher, when streams have a prefetch hook
         self.consumer = threading.Lock()  # one next()/load_state_dict() at a time
         self.torn = False
         self.handle: Any = None
@@ -332,50 +332,6 @@ class Ring:
             self.handle, self.keep = None, []
 
 
-def check_out(out: Any, streams: Mapping[str, Any], batch_size: int,
-              buffer_count_min: int) -> Dict[str, List[np.ndarray]]:
-    """The recycled output buffers (``out=``), checked against the dense
-    streams they fill (`streams`: name -> a stream of that column)."""
-    if out is None:
-        return {}
-    if not isinstance(out, Mapping):
-        raise TypeError(f"out must be a dict of name -> list of arrays, got {type(out).__name__}")
-    checked: Dict[str, List[np.ndarray]] = {}
-    for name, buffers in out.items():
-        if name not in streams:
-            raise ValueError(f"out names stream {name!r}, which is not one of {list(streams)}")
-        store = streams[name]
-        if store.kind != "dense":
-            raise ValueError(f"out[{name!r}]: output buffers are only for dense streams, "
-                             f"stream {name!r} is {store.kind}")
-        if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
-            raise TypeError(f"out[{name!r}] must be a list of arrays, got {type(buffers).__name__}")
-        if len(buffers) < buffer_count_min:
-            raise ValueError(f"out[{name!r}] has {len(buffers)} buffers; it needs at least "
-                             f"prefetch + workers + 1 = {buffer_count_min}")
-        shape = (batch_size,) + tuple(store.item_shape)
-        dtype = np.dtype(store.dtype)
-        for position, buffer in enumerate(buffers):
-            _check_buffer(f"out[{name!r}][{position}]", buffer, shape, dtype)
-        for position, buffer in enumerate(buffers):
-            for other in buffers[position + 1:]:
-                if np.shares_memory(buffer, other):
-                    raise ValueError(f"out[{name!r}]: buffers must not share memory")
-        checked[name] = list(buffers)
-    return checked
-
-
-def _check_buffer(label: str, buffer: Any, shape: Tuple[int, ...], dtype: np.dtype) -> None:
-    if not isinstance(buffer, np.ndarray):
-        raise TypeError(f"{label} must be a numpy array, got {type(buffer).__name__}")
-    if buffer.dtype != dtype or buffer.shape != shape:
-        raise ValueError(
-            f"{label} is {buffer.dtype}{list(buffer.shape)}, the stream needs {dtype}{list(shape)}"
-        )
-    if not buffer.flags.c_contiguous or not buffer.flags.writeable:
-        raise ValueError(f"{label} must be C-contiguous and writable")
-
-
 def _pointer(kind: str, array: Optional[np.ndarray]) -> Any:
     if array is None or array.size == 0:
         return ffi.NULL
@@ -449,85 +405,3 @@ def _parts(columns: List[_pipeline.Column], keep: List[Any]) -> Any:
             keep.append(rows)
             parts[i].rows, parts[i].row_count = _pointer("uint64_t *", rows), len(rows)
     return parts
-
-
-class Prefetcher:
-    """The thread that calls the streams' ``prefetch`` hooks for the steps of
-    the window, in step order, and releases each step to the (gated) ring
-    once its hooks returned (see ``loaderx.streams``)."""
-
-    def __init__(self, ring: Ring):
-        self.ring = ring
-        self.cond = threading.Condition()
-        self.next = ring.deliver
-        self.generation = 0
-        self.closed = False
-        self.thread: Optional[threading.Thread] = None
-        self.hooks = [(k, hook) for col in ring.plan.columns for k, hook in enumerate(col.prefetch)
-                      if hook is not None]
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=_prefetch_main, args=(self,),
-                                       name="loaderx-prefetch", daemon=True)
-        self.thread.start()
-
-    def wake(self) -> None:
-        with self.cond:
-            self.cond.notify()
-
-    def restart(self, step: int, generation: int) -> None:
-        """After a reset: prefetch from `step`, of `generation`. Caller holds ``cond``."""
-        self.next, self.generation = step, generation
-        self.cond.notify()
-
-    def claim(self) -> Optional[Tuple[int, int]]:
-        """The next step to prefetch once it is inside the window; None once closed."""
-        ring = self.ring
-        with self.cond:
-            while not self.closed and self.next >= ring.deliver + ring.window:
-                self.cond.wait()
-            if self.closed:
-                return None
-            step, self.next = self.next, self.next + 1
-            return step, self.generation
-
-    def run_hooks(self, step: int) -> None:
-        indices, sources = self.ring.indices_of(step)
-        many = len(self.ring.plan.lengths) > 1
-        for k, hook in self.hooks:
-            hook(indices[sources == k] if many else indices)
-
-    def close(self) -> List[threading.Thread]:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-        return [self.thread] if self.thread is not None else []
-
-
-def _prefetch_main(prefetcher: Prefetcher) -> None:
-    ring = prefetcher.ring
-    _OWN.ring = ring
-    while True:
-        claimed = prefetcher.claim()
-        if claimed is None:
-            return
-        step, generation = claimed
-        failure = None
-        try:
-            prefetcher.run_hooks(step)
-        except LoaderClosedError:
-            return
-        except BaseException as exc:  # noqa: B036 - raised at its step by next()
-            failure = exc
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"(loaderx: raised by a stream's prefetch hook for step {step})")
-        with prefetcher.cond:
-            if prefetcher.closed or generation != prefetcher.generation:
-                continue
-            if failure is not None:
-                ring.failures[step] = failure
-            try:
-                ring.submit(step, generation, None if failure is None else
-                            f"the prefetch of step {step} failed: {failure!r}")
-            except LoaderClosedError:
-                return

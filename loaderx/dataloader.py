@@ -117,15 +117,14 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from loaderx import _abi, streams as _streams
-from loaderx._lib import usable_cores
+from loaderx import streams as _streams
+from loaderx._loader import build_ring, check_options
 from loaderx._pipeline import Plan
-from loaderx._ring import Prefetcher, Ring, check_out
-from loaderx._workers import Workers
+from loaderx._ring import Ring
 from loaderx.errors import LoaderClosedError
 from loaderx.mixture import Mixture
 from loaderx.zsampler import Sampler
@@ -139,12 +138,6 @@ _STATE_KEYS = {
     1: ("version", "seed", "mode", "step", "batch_size", "shard", "lengths"),
     2: ("version", "seed", "mode", "step", "position", "batch_size", "shard", "lengths", "sources"),
 }
-
-#: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
-#: flight (prefetch + workers) and columns.
-_WORKERS_MAX = _abi.LOADER_THREADS_MAX
-_WINDOW_MAX = _abi.LOADER_WINDOW_MAX
-_COLUMNS_MAX = _abi.LOADER_COLUMNS_MAX
 
 #: Steps are int64 (JSON- and checkpoint-friendly), with room for the window.
 _STEP_MAX = 2**63 - 2**20
@@ -210,52 +203,25 @@ class DataLoader:
         self._failure: Optional[Tuple[int, BaseException]] = None
         if not isinstance(streams, Mixture):
             streams = _streams.check_streams(streams)
-        prefetch = _check_int("prefetch", prefetch, 1)
-        workers = usable_cores() if workers is None else _check_int("workers", workers, 1)
-        if workers > _WORKERS_MAX:
-            raise ValueError(f"workers must be <= {_WORKERS_MAX}, got {workers}")
-        if prefetch + workers > _WINDOW_MAX:
-            raise ValueError(f"prefetch + workers must be <= {_WINDOW_MAX}, "
-                             f"got {prefetch} + {workers}")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable or None, got {transform!r}")
-        if ragged not in ("list", "packed"):
-            raise ValueError(f"ragged must be 'list' or 'packed', got {ragged!r}")
+        workers, prefetch = check_options(workers, prefetch, transform, ragged, _check_int)
         if stop_after is not None:
             stop_after = _check_int("stop_after", stop_after, 0)
         _check_step("step", step)
-        plan = Plan(streams, 0)
-        if len(plan.columns) > _COLUMNS_MAX:
-            raise ValueError(f"at most {_COLUMNS_MAX} streams, got {len(plan.columns)}")
         # The sampler checks batch_size, mode, seed, step and shard (and says
         # which value is wrong); the loader keeps its normalised values.
-        sampler = Sampler(plan.lengths[0], batch_size, mode, seed, step=step, shard=shard)
+        sampler = Sampler(Plan(streams, 0).lengths[0], batch_size, mode, seed, step=step,
+                          shard=shard)
         position = sampler.step * sampler.global_batch_size
         if position > _POSITION_MAX:
             raise ValueError(
                 f"step * batch_size * world (the first record's global position) must be "
                 f"<= 2**63, got {sampler.step} * {sampler.batch_size} * {sampler.shard[1]}")
-        plan = Plan(streams, sampler.seed)
-        self._plan = plan
+        self._plan = Plan(streams, sampler.seed)
         self._sampler = sampler
         self._prefetch, self._workers, self._stop_after = prefetch, workers, stop_after
-        window = prefetch + workers
-        first = {c.name: c.streams[0] for c in plan.columns}
-        out_checked = check_out(out, first, sampler.batch_size, window + 1)
-        rank, world = sampler.shard
-        # With a thread per core, each gather runs on its own thread alone.
-        lanes = 1 if workers >= usable_cores() else 0
-        ring = Ring(plan, batch_size=sampler.batch_size, rank=rank, world=world,
-                    seed=sampler.seed, mode=int(sampler.mode), window=window, threads=workers,
-                    lanes=lanes, step=sampler.step, position=position,
-                    packed=ragged == "packed", out=out_checked)
-        if plan.python or transform is not None:
-            ring.stage = Workers(ring, transform=transform, workers=workers,
-                                 gather_kwargs={"threads": lanes} if lanes else {})
-        if plan.prefetching:
-            ring.prefetcher = Prefetcher(ring)
-        self._ring = ring
-        self._finalizer = weakref.finalize(self, Ring.shutdown, ring)
+        self._ring = build_ring(self._plan, sampler, position=position, workers=workers,
+                                prefetch=prefetch, transform=transform, out=out, ragged=ragged)
+        self._finalizer = weakref.finalize(self, Ring.shutdown, self._ring)
 
     # -- iteration ------------------------------------------------------------------
 

@@ -250,6 +250,22 @@ def test_default_workers_follow_affinity():
         assert loader.workers == want
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and two usable cores")
+def test_the_library_counts_the_cores_this_process_may_use():
+    """One source of the core count: the library's (lx_lanes), which honours
+    the affinity mask a process starts with (Python re-derived it before)."""
+    script = ("import os\n"
+              "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+              "import numpy as np\n"
+              "from loaderx import DataLoader, _lib\n"
+              "loader = DataLoader({'x': np.zeros((10, 2))}, 2)\n"
+              "print(_lib.usable_cores(), loader.workers)\n")
+    out = run_script(script)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1"]
+
+
 def test_repr_describes_the_loader():
     loader = DataLoader(fake_streams(), 8, seed=2, workers=1, prefetch=3)
     next(loader)

@@ -1,0 +1,106 @@
+"""How a DataLoader is put together: its options checked, and the native
+ring and the Python stages they call for built (``DataLoader.__init__`` keeps
+only what it needs afterwards)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _abi
+from ._lib import usable_cores
+from ._pipeline import Plan
+from ._prefetch import Prefetcher
+from ._ring import Ring
+from ._workers import Workers
+
+#: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
+#: flight (prefetch + workers) and columns.
+WORKERS_MAX = _abi.LOADER_THREADS_MAX
+WINDOW_MAX = _abi.LOADER_WINDOW_MAX
+COLUMNS_MAX = _abi.LOADER_COLUMNS_MAX
+
+
+def check_options(workers: Optional[int], prefetch: int, transform: Any, ragged: str,
+                  check_int: Callable[[str, Any, int], int]) -> Tuple[int, int]:
+    """``(workers, prefetch)`` checked (workers defaults to the usable cores)."""
+    prefetch = check_int("prefetch", prefetch, 1)
+    workers = usable_cores() if workers is None else check_int("workers", workers, 1)
+    if workers > WORKERS_MAX:
+        raise ValueError(f"workers must be <= {WORKERS_MAX}, got {workers}")
+    if prefetch + workers > WINDOW_MAX:
+        raise ValueError(f"prefetch + workers must be <= {WINDOW_MAX}, "
+                         f"got {prefetch} + {workers}")
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be callable or None, got {transform!r}")
+    if ragged not in ("list", "packed"):
+        raise ValueError(f"ragged must be 'list' or 'packed', got {ragged!r}")
+    return workers, prefetch
+
+
+def build_ring(plan: Plan, sampler: Any, *, position: int, workers: int, prefetch: int,
+               transform: Optional[Callable[[Dict[str, Any]], Any]], out: Any,
+               ragged: str) -> Ring:
+    """The ring of a checked loader, with the stages its streams need."""
+    if len(plan.columns) > COLUMNS_MAX:
+        raise ValueError(f"at most {COLUMNS_MAX} streams, got {len(plan.columns)}")
+    window = prefetch + workers
+    first = {c.name: c.streams[0] for c in plan.columns}
+    out_checked = check_out(out, first, sampler.batch_size, window + 1)
+    rank, world = sampler.shard
+    # With a thread per core, each gather runs on its own thread alone.
+    lanes = 1 if workers >= usable_cores() else 0
+    ring = Ring(plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
+                mode=int(sampler.mode), window=window, threads=workers, lanes=lanes,
+                step=sampler.step, position=position, packed=ragged == "packed",
+                out=out_checked)
+    if plan.python or transform is not None:
+        ring.stage = Workers(ring, transform=transform, workers=workers,
+                             gather_kwargs={"threads": lanes} if lanes else {})
+    if plan.prefetching:
+        ring.prefetcher = Prefetcher(ring)
+    return ring
+
+
+def check_out(out: Any, streams: Mapping[str, Any], batch_size: int,
+              buffer_count_min: int) -> Dict[str, List[np.ndarray]]:
+    """The recycled output buffers (``out=``), checked against the dense
+    streams they fill (`streams`: name -> a stream of that column)."""
+    if out is None:
+        return {}
+    if not isinstance(out, Mapping):
+        raise TypeError(f"out must be a dict of name -> list of arrays, got {type(out).__name__}")
+    checked: Dict[str, List[np.ndarray]] = {}
+    for name, buffers in out.items():
+        if name not in streams:
+            raise ValueError(f"out names stream {name!r}, which is not one of {list(streams)}")
+        store = streams[name]
+        if store.kind != "dense":
+            raise ValueError(f"out[{name!r}]: output buffers are only for dense streams, "
+                             f"stream {name!r} is {store.kind}")
+        if isinstance(buffers, np.ndarray) or not isinstance(buffers, Sequence):
+            raise TypeError(f"out[{name!r}] must be a list of arrays, got {type(buffers).__name__}")
+        if len(buffers) < buffer_count_min:
+            raise ValueError(f"out[{name!r}] has {len(buffers)} buffers; it needs at least "
+                             f"prefetch + workers + 1 = {buffer_count_min}")
+        shape = (batch_size,) + tuple(store.item_shape)
+        dtype = np.dtype(store.dtype)
+        for position, buffer in enumerate(buffers):
+            _check_buffer(f"out[{name!r}][{position}]", buffer, shape, dtype)
+        for position, buffer in enumerate(buffers):
+            for other in buffers[position + 1:]:
+                if np.shares_memory(buffer, other):
+                    raise ValueError(f"out[{name!r}]: buffers must not share memory")
+        checked[name] = list(buffers)
+    return checked
+
+
+def _check_buffer(label: str, buffer: Any, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+    if not isinstance(buffer, np.ndarray):
+        raise TypeError(f"{label} must be a numpy array, got {type(buffer).__name__}")
+    if buffer.dtype != dtype or buffer.shape != shape:
+        raise ValueError(
+            f"{label} is {buffer.dtype}{list(buffer.shape)}, the stream needs {dtype}{list(shape)}"
+        )
+    if not buffer.flags.c_contiguous or not buffer.flags.writeable:
+        raise ValueError(f"{label} must be C-contiguous and writable")
