@@ -1259,10 +1259,13 @@ test "a failing step reports its error and column; close wakes a waiter" {
     };
     var config = testConfig(50, 2, 1, 0);
     config.mode = @backingInt(sampler.Mode.sequential);
+    // Gated: each step is built once released, after the store changes below.
+    config.gated = 1;
     const sources = [_]Source{.{ .length = 50, .seed = 0, .weight = 1 }};
     const live = outbuf.live.load(.monotonic);
     const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     var t: Taken = .{ .failed_column = 9 };
+    try l.submit(0, 0, null);
     try testing.expectError(error.OutOfRange, take(l, 0, 0, &t, null, null));
     try testing.expectEqual(@as(u32, 1), t.failed_column);
     // A failed step hands nothing over (its column-0 batch was freed).
@@ -1271,6 +1274,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     // A store closed by its owner fails the next step instead of being read
     // (the loader keeps it mapped until destroy).
     a.shutdown();
+    try l.submit(1, 0, null);
     try testing.expectError(error.Closed, take(l, 1, 0, &t, null, null));
     try testing.expectEqual(@as(u32, 0), t.failed_column);
 
@@ -1285,6 +1289,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     };
     // Stop while another thread waits for a step being built.
     var result: ?Error = null;
+    try l.submit(2, 0, null);
     const thread = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });
     l.stop();
     thread.join();

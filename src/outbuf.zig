@@ -458,35 +458,40 @@ fn unmapBlock(data: [*]u8) void {
 }
 
 fn reserve(len: usize) ?usize {
-    if (!can_map) {
+    if (can_map) {
+        const m = std.posix.mmap(
+            null,
+            len,
+            .{ .READ = true, .WRITE = true },
+            .{ .TYPE = .PRIVATE, .ANONYMOUS = true },
+            -1,
+            0,
+        ) catch return null;
+        return @intFromPtr(m.ptr);
+    } else {
         const p = std.c.malloc(len) orelse return null;
         return @intFromPtr(p);
     }
-    const m = std.posix.mmap(
-        null,
-        len,
-        .{ .READ = true, .WRITE = true },
-        .{ .TYPE = .PRIVATE, .ANONYMOUS = true },
-        -1,
-        0,
-    ) catch return null;
-    return @intFromPtr(m.ptr);
 }
 
 fn unreserve(base: usize, len: usize) void {
-    if (!can_map) return std.c.free(@ptrFromInt(base));
-    const m: [*]align(page_bytes) u8 = @ptrFromInt(base);
-    std.posix.munmap(m[0..len]);
+    if (can_map) {
+        const m: [*]align(page_bytes) u8 = @ptrFromInt(base);
+        std.posix.munmap(m[0..len]);
+    } else {
+        std.c.free(@ptrFromInt(base));
+    }
 }
 
 /// Whole huge pages of a block, where the platform has transparent ones.
 fn advise(data: usize, capacity: usize) void {
-    if (builtin.os.tag != .linux) return;
-    const huge = capacity / huge_page_bytes * huge_page_bytes;
-    if (huge == 0) return;
-    const m: [*]align(page_bytes) u8 = @ptrFromInt(data);
-    // THP disabled or unsupported: small pages still work.
-    std.posix.madvise(m, huge, std.posix.MADV.HUGEPAGE) catch {};
+    if (builtin.os.tag == .linux) {
+        const huge = capacity / huge_page_bytes * huge_page_bytes;
+        if (huge == 0) return;
+        const m: [*]align(page_bytes) u8 = @ptrFromInt(data);
+        // THP disabled or unsupported: small pages still work.
+        std.posix.madvise(m, huge, std.posix.MADV.HUGEPAGE) catch {};
+    }
 }
 
 // ---------------------------------------------------------------- tests
