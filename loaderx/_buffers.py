@@ -99,6 +99,18 @@ def shaped(raw: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return raw.view(dtype).reshape(shape)
 
 
+def array(slot: Any, nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The buffer in `slot` as a C-contiguous array of `shape` and `dtype`
+    (``nbytes`` long), keeping the slot alive."""
+    if dtype.isbuiltin != 1 or nbytes == 0:  # structured or registered: view the bytes
+        return shaped(view(slot, nbytes), shape, dtype)
+    keeper = _Owned()
+    keeper.owner = slot
+    keeper.__array_interface__ = {"data": (int(ffi.cast("uintptr_t", slot[0])), False),
+                                  "shape": shape, "typestr": dtype.str, "version": 3}
+    return np.asarray(keeper)
+
+
 class BufferPool:
     """A pool of output blocks; see the module docstring. ``BufferPool()``
     makes a pool of its own (released when this object is collected, its
@@ -150,7 +162,7 @@ class BufferPool:
         rc = lib.lx_pool_alloc(self._handle, nbytes, slot)
         if rc != 0:
             raise MemoryError(f"cannot allocate {nbytes} bytes for a batch")
-        return shaped(view(slot, nbytes), shape, dt)
+        return array(slot, nbytes, shape, dt)
 
     def trim(self) -> None:
         """Unmap every idle block now."""

@@ -164,7 +164,9 @@ class Ring:
         if self.closed:
             raise LoaderClosedError("DataLoader is closed")
         if self.stage is not None:
-            self.stage.begin_drain()
+            # The steps the workers hold finish first (as their transforms
+            # would anyway); no more are claimed until the reset is done.
+            self.stage.drain(closed)
         with self.prefetch_paused():
             with self.entered(closed):
                 if self.handle is not None:
@@ -173,7 +175,7 @@ class Ring:
             self.deliver = step
             self.failures.clear()
         if self.stage is not None:
-            self.stage.end_drain(step, closed)
+            self.stage.resume(step)
         if self.closed:
             raise LoaderClosedError(closed)
         self.torn = False
@@ -205,15 +207,22 @@ class Ring:
     @contextlib.contextmanager
     def entered(self, closed_message: str) -> Iterator[None]:
         """Counts a native call in; LoaderClosedError once closed."""
+        self.enter(closed_message)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def enter(self, closed_message: str) -> None:
         with self.users_changed:
             if self.closed:
                 raise LoaderClosedError(closed_message)
             self.users += 1
-        try:
-            yield
-        finally:
-            with self.users_changed:
-                self.users -= 1
+
+    def leave(self) -> None:
+        with self.users_changed:
+            self.users -= 1
+            if self.closed:
                 self.users_changed.notify_all()
 
     def wait(self, step: int, generation: int) -> Tuple[int, List[Any], Any, Any, Any, Any]:
@@ -228,15 +237,19 @@ class Ring:
             slots[c] = owner
         lengths = ffi.new("uint64_t[]", max(1, n))
         failed = ffi.new("uint32_t *")
-        sizes = np.empty(2 * self.batch_size * len(self.variable), np.uint64)
+        sizes = np.empty(2 * self.batch_size * len(self.variable), np.uint64) \
+            if self.variable else None
         indices = np.empty(self.batch_size, np.uint64) if self.want_indices else None
         sources = np.empty(self.batch_size, np.uint16) if self.want_sources else None
         args = (step, generation, failed, slots, lengths, _pointer("uint64_t *", sizes),
                 _pointer("uint64_t *", indices), _pointer("uint16_t *", sources))
         # Nothing is allocated inside: a garbage collection there could run
         # the loader's finalizer, which waits for this call to leave.
-        with self.entered("DataLoader is closed"):
+        self.enter("DataLoader is closed")
+        try:
             rc = lib.lx_loader_wait(self.handle, *args)
+        finally:
+            self.leave()
         if rc != _lib.LX_OK:
             raise self.step_error(rc, failed[0], step)
         return rc, owners, lengths, sizes, indices, sources
@@ -253,10 +266,11 @@ class Ring:
             if buffers is not None:  # built into the caller's buffer of the step
                 batch[col.name] = buffers[step % len(buffers)]
                 continue
-            raw = _buffers.view(owners[c], lengths[c])
             if col.ring_kind != _pipeline.COLUMN_VARIABLE:
-                batch[col.name] = _buffers.shaped(raw, (b,) + col.dense_shape, col.dtype)
+                batch[col.name] = _buffers.array(owners[c], lengths[c], (b,) + col.dense_shape,
+                                                 col.dtype)
                 continue
+            raw = _buffers.view(owners[c], lengths[c])
             batch[col.name] = _pipeline.decode_variable(
                 col, raw, sizes[2 * b * v:2 * b * (v + 1)], indices, self.packed)
             v += 1

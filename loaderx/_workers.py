@@ -103,16 +103,16 @@ class Workers:
         if waiter is not None:
             waiter.release()
 
-    def begin_drain(self) -> None:
-        """A reset begins: no more claims, and nothing built so far is delivered."""
+    def drain(self, closed_message: str) -> None:
+        """A reset begins: no more claims, nothing built so far is delivered,
+        and the steps being built leave the workers first."""
         with self.lock:
             self.ready.clear()
             self.draining = True
-
-    def end_drain(self, step: int, closed_message: str) -> None:
-        """Once the steps being built left the workers (the ring's reset woke
-        those waiting for it), continue claiming at `step`."""
         self.wait_for(lambda: self.in_flight == 0, closed_message)
+
+    def resume(self, step: int) -> None:
+        """The reset is done: continue claiming at `step`."""
         with self.lock:
             self.ready.clear()
             self.draining = False
