@@ -32,9 +32,13 @@ class Prefetcher:
                       if hook is not None]
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=_prefetch_main, args=(self,),
-                                       name="loaderx-prefetch", daemon=True)
-        self.thread.start()
+        """Start the thread (once; see Workers.start for a start cut short)."""
+        with self.cond:
+            if self.closed or self.thread is not None:
+                return
+            self.thread = threading.Thread(target=_prefetch_main, args=(self,),
+                                           name="loaderx-prefetch", daemon=True)
+            self.thread.start()
 
     def wake(self) -> None:
         with self.cond:

@@ -195,14 +195,13 @@ class Ring:
         """Open the native ring (once; the caller holds a lock that keeps two
         threads from doing it at once). A ring that fails to open (a store
         closed before the first batch) raises again at the next try."""
-        if self.handle is not None:
-            return
-        with self.users_changed:  # shutdown() sees the handle, or it is not made
-            if self.closed:
-                raise LoaderClosedError("DataLoader is closed")
-            self.handle, self.keep = _open(self)
+        if self.handle is None:
+            with self.users_changed:  # shutdown() sees the handle, or it is not made
+                if self.closed:
+                    raise LoaderClosedError("DataLoader is closed")
+                self.handle, self.keep = _open(self)
         if self.prefetcher is not None:
-            self.prefetcher.start()
+            self.prefetcher.start()  # (again after a start cut short by an interrupt)
 
     @contextlib.contextmanager
     def entered(self, closed_message: str) -> Iterator[None]:
@@ -356,7 +355,7 @@ def _join(threads: List[threading.Thread]) -> None:
     current = threading.current_thread()
     alive = []
     for thread in threads:
-        if thread is current:
+        if thread is current or thread.ident is None:  # (a start cut short)
             continue
         thread.join(JOIN_TIMEOUT_S)
         if thread.is_alive():

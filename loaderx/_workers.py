@@ -67,15 +67,18 @@ class Workers:
         return step, batch, error
 
     def start(self) -> None:
-        """Start the workers (once)."""
+        """Start the workers (once). A start cut short by an interrupt is
+        finished by the next call, which starts the workers never launched
+        (never one twice: an interrupted ``Thread.start()`` has usually
+        spawned its thread already)."""
         with self.lock:
-            if self.threads or self.closed:
+            if self.closed or len(self.threads) == self.worker_count:
                 return
-            for worker_index in range(self.worker_count):
+            while len(self.threads) < self.worker_count:
+                worker_index = len(self.threads)
                 thread = threading.Thread(target=_worker_main, args=(self, worker_index),
                                           name=f"loaderx-worker-{worker_index}", daemon=True)
                 self.threads.append(thread)
-            for thread in self.threads:
                 thread.start()
 
     def wait_for(self, condition: Callable[[], bool], closed_message: str) -> None:
