@@ -611,6 +611,9 @@ pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Erro
             .{ step, slot.step, l.config.window },
         );
     }
+    for (l.results[l.slotOf(step) * l.columns.len ..][0..l.columns.len]) |r| {
+        assert(r.buffer == null); // handed over or freed with the slot's last step
+    }
     slot.state = .submitted;
     slot.step = step;
     if (failure) |message| {
@@ -670,6 +673,7 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
 /// Copies a built step's indices and sizes out and gives its buffers away.
 /// Caller holds the mutex.
 fn handOver(l: *Loader, slot: *const Slot, results: []Result, out: Handout) void {
+    assert(slot.state == .free and slot.failure == null);
     const batch: usize = @intCast(l.config.batch_size);
     if (out.indices) |p| @memcpy(p[0..batch], slot.indices);
     if (out.sources) |p| @memcpy(p[0..batch], slot.sources);
@@ -700,8 +704,16 @@ pub fn reset(l: *Loader, step: u64, position: u64) u64 {
     if (l.closed) return l.generation;
     l.generation += 1;
     l.step_done.broadcast(io);
-    while (l.running > 0 and !l.closed) l.step_done.waitUncancelable(io, &l.mutex);
-    for (l.slots) |*slot| slot.state = .free;
+    while (l.running > 0) {
+        // Stopped meanwhile: leave the slots to the builders still running
+        // (destroy frees everything once they are joined).
+        if (l.closed) return l.generation;
+        l.step_done.waitUncancelable(io, &l.mutex);
+    }
+    for (l.slots) |*slot| {
+        assert(slot.state != .running);
+        slot.state = .free;
+    }
     freeResults(l.results);
     l.config.step = step;
     l.config.position = position;
