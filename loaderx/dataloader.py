@@ -10,21 +10,17 @@ in memory, never written), or any object of the `loaderx.Stream` protocol
 ``native_parts``, ``native_windows`` and ``prefetch`` capabilities).
 
 One step machine
-    The native ring (``src/Loader.zig``) is the loader's only step machine:
-    library threads compute every step's indices once (the sampler of one
-    source, or the mixture's weighted draw), gather every native stream —
-    dense records straight into the batch arrays, ragged and byte records
-    into one buffer per step, decoded without a copy — and work up to
-    ``prefetch + workers`` steps ahead, with no Python and no GIL in between.
-    ``next()`` is one native wait that hands a built step over, and one dict
-    build; a loader of stores without a ``transform`` has no Python thread at
-    all. Python threads (``loaderx-worker-N``) map only a ``transform`` and
-    streams that are Python objects over the ring's finished steps, in step
-    order; a stream with a ``prefetch`` hook gets it called for each step
-    ahead, on one ``loaderx-prefetch`` thread, before the ring builds that
-    step. Threads, not processes: no pickling, no IPC, no ``/dev/shm``; the
-    default thread count is the number of cores this process may run on
-    (``os.sched_getaffinity``, as the library counts them).
+    The native ring (``src/Loader.zig``) computes every step's indices once
+    (one source's sampler, or a mixture's weighted draw) and builds every
+    native stream's batch on library threads, up to ``prefetch + workers``
+    steps ahead, with no Python and no GIL in between; ``next()`` is one
+    native wait that hands a built step over, and one dict build. Python
+    threads exist only to map a ``transform`` and Python-object streams over
+    the ring's finished steps in order (``loaderx-worker-N``), and to call
+    streams' ``prefetch`` hooks ahead of the ring (``loaderx-prefetch``).
+    Threads, not processes: no pickling, no IPC, no ``/dev/shm``; the
+    default thread count is the cores this process may run on
+    (``sched_getaffinity``, as the library counts them).
 
 Order and determinism
     The batch at step ``s`` is a pure function of ``(seed, s)`` (and the

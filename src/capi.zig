@@ -698,7 +698,10 @@ pub export fn lx_sampler_fill(
 }
 
 /// Lanes (threads, the caller included) one call may use: the cores this
-/// process may run on, capped by lx_set_lanes.
+/// process may run on (sched_getaffinity where the platform has it, counted
+/// when the library starts and again in a forked child; at most 64), capped
+/// by lx_set_lanes. The one core count of the package: Python's default
+/// loader and converter worker counts come from it.
 pub export fn lx_lanes() u32 {
     return @intCast(pool.lanes());
 }
