@@ -15,6 +15,7 @@ typedef struct {
     uint64_t dict_size;
     uint64_t user_size;
     uint64_t fixed_size;
+    uint64_t frame_size;
 } lx_info_t;
 typedef struct {
     uint64_t records;
@@ -46,9 +47,15 @@ typedef struct {
     uint32_t _reserved;
 } lx_loader_config_t;
 typedef struct {
+    uint64_t cycle;
+    uint64_t offset;
+    uint64_t steps_left;
+} lx_cursor_t;
+typedef struct {
     uint64_t length;
     uint64_t seed;
     uint64_t weight;
+    lx_cursor_t cursor;
 } lx_source_t;
 typedef struct {
     uint32_t kind;
@@ -71,6 +78,7 @@ typedef struct {
     uint64_t separator;
     uint32_t has_separator;
     uint32_t itemsize;
+    uint64_t epoch;
 } lx_windows_t;
 typedef struct {
     uint64_t created;
@@ -87,7 +95,7 @@ uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int);
 const char *lx_last_error(void);
-int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, lx_store **);
+int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, uint64_t, lx_store **);
 void lx_close(lx_store *);
 void lx_free(lx_store *);
 int lx_len(lx_store *, uint64_t *);
@@ -111,16 +119,20 @@ int lx_stats(lx_store *, lx_stats_t *);
 int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
-int lx_sampler_fill(uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
+int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);
+int lx_sampler_fill(uint64_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
+int lx_mixture_step_max(const lx_source_t *, uint32_t, uint64_t, uint64_t *);
+int lx_mixture_cursors(const lx_source_t *, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t, lx_cursor_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_windows_index(const lx_part_t *, uint32_t, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint64_t, const char *);
 int lx_loader_wait(lx_loader *, uint64_t, uint64_t, uint32_t *, uint8_t **const *, uint64_t *, uint64_t *, uint64_t *, uint16_t *);
 int lx_loader_indices(lx_loader *, uint64_t, uint64_t *, uint16_t *);
-uint64_t lx_loader_reset(lx_loader *, uint64_t, uint64_t);
+int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *, uint64_t *);
 void lx_loader_stop(lx_loader *);
 void lx_loader_free(lx_loader *);
 void lx_debug_fault(uint32_t, uint64_t, int);
@@ -148,6 +160,7 @@ AUX_SIZE_MAX = 65535
 OUTPUT_POOL = {"min_bytes": 1048576, "max_idle_bytes": 268435456, "stale_checkouts": 256,
     "idle_count_max": 256}
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 72, "lx_source_t": 24, "lx_column_t": 24,
-    "lx_loader_part_t": 40, "lx_windows_t": 40, "lx_pool_stats_t": 64}
+STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
+    "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
+    "lx_column_t": 24, "lx_loader_part_t": 40, "lx_windows_t": 48,
+    "lx_pool_stats_t": 64}

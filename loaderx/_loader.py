@@ -38,7 +38,7 @@ def check_options(workers: Optional[int], prefetch: int, transform: Any, ragged:
     return workers, prefetch
 
 
-def build_ring(plan: Plan, sampler: Any, *, position: int, workers: int, prefetch: int,
+def build_ring(plan: Plan, sampler: Any, *, base: Any, workers: int, prefetch: int,
                transform: Optional[Callable[[Dict[str, Any]], Any]], out: Any,
                ragged: str) -> Ring:
     """The ring of a checked loader, with the stages its streams need."""
@@ -52,7 +52,7 @@ def build_ring(plan: Plan, sampler: Any, *, position: int, workers: int, prefetc
     lanes = 1 if workers >= usable_cores() else 0
     ring = Ring(plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
                 mode=int(sampler.mode), window=window, threads=workers, lanes=lanes,
-                step=sampler.step, position=position, packed=ragged == "packed",
+                base=base, packed=ragged == "packed",
                 out=out_checked)
     if plan.python or transform is not None:
         ring.stage = Workers(ring, transform=transform, workers=workers,

@@ -4,9 +4,11 @@ released) that hands a built step over, and one dict build.
 
 The ring builds every step on library threads and owns each step's memory
 until it hands the step over; Python keeps only the consumer's place: the
-next undelivered step, the base ``(step, position)`` of the last reset, and
-whether a ``next()`` was cut short (``torn``: the next call rebuilds that step
-exactly). Two optional stages hang off it:
+next undelivered step, the base of the last reset (a ``loaderx._state.Base``:
+its step, the global position of its first record and a CYCLIC mixture's
+cursors; the ring computes every later step's indices from it, and so does
+``Base.at``), and whether a ``next()`` was cut short (``torn``: the next call
+rebuilds that step exactly). Two optional stages hang off it:
 
 * ``Workers`` (``_workers.py``): where a batch needs Python (a transform, or
   streams that are Python objects), worker threads map that over the ring's
@@ -73,8 +75,8 @@ class Ring:
     ``shutdown()`` (from any thread)."""
 
     def __init__(self, plan: _pipeline.Plan, *, batch_size: int, rank: int, world: int,
-                 seed: int, mode: int, window: int, threads: int, lanes: int, step: int,
-                 position: int, packed: bool, out: Dict[str, List[np.ndarray]]) -> None:
+                 seed: int, mode: int, window: int, threads: int, lanes: int, base: Any,
+                 packed: bool, out: Dict[str, List[np.ndarray]]) -> None:
         self.plan = plan
         self.columns = plan.native
         self.batch_size, self.world, self.window = batch_size, world, window
@@ -85,8 +87,8 @@ class Ring:
         self.want_indices = bool(plan.python) or any(c.kind != "dense" for c in self.columns)
         self.want_sources = plan.mixture is not None
         self.variable = [c for c in self.columns if c.ring_kind == _pipeline.COLUMN_VARIABLE]
-        self.base_step, self.base_position = step, position
-        self.deliver = step  # the next undelivered step
+        self.base = base  # where the steps from base.step start (a _state.Base)
+        self.deliver = base.step  # the next undelivered step
         self.generation = 0  # resets of the native ring so far
         self.failures: Dict[int, BaseException] = {}  # steps a prefetch hook failed
         self.stage: Any = None  # Workers, when batches need Python
@@ -113,7 +115,7 @@ class Ring:
         refuse_own_thread(self, "next()")
         with self.consumer:
             if self.torn:
-                self.reset_locked(self.deliver, self.position_of(self.deliver))
+                self.reset_locked(self.base_at(self.deliver))
             self.torn = True
             if self.stage is not None:
                 taken = self.stage.next_locked()
@@ -145,18 +147,23 @@ class Ring:
         if self.prefetcher is not None:
             self.prefetcher.wake()
 
+    def base_at(self, step: int) -> Any:
+        """Where `step` (at or after the base's) starts: its Base."""
+        return self.base.at(step)
+
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
-        return self.base_position + (step - self.base_step) * self.batch_size * self.world
+        return self.base.position_of(step)
 
-    def reset(self, step: int, position: int) -> None:
-        """Drop everything prefetched and continue at `step`, whose first record
-        is at global `position` (waits for the steps being built)."""
+    def reset(self, base: Any) -> None:
+        """Drop everything prefetched and continue at `base` (its step, its
+        first record's global position and any cursors; waits for the steps
+        being built)."""
         refuse_own_thread(self, "load_state_dict()")
         with self.consumer:
-            self.reset_locked(step, position)
+            self.reset_locked(base)
 
-    def reset_locked(self, step: int, position: int) -> None:
+    def reset_locked(self, base: Any) -> None:
         """``reset()`` for the holder of ``consumer``; cut short, it leaves the
         ring ``torn`` and the next take resets again."""
         self.torn = True
@@ -168,14 +175,17 @@ class Ring:
             # would anyway); no more are claimed until the reset is done.
             self.stage.drain(closed)
         with self.prefetch_paused():
+            cursors, generation = _reset_args(base)  # (nothing is allocated inside)
             with self.entered(closed):
                 if self.handle is not None:
-                    self.generation = lib.lx_loader_reset(self.handle, step, position)
-            self.base_step, self.base_position = step, position
-            self.deliver = step
+                    _lib.check(lib.lx_loader_reset(self.handle, base.step, base.position,
+                                                   cursors, generation), None, "DataLoader")
+                    self.generation = int(generation[0])
+            self.base = base
+            self.deliver = base.step
             self.failures.clear()
         if self.stage is not None:
-            self.stage.resume(step)
+            self.stage.resume(base.step)
         if self.closed:
             raise LoaderClosedError(closed)
         self.torn = False
@@ -371,11 +381,12 @@ def _open(ring: Ring) -> Tuple[Any, List[Any]]:
     everything it points at (kept until it is freed)."""
     plan, keep = ring.plan, []
     config = ffi.new("lx_loader_config_t *", dict(
-        ring.config, step=ring.base_step, position=ring.base_position,
+        ring.config, step=ring.base.step, position=ring.base.position,
         gated=int(ring.stage is not None or ring.prefetcher is not None)))
+    cursors = ring.base.cursors or [(0, 0, 0)] * len(plan.lengths)
     sources = ffi.new("lx_source_t[]", [
-        {"length": n, "seed": s, "weight": w}
-        for n, s, w in zip(plan.lengths, plan.seeds, plan.weights)])
+        {"length": n, "seed": s, "weight": w, "cursor": _cursor(c)}
+        for n, s, w, c in zip(plan.lengths, plan.seeds, plan.weights, cursors)])
     columns = ffi.new("lx_column_t[]", max(1, len(ring.columns)))
     for c, col in enumerate(ring.columns):
         columns[c].kind = col.ring_kind
@@ -399,6 +410,20 @@ def _open(ring: Ring) -> Tuple[Any, List[Any]]:
                                   parts, len(parts) if ring.columns else 0, specs, out),
                None, "DataLoader")
     return out[0], keep + [parts, specs]
+
+
+def _cursor(cursor: Tuple[int, int, int]) -> Dict[str, int]:
+    cycle, offset, steps_left = cursor
+    return {"cycle": cycle, "offset": offset, "steps_left": steps_left}
+
+
+def _reset_args(base: Any) -> Tuple[Any, Any]:
+    """The cursors of a reset to `base` (NULL unless a CYCLIC mixture), and
+    where the new generation goes."""
+    cursors = ffi.NULL
+    if base.cursors is not None:
+        cursors = ffi.new("lx_cursor_t[]", [_cursor(c) for c in base.cursors])
+    return cursors, ffi.new("uint64_t *")
 
 
 def _parts(columns: List[_pipeline.Column], keep: List[Any]) -> Any:

@@ -31,10 +31,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from . import _locks
 from .converters import ConvertError, column_codecs
-from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
+from .converters import with_masks
+from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, mask_name, require
 from .converters._dest import Destination
-from .converters._run import StoreOptions, write_task
+from .converters._run import StoreOptions, complete_masks, write_task
 from .converters._source import Batch, Options, Source, select_columns
 from .dataset import open_dataset, read_manifest
 
@@ -132,12 +134,14 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     ]
     out = os.path.join(sink.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
     paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
+    # Where a column's validity mask goes if nulls arrive (made on the first one).
+    paths.update({mask_name(s.name): os.path.join(out, f"c{k}.valid") for k, s in enumerate(specs)})
     opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
     try:
         rows = write_task(
             _BlocksSource(tables, sink.options, ctx.task_idx), None, specs, paths, opts,
-            lambda n: None,
-        )
+            lambda units, rows, nbytes: None,
+        ).rows
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -157,6 +161,9 @@ def _commit_tasks(sink, returns: list) -> dict:
                 f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
                 f"column types: {specs} and {r['specs']}"
             )
+    # A column with nulls in any task gets a mask in every task.
+    masks = complete_masks(specs, [r["paths"] for r in done], [r["rows"] for r in done])
+    specs = with_masks(specs, masks)
     sink.target.begin(specs)
     try:
         for k, r in enumerate(done):
@@ -165,12 +172,36 @@ def _commit_tasks(sink, returns: list) -> dict:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.rename(r["paths"][s.name], target)
         source = {"type": "ray", "tasks": len(done)}
-        return sink.target.commit(
-            specs, column_codecs(specs, sink.codec), [r["rows"] for r in done], source
-        )
+        codecs = column_codecs(specs, sink.codec)
+        codecs.update({m.name: "raw" for m in masks})
+        return sink.target.commit(specs, codecs, [r["rows"] for r in done], source)
     except BaseException:
         sink.target.abort()
         raise
+
+
+#: The task directories this process (a Ray driver) owns: path -> the
+#: descriptor of its owner lock (see loaderx._locks).
+_TASK_DIRS: dict = {}
+
+
+def _make_tasks_dir(dest: str) -> str:
+    """The hidden sibling of `dest` where the write tasks put their shards,
+    owned (locked) by this driver: if the driver is killed, the next
+    conversion to `dest` finds the lock free and removes it."""
+    parent, name = os.path.split(dest)
+    os.makedirs(parent, exist_ok=True)
+    path = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+    os.mkdir(path)
+    _TASK_DIRS[path] = _locks.own(path)
+    return path
+
+
+def _drop_tasks_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _TASK_DIRS.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _make_datasink(base):
@@ -180,8 +211,7 @@ def _make_datasink(base):
 
         def __init__(self, dest, mode: str, codec: str, level, options: Options):
             self.target = Destination(dest, mode, options.flags)
-            parent, name = os.path.split(self.target.dest)
-            self.tasks_dir = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+            self.tasks_dir = _make_tasks_dir(self.target.dest)
             self.codec, self.level, self.options = codec, level, options
             self.manifest: dict | None = None
 
@@ -195,13 +225,13 @@ def _make_datasink(base):
             try:
                 self.manifest = self._commit(write_result.write_returns)
             finally:
-                shutil.rmtree(self.tasks_dir, ignore_errors=True)
+                _drop_tasks_dir(self.tasks_dir)
 
         def _commit(self, returns: list) -> dict:
             return _commit_tasks(self, returns)
 
         def on_write_failed(self, error: Exception) -> None:
-            shutil.rmtree(self.tasks_dir, ignore_errors=True)
+            _drop_tasks_dir(self.tasks_dir)
             self.target.abort()
 
     return LoaderxDatasink
@@ -244,7 +274,7 @@ def write_dataset(
     try:
         ray_dataset.write_datasink(sink)
     finally:
-        shutil.rmtree(sink.tasks_dir, ignore_errors=True)
+        _drop_tasks_dir(sink.tasks_dir)
     if sink.manifest is None:
         raise ConvertError(f"{dest}: the Ray write finished without committing a manifest")
     return sink.manifest

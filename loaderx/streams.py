@@ -157,8 +157,16 @@ def check_streams(streams: Any) -> Dict[str, Any]:
         raise ValueError(f"streams must all have the same length, got {lengths}")
     for name, length in lengths.items():
         if length == 0:
-            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load")
+            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load"
+                             f"{empty_note(checked[name])}")
     return checked
+
+
+def empty_note(stream: Any) -> str:
+    """Why an empty stream is empty, when it is a `loaderx.select` subset."""
+    selection = getattr(stream, "selection", None)
+    describe = getattr(selection, "describe", None)
+    return f" (the subset selects {describe()})" if callable(describe) else ""
 
 
 def native_parts(stream: Any) -> Optional[List[NativePart]]:

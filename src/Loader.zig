@@ -13,14 +13,19 @@
 //! record's payload and aux sizes.
 //!
 //! Indices. The records of all ranks form one stream of global positions;
-//! step s of this ring covers positions [position + (s - step) * G, ... + G),
-//! G = batch_size * world, and rank r takes its slice [r*B, (r+1)*B). With
-//! one source, position p is the sampler's index at p. With a mixture,
-//! mixture.zig shares the positions out among the sources by weight and
+//! step s of this ring starts at a position computed from the base (the
+//! `step` and `position` of the config, or of the last reset), G =
+//! batch_size * world records per step, and rank r takes its slice
+//! [r*B, (r+1)*B). With one source, position p is the sampler's index at p,
+//! and the step's position is `sampler.positionAt` (CYCLIC steps never
+//! straddle two cycles). With a mixture, the mixed stream's positions run
+//! G per step; mixture.zig shares them out among the sources by weight and
 //! orders each step's records by a keyed permutation; each source's records
-//! are its own sampler's indices at its own positions. Both are pure
-//! functions of the step (`indicesAt` computes them without building), and a
-//! resumed run continues from any position.
+//! are its own sampler's indices, at its own positions (SEQUENTIAL, IID) or,
+//! in CYCLIC mode, from its cursor's cycle (one cycle per step, see
+//! mixture.zig). All of it is a pure function of the step and the base
+//! (`indicesAt` computes it without building), and a resumed run continues
+//! from any base.
 //!
 //! Ring. A ring of `window` slots (slot = step % window) holds the steps
 //! being built or built and not yet handed over. `threads` workers claim
@@ -102,14 +107,17 @@ pub const Column = extern struct {
     }
 };
 
-/// lx_source_t: one source of records; `weight` matters in a mixture only.
+/// lx_source_t: one source of records; `weight` matters in a mixture only,
+/// `cursor` in a CYCLIC mixture only: the source's place at `Config.step`
+/// (mixture.Cursor; all zero for a fresh run).
 pub const Source = extern struct {
     length: u64,
     seed: u64,
     weight: u64,
+    cursor: mixture.Cursor = .{},
 
     comptime {
-        assert(@sizeOf(Source) == 24);
+        assert(@sizeOf(Source) == 48);
     }
 };
 
@@ -136,7 +144,8 @@ pub const Config = extern struct {
     batch_size: u64,
     rank: u64,
     world: u64,
-    /// The global position of the first record of step `step`.
+    /// The global position of the first record of step `step` (the
+    /// sampler's, see sampler.positionAt; a mixture's mixed position).
     position: u64,
     /// The first step to build.
     step: u64,
@@ -217,6 +226,11 @@ config: Config,
 mode: sampler.Mode,
 sources: []Source,
 mix: mixture.Mixture,
+/// A CYCLIC mixture's sources: the steps of each cycle after the base's
+/// (mixture.zig's T_k), and each one's cursor at the base step. Written only
+/// at open and by `reset` while no step is being built, read by the builds.
+cycle_steps: [sources_max]u64 = undefined,
+cursors: [sources_max]mixture.Cursor = undefined,
 columns: []Column,
 /// Columns of kind variable (each has 2 * batch_size words of sizes a step).
 variable_count: usize,
@@ -310,6 +324,49 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
             return invalid("column {d}: out buffers are for dense columns (and not null)", .{i});
         }
     }
+}
+
+/// CYCLIC: refuses a global batch that would have to repeat a record (more
+/// records than one source has, or a mixture source's most records in one
+/// step, mixture.windowMax, above its length), and for a mixture sets each
+/// source's cycle length and its cursor at the base step.
+fn initCycles(l: *Loader, sources: []const Source) Error!void {
+    if (l.mode != .cyclic) return;
+    const global = l.config.batch_size * l.config.world;
+    if (sources.len == 1) {
+        if (global > sources[0].length) {
+            return invalid(
+                "CYCLIC needs batch_size * world ({d}) <= the source's {d} records",
+                .{ global, sources[0].length },
+            );
+        }
+        return;
+    }
+    for (sources, 0..) |s, k| {
+        l.cycle_steps[k] = l.mix.stepsPerCycle(k, s.length, global);
+        if (l.cycle_steps[k] == 0) {
+            return invalid(
+                "source {d} has {d} records, but one step of {d} can take up to {d} of them",
+                .{ k, s.length, global, l.mix.windowMax(k, global) },
+            );
+        }
+    }
+    for (sources, 0..) |s, k| l.cursors[k] = s.cursor;
+    l.normalizeCursors(l.config.position);
+}
+
+/// Gives every cursor of a CYCLIC mixture its steps left (mixture.normalize)
+/// at mixed position `position`.
+fn normalizeCursors(l: *Loader, position: u64) void {
+    const global = l.config.batch_size * l.config.world;
+    for (l.sources, 0..) |s, k| {
+        l.cursors[k] = l.mix.normalize(k, s.length, global, position, l.cursors[k]);
+    }
+}
+
+/// Whether the ring keeps cursors: CYCLIC with more than one source.
+pub fn hasCursors(l: *const Loader) bool {
+    return l.mode == .cyclic and l.sources.len > 1;
 }
 
 /// The window indices of the windows/segments columns: one per (column,
@@ -472,6 +529,7 @@ pub fn create(
         for (sources, 0..) |s, k| weights[k] = s.weight;
         l.mix = mixture.Mixture.init(weights[0..sources.len]);
     }
+    try l.initCycles(sources);
     try l.enterStores();
     errdefer for (l.parts) |p| p.store.leave();
     try l.startThreads();
@@ -695,9 +753,12 @@ fn freeResults(results: []Result) void {
 /// Drops every step (waiting for those being built, so no worker still
 /// writes into a buffer afterwards, and freeing their buffers), wakes every
 /// waiter of the old generation, and starts the next: its first step is
-/// `step`, whose first record is at global `position`. Returns the new
+/// `step`, whose first record is at global `position`. A CYCLIC mixture
+/// (`hasCursors`) also takes every source's cursor at `step` (one per
+/// source; otherwise `cursors` is empty and ignored). Returns the new
 /// generation. Does nothing once stopped.
-pub fn reset(l: *Loader, step: u64, position: u64) u64 {
+pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Cursor) u64 {
+    assert(!l.hasCursors() or cursors.len == l.sources.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
@@ -719,6 +780,12 @@ pub fn reset(l: *Loader, step: u64, position: u64) u64 {
     l.config.position = position;
     l.next_claim = step;
     l.next_release = step;
+    // Builds read the cursors unlocked (indicesAt copies them under the
+    // mutex); none runs now, and the next claims come after this.
+    if (l.hasCursors()) {
+        @memcpy(l.cursors[0..cursors.len], cursors);
+        l.normalizeCursors(position);
+    }
     l.work_ready.broadcast(io);
     return l.generation;
 }
@@ -844,16 +911,21 @@ fn finish(
 /// (before the ring's first step), OutOfMemory.
 pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!void {
     assert(indices.len == l.config.batch_size);
+    const n = l.sources.len;
+    const cursors = l.gpa.alloc(mixture.Cursor, if (l.hasCursors()) n else 0) catch
+        return error.OutOfMemory;
+    defer l.gpa.free(cursors);
+    // The base and the cursors of one generation (a reset may come meanwhile).
     const io = pool.io();
     l.mutex.lockUncancelable(io);
-    const base = .{ l.config.step, l.config.position };
+    const base: mixture.Base = .{ .step = l.config.step, .position = l.config.position };
+    @memcpy(cursors, l.cursors[0..cursors.len]);
     l.mutex.unlock(io);
-    if (step < base[0]) return invalid("step {d} is before the ring's first", .{step});
+    if (step < base.step) return invalid("step {d} is before the ring's first", .{step});
     var work: Work = .{};
     defer deinitWork(l.gpa, &work);
     try l.initWork(&work);
-    const global: u128 = @as(u128, l.config.batch_size) * l.config.world;
-    l.indicesOf(@as(u128, base[1]) + @as(u128, step - base[0]) * global, &work);
+    l.indicesOf(step, base, cursors, &work);
     @memcpy(indices, work.indices);
     if (sources) |s| @memcpy(s, work.sources);
 }
@@ -873,10 +945,9 @@ fn build(
 ) Error!void {
     failed_column.* = @intCast(l.columns.len);
     try l.slotBuffers(slot);
-    const global: u128 = @as(u128, l.config.batch_size) * l.config.world;
     assert(step >= base[0]);
-    const first: u128 = @as(u128, base[1]) + @as(u128, step - base[0]) * global;
-    l.indicesOf(first, work);
+    const at: mixture.Base = .{ .step = base[0], .position = base[1] };
+    l.indicesOf(step, at, l.cursors[0..l.sources.len], work);
     @memcpy(slot.indices, work.indices);
     @memcpy(slot.sources, work.sources);
     const batch: usize = @intCast(l.config.batch_size);
@@ -921,18 +992,28 @@ fn denseDest(l: *Loader, c: usize, step: u64, result: *Result) Error![*]u8 {
     return buf;
 }
 
-/// This rank's indices (and sources) of the step whose global batch starts
-/// at position `first`.
-fn indicesOf(l: *Loader, first: u128, work: *Work) void {
+/// This rank's indices (and sources) of `step`, for the base it was claimed
+/// under (a mixture's position is u128 there: the mixed stream's) and, for
+/// a CYCLIC mixture, the sources' `cursors` at that base.
+fn indicesOf(
+    l: *const Loader,
+    step: u64,
+    base: mixture.Base,
+    cursors: []const mixture.Cursor,
+    work: *Work,
+) void {
     const c = l.config;
     const batch: u64 = c.batch_size;
     const global: u64 = c.batch_size * c.world;
     if (l.sources.len == 1) {
         const s = l.sources[0];
+        const first = sampler.positionAt(l.mode, s.length, global, base.step, base.position, step);
         sampler.fillFrom(s.length, l.mode, s.seed, first + c.rank * batch, work.indices);
         @memset(work.sources, 0);
         return;
     }
+    // The mixed stream runs G positions per step, whatever the mode.
+    const first: u128 = base.position + @as(u128, step - base.step) * global;
     mixture.compose(&l.mix, c.seed, first, global, c.rank * batch, work.slots, work.origins);
     var before: [sources_max]u128 = undefined;
     var after: [sources_max]u128 = undefined;
@@ -945,7 +1026,10 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
     for (l.sources, 0..) |s, k| {
         const n: usize = @intCast(after[k] - before[k]);
         start[k] = at;
-        if (n > 0) sampler.fillFrom(s.length, l.mode, s.seed, before[k], work.filled[at..][0..n]);
+        if (n > 0) {
+            const from = l.sourcePosition(k, step, base, cursors[k], before[k]);
+            sampler.fillFrom(s.length, l.mode, s.seed, from, work.filled[at..][0..n]);
+        }
         at += n;
     }
     for (work.origins, work.indices, work.sources) |o, *index, *source| {
@@ -953,6 +1037,23 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
         index.* = work.filled[start[o.source] + within];
         source.* = o.source;
     }
+}
+
+/// Where source `k`'s records of `step` start in its own sampler's sequence:
+/// its cumulative count `before` (SEQUENTIAL, IID), or its place from its
+/// `cursor` at `base` (CYCLIC: the step's records all come from one cycle).
+fn sourcePosition(
+    l: *const Loader,
+    k: usize,
+    step: u64,
+    base: mixture.Base,
+    cursor: mixture.Cursor,
+    before: u128,
+) sampler.Position {
+    if (!l.hasCursors()) return before;
+    const global = l.config.batch_size * l.config.world;
+    const place = l.mix.cursorAt(k, global, l.cycle_steps[k], base, cursor, step);
+    return place.position(l.sources[k].length);
 }
 
 /// A fixed-size column (dense, windows, segments) into `dest`.
@@ -1198,7 +1299,8 @@ test "the ring builds every step in order, exactly as the sampler says" {
     try testing.expectError(error.InvalidArgument, take(l, 39, 0, &t, null, null));
     // Reset drops the steps in flight; the ring continues anywhere, in a new
     // generation, and a wait of the old one is refused.
-    try testing.expectEqual(@as(u64, 1), l.reset(1000, 7000));
+    const position = sampler.positionAt(.cyclic, 100, 7, 0, 0, 1000);
+    try testing.expectEqual(@as(u64, 1), l.reset(1000, @intCast(position), &.{}));
     try testing.expectError(error.InvalidArgument, take(l, 40, 0, &t, null, null));
     try take(l, 1000, 1, &t, null, null);
     sampler.fill(100, .cyclic, 5, 1000, 0, 1, &expected);
@@ -1254,6 +1356,138 @@ test "shards and a mixture: every record from its source's own sequence" {
     // 3:1 over 128 records: 96 and 32.
     try testing.expectEqual(@as(u64, 96), per_source[0]);
     try testing.expectEqual(@as(u64, 32), per_source[1]);
+}
+
+test "a CYCLIC mixture repeats no record of a source in a step; a reset with cursors continues" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 23, 1);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 17, 1);
+    defer b.close();
+    // 10 records a step, 6 and 4 of them from the sources: cycles of 3 and 4 steps.
+    const sources = [_]Source{
+        .{ .length = 23, .seed = 1, .weight = 3 },
+        .{ .length = 17, .seed = 2, .weight = 2 },
+    };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+    const config = testConfig(10, 2, 1, 0);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    try testing.expect(l.hasCursors());
+    var indices: [40][10]u64 = undefined;
+    var origin: [40][10]u16 = undefined;
+    var ahead: [10]u64 = undefined;
+    var ahead_origin: [10]u16 = undefined;
+    var t: Taken = .{};
+    for (0..40) |step| {
+        // What indicesAt says (a prefetch hook's indices) is what the ring builds.
+        try l.indicesAt(step, &ahead, &ahead_origin);
+        try take(l, step, 0, &t, &indices[step], &origin[step]);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &indices[step]);
+        try testing.expectEqualSlices(u16, &ahead_origin, &origin[step]);
+        for (0..10) |i| {
+            for (0..i) |j| {
+                const same_source = origin[step][i] == origin[step][j];
+                try testing.expect(!same_source or indices[step][i] != indices[step][j]);
+            }
+        }
+    }
+    // Every source's cursor at step 20, then the run again from there.
+    var cursors: [2]mixture.Cursor = undefined;
+    for (&cursors, 0..) |*cursor, k| {
+        const start: mixture.Base = .{ .step = 0, .position = 0 };
+        const place = l.mix.cursorAt(k, 10, l.cycle_steps[k], start, l.cursors[k], 20);
+        cursor.* = .{
+            .cycle = @intCast(place.cycle),
+            .offset = @intCast(place.offset),
+            .steps_left = place.steps_left,
+        };
+    }
+    try testing.expectEqual(@as(u64, 1), l.reset(20, 200, &cursors));
+    var again: [10]u64 = undefined;
+    var again_origin: [10]u16 = undefined;
+    for (20..40) |step| {
+        try l.indicesAt(step, &ahead, &ahead_origin);
+        try take(l, step, 1, &t, &again, &again_origin);
+        t.free();
+        try testing.expectEqualSlices(u64, &indices[step], &again);
+        try testing.expectEqualSlices(u16, &origin[step], &again_origin);
+        try testing.expectEqualSlices(u64, &again, &ahead);
+        try testing.expectEqualSlices(u16, &again_origin, &ahead_origin);
+    }
+}
+
+test "indicesAt is what a one-source CYCLIC ring builds, across cycle ends and resets" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "s", 23, 1);
+    defer s.close();
+    // 5 records a step: a cycle of 23 serves 4 steps and drops 3 records.
+    const sources = [_]Source{.{ .length = 23, .seed = 9, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const config = testConfig(5, 3, 2, 2);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    var ahead: [5]u64 = undefined;
+    var built: [5]u64 = undefined;
+    var expected: [5]u64 = undefined;
+    var t: Taken = .{};
+    for (2..14) |step| {
+        try l.indicesAt(step, &ahead, null);
+        try take(l, step, 0, &t, &built, null);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &built);
+        sampler.fill(23, .cyclic, 9, step, 0, 1, &expected);
+        try testing.expectEqualSlices(u64, &expected, &built);
+        // No step straddles a cycle: its records are distinct.
+        for (0..5) |i| for (0..i) |j| try testing.expect(built[i] != built[j]);
+    }
+    // An elastic base: cycle 3, offset 7 (a global batch of another size
+    // stopped there). Three more steps fit in its cycle, then whole cycles.
+    try testing.expectEqual(@as(u64, 1), l.reset(100, 3 * 23 + 7, &.{}));
+    var cycle_of: [8]u64 = undefined;
+    for (100..108, 0..) |step, i| {
+        try l.indicesAt(step, &ahead, null);
+        try take(l, step, 1, &t, &built, null);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &built);
+        const position = sampler.positionAt(.cyclic, 23, 5, 100, 3 * 23 + 7, step);
+        cycle_of[i] = @intCast(position / 23);
+        sampler.fillFrom(23, .cyclic, 9, position, &expected);
+        try testing.expectEqualSlices(u64, &expected, &built);
+    }
+    try testing.expectEqualSlices(u64, &.{ 3, 3, 3, 4, 4, 4, 4, 5 }, &cycle_of);
+    // Before the base there is nothing to compute.
+    try testing.expectError(error.InvalidArgument, l.indicesAt(99, &ahead, null));
+}
+
+test "CYCLIC refuses a global batch that must repeat a record" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "s", 10, 1);
+    defer s.close();
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const one = [_]Source{.{ .length = 10, .seed = 1, .weight = 1 }};
+    const config = testConfig(11, 2, 1, 0);
+    const refused = Loader.create(testing.allocator, config, &one, &dense8(), &parts, null);
+    try testing.expectError(error.InvalidArgument, refused);
+    // A mixture source of 10 records with half of every step of 22.
+    const two = [_]Source{
+        .{ .length = 100, .seed = 1, .weight = 1 },
+        .{ .length = 10, .seed = 2, .weight = 1 },
+    };
+    const both = [_]Part{
+        .{ .store = s, .first = 0, .source = 0, .column = 0 },
+        .{ .store = s, .first = 0, .source = 1, .column = 0 },
+    };
+    const mixed = testConfig(22, 2, 1, 0);
+    const too_small = Loader.create(testing.allocator, mixed, &two, &dense8(), &both, null);
+    try testing.expectError(error.InvalidArgument, too_small);
 }
 
 test "a failing step reports its error and column; close wakes a waiter" {
@@ -1361,7 +1595,7 @@ test "a gated ring builds released steps only; a failed release fails its step" 
     t.free();
     // Nothing released: nothing built, so a reset drops nothing and a
     // submit of the old generation is refused.
-    const generation = l.reset(6, 18);
+    const generation = l.reset(6, 18, &.{});
     try testing.expectError(error.InvalidArgument, l.submit(6, 0, null));
     try l.submit(6, generation, null);
     try take(l, 6, generation, &t, null, null);

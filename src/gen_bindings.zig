@@ -25,6 +25,7 @@ const named = .{
     .{ capi.Move, "lx_move_t" },
     .{ capi.Part, "lx_part_t" },
     .{ capi.LoaderConfig, "lx_loader_config_t" },
+    .{ capi.Cursor, "lx_cursor_t" },
     .{ capi.LoaderSource, "lx_source_t" },
     .{ capi.LoaderColumn, "lx_column_t" },
     .{ capi.LoaderPart, "lx_loader_part_t" },
@@ -98,9 +99,9 @@ const cdef = blk: {
         "typedef struct lx_pool lx_pool;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
-        capi.Part,         capi.LoaderConfig, capi.LoaderSource,
-        capi.LoaderColumn, capi.LoaderPart,   capi.WindowsSpec,
-        capi.PoolStats,
+        capi.Part,         capi.LoaderConfig, capi.Cursor,
+        capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
+        capi.WindowsSpec,  capi.PoolStats,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
@@ -155,8 +156,9 @@ const python = blk: {
         \\    "idle_count_max": {d}}}
         \\FORMAT_VERSION = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
-        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d},
-        \\    "lx_loader_part_t": {d}, "lx_windows_t": {d}, "lx_pool_stats_t": {d}}}
+        \\    "lx_loader_config_t": {d}, "lx_cursor_t": {d}, "lx_source_t": {d},
+        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d},
+        \\    "lx_pool_stats_t": {d}}}
         \\
     , .{
         Loader.columns_max,         Loader.sources_max,            Loader.parts_max,
@@ -164,8 +166,9 @@ const python = blk: {
         outbuf.min_bytes_default,   outbuf.max_idle_bytes_default, outbuf.stale_checkouts,
         outbuf.idle_count_max,      format.format_version,         @sizeOf(capi.Info),
         @sizeOf(Store.Stats),       @sizeOf(capi.Move),            @sizeOf(capi.Part),
-        @sizeOf(capi.LoaderConfig), @sizeOf(capi.LoaderSource),    @sizeOf(capi.LoaderColumn),
-        @sizeOf(capi.LoaderPart),   @sizeOf(capi.WindowsSpec),     @sizeOf(capi.PoolStats),
+        @sizeOf(capi.LoaderConfig), @sizeOf(capi.Cursor),          @sizeOf(capi.LoaderSource),
+        @sizeOf(capi.LoaderColumn), @sizeOf(capi.LoaderPart),      @sizeOf(capi.WindowsSpec),
+        @sizeOf(capi.PoolStats),
     });
     break :blk text;
 };
