@@ -331,10 +331,6 @@ class Store:
         use it)."""
         return [NativePart(self._h(), 0, None)]
 
-    def __loaderx_parts__(self) -> list[tuple[Any, int]]:
-        """The old name of `native_parts` (kept until every caller moved)."""
-        return [(self._h(), 0)]
-
     def read_only(self):
         """Makes this handle refuse every mutation from now on (`ReadOnlyError`);
         returns it. Unpickled stores come back read-only."""

@@ -130,8 +130,8 @@ class ShardSet:
         offset = 0
         for store, n in zip(self._stores, self._lengths):
             if n:  # an empty shard holds no index: no part
-                for handle, first in store.__loaderx_parts__():
-                    self._part_list.append((handle, offset + first))
+                for part in store.native_parts():
+                    self._part_list.append((part.handle, offset + part.first))
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
         self._closed = False
@@ -201,11 +201,6 @@ class ShardSet:
         """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
         self._check_open()
         return [NativePart(handle, first, None) for handle, first in self._part_list]
-
-    def __loaderx_parts__(self) -> list:
-        """The old name of `native_parts` (kept until every caller moved)."""
-        self._check_open()
-        return list(self._part_list)
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
         """Records `indices` in request order: a ``(B, *item_shape)`` array for

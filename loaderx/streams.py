@@ -173,8 +173,6 @@ def native_parts(stream: Any) -> Optional[List[NativePart]]:
     """The stream's native parts, or None when the ring cannot read it."""
     method = getattr(stream, "native_parts", None)
     if not callable(method):
-        method = getattr(stream, "__loaderx_parts__", None)  # until every stream has moved
-    if not callable(method):
         return None
     return [NativePart(*part) for part in method()]
 
