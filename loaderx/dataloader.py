@@ -4,10 +4,11 @@
 of name -> stream that share one index space, or a `loaderx.Mixture` of
 several such sources mixed by weight — and hands them to the caller in step
 order. A stream is a store (``DenseStore``, ``RaggedStore``, ``Zrecord``), a
-``ShardSet`` of them, ``TokenWindows``, a plain numpy array (its rows, read
-in memory, never written), or any object of the `loaderx.Stream` protocol
-(``gather()`` and a ``kind``; see ``loaderx.streams`` for the optional
-``native_parts``, ``native_windows`` and ``prefetch`` capabilities).
+``ShardSet`` of them, ``TokenWindows``, a `loaderx.select` view, a plain
+numpy array (its rows, read in memory, never written), or any object of the
+`loaderx.Stream` protocol (``gather()`` and a ``kind``; see
+``loaderx.streams`` for the optional ``native_parts``, ``native_windows``,
+``prefetch`` and ``fingerprint``).
 
 One step machine
     The native ring (``src/Loader.zig``) computes every step's indices once
@@ -17,10 +18,12 @@ One step machine
     native wait that hands a built step over, and one dict build. Python
     threads exist only to map a ``transform`` and Python-object streams over
     the ring's finished steps in order (``loaderx-worker-N``), and to call
-    streams' ``prefetch`` hooks ahead of the ring (``loaderx-prefetch``).
-    Threads, not processes: no pickling, no IPC, no ``/dev/shm``; the
-    default thread count is the cores this process may run on
-    (``sched_getaffinity``, as the library counts them).
+    streams' ``prefetch`` hooks ahead of the ring (``loaderx-prefetch``),
+    within ``prefetch_bytes`` bytes of steps not yet delivered when given (a
+    step's bytes: each hooked stream's ``prefetch_size(indices)``, else its
+    record size times records; a step larger than the budget is prefetched
+    alone). Threads, not processes: no pickling, no IPC, no ``/dev/shm``;
+    the default thread count is the cores this process may run on.
 
 Order and determinism
     The batch at step ``s`` is a pure function of ``(seed, s)`` (and the
@@ -38,41 +41,42 @@ Order and determinism
     is endless unless ``stop_after`` is given; ``len()`` is not defined.
 
 Output
-    Dense streams give ``(batch_size, *item_shape)`` arrays; ragged streams a
-    list of arrays (``ragged="packed"``: ``(values, row_splits)``); byte
-    streams a list of bytes; a mixture adds ``batch["source"]`` (int16, ids
-    of ``loader.sources``). The ``transform`` (collate) runs on the worker
-    threads and may return anything.
+    Dense streams give ``(batch_size, *item_shape)`` C-contiguous arrays
+    (``torch.from_numpy``, ``np.from_dlpack``, ``jax.device_put`` take them
+    without a copy); ragged streams a list of arrays (``ragged="packed"``:
+    ``(values, row_splits)``); byte streams a list of bytes; a mixture adds
+    ``batch["source"]`` (int16, ids of ``loader.sources``). The
+    ``transform`` (collate) runs on the worker threads and may return
+    anything. ``out={name: [buf0, buf1, ...]}`` gathers a dense stream into
+    preallocated memory (e.g. pinned host memory): writable C-contiguous
+    arrays of the stream's dtype and shape ``(batch_size, *item_shape)``
+    that do not overlap, at least ``prefetch + workers + 1`` of them; step
+    ``s`` is gathered into ``bufs[s % len(bufs)]``, which stays valid until
+    ``len(bufs) - prefetch - workers`` further batches were taken (a
+    ``load_state_dict()`` invalidates every batch delivered before it).
 
 Checkpoints and elastic resume
     ``state_dict()`` is a small, versioned dict of plain values (it pickles
-    and round-trips through JSON; built by ``loaderx._state``)::
+    and round-trips through JSON; ``loaderx._state`` describes it in full)::
 
         {"version": 3, "seed": 0, "mode": "CYCLIC", "step": 1234, "position": 315904,
          "batch_size": 256, "shard": [rank, world], "lengths": {"x": 50000},
          "sources": None, "cursors": None, "fingerprints": {"x": None}}
 
-    ``step`` is the next *undelivered* step (batches prefetched but not yet
-    returned are not counted) and ``position`` the global record position of
-    its first record; in one-source CYCLIC mode that is ``cycle * length +
-    offset``: the cycle the next batch comes from and where in it. A CYCLIC
-    mixture adds each source's ``cursors`` (``[cycle, offset, steps_left]``),
-    and ``fingerprints`` holds each stream's ``fingerprint`` (the record set
-    it reads; None without one). ``load_state_dict()`` checks the fields that
-    define the record sequence (seed, mode, stream lengths and fingerprints,
-    mixture sources and weights; a mismatch is a ``ValueError`` naming the
-    field and both values), throws away whatever was prefetched, and
-    continues at that position in O(1): with the same global batch (world *
-    batch_size) on any number of ranks, the union over ranks of every later
-    step equals the uninterrupted run's. With another global batch, SEQUENTIAL
-    continues the exact global record sequence, IID continues with fresh
-    draws (it draws by position), and CYCLIC continues inside the same cycle
-    from the same offset, serves as many whole new batches as the rest of the
-    cycle holds, drops the remainder and goes on with whole cycles, so no
-    record repeats within the cycle (each mixture source likewise within its
-    own cycle). States of versions 1 and 2, written before CYCLIC dropped the
-    cycle's rest, are refused with the reason. The ``rank`` a state was saved
-    on does not matter: every rank's state holds the same global position.
+    ``step`` is the next *undelivered* step and ``position`` the global
+    position of its first record (one-source CYCLIC: ``cycle * length +
+    offset``); a CYCLIC mixture adds each source's ``cursors``, and
+    ``fingerprints`` each stream's ``fingerprint`` (the record set it reads).
+    ``load_state_dict()`` checks every field that defines the record
+    sequence (a mismatch is a ``ValueError`` naming the field and both
+    values), drops whatever was prefetched and continues in O(1): with the
+    same global batch on any number of ranks, the union over ranks of every
+    later step equals the uninterrupted run's. With another global batch,
+    SEQUENTIAL continues the record sequence, IID draws afresh, and CYCLIC
+    finishes the cycle it stopped in with whole new batches and goes on with
+    whole cycles (no record repeats within a cycle). States of versions 1
+    and 2 (before CYCLIC dropped each cycle's rest) are refused with the
+    reason. Every rank's state holds the same global position.
 
 Epochs for people who count them
     ``steps_per_epoch`` is one CYCLIC cycle of a one-source loader: ``length
@@ -91,39 +95,20 @@ Errors
     ``ClosedError``. A ``StopIteration`` from a transform or stream arrives
     as a ``RuntimeError`` (it would otherwise end a ``for`` loop silently).
 
-Closing
+Closing and threads
     ``close()`` (also on leaving a ``with`` block, and as a fallback when the
     loader is garbage collected or the interpreter exits) stops and joins
-    every thread; only then is the memory of the steps still in flight freed
-    (a batch is the caller's from the moment ``next()`` returns it, and a
-    step's memory is never freed while a library thread may write it). It
-    is idempotent and may be called from any thread: a ``next()`` blocked in
-    another thread then raises ``LoaderClosedError`` at once (a
-    ``ClosedError`` and a ``RuntimeError``); so does any later ``next()``.
-
-Thread safety
+    every thread; only then is the memory of the steps in flight freed (a
+    batch is the caller's from the moment ``next()`` returns it). It is
+    idempotent and may come from any thread at any time: a ``next()``
+    blocked in another thread then raises ``LoaderClosedError`` (a
+    ``ClosedError`` and a ``RuntimeError``), as does any later ``next()``.
     ``next()``, ``state_dict()`` and ``load_state_dict()`` are meant for one
     consumer thread; concurrent ``next()`` callers take turns (each step
-    goes to one of them). ``close()`` may come from any thread at any time.
-    A ``next()`` cut short by an exception (a KeyboardInterrupt) delivers
-    nothing: the next call returns that step. Calling ``next()`` or
-    ``load_state_dict()`` from the loader's own transform is a RuntimeError.
-
-Framework hand-off (zero-copy)
-    Dense streams arrive as C-contiguous numpy arrays: ``torch.from_numpy``,
-    ``np.from_dlpack``, ``jax.device_put`` take them without a copy (see
-    ``loaderx.torch`` and ``loaderx.jax``).
-
-Recycled output buffers (``out=``)
-    ``out={name: [buf0, buf1, ...]}`` for dense streams gathers straight into
-    preallocated memory (e.g. pinned host memory). Each buffer must be a
-    writable C-contiguous array of the stream's dtype with shape
-    ``(batch_size, *item_shape)``; the buffers must not overlap, and there
-    must be at least ``prefetch + workers + 1`` of them. Step ``s`` is
-    gathered into ``bufs[s % len(bufs)]`` and the delivered array *is* that
-    buffer; it stays valid until the consumer has taken ``len(bufs) -
-    prefetch - workers`` further batches. ``load_state_dict()`` invalidates
-    every batch delivered before it.
+    goes to one of them). A ``next()`` cut short by an exception (a
+    KeyboardInterrupt) delivers nothing: the next call returns that step.
+    Calling ``next()`` or ``load_state_dict()`` from the loader's own
+    transform is a RuntimeError.
 """
 
 from __future__ import annotations
@@ -134,28 +119,15 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, T
 import numpy as np
 
 from loaderx import _state
-from loaderx import streams as _streams
-from loaderx._loader import build_ring, check_options
-from loaderx._pipeline import Plan
+from loaderx._loader import build_ring, check_int, check_options, plan_of
 from loaderx._ring import Ring
 from loaderx.errors import LoaderClosedError
-from loaderx.mixture import Mixture
 from loaderx.zsampler import Sampler
 
 __all__ = ["DataLoader"]
 
 #: Version of the dict written by ``DataLoader.state_dict()``.
 STATE_VERSION = _state.STATE_VERSION
-
-_is_int = _state.is_int
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class DataLoader:
@@ -173,6 +145,9 @@ class DataLoader:
         workers: threads, 1..256; default: the cores this process may use.
         prefetch: >= 1; the loader works at most ``prefetch + workers`` steps
             (at most 65536) ahead of the next undelivered one.
+        prefetch_bytes: bytes the streams' ``prefetch`` hooks may hold ahead
+            of the consumer (steps prefetched, not yet delivered); None: only
+            the step window bounds them (see the module docs).
         shard: ``(rank, world)`` for multi-process training, or ``None``.
         step: the first step to deliver, as if the loader had run from step 0
             (O(1): nothing is replayed).
@@ -192,6 +167,7 @@ class DataLoader:
         transform: Optional[Callable[[Dict[str, Any]], Any]] = None,
         workers: Optional[int] = None,
         prefetch: int = 4,
+        prefetch_bytes: Optional[int] = None,
         shard: Optional[Sequence[int]] = None,
         step: int = 0,
         out: Optional[Mapping[str, Sequence[np.ndarray]]] = None,
@@ -200,25 +176,13 @@ class DataLoader:
     ) -> None:
         self._ring: Optional[Ring] = None
         self._failure: Optional[Tuple[int, BaseException]] = None
-        if not isinstance(streams, Mixture):
-            streams = _streams.check_streams(streams)
-        workers, prefetch = check_options(workers, prefetch, transform, ragged, _check_int)
-        if stop_after is not None:
-            stop_after = _check_int("stop_after", stop_after, 0)
-        _state.check_step("step", step)
-        # The sampler checks batch_size, mode, seed, step and shard (and says
-        # which value is wrong); the loader keeps its normalised values. A
-        # mixture's sources are checked one by one (the Track).
-        lengths = Plan(streams, 0).lengths
-        length = lengths[0] if len(lengths) == 1 else min(sum(lengths), 2**63)
-        sampler = Sampler(length, batch_size, mode, seed, step=step, shard=shard)
-        self._plan = Plan(streams, sampler.seed)
-        self._sampler = sampler
-        self._track = _state.Track(self._plan, sampler)
-        base = self._track.start(sampler.step)
-        self._prefetch, self._workers, self._stop_after = prefetch, workers, stop_after
-        self._ring = build_ring(self._plan, sampler, base=base, workers=workers,
-                                prefetch=prefetch, transform=transform, out=out, ragged=ragged)
+        self._options = check_options(workers, prefetch, prefetch_bytes, stop_after, transform,
+                                      ragged)
+        self._plan, self._sampler, self._track = plan_of(streams, batch_size, mode, seed, step,
+                                                         shard)
+        self._ring = build_ring(self._plan, self._sampler, self._options,
+                                base=self._track.start(self._sampler.step), transform=transform,
+                                out=out, ragged=ragged)
         self._finalizer = weakref.finalize(self, Ring.shutdown, self._ring)
 
     # -- iteration ------------------------------------------------------------------
@@ -228,7 +192,8 @@ class DataLoader:
 
     def __next__(self) -> Any:
         ring = self._usable_ring()
-        if self._stop_after is not None and ring.deliver >= self._stop_after:
+        stop_after = self._options.stop_after
+        if stop_after is not None and ring.deliver >= stop_after:
             raise StopIteration
         step, batch, error = ring.take()
         if error is not None:
@@ -273,11 +238,15 @@ class DataLoader:
 
     @property
     def workers(self) -> int:
-        return self._workers
+        return self._options.workers
 
     @property
     def prefetch(self) -> int:
-        return self._prefetch
+        return self._options.prefetch
+
+    @property
+    def prefetch_bytes(self) -> Optional[int]:
+        return self._options.prefetch_bytes
 
     @property
     def sources(self) -> Optional[Dict[int, str]]:
@@ -303,7 +272,7 @@ class DataLoader:
         loader's start or last restore are counted as if this configuration
         had run from step 0."""
         _ = self.steps_per_epoch
-        step = _check_int("step", step, 0)
+        step = check_int("step", step, 0)
         ring = self._require_ring()
         base = ring.base if step >= ring.base.step else self._track.start(0)
         return base.position_of(step) // self._plan.lengths[0]
@@ -367,7 +336,7 @@ class DataLoader:
         mixture = f", sources={self._plan.source_names}" if self._plan.mixture is not None else ""
         return (f"DataLoader({{{streams}}}{mixture}, batch_size={sampler.batch_size}, "
                 f"mode={sampler.mode.name}, seed={sampler.seed}, shard={sampler.shard}, "
-                f"workers={self._workers}, prefetch={self._prefetch}, step={self.step}, {state})")
+                f"workers={self.workers}, prefetch={self.prefetch}, step={self.step}, {state})")
 
     # -- helpers ------------------------------------------------------------------
 

@@ -47,7 +47,15 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     (a reset skips steps) or that a prefetched step is ever read. It is not
     called for a loader with ``workers`` built before the stream was given
     it, nor after ``close()``; a call in progress at ``close()`` is waited
-    for. ``indices`` is the loader's array: copy it to keep it.
+    for. ``indices`` is the loader's array: copy it to keep it. With
+    ``DataLoader(prefetch_bytes=N)`` the hooks of the steps prefetched and
+    not yet delivered stay within about N bytes (see ``prefetch_size``).
+
+``prefetch_size(indices: np.ndarray) -> int``
+    The bytes a ``prefetch(indices)`` call fetches (e.g. the records'
+    stored sizes), for ``prefetch_bytes``. Without it, a dense stream's
+    step counts record size times records; a ragged or bytes stream with a
+    ``prefetch`` hook needs it when ``prefetch_bytes`` is given.
 
 ``fingerprint`` (attribute or property, ``str``)
     Identifies the record set (a subset's predicate and index set, and the
@@ -56,6 +64,7 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
 """
 from __future__ import annotations
 
+import numbers
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple,
                     runtime_checkable)
 
@@ -184,6 +193,25 @@ def native_windows(stream: Any) -> Optional[Tuple[List[NativePart], Any, bool]]:
         parts, spec, segments = method()
         return [NativePart(*part) for part in parts], spec, bool(segments)
     return None
+
+
+def prefetch_sizer(stream: Any) -> Optional[Callable[[np.ndarray], int]]:
+    """How many bytes a stream's ``prefetch`` of some indices fetches: its
+    ``prefetch_size(indices)``, else record size times records for a dense
+    stream; None when neither is known."""
+    size = getattr(stream, "prefetch_size", None)
+    if callable(size):
+        return size
+    if getattr(stream, "kind", None) == "dense":
+        shape = tuple(getattr(stream, "item_shape", ()))
+        record = int(np.dtype(stream.dtype).itemsize * np.prod(shape, dtype=np.int64))
+        return lambda indices: record * len(indices)
+    return None
+
+
+def is_int(value: Any) -> bool:
+    """True for Python and numpy integers, but not for ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:

@@ -240,3 +240,76 @@ def test_close_waits_for_a_prefetch_in_progress(growing):
     next(loader)
     loader.close()
     assert worker_threads() == []
+
+
+# ----------------------------------------------------------------- prefetch_bytes
+
+
+class Watched(Prefetched):
+    """Records, at each prefetch, how many steps (this one included) are
+    prefetched and not yet delivered; `size`: its prefetch_size per call."""
+
+    def __init__(self, store, length, size=None):
+        super().__init__(store, length)
+        self.loader = None
+        self.ahead = []
+        self.far = threading.Event()
+        if size is not None:
+            self.prefetch_size = lambda indices: size
+
+    def prefetch(self, indices):
+        super().prefetch(indices)
+        ahead = int(indices[0]) // 10 - self.loader.step + 1  # steps of 10 records
+        self.ahead.append(ahead)
+        if ahead > 3:
+            self.far.set()
+
+
+def _watched_run(stream, steps, **options):
+    with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=8,
+                    **options) as loader:
+        stream.loader = loader
+        for step in range(steps):
+            np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
+            if step == 0 and "prefetch_bytes" not in options:
+                # Unbounded, the hooks run up to the window (10 steps) ahead.
+                assert stream.far.wait(30)
+    return stream.ahead
+
+
+def test_prefetch_bytes_bounds_the_steps_prefetched_ahead(growing):
+    assert max(_watched_run(Watched(growing, 1000), 20)) > 3  # the window alone
+    # A dense stream's step is record size x records: 10 x 16 bytes.
+    assert _most_ahead(_watched_run(Watched(growing, 1000), 40, prefetch_bytes=3 * 160)) <= 3
+    # prefetch_size says what a prefetch fetches: 1000 bytes a step, 2 fit.
+    assert _most_ahead(_watched_run(Watched(growing, 1000, size=1000), 40,
+                                    prefetch_bytes=2500)) <= 2
+    # A step larger than the budget is prefetched alone, and the loader goes on.
+    assert set(_watched_run(Watched(growing, 1000, size=10**9), 15, prefetch_bytes=1)) == {1}
+
+
+def _most_ahead(aheads):
+    assert aheads, "no prefetch ran"
+    return max(aheads)
+
+
+def test_prefetch_bytes_is_checked(growing):
+    for bad, error in ((0, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="prefetch_bytes"):
+            DataLoader({"x": Prefetched(growing, 100)}, 10, prefetch_bytes=bad)
+
+    class RaggedPrefetched(Prefetched):
+        def __init__(self, store, length):
+            super().__init__(store, length)
+            self.kind = "ragged"
+
+    with pytest.raises(ValueError, match="stream 'docs' has a prefetch hook but no size: give "
+                                         "it prefetch_size"):
+        DataLoader({"docs": RaggedPrefetched(growing, 100)}, 10, prefetch_bytes=1000)
+    # Without a budget it needs no size; a bad size fails its step.
+    DataLoader({"docs": RaggedPrefetched(growing, 100)}, 10).close()
+    stream = Prefetched(growing, 100)
+    stream.prefetch_size = lambda indices: -1
+    with DataLoader({"x": stream}, 10, prefetch_bytes=1000, workers=1) as loader:
+        with pytest.raises(ValueError, match="prefetch_size\\(\\) must return a byte count"):
+            next(loader)
