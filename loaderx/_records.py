@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import identity
+from . import _buffers, identity
 from ._lib import check, ffi, lib
 from .errors import CorruptStoreError
 
@@ -54,22 +54,15 @@ def read_variable(parts, count: int, idx: np.ndarray, threads: int,
     aux = np.empty(n, dtype=_U64)
     if n == 0:
         return np.zeros(0, np.uint8), raw, aux
-    out = ffi.new("uint8_t **")
+    # The buffer lands in an owner made before the call: however the caller
+    # is interrupted afterwards, it is freed exactly once.
+    out = _buffers.owner()
     length = ffi.new("uint64_t *")
     check(lib.lx_gather_alloc(parts, count, ffi.from_buffer(_T_U64, idx), n, threads,
                               ffi.from_buffer(_T_U64, raw), ffi.from_buffer(_T_U64, aux), out,
                               length),
           path, "gather")
-    return owned_buffer(out[0], length[0]), raw, aux
-
-
-def owned_buffer(ptr, length: int) -> np.ndarray:
-    """A uint8 array over library memory, freed when the array (and every
-    view of it) is gone."""
-    if length == 0 or ptr == ffi.NULL:
-        return np.zeros(0, np.uint8)
-    owned = ffi.gc(ptr, lib.lx_free_buffer)
-    return np.frombuffer(ffi.buffer(owned, length), dtype=np.uint8)
+    return _buffers.view(out, length[0]), raw, aux
 
 
 # ----------------------------------------------------------------- decoding

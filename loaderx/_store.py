@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _lib, _records, identity
 from ._lib import check, ffi, lib
+from .streams import NativePart
 from .errors import (
     ArgumentTypeError,
     ClosedError,
@@ -323,11 +324,12 @@ class Store:
             raise ClosedError(f"{self._path}: store is closed", path=self._path)
         return h
 
-    def __loaderx_parts__(self) -> list[tuple[Any, int]]:
-        """This store as an index space of native parts: ``[(handle, 0)]``.
-        The protocol by which a ShardSet and the DataLoader read stores in
-        native code; callers keep the handle alive while they use it."""
-        return [(self._h(), 0)]
+    def native_parts(self) -> list:
+        """This store as native parts: ``[NativePart(handle, 0, None)]`` (the
+        stream protocol, ``loaderx.streams``: a ShardSet and the DataLoader
+        read stores in native code; callers keep the handle alive while they
+        use it)."""
+        return [NativePart(self._h(), 0, None)]
 
     def read_only(self):
         """Makes this handle refuse every mutation from now on (`ReadOnlyError`);

@@ -28,6 +28,7 @@ from . import _buffers, _records
 from ._lib import check
 from ._store import normalize_indices
 from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
+from .streams import NativePart
 
 __all__ = ["ShardSet"]
 
@@ -129,8 +130,8 @@ class ShardSet:
         offset = 0
         for store, n in zip(self._stores, self._lengths):
             if n:  # an empty shard holds no index: no part
-                for handle, first in store.__loaderx_parts__():
-                    self._part_list.append((handle, offset + first))
+                for part in store.native_parts():
+                    self._part_list.append((part.handle, offset + part.first))
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
         self._closed = False
@@ -196,10 +197,10 @@ class ShardSet:
             store.verify()
 
     # -- reads
-    def __loaderx_parts__(self) -> list:
-        """The shards as native parts (see ``Store.__loaderx_parts__``)."""
+    def native_parts(self) -> list:
+        """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
         self._check_open()
-        return list(self._part_list)
+        return [NativePart(handle, first, None) for handle, first in self._part_list]
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
         """Records `indices` in request order: a ``(B, *item_shape)`` array for

@@ -12,11 +12,14 @@ const sampler = @import("sampler.zig");
 const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const Store = @import("Store.zig");
+const outbuf = @import("outbuf.zig");
 
 /// Zig types that C sees by name.
 const named = .{
     .{ Store, "lx_store" },
     .{ Loader, "lx_loader" },
+    .{ capi.Pool, "lx_pool" },
+    .{ capi.PoolStats, "lx_pool_stats_t" },
     .{ capi.Info, "lx_info_t" },
     .{ Store.Stats, "lx_stats_t" },
     .{ capi.Move, "lx_move_t" },
@@ -92,12 +95,13 @@ fn structDef(comptime T: type) []const u8 {
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\n" ++
-        "typedef struct lx_loader lx_loader;\n";
+        "typedef struct lx_loader lx_loader;\n" ++
+        "typedef struct lx_pool lx_pool;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
         capi.Part,         capi.LoaderConfig, capi.Cursor,
         capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
-        capi.WindowsSpec,
+        capi.WindowsSpec,  capi.PoolStats,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
@@ -147,18 +151,24 @@ const python = blk: {
         \\LOADER_WINDOW_MAX = {d}
         \\LOADER_THREADS_MAX = {d}
         \\AUX_SIZE_MAX = {d}
+        \\#: The output pool's defaults and bounds (src/outbuf.zig).
+        \\OUTPUT_POOL = {{"min_bytes": {d}, "max_idle_bytes": {d}, "stale_checkouts": {d},
+        \\    "idle_count_max": {d}}}
         \\FORMAT_VERSION = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
         \\    "lx_loader_config_t": {d}, "lx_cursor_t": {d}, "lx_source_t": {d},
-        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d}}}
+        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d},
+        \\    "lx_pool_stats_t": {d}}}
         \\
     , .{
-        Loader.columns_max,       Loader.sources_max,         Loader.parts_max,
-        Loader.window_max,        Loader.threads_max,         Store.aux_size_max,
-        format.format_version,    @sizeOf(capi.Info),         @sizeOf(Store.Stats),
-        @sizeOf(capi.Move),       @sizeOf(capi.Part),         @sizeOf(capi.LoaderConfig),
-        @sizeOf(capi.Cursor),     @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
-        @sizeOf(capi.LoaderPart), @sizeOf(capi.WindowsSpec),
+        Loader.columns_max,         Loader.sources_max,            Loader.parts_max,
+        Loader.window_max,          Loader.threads_max,            Store.aux_size_max,
+        outbuf.min_bytes_default,   outbuf.max_idle_bytes_default, outbuf.stale_checkouts,
+        outbuf.idle_count_max,      format.format_version,         @sizeOf(capi.Info),
+        @sizeOf(Store.Stats),       @sizeOf(capi.Move),            @sizeOf(capi.Part),
+        @sizeOf(capi.LoaderConfig), @sizeOf(capi.Cursor),          @sizeOf(capi.LoaderSource),
+        @sizeOf(capi.LoaderColumn), @sizeOf(capi.LoaderPart),      @sizeOf(capi.WindowsSpec),
+        @sizeOf(capi.PoolStats),
     });
     break :blk text;
 };

@@ -66,12 +66,13 @@ def test_struct_layouts_match_cffi():
 
 
 def test_python_constants_come_from_the_abi():
-    from loaderx import dataloader
+    from loaderx import _buffers, _loader
     from loaderx.zsampler import Sampler
     assert {m.name.lower(): int(m) for m in Sampler.Mode} == _abi.SAMPLER_MODES
     assert _lib.CODECS == _abi.CODECS
-    assert dataloader._WORKERS_MAX == _abi.LOADER_THREADS_MAX
-    assert dataloader._WINDOW_MAX == _abi.LOADER_WINDOW_MAX
+    assert _loader.WORKERS_MAX == _abi.LOADER_THREADS_MAX
+    assert _loader.WINDOW_MAX == _abi.LOADER_WINDOW_MAX
+    assert _buffers.STALE_CHECKOUTS == _abi.OUTPUT_POOL["stale_checkouts"]
 
 
 def test_versions():

@@ -330,3 +330,14 @@ def test_convert_bench_rejects_a_wrong_conversion(tmp_path):
     assert bench_convert.build_parquet(other, 0.5, seed=1)["rows"] == info["rows"]
     with pytest.raises(AssertionError, match="differs"):
         bench_convert.validate(other, dst, info["rows"])
+
+
+def test_faults_bench_runs_and_validates(capsys):
+    """scripts/bench_faults.py at smoke size: every workload validates its
+    first batches and reports faults and times per batch."""
+    import bench_faults
+
+    assert bench_faults.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    for workload in bench_faults.WORKLOADS:
+        assert f"{workload} " in out and "faults" in out
