@@ -10,6 +10,7 @@ const codec = @import("codec.zig");
 const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
+const store_cold = @import("store_cold.zig");
 const Store = @import("Store.zig");
 const Error = Store.Error;
 const Codec = format.Codec;
@@ -267,13 +268,18 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
 
 /// gather() of prepared reads (the caller holds a read on every store).
 pub fn gatherReads(reads: Reads, dest: Dest, part: Part, lane_cap: usize) Error!void {
+    // Cold stores get their records' ranges read in first (store_cold.zig).
+    const start = store_cold.beforeGather(reads);
+    var work: Work = undefined;
     if (fixedStride(reads, dest, part)) |fixed| {
         try checkFixed(reads, dest, fixed);
-        const work: Work = .{ .raw_bytes = reads.indices.len * fixed };
-        return copyRecords(reads, dest, part, lane_cap, work, fixed);
+        work = .{ .raw_bytes = reads.indices.len * fixed };
+        try copyRecords(reads, dest, part, lane_cap, work, fixed);
+    } else {
+        work = try checkBatch(reads, dest, part);
+        try copyRecords(reads, dest, part, lane_cap, work, 0);
     }
-    const work = try checkBatch(reads, dest, part);
-    try copyRecords(reads, dest, part, lane_cap, work, 0);
+    store_cold.afterGather(reads, start, work.raw_bytes, work.decoded_bytes);
 }
 
 /// The record size when every read is a raw record of one fixed-width store
@@ -430,6 +436,7 @@ pub fn packedReads(
     aux_out: []u64,
 ) Error![]u8 {
     assert(raw_out.len == reads.indices.len and aux_out.len == reads.indices.len);
+    const start = store_cold.beforeGather(reads);
     var work: Work = .{};
     var aux_total: u64 = 0;
     reads.prefetchEntries();
@@ -460,6 +467,7 @@ pub fn packedReads(
         const aux_work: Work = .{ .raw_bytes = aux_total };
         try copyPacked(reads, buf, aux_out, offsets, payload_total, .aux, lane_cap, aux_work);
     }
+    store_cold.afterGather(reads, start, work.raw_bytes + aux_total, work.decoded_bytes);
     return buf;
 }
 
