@@ -397,19 +397,23 @@ class Store:
             moves = moves[:count[0]]
         return moves
 
-    def prefetch(self, indices) -> None:
+    def prefetch(self, indices, *, wait: bool = True) -> None:
         """Bring the records at `indices` into memory ahead of a read, and return
         once they are there (the loader calls it with each step's indices, a few
         steps ahead: the `prefetch` of loaderx.Stream). It reads only what the
         page cache misses, explicitly and all at once (one queue of reads of
         the records' exact byte ranges), and only once reads have found the
         store cold, or on a probe every 32nd call; on a store in memory it costs
-        about what a call costs. Thread-safe and idempotent."""
+        about what a call costs. ``wait=False`` returns as soon as the reads
+        are queued: a local record can be read at any time, and a read of it
+        waits only for what is still in flight, so a caller that prefetches
+        several batches ahead keeps the device's queue full across them.
+        Thread-safe and idempotent."""
         idx, _ = self._indices(indices)
         h = self._h()  # held for the call: keeps the handle's memory alive
         if len(idx):
-            check(lib.lx_prefetch(self._parts, 1, u64_ptr(idx), len(idx), 0), self._path,
-                  "prefetch")
+            check(lib.lx_prefetch(self._parts, 1, u64_ptr(idx), len(idx), 0 if wait else 2),
+                  self._path, "prefetch")
         del h
 
     def compact(self) -> None:

@@ -20,8 +20,8 @@ Each run is a fresh child process (this file, `child` mode) that
     run) for `Size.cold["seconds"]`, or until it has read a quarter of the
     data set, after its first batch.
 Rows: numpy memmap fancy index; loaderx DenseStore raw `ds[idx]`; the same
-with the next two batches' `prefetch(idx)` on a thread (how the loader
-prefetches); the DataLoader; for 12 KiB also the zstd store; Lance `take()`
+with the next two batches' reads queued by `prefetch(idx, wait=False)` on a
+thread (how a loader prefetches); the DataLoader; for 12 KiB also the zstd store; Lance `take()`
 into numpy (a fixed_size_list column, which pylance stores raw, and for
 12 KiB a zstd `binary` column). Limits: `fio` random direct reads of the
 loaderx data file, on the same file system, at queue depth 32 (4 KiB,
@@ -76,7 +76,7 @@ CGROUP_NAME = "loaderx-bench-cold"
 BACKENDS = {
     "npy": ("npy memmap fancy index", ("12 KiB", "200 B")),
     "lx": ("loaderx raw ds[idx]", ("12 KiB", "200 B")),
-    "lx_ahead": (f"loaderx raw ds[idx], prefetch of the next {AHEAD} batches on a thread",
+    "lx_ahead": (f"loaderx raw ds[idx], prefetch(wait=False) {AHEAD} batches ahead on a thread",
                  ("12 KiB", "200 B")),
     "lx_loader": ("loaderx DataLoader (raw)", ("12 KiB", "200 B")),
     "lx_zstd": ("loaderx zstd ds[idx]", ("12 KiB",)),
@@ -158,7 +158,8 @@ def _reader(cfg: dict, plan: np.ndarray):
 
 
 def _ahead(store, plan: np.ndarray):
-    """ds[idx] with a thread that prefetches the next AHEAD batches."""
+    """ds[idx] with a thread that queues the reads of the next AHEAD batches
+    (prefetch without waiting: the device's queue stays full across batches)."""
     slots = threading.Semaphore(AHEAD)
     stop = threading.Event()
 
@@ -167,7 +168,7 @@ def _ahead(store, plan: np.ndarray):
             slots.acquire()
             if stop.is_set():
                 return
-            store.prefetch(plan[k])
+            store.prefetch(plan[k], wait=False)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -505,9 +505,11 @@ pub export fn lx_gather_alloc(
 /// its next steps, and `prefetch()` of a local store. It reads (explicitly,
 /// all at once, the records' exact byte ranges) only what a store's page
 /// cache misses, and only for stores that reads found cold, plus a probe on
-/// every 32nd call; `flags` bit 0 checks every store regardless. A store
-/// whose records are in memory costs a few atomics per call. Errors: closed,
-/// failed, out_of_range, busy, out_of_memory, invalid.
+/// every 32nd call. `flags`: bit 0 checks every store regardless; bit 1
+/// returns once the reads are queued, without waiting for them (a local
+/// record is readable either way; a later read waits for what is still in
+/// flight). A store whose records are in memory costs a few atomics per
+/// call. Errors: closed, failed, out_of_range, busy, out_of_memory, invalid.
 pub export fn lx_prefetch(
     parts: ?[*]const Part,
     part_count: u32,
@@ -521,10 +523,12 @@ pub export fn lx_prefetch(
     defer leaveParts(ps);
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
-    if (flags & ~@as(u32, 1) != 0) return invalid("unknown prefetch flags {d}", .{flags});
+    if (flags & ~@as(u32, 3) != 0) return invalid("unknown prefetch flags {d}", .{flags});
     var sc: store_parts.Scratch = .{};
     defer sc.deinit(gpa);
-    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], flags & 1 != 0, &sc) catch |e|
+    const force = flags & 1 != 0;
+    const wait = flags & 2 == 0;
+    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, &sc) catch |e|
         return code(e);
     return 0;
 }

@@ -110,10 +110,10 @@ pub fn afterGather(reads: Reads, start: ?u64, raw_bytes: u64, decoded_bytes: u64
 }
 
 /// The loader's prefetch of a step (lx_prefetch): brings the records of
-/// `reads` into memory and waits until they are there, when their store is
-/// cold, when `force`, or on a warm store's probe. `check` holds one flag per
-/// snapshot (scratch of the caller's).
-pub fn prefetch(reads: Reads, force: bool, check: []bool) void {
+/// `reads` into memory (with `wait`, returns once they are there), when their
+/// store is cold, when `force`, or on a warm store's probe. `check` holds one
+/// flag per snapshot (scratch of the caller's).
+pub fn prefetch(reads: Reads, force: bool, wait: bool, check: []bool) void {
     if (!enabled) return;
     std.debug.assert(check.len == reads.snaps.len);
     var any = false;
@@ -124,7 +124,7 @@ pub fn prefetch(reads: Reads, force: bool, check: []bool) void {
         any = any or c.*;
     }
     if (!any) return;
-    const missing = bringIn(reads, check, true);
+    const missing = bringIn(reads, check, wait);
     for (reads.snaps, check) |*snap, c| {
         if (c) note(snap.store, missing);
     }

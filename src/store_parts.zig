@@ -146,12 +146,14 @@ pub fn gatherAlloc(
 }
 
 /// Brings the records at global `indices` over `parts` into memory (see
-/// store_cold.prefetch); `force` checks every store, cold or not.
+/// store_cold.prefetch); `force` checks every store, cold or not; `wait`
+/// returns once they are in.
 pub fn prefetch(
     gpa: Allocator,
     parts: []const Part,
     indices: []const u64,
     force: bool,
+    wait: bool,
     sc: *Scratch,
 ) Error!void {
     if (indices.len == 0) return;
@@ -164,7 +166,7 @@ pub fn prefetch(
     }
     const check = gpa.alloc(bool, snaps.len) catch return error.OutOfMemory;
     defer gpa.free(check);
-    store_cold.prefetch(reads, force, check);
+    store_cold.prefetch(reads, force, wait, check);
 }
 
 fn outOfRangeLocal(index: u64, count: u64) Error {

@@ -99,6 +99,16 @@ def test_prefetch_brings_exactly_the_records_in(cold_raw):
         np.testing.assert_array_equal(ds[idx], ref[idx])
 
 
+def test_prefetch_without_waiting_queues_the_reads(cold_raw):
+    path, ref = cold_raw
+    idx = np.array([3, 300, 301, 302, 598])
+    with DenseStore(path) as ds:
+        ds.prefetch(idx, wait=False)
+        np.testing.assert_array_equal(ds[idx], ref[idx])
+        assert all(_cached(path, i * RECORD + 2 * 4096) for i in idx)
+        assert not any(_cached(path, i * RECORD) for i in range(100, 200, 7))
+
+
 def test_a_gather_after_prefetch_takes_no_major_fault(cold_raw):
     import resource
 
