@@ -28,7 +28,7 @@ import bench_scale  # noqa: E402
 import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "cold")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
 
 
@@ -44,6 +44,18 @@ EXPECTED = {
         "litdata",
         "webdataset",
         "HF datasets",
+        "Lance take()",
+    ),
+    "dense": ("Lance take() raw -> numpy", "Lance take() raw -> Arrow", "Lance take() zstd -> numpy"),
+    "cold": (
+        "12 KiB npy memmap fancy index",
+        "12 KiB loaderx raw ds[idx]",
+        "12 KiB loaderx DataLoader (raw)",
+        "12 KiB loaderx zstd ds[idx]",
+        "12 KiB Lance take() raw",
+        "12 KiB fio 12k random direct reads",
+        "200 B loaderx raw ds[idx]",
+        "200 B Lance take() raw",
     ),
     "tokens": (
         "numpy memmap get_batch",
