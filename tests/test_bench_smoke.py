@@ -165,6 +165,16 @@ def test_loader_overhead_probe_runs(tmp_path):
     assert all(r["wall_us"] > 0 and r["cpu_us"] >= 0 for r in rows)
 
 
+def test_small_records_probe_runs(tmp_path):
+    """The fresh-vs-one-process diagnostic runs both settings on both plans."""
+    import probe_small_records
+
+    rows = probe_small_records.run(2000, 0.05, 1, None, tmp_path)
+    assert sorted((r["setting"], r["plan"]) for r in rows) == [
+        ("fresh", 64), ("fresh", 4096), ("one process", 64), ("one process", 4096)]
+    assert all(r["ratio_cpu"] > 0 and r["loaderx_cpu_us"] > 0 for r in rows)
+
+
 def test_token_window_validation_rejects_a_shifted_window():
     flat = np.arange(10_000, dtype=np.int32) * 3
     stream = bench_tokens.Stream(flat, 64)
