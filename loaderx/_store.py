@@ -412,8 +412,7 @@ class Store:
         idx, _ = self._indices(indices)
         h = self._h()  # held for the call: keeps the handle's memory alive
         if len(idx):
-            check(lib.lx_prefetch(self._parts, 1, u64_ptr(idx), len(idx), 0 if wait else 2),
-                  self._path, "prefetch")
+            _records.prefetch(self._parts, 1, idx, wait, self._path)
         del h
 
     def compact(self) -> None:

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 import pytest
 
-from loaderx import DenseStore, RaggedStore
+from loaderx import DenseStore, RaggedStore, ShardSet
 from loaderx.errors import ClosedError, RecordIndexError
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -200,3 +200,28 @@ def test_prefetch_is_thread_safe_and_idempotent(tmp_path):
         for t in threads:
             t.join()
         assert errors == []
+
+
+def test_a_shardset_prefetches_from_every_shard(tmp_path):
+    ref = _records(90)
+    paths = []
+    for k in range(3):
+        paths.append(tmp_path / f"shard{k}")
+        with DenseStore(paths[-1], np.uint8, (RECORD,), codec="raw") as ds:
+            ds.append(ref[30 * k:30 * (k + 1)])
+    if _LIBC is None or not hasattr(os, "posix_fadvise"):
+        pytest.skip("needs mincore and posix_fadvise (Linux)")
+    for path in paths:
+        _drop(path)
+    if any(_cached(path, 0) for path in paths):
+        pytest.skip("posix_fadvise(DONTNEED) leaves the pages cached on this file system")
+    with ShardSet([str(p) for p in paths]) as shards:
+        idx = np.array([5, 35, 89, 60])
+        shards.prefetch(idx)
+        for i in idx:
+            assert _cached(paths[i // 30], (i % 30) * RECORD), i
+        assert not _cached(paths[0], 20 * RECORD)
+        np.testing.assert_array_equal(shards[idx], ref[idx])
+        shards.prefetch(idx, wait=False)
+        with pytest.raises(RecordIndexError):
+            shards.prefetch([90])
