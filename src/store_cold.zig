@@ -36,6 +36,7 @@ const std = @import("std");
 const builtin = @import("builtin");
 const linux = std.os.linux;
 const format = @import("format.zig");
+const pool = @import("pool.zig");
 const Store = @import("Store.zig");
 const store_read = @import("store_read.zig");
 
@@ -285,4 +286,51 @@ fn resident(base: [*]const u8, first: u64, last: u64) bool {
         at += len;
     }
     return true;
+}
+
+test "a cold store is found on its first read, read exactly, and turns warm again" {
+    if (!enabled) return error.SkipZigTest;
+    const testing = std.testing;
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", gpa);
+    defer gpa.free(base);
+    var buf: [4096]u8 = undefined;
+    const path = try std.fmt.bufPrint(&buf, "{s}/cold", .{base});
+    const size = 3 * 4096;
+    const s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = size });
+    defer s.close();
+    const block = try gpa.alloc(u8, 64 * size);
+    defer gpa.free(block);
+    for (block, 0..) |*b, i| b.* = @truncate(i / size);
+    var ptrs: [64][*]const u8 = undefined;
+    var szs: [64]u64 = @splat(size);
+    for (&ptrs, 0..) |*p, i| p.* = block[i * size ..].ptr;
+    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = 64 }, false);
+    try s.sync();
+    _ = linux.fadvise(s.data.handle, 0, 0, linux.POSIX_FADV.DONTNEED);
+    const out = try gpa.alloc(u8, 2 * size);
+    defer gpa.free(out);
+    const dest: Store.Dest = .{ .base = out.ptr, .len = out.len, .stride = size };
+    const r = &s.data_maps.residency;
+    try s.gather(&.{ 3, 40 }, dest, .payload, 0);
+    try testing.expectEqual(@as(u8, 3), out[0]);
+    try testing.expectEqual(@as(u8, 40), out[size]);
+    const memory = s.data_maps.newest();
+    if (resident(memory.ptr, 20 * size, 21 * size)) return error.SkipZigTest; // no page cache here
+    try testing.expect(r.checked.load(.monotonic) and r.cold.load(.monotonic));
+    try testing.expect(s.data_maps.random);
+    try testing.expect(resident(memory.ptr, 3 * size, 4 * size));
+    try testing.expect(resident(memory.ptr, 40 * size, 41 * size));
+    // Reads that find everything in memory make it warm again, advice undone.
+    for (0..warm_streak) |_| try s.gather(&.{ 3, 40 }, dest, .payload, 0);
+    try testing.expect(!r.cold.load(.monotonic));
+    try testing.expect(!s.data_maps.random);
+}
+
+test "a gather slower than cached records allow is one that waited for the disk" {
+    try std.testing.expect(slowNs(256, 3 << 20, 0) < 20_000_000);
+    try std.testing.expect(slowNs(256, 3 << 20, 0) > 2_000_000 + 256 * 10_000);
+    try std.testing.expect(slowNs(1, 0, 1 << 20) > slowNs(1, 1 << 20, 0));
 }
