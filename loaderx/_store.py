@@ -68,17 +68,6 @@ def byte_ptr(arr: Any, writable: bool = False):
     return ffi.from_buffer(_T_U8, arr, require_writable=writable)
 
 
-def unchecked_indices(key: Any) -> np.ndarray | None:
-    """The hot path (a sampler's int64 batch): the key itself, passed to the
-    native call as uint64 with no Python-side check. The native call checks
-    every index; a negative one reads as >= 2^63, fails that check, and the
-    caller retries the slow path, which wraps negatives and names the bad index."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.itemsize == 8 \
-            and key.dtype.kind in "iu" and key.flags.c_contiguous and key.dtype.isnative:
-        return key
-    return None
-
-
 def check_threads(threads: Any) -> int:
     """A gather's `threads` cap: an int from 0 (every usable core) to THREADS_MAX."""
     if type(threads) is int and 0 <= threads <= THREADS_MAX:

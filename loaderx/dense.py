@@ -195,7 +195,7 @@ class DenseStore(Store):
             out = (_empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
                    else self._pooled_batch(shape))
         elif type(out) is not np.ndarray or out.dtype is not self._dtype or out.shape != shape:
-            out = self._check_out(out, shape)  # raises unless only a non-native dtype differs
+            out = self._check_out(out, shape)  # raises unless the dtype is equal, not identical
         if not n:
             return out
         h = self._handle  # held for the call: keeps the handle's memory alive
