@@ -105,6 +105,7 @@ int lx_append(lx_store *, uint64_t, const uint8_t *const *, const uint64_t *, co
 int lx_publish(lx_store *, int);
 int lx_gather(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, const uint64_t *, int, uint32_t);
 int lx_gather_alloc(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint8_t **, uint64_t *);
+int lx_prefetch(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t);
 void lx_free_buffer(uint8_t *);
 void lx_free_buffer_at(uint8_t **);
 int lx_pool_new(uint64_t, uint64_t, lx_pool **);

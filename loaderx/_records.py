@@ -46,6 +46,13 @@ def gather_into(parts, count: int, idx: np.ndarray, out: np.ndarray, stride: int
                          stride, ffi.NULL, 0, threads)
 
 
+def prefetch(parts, count: int, idx: np.ndarray, wait: bool, path: str | None) -> None:
+    """Brings records `idx` (uint64) of the index space into memory ahead of a
+    read (lx_prefetch); with ``wait=False`` returns once the reads are queued."""
+    check(lib.lx_prefetch(parts, count, ffi.from_buffer(_T_U64, idx), len(idx), 0 if wait else 2),
+          path, "prefetch")
+
+
 def read_variable(parts, count: int, idx: np.ndarray, threads: int,
                   path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``."""

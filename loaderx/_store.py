@@ -66,17 +66,6 @@ def byte_ptr(arr: Any, writable: bool = False):
     return ffi.from_buffer(_T_U8, arr, require_writable=writable)
 
 
-def unchecked_indices(key: Any) -> np.ndarray | None:
-    """The hot path (a sampler's int64 batch): the key itself, passed to the
-    native call as uint64 with no Python-side check. The native call checks
-    every index; a negative one reads as >= 2^63, fails that check, and the
-    caller retries the slow path, which wraps negatives and names the bad index."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.itemsize == 8 \
-            and key.dtype.kind in "iu" and key.flags.c_contiguous and key.dtype.isnative:
-        return key
-    return None
-
-
 def check_threads(threads: Any) -> int:
     """A gather's `threads` cap: an int from 0 (every usable core) to THREADS_MAX."""
     if type(threads) is int and 0 <= threads <= THREADS_MAX:
@@ -402,6 +391,24 @@ class Store:
                   self._path, "delete")
             moves = moves[:count[0]]
         return moves
+
+    def prefetch(self, indices, *, wait: bool = True) -> None:
+        """Bring the records at `indices` into memory ahead of a read, and return
+        once they are there (the loader calls it with each step's indices, a few
+        steps ahead: the `prefetch` of loaderx.Stream). It reads only what the
+        page cache misses, explicitly and all at once (one queue of reads of
+        the records' exact byte ranges), and only once reads have found the
+        store cold, or on a probe every 32nd call; on a store in memory it costs
+        about what a call costs. ``wait=False`` returns as soon as the reads
+        are queued: a local record can be read at any time, and a read of it
+        waits only for what is still in flight, so a caller that prefetches
+        several batches ahead keeps the device's queue full across them.
+        Thread-safe and idempotent."""
+        idx, _ = self._indices(indices)
+        h = self._h()  # held for the call: keeps the handle's memory alive
+        if len(idx):
+            _records.prefetch(self._parts, 1, idx, wait, self._path)
+        del h
 
     def compact(self) -> None:
         """Reclaim the bytes of deleted records in place (durable when it

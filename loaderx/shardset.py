@@ -238,6 +238,14 @@ class ShardSet:
             check(rc, None, "ShardSet gather")
         return out
 
+    def prefetch(self, indices, *, wait: bool = True) -> None:
+        """As ``Store.prefetch``: brings the records at `indices` into memory,
+        from whichever shards hold them, in one native call."""
+        self._check_open()
+        idx, _ = normalize_indices(indices, self._len)
+        if len(idx) and self._part_list:
+            _records.prefetch(self._parts, len(self._part_list), idx, wait, None)
+
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""
         self._check_open()

@@ -5,7 +5,7 @@
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select, or all;
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select, cold, or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
@@ -57,7 +57,7 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select", "cold")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -231,6 +231,10 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         import bench_fresh
 
         return bench_fresh.run_fresh(ctx)
+    if name == "cold":
+        import bench_cold
+
+        return bench_cold.run_cold(ctx)
     return getattr(bench_layers, f"run_{name}")(ctx)
 
 

@@ -516,6 +516,39 @@ pub export fn lx_gather_alloc(
     return 0;
 }
 
+/// Brings records `indices[0..count]` of the index space `parts` into memory
+/// ahead of a read, and returns once they are there: the loader's prefetch of
+/// its next steps, and `prefetch()` of a local store. It reads (explicitly,
+/// all at once, the records' exact byte ranges) only what a store's page
+/// cache misses, and only for stores that reads found cold, plus a probe on
+/// every 32nd call. `flags`: bit 0 checks every store regardless; bit 1
+/// returns once the reads are queued, without waiting for them (a local
+/// record is readable either way; a later read waits for what is still in
+/// flight). A store whose records are in memory costs a few atomics per
+/// call. Errors: closed, failed, out_of_range, busy, out_of_memory, invalid.
+pub export fn lx_prefetch(
+    parts: ?[*]const Part,
+    part_count: u32,
+    indices: ?[*]const u64,
+    count: u64,
+    flags: u32,
+) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    if (flags & ~@as(u32, 3) != 0) return invalid("unknown prefetch flags {d}", .{flags});
+    var sc: store_parts.Scratch = .{};
+    defer sc.deinit(gpa);
+    const force = flags & 1 != 0;
+    const wait = flags & 2 == 0;
+    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, &sc) catch |e|
+        return code(e);
+    return 0;
+}
+
 /// Frees a buffer the library handed out (lx_pool_alloc, lx_gather_alloc,
 /// lx_loader_wait; null is ignored). Any thread; a large one goes back to
 /// its pool for reuse.

@@ -9,6 +9,7 @@ const Allocator = std.mem.Allocator;
 const diag = @import("diag.zig");
 const Store = @import("Store.zig");
 const store_read = @import("store_read.zig");
+const store_cold = @import("store_cold.zig");
 const Error = Store.Error;
 const Snapshot = store_read.Snapshot;
 
@@ -142,6 +143,36 @@ pub fn gatherAlloc(
     defer end(parts);
     const reads = try locate(gpa, parts, snaps, indices, sc);
     return store_read.packedReads(gpa, reads, lanes, raw_out, aux_out);
+}
+
+/// Brings the records at global `indices` over `parts` into memory (see
+/// store_cold.prefetch); `force` checks every store, cold or not; `wait`
+/// returns once they are in.
+pub fn prefetch(
+    gpa: Allocator,
+    parts: []const Part,
+    indices: []const u64,
+    force: bool,
+    wait: bool,
+    sc: *Scratch,
+) Error!void {
+    if (indices.len == 0) return;
+    const snaps = try begin(gpa, parts, sc);
+    defer end(parts);
+    const reads = try locate(gpa, parts, snaps, indices, sc);
+    for (reads.indices, 0..) |index, i| {
+        const snap = reads.snap(i);
+        if (index >= snap.count) return outOfRangeLocal(index, snap.count);
+    }
+    const check = gpa.alloc(bool, snaps.len) catch return error.OutOfMemory;
+    defer gpa.free(check);
+    store_cold.prefetch(reads, force, wait, check);
+}
+
+fn outOfRangeLocal(index: u64, count: u64) Error {
+    return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{
+        index, count,
+    });
 }
 
 /// One part from index 0: indices are the store's own, nothing to map.
