@@ -8,6 +8,8 @@
 //!   zig build dist       every release target into zig-out/dist/<wheel platform tag>/
 //!   zig build bindings   regenerate loaderx/_abi.py from src/capi.zig (committed)
 //!   zig build bindings-print   the same file into <prefix>/bindings/ (tests compare)
+//!   zig build forger-layout    regenerate tests/_lxlayout.py from src/format.zig (committed)
+//!   zig build forger-layout-print   the same file into <prefix>/layout/ (tests compare)
 const std = @import("std");
 const builtin = @import("builtin");
 
@@ -160,6 +162,25 @@ pub fn build(b: *std.Build) void {
     b.step("bindings", "Regenerate loaderx/_abi.py from src/capi.zig").dependOn(&update.step);
     const print = b.addInstallFile(abi, "bindings/_abi.py");
     b.step("bindings-print", "Write the generated _abi.py to <prefix>/bindings/").dependOn(&print.step);
+
+    // zig build forger-layout: tests/_lxlayout.py, the test forger's struct
+    // formats and constants, generated from src/format.zig.
+    const gen_layout = b.addExecutable(.{
+        .name = "gen_layout",
+        .root_module = b.createModule(.{
+            .root_source_file = b.path("src/gen_layout.zig"),
+            .target = b.graph.host,
+            .optimize = .debug,
+        }),
+    });
+    const layout = b.addRunArtifact(gen_layout).captureStdOut(.{});
+    const update_layout = b.addUpdateSourceFiles();
+    update_layout.addCopyFileToSource(layout, "tests/_lxlayout.py");
+    b.step("forger-layout", "Regenerate tests/_lxlayout.py from src/format.zig")
+        .dependOn(&update_layout.step);
+    const print_layout = b.addInstallFile(layout, "layout/_lxlayout.py");
+    b.step("forger-layout-print", "Write the generated _lxlayout.py to <prefix>/layout/")
+        .dependOn(&print_layout.step);
 
     // zig build dist: every release target, each into its wheel tag's folder.
     const dist_step = b.step("dist", "Cross-compile libloaderx for every release target");

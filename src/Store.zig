@@ -114,6 +114,10 @@ header: Header,
 /// Owned copies of the blobs stored in meta (one allocation, dict first).
 dict_bytes: []u8,
 user_bytes: []u8,
+/// The type identity, checked at open: native (its texts are slices of
+/// `user_bytes`), msgpack (format 2: Python reads `user_bytes`), or none.
+identity: format.Identity.Full = .{ .head = format.Identity.init(.bytes, 0, 0) },
+identity_encoding: format.Identity.Encoding = .none,
 dict: codec.Dict = .{},
 /// Header and commit pages of meta, mapped shared read-only: other handles'
 /// commits show up here without a syscall.
@@ -326,7 +330,9 @@ pub const OpenOptions = struct {
     codec: Codec = .zstd,
     level: i32 = codec.level_default,
     dict: []const u8 = &.{},
-    user: []const u8 = &.{},
+    /// The type identity (null: none, a plain byte store). Checked in full
+    /// (format.Identity.parse) before anything is created.
+    identity: ?format.Identity.Full = null,
     /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
     fixed_size: u64 = 0,
     /// Non-zero (zstd codecs only): records longer than this are written
@@ -382,12 +388,43 @@ fn validateCreate(opts: OpenOptions) Error!void {
     }
 }
 
+/// The stored form of a create's identity (empty for none), checked as
+/// every open checks it. The caller frees it.
+fn identityBytes(gpa: Allocator, opts: OpenOptions) Error![]u8 {
+    const id = opts.identity orelse return &.{};
+    if (id.descr.len > format.Identity.descr_size_max or
+        id.name.len > format.Identity.name_size_max or
+        id.head.descr_size != id.descr.len or id.head.name_size != id.name.len)
+    {
+        const why = "the type identity's dtype texts are too long";
+        return diag.fail(error.InvalidArgument, why, .{});
+    }
+    const bytes = gpa.alloc(u8, id.size()) catch return error.OutOfMemory;
+    errdefer gpa.free(bytes);
+    id.write(bytes);
+    const why = switch (format.Identity.parse(bytes)) {
+        .ok => |full| blk: {
+            var h = std.mem.zeroes(Header);
+            h.fixed_size = opts.fixed_size;
+            break :blk full.head.layoutProblem(&h) orelse return bytes;
+        },
+        .newer => "it names a version this library does not write",
+        .bad => |b| b,
+    };
+    return diag.fail(error.InvalidArgument, "the type identity is invalid: {s}", .{why});
+}
+
 pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     const io = pool.io();
-    if (opts.create) try validateCreate(opts);
+    var user: []u8 = &.{};
+    if (opts.create) {
+        try validateCreate(opts);
+        user = try identityBytes(gpa, opts);
+    }
+    defer gpa.free(user);
     const dir = try openDir(path, opts.create);
     errdefer dir.close(io);
-    if (opts.create) try createIfMissing(dir, opts);
+    if (opts.create) try createIfMissing(dir, opts, user);
 
     const s = gpa.create(Store) catch return error.OutOfMemory;
     errdefer gpa.destroy(s);
@@ -502,7 +539,7 @@ fn checkHeader(h: *const Header) Error!void {
             .{ h.format_version, format.format_version },
         );
     }
-    if (h.format_version < format.format_version) {
+    if (h.format_version < format.format_version_min) {
         return diag.fail(
             error.NotAStore,
             "store format version {d} was written by a pre-release " ++
@@ -558,6 +595,7 @@ fn load(s: *Store) Error!void {
     try checkHeader(&s.header);
     try s.loadBlobs();
     errdefer s.gpa.free(s.dict_bytes.ptr[0 .. s.dict_bytes.len + s.user_bytes.len]);
+    try s.loadIdentity();
     if (s.header.codec == @backingInt(Codec.zstd_dict)) {
         s.dict = codec.Dict.init(s.dict_bytes, s.header.level) catch
             return diag.fail(error.Corrupt, "stored dictionary is damaged", .{});
@@ -585,12 +623,47 @@ fn loadBlobs(s: *Store) Error!void {
     const blob = s.gpa.alloc(u8, @intCast(blob_len)) catch return error.OutOfMemory;
     errdefer s.gpa.free(blob);
     try readExact(s.meta, blob, format.blob_offset, "meta dictionary and identity");
-    if (std.hash.XxHash64.hash(0x4C5C, blob) != s.header.blob_checksum) {
+    const dict_len: usize = @intCast(s.header.dict_size);
+    if (format.blobChecksum(blob[0..dict_len], blob[dict_len..]) != s.header.blob_checksum) {
         return diag.fail(error.Corrupt, "meta identity checksum mismatch", .{});
     }
-    const dict_len: usize = @intCast(s.header.dict_size);
     s.dict_bytes = blob[0..dict_len];
     s.user_bytes = blob[dict_len..];
+    assert(s.dict_bytes.len == s.header.dict_size);
+    assert(s.user_bytes.len == s.header.user_size);
+}
+
+/// Checks the type identity in full (format.Identity): a native one in a
+/// format-3 store, msgpack (left to Python) in a format-2 one, none in a
+/// plain byte store of either.
+fn loadIdentity(s: *Store) Error!void {
+    if (s.user_bytes.len == 0) {
+        s.identity_encoding = .none;
+        return;
+    }
+    if (s.header.format_version < 3) {
+        s.identity_encoding = .msgpack;
+        return;
+    }
+    const full = switch (format.Identity.parse(s.user_bytes)) {
+        .ok => |full| full,
+        .newer => |v| return diag.fail(
+            error.NewerFormat,
+            "the stored type identity has version {d}, newer than this loaderx reads ({d}); " ++
+                "upgrade loaderx",
+            .{ v, format.Identity.version_value },
+        ),
+        .bad => |why| return diag.fail(
+            error.Corrupt,
+            "the stored type identity is invalid: {s}",
+            .{why},
+        ),
+    };
+    if (full.head.layoutProblem(&s.header)) |why| {
+        return diag.fail(error.Corrupt, "the stored type identity is invalid: {s}", .{why});
+    }
+    s.identity = full;
+    s.identity_encoding = .native;
 }
 
 fn initialCommit() Commit {
@@ -599,7 +672,7 @@ fn initialCommit() Commit {
     return c;
 }
 
-fn newHeader(opts: OpenOptions) Header {
+fn newHeader(opts: OpenOptions, user: []const u8) Header {
     var header = std.mem.zeroes(Header);
     header.magic = format.magic;
     header.format_version = format.format_version;
@@ -607,14 +680,11 @@ fn newHeader(opts: OpenOptions) Header {
     header.codec = @backingInt(opts.codec);
     header.level = opts.level;
     header.dict_size = opts.dict.len;
-    header.user_size = opts.user.len;
+    header.user_size = user.len;
     header.fixed_size = opts.fixed_size;
     header.frame_size = opts.frame_size;
     header.uid = newUid();
-    var hasher = std.hash.XxHash64.init(0x4C5C);
-    hasher.update(opts.dict);
-    hasher.update(opts.user);
-    header.blob_checksum = hasher.final();
+    header.blob_checksum = format.blobChecksum(opts.dict, user);
     header.checksum = header.computeChecksum();
     assert(header.checksum == header.computeChecksum());
     return header;
@@ -643,7 +713,7 @@ pub fn randomU64() u64 {
     return h.final();
 }
 
-fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
+fn createIfMissing(dir: Io.Dir, opts: OpenOptions, user: []const u8) Error!void {
     const io = pool.io();
     if (dir.access(io, "meta", .{})) |_| return else |_| {}
     // Before creating anything: a refused create leaves the directory as it was.
@@ -658,13 +728,16 @@ fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
         const f = fsio.create(dir, name, true) catch |e| return ioFail(e, "creating store files");
         f.close(io);
     }
-    try writeNewMeta(dir, newHeader(opts), opts);
+    try writeNewMeta(dir, newHeader(opts, user), opts.dict, user);
     // meta appears atomically, complete: a crash before this leaves no store.
     fsio.rename(dir, "meta.tmp", "meta") catch |e| return ioFail(e, "publishing meta");
     fsio.syncDir(dir, ".") catch |e| return ioFail(e, "syncing the store directory");
 }
 
-fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
+fn writeNewMeta(dir: Io.Dir, header: Header, dict: []const u8, user: []const u8) Error!void {
+    assert(header.dict_size == dict.len);
+    assert(header.user_size == user.len);
+    assert(header.blob_checksum == format.blobChecksum(dict, user));
     const io = pool.io();
     const commit = initialCommit();
     const tmp = fsio.create(dir, "meta.tmp", true) catch |e| return ioFail(e, "creating meta");
@@ -676,9 +749,9 @@ fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
     @memcpy(page[0..@sizeOf(Commit)], std.mem.asBytes(&commit));
     fsio.write(tmp, "meta.tmp", &page, format.commit_offset) catch |e|
         return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", opts.dict, format.blob_offset) catch |e|
+    fsio.write(tmp, "meta.tmp", dict, format.blob_offset) catch |e|
         return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", opts.user, format.blob_offset + opts.dict.len) catch |e|
+    fsio.write(tmp, "meta.tmp", user, format.blob_offset + dict.len) catch |e|
         return ioFail(e, "writing meta");
     fsio.sync(tmp, "meta.tmp") catch |e| return ioFail(e, "syncing meta");
 }

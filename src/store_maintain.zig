@@ -218,7 +218,7 @@ fn writeJournalFile(s: *Store, entries: []const JournalEntry, c: Commit) Error!v
         .magic = JournalHeader.magic_value,
         .entry_count = entries.len,
         .commit = c,
-        .entries_checksum = std.hash.XxHash64.hash(0, std.mem.sliceAsBytes(entries)),
+        .entries_checksum = JournalHeader.entriesChecksum(entries),
         .checksum = 0,
     };
     h.commit.checksum = h.commit.computeChecksum();
@@ -334,7 +334,7 @@ fn readJournal(s: *Store, f: std.Io.File, disk: Commit) Error!?Journal {
     errdefer s.gpa.free(entries);
     try Store.readExact(f, std.mem.sliceAsBytes(entries), @sizeOf(JournalHeader), "delete journal");
     // Entries not all on disk: the delete never began (it applies only a synced journal).
-    if (std.hash.XxHash64.hash(0, std.mem.sliceAsBytes(entries)) != h.entries_checksum) {
+    if (JournalHeader.entriesChecksum(entries) != h.entries_checksum) {
         s.gpa.free(entries);
         return null;
     }

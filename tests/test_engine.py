@@ -58,8 +58,8 @@ from loaderx.errors import (
 )
 from loaderx.zrecord import DenseStore, RaggedStore, Zrecord, ZrecordError, train_dict  # noqa: F401
 from _lxformat import COMMIT_OFFSET, LOC, flip, patch, record_loc, restore, snapshot
-from _xxhash import SEED_COMMIT as COMMIT_CHECKSUM_SEED
-from _xxhash import SEED_HEADER as HEADER_CHECKSUM_SEED
+from _lxlayout import SEED_COMMIT as COMMIT_CHECKSUM_SEED
+from _lxlayout import SEED_HEADER as HEADER_CHECKSUM_SEED
 from _xxhash import xxh64
 from _helpers import swap_last_order
 
