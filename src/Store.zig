@@ -1,7 +1,28 @@
-//! One record store (a directory; layout in format.zig), batch-only: the
-//! handle's lifetime, its published state and its writer side. The read path
-//! lives in store_read.zig, appends in store_append.zig, delete, compact and
-//! crash recovery in store_maintain.zig; this file re-exports them as methods.
+//! One record store (a directory; every byte of it in format.zig),
+//! batch-only. One type spread over several files: this file owns the
+//! handle's state and lifetime, and the operations live in files of their
+//! own that take `*Store` first; the public ones are re-exported below as
+//! methods (`s.gather(...)`). Where each method lives:
+//!
+//!   Store.zig           the struct and its lifetime (open, create, enter,
+//!                       leave, shutdown, hold, unhold, close), errors
+//!                       (ioFail, failWith, checkUsable), the header, blobs
+//!                       and identity read at open, the commit (readCommit,
+//!                       writeCommit, syncFile, syncLocked), the mapped table
+//!                       and data (table, Table, dataMap, checkLoc), readers
+//!                       (enterRead, exitRead), the writer lock and exclusive
+//!                       access (beginMutation, takeWriterLock,
+//!                       acquireExclusive, releaseExclusive), fork adoption
+//!                       (adoptInChild), stats.
+//!   store_read.zig      gather, gatherAlloc, verify; for multi-store reads
+//!                       snapshot, publishedCommit, gatherReads, packedReads.
+//!   store_append.zig    append, publish, sync (Batch, Scratch).
+//!   store_maintain.zig  delete, compact, and what an open finishes after a
+//!                       crash (finishJournal, checkTail, dropDeadJournal,
+//!                       removeWindowsIndex).
+//!   store_parts.zig     reads over several stores as one index space
+//!                       (ShardSet shards, loader sources): not methods.
+//!   store_test.zig      the engine's tests.
 //!
 //! Reads of committed records go through read-only shared mappings of the
 //! table and data files (mapping.zig), so a gather costs no syscall per record
@@ -167,6 +188,9 @@ pub fn enter(s: *Store) Error!void {
     var current = s.users.load(.monotonic);
     while (true) {
         if (current & closed_bit != 0) return diag.fail(error.Closed, "store is closed", .{});
+        // Only the opener's count (1) can bring a handle above 0 users: a
+        // call may enter only while the opener still holds it.
+        assert(current >= 1);
         current = s.users.cmpxchgWeak(current, current + 1, .acquire, .monotonic) orelse return;
     }
 }
@@ -192,7 +216,9 @@ pub fn isClosed(s: *const Store) bool {
 
 /// Another holder of this struct's address (a loader).
 pub fn hold(s: *Store) void {
-    _ = s.holders.fetchAdd(1, .monotonic);
+    const before = s.holders.fetchAdd(1, .monotonic);
+    // Only a holder (the opener, a loader) can hand the address on.
+    assert(before >= 1);
 }
 
 /// Drops a holder; the last frees the struct, whose resources must be gone.
@@ -204,6 +230,9 @@ pub fn unhold(s: *Store) void {
 
 fn releaseResources(s: *Store) void {
     const io = pool.io();
+    // The last user is gone: no call and no gather can touch what is freed.
+    assert(s.users.load(.acquire) == closed_bit);
+    assert(s.readers_active.load(.acquire) == 0);
     unregister(s);
     s.index_maps.deinit();
     s.data_maps.deinit();
@@ -311,6 +340,7 @@ fn markFailed(s: *Store, e: anyerror, what: []const u8) void {
     if (s.failed.swap(true, .acq_rel)) return;
     s.failed_what = what;
     s.failed_error = ioMessage(e);
+    assert(s.failed.load(.acquire));
 }
 
 /// Fails with Failed when an earlier error left this handle unusable.
@@ -444,6 +474,10 @@ pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     try s.openFiles();
     errdefer s.closeFiles();
     try s.load();
+    assert(s.header.format_version >= format.format_version_min);
+    assert(s.header.format_version <= format.format_version);
+    assert(s.commit.consistent());
+    assert(s.users.load(.monotonic) == 1);
     register(s);
     return s;
 }
@@ -605,6 +639,8 @@ fn load(s: *Store) Error!void {
     errdefer s.data_maps.deinit();
     try store_maintain.finishJournal(s);
     s.commit = try store_maintain.checkTail(s);
+    assert(s.commit.consistent());
+    assert(s.commit.checksum == s.commit.computeChecksum());
     s.meta_map = mapping.Region.map(s.meta, format.meta_map_size, format.meta_map_size) catch |e|
         return ioFail(e, "mapping meta");
 }
@@ -664,6 +700,8 @@ fn loadIdentity(s: *Store) Error!void {
     }
     s.identity = full;
     s.identity_encoding = .native;
+    assert(s.identity.descr.len == s.identity.head.descr_size);
+    assert(s.identity.name.len == s.identity.head.name_size);
 }
 
 fn initialCommit() Commit {
@@ -686,7 +724,10 @@ fn newHeader(opts: OpenOptions, user: []const u8) Header {
     header.uid = newUid();
     header.blob_checksum = format.blobChecksum(opts.dict, user);
     header.checksum = header.computeChecksum();
-    assert(header.checksum == header.computeChecksum());
+    // validateCreate's rules, which every open checks again (checkHeader).
+    assert(header.fixed_size == 0 or opts.codec == .raw);
+    assert(header.frame_size == 0 or opts.codec != .raw);
+    assert(header.uid != 0);
     return header;
 }
 
@@ -818,10 +859,13 @@ pub const Table = struct {
     locs: [*]const RecordLoc = undefined,
     sums: [*]const u32 = undefined,
     fixed: u64 = 0,
+    /// Entries mapped: only records below it may be looked up.
+    count: u64 = 0,
 
     /// Record `i`'s location. In the fixed layout this touches no memory and
     /// leaves `checksum` 0 (use `withChecksum`).
     pub fn get(t: Table, i: u64) RecordLoc {
+        assert(i < t.count);
         if (t.fixed == 0) return t.locs[i];
         return .{
             .offset = i * t.fixed,
@@ -843,6 +887,7 @@ pub const Table = struct {
 
     /// Starts fetching record `i`'s table entry (nothing to fetch when fixed).
     pub fn prefetch(t: Table, i: u64) void {
+        assert(i < t.count);
         if (t.fixed == 0) @prefetch(&t.locs[i], .{});
     }
 };
@@ -852,10 +897,9 @@ pub fn table(s: *Store, count: u64) Error!Table {
     const bytes = std.math.mul(u64, count, s.entrySize()) catch
         return diag.fail(error.Corrupt, "record count overflows", .{});
     const base = s.index_maps.cover(s.index, bytes, "index") catch |e| return e;
-    if (s.header.fixed_size != 0) {
-        return .{ .sums = @ptrCast(@alignCast(base)), .fixed = s.header.fixed_size };
-    }
-    return .{ .locs = @ptrCast(@alignCast(base)) };
+    const fixed = s.header.fixed_size;
+    if (fixed != 0) return .{ .sums = @ptrCast(@alignCast(base)), .fixed = fixed, .count = count };
+    return .{ .locs = @ptrCast(@alignCast(base)), .count = count };
 }
 
 /// The data file mapped up to `size` bytes.
@@ -886,6 +930,7 @@ pub fn checkLoc(
     if (end > data_size) {
         return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
     }
+    assert(loc.end() == end);
     if (sizes_trusted) return;
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
     if (!codec.plausible(@fromBackingInt(@intCast(loc.codec)), stored, loc.raw_size)) {
@@ -922,7 +967,8 @@ pub fn enterRead(s: *Store) Error!void {
 }
 
 pub fn exitRead(s: *Store) void {
-    _ = s.readers_active.fetchSub(1, .release);
+    const before = s.readers_active.fetchSub(1, .release);
+    assert(before >= 1);
 }
 
 // ---------------------------------------------------------------- writer side
@@ -951,6 +997,7 @@ pub fn beginMutation(s: *Store) Error!void {
         return e;
     };
     s.writer_lock = lock;
+    assert(s.commit.consistent());
     try store_maintain.dropDeadJournal(s);
 }
 
@@ -979,6 +1026,13 @@ pub fn writeCommit(s: *Store, c: Commit) Error!void {
     next.checksum = next.computeChecksum();
     assert(next.consistent());
     assert(next.checksum == next.computeChecksum());
+    if (s.header.fixed_size != 0) {
+        // readCommit refuses any other fixed-width commit: publishing one
+        // would leave a store that never opens again.
+        assert(next.data_size == next.record_count * s.header.fixed_size);
+        assert(next.live_bytes == next.data_size);
+        assert(next.durable_data_size == next.durable_count * s.header.fixed_size);
+    }
     fsio.write(s.meta, "meta", std.mem.asBytes(&next), format.commit_offset) catch |e|
         return s.failWith(e, "writing the commit");
     s.commit = next;
@@ -1013,6 +1067,8 @@ pub fn syncLocked(s: *Store) Error!void {
     c.durable_live_bytes = c.live_bytes;
     try s.writeCommit(c);
     try s.syncFile(.meta);
+    assert(s.commit.durable_count == s.commit.record_count);
+    assert(s.commit.durable_data_size == s.commit.data_size);
 }
 
 /// Claims exclusive access for delete/compact: no gather in flight through
@@ -1039,6 +1095,7 @@ pub fn acquireExclusive(s: *Store) Error!void {
             .{},
         );
     }
+    assert(s.exclusive.load(.seq_cst));
 }
 
 /// Trades this handle's shared lock on meta for an exclusive one; false when
@@ -1079,6 +1136,8 @@ fn lockRegistry() void {
 }
 
 fn register(s: *Store) void {
+    assert(s.registry_prev == null);
+    assert(s.registry_next == null);
     installForkHandlers();
     lockRegistry();
     defer registry_mutex.unlock();

@@ -338,6 +338,7 @@ pub const RecordLoc = extern struct {
 
     /// Byte just past this record in the data file (a trusted entry).
     pub fn end(loc: RecordLoc) u64 {
+        assert(loc.checkedEnd() != null); // trusted: checked against the data first
         return loc.offset + loc.aux_size + loc.stored_size;
     }
 
@@ -687,10 +688,12 @@ pub const SeekTable = struct {
     }
 
     pub fn compressed(t: SeekTable, k: usize) u32 {
+        assert(k < t.count());
         return std.mem.readInt(u32, t.entries[k * entry_size ..][0..4], .little);
     }
 
     pub fn decompressed(t: SeekTable, k: usize) u32 {
+        assert(k < t.count());
         return std.mem.readInt(u32, t.entries[k * entry_size + 4 ..][0..4], .little);
     }
 
@@ -711,10 +714,13 @@ pub const SeekTable = struct {
         const head = stored[start..][0..8];
         if (std.mem.readInt(u32, head[0..4], .little) != skippable_magic) return null;
         if (std.mem.readInt(u32, head[4..8], .little) != table_size - 8) return null;
-        return .{
+        const t: SeekTable = .{
             .entries = stored[start + 8 ..][0..@intCast(n * entry_size)],
             .frames_size = start,
         };
+        assert(t.count() == n);
+        assert(t.frames_size + table_size == stored.len);
+        return t;
     }
 
     /// The entries add up to the record: compressed sizes to the frames'
@@ -733,7 +739,9 @@ pub const SeekTable = struct {
     /// Writes the magics, sizes and footer of a table of `n` frames into
     /// `out` (exactly `sizeFor(n)` bytes); `putEntry` writes the entries.
     pub fn writeFrame(out: []u8, n: usize) void {
-        assert(out.len == sizeFor(n) and n > 0 and n <= std.math.maxInt(u32));
+        assert(n > 0);
+        assert(n <= std.math.maxInt(u32));
+        assert(out.len == sizeFor(n));
         std.mem.writeInt(u32, out[0..4], skippable_magic, .little);
         std.mem.writeInt(u32, out[4..8], @intCast(out.len - 8), .little);
         const foot = out[out.len - footer_size ..];
@@ -744,6 +752,11 @@ pub const SeekTable = struct {
 
     /// Writes entry `k` of the table in `out` (as `writeFrame` laid it out).
     pub fn putEntry(out: []u8, k: usize, packed_size: u32, raw_size: u32) void {
+        // Inside the entries of the table writeFrame laid out in `out`.
+        assert(8 + (k + 1) * entry_size + footer_size <= out.len);
+        // No frame is empty (check refuses a table with one).
+        assert(packed_size > 0);
+        assert(raw_size > 0);
         const e = out[8 + k * entry_size ..][0..entry_size];
         std.mem.writeInt(u32, e[0..4], packed_size, .little);
         std.mem.writeInt(u32, e[4..8], raw_size, .little);

@@ -423,6 +423,28 @@ def test_dictionary_beats_plain_zstd_on_small_similar_records(tmp_path):
 
 # ----------------------------------------------------------------- 3. delete and compact
 
+def test_compact_refuses_records_that_overlap(tmp_path):
+    """A table whose entries share bytes (a forged or damaged store: each
+    entry in bounds, its checksum sealed) is refused by compact before
+    anything moves. Before the check, compact's rounds computed a negative
+    gap and moved bytes over live records."""
+    from _lxformat import StoreImage
+
+    path = tmp_path / "s"
+    with Zrecord(path, create=True, codec="raw") as z:
+        z.append([bytes([i]) * 100 for i in range(6)])
+        z.delete([1])  # a hole, so compact has work to do
+    img = StoreImage.load(path)
+    img.put_loc(3, offset=img.loc(2)["offset"] + 50)  # half of record 2, half of the next
+    img.write(path)
+    before = snapshot(path)
+    with Zrecord(path) as z:
+        with pytest.raises(CorruptStoreError, match="overlaps"):
+            z.compact()
+    after = snapshot(path)
+    assert after["data"] == before["data"] and after["index"] == before["index"]
+
+
 def test_delete_model_sanity():
     assert model_delete(list(range(10)), [2, 8]) == [0, 1, 9, 3, 4, 5, 6, 7]
     assert model_delete(list(range(6)), [5, 0, 0, 4]) == [3, 1, 2]
