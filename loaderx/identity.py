@@ -128,33 +128,34 @@ def _native_dtype(descr: Any, name: str, flags: int, itemsize: int, path: str) -
             return _checked(named, path)
         # The package that names it is missing: its bytes, as raw bytes.
         try:
-            dt = np.lib.format.descr_to_dtype(_descr_checked(descr))
+            dt = np.lib.format.descr_to_dtype(_descr_fields(descr, tuple))
         except Exception:  # '<f1' and the like: numpy has no such type
             dt = np.dtype(f"V{itemsize}")
         return _checked(dt if dt.itemsize == itemsize else np.dtype(f"V{itemsize}"), path)
     try:
-        dt = np.lib.format.descr_to_dtype(_descr_checked(descr))
+        dt = np.lib.format.descr_to_dtype(_descr_fields(descr, tuple))
     except Exception as e:  # numpy raises many types for a hostile descr
         raise _corrupt(path, f"its dtype cannot be built ({type(e).__name__}: {e})") from None
     return _checked(dt, path)
 
 
-def _descr_checked(d: Any, depth: int = 0) -> Any:
-    """A description of the shapes numpy's own takes: a type string, or a
-    list of (name, description[, shape]) tuples, nested at most NDIM_MAX deep."""
+def _descr_fields(d: Any, field_type: type, depth: int = 0) -> Any:
+    """numpy's description from its stored form: a type string, or a list
+    of (name, description[, shape]) fields, each a `field_type` (a literal's
+    tuple; msgpack stores tuples as lists), nested at most NDIM_MAX deep."""
     if depth > NDIM_MAX:
         raise ValueError("dtype nests too deeply")
     if isinstance(d, str):
         return d
     if not isinstance(d, list):
         raise TypeError(f"dtype field list is a {type(d).__name__}")
+    fields = []
     for f in d:
-        if not isinstance(f, tuple) or not 2 <= len(f) <= 3:
+        if not isinstance(f, field_type) or not 2 <= len(f) <= 3:
             raise TypeError("dtype field is malformed")
-        _descr_checked(f[1], depth + 1)
-        if len(f) > 2 and not isinstance(f[2], tuple):
-            raise TypeError("dtype field shape is not a tuple")
-    return d
+        name, fmt = f[0], _descr_fields(f[1], field_type, depth + 1)
+        fields.append((name, fmt, tuple(f[2])) if len(f) > 2 else (name, fmt))
+    return fields
 
 
 def _checked(dt: np.dtype, path: str) -> np.dtype:
@@ -215,7 +216,7 @@ def _msgpack_dtype(d: Any, path: str) -> np.dtype:
     if not isinstance(d, dict) or "descr" not in d:
         raise _corrupt(path, "its dtype is missing")
     try:
-        dt = np.lib.format.descr_to_dtype(_descr_from_msgpack(d["descr"]))
+        dt = np.lib.format.descr_to_dtype(_descr_fields(d["descr"], list))
     except Exception as e:  # numpy raises many types for a hostile descr
         named = _named_dtype(d.get("name"), d["descr"])
         if named is None:
@@ -245,23 +246,6 @@ def _registered_dtype(name: str, fallback: np.dtype) -> np.dtype:
     if dt is None:
         return fallback
     return dt if dt.itemsize == fallback.itemsize and not dt.hasobject else fallback
-
-
-def _descr_from_msgpack(d: Any, depth: int = 0) -> Any:
-    """msgpack turns the tuples of a structured dtype's descr into lists; undo that."""
-    if depth > NDIM_MAX:
-        raise ValueError("dtype nests too deeply")
-    if isinstance(d, str):
-        return d
-    if not isinstance(d, list):
-        raise TypeError(f"dtype field list is a {type(d).__name__}")
-    fields = []
-    for f in d:
-        if not isinstance(f, list) or not 2 <= len(f) <= 3:
-            raise TypeError("dtype field is malformed")
-        name, fmt = f[0], _descr_from_msgpack(f[1], depth + 1)
-        fields.append((name, fmt, tuple(f[2])) if len(f) > 2 else (name, fmt))
-    return fields
 
 
 def _corrupt(path: str, why: str) -> CorruptStoreError:

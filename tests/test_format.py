@@ -5,10 +5,6 @@ forger (tests/_lxformat.py) reads from a store is what the library reports;
 and the pure-Python checksums (tests/_xxhash.py) are the library's on random
 inputs of every length path (XXH3 0-16, 17-128, 129-240 bytes, XXH64 beyond
 and with aux bytes)."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -17,18 +13,13 @@ from loaderx._lib import check, ffi, lib
 from _lxformat import IDENTITY, LOC, StoreImage, pack_commit, pack_header, unpack_identity
 from _lxlayout import BLOB_OFFSET, COMMIT_OFFSET, FORMAT_VERSION, SEED_BLOB
 from _xxhash import record_checksum, xxh64
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _helpers import assert_generated_current
 
 
 def test_generated_layout_is_current(tmp_path):
     """Regenerate _lxlayout.py from src/format.zig; the committed file must match."""
-    cmd = [sys.executable, "-m", "ziglang", "build", "forger-layout-print", "--prefix", str(tmp_path)]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    fresh = (tmp_path / "layout" / "_lxlayout.py").read_text()
-    committed = open(os.path.join(ROOT, "tests", "_lxlayout.py")).read()
-    assert fresh == committed, "tests/_lxlayout.py is stale: run `python -m ziglang build forger-layout`"
+    assert_generated_current("forger-layout-print", "layout/_lxlayout.py", "tests/_lxlayout.py",
+                             tmp_path)
 
 
 def _stores(tmp_path):
