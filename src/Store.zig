@@ -976,6 +976,7 @@ pub fn exitRead(s: *Store) void {
 /// Checks that this handle may mutate the store now, and takes the writer
 /// lock on its first mutation. Caller holds write_mutex.
 pub fn beginMutation(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
     try s.checkUsable();
     const pid = pool.currentPid();
     if (pid != s.open_pid) {
@@ -1059,6 +1060,7 @@ pub fn syncFile(s: *Store, id: FileId) Error!void {
 /// Makes every appended record durable and records that in the commit:
 /// data, then table, then the commit. Caller holds write_mutex as a writer.
 pub fn syncLocked(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
     try s.syncFile(.data);
     try s.syncFile(.index);
     var c = s.commit;
@@ -1074,6 +1076,8 @@ pub fn syncLocked(s: *Store) Error!void {
 /// Claims exclusive access for delete/compact: no gather in flight through
 /// this handle, and no other handle open anywhere. Caller holds write_mutex.
 pub fn acquireExclusive(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
+    assert(!s.exclusive.load(.seq_cst));
     s.exclusive.store(true, .seq_cst);
     if (s.readers_active.load(.seq_cst) != 0) {
         s.exclusive.store(false, .seq_cst);

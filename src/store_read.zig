@@ -246,6 +246,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
 
 /// gather() of prepared reads (the caller holds a read on every store).
 pub fn gatherReads(reads: Reads, dest: Dest, part: Part, lane_cap: usize) Error!void {
+    for (reads.snaps) |sn| assert(sn.store.readers_active.load(.monotonic) >= 1);
     const work = try checkBatch(reads, dest, part);
     try copyRecords(reads, dest, part, lane_cap, work);
 }
@@ -352,6 +353,7 @@ pub fn packedReads(
 ) Error![]u8 {
     assert(raw_out.len == reads.indices.len);
     assert(aux_out.len == reads.indices.len);
+    for (reads.snaps) |sn| assert(sn.store.readers_active.load(.monotonic) >= 1);
     var work: Work = .{};
     var aux_total: u64 = 0;
     reads.prefetchEntries();
