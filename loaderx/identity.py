@@ -151,7 +151,8 @@ def _descr_fields(d: Any, field_type: type, depth: int = 0) -> Any:
         raise TypeError(f"dtype field list is a {type(d).__name__}")
     fields = []
     for f in d:
-        if not isinstance(f, field_type) or not 2 <= len(f) <= 3:
+        if not isinstance(f, field_type) or not isinstance(f, (list, tuple)) \
+                or not 2 <= len(f) <= 3:
             raise TypeError("dtype field is malformed")
         name, fmt = f[0], _descr_fields(f[1], field_type, depth + 1)
         fields.append((name, fmt, tuple(f[2])) if len(f) > 2 else (name, fmt))
