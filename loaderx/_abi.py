@@ -90,16 +90,29 @@ typedef struct {
     uint64_t max_idle_bytes;
     uint64_t min_bytes;
 } lx_pool_stats_t;
+typedef struct {
+    uint32_t kind;
+    uint32_t flags;
+    uint32_t encoding;
+    uint32_t ndim;
+    uint64_t itemsize;
+    uint64_t item_shape[32];
+    const uint8_t *descr;
+    uint64_t descr_size;
+    const uint8_t *name;
+    uint64_t name_size;
+} lx_identity_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int);
 const char *lx_last_error(void);
-int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, uint64_t, lx_store **);
+int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const lx_identity_t *, uint64_t, uint64_t, lx_store **);
 void lx_close(lx_store *);
 void lx_free(lx_store *);
 int lx_len(lx_store *, uint64_t *);
 int lx_info(lx_store *, lx_info_t *);
+int lx_identity(lx_store *, lx_identity_t *);
 int lx_blob(lx_store *, int, uint8_t *, uint64_t, uint64_t *);
 int lx_append(lx_store *, uint64_t, const uint8_t *const *, const uint64_t *, const uint8_t *const *, const uint64_t *, int, uint64_t *);
 int lx_publish(lx_store *, int);
@@ -147,8 +160,12 @@ RESULTS = {"ok": 0, "io": -1, "invalid": -2, "not_found": -3, "not_a_store": -4,
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 SAMPLER_MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
 PARTS = {"payload": 0, "aux": 1}
-BLOBS = {"dictionary": 0, "user": 1}
+BLOBS = {"dictionary": 0, "user": 1, "dtype_descr": 2, "dtype_name": 3}
 COLUMN_KINDS = {"dense": 0, "variable": 1, "windows": 2, "segments": 3}
+#: format.Kind: what a store holds (its type identity's kind).
+STORE_KINDS = {"bytes": 0, "dense": 1, "ragged": 2}
+#: format.Identity.Encoding: how a store keeps its identity (lx_identity).
+IDENTITY_ENCODINGS = {"none": 0, "native": 1, "msgpack": 2}
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
 LOADER_COLUMNS_MAX = 1024
@@ -160,8 +177,13 @@ AUX_SIZE_MAX = 65535
 #: The output pool's defaults and bounds (src/outbuf.zig).
 OUTPUT_POOL = {"min_bytes": 1048576, "max_idle_bytes": 268435456, "stale_checkouts": 256,
     "idle_count_max": 256}
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+FORMAT_VERSION_MIN = 2
+IDENTITY_NDIM_MAX = 32
+IDENTITY_DESCR_SIZE_MAX = 1048576
+IDENTITY_NAME_SIZE_MAX = 255
+IDENTITY_FLAG_DTYPE_BY_NAME = 1
 STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
     "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
     "lx_column_t": 24, "lx_loader_part_t": 40, "lx_windows_t": 48,
-    "lx_pool_stats_t": 64}
+    "lx_pool_stats_t": 64, "lx_identity_t": 312}

@@ -229,6 +229,27 @@ def _store_path(path: Any) -> str:
     return p
 
 
+def _identity_spec(ident: identity.Identity | None) -> tuple:
+    """(lx_identity_t pointer or NULL, what keeps its texts alive) for a
+    create's identity: the library writes and checks the stored bytes."""
+    if ident is None:
+        return ffi.NULL, None
+    spec = ffi.new("lx_identity_t *")
+    spec.kind = _lib._abi.STORE_KINDS[ident.kind]
+    keep: tuple = ()
+    if ident.dtype is not None:
+        descr, name, flags = identity.describe(ident.dtype)
+        keep = (ffi.from_buffer("uint8_t[]", descr), ffi.from_buffer("uint8_t[]", name))
+        spec.flags = flags
+        spec.itemsize = ident.dtype.itemsize
+        spec.descr, spec.descr_size = keep[0], len(descr)
+        spec.name, spec.name_size = keep[1], len(name)
+    if ident.item_shape is not None:
+        spec.ndim = len(ident.item_shape)
+        spec.item_shape[0:len(ident.item_shape)] = list(ident.item_shape)
+    return spec, keep
+
+
 # ----------------------------------------------------------------- the base class
 
 class Store:
@@ -241,7 +262,7 @@ class Store:
         def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
+                 dict_bytes: bytes | None, ident: identity.Identity | None, fixed_size: int = 0,
                  frame_size: int = 0):
         self._handle = None
         self._path = _store_path(path)
@@ -251,12 +272,11 @@ class Store:
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
         level = None if level is None else int(level)
-        user = identity.pack(ident) if ident is not None else b""
+        spec = _identity_spec(ident)
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
         rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
-                         level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
-                         len(user),
+                         level or 0, d if d else ffi.NULL, len(d), spec[0],
                          fixed_size if create_codec == "raw" else 0,
                          frame_size if create_codec != "raw" else 0, out)
         if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
@@ -276,7 +296,7 @@ class Store:
             self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._frame_size = int(info.frame_size)
-            self._identity = identity.decode(self._blob("user"), self._path)
+            self._identity = self._read_identity()
             self._check_reopen(codec, level, d)
         except BaseException:
             self.close()
@@ -294,6 +314,21 @@ class Store:
         if mismatch:
             raise IdentityError(f"{self._path}: existing store has {', '.join(mismatch)}",
                                 path=self._path)
+
+    def _read_identity(self) -> identity.Identity:
+        """The store's identity, as the library checked it at open (a
+        format-2 store's msgpack is decoded and checked here)."""
+        out = ffi.new("lx_identity_t *")
+        check(lib.lx_identity(self._h(), out), self._path)
+        encoding = identity.ENCODINGS[out.encoding]
+        if encoding == "none":
+            return identity.Identity("bytes", None, None)
+        if encoding == "msgpack":
+            return identity.decode_msgpack(self._blob("user"), self._path)
+        shape = tuple(out.item_shape[0:out.ndim])
+        return identity.from_native(out.kind, out.flags, out.itemsize, shape,
+                                    self._blob("dtype_descr"), self._blob("dtype_name"),
+                                    self._path)
 
     def _blob(self, which: str) -> bytes:
         h = self._h()

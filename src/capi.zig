@@ -168,7 +168,8 @@ pub export fn lx_version() u32 {
     return (version_major << 16) | (version_minor << 8) | version_patch;
 }
 
-/// The on-disk format version this library writes (and the only one it reads).
+/// The on-disk format version this library writes. It reads this one and
+/// every version from format.format_version_min (2) on.
 pub export fn lx_format_version() u32 {
     return format.format_version;
 }
@@ -207,12 +208,80 @@ pub export fn lx_last_error() [*:0]const u8 {
     return diag.get();
 }
 
+/// lx_identity_t: a store's type identity (format.zig, `Identity`), as
+/// lx_open takes it and lx_identity gives it.
+pub const IdentitySpec = extern struct {
+    /// format.Kind: 0 bytes, 1 dense, 2 ragged.
+    kind: u32,
+    /// format.Identity.Flags bits (1: dtype_by_name).
+    flags: u32,
+    /// lx_identity only: how the store keeps it (format.Identity.Encoding:
+    /// 0 none, 1 native, 2 msgpack in a format-2 store, whose bytes
+    /// lx_blob's `user` gives; every other field is then 0). lx_open ignores it.
+    encoding: u32,
+    /// Dimensions of a dense record's shape (at most 32).
+    ndim: u32,
+    /// Bytes of one dtype element.
+    itemsize: u64,
+    /// A dense record's shape: item_shape[0..ndim], then zeros.
+    item_shape: [format.Identity.ndim_max]u64,
+    /// lx_open: the dtype description (numpy's, as a Python literal in
+    /// printable ASCII, see format.zig) and the dtype name, `descr_size` and
+    /// `name_size` bytes. lx_identity writes the sizes and leaves the
+    /// pointers null: lx_blob copies the texts.
+    descr: ?[*]const u8,
+    descr_size: u64,
+    name: ?[*]const u8,
+    name_size: u64,
+
+    comptime {
+        std.debug.assert(@sizeOf(IdentitySpec) == 312);
+        std.debug.assert(@alignOf(IdentitySpec) == 8);
+    }
+};
+
+/// The identity `spec` names, its fields bounded (format.Identity.parse
+/// checks the rest when the store is created); null with a message when
+/// a field cannot even be represented.
+fn identityOf(spec: *const IdentitySpec) ?format.Identity.Full {
+    const Identity = format.Identity;
+    const kind = std.enums.fromInt(format.Kind, spec.kind) orelse {
+        diag.set("unknown store kind {d}", .{spec.kind});
+        return null;
+    };
+    if (spec.ndim > Identity.ndim_max or spec.flags > std.math.maxInt(u16) or
+        spec.descr_size > Identity.descr_size_max or spec.name_size > Identity.name_size_max)
+    {
+        const why = "the identity has out-of-range fields " ++
+            "(ndim {d}, flags {d}, text sizes {d}, {d})";
+        diag.set(why, .{ spec.ndim, spec.flags, spec.descr_size, spec.name_size });
+        return null;
+    }
+    const missing_descr = spec.descr_size > 0 and spec.descr == null;
+    if (missing_descr or (spec.name_size > 0 and spec.name == null)) {
+        diag.set("the identity's descr or name is null", .{});
+        return null;
+    }
+    var head = Identity.init(kind, @intCast(spec.descr_size), @intCast(spec.name_size));
+    head.flags = @intCast(spec.flags);
+    head.ndim = @intCast(spec.ndim);
+    head.itemsize = spec.itemsize;
+    head.item_shape = spec.item_shape;
+    return .{
+        .head = head,
+        .descr = if (spec.descr) |d| d[0..@intCast(spec.descr_size)] else "",
+        .name = if (spec.name) |n| n[0..@intCast(spec.name_size)] else "",
+    };
+}
+
 /// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
 /// missing store is created (with any missing parent directories) with
 /// `codec` (Codec: raw, zstd, zstd_dict), `level` (zstd level; 0 = default
 /// 3; 19 for zstd_dict), dictionary `dict` (zstd_dict only, required) and the
-/// opaque `user` blob (the typed identity); these are ignored when the store
-/// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
+/// type identity `identity` (null: none, a plain byte store; checked in
+/// full, else invalid); these are ignored when the store exists (compare
+/// them with lx_info and lx_identity). `fixed_size` != 0 (raw codec only,
+/// a dense identity of exactly that record size) creates the fixed-width layout:
 /// every record exactly that many bytes, found by arithmetic instead of a
 /// table lookup, 4 bytes of index per record. `frame_size` != 0 (zstd codecs
 /// only, 64 B to 1 GiB) writes records longer than that many bytes in the
@@ -231,8 +300,7 @@ pub export fn lx_open(
     level: c_int,
     dict: ?[*]const u8,
     dict_len: u64,
-    user: ?[*]const u8,
-    user_len: u64,
+    identity: ?*const IdentitySpec,
     fixed_size: u64,
     frame_size: u64,
     out: ?*?*Store,
@@ -244,7 +312,10 @@ pub export fn lx_open(
     const c = std.enums.fromInt(format.Codec, codec_id) orelse
         return invalid("unknown codec {d}", .{codec_id});
     if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
-    if (user_len > 0 and user == null) return invalid("user is null", .{});
+    const ident: ?format.Identity.Full = if (identity) |spec|
+        identityOf(spec) orelse return @backingInt(Result.invalid)
+    else
+        null;
     const s = Store.open(gpa, std.mem.span(p), .{
         .create = create != 0,
         .codec = c,
@@ -255,7 +326,7 @@ pub export fn lx_open(
         else
             codec.level_default,
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
-        .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
+        .identity = ident,
         .fixed_size = fixed_size,
         .frame_size = frame_size,
     }) catch |e| return code(e);
@@ -324,12 +395,36 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
     return 0;
 }
 
+/// Fills `*out` with the store's type identity (see IdentitySpec; read its
+/// texts with lx_blob). Errors: closed.
+pub export fn lx_identity(h: *Store, out: *IdentitySpec) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    const id = h.identity.head;
+    out.* = std.mem.zeroes(IdentitySpec);
+    out.encoding = @backingInt(h.identity_encoding);
+    if (h.identity_encoding != .native) return 0;
+    out.kind = id.kind;
+    out.flags = id.flags;
+    out.ndim = id.ndim;
+    out.itemsize = id.itemsize;
+    out.item_shape = id.item_shape;
+    out.descr_size = id.descr_size;
+    out.name_size = id.name_size;
+    return 0;
+}
+
 /// Which stored blob lx_blob copies.
 pub const Blob = enum(c_int) {
     /// The zstd dictionary (zstd_dict stores).
     dictionary = 0,
-    /// The opaque user blob given at create (the typed identity).
+    /// The stored identity as it is: the native struct with its texts, or a
+    /// format-2 store's msgpack.
     user = 1,
+    /// The native identity's dtype description (empty for other stores).
+    dtype_descr = 2,
+    /// The native identity's dtype name (empty for other stores).
+    dtype_name = 3,
 };
 
 /// Copies the store's blob `which` (Blob) into `out` (`cap` bytes) when it
@@ -342,6 +437,8 @@ pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64)
     const b = switch (w) {
         .dictionary => h.dictionary(),
         .user => h.userBlob(),
+        .dtype_descr => h.identity.descr,
+        .dtype_name => h.identity.name,
     };
     len.* = b.len;
     if (cap >= b.len and b.len > 0) {

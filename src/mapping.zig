@@ -7,6 +7,7 @@
 //! space and a reader never sees its mapping disappear.
 const std = @import("std");
 const builtin = @import("builtin");
+const assert = std.debug.assert;
 const Io = std.Io;
 const File = Io.File;
 const pool = @import("pool.zig");
@@ -111,6 +112,9 @@ pub const MapSet = struct {
         }
         const want = @max(@max(end, 2 * last_len), @max(first_len, file_len));
         const len = std.mem.alignForward(usize, @intCast(want), std.heap.pageSize());
+        // Each generation covers the request and at least doubles the last.
+        assert(len >= end);
+        assert(len >= last_len);
         const region = Region.map(file, len, file_len) catch |e| {
             return diag.fail(
                 error.OutOfMemory,
@@ -118,6 +122,8 @@ pub const MapSet = struct {
                 .{ what, len, @errorName(e) },
             );
         };
+        assert(n < generations_max);
+        assert(region.memory.len >= end);
         if (ms.random) adviseRegion(region.memory, true);
         ms.regions[n] = region;
         ms.count.store(n + 1, .release);

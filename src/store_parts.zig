@@ -43,7 +43,8 @@ pub const Scratch = struct {
 /// Holds a read on every part's store and snapshots them all; `end` gives
 /// the holds back. Nothing is held when it fails.
 pub fn begin(gpa: Allocator, parts: []const Part, sc: *Scratch) Error![]const Snapshot {
-    assert(parts.len >= 1 and parts.len <= parts_max);
+    assert(parts.len >= 1);
+    assert(parts.len <= parts_max);
     sc.snaps.resize(gpa, parts.len) catch return error.OutOfMemory;
     var held: usize = 0;
     errdefer for (parts[0..held]) |p| p.store.exitRead();
@@ -69,6 +70,8 @@ pub fn find(
     snaps: []const Snapshot,
     index: u64,
 ) ?struct { part: u16, local: u64 } {
+    assert(parts.len >= 1);
+    assert(snaps.len == parts.len);
     var lo: usize = 0;
     var hi: usize = parts.len;
     while (hi - lo > 1) {
@@ -76,6 +79,8 @@ pub fn find(
         if (parts[mid].first <= index) lo = mid else hi = mid;
     }
     if (index < parts[lo].first) return null;
+    // The last part that starts at or before `index` (parts sorted by first).
+    assert(lo + 1 == parts.len or parts[lo + 1].first > index);
     const local = index - parts[lo].first;
     if (local >= snaps[lo].count) return null;
     return .{ .part = @intCast(lo), .local = local };
@@ -91,6 +96,7 @@ pub fn locate(
     indices: []const u64,
     sc: *Scratch,
 ) Error!store_read.Reads {
+    assert(snaps.len == parts.len);
     if (single(parts)) return .{ .snaps = snaps, .indices = indices };
     sc.of.resize(gpa, indices.len) catch return error.OutOfMemory;
     sc.local.resize(gpa, indices.len) catch return error.OutOfMemory;

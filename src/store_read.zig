@@ -74,6 +74,7 @@ pub const Snapshot = struct {
 
 pub fn snapshot(s: *Store) Error!Snapshot {
     const c = try publishedCommit(s);
+    assert(c.consistent());
     return .{
         .store = s,
         .count = c.record_count,
@@ -93,6 +94,8 @@ pub const Reads = struct {
     indices: []const u64,
 
     pub fn snap(r: *const Reads, i: usize) *const Snapshot {
+        assert(i < r.indices.len);
+        if (r.of) |o| assert(o.len == r.indices.len);
         return &r.snaps[if (r.of) |o| o[i] else 0];
     }
 
@@ -173,6 +176,10 @@ const GatherJob = struct {
         const snap = job.reads.snap(i);
         const loc = snap.locs.get(job.reads.indices[i]);
         const at = job.destOffset(i);
+        // checkBatch proved both before any byte was written: the record lies
+        // inside its snapshot's data, and its part fits the destination.
+        assert(loc.end() <= snap.data_size);
+        assert(at + (if (job.part == .aux) loc.aux_size else loc.raw_size) <= job.dest.len);
         const src_aux = snap.data + loc.offset;
         if (job.part == .aux) {
             codec.copy(job.dest.base[at..][0..loc.aux_size], src_aux[0..loc.aux_size]);
@@ -268,6 +275,7 @@ pub fn gather(s: *Store, indices: []const u64, dest: Dest, part: Part, lane_cap:
 
 /// gather() of prepared reads (the caller holds a read on every store).
 pub fn gatherReads(reads: Reads, dest: Dest, part: Part, lane_cap: usize) Error!void {
+    for (reads.snaps) |sn| assert(sn.store.readers_active.load(.monotonic) >= 1);
     // Cold stores get their records' ranges read in first (store_cold.zig).
     const start = store_cold.beforeGather(reads);
     var work: Work = undefined;
@@ -435,7 +443,9 @@ pub fn packedReads(
     raw_out: []u64,
     aux_out: []u64,
 ) Error![]u8 {
-    assert(raw_out.len == reads.indices.len and aux_out.len == reads.indices.len);
+    assert(raw_out.len == reads.indices.len);
+    assert(aux_out.len == reads.indices.len);
+    for (reads.snaps) |sn| assert(sn.store.readers_active.load(.monotonic) >= 1);
     const start = store_cold.beforeGather(reads);
     var work: Work = .{};
     var aux_total: u64 = 0;
@@ -463,6 +473,7 @@ pub fn packedReads(
     const offsets = gpa.alloc(u64, reads.indices.len) catch return error.OutOfMemory;
     defer gpa.free(offsets);
     try copyPacked(reads, buf, raw_out, offsets, 0, .payload, lane_cap, work);
+    assert(buf.len == payload_total + aux_total);
     if (aux_total > 0) {
         const aux_work: Work = .{ .raw_bytes = aux_total };
         try copyPacked(reads, buf, aux_out, offsets, payload_total, .aux, lane_cap, aux_work);
@@ -490,11 +501,15 @@ fn copyPacked(
     lane_cap: usize,
     work: Work,
 ) Error!void {
+    assert(offsets.len == part_sizes.len);
     var at = start;
     for (offsets, part_sizes) |*o, size| {
         o.* = at;
         at += size;
     }
+    // The parts end inside the buffer: payloads before `start` + their sum,
+    // aux bytes from there to the end.
+    assert(at <= buf.len);
     const dest: Dest = .{ .base = buf.ptr, .len = buf.len, .offsets = offsets.ptr };
     try copyRecords(reads, dest, part, lane_cap, work, 0);
 }
@@ -541,6 +556,7 @@ pub fn checkRecord(
     scratch: *std.ArrayList(u8),
 ) Error!void {
     try Store.checkLoc(loc, i, data, data_size, false);
+    assert(loc.end() <= data_size);
     const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
     if (format.storedChecksum(aux, stored, i) != loc.checksum) {

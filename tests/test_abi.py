@@ -5,23 +5,18 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from loaderx import _abi, _lib, errors
+from _helpers import assert_generated_current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_generated_bindings_are_current(tmp_path):
     """Regenerate _abi.py from the Zig source; the committed file must match."""
-    cmd = [sys.executable, "-m", "ziglang", "build", "bindings-print", "--prefix", str(tmp_path)]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    fresh = (tmp_path / "bindings" / "_abi.py").read_text()
-    committed = open(os.path.join(ROOT, "loaderx", "_abi.py")).read()
-    assert fresh == committed, "loaderx/_abi.py is stale: run `python -m ziglang build bindings`"
+    assert_generated_current("bindings-print", "bindings/_abi.py", "loaderx/_abi.py", tmp_path)
 
 
 def declared_functions():
