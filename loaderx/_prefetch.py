@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import streams
-from ._ring import _OWN, Ring
+from ._ring import _OWN, Kick, Ring
 from .errors import LoaderClosedError
 
 Sizer = Callable[[np.ndarray], int]
@@ -34,7 +34,11 @@ class Prefetcher:
 
     def __init__(self, ring: Ring, budget: Optional[int] = None):
         self.ring = ring
-        self.cond = threading.Condition()
+        # State under ``lock``; the consumer, a reset and close() wake the
+        # thread through ``kick`` (see _ring.Kick: nothing an interrupt can
+        # leave held).
+        self.lock = threading.Lock()
+        self.kick = Kick()
         self.next = ring.deliver
         self.generation = 0
         self.closed = False
@@ -50,7 +54,7 @@ class Prefetcher:
 
     def start(self) -> None:
         """Start the thread (once; see Workers.start for a start cut short)."""
-        with self.cond:
+        with self.lock:
             if self.closed or self.thread is not None:
                 return
             self.thread = threading.Thread(target=_prefetch_main, args=(self,),
@@ -58,39 +62,40 @@ class Prefetcher:
             self.thread.start()
 
     def wake(self) -> None:
-        with self.cond:
-            self.cond.notify()
+        self.kick.wake()
 
     def restart(self, step: int, generation: int) -> None:
-        """After a reset: prefetch from `step`, of `generation`. Caller holds ``cond``."""
+        """After a reset: prefetch from `step`, of `generation`. Caller holds
+        ``lock``, and wakes the thread after releasing it."""
         self.next, self.generation = step, generation
         self.held.clear()
-        self.cond.notify()
 
     def claim(self) -> Optional[Tuple[int, int]]:
         """The next step to prefetch once it is inside the window; None once closed."""
         ring = self.ring
-        with self.cond:
-            while not self.closed and self.next >= ring.deliver + ring.window:
-                self.cond.wait()
-            if self.closed:
-                return None
-            step, self.next = self.next, self.next + 1
-            return step, self.generation
+        while True:
+            with self.lock:
+                if self.closed:
+                    return None
+                if self.next < ring.deliver + ring.window:
+                    step, self.next = self.next, self.next + 1
+                    return step, self.generation
+            self.kick.sleep()
 
     def reserve(self, step: int, generation: int, size: int) -> bool:
         """Waits until `size` more bytes fit the budget (or nothing is held)
         and counts them for `step`; False once closed or reset meanwhile."""
-        with self.cond:
-            while not self.closed and generation == self.generation:
+        while True:
+            with self.lock:
+                if self.closed or generation != self.generation:
+                    return False
                 for done in [s for s in self.held if s < self.ring.deliver]:
                     del self.held[done]
                 if self.budget is None or not self.held \
                         or sum(self.held.values()) + size <= self.budget:
                     self.held[step] = size
                     return True
-                self.cond.wait()
-            return False
+            self.kick.sleep()
 
     def run_hooks(self, step: int, generation: int) -> bool:
         """Calls the hooks of `step`; False when the step was dropped meanwhile."""
@@ -106,9 +111,9 @@ class Prefetcher:
         return True
 
     def close(self) -> List[threading.Thread]:
-        with self.cond:
+        with self.lock:
             self.closed = True
-            self.cond.notify_all()
+        self.kick.wake()
         return [self.thread] if self.thread is not None else []
 
 
@@ -148,7 +153,7 @@ def _prefetch_main(prefetcher: Prefetcher) -> None:
             failure = exc
             if hasattr(exc, "add_note"):
                 exc.add_note(f"(loaderx: raised by a stream's prefetch hook for step {step})")
-        with prefetcher.cond:
+        with prefetcher.lock:
             if prefetcher.closed or generation != prefetcher.generation:
                 continue
             if failure is not None:

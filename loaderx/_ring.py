@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
 import warnings
 import weakref
@@ -44,6 +45,9 @@ from .errors import LoaderClosedError
 
 #: How long ``close()`` waits for a Python thread inside a transform or hook.
 JOIN_TIMEOUT_S = 10.0
+#: The longest a library thread sleeps between looks at what it waits for, so
+#: that a wake-up an interrupt cut short costs at most this, never a hang.
+BACKSTOP_S = 0.1
 
 _LIVE: "weakref.WeakSet[Ring]" = weakref.WeakSet()
 _INHERITED: List[Any] = []
@@ -60,6 +64,48 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Kick:
+    """Wakes a library thread from any thread, the consumer's included, with
+    one C call (``SimpleQueue.put``): a signal handler's exception cannot cut
+    it in half, which ``Condition.notify`` (Python code that releases a waiter
+    and then forgets it) and ``with Condition`` (a Python ``__exit__``) allow,
+    leaving a lock held for good or a waiter released twice. Waiters look at
+    their state under a plain ``threading.Lock`` (whose ``with`` is C too),
+    then ``sleep()``; a wake-up sent in between is not lost (it stays queued),
+    and one lost to an interrupt costs ``BACKSTOP_S``."""
+
+    def __init__(self) -> None:
+        self.queue: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+
+    def wake(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.queue.put(None)
+
+    def sleep(self) -> None:
+        try:
+            self.queue.get(timeout=BACKSTOP_S)
+        except queue.Empty:
+            pass
+
+
+class Native:
+    """The native ring's handle and what it points at. Freed once: by the
+    last of ``shutdown()`` and the native calls in flight when it ran, or, when
+    an interrupt cut a call's count short (the count is Python code), by the
+    Ring's garbage collection. Never in a forked child (the parent's)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+        self.keep: List[Any] = []
+        self.pid = os.getpid()
+
+    def free(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None and self.pid == os.getpid():
+            lib.lx_loader_free(handle)
+        self.keep = []
 
 
 def refuse_own_thread(ring: "Ring", call: str) -> None:
@@ -95,14 +141,21 @@ class Ring:
         self.prefetcher: Any = None  # Prefetcher, when streams have a prefetch hook
         self.consumer = threading.Lock()  # one next()/load_state_dict() at a time
         self.torn = False
-        self.handle: Any = None
-        self.keep: List[Any] = []  # what the native ring points at, until it is freed
+        self.native = Native()
         self.closed = False
         self.inherited = False
-        # Threads inside a native call: shutdown() frees the ring only once none is left.
+        # Guards closed, users and native.handle. A plain lock: its ``with``
+        # is C code, which a signal handler's exception cannot cut short.
+        self.lock = threading.Lock()
+        # Native calls in flight (shutdown counts as one while it stops the
+        # ring): the last to leave a closed ring frees it.
         self.users = 0
-        self.users_changed = threading.Condition(threading.Lock())
+        weakref.finalize(self, self.native.free)
         _LIVE.add(self)
+
+    @property
+    def handle(self) -> Any:
+        return self.native.handle
 
     # -- the consumer ----------------------------------------------------------------
 
@@ -195,9 +248,10 @@ class Ring:
         if self.prefetcher is None:
             yield
             return
-        with self.prefetcher.cond:
+        with self.prefetcher.lock:
             yield
             self.prefetcher.restart(self.deliver, self.generation)
+        self.prefetcher.kick.wake()
 
     # -- the native ring ------------------------------------------------------------
 
@@ -206,10 +260,10 @@ class Ring:
         threads from doing it at once). A ring that fails to open (a store
         closed before the first batch) raises again at the next try."""
         if self.handle is None:
-            with self.users_changed:  # shutdown() sees the handle, or it is not made
+            with self.lock:  # shutdown() sees the handle, or it is not made
                 if self.closed:
                     raise LoaderClosedError("DataLoader is closed")
-                self.handle, self.keep = _open(self)
+                self.native.handle, self.native.keep = _open(self)
         if self.prefetcher is not None:
             self.prefetcher.start()  # (again after a start cut short by an interrupt)
 
@@ -223,16 +277,16 @@ class Ring:
             self.leave()
 
     def enter(self, closed_message: str) -> None:
-        with self.users_changed:
+        with self.lock:
             if self.closed:
                 raise LoaderClosedError(closed_message)
             self.users += 1
 
     def leave(self) -> None:
-        with self.users_changed:
+        with self.lock:
             self.users -= 1
-            if self.closed:
-                self.users_changed.notify_all()
+            if self.closed and self.users == 0:
+                self.native.free()
 
     def wait(self, step: int, generation: int) -> Tuple[int, List[Any], Any, Any, Any, Any]:
         """Blocks (GIL released) until `step` is built and takes it over: (result,
@@ -252,8 +306,6 @@ class Ring:
         sources = np.empty(self.batch_size, np.uint16) if self.want_sources else None
         args = (step, generation, failed, slots, lengths, _pointer("uint64_t *", sizes),
                 _pointer("uint64_t *", indices), _pointer("uint16_t *", sources))
-        # Nothing is allocated inside: a garbage collection there could run
-        # the loader's finalizer, which waits for this call to leave.
         self.enter("DataLoader is closed")
         try:
             rc = lib.lx_loader_wait(self.handle, *args)
@@ -309,7 +361,9 @@ class Ring:
         with self.entered("DataLoader is closed"):
             rc = lib.lx_loader_submit(self.handle, step, generation, message)
         del message
-        if rc == _lib.RESULTS["invalid"] and generation != self.generation:
+        if rc == _lib.RESULTS["invalid"] and (generation != self.generation or self.torn):
+            # Dropped by a reset; when the reset was cut short before it told
+            # Python its generation (torn), the next take resets again.
             return False
         _lib.check(rc, None, "DataLoader")
         return True
@@ -328,14 +382,17 @@ class Ring:
     # -- closing --------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop and join every thread, then free the ring. Idempotent; safe
-        from any thread. In a forked child it only lets go."""
+        """Stop and join every thread, then free the ring (or leave that to
+        the last native call still leaving it; never waits for one).
+        Idempotent; safe from any thread. In a forked child it only lets go."""
         if self.inherited:
             self.closed = True
             return
-        with self.users_changed:
+        with self.lock:
             already, self.closed = self.closed, True
+            self.users += 1  # (the handle stays valid while this stops it)
         if already:
+            self.leave()
             return
         threads: List[threading.Thread] = []
         if self.stage is not None:
@@ -347,12 +404,7 @@ class Ring:
             # threads: from here on nothing writes the steps' memory.
             lib.lx_loader_stop(self.handle)
         _join(threads)
-        with self.users_changed:
-            while self.users:
-                self.users_changed.wait()
-        if self.handle is not None:
-            lib.lx_loader_free(self.handle)
-            self.handle, self.keep = None, []
+        self.leave()  # frees the ring unless a native call is still leaving
 
 
 def _pointer(kind: str, array: Optional[np.ndarray]) -> Any:

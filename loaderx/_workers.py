@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import _buffers, _pipeline
-from ._ring import _OWN, Ring
+from ._ring import _OWN, Kick, Ring
 from .errors import LoaderClosedError
 
 
@@ -39,7 +39,10 @@ class Workers:
         self.worker_count = workers
         self.gather_kwargs = gather_kwargs
         self.lock = threading.Lock()
-        self.room_changed = threading.Condition(self.lock)
+        # Wakes workers waiting for room in the window (see _ring.Kick: the
+        # consumer wakes them, and nothing an interrupt cuts short there can
+        # leave a lock held or a waiter released twice).
+        self.room_changed = Kick()
         # The consumer (and a draining reset) waits on ``waiter`` (see wait_for).
         self.waiter: Optional[Any] = None
         self.claim = ring.deliver
@@ -63,7 +66,7 @@ class Workers:
             batch, error = self.ready.pop(step)
             if error is None:
                 self.ring.delivered(step + 1)
-                self.room_changed.notify()  # one more step fits into the window
+                self.room_changed.wake()  # one more step fits into the window
         return step, batch, error
 
     def start(self) -> None:
@@ -120,14 +123,14 @@ class Workers:
             self.ready.clear()
             self.draining = False
             self.claim = step
-            self.room_changed.notify_all()
+            self.room_changed.wake(self.worker_count)
 
     def close(self) -> List[threading.Thread]:
         with self.lock:
             self.closed = True
             self.ready.clear()
             self.wake_waiter()
-            self.room_changed.notify_all()
+            self.room_changed.wake(self.worker_count)
             return list(self.threads)
 
     # -- the workers ------------------------------------------------------------------
@@ -137,8 +140,10 @@ class Workers:
         closed. Claiming a step releases it to the ring (when no prefetcher
         does), so steps are released in order."""
         ring = self.ring
-        with self.lock:
-            while not self.closed:
+        while True:
+            with self.lock:
+                if self.closed:
+                    return None
                 if not self.draining and self.claim < ring.deliver + ring.window:
                     step, generation = self.claim, ring.generation
                     if ring.prefetcher is None:
@@ -146,8 +151,7 @@ class Workers:
                     self.claim = step + 1
                     self.in_flight += 1
                     return step, generation
-                self.room_changed.wait()
-            return None
+            self.room_changed.sleep()
 
     def build(self, step: int, generation: int) -> Any:
         """A step's batch: the ring's columns, the Python columns at the ring's

@@ -365,3 +365,25 @@ def test_interrupts_storming_next_lose_no_batch(store, transform):
     assert len(got) == count
     for step, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
+
+
+def test_close_never_waits_for_a_call_count_an_interrupt_cut_short(store):
+    """An interrupt landing between counting a native call in and making it
+    left the count up for good, and close() then waited for it forever. Now
+    close() stops the ring without waiting; the ring's memory is freed by the
+    last call leaving, or, with a count cut short, by garbage collection."""
+    import gc
+
+    loader = DataLoader({"x": store}, 4, seed=1, workers=2)
+    first = next(loader)["x"].copy()
+    ring = loader._ring
+    ring.enter("closed")  # as if an interrupt landed right after this
+    started = time.monotonic()
+    loader.close()
+    assert time.monotonic() - started < 5
+    native = ring.native
+    assert native.handle is not None  # a call may still be inside: kept
+    del ring, loader
+    gc.collect()
+    assert native.handle is None  # freed once nothing can call it any more
+    np.testing.assert_array_equal(first, reference(store, 1, batch_size=4, seed=1)[0])
