@@ -42,11 +42,15 @@ class Column:
         self.item_shape: Optional[Tuple[int, ...]] = shape
         # Token windows (and their segments) are read by the ring as windows
         # of a corpus; stores and ShardSets as records of their parts.
-        self.windows = all(callable(getattr(s, "__loaderx_windows__", None)) for s in streams)
+        # A remote stream is read through its gather() (which fetches its
+        # records into the cache first) until the ring calls prefetch().
+        remote = any(getattr(s, "is_remote", False) for s in streams)
+        self.windows = not remote and all(callable(getattr(s, "__loaderx_windows__", None))
+                                          for s in streams)
         self.segments = (self.windows and self.dtype == np.int32
                          and type(first).__name__ == "TokenSegments")
-        self.native = self.windows or all(callable(getattr(s, "__loaderx_parts__", None))
-                                          for s in streams)
+        self.native = not remote and (self.windows or all(
+            callable(getattr(s, "__loaderx_parts__", None)) for s in streams))
         self.record_bytes = int(self.dtype.itemsize * np.prod(shape, dtype=np.int64)) \
             if shape is not None else 0
 

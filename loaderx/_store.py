@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, _records, identity
+from . import _lib, _objstore, _records, identity
 from ._lib import check, ffi, lib
 from .errors import (
     ArgumentTypeError,
@@ -258,6 +258,10 @@ class Store:
         self._fork_hold: weakref.finalize | None = None  # a forked child's meta lock
         self._path = _store_path(path)
         self._readonly = False
+        # A URL opens the cache's replica of the remote store (loaderx.remote);
+        # the native engine reads that directory, `path` stays the URL.
+        self._remote = _remote_binding(self._path, create)
+        self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
         d = _dict_bytes(dict_bytes, self._path)
@@ -266,7 +270,7 @@ class Store:
         user = identity.pack(ident) if ident is not None else b""
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
-        rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
+        rc = lib.lx_open(os.fsencode(self._native_path), 1 if create else 0, _lib.CODECS[create_codec],
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
                          fixed_size if create_codec == "raw" else 0, out)
@@ -286,7 +290,8 @@ class Store:
         except BaseException:
             self.close()
             raise
-        self._files = _file_ids(self._path)
+        self._files = _file_ids(self._native_path)
+        self._readonly = self._remote is not None
         _OPEN.add(self)
 
     def _check_reopen(self, codec: str | None, level: int | None, dict_bytes: bytes) -> None:
@@ -326,6 +331,48 @@ class Store:
         native code; callers keep the handle alive while they use it."""
         return [(self._h(), 0)]
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether this store is read from object storage (through the cache)."""
+        return self._remote is not None
+
+    def prefetch(self, indices) -> None:
+        """Makes records `indices` ready to read (the stream protocol's
+        prefetch): a remote store fetches them into the node-local cache,
+        checks them and keeps them there for the reads that follow (see
+        docs/remote.md); a local store does nothing. Thread-safe."""
+        remote = self._remote
+        if remote is None:
+            return
+        self._h()
+        idx, _ = normalize_indices(indices, len(self))
+        if len(idx):
+            remote.begin(idx, self._check_records, pin=True)
+
+    def _remote_begin(self, idx: np.ndarray) -> int | None:
+        """Before a native read of `idx`: a remote store makes them present
+        and checked; returns the token for `_remote_end` (None when local)."""
+        remote = self._remote
+        if remote is None or not len(idx):
+            return None
+        return remote.begin(idx, self._check_records)
+
+    def _remote_end(self, token: int | None) -> None:
+        if token is not None:
+            self._remote.end(token)
+
+    def _check_records(self, idx: np.ndarray) -> np.ndarray:
+        """Positions in `idx` (record indices, int64) of the records that fail
+        their check (native: location, sizes, checksum)."""
+        idx = np.ascontiguousarray(idx, dtype=U64)
+        bad = np.empty(len(idx), dtype=U64)
+        count = ffi.new("uint64_t *")
+        h = self._h()
+        check(lib.lx_verify_records(h, u64_ptr(idx), len(idx), u64_ptr(bad), count), self._path,
+              "check")
+        del h
+        return bad[:count[0]].astype(np.int64)
+
     def read_only(self):
         """Makes this handle refuse every mutation from now on (`ReadOnlyError`);
         returns it. Unpickled stores come back read-only."""
@@ -335,6 +382,10 @@ class Store:
     def _w(self):
         """The native handle for a mutation; `ReadOnlyError` for a store
         reopened from a pickle (a read-only reference)."""
+        if self._remote is not None:
+            raise ReadOnlyError(f"{self._path}: a remote store is read-only; write a dataset "
+                                "locally and upload it (loaderx.convert, from_numpy and "
+                                "from_iterator take a URL destination)", path=self._path)
         if self._readonly:
             raise ReadOnlyError(f"{self._path}: this store was reopened from a pickle, read-only; "
                                 "open it by path to write", path=self._path)
@@ -411,7 +462,13 @@ class Store:
         check(lib.lx_sync(self._h()), self._path, "sync")
 
     def verify(self) -> None:
-        """Check every record (checksum, location, decode); raises CorruptStoreError."""
+        """Check every record (checksum, location, decode); raises CorruptStoreError.
+        A remote store fetches every record through its cache and checks
+        each one's location and checksum."""
+        if self._remote is not None:
+            self._h()
+            self._remote.verify_all(self._check_records)
+            return
         bad = ffi.new("uint64_t *")
         check(lib.lx_verify(self._h(), bad), self._path, "verify")
 
@@ -447,7 +504,10 @@ class Store:
 
     def __reduce__(self):
         # A reference, not the data: unpickling reopens the store by path,
-        # read-only (torch workers, multiprocessing spawn, Lightning).
+        # read-only (torch workers, multiprocessing spawn, Lightning); a
+        # remote store reopens the same version, with the same cache settings.
+        if self._remote is not None:
+            return (_reopen_remote, (type(self), self._remote))
         return (_reopen, (type(self), self._path))
 
     def _describe(self) -> str:
@@ -516,7 +576,11 @@ class Store:
         the buffer holds every payload back to back, then every aux part, in
         request order. The buffer is library memory, freed with the array."""
         h = self._h()  # held for the call: keeps the handle's memory alive
-        buf = _records.read_variable(self._parts, 1, idx, threads, self._path)
+        token = self._remote_begin(idx) if self._remote is not None else None
+        try:
+            buf = _records.read_variable(self._parts, 1, idx, threads, self._path)
+        finally:
+            self._remote_end(token)
         del h
         return buf
 
@@ -570,6 +634,25 @@ def stored_kind(path) -> str:
 
 def _reopen(cls, path):
     return cls(path).read_only()
+
+
+def _remote_binding(path: str, create: bool):
+    """The replica binding of a URL (None for a local path)."""
+    if not _objstore.is_url(path):
+        return None
+    if create:
+        raise ReadOnlyError(f"{path}: a remote store cannot be created in place; write it locally "
+                            "and upload it (loaderx.from_numpy, from_iterator and convert take a "
+                            "URL destination)", path=path)
+    from . import remote
+    return remote.bind_for_open(path)
+
+
+def _reopen_remote(cls, binding):
+    """A pickled remote store: the same version, through the same cache."""
+    from . import remote
+    with remote.opening(binding):
+        return cls(binding.url)
 
 
 # ----------------------------------------------------------------- fork
@@ -627,7 +710,7 @@ def _hold_meta(store: Store, fds: dict) -> None:
         store._fork_hold()  # a grandchild: the copy it inherited from its parent
     # /proc/self/fd/N opens the same file anew, even if the store was renamed.
     source = f"/proc/self/fd/{inherited[0]}" if inherited and os.path.isdir("/proc/self/fd") \
-        else os.path.join(store._path, "meta")
+        else os.path.join(store._native_path, "meta")
     fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     st = os.fstat(fd)
     try:
@@ -647,7 +730,7 @@ def _after_fork_in_child() -> None:
     fds = _fds_by_file()
     for s in stores:
         # A handle opened before the store had a lock file may have made it since.
-        lock = s._files.get("lock") or _file_ids(s._path).get("lock")
+        lock = s._files.get("lock") or _file_ids(s._native_path).get("lock")
         try:
             _drop_inherited_locks(fds.get(lock, []) if lock else [])
             _hold_meta(s, fds)

@@ -9,6 +9,7 @@ default) refuses an existing destination, ``mode="append"`` adds to it and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -17,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from . import _objstore
 from ._store import Store, stored_kind
 from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, ZrecordError
 from .zrecord import DenseStore, RaggedStore, Zrecord
@@ -158,9 +160,24 @@ def _chain(head, rest):
     yield from rest
 
 
-def open_store(path) -> Store:
+def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
     """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count."""
+    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
+
+    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
+    store is read through the node-local cache in `cache_dir`, bounded by
+    `cache_limit`, with `storage_options` for the object store (see
+    docs/remote.md); they are ignored for a local path."""
+    if _objstore.is_url(path):
+        from . import remote
+        cfg = remote.config(cache_dir, cache_limit, storage_options)
+        with remote.using(cfg):
+            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
+                return _open_store(path)
+    return _open_store(path)
+
+
+def _open_store(path) -> Store:
     kind = stored_kind(path)
     if kind == "dense":
         return DenseStore(path)
@@ -175,9 +192,14 @@ def _manifest_error(path: str, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"{path}: {MANIFEST_NAME} {what}", path=path)
 
 
-def read_manifest(path) -> dict:
-    """The checked manifest of the dataset directory `path` (a dict)."""
+def read_manifest(path, *, storage_options=None) -> dict:
+    """The checked manifest of the dataset directory `path` (a dict); `path`
+    may be a URL (`storage_options` as in `open_dataset`)."""
     p = os.fspath(path)
+    if _objstore.is_url(p):
+        from . import remote
+        return _checked_manifest(p, remote.manifest_text(p, remote.config(
+            storage_options=storage_options)))
     file = os.path.join(p, MANIFEST_NAME)
     if not os.path.isfile(file):
         if not os.path.exists(p):
@@ -187,8 +209,17 @@ def read_manifest(path) -> dict:
                                  "loaderx.open_store", path=p)
         raise NotAStoreError(f"{p} is not a loaderx dataset directory (no {MANIFEST_NAME})", path=p)
     try:
-        with open(file, encoding="utf-8") as f:
-            manifest = json.load(f)
+        with open(file, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise _manifest_error(p, f"cannot be read ({e})") from None
+    return _checked_manifest(p, text)
+
+
+def _checked_manifest(p: str, text: bytes) -> dict:
+    """`text` (a manifest file's bytes) parsed and checked."""
+    try:
+        manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise _manifest_error(p, f"is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
@@ -238,18 +269,39 @@ def _check_columns(p: str, manifest: dict) -> None:
                                          f"{s['path']!r}")
 
 
-def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
+def open_dataset(path, columns: Iterable[str] | None = None, *, cache_dir=None,
+                 cache_limit=None, storage_options=None) -> dict:
     """Open a dataset directory: ``{column: store or ShardSet}`` in manifest
     order, ready for ``DataLoader``. A directory of splits (a converted
     ``DatasetDict``) gives ``{split: {column: ...}}``. `columns` picks a subset.
-    Opening is O(number of shards); the caller closes what it gets."""
+    Opening is O(number of shards); the caller closes what it gets.
+
+    `path` may be a URL (``s3://bucket/ds``, ``gs://``, ``az://``,
+    ``https://``): the dataset is read through a node-local cache in
+    `cache_dir` (default ``$LOADERX_CACHE_DIR`` or ``~/.cache/loaderx``)
+    holding at most `cache_limit` bytes (an int or ``"200GiB"``), with
+    `storage_options` for the object store; see docs/remote.md. The shards
+    are opened concurrently, each at the version on the server now."""
     p = os.fspath(path)
+    if _objstore.is_url(p):
+        from . import remote
+        cfg = remote.config(cache_dir, cache_limit, storage_options)
+        with remote.using(cfg):
+            return _open_dataset(p, columns, remote)
+    return _open_dataset(p, columns, None)
+
+
+def _join(root: str, sub: str) -> str:
+    return _objstore.join(root, sub) if _objstore.is_url(root) else os.path.join(root, sub)
+
+
+def _open_dataset(p: str, columns: Iterable[str] | None, remote: Any) -> dict:
     manifest = read_manifest(p)
     if "splits" in manifest:
         splits: dict = {}
         try:
             for split, sub in manifest["splits"].items():
-                splits[split] = open_dataset(os.path.join(p, sub), columns)
+                splits[split] = _open_dataset(_join(p, sub), columns, remote)
         except BaseException:
             for split_columns in splits.values():
                 for store in split_columns.values():
@@ -261,9 +313,14 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
         if name not in manifest["columns"]:
             raise KeyError(f"{p}: no column {name!r}; the dataset has {list(manifest['columns'])}")
     opened: dict = {}
+    bound: dict = {}
+    if remote is not None:  # every shard's open (its network round trip) at once
+        urls = [_join(p, s["path"]) for name in wanted for s in manifest["columns"][name]["shards"]]
+        bound = dict(zip(urls, remote.map_concurrently(remote.bind, urls)))
     try:
-        for name in wanted:
-            opened[name] = _open_column(p, name, manifest["columns"][name]["shards"])
+        with remote.opening(bound) if remote is not None else contextlib.nullcontext():
+            for name in wanted:
+                opened[name] = _open_column(p, name, manifest["columns"][name]["shards"])
     except BaseException:
         for store in opened.values():
             store.close()
@@ -273,7 +330,7 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
 
 def _open_column(root: str, name: str, shards: list) -> Any:
     from .shardset import ShardSet
-    paths = [os.path.join(root, s["path"]) for s in shards]
+    paths = [_join(root, s["path"]) for s in shards]
     opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
     lengths = list(opened.lengths) if isinstance(opened, ShardSet) else [len(opened)]
     for s, n, shard_path in zip(shards, lengths, paths):

@@ -176,8 +176,12 @@ class DenseStore(Store):
             out = self._check_out(out, (n,) + self._item_shape)
         if n:
             h = self._h()  # held for the call: keeps the handle's memory alive
-            rc = lib.lx_gather(self._parts, 1, u64_ptr(idx), n, byte_ptr(out, True), out.nbytes,
-                               self._record_bytes, ffi.NULL, 0, threads)
+            token = self._remote_begin(idx) if self._remote is not None else None
+            try:
+                rc = lib.lx_gather(self._parts, 1, u64_ptr(idx), n, byte_ptr(out, True),
+                                   out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
+            finally:
+                self._remote_end(token)
             del h
             if rc:
                 if rc == RC_OUT_OF_RANGE and not exact:

@@ -100,7 +100,8 @@ class ShardSet:
     returns. ``len(parts) == sum(parts.lengths)``.
     """
 
-    def __init__(self, shards: Sequence[Any]):
+    def __init__(self, shards: Sequence[Any], *, cache_dir=None, cache_limit=None,
+                 storage_options=None):
         self._stores: list = []
         self._owned: list = []
         if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
@@ -110,10 +111,11 @@ class ShardSet:
         if not shards:
             raise ValueError("ShardSet needs at least one shard")
         try:
-            for shard in shards:
-                store, owned = _open(shard)
-                self._stores.append(store)
-                self._owned.append(owned)
+            with _remote_opens(shards, cache_dir, cache_limit, storage_options):
+                for shard in shards:
+                    store, owned = _open(shard)
+                    self._stores.append(store)
+                    self._owned.append(owned)
             _check_identities(self._stores)
         except BaseException:
             self.close()
@@ -133,6 +135,8 @@ class ShardSet:
                     self._part_list.append((handle, offset + first))
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
+        self._starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self._remote = [k for k, st in enumerate(self._stores) if getattr(st, "is_remote", False)]
         self._closed = False
 
     # -- identity and bookkeeping
@@ -195,6 +199,47 @@ class ShardSet:
         for store in self._stores:
             store.verify()
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether any shard is read from object storage."""
+        return bool(self._remote)
+
+    def prefetch(self, indices) -> None:
+        """Makes records `indices` ready to read (the stream protocol's
+        prefetch): remote shards fetch theirs into the node-local cache,
+        all shards at once. Thread-safe; a no-op for local shards."""
+        self._check_open()
+        if self._remote:
+            idx, _ = normalize_indices(indices, self._len)
+            self._remote_run(idx, pin=True)
+
+    def _remote_run(self, idx: np.ndarray, pin: bool) -> list:
+        """Makes the remote shards' records of `idx` present and checked,
+        every shard concurrently; returns [(store, token)] for `_remote_end`."""
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        work = []
+        for k in self._remote:
+            mine = idx[shard == k]
+            if len(mine):
+                work.append((self._stores[k], mine.astype(np.int64) - self._starts[k]))
+        from .remote import map_concurrently
+
+        def one(item):
+            store, local = item
+            if pin:
+                store.prefetch(local)
+                return store, None
+            return store, store._remote_begin(local.astype(np.uint64))
+        return map_concurrently(one, work)
+
+    def _remote_begin(self, idx: np.ndarray) -> list | None:
+        return self._remote_run(idx, pin=False) if self._remote and len(idx) else None
+
+    @staticmethod
+    def _remote_end(tokens: list | None) -> None:
+        for store, token in tokens or ():
+            store._remote_end(token)
+
     # -- reads
     def __loaderx_parts__(self) -> list:
         """The shards as native parts (see ``Store.__loaderx_parts__``)."""
@@ -218,8 +263,12 @@ class ShardSet:
     def _read(self, idx: np.ndarray, threads: int):
         if not self._part_list:  # every shard is empty: so is idx
             return np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-        return _records.read_variable(self._parts, len(self._part_list), idx,
-                                      threads, None)
+        tokens = self._remote_begin(idx)
+        try:
+            return _records.read_variable(self._parts, len(self._part_list), idx,
+                                          threads, None)
+        finally:
+            self._remote_end(tokens)
 
     def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
         shape = (len(idx),) + self._item_shape
@@ -232,8 +281,12 @@ class ShardSet:
         else:
             _check_out(out, shape, self._dtype)
         if len(idx) and self._part_list:
-            rc = _records.gather_into(self._parts, len(self._part_list), idx, out,
-                                      self.record_bytes, threads, None)
+            tokens = self._remote_begin(idx)
+            try:
+                rc = _records.gather_into(self._parts, len(self._part_list), idx, out,
+                                          self.record_bytes, threads, None)
+            finally:
+                self._remote_end(tokens)
             check(rc, None, "ShardSet gather")
         return out
 
@@ -275,10 +328,13 @@ class ShardSet:
         self.close()
 
     def __reduce__(self):
-        # A reference, not the data: the shards' paths, reopened read-only.
+        # A reference, not the data: the shards' paths, reopened read-only
+        # (remote shards as the versions they opened, through their cache).
         paths = [getattr(store, "path", None) for store in self._stores]
         if any(p is None for p in paths):
             raise TypeError("this ShardSet holds shards without a path and cannot be pickled")
+        if self._remote:
+            return (_reopen_stores, (list(self._stores),))
         return (_reopen, (paths,))
 
     def __repr__(self) -> str:
@@ -289,6 +345,34 @@ class ShardSet:
             f"ShardSet({len(self._stores)} shards, len={self._len}, kind={self._kind!r}, "
             f"dtype={self._dtype}{shape}, codec={self.codec!r})"
         )
+
+
+def _reopen_stores(stores: list) -> "ShardSet":
+    shards = ShardSet(stores)
+    shards._owned = [True] * len(stores)  # reopened for this set: it closes them
+    return shards
+
+
+def _remote_opens(shards: Sequence[Any], cache_dir, cache_limit, storage_options):
+    """A context in which the URL shards open with these settings, opened
+    (their network round trips) concurrently up front."""
+    import contextlib
+
+    from . import _objstore
+    urls = [s for s in shards if _objstore.is_url(s)]
+    if not urls:
+        return contextlib.nullcontext()
+    from . import remote
+    cfg = remote.config(cache_dir, cache_limit, storage_options)
+    stack = contextlib.ExitStack()
+    stack.enter_context(remote.using(cfg))
+    try:
+        bound = dict(zip([u.rstrip("/") for u in urls], remote.map_concurrently(remote.bind_for_open, urls)))
+    except BaseException:
+        stack.close()
+        raise
+    stack.enter_context(remote.opening(bound))
+    return stack
 
 
 def _reopen(paths: list) -> "ShardSet":
