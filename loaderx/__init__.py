@@ -30,6 +30,10 @@ from .errors import (
     NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
+    RemoteChangedError,
+    RemoteIOError,
+    RemoteNotFoundError,
+    RemotePermissionError,
     StoreNotFoundError,
     ZrecordError,
 )
@@ -46,4 +50,5 @@ __all__ = [
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
     "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",
+    "RemoteIOError", "RemoteNotFoundError", "RemotePermissionError", "RemoteChangedError",
 ]

@@ -72,6 +72,7 @@ from .errors import CorruptStoreError, InvalidArgumentError
 __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
 
 _MAGIC = 0x31454843584C  # "LXCHE1"
+_GLOBAL_SIZE = 4096 + 1024 * 16
 _STATE_MAGIC = 0x31415453584C  # "LXSTA1"
 SLOTS = 1024
 _NONE = np.uint64(2**64 - 1)
@@ -80,7 +81,7 @@ _NONE = np.uint64(2**64 - 1)
 PIN_CALLS = 128
 #: Fetch planning: blocks closer than MAX_GAP bytes are fetched in one
 #: request (the gap's bytes are read and dropped), up to REQUEST_MAX bytes.
-MAX_GAP = 16 << 10
+MAX_GAP = 4 << 10
 REQUEST_MAX = 8 << 20
 #: A process waits this long for another's fetch of the same blocks, then
 #: fetches them itself.
@@ -184,6 +185,7 @@ class _ReplicaState:
         self.dwords = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes)
         self.dbits = self.dwords.view(np.uint8)
         self.atime = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes + dwords * 8)
+        self.ptime = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes + dwords * 16)
 
     @property
     def evictions(self) -> int:
@@ -197,7 +199,7 @@ def _bitmap_sizes(lay: Layout) -> tuple[int, int]:
 
 def _state_size(lay: Layout) -> int:
     ibytes, dwords = _bitmap_sizes(lay)
-    return 4096 + ibytes + dwords * 16
+    return 4096 + ibytes + dwords * 24
 
 
 def _create_state(path: str, lay: Layout) -> None:
@@ -346,24 +348,25 @@ class Cache:
         self._proc_lock = threading.Lock()
         state = os.path.join(root, "state")
         with self._flock():
-            if not os.path.exists(state) or os.path.getsize(state) < 4096 + SLOTS * 8:
+            if not os.path.exists(state) or os.path.getsize(state) < _GLOBAL_SIZE:
                 tmp = f"{state}.{uuid.uuid4().hex[:8]}"
                 with open(tmp, "wb") as f:
                     f.write(struct.pack("<QQQQ", _MAGIC, 1, 0, 0))
-                    f.truncate(4096 + SLOTS * 8)
+                    f.write(b"\xff" * (_GLOBAL_SIZE - 4096))
+                    f.truncate(_GLOBAL_SIZE)
                     f.flush()
                 os.replace(tmp, state)
-                np.memmap(state, np.uint64, "r+", 4096, (SLOTS,))[:] = _NONE
         fd = os.open(state, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
-            self._mm = mmap.mmap(fd, 4096 + SLOTS * 8)
+            self._mm = mmap.mmap(fd, _GLOBAL_SIZE)
         finally:
             os.close(fd)
         head = np.frombuffer(self._mm, np.uint64, 4, 0)
         if int(head[0]) != _MAGIC or int(head[1]) != 1:
             raise CorruptStoreError(f"{root}: not a loaderx cache directory (remove it)")
         self._head = head  # [magic, version, tick, used bytes]
-        self._watermarks = np.frombuffer(self._mm, np.uint64, SLOTS, 4096)
+        # Per slot: the oldest read in flight, the oldest prefetch kept.
+        self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
 
     @contextlib.contextmanager
     def _flock(self) -> Iterator[None]:
@@ -405,44 +408,42 @@ class Cache:
 
     # -- reads in use (eviction watermarks)
     def begin(self, p: _Proc, pin: bool) -> int:
-        """A new read (under the lock): its tick, protected until `end` (or,
-        for a prefetch, until PIN_CALLS later prefetches)."""
+        """A new read (under the lock): its tick. A read in flight is
+        protected until `end`; a prefetch (``pin``) until PIN_CALLS later
+        prefetches of this process (the loader reads it before then)."""
         tick = int(self._head[2]) + 1
         self._head[2] = tick
-        p.active[tick] = p.active.get(tick, 0) + 1
         if pin:
             p.pins.append(tick)
             while len(p.pins) > PIN_CALLS:
-                self._drop(p, p.pins.popleft())
+                p.pins.popleft()
+        else:
+            p.active[tick] = 1
         self._publish(p)
         return tick
 
     def end(self, tick: int) -> None:
         p = self.proc()
         with p.tlock:
-            self._drop(p, tick)
+            p.active.pop(tick, None)
             self._publish(p)
 
-    def _drop(self, p: _Proc, tick: int) -> None:
-        n = p.active.get(tick, 0) - 1
-        if n > 0:
-            p.active[tick] = n
-        else:
-            p.active.pop(tick, None)
-
     def _publish(self, p: _Proc) -> None:
-        self._watermarks[p.slot] = np.uint64(min(p.active)) if p.active else _NONE
+        self._watermarks[p.slot, 0] = np.uint64(min(p.active)) if p.active else _NONE
+        self._watermarks[p.slot, 1] = np.uint64(p.pins[0]) if p.pins else _NONE
 
-    def _min_watermark(self, p: _Proc) -> int:
-        """The oldest tick any live process still reads (under the lock)."""
-        low = int(_NONE)
-        for k in np.flatnonzero(self._watermarks != _NONE).tolist():
+    def _min_watermarks(self, p: _Proc) -> tuple[int, int]:
+        """The oldest read in flight and the oldest prefetch kept, over every
+        live process (under the lock)."""
+        live = np.flatnonzero((self._watermarks != _NONE).any(axis=1)).tolist()
+        low = [int(_NONE), int(_NONE)]
+        for k in live:
             if k != p.slot and _lockf(p.slots_fd, k, 1, wait=False):
                 _unlockf(p.slots_fd, k, 1)  # its process is gone
                 self._watermarks[k] = _NONE
                 continue
-            low = min(low, int(self._watermarks[k]))
-        return low
+            low = [min(low[0], int(self._watermarks[k, 0])), min(low[1], int(self._watermarks[k, 1]))]
+        return low[0], low[1]
 
     # -- accounting and eviction
     def add_used(self, nbytes: int) -> None:
@@ -471,11 +472,12 @@ class Cache:
         if used <= limit:
             return
         target = int(limit * 0.9)
-        low = self._min_watermark(p)
+        reading, pinned = (np.uint64(w) for w in self._min_watermarks(p))
         cands = []
         for k, r in enumerate(replicas):
             st = r.state
-            present = np.flatnonzero((st.dwords != 0) & (st.atime < np.uint64(low)))
+            present = np.flatnonzero((st.dwords != 0) & (st.atime < reading)
+                                     & (st.ptime < pinned))
             if len(present):
                 cands.append((st.atime[present], np.full(len(present), k), present))
         if cands:
@@ -730,6 +732,8 @@ class Replica:
         tick = self.cache.begin(p, pin)
         if len(regions):
             self.state.atime[regions] = np.uint64(tick)
+            if pin:
+                self.state.ptime[regions] = np.uint64(tick)
         return tick
 
     def unchecked(self, u: np.ndarray) -> np.ndarray:

@@ -122,6 +122,12 @@ def writable(url: str) -> bool:
 
 # ----------------------------------------------------------------- options
 
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout",
+                "proxy_url", "proxy_ca_certificate", "proxy_excludes", "user_agent",
+                "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only",
+                "default_headers", "root_certificate")
+
+
 class Options:
     """Normalized, hashable and picklable `storage_options`."""
 
@@ -132,6 +138,9 @@ class Options:
                 raise InvalidArgumentError(f"storage_options keys must be strings, not {k!r}")
         self.client_options = dict(so.pop("client_options", None) or {})
         self.retry_config = dict(so.pop("retry_config", None) or {})
+        for k in list(so):  # HTTP client settings given at the top level
+            if k.lower() in _CLIENT_KEYS:
+                self.client_options.setdefault(k.lower(), so.pop(k))
         self.config = so
         self._key = repr((sorted(self.config.items()), sorted(self.client_options.items()),
                           sorted((k, repr(v)) for k, v in self.retry_config.items())))
@@ -188,7 +197,7 @@ def _client(root: str, opts: Options):
         # environment: carry its plain-http switch over.
         if sch == "http" or _env_true("AWS_ALLOW_HTTP") or _env_true("AZURE_ALLOW_HTTP") or \
                 str(opts.config.get("endpoint", opts.config.get("aws_endpoint", "")))\
-                .startswith("http://") or str(opts.config.get("allow_http", "")).lower() == "true":
+                .startswith("http://"):
             client_options["allow_http"] = True
         client_options.update(opts.client_options)
         retry = dict(RETRY_CONFIG)
@@ -200,8 +209,11 @@ def _client(root: str, opts: Options):
         try:
             c = obs.store.from_url(root, config=config or None, client_options=client_options,
                                    retry_config=retry, **{k: v for k, v in kwargs.items() if v})
-        except Exception as e:  # a bad configuration key or value
-            raise InvalidArgumentError(f"{root}: cannot make an object-store client: {e}") from None
+        except BaseException as e:  # a bad key or value (obstore may panic on one)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidArgumentError(f"{root}: cannot make an object-store client from "
+                                       f"storage_options: {_first_line(e)}") from None
         _CLIENTS[key] = c
         return c
 

@@ -203,17 +203,19 @@ class Binding:
         if not len(todo):
             return tick
         try:
-            if lay.fixed:  # the checksums live in the index
-                self._fetch_index(r, todo)
-            r.fetch("data", r.data_blocks(starts, ends), self._downloader(r))
+            blocks = r.data_blocks(starts, ends)
+            jobs = [lambda: r.fetch("data", blocks, self._downloader(r))]
+            if lay.fixed:  # the checksums live in the index: fetched alongside the data
+                jobs.append(lambda: self._fetch_index(r, todo))
+            map_concurrently(lambda job: job(), jobs)
             self._check(r, todo, check)
         except BaseException:
-            if not pin:
-                self.cache.end(tick)
+            self.end(tick)
             raise
         return tick
 
     def end(self, tick: int) -> None:
+        """The read of `begin` is over (a no-op for a prefetch's tick)."""
         self.cache.end(tick)
 
     def _fetch_index(self, r, u: np.ndarray) -> None:
