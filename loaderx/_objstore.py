@@ -18,7 +18,7 @@ the choice). Its Tokio runtime does not survive ``fork()``: a child of a
 process that used it hangs on its first request. So a process whose obstore
 runtime belongs to an ancestor (a torch worker forked by a loader that
 opened a remote dataset) sends its requests to a helper process of its own,
-started with ``python -m loaderx._objstore`` (a fresh interpreter), which runs
+started as a fresh interpreter (``python -c ...``), which runs
 the same functions and writes fetched ranges straight into the cache files;
 only small messages cross the pipe.
 
@@ -475,7 +475,7 @@ _OPS = {"head": _head, "get": _get, "get_ranges_into": _get_ranges_into, "put": 
 # ----------------------------------------------------------------- transport
 
 class _Helper:
-    """A helper process (``python -m loaderx._objstore``) that runs the
+    """A helper process (a fresh interpreter running `_serve`) that runs the
     operations for a process whose obstore runtime is an ancestor's."""
 
     def __init__(self):
@@ -483,7 +483,8 @@ class _Helper:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.pid = os.getpid()
-        self.proc = subprocess.Popen([sys.executable, "-m", "loaderx._objstore"],
+        self.proc = subprocess.Popen([sys.executable, "-c",
+                                      "from loaderx._objstore import _serve; _serve()"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      close_fds=True)
         self.lock = threading.Lock()
@@ -610,7 +611,4 @@ def _serve() -> None:
                 reply = ("err", RemoteIOError(f"{type(e).__name__}: {e}"))
         _send(out, reply)
 
-
-if __name__ == "__main__":
-    _serve()
 
