@@ -447,17 +447,20 @@ def _path_obj(p: str):
     return Path(p)
 
 
-def _list_keys(url: str, opts: Options) -> list:
-    """Keys under the prefix `url` (relative to it), with their sizes."""
+def _list_keys(url: str, opts: Options, limit: Optional[int] = None) -> list:
+    """Keys under the prefix `url` (relative to it) with their sizes; the
+    first `limit` only when given."""
     root, key = split(url)
     obs = _obstore()
     prefix = key + "/" if key else ""
 
     def once():
-        out = []
-        for batch in obs.list(_client(root, opts), prefix or None):
+        out: list = []
+        for batch in obs.list(_client(root, opts), prefix or None, chunk_size=limit or 1000):
             for m in batch:
                 out.append((m["path"][len(prefix):], int(m["size"])))
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
         return out
     return _retrying(url, "LIST", once)
 
@@ -576,8 +579,8 @@ def put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
     return _call("put", url, opts, source, mode)
 
 
-def list_keys(url: str, opts: Options) -> list:
-    return _call("list_keys", url, opts)
+def list_keys(url: str, opts: Options, limit: Optional[int] = None) -> list:
+    return _call("list_keys", url, opts, limit)
 
 
 def delete(url: str, opts: Options) -> None:

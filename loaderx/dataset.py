@@ -71,8 +71,15 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
     the open store. `progress(done_rows, total_rows)` is called after each chunk.
     `mode`: ``"create"`` (an existing store at `path` is an error),
-    ``"append"`` or ``"overwrite"``.
+    ``"append"`` or ``"overwrite"``. A URL `path` (``s3://``, ``gs://``,
+    ``az://``) builds the store locally, uploads it and returns it opened from
+    there (read-only; ``"append"`` is refused: append to a dataset instead).
     """
+    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
+        from . import remote
+        return remote.write_store_to(path, mode, lambda local: from_numpy(
+            local, array, codec=codec, level=level, dict_bytes=dict_bytes,
+            chunk_bytes=chunk_bytes, progress=progress).close())
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
     if not isinstance(array, np.ndarray):
@@ -134,6 +141,11 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
     """Build a RaggedStore from an iterable of arrays (one pass). With
     ``dtype=None`` the first record's dtype is used. Returns the open store.
     `mode` as in `from_numpy`."""
+    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
+        from . import remote
+        return remote.write_store_to(path, mode, lambda local: from_iterator(
+            local, iterable, dtype=dtype, codec=codec, level=level,
+            dict_bytes=dict_bytes).close())
     prepare_store_path(path, mode)
     it = iter(iterable)
     first = []

@@ -4,7 +4,10 @@
 from a ``ray.data.Dataset``: every Ray write task writes one shard store per
 column, in parallel across the cluster, and the driver commits one manifest
 when all of them have finished. `dest` must be a path every node sees (the
-local disk of a one-machine cluster, or a shared file system).
+local disk of a one-machine cluster, or a shared file system), or a URL
+(``s3://``, ``gs://``, ``az://``): then every task uploads its shards itself
+and the driver publishes the manifest (loaderx.remote; credentials from each
+node's environment).
 
 A failed task leaves no half-shard in the manifest: tasks write into a
 hidden staging directory, a task that fails removes what it wrote, and the
@@ -26,14 +29,16 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import tempfile
 import uuid
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from . import _objstore
 from .converters import ConvertError, column_codecs
 from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
-from .converters._dest import Destination
+from .converters._dest import Destination, safe_name, spec_entry
 from .converters._run import StoreOptions, write_task
 from .converters._source import Batch, Options, Source, select_columns
 from .dataset import open_dataset, read_manifest
@@ -141,6 +146,17 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    if not isinstance(sink.target, Destination):  # a URL: this task uploads its shards
+        try:
+            taken: set = set()
+            dirs = {s.name: safe_name(s.name, taken) for s in specs}
+            tag = f"t{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
+            paths = {}
+            for s in specs:
+                paths[s.name] = f"{dirs[s.name]}/{tag}"
+                sink.target.upload(os.path.join(out, f"c{specs.index(s)}"), paths[s.name])
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
     return {"task": ctx.task_idx, "rows": rows, "specs": specs, "paths": paths}
 
 
@@ -157,6 +173,21 @@ def _commit_tasks(sink, returns: list) -> dict:
                 f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
                 f"column types: {specs} and {r['specs']}"
             )
+    if not isinstance(sink.target, Destination):  # a URL: the tasks uploaded the shards
+        codecs = column_codecs(specs, sink.codec)
+        columns = {}
+        for s in specs:
+            columns[s.name] = spec_entry(s, codecs[s.name])
+            columns[s.name]["shards"] = [{"path": r["paths"][s.name], "rows": r["rows"]}
+                                         for r in done]
+        # The local writer's manifest fields (Destination._manifest uses no state).
+        fresh = Destination._manifest(None, columns, sum(r["rows"] for r in done),  # type: ignore
+                                      {"type": "ray", "tasks": len(done)})
+        try:
+            return sink.target.publish(fresh)
+        except BaseException:
+            sink.target.abort()
+            raise
     sink.target.begin(specs)
     try:
         for k, r in enumerate(done):
@@ -179,9 +210,17 @@ def _make_datasink(base):
         driver commits them with one manifest (see the module docs)."""
 
         def __init__(self, dest, mode: str, codec: str, level, options: Options):
-            self.target = Destination(dest, mode, options.flags)
-            parent, name = os.path.split(self.target.dest)
-            self.tasks_dir = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+            if _objstore.is_url(dest):  # tasks write locally and upload their shards
+                from .remote import Target
+
+                self.target = Target(dest, mode)
+                self.tasks_dir = os.path.join(tempfile.gettempdir(),
+                                              f"loaderx-ray-{uuid.uuid4().hex[:12]}")
+            else:
+                self.target = Destination(dest, mode, options.flags)
+                parent, name = os.path.split(self.target.dest)
+                self.tasks_dir = os.path.join(parent,
+                                              f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
             self.codec, self.level, self.options = codec, level, options
             self.manifest: dict | None = None
 
@@ -298,7 +337,7 @@ def read_dataset(
     ray = _ray()
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
-    path = os.path.abspath(os.fspath(dest))
+    path = dest if _objstore.is_url(dest) else os.path.abspath(os.fspath(dest))
     manifest = read_manifest(path)
     if "splits" in manifest:
         raise ConvertError(

@@ -41,6 +41,7 @@ from ._objstore import Options, is_url, join
 from .errors import (
     CorruptStoreError,
     NotAStoreError,
+    ReadOnlyError,
     RemoteChangedError,
     RemoteNotFoundError,
     ZrecordError,
@@ -389,3 +390,272 @@ def manifest_text(url: str, cfg: Optional[Config] = None) -> bytes:
                                  "loaderx.open_store", path=url) from None
         raise RemoteNotFoundError(f"{url}: no loaderx dataset here (no {MANIFEST_NAME})",
                                   path=url) from None
+
+
+# ----------------------------------------------------------------- writes
+# A dataset is written locally (in <cache_dir>/uploads, which eviction never
+# touches), uploaded, and published by its manifest, written last: a reader
+# never sees a partial dataset. Uploaded stores are never changed in place:
+# an append adds new shards and a new manifest, an overwrite uploads the new
+# dataset under a new prefix, publishes its manifest, then deletes the old
+# shards. The manifest is written with a conditional put (create-only, or
+# only-if-unchanged since it was read): two writers never lose each other's
+# shards, and a service without conditional writes refuses an append.
+
+_SKIP_FILES = ("lock", "journal", ".loaderx-owner")
+
+
+def _skipped(name: str) -> bool:
+    return name in _SKIP_FILES or name.startswith("windows-") or ".tmp" in name
+
+
+def _files_under(root: str) -> list:
+    """(relative key, local path) of every file a dataset or store needs."""
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".loaderx-"))
+        for name in sorted(files):
+            if not _skipped(name):
+                path = os.path.join(dirpath, name)
+                out.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+    return out
+
+
+def _upload(pairs: list, url: str, cfg: Config) -> None:
+    """Uploads [(key, local path)] under `url`, concurrently; every store's
+    meta after its index and data (a store is published by its meta)."""
+    last = [p for p in pairs if p[0].rsplit("/", 1)[-1] in ("meta", "loaderx.json")]
+    first = [p for p in pairs if p not in last]
+    for batch in (first, last):
+        map_concurrently(lambda p: _objstore.put(join(url, p[0]), cfg.options, p[1]), batch)
+
+
+def _refuse_read_only(url: str) -> None:
+    if not _objstore.writable(url):
+        raise ReadOnlyError(f"{url}: {_objstore.scheme(url)}:// is read-only; write to s3://, "
+                            "gs:// or az://", path=url)
+
+
+def _staging(cfg: Config) -> str:
+    import uuid
+    d = os.path.join(cfg.cache_dir, "uploads", uuid.uuid4().hex)
+    os.makedirs(d)
+    return d
+
+
+def _occupied(url: str, cfg: Config) -> bool:
+    """Whether any object lives under the prefix `url`."""
+    try:
+        return bool(_objstore.list_keys(url, cfg.options, limit=1))
+    except RemoteNotFoundError:
+        return False
+
+
+def _exists_error(url: str, mode_hint: str) -> Exception:
+    from .dataset import DestinationExistsError
+    return DestinationExistsError(f"{url} already exists; pass {mode_hint}", path=url)
+
+
+def write_store_to(url: str, mode: str, build: Callable[[str], Any],
+                   cfg: Optional[Config] = None) -> Any:
+    """A single store for `url`: `build(local_dir)` writes and closes it
+    locally, then it is uploaded (its meta last) and opened from `url`.
+    ``mode="append"`` is refused (append to a dataset instead)."""
+    from .dataset import _MODES
+    cfg = cfg or config()
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    _refuse_read_only(url)
+    url = url.rstrip("/")
+    if mode == "append":
+        raise ReadOnlyError(f"{url}: a remote store cannot be appended to in place; write a "
+                            "dataset (loaderx.convert) and append parts to it", path=url)
+    if mode == "create" and _occupied(url, cfg):
+        raise _exists_error(url, 'mode="overwrite" to replace it')
+    if mode == "overwrite" and _occupied(url, cfg) and not exists(join(url, "meta"), cfg):
+        raise _exists_error(url, "another destination (it holds something that is not a "
+                                 "loaderx store; remove it yourself)")
+    local = _staging(cfg)
+    try:
+        path = os.path.join(local, "store")
+        build(path)
+        _upload(_files_under(path), url, cfg)
+    finally:
+        import shutil
+        shutil.rmtree(local, ignore_errors=True)
+    from .dataset import open_store
+    return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
+                      storage_options=cfg.options)
+
+
+class Target:
+    """A dataset destination in object storage, from the existence check to
+    the published manifest (or nothing, on abort): `upload` stores under
+    this write's own prefix, then `publish` the manifest."""
+
+    def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
+        import uuid
+
+        from .dataset import MANIFEST_NAME, _MODES, _checked_manifest
+        self.cfg = cfg or config()
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        _refuse_read_only(url)
+        self.url = url.rstrip("/")
+        self.old: Optional[dict] = None
+        self.old_etag: Optional[str] = None
+        if _occupied(self.url, self.cfg):
+            try:
+                text, self.old_etag = read_bytes(join(self.url, MANIFEST_NAME), self.cfg)
+                self.old = _checked_manifest(self.url, text)
+            except RemoteNotFoundError:
+                self.old = None
+            if mode == "create":
+                raise _exists_error(self.url, "--append or --overwrite" if cli
+                                    else 'mode="append" or mode="overwrite"')
+            if self.old is None:
+                raise _exists_error(self.url, "another destination (it holds something that "
+                                              "is not a loaderx dataset; remove it yourself)")
+            if mode == "append" and "splits" in self.old:
+                from .converters import ConvertError
+                raise ConvertError(f"{self.url} holds splits; append to one split's directory")
+        elif mode == "append":
+            mode = "create"  # nothing there yet: as a local append would
+        self.mode = mode
+        # Every write uploads its stores under a prefix of its own: two
+        # writers never touch each other's objects, whoever publishes first.
+        self.gen = f"g{uuid.uuid4().hex[:12]}"
+        self.uploaded: Optional[bool] = True  # None once published or aborted
+
+    def upload(self, local_root: str, under: str = "") -> None:
+        """Uploads the files of the local dataset (or store) directory
+        `local_root` (not its manifest) to ``<url>/<gen>/<under>/...``."""
+        from .dataset import MANIFEST_NAME
+        prefix = "/".join(p for p in (self.gen, under) if p)
+        pairs = [(f"{prefix}/{key}", path) for key, path in _files_under(local_root)
+                 if key != MANIFEST_NAME]
+        _upload(pairs, self.url, self.cfg)
+
+    def publish(self, fresh: dict) -> dict:
+        """Publishes `fresh` (the uploaded dataset's manifest, its paths
+        relative to this write's prefix): returns the manifest written."""
+        import json
+
+        from .dataset import MANIFEST_NAME
+        manifest = _prefixed(fresh, self.gen)
+        if self.mode == "append":
+            manifest = _appended(self.url, self.old, manifest)
+        body = (json.dumps(manifest, indent=2) + "\n").encode()
+        put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
+        try:
+            _objstore.put(join(self.url, MANIFEST_NAME), self.cfg.options, body, put_mode)
+        except Exception as e:
+            raise _commit_error(self.url, e, self.mode) from None
+        self.uploaded = None  # published: the manifest names them now
+        if self.mode == "overwrite" and self.old is not None:
+            _objstore.delete_many(_named_objects(self.url, self.old, self.cfg), self.cfg.options)
+        return manifest
+
+    def abort(self) -> None:
+        """Deletes what this write uploaded and did not publish (everything
+        under its prefix, which only it writes: Ray tasks included)."""
+        if self.uploaded is None:
+            return
+        self.uploaded = None
+        prefix = join(self.url, self.gen)
+        try:
+            keys = [join(prefix, k) for k, _ in _objstore.list_keys(prefix, self.cfg.options)]
+        except RemoteNotFoundError:
+            keys = []
+        _objstore.delete_many(keys, self.cfg.options)
+
+
+def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
+                     cfg: Optional[Config] = None, cli: bool = False) -> dict:
+    """A dataset for `url`: `build(local_dir)` converts into a new local
+    directory and returns its manifest; the dataset is then uploaded and
+    published per `mode` (see above). Returns the manifest written."""
+    import shutil
+    target = Target(url, mode, cfg, cli)
+    local = _staging(target.cfg)
+    try:
+        root = os.path.join(local, "ds")
+        fresh = build(root)
+        if target.mode == "append":
+            _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
+        target.upload(root)
+        return target.publish(fresh)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+        target.abort()
+
+
+def _commit_error(url: str, e: Exception, mode: str) -> Exception:
+    from .dataset import DestinationExistsError
+    from .errors import LockedError
+    if isinstance(e, RemoteChangedError):
+        return LockedError(f"{url}: another writer changed this dataset's manifest while this "
+                           f"{mode} ran; nothing was published (run it again)", path=url)
+    if isinstance(e, DestinationExistsError):
+        return LockedError(f"{url}: another writer created this dataset while this conversion "
+                           "ran; nothing was published", path=url)
+    if "not supported" in str(e).lower() or "notimplemented" in str(e).lower():
+        return ReadOnlyError(f"{url}: this service has no conditional writes, so an {mode} could "
+                             "lose another writer's shards; refused (nothing was published)",
+                             path=url)
+    return e
+
+
+def _prefixed(fresh: dict, gen: str) -> dict:
+    """The manifest of a dataset uploaded under `gen/`."""
+    import copy
+    m = copy.deepcopy(fresh)
+    if "splits" in m:
+        m["splits"] = {k: f"{gen}/{v}" for k, v in m["splits"].items()}
+    else:
+        for col in m["columns"].values():
+            for sh in col["shards"]:
+                sh["path"] = f"{gen}/{sh['path']}"
+    return m
+
+
+def _appended(url: str, old: dict, fresh: dict) -> dict:
+    """The manifest of `old` with the shards of `fresh` added, after the
+    checks a local append makes."""
+    import copy
+    from .converters import ConvertError
+    from .errors import IdentityError
+    if list(fresh["columns"]) != list(old["columns"]):
+        raise ConvertError(f"{url}: appending columns {list(fresh['columns'])} to a dataset with "
+                           f"columns {list(old['columns'])}; they must be the same")
+    m = copy.deepcopy(old)
+    for name, col in fresh["columns"].items():
+        have = m["columns"][name]
+        for key in ("kind", "dtype", "item_shape"):
+            if have.get(key) != col.get(key):
+                raise IdentityError(f"{url}: column {name!r} holds {key}={have.get(key)}, the new "
+                                    f"data has {key}={col.get(key)}", path=url)
+        have["shards"] += col["shards"]
+    m["rows"] = old["rows"] + fresh["rows"]
+    m["appended"] = list(old.get("appended", [])) + [fresh.get("source", {})]
+    m["updated"] = fresh.get("updated", m.get("updated"))
+    return m
+
+
+def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
+    """Every object of the stores a manifest names (an overwrite's old data)."""
+    from .dataset import MANIFEST_NAME, _checked_manifest
+    out = []
+    if "splits" in manifest:
+        for sub in manifest["splits"].values():
+            try:
+                text, _ = read_bytes(join(url, sub, MANIFEST_NAME), cfg)
+            except RemoteNotFoundError:
+                continue
+            out += _named_objects(join(url, sub), _checked_manifest(url, text), cfg)
+            out.append(join(url, sub, MANIFEST_NAME))
+        return out
+    for col in manifest["columns"].values():
+        for sh in col["shards"]:
+            out += [join(url, sh["path"], f) for f in ("meta", "index", "data")]
+    return out

@@ -522,3 +522,88 @@ def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
     finally:
         for s in list(ds.values()) + list(local.values()):
             s.close()
+
+
+def test_convert_to_a_url_uploads_then_publishes_and_never_writes_a_local_s3_folder(
+        tmp_path, s3, data, monkeypatch):
+    dense, _ = data
+    monkeypatch.chdir(tmp_path)
+    opts = s3.options()
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=opts)
+    try:
+        url = f"s3://{s3.bucket}/written/ds"
+        ds = loaderx.convert({"x": dense[:100], "y": np.arange(100, dtype=np.int64)}, url,
+                             progress="off")
+        assert not os.path.exists(tmp_path / "s3:")
+        assert_same(ds["x"][[0, 99]], dense[[0, 99]])
+        for s in ds.values():
+            s.close()
+        with pytest.raises(loaderx.dataset.DestinationExistsError, match="already exists"):
+            loaderx.convert({"x": dense[:10], "y": np.arange(10, dtype=np.int64)}, url,
+                            progress="off")
+        # Append adds shards and a new manifest (a conditional put).
+        ds = loaderx.convert({"x": dense[100:150], "y": np.arange(100, 150, dtype=np.int64)}, url,
+                             mode="append", progress="off")
+        assert len(ds["x"]) == 150
+        assert_same(ds["y"][:], np.arange(150, dtype=np.int64))
+        assert_same(ds["x"][[120]], dense[[120]])
+        for s in ds.values():
+            s.close()
+        with pytest.raises(loaderx.IdentityError, match="dtype"):
+            loaderx.convert({"x": dense[:5].astype(np.int16), "y": np.arange(5)}, url,
+                            mode="append", progress="off")
+        # Overwrite: the new dataset, the old stores deleted after it is published.
+        before = {o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="written/ds/")["Contents"]}
+        ds = loaderx.convert({"x": dense[:7], "y": np.arange(7, dtype=np.int64)}, url,
+                             mode="overwrite", progress="off")
+        assert len(ds["x"]) == 7
+        for s in ds.values():
+            s.close()
+        after = {o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="written/ds/")["Contents"]}
+        assert not (before & after) - {"written/ds/loaderx.json"}
+        # A single store.
+        st = loaderx.from_numpy(f"s3://{s3.bucket}/written/one", dense[:20])
+        assert st.is_remote and st.path == f"s3://{s3.bucket}/written/one"
+        assert_same(st[:], dense[:20])
+        st.close()
+        rg = loaderx.from_iterator(f"s3://{s3.bucket}/written/rag", [np.arange(3), np.arange(5)])
+        assert_same(rg[1], np.arange(5))
+        rg.close()
+        with pytest.raises(ReadOnlyError, match="append"):
+            loaderx.from_numpy(f"s3://{s3.bucket}/written/one", dense[:2], mode="append")
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            loaderx.convert({"x": dense[:2]}, "https://example.com/ds", progress="off")
+    finally:
+        remote._DEFAULTS.clear()
+
+
+def test_an_append_racing_another_writer_publishes_nothing(tmp_path, s3, data, monkeypatch):
+    dense, _ = data
+    opts = s3.options()
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=opts)
+    try:
+        url = f"s3://{s3.bucket}/raced/ds"
+        loaderx.converters.convert_to_directory({"x": dense[:10]}, url, progress="off")
+        real = remote.Target.publish
+
+        def late(self, fresh):  # another writer appends first
+            monkeypatch.setattr(remote.Target, "publish", real)
+            loaderx.converters.convert_to_directory({"x": dense[10:12]}, url, mode="append",
+                                                    progress="off")
+            return real(self, fresh)
+        monkeypatch.setattr(remote.Target, "publish", late)
+        with pytest.raises(loaderx.LockedError, match="another writer"):
+            loaderx.converters.convert_to_directory({"x": dense[20:25]}, url, mode="append",
+                                                    progress="off")
+        monkeypatch.setattr(remote.Target, "publish", real)
+        man = loaderx.dataset.read_manifest(url, storage_options=opts)
+        assert man["rows"] == 12  # the other writer's append, not ours
+        keys = [o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="raced/ds/")["Contents"]]
+        named = {f"raced/ds/{sh['path']}/{f}" for sh in man["columns"]["x"]["shards"]
+                 for f in ("meta", "index", "data")}
+        assert set(keys) - {"raced/ds/loaderx.json"} == named  # ours were deleted
+    finally:
+        remote._DEFAULTS.clear()

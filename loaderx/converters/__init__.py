@@ -28,6 +28,7 @@ import uuid
 import warnings
 from typing import Any
 
+from .. import _objstore
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, StoreNotFoundError
 from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
@@ -122,6 +123,14 @@ def convert_to_directory(
     cli: bool = False,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
+    if _objstore.is_url(dest):  # built locally, uploaded, then published (loaderx.remote)
+        from ..remote import write_dataset_to
+
+        return write_dataset_to(dest, mode, lambda local: convert_to_directory(
+            source, local, codec=codec, level=level, dict=dict, columns=columns, workers=workers,
+            mode="create", skip_columns=skip_columns, keep_encoded=keep_encoded,
+            row_length=row_length, allow_tiny_records=allow_tiny_records,
+            batch_bytes=batch_bytes, progress=progress, cli=cli), cli=cli)
     flags = Flags(cli=cli)
     if codec not in _CODECS:
         raise ConvertError(
