@@ -607,3 +607,28 @@ def test_an_append_racing_another_writer_publishes_nothing(tmp_path, s3, data, m
         assert set(keys) - {"raced/ds/loaderx.json"} == named  # ours were deleted
     finally:
         remote._DEFAULTS.clear()
+
+
+def test_the_cli_takes_urls(tmp_path, s3, url, data):
+    dense, _ = data
+    env = dict(_env(), **s3.env, LOADERX_CACHE_DIR=str(tmp_path / "cache"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "loaderx", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+    out = cli("info", url, "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    report = json.loads(out.stdout)
+    assert report["path"] == url and report["rows"] == N
+    out = cli("verify", url)
+    assert out.returncode == 0 and "ok:" in out.stdout, out.stderr
+    np.save(tmp_path / "x.npy", dense[:30])
+    dst = f"s3://{s3.bucket}/cli/ds"
+    out = cli("convert", str(tmp_path / "x.npy"), dst, "-q")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "s3:").exists()
+    out = cli("convert", str(tmp_path / "x.npy"), dst, "-q")
+    assert out.returncode == 1 and "--append or --overwrite" in out.stderr
+    out = cli("info", f"s3://{s3.bucket}/no/such")
+    assert out.returncode == 1 and "s3://" in out.stderr
