@@ -253,7 +253,7 @@ def _spans(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     return np.unique(starts + np.arange(total, dtype=np.int64))
 
 
-_libc = None
+_libc: Any = None
 
 
 def _punch(fd: int, offset: int, length: int) -> None:
@@ -442,7 +442,8 @@ class Cache:
                 _unlockf(p.slots_fd, k, 1)  # its process is gone
                 self._watermarks[k] = _NONE
                 continue
-            low = [min(low[0], int(self._watermarks[k, 0])), min(low[1], int(self._watermarks[k, 1]))]
+            low = [min(low[0], int(self._watermarks[k, 0])),
+                   min(low[1], int(self._watermarks[k, 1]))]
         return low[0], low[1]
 
     # -- accounting and eviction
@@ -604,6 +605,7 @@ class Replica:
         if lay.fixed:
             s = u.astype(np.int64) * lay.fixed
             return s, s + lay.fixed
+        assert self._entries is not None  # the table layout maps its entries
         e = self._entries[u.astype(np.int64)]
         s = e["offset"].astype(np.int64)
         end = s + e["aux"].astype(np.int64) + e["stored"].astype(np.int64)
@@ -632,7 +634,8 @@ class Replica:
             todo = self.missing(which, blocks)
             if not len(todo):
                 return
-            mine, theirs = [], []
+            mine: list = []
+            theirs: list = []
             for b0, b1 in _runs(todo):
                 (mine if _lockf(fd, b0, b1 - b0, wait=False) else theirs).append((b0, b1))
             try:
@@ -666,7 +669,9 @@ class Replica:
         lay = self.layout
         sh = lay.ishift if which == "index" else lay.dshift
         size = lay.index_size if which == "index" else lay.data_size
-        starts, ends, keeps = [], [], []
+        starts: list = []
+        ends: list = []
+        keeps: list = []
         for b0, b1 in runs:  # sorted: merge close runs, split long ones
             lo, hi = b0 << sh, min(b1 << sh, size)
             if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= REQUEST_MAX:

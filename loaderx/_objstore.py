@@ -192,7 +192,7 @@ def _client(root: str, opts: Options):
             return c
         _RUNTIME_PID = os.getpid()
         sch = scheme(root)
-        client_options = dict(CLIENT_OPTIONS)
+        client_options: dict = dict(CLIENT_OPTIONS)
         # Client options given at all replace those obstore reads from the
         # environment: carry its plain-http switch over.
         if sch == "http" or _env_true("AWS_ALLOW_HTTP") or _env_true("AZURE_ALLOW_HTTP") or \
@@ -471,7 +471,7 @@ def _delete(url: str, opts: Options) -> None:
     _retrying(url, "DELETE", lambda: obs.delete(_client(root, opts), key))
 
 
-_OPS = {"head": _head, "get": _get, "get_ranges_into": _get_ranges_into, "put": _put,
+_OPS: dict = {"head": _head, "get": _get, "get_ranges_into": _get_ranges_into, "put": _put,
         "list_keys": _list_keys, "delete": _delete}
 
 

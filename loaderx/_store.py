@@ -270,7 +270,8 @@ class Store:
         user = identity.pack(ident) if ident is not None else b""
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
-        rc = lib.lx_open(os.fsencode(self._native_path), 1 if create else 0, _lib.CODECS[create_codec],
+        rc = lib.lx_open(os.fsencode(self._native_path), 1 if create else 0,
+                         _lib.CODECS[create_codec],
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
                          fixed_size if create_codec == "raw" else 0, out)

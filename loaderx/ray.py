@@ -210,6 +210,7 @@ def _make_datasink(base):
         driver commits them with one manifest (see the module docs)."""
 
         def __init__(self, dest, mode: str, codec: str, level, options: Options):
+            self.target: Any
             if _objstore.is_url(dest):  # tasks write locally and upload their shards
                 from .remote import Target
 
@@ -217,8 +218,9 @@ def _make_datasink(base):
                 self.tasks_dir = os.path.join(tempfile.gettempdir(),
                                               f"loaderx-ray-{uuid.uuid4().hex[:12]}")
             else:
-                self.target = Destination(dest, mode, options.flags)
-                parent, name = os.path.split(self.target.dest)
+                local = Destination(dest, mode, options.flags)
+                self.target = local
+                parent, name = os.path.split(local.dest)
                 self.tasks_dir = os.path.join(parent,
                                               f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
             self.codec, self.level, self.options = codec, level, options

@@ -544,6 +544,7 @@ class Target:
         from .dataset import MANIFEST_NAME
         manifest = _prefixed(fresh, self.gen)
         if self.mode == "append":
+            assert self.old is not None  # an append to nothing became a create
             manifest = _appended(self.url, self.old, manifest)
         body = (json.dumps(manifest, indent=2) + "\n").encode()
         put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
@@ -581,7 +582,7 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
     try:
         root = os.path.join(local, "ds")
         fresh = build(root)
-        if target.mode == "append":
+        if target.mode == "append" and target.old is not None:
             _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
         target.upload(root)
         return target.publish(fresh)

@@ -367,7 +367,8 @@ def _remote_opens(shards: Sequence[Any], cache_dir, cache_limit, storage_options
     stack = contextlib.ExitStack()
     stack.enter_context(remote.using(cfg))
     try:
-        bound = dict(zip([u.rstrip("/") for u in urls], remote.map_concurrently(remote.bind_for_open, urls)))
+        bound = dict(zip([u.rstrip("/") for u in urls],
+                         remote.map_concurrently(remote.bind_for_open, urls)))
     except BaseException:
         stack.close()
         raise

@@ -632,3 +632,19 @@ def test_the_cli_takes_urls(tmp_path, s3, url, data):
     assert out.returncode == 1 and "--append or --overwrite" in out.stderr
     out = cli("info", f"s3://{s3.bucket}/no/such")
     assert out.returncode == 1 and "s3://" in out.stderr
+
+
+def test_token_windows_over_a_remote_corpus_read_as_over_the_local_one(tmp_path, s3, data):
+    _, ragged = data
+    docs = [np.abs(r).astype(np.uint16) for r in ragged]
+    loaderx.from_iterator(str(tmp_path / "tok"), docs).close()
+    url = s3.upload_dir(str(tmp_path / "tok"), "tokens/s")
+    local = loaderx.TokenWindows(loaderx.RaggedStore(str(tmp_path / "tok")), 64, separator=0)
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"), storage_options=s3.options())
+    tw = loaderx.TokenWindows(store, 64, separator=0)
+    assert tw.is_remote and len(tw) == len(local)
+    idx = np.array([0, len(tw) - 1, 17, 3])
+    tw.prefetch(idx[:2])
+    assert_same(tw[idx], local[idx])
+    assert_same(tw.segments[idx], local.segments[idx])
+    store.close()
