@@ -188,21 +188,24 @@ class Binding:
         """Makes records `indices` present and checked and protects them from
         eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
         protected for the process's next prefetches instead)."""
+        # Kept lean: a warm batch takes this path only (no sort, one lock).
         r = self.replica()
         lay = r.layout
-        u = np.unique(np.asarray(indices, dtype=np.uint64))
-        u = u[u < np.uint64(lay.record_count)].astype(np.int64)
+        u = np.asarray(indices)
+        u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+        if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
+            u = u[(u >= 0) & (u < lay.record_count)]  # the native read names the bad index
         if not lay.fixed and len(r.unchecked(u)):
-            self._fetch_index(r, u)
+            self._fetch_index(r, np.unique(u))
         starts, ends = r.ranges(u)
         rsh = lay.dshift + 6
-        live = ends > starts
-        regions = np.unique(np.concatenate([starts[live] >> rsh, (ends[live] - 1) >> rsh]))
+        regions = np.concatenate([starts >> rsh, (np.maximum(ends, starts + 1) - 1) >> rsh])
         with self.cache.locked() as p:
             tick = r.stamp(p, regions, pin)
             todo = r.unchecked(u)
         if not len(todo):
             return tick
+        todo = np.unique(todo)
         try:
             blocks = r.data_blocks(starts, ends)
             jobs = [lambda: r.fetch("data", blocks, self._downloader(r))]

@@ -5,7 +5,8 @@
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, or all;
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, remote
+(object storage: SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
@@ -56,7 +57,7 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -214,6 +215,10 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_tokens.run_tokens(ctx)
     if name == "scale":
         return bench_scale.run_scale(ctx)
+    if name == "remote":
+        import bench_remote
+
+        return bench_remote.run_remote(ctx)
     if name == "fresh":
         import bench_fresh
 
