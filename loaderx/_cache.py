@@ -38,10 +38,13 @@ Eviction (``cache_limit``). ``data`` is evicted in regions of 64 blocks,
 least recently used first (a global tick stamped on every region a read
 touches), by clearing their bits and punching holes (``fallocate``), under
 the lock and the region's fetch locks. It never drops what a reader uses:
-each process publishes in its slot the tick of its oldest read still in
-use (a gather in flight, or one of the last `PIN_CALLS` prefetches, which
-the loader reads next), and only regions last touched before every live
-process's watermark are evicted; a slot whose process died is ignored.
+a read stamps its regions with its tick under the lock before it looks at
+their bits, and each process publishes in its slot two watermarks: the
+tick of its oldest gather in flight, and that of the oldest of its last
+`PIN_CALLS` prefetches (which the loader reads next; a prefetch also stamps
+its regions' ``ptime``). Only regions last read before every live
+process's oldest gather, and last prefetched before every oldest kept
+prefetch, are evicted; a slot whose process died is ignored.
 When everything is in use, the cache grows past its limit instead of
 waiting: eviction only ever slows reads, never blocks them. The index is
 never evicted (at most 32 B per record). Only replicas are ever evicted:

@@ -350,6 +350,17 @@ class Store:
         if len(idx):
             remote.begin(idx, self._check_records, pin=True)
 
+    def prefetch_nbytes(self, indices) -> int:
+        """The bytes `prefetch(indices)` brings into the cache, for a loader's
+        ``prefetch_bytes`` budget: exact for a dense raw store and for records
+        whose table entries are cached, the store's mean record otherwise."""
+        idx, _ = normalize_indices(indices, len(self))
+        remote = self._remote
+        if remote is not None:
+            return remote.nbytes(idx)
+        st = self.stats()
+        return int(round(len(idx) * st["live_bytes"] / max(1, st["records"])))
+
     def _remote_begin(self, idx: np.ndarray) -> int | None:
         """Before a native read of `idx`: a remote store makes them present
         and checked; returns the token for `_remote_end` (None when local)."""

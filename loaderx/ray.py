@@ -209,12 +209,13 @@ def _make_datasink(base):
         """Writes each task's blocks as one shard store per column; the
         driver commits them with one manifest (see the module docs)."""
 
-        def __init__(self, dest, mode: str, codec: str, level, options: Options):
+        def __init__(self, dest, mode: str, codec: str, level, options: Options,
+                     storage_options=None):
             self.target: Any
             if _objstore.is_url(dest):  # tasks write locally and upload their shards
-                from .remote import Target
+                from .remote import Target, config
 
-                self.target = Target(dest, mode)
+                self.target = Target(dest, mode, config(storage_options=storage_options))
                 self.tasks_dir = os.path.join(tempfile.gettempdir(),
                                               f"loaderx-ray-{uuid.uuid4().hex[:12]}")
             else:
@@ -264,9 +265,11 @@ def write_dataset(
     mode: str = "create",
     columns: list | None = None,
     skip_columns: list | None = None,
+    storage_options: dict | None = None,
 ) -> dict:
     """Write `ray_dataset` into the dataset directory `dest`; returns the
-    manifest written. Each Ray write task writes one shard per column."""
+    manifest written. Each Ray write task writes one shard per column. A URL
+    `dest` is reached with `storage_options` (else each node's environment)."""
     _ray()
     ray_data = require("ray.data", "ray", "loaderx.ray")
     if not isinstance(ray_dataset, ray_data.Dataset):
@@ -281,7 +284,7 @@ def write_dataset(
         skip_columns=list(skip_columns or []),
         flags=Flags(),
     )
-    sink = _datasink_class()(dest, mode, codec, level, options)
+    sink = _datasink_class()(dest, mode, codec, level, options, storage_options)
     try:
         ray_dataset.write_datasink(sink)
     finally:

@@ -218,6 +218,19 @@ class Binding:
             raise
         return tick
 
+    def nbytes(self, indices: np.ndarray) -> int:
+        """Stored bytes of records `indices` (see Store.prefetch_nbytes)."""
+        r = self.replica()
+        lay = r.layout
+        u = np.asarray(indices).astype(np.int64)
+        if lay.fixed:
+            return int(len(u) * lay.fixed)
+        mean = lay.data_size / max(1, lay.record_count)
+        known = ~np.isin(u, r.unchecked(u))
+        checked = u[known]
+        starts, ends = r.ranges(checked)
+        return int((ends - starts).sum() + round((len(u) - len(checked)) * mean))
+
     def end(self, tick: int) -> None:
         """The read of `begin` is over (a no-op for a prefetch's tick)."""
         self.cache.end(tick)

@@ -213,6 +213,18 @@ class ShardSet:
             idx, _ = normalize_indices(indices, self._len)
             self._remote_run(idx, pin=True)
 
+    def prefetch_nbytes(self, indices) -> int:
+        """The bytes `prefetch(indices)` brings into the cache (the shards'
+        `prefetch_nbytes` added up), for a loader's ``prefetch_bytes``."""
+        self._check_open()
+        idx, _ = normalize_indices(indices, self._len)
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        total = 0
+        for k in np.unique(shard).tolist():
+            total += self._stores[k].prefetch_nbytes(idx[shard == k].astype(np.int64)
+                                                     - self._starts[k])
+        return total
+
     def _remote_run(self, idx: np.ndarray, pin: bool) -> list:
         """Makes the remote shards' records of `idx` present and checked,
         every shard concurrently; returns [(store, token)] for `_remote_end`."""

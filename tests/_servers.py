@@ -122,6 +122,7 @@ class Faults:
         self.plan: list = []  # [kind, count, match]
         self.requests: list = []  # (method, path, range header, body bytes sent)
         self.delay = 0.0
+        self.slow_started = threading.Event()  # a "slow" response began
 
     def add(self, kind: str, count: int = 1, match: Optional[Callable] = None) -> None:
         """`kind`: ``503`` (SlowDown), ``500``, ``reset`` (headers and half the
@@ -177,6 +178,7 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
             self.wfile.write(payload)
             return
         if kind == "slow":
+            faults.slow_started.set()
             time.sleep(faults.delay)
         conn = http.client.HTTPConnection(*self.server.upstream, timeout=60)
         try:

@@ -441,6 +441,10 @@ def test_prefetch_is_idempotent_thread_safe_and_makes_reads_local(tmp_path, s3, 
         for name in ("raw", "zz"):
             assert_same(ds[name][s], dense[s])
     assert faults.body_bytes() == 0  # everything was prefetched
+    # What a step costs the loader's prefetch_bytes budget: stored bytes.
+    assert ds["raw"].prefetch_nbytes(steps[0]) == 12 * REC
+    assert ds["zz"].prefetch_nbytes(steps[0]) == sum(
+        s.stats()["live_bytes"] // len(s) for s in ds["zz"].shards) // 2 * 12
     for col in ds.values():
         col.close()
 
@@ -647,4 +651,42 @@ def test_token_windows_over_a_remote_corpus_read_as_over_the_local_one(tmp_path,
     tw.prefetch(idx[:2])
     assert_same(tw[idx], local[idx])
     assert_same(tw.segments[idx], local.segments[idx])
+    store.close()
+
+
+def test_a_process_killed_mid_fetch_leaves_nothing_marked_and_nothing_locked(
+        tmp_path, s3, url, proxy, data):
+    import signal
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    faults.delay = 30.0
+    faults.add("slow", 100, lambda m, p: m == "GET" and p.endswith("raw/part-00000/data"))
+    code = ("import sys, numpy as np, loaderx\n"
+            "url, cache, endpoint = sys.argv[1:4]\n"
+            "opts = {'endpoint': endpoint, 'access_key_id': 'testing', "
+            "'secret_access_key': 'testing', 'region': 'us-east-1', 'allow_http': 'true'}\n"
+            "ds = loaderx.open_dataset(url, columns=['raw'], cache_dir=cache, "
+            "storage_options=opts)\n"
+            "ds['raw'][np.arange(0, 400, 7)]\n")
+    child = subprocess.Popen([sys.executable, "-c", code, url, str(cache), base], env=_env(),
+                             stderr=subprocess.PIPE)
+    try:
+        assert faults.slow_started.wait(120), child.stderr.read() if child.poll() else ""
+        time.sleep(0.3)  # the child holds its fetch locks and waits for bytes
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    faults.plan.clear()
+    # Nothing the child fetched is marked present; its locks died with it.
+    ds = opened(url, cache, s3, base, columns=["raw"])
+    store = ds["raw"]
+    replica = store._remote.replica()
+    assert not replica.state.dbits.any()
+    t = time.monotonic()
+    idx = np.arange(0, 400, 7)
+    assert_same(store[idx], dense[idx])
+    assert time.monotonic() - t < 20
     store.close()
