@@ -384,12 +384,15 @@ class Cache:
 
     def proc(self) -> _Proc:
         p = self._proc
-        if p is None or p.pid != os.getpid():
+        if p is not None and p.pid != os.getpid():
+            # A forked child: the parent's locks, slot and descriptors are not
+            # its own (a thread of the parent may have held the lock at fork).
+            self._proc_lock = threading.Lock()
+            self._proc = p = None
+        if p is None:
             with self._proc_lock:
                 p = self._proc
-                if p is None or p.pid != os.getpid():
-                    if p is not None:  # a forked child: its parent's locks are not its own
-                        self._proc_lock = threading.Lock()
+                if p is None:
                     p = self._proc = _Proc(self)
                     self._watermarks[p.slot] = _NONE
         return p

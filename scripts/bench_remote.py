@@ -198,11 +198,14 @@ def _stand_in_loop(column, batches: list, ahead: int) -> list:
     """The loader's prefetch protocol, as a stand-in: a thread calls
     prefetch() for steps up to `ahead` ahead of the step being read."""
     done = [threading.Event() for _ in batches]
+    taken = [threading.Event() for _ in batches]
     error: list = []
 
     def prefetcher():
         try:
             for k, b in enumerate(batches):
+                if k >= ahead:
+                    taken[k - ahead].wait()
                 column.prefetch(b)
                 done[k].set()
         except BaseException as exc:  # reported by the reader
@@ -217,8 +220,27 @@ def _stand_in_loop(column, batches: list, ahead: int) -> list:
         if error:
             raise error[0]
         out.append(column.gather(b))
+        taken[k].set()
     t.join()
     return out
+
+
+def _warm_server(endpoint_options: dict, prefixes: list, log) -> None:
+    """Reads every object under `prefixes` once, so that no reader pays for
+    the server's own disk (its page cache) more than another."""
+    import obstore
+    from obstore.store import from_url
+
+    opts = dict(endpoint_options)
+    store = from_url(f"s3://{BUCKET}", config={k: v for k, v in opts.items() if k != "allow_http"},
+                     client_options={"allow_http": True})
+    total = 0
+    for prefix in prefixes:
+        for batch in obstore.list(store, prefix + "/"):
+            for meta in batch:
+                for chunk in obstore.get(store, meta["path"]).stream(min_chunk_size=16 << 20):
+                    total += len(chunk)
+    log(f"remote: server warmed ({total / (1 << 20):.0f} MiB read)")
 
 
 def _get_ranges(url: str, options: dict, batches: list) -> list:
@@ -328,10 +350,16 @@ def run_remote(ctx) -> list[Section]:
         check_array(local_ds["x"].gather(check[0]), want[0], "loaderx local")
         ds["x"].close()
         shutil.rmtree(vcache, ignore_errors=True)
+        import bench_remote_peers
+
+        peers = bench_remote_peers.Peers(ctx, server, cache, n, per_round)
+        peers.prepare()
+        _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
         payload = per_round * BATCH * REC / (1 << 20)
         for r in range(ctx.repeat):
             batches = [rng.choice(n, BATCH, replace=False) for _ in range(per_round)]
             fresh = ctx.workdir / f"remote-cache-{r}"
+            peers.round(batches)
             for name, fn in (
                 ("loaderx remote, prefetch 4 ahead (cold)",
                  lambda c: _stand_in_loop(c, batches, 4)),
@@ -353,6 +381,8 @@ def run_remote(ctx) -> list[Section]:
                         col.gather(b)
                     rows["loaderx remote gather (warm)"].gather_mibs.append(
                         payload / (time.perf_counter() - t))
+                    for b in batches:  # the local copy's pages in memory too
+                        local_ds["x"].gather(b)
                     t = time.perf_counter()
                     for b in batches:
                         local_ds["x"].gather(b)
@@ -364,11 +394,9 @@ def run_remote(ctx) -> list[Section]:
             rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
                 payload / (time.perf_counter() - t))
         local_ds["x"].close()
+        extra_rows = peers.rows
         shared = _shared(ctx, url, server, rng, n, per_round)
         first = _first_batch(ctx, cache, server, big)
-        import bench_remote_peers
-
-        extra_rows = bench_remote_peers.run(ctx, server, cache, n, per_round, rng)
         return _sections(rows, extra_rows, shared, first, ctx)
     except ValidationError as exc:
         for row in rows.values():

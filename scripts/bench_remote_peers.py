@@ -11,15 +11,15 @@ against the records' pattern before it counts.
 from __future__ import annotations
 
 import json
-import sys
+import shutil
 from pathlib import Path
-
-import numpy as np
 
 from bench_harness import Row, Unavailable, run_child_json
 
-# The child: one interpreter of a peer's venv. argv[1]: a JSON job.
-CHILD = r'''
+# The child: one interpreter of a peer's venv. argv[1]: a JSON job, which
+# either writes the peer's copy of the dataset ("write") or times one round
+# of batches from a fresh cache.
+CHILD = r"""
 import json, os, shutil, sys, time
 import numpy as np
 
@@ -35,75 +35,71 @@ def records(idx):
 
 
 def check(got, idx):
-    want = records(idx)
     got = np.stack([np.frombuffer(g, np.uint8) for g in got])
-    if not np.array_equal(got, want):
-        raise SystemExit(json.dumps({"status": "failed", "reason": "INVALID: records differ"}))
+    if not np.array_equal(got, records(idx)):
+        print(json.dumps({"status": "failed", "reason": "INVALID: records differ"}))
+        raise SystemExit(0)
 
 
-n, peer, url = job["n"], job["peer"], job["url"]
-batches = [np.asarray(b) for b in job["batches"]]
-opts = job["options"]
-rates = []
+n, peer, url, opts = job["n"], job["peer"], job["url"], job["options"]
+batches = [np.asarray(b) for b in job.get("batches", [])]
+cache = job.get("cache")
+so = {"endpoint": opts["endpoint"], "allow_http": "true", "region": "us-east-1",
+      "aws_access_key_id": opts["access_key_id"], "aws_secret_access_key": opts["secret_access_key"]}
+
+
+def rows_of(start, stop):
+    return records(np.arange(start, stop))
+
 
 if peer == "streaming":
     from streaming import MDSWriter, StreamingDataset
     if job["write"]:
         with MDSWriter(out=(job["local"], url), columns={"x": "bytes"}, size_limit=1 << 26) as w:
             for start in range(0, n, 4096):
-                for row in records(np.arange(start, min(n, start + 4096))):
+                for row in rows_of(start, min(n, start + 4096)):
                     w.write({"x": row.tobytes()})
-    for r, cache in enumerate(job["caches"]):
-        shutil.rmtree(cache, ignore_errors=True)
-        ds = StreamingDataset(remote=url, local=cache, shuffle=False, batch_size=256,
-                              cache_limit=job["cache_limit"])
+    else:
+        ds = StreamingDataset(remote=url, local=cache, shuffle=False, batch_size=256)
         t = time.perf_counter()
         out = [[ds[int(i)]["x"] for i in b] for b in batches]
-        rates.append(job["payload_mib"] / (time.perf_counter() - t))
-        check(out[0], batches[0])
-        del ds
-        shutil.rmtree(cache, ignore_errors=True)
 elif peer == "litdata":
     import litdata
     if job["write"]:
-        litdata.optimize(fn=lambda i: {"x": records([i])[0].tobytes()}, inputs=list(range(n)),
-                         output_dir=job["local"], chunk_bytes="64MB", num_workers=1)
-        print(json.dumps({"status": "written"}))
-        raise SystemExit(0)
-    for r, cache in enumerate(job["caches"]):
-        shutil.rmtree(cache, ignore_errors=True)
-        ds = litdata.StreamingDataset(url, cache_dir=cache, max_cache_size=job["cache_limit_str"],
+        def row(i):
+            return {"x": records([i])[0].tobytes()}
+        litdata.optimize(fn=row, inputs=list(range(n)), output_dir=job["local"],
+                         chunk_bytes="64MB", num_workers=1)
+    else:
+        ds = litdata.StreamingDataset(url, cache_dir=cache, max_cache_size="100GB",
                                       storage_options={"endpoint_url": opts["endpoint"]})
         t = time.perf_counter()
         out = [[ds[int(i)]["x"] for i in b] for b in batches]
-        rates.append(job["payload_mib"] / (time.perf_counter() - t))
-        check(out[0], batches[0])
-        del ds
-        shutil.rmtree(cache, ignore_errors=True)
 elif peer == "lance":
     import lance
     import pyarrow as pa
-    so = {"endpoint": opts["endpoint"], "allow_http": "true", "region": "us-east-1",
-          "aws_access_key_id": opts["access_key_id"],
-          "aws_secret_access_key": opts["secret_access_key"]}
     if job["write"]:
         schema = pa.schema([("x", pa.binary())])
 
         def chunks():
             for start in range(0, n, 4096):
-                rows = records(np.arange(start, min(n, start + 4096)))
+                rows = rows_of(start, min(n, start + 4096))
                 yield pa.record_batch([pa.array([r.tobytes() for r in rows], pa.binary())],
                                       schema=schema)
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, chunks()), url,
                             storage_options=so, mode="overwrite")
-    for r in range(len(job["caches"])):
+    else:
         ds = lance.dataset(url, storage_options=so)
         t = time.perf_counter()
         out = [ds.take(b.tolist(), columns=["x"]).column("x").to_pylist() for b in batches]
-        rates.append(job["payload_mib"] / (time.perf_counter() - t))
-        check(out[0], batches[0])
-print(json.dumps({"status": "ok", "mib_s": rates}))
-'''
+if job["write"]:
+    print(json.dumps({"status": "ok"}))
+else:
+    seconds = time.perf_counter() - t
+    for got, b in zip(out, batches):
+        check(got, b)
+    print(json.dumps({"status": "ok", "seconds": seconds}))
+"""
 
 PEERS = (
     # (row name, venv, peer key)
@@ -113,48 +109,66 @@ PEERS = (
 )
 
 
-def run(ctx, server, cache: Path, n: int, per_round: int, rng) -> list:
-    """One Row per peer: measured, or missing/failed with the reason."""
-    rows = []
-    batches = [rng.choice(n, 256, replace=False).tolist() for _ in range(per_round)]
-    payload = per_round * 256 * (12 << 10) / (1 << 20)
-    for name, venv, peer in PEERS:
-        row = Row(name, "peer", "-")
-        rows.append(row)
-        try:
-            python = ctx.venvs.python(venv) if ctx.venvs is not None else None
-            if python is None:
-                raise Unavailable("missing", "no private venvs")
-        except Unavailable as exc:
-            row.status = str(exc)
-            continue
-        local = cache / f"{peer}-{n}"
-        url = f"s3://bench/{peer}-{n}"
-        job = {"peer": peer, "n": n, "rec": 12 << 10, "url": url, "local": str(local),
-               "batches": batches, "payload_mib": payload, "options": server.options,
-               "env": dict(server.env, S3_ENDPOINT_URL=server.endpoint),
-               "caches": [str(ctx.workdir / f"{peer}-cache-{r}") for r in range(ctx.repeat)],
-               "cache_limit": None, "cache_limit_str": "100GB",
-               "write": not (local / ".written").exists()}
-        if peer == "litdata" and job["write"]:  # optimize locally, then upload the chunks
-            done = run_child_json([python, "-c", CHILD, json.dumps(job)], 7200)
-            if done.get("status") != "written":
-                row.status = f"failed: {done.get('reason')}"
+class Peers:
+    """The peers of one run: their rows, their copies of the data, their rounds."""
+
+    def __init__(self, ctx, server, cache: Path, n: int, per_round: int):
+        self.ctx, self.server, self.cache, self.n = ctx, server, cache, n
+        self.payload = per_round * 256 * (12 << 10) / (1 << 20)
+        self.rows: list = []
+        self.live: list = []  # (row, python, peer)
+        for name, venv, peer in PEERS:
+            row = Row(name, "peer", "-")
+            self.rows.append(row)
+            try:
+                if ctx.venvs is None:
+                    raise Unavailable("missing", "no private venvs")
+                self.live.append((row, ctx.venvs.python(venv), peer))
+            except Unavailable as exc:
+                row.status = str(exc)
+
+    def _job(self, peer: str, **kw) -> dict:
+        job = {"peer": peer, "n": self.n, "rec": 12 << 10, "url": f"s3://bench/{peer}-{self.n}",
+               "local": str(self.cache / f"{peer}-{self.n}"), "options": self.server.options,
+               "env": dict(self.server.env, S3_ENDPOINT_URL=self.server.endpoint), "write": False}
+        job.update(kw)
+        return job
+
+    def prefixes(self) -> list:
+        return [f"{peer}-{self.n}" for row, _, peer in self.live if row.ok]
+
+    def prepare(self) -> None:
+        """Writes each peer's copy once (kept in the bucket and the cache)."""
+        from bench_remote import _upload
+
+        for row, python, peer in self.live:
+            local = self.cache / f"{peer}-{self.n}"
+            marker = self.cache / f"{peer}-{self.n}.written"
+            if marker.exists():
                 continue
-            from bench_remote import _upload
-            _upload(local, url, server.options)
-        if job["write"]:
-            local.mkdir(parents=True, exist_ok=True)
-        job["write"] = job["write"] and peer != "litdata"
-        result = run_child_json([python, "-c", CHILD, json.dumps(job)], 7200)
-        if result.get("status") != "ok":
-            row.status = f"failed: {result.get('reason', 'no result')}"
-            continue
-        (local / ".written").write_text("1")
-        row.gather_mibs = list(result["mib_s"])
-        row.batches_timed = per_round * len(row.gather_mibs)
-    return rows
+            shutil.rmtree(local, ignore_errors=True)
+            self.ctx.log(f"remote: writing the {peer} copy")
+            done = run_child_json([python, "-c", CHILD, json.dumps(self._job(peer, write=True))],
+                                  7200)
+            if done.get("status") != "ok":
+                row.status = f"failed: {done.get('reason', 'no result')}"
+                continue
+            if peer == "litdata":  # optimize() wrote locally: upload its chunks
+                _upload(local, f"s3://bench/{peer}-{self.n}", self.server.options)
+            marker.write_text("1")
 
-
-if __name__ == "__main__":  # pragma: no cover - run through bench.py
-    sys.exit("run through scripts/bench.py remote")
+    def round(self, batches: list) -> None:
+        """One timed round of every peer, each from a fresh cache."""
+        for row, python, peer in self.live:
+            if not row.ok:
+                continue
+            cache = self.ctx.workdir / f"{peer}-cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            job = self._job(peer, batches=[b.tolist() for b in batches], cache=str(cache))
+            result = run_child_json([python, "-c", CHILD, json.dumps(job)], 3600)
+            shutil.rmtree(cache, ignore_errors=True)
+            if result.get("status") != "ok":
+                row.status = f"failed: {result.get('reason', 'no result')}"
+                continue
+            row.gather_mibs.append(self.payload / result["seconds"])
+            row.batches_timed += len(batches)
