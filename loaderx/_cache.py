@@ -284,6 +284,14 @@ def _punch(fd: int, offset: int, length: int) -> None:
         done += n
 
 
+def _file_id(path: str) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _lockf(fd: int, start: int, length: int, wait: bool) -> bool:
     """An exclusive POSIX lock on bytes [start, start+length) of `fd`."""
     try:
@@ -332,10 +340,13 @@ class Cache:
 
     @classmethod
     def get(cls, root: str, limit: Optional[int] = None) -> "Cache":
+        """The cache at `root` (made if missing); one object per directory
+        and process, made again if the directory was replaced (deleted and
+        made anew) since."""
         root = os.path.realpath(os.path.expanduser(root))
         with cls._instances_lock:
             c = cls._instances.get(root)
-            if c is None:
+            if c is None or not c._current():
                 c = cls(root)
                 cls._instances[root] = c
         if limit is not None:
@@ -368,8 +379,13 @@ class Cache:
         if int(head[0]) != _MAGIC or int(head[1]) != 1:
             raise CorruptStoreError(f"{root}: not a loaderx cache directory (remove it)")
         self._head = head  # [magic, version, tick, used bytes]
+        self._state_id = _file_id(state)
         # Per slot: the oldest read in flight, the oldest prefetch kept.
         self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
+
+    def _current(self) -> bool:
+        """Whether the directory still holds the state this object maps."""
+        return _file_id(os.path.join(self.root, "state")) == self._state_id
 
     @contextlib.contextmanager
     def _flock(self) -> Iterator[None]:
@@ -518,13 +534,15 @@ class Cache:
         return out
 
     # -- replicas
-    def replica(self, key: str) -> "Replica":
+    def replica(self, key: str, recheck: bool = False) -> "Replica":
+        """This process's view of replica `key`; with `recheck` (at an open),
+        made again if the replica was deleted and made anew meanwhile."""
         p = self.proc()
         r = p.replicas.get(key)
-        if r is None:
+        if r is None or (recheck and not r.current()):
             with p.tlock:
                 r = p.replicas.get(key)
-                if r is None:
+                if r is None or (recheck and not r.current()):
                     r = p.replicas[key] = Replica(self, key)
         return r
 
@@ -573,6 +591,7 @@ class Replica:
         self.key = key
         self.dir = os.path.join(cache.stores, key)
         self.state = _ReplicaState(os.path.join(self.dir, "cache.state"))
+        self._state_id = _file_id(os.path.join(self.dir, "cache.state"))
         self.layout = self.state.layout
         lay = self.layout
         self._fds: dict = {}
@@ -584,6 +603,9 @@ class Replica:
         self._checked = np.zeros(-(-lay.record_count // 8), np.uint8)
         self._checked_at = self.state.evictions
         self.fetched = 0  # bytes this process fetched for this replica
+
+    def current(self) -> bool:
+        return _file_id(os.path.join(self.dir, "cache.state")) == self._state_id
 
     def fd(self, name: str) -> int:
         """A descriptor of one of the replica's files, kept open: closing any

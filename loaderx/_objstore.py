@@ -344,15 +344,17 @@ class _Files:
         self._lock = threading.Lock()
 
     def fd(self, path: str) -> int:
+        st = os.stat(path)  # the file now at `path`, not one deleted since
+        key = (path, st.st_dev, st.st_ino)
         with self._lock:
-            fd = self._fds.get(path)
+            fd = self._fds.get(key)
             if fd is None:
                 if len(self._fds) >= 64:
                     for old in list(self._fds.values()):
                         os.close(old)
                     self._fds.clear()
                 fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-                self._fds[path] = fd
+                self._fds[key] = fd
             return fd
 
 

@@ -338,7 +338,8 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
     url = url.rstrip("/")
     cache = cfg.cache()
     if pins is not None and cache.has_replica(pins["key"]):
-        return Binding(url, cfg, pins["key"], pins["etags"], cache.replica(pins["key"]).layout)
+        return Binding(url, cfg, pins["key"], pins["etags"],
+                       cache.replica(pins["key"], recheck=True).layout)
     opts = cfg.options
 
     def meta_get():
@@ -372,6 +373,7 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
         except ZrecordError as e:
             raise type(e)(f"{url}: {str(e).replace(local, '').lstrip(': ')}", path=url) from None
     cache.materialize(key, meta, layout, {"url": url, "etags": etags}, check)
+    cache.replica(key, recheck=True)
     return Binding(url, cfg, key, etags, layout)
 
 

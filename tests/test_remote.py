@@ -690,3 +690,14 @@ def test_a_process_killed_mid_fetch_leaves_nothing_marked_and_nothing_locked(
     assert_same(store[idx], dense[idx])
     assert time.monotonic() - t < 20
     store.close()
+
+
+def test_a_cache_directory_deleted_between_opens_is_made_anew_not_trusted(tmp_path, s3, url,
+                                                                          data):
+    dense, _ = data
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        ds = opened(url, cache, s3, columns=["raw"])
+        assert_same(ds["raw"][[1, 2, 300]], dense[[1, 2, 300]])
+        ds["raw"].close()
+        shutil.rmtree(cache)
