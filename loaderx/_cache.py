@@ -307,11 +307,48 @@ def _unlockf(fd: int, start: int, length: int) -> None:
     fcntl.lockf(fd, fcntl.LOCK_UN, length, start, 0)
 
 
+#: Bumped in every forked child: what a process holds is rebuilt there
+#: (cheaper to check on every read than a getpid call).
+_FORKS = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+class _Guard:
+    """The cache's state lock as a context manager: this process's threads
+    (a reentrant lock), then other processes (``flock``)."""
+
+    def __init__(self, proc: "_Proc"):
+        self.proc = proc
+
+    def __enter__(self) -> "_Proc":
+        p = self.proc
+        p.tlock.acquire()
+        if p.depth == 0:
+            try:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_EX)
+            except BaseException:
+                p.tlock.release()
+                raise
+        p.depth += 1
+        return p
+
+    def __exit__(self, *exc) -> None:
+        p = self.proc
+        p.depth -= 1
+        try:
+            if p.depth == 0:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        finally:
+            p.tlock.release()
+
+
 class _Proc:
     """What one process holds in a cache (rebuilt in a forked child)."""
 
     def __init__(self, cache: "Cache"):
         self.pid = os.getpid()
+        self.forks = _FORKS[0]
         self.tlock = threading.RLock()
         self.lock_fd = os.open(os.path.join(cache.root, "lock"),
                                os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -330,6 +367,7 @@ class _Proc:
         self.replicas: dict = {}  # key -> Replica
         self.depth = 0  # nesting of locked()
         self.warned = False
+        self.guard = _Guard(self)
 
 
 class Cache:
@@ -400,7 +438,7 @@ class Cache:
 
     def proc(self) -> _Proc:
         p = self._proc
-        if p is not None and p.pid != os.getpid():
+        if p is not None and p.forks != _FORKS[0]:
             # A forked child: the parent's locks, slot and descriptors are not
             # its own (a thread of the parent may have held the lock at fork).
             self._proc_lock = threading.Lock()
@@ -413,20 +451,10 @@ class Cache:
                     self._watermarks[p.slot] = _NONE
         return p
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[_Proc]:
-        """The cache's state lock (this process's threads, then other processes)."""
-        p = self.proc()
-        with p.tlock:
-            if p.depth == 0:
-                fcntl.flock(p.lock_fd, fcntl.LOCK_EX)
-            p.depth += 1
-            try:
-                yield p
-            finally:
-                p.depth -= 1
-                if p.depth == 0:
-                    fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+    def locked(self) -> _Guard:
+        """The cache's state lock (this process's threads, then other
+        processes); ``with cache.locked() as proc:``."""
+        return self.proc().guard
 
     # -- reads in use (eviction watermarks)
     def begin(self, p: _Proc, pin: bool) -> int:
