@@ -44,7 +44,7 @@ BATCH = 256
 BUCKET = "bench"
 # records, batches per round, records of the first-batch store, server
 SIZES = {
-    "tiny": (2000, 3, 10**4, "moto"),
+    "tiny": (600, 2, 10**4, "moto"),
     "small": (100_000, 20, 10**7, "weed"),
     "default": (1_000_000, 40, 10**8, "weed"),
 }
