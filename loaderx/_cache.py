@@ -284,6 +284,21 @@ def _punch(fd: int, offset: int, length: int) -> None:
         done += n
 
 
+def _more_descriptors() -> None:
+    """Raises this process's soft limit of open files to its hard limit (a
+    replica holds a few descriptors, and a dataset may have thousands of
+    shards); best effort."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _file_id(path: str) -> Optional[tuple]:
     try:
         st = os.stat(path)
@@ -392,6 +407,7 @@ class Cache:
         return c
 
     def __init__(self, root: str):
+        _more_descriptors()
         self.root = root
         self.limit: Optional[int] = None
         self.stores = os.path.join(root, "stores")

@@ -701,3 +701,54 @@ def test_a_cache_directory_deleted_between_opens_is_made_anew_not_trusted(tmp_pa
         assert_same(ds["raw"][[1, 2, 300]], dense[[1, 2, 300]])
         ds["raw"].close()
         shutil.rmtree(cache)
+
+
+_PRESSURE = r"""
+import sys, signal, os, numpy as np, loaderx
+url, cache, endpoint, limit, mode = sys.argv[1:6]
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+col = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, cache_limit=int(limit),
+                           storage_options=opts)["raw"]
+if mode == "read":  # many reads under a small limit: eviction pressure
+    rng = np.random.default_rng(5)
+    for _ in range(25):
+        col[rng.choice(400, 8, replace=False)]
+else:  # pin everything, then die without a word
+    col.prefetch(np.arange(400))
+    print("pinned", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3, url, proxy,
+                                                                    data):
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    limit = 40 * REC
+    ds = opened(url, cache, s3, base, columns=["raw"], cache_limit=limit)
+    store = ds["raw"]
+    step = np.array([3, 133, 266, 399])
+    store.prefetch(step)  # this process's next step
+    args = [sys.executable, "-c", _PRESSURE, url, str(cache), base, str(limit), "read"]
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data_get = lambda m, p: m == "GET" and p.endswith("raw/part-00000/data")  # noqa: E731
+    before = faults.body_bytes(data_get)
+    assert_same(store[step], dense[step])  # still cached: the other process evicted around it
+    assert faults.body_bytes(data_get) == before
+    # A process that pinned everything and died blocks nothing: once this
+    # process's own kept prefetches are older history too, all may go.
+    args[-1] = "pin-and-die"
+    died = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+    assert "pinned" in died.stdout, died.stderr
+    cache = store._remote.cache
+    assert cache.used() > limit
+    with cache.locked() as p:
+        p.pins.clear()
+        cache._publish(p)
+        cache.maybe_evict(p)
+    assert cache.used() <= limit
+    assert_same(store[step], dense[step])  # fetched again
+    store.close()
