@@ -359,12 +359,8 @@ def run_remote(ctx) -> list[Section]:
         for r in range(ctx.repeat):
             batches = [rng.choice(n, BATCH, replace=False) for _ in range(per_round)]
             fresh = ctx.workdir / f"remote-cache-{r}"
-            peers.round(batches)
-            for name, fn in (
-                ("loaderx remote, prefetch 4 ahead (cold)",
-                 lambda c: _stand_in_loop(c, batches, 4)),
-                ("loaderx remote gather (cold)", lambda c: [c.gather(b) for b in batches]),
-            ):
+
+            def loaderx_run(name: str, fn) -> None:
                 shutil.rmtree(fresh, ignore_errors=True)
                 col = loaderx.open_dataset(url, cache_dir=str(fresh),
                                            storage_options=server.options)["x"]
@@ -375,27 +371,26 @@ def run_remote(ctx) -> list[Section]:
                 if name == "loaderx remote gather (cold)":
                     fetched = col._remote.replica().fetched
                     rows[name].extra["fetched_over_payload"] = fetched / (payload * (1 << 20))
-                    # warm: the same batches again from the cache, against the
-                    # local copy (its pages in memory too); passes alternate,
-                    # the medians count (a warm pass takes milliseconds).
-                    for b in batches:
-                        local_ds["x"].gather(b)
-                    warm: dict = {"remote": [], "local": []}
-                    for _ in range(5):
-                        for key, reader in (("remote", col), ("local", local_ds["x"])):
-                            t = time.perf_counter()
-                            for b in batches:
-                                reader.gather(b)
-                            warm[key].append(payload / (time.perf_counter() - t))
-                    rows["loaderx remote gather (warm)"].gather_mibs.append(
-                        statistics.median(warm["remote"]))
-                    rows["loaderx local gather (same dataset)"].gather_mibs.append(
-                        statistics.median(warm["local"]))
+                    _warm(col, local_ds["x"], batches, payload, rows)
                 col.close()
-            t = time.perf_counter()
-            _get_ranges(url, server.options, batches)
-            rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
-                payload / (time.perf_counter() - t))
+
+            def get_ranges_run() -> None:
+                t = time.perf_counter()
+                _get_ranges(url, server.options, batches)
+                rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
+                    payload / (time.perf_counter() - t))
+            runs = [
+                lambda: loaderx_run("loaderx remote, prefetch 4 ahead (cold)",
+                                    lambda c: _stand_in_loop(c, batches, 4)),
+                lambda: loaderx_run("loaderx remote gather (cold)",
+                                    lambda c: [c.gather(b) for b in batches]),
+                get_ranges_run,
+                lambda: peers.round(batches),
+            ]
+            # Round-robin: whoever reads a round's records first warms the
+            # server's caches for the others, so the order turns every round.
+            for run in runs[r % len(runs):] + runs[:r % len(runs)]:
+                run()
         local_ds["x"].close()
         extra_rows = peers.rows
         shared = _shared(ctx, url, server, rng, n, per_round)
@@ -408,6 +403,24 @@ def run_remote(ctx) -> list[Section]:
     finally:
         if server is not None:
             server.stop()
+
+
+def _warm(col, local, batches: list, payload: float, rows: dict) -> None:
+    """The same batches again from the cache, against the local copy (its
+    pages in memory too); passes alternate and the medians count (a warm
+    pass takes milliseconds)."""
+    for b in batches:
+        local.gather(b)
+    warm: dict = {"remote": [], "local": []}
+    for _ in range(5):
+        for key, reader in (("remote", col), ("local", local)):
+            t = time.perf_counter()
+            for b in batches:
+                reader.gather(b)
+            warm[key].append(payload / (time.perf_counter() - t))
+    rows["loaderx remote gather (warm)"].gather_mibs.append(statistics.median(warm["remote"]))
+    rows["loaderx local gather (same dataset)"].gather_mibs.append(
+        statistics.median(warm["local"]))
 
 
 def _size_names() -> dict:
