@@ -140,9 +140,12 @@ pub fn build(b: *std.Build) void {
 
     // zig build test: the native suite in Debug (safety checks, UBSan on zstd)
     // and ReleaseFast (the code that ships).
+    // -Dtest-filter=NAME runs only the tests whose names contain NAME.
     const test_step = b.step("test", "Run the native test suite (Debug and ReleaseFast)");
+    const filter = b.option([]const u8, "test-filter", "Run only tests whose names contain this");
+    const filters: []const []const u8 = if (filter) |f| b.dupeStrings(&.{f}) else &.{};
     for ([_]std.builtin.OptimizeMode{ .debug, .fast }) |mode| {
-        const t = b.addTest(.{ .root_module = createModule(b, target, mode) });
+        const t = b.addTest(.{ .root_module = createModule(b, target, mode), .filters = filters });
         test_step.dependOn(&b.addRunArtifact(t).step);
     }
 

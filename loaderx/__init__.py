@@ -8,15 +8,17 @@ The public names, re-exported here from the modules that own them::
     from loaderx.mixture import Mixture
     from loaderx.tokens import TokenWindows
     from loaderx.zsampler import Sampler
-    from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, pad
+    from loaderx.dataset import from_numpy, from_iterator, open_store, open_dataset, labels, pad
     from loaderx.converters import convert
+    from loaderx.subset import select, View
+    from loaderx.columns import Column
     from loaderx.dataloader import DataLoader
 """
-__version__ = "0.1.0"
+__version__ = "3.0.0"
 
 from .converters import convert
 from .dataloader import DataLoader
-from .dataset import from_iterator, from_numpy, open_dataset, open_store, pad
+from .dataset import from_iterator, from_numpy, labels, open_dataset, open_store, pad
 from .errors import (
     BusyError,
     ClosedError,
@@ -37,7 +39,9 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
+from .columns import Column
 from .mixture import Mixture
+from .subset import View, select
 from .shardset import ShardSet
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
@@ -46,7 +50,8 @@ from .zsampler import Sampler
 __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",
     "Sampler", "DataLoader",
-    "from_numpy", "from_iterator", "open_store", "open_dataset", "convert", "pad",
+    "from_numpy", "from_iterator", "open_store", "open_dataset", "labels", "convert", "pad",
+    "select", "View", "Column",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
     "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",

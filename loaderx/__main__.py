@@ -1,4 +1,4 @@
-"""Command line: ``loaderx {info,convert,verify,compact,train-dict,bench,demo}``
+"""Command line: ``loaderx {info,convert,select,verify,compact,train-dict,bench,demo}``
 (also ``python -m loaderx``), and ``loaderx --version``.
 
 Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``https://``; settings from
@@ -6,9 +6,11 @@ the environment, ``LOADERX_CACHE_DIR`` and ``LOADERX_CACHE_LIMIT`` for the cache
 ``info`` and ``verify`` read through the cache, ``convert`` writes to one.
 
 Long commands show a progress bar with rate and ETA on a terminal and plain
-periodic log lines otherwise; ``--quiet`` silences both. Exit codes: 0 ok, 1 a
-loaderx error (one line on stderr, no traceback), 2 a usage error, 130 when
-interrupted.
+periodic log lines otherwise; ``--quiet`` silences both. Warnings are one line
+on stderr naming the input. Exit codes: 0 ok, 1 a loaderx error (one line on
+stderr, no traceback), 2 a usage error, 130 when interrupted, 141 (as if
+killed by SIGPIPE, silently) when stdout is a pipe closed early
+(``loaderx info --json X | head``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -87,6 +90,7 @@ def store_report(store) -> dict:
         "kind": store.kind,
         "dtype": str(store.dtype),
         "item_shape": list(store.item_shape) if store.item_shape is not None else None,
+        "format_version": store.format_version,
         "codec": store.codec,
         "level": store.level,
         "dictionary_bytes": len(dictionary) if dictionary else 0,
@@ -106,8 +110,8 @@ def store_report(store) -> dict:
 
 
 def _warnings(r: dict) -> list[str]:
-    if not r["records"]:
-        return []
+    if not r["records"] or (r["kind"] == "dense" and r["item_shape"] == []):
+        return []  # a scalar column (labels, metadata): one value per record is its form
     mean = r["payload_bytes"] / r["records"]
     if mean >= _TINY_RECORD_BYTES:
         return []
@@ -127,6 +131,7 @@ def _print_store(r: dict, indent: str = "") -> None:
     ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "n/a"
     lines = [
         ("kind", f"{r['kind']} ({shape})"),
+        ("format", f"loaderx store format {r['format_version']}"),
         (
             "codec",
             f"{r['codec']}"
@@ -185,20 +190,115 @@ def _dataset_report(path: str) -> dict:
     try:
         columns = {}
         for name, col in opened.items():
-            shards = col.shards if hasattr(col, "shards") else (col,)
+            stores = col.stream if hasattr(col, "text") else col  # a typed Column's store
+            shards = stores.shards if hasattr(stores, "shards") else (stores,)
             reports = [store_report(s) for s in shards]
             total = _sum_reports(reports)
             total["shards"] = len(shards)
+            total.update(_column_facts(path, name, manifest["columns"][name]))
             columns[name] = total
+        scalars = _scalar_columns(opened)
     finally:
         for col in opened.values():
             col.close()
     return {
         "path": _abs(path),
+        "manifest_version": manifest["version"],
         "rows": manifest["rows"],
         "source": manifest.get("source"),
         "columns": columns,
+        "scalar_columns": scalars,
     }
+
+
+def _scalar_columns(opened: dict) -> dict:
+    """The columns a `loaderx select` predicate can name, with their SQL types."""
+    from .subset import _info
+
+    out = {}
+    for name, col in opened.items():
+        info = _info(name, col)
+        if not info.type:
+            continue
+        entry: dict = {"type": info.type, "dtype": str(info.dtype), "nullable": info.nullable}
+        if info.categories is not None:
+            entry["categories"] = list(info.categories)
+        if info.labels is not None:
+            entry["labels"] = list(info.labels)
+        out[name] = entry
+    return out
+
+
+def _scalar_text(name: str, c: dict) -> str:
+    if "categories" in c:
+        cats = c["categories"]
+        shown = ", ".join(map(str, cats[:5])) + (", ..." if len(cats) > 5 else "")
+        what = f"categorical {c['type']} ({len(cats)}: {shown})"
+    elif c["type"] == "string":
+        what = "string"
+    else:
+        what = c["dtype"]
+        if "labels" in c:
+            what += f" (labels: {', '.join(map(str, c['labels'][:5]))}" \
+                + (", ...)" if len(c["labels"]) > 5 else ")")
+    return f"{name} {what}" + (", nullable" if c["nullable"] else "")
+
+
+def _column_facts(path: str, name: str, entry: dict) -> dict:
+    """What the manifest says of a column beyond its stores: label names,
+    the images' mode, a role (``key``)."""
+    from .dataset import labels
+
+    facts: dict = {}
+    names = labels(path, name)
+    if names is not None:
+        facts["labels"] = names
+    for key in ("image_mode", "image_modes", "role"):
+        if key in entry:
+            facts[key] = entry[key]
+    return facts
+
+
+def _source_files(source: dict) -> list[dict]:
+    """The manifest's source files as ``{"path", "rows"}`` (rows may be
+    missing: manifests before loaderx 0.2 listed names only, or a count)."""
+    files = source.get("files")
+    if not isinstance(files, list):
+        return []
+    out = []
+    for f in files:
+        if isinstance(f, str):
+            out.append({"path": f})
+        elif isinstance(f, dict) and isinstance(f.get("path"), str):
+            out.append(f)
+    return out
+
+
+_FILES_SHOWN = 20
+_LABELS_SHOWN = 10
+
+
+def _print_source(src: dict, indent: str) -> None:
+    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    files = _source_files(src)
+    for f in files[:_FILES_SHOWN]:
+        rows = f.get("rows")
+        span = f"rows {rows[0]:,}:{rows[1]:,}" if isinstance(rows, list) and len(rows) == 2 else ""
+        print(f"{indent}  {f['path']}  {span}".rstrip())
+    if len(files) > _FILES_SHOWN:
+        print(f"{indent}  ... {len(files) - _FILES_SHOWN:,} more files (--json lists them all)")
+
+
+def _print_facts(col: dict, indent: str) -> None:
+    if "labels" in col:
+        names = col["labels"]
+        shown = ", ".join(names[:_LABELS_SHOWN]) + (", ..." if len(names) > _LABELS_SHOWN else "")
+        print(f"{indent}{'labels:':<10} {shown} ({len(names):,} names; loaderx.labels(ds, name))")
+    if "image_mode" in col:
+        seen = ", ".join(f"{m} {n:,}" for m, n in (col.get("image_modes") or {}).items())
+        print(f"{indent}{'images:':<10} {col['image_mode']}" + (f" (seen: {seen})" if seen else ""))
+    if col.get("role") == "key":
+        print(f"{indent}{'role:':<10} key (where each row came from)")
 
 
 def _sum_reports(reports: list[dict]) -> dict:
@@ -235,16 +335,54 @@ def _print_dataset(report: dict, indent: str = "") -> None:
         return
     src = report.get("source") or {}
     print(f"{indent}dataset:   {report['path']}")
+    print(f"{indent}format:    loaderx dataset manifest version {report['manifest_version']}")
     print(f"{indent}rows:      {report['rows']:,}")
-    print(f"{indent}source:    {src.get('type', '?')} {src.get('path') or ''}".rstrip())
+    _print_source(src, indent)
+    scalars = report.get("scalar_columns") or {}
+    if scalars:
+        print(f"{indent}scalar columns (loaderx select predicates name these):")
+        for name, c in scalars.items():
+            print(f"{indent}  {_scalar_text(name, c)}")
     for name, col in report["columns"].items():
         print(f"{indent}column {name!r}: {col['shards']} shard{'s' if col['shards'] != 1 else ''}")
+        _print_facts(col, indent + "  ")
         _print_store(col, indent + "  ")
 
 
+def _original_info(args) -> int:
+    """`info` on a store written by the original loaderx: what it is and the
+    command that converts it (it is not read in place)."""
+    from .converters._original_src import original_summary
+
+    r = original_summary(args.path)
+    r["convert"] = f"loaderx convert {args.path} DEST"
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    shape = f"{r['dtype']}{r['shape']}" if r["dtype"] else "bytes"
+    codecs = ", ".join(f"{n:,} {c}" for c, n in r["codecs"].items()) or "none"
+    for key, value in (
+        ("path", r["path"]),
+        ("layout", f"a store of the original loaderx (0.9.x/1.7.x), format version "
+                   f"{r['format_version']}; loaderx reads it only to convert it"),
+        ("kind", f"{r['kind']} ({shape}); converts to a {r['becomes']}"),
+        ("records", f"{r['records']:,} in {r['chunks']} chunk file{'s' * (r['chunks'] != 1)} "
+                    f"({codecs})"),
+        ("payload", _fmt_bytes(r["payload_bytes"])),
+        ("stored", f"{_fmt_bytes(r['stored_bytes'])}, dictionary "
+                   f"{_fmt_bytes(r['dictionary_bytes']) if r['dictionary_bytes'] else 'none'}"),
+        ("convert", f"{r['convert']}   (then open DEST with loaderx.open_dataset)"),
+    ):
+        print(f"{key + ':':<10} {value}")
+    return 0
+
+
 def cmd_info(args) -> int:
+    from .converters._original_src import is_original_store
     from .dataset import open_store
 
+    if not _objstore.is_url(args.path) and is_original_store(args.path):
+        return _original_info(args)
     if _is_dataset(args.path):
         report = _dataset_report(args.path)
         if args.json:
@@ -289,7 +427,12 @@ def cmd_convert(args) -> int:
         allow_tiny_records=args.allow_tiny_records,
         batch_bytes=int(args.batch_mib * (1 << 20)),
         progress=_progress_mode(args),
+        keys=not args.no_keys,
+        image_column=None if args.image_per_extension else args.image_column,
         cli=True,
+        fill_null=dict(args.fill_null or []),
+        dtype=args.dtype,
+        item_shape=args.item_shape,
     )
     elapsed = time.perf_counter() - t0
     if "splits" in manifest:
@@ -297,7 +440,8 @@ def cmd_convert(args) -> int:
         return 0
     cols = ", ".join(
         f"{n} ({c['kind']} {c['dtype']}{c['item_shape'] if c['kind'] == 'dense' else ''}, "
-        f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
+        + (f"images {c['image_mode']}, " if "image_mode" in c else "")
+        + f"{c['codec']}, {len(c['shards'])} shard{'s' if len(c['shards']) != 1 else ''})"
         for n, c in manifest["columns"].items()
     )
     _say(
@@ -309,12 +453,48 @@ def cmd_convert(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------- select
+
+
+def cmd_select(args) -> int:
+    from .subset import select
+
+    t0 = time.perf_counter()
+    sub = select(args.dataset, args.where, engine=args.engine)
+    elapsed = time.perf_counter() - t0
+    view = next(iter(sub.values()))
+    rows, total = view.rows, view.selection.total
+    try:
+        if args.out:
+            np.save(args.out, rows)
+        if args.count:
+            print(len(rows))
+            return 0
+        share = f" ({100 * len(rows) / total:.2f}%)" if total else ""
+        _say(args, f"selected {len(rows):,} of {total:,} records{share} in {elapsed:.2f} s "
+                   f"({view.selection.engine})" + (f" -> {args.out}" if args.out else ""))
+        if not args.out and len(rows):
+            preview = ", ".join(map(str, rows[:10].tolist())) + (", ..." if len(rows) > 10 else "")
+            _say(args, f"records: {preview} (--out FILE.npy saves them)")
+    finally:
+        for v in sub.values():
+            v.close()
+    return 0
+
+
 # ----------------------------------------------------------------- verify, compact
 
 
 def _stores_of(path: str) -> tuple[list, list]:
     """(stores, things to close) for a store path or a dataset directory."""
+    from .converters._original_src import is_original_store
     from .dataset import open_dataset, open_store
+    from .errors import NotAStoreError
+
+    if is_original_store(path):
+        raise NotAStoreError(f"{path} is a store written by the original loaderx (0.9.x/1.7.x), "
+                             f"which loaderx reads only to convert it: loaderx convert {path} DEST",
+                             path=path)
 
     if _is_dataset(path):
         opened = open_dataset(path)
@@ -322,7 +502,10 @@ def _stores_of(path: str) -> tuple[list, list]:
             cols = [c for split in opened.values() for c in split.values()]
         else:
             cols = list(opened.values())
-        stores = [s for c in cols for s in (c.shards if hasattr(c, "shards") else (c,))]
+        # A text or list column's mask is read through its column, not listed.
+        folded = [c.valid for c in cols if getattr(c, "valid", None) is not None
+                  and not any(c.valid is other for other in cols)]
+        stores = [s for c in cols + folded for s in (c.shards if hasattr(c, "shards") else (c,))]
         return stores, cols
     store = open_store(path)
     return [store], [store]
@@ -353,7 +536,31 @@ def _each_store(args, label: str, action) -> tuple:
     return records, before, after, time.perf_counter() - t0, len(stores)
 
 
+def _original_verify(args) -> int:
+    """`verify` on a store written by the original loaderx: every entry and
+    every frame decoded, then the command that converts it."""
+    from .converters._original_src import OriginalSource
+    from .converters._progress import make_progress
+    from .converters._source import Options
+
+    t0 = time.perf_counter()
+    src = OriginalSource(args.path, Options())
+    with make_progress(_progress_mode(args), float(src.rows), "verify", "records") as bar:
+        for start in range(0, src.rows, 4096):
+            src.read_all(start, min(start + 4096, src.rows))
+            bar.update(min(4096, src.rows - start))
+    src._close()
+    _say(args, f"ok: {src.rows:,} records of a store written by the original loaderx (format "
+               f"version {src.version}) verified in {time.perf_counter() - t0:.2f} s; convert "
+               f"it with: loaderx convert {args.path} DEST")
+    return 0
+
+
 def cmd_verify(args) -> int:
+    from .converters._original_src import is_original_store
+
+    if is_original_store(args.path):
+        return _original_verify(args)
     records, _, _, dt, count = _each_store(args, "verify", lambda s: s.verify())
     _say(
         args,
@@ -500,6 +707,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_info)
     _convert_parser(sub, quiet)
+    p = sub.add_parser(
+        "select", parents=[quiet], help="the records of a dataset where a SQL predicate holds",
+        description="WHERE: a SQL boolean expression over the scalar columns (loaderx info "
+        "lists them), e.g. \"label = 3 AND score > 0.5\"; subqueries need DuckDB.",
+    )
+    p.add_argument("dataset")
+    p.add_argument("where")
+    p.add_argument("--count", action="store_true", help="print only the number of records")
+    p.add_argument("--out", help="save the record indices (sorted int64) to this .npy file")
+    p.add_argument("--engine", choices=["arrow", "duckdb"], default=None,
+                   help="pyarrow.compute or DuckDB (default: pyarrow, DuckDB for SQL beyond it)")
+    p.set_defaults(fn=cmd_select)
     for name, fn, text in (
         ("verify", cmd_verify, "check every record of a store or dataset"),
         ("compact", cmd_compact, "reclaim deleted bytes of a store or dataset"),
@@ -522,6 +741,23 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _fill_null(text: str) -> tuple:
+    """--fill-null COL=VALUE: VALUE as a number or bool when it reads as one."""
+    col, eq, value = text.partition("=")
+    if not eq or not col:
+        raise argparse.ArgumentTypeError(f"expected COL=VALUE, got {text!r}")
+    parsed: object = value
+    for cast in (int, float):
+        try:
+            parsed = cast(value)
+            break
+        except ValueError:
+            continue
+    if value.lower() in ("true", "false"):
+        parsed = value.lower() == "true"
+    return col, parsed
+
+
 def _batch_mib(text: str) -> float:
     """--batch-mib: a finite size of at least one byte."""
     try:
@@ -539,13 +775,16 @@ def _convert_parser(sub, quiet) -> None:
         parents=[quiet],
         help="convert data into a loaderx dataset directory",
         description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png) or "
-        "WebDataset .tar shards. DST: a new dataset directory.",
+        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
+        "WebDataset .tar shards or a store written by the original loaderx 0.9.x/1.7.x "
+        "(meta.zr). DST: a new dataset directory.",
     )
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--codec", default="zstd", choices=["raw", "zstd"])
-    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument(
+        "--level", type=int, default=None, help="zstd level (default 3; 19 with a dictionary)"
+    )
     p.add_argument(
         "--dict", action="store_true", help="train a zstd dictionary per column (small records)"
     )
@@ -565,14 +804,50 @@ def _convert_parser(sub, quiet) -> None:
     p.add_argument(
         "--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length"
     )
-    p.add_argument("--allow-tiny-records", action="store_true", help="accept rows under 64 bytes")
+    p.add_argument("--allow-tiny-records", action="store_true",
+                   help="accepted for compatibility (scalar columns need no flag)")
+    p.add_argument("--fill-null", action="append", type=_fill_null, metavar="COL=VALUE",
+                   help="store COL's nulls as VALUE instead of keeping a COL.valid mask "
+                   "(repeatable)")
+    p.add_argument(
+        "--no-keys",
+        action="store_true",
+        help="no 'key' column (a tar sample's __key__, an image's path under the folder)",
+    )
+    images = p.add_mutually_exclusive_group()
+    images.add_argument(
+        "--image-column",
+        default="image",
+        metavar="NAME",
+        help="WebDataset: the column of each sample's image, jpg, png, webp... (default image)",
+    )
+    images.add_argument(
+        "--image-per-extension",
+        action="store_true",
+        help="WebDataset: one column per image extension instead",
+    )
     p.add_argument(
         "--batch-mib",
         type=_batch_mib,
         default=16.0,
         help="MiB read and written at a time (default 16)",
     )
+    p.add_argument("--dtype", default=None, help="an original loaderx store's record dtype "
+                   "(where its schema.msgpack cannot be read)")
+    p.add_argument("--item-shape", type=_shape, default=None,
+                   help="with --dtype: dense records of this shape, e.g. 3,32,32 ('' for scalars)")
     p.set_defaults(fn=cmd_convert)
+
+
+def _shape(text: str) -> tuple:
+    """--item-shape: comma-separated non-negative ints ('' for a scalar)."""
+    try:
+        dims = tuple(int(d) for d in text.replace(" ", "").split(",") if d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"dimensions must be >= 0, got {text!r}")
+    return dims
 
 
 def main(argv=None) -> int:
@@ -585,7 +860,11 @@ def main(argv=None) -> int:
     from .errors import ZrecordError
 
     try:
-        return args.fn(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args)
+            return args.fn(args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"loaderx {args.cmd}: interrupted", file=sys.stderr)
         return 130
@@ -593,6 +872,28 @@ def main(argv=None) -> int:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1
+
+
+def _warning_printer(args):
+    """`warnings.showwarning` for the CLI: one line naming the input, never
+    the loaderx source line that raised it."""
+    where = getattr(args, "src", None) or getattr(args, "path", None)
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        prefix = f"{where}: " if where and not text.startswith(str(where)) else ""
+        print(f"loaderx {args.cmd}: warning: {prefix}{text}", file=sys.stderr)
+
+    return show
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix
+    tools killed by SIGPIPE do, with nothing left to flush at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ typedef struct {
     uint64_t dict_size;
     uint64_t user_size;
     uint64_t fixed_size;
+    uint64_t frame_size;
 } lx_info_t;
 typedef struct {
     uint64_t records;
@@ -43,9 +44,15 @@ typedef struct {
     uint32_t lanes;
 } lx_loader_config_t;
 typedef struct {
+    uint64_t cycle;
+    uint64_t offset;
+    uint64_t steps_left;
+} lx_cursor_t;
+typedef struct {
     uint64_t length;
     uint64_t seed;
     uint64_t weight;
+    lx_cursor_t cursor;
 } lx_source_t;
 typedef struct {
     uint32_t kind;
@@ -65,13 +72,14 @@ typedef struct {
     uint64_t separator;
     uint32_t has_separator;
     uint32_t itemsize;
+    uint64_t epoch;
 } lx_windows_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int);
 const char *lx_last_error(void);
-int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, lx_store **);
+int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, uint64_t, lx_store **);
 void lx_close(lx_store *);
 void lx_free(lx_store *);
 int lx_len(lx_store *, uint64_t *);
@@ -89,15 +97,19 @@ int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_verify_records(lx_store *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
-int lx_sampler_fill(uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
+int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);
+int lx_sampler_fill(uint64_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
+int lx_mixture_step_max(const lx_source_t *, uint32_t, uint64_t, uint64_t *);
+int lx_mixture_cursors(const lx_source_t *, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t, lx_cursor_t *);
 uint32_t lx_lanes(void);
 void lx_set_lanes(uint32_t);
-int lx_windows_index(const lx_part_t *, uint32_t, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t);
+int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);
 int lx_loader_wait(lx_loader *, uint64_t, uint32_t *, uint8_t **, uint64_t *);
-void lx_loader_reset(lx_loader *, uint64_t, uint64_t);
+int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *);
 void lx_loader_stop(lx_loader *);
 void lx_loader_free(lx_loader *);
 void lx_debug_fault(uint32_t, uint64_t, int);
@@ -122,6 +134,6 @@ LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
 FORMAT_VERSION = 2
-STRUCT_SIZES = {"lx_info_t": 40, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 64, "lx_source_t": 24, "lx_column_t": 16,
-    "lx_loader_part_t": 24, "lx_windows_t": 40}
+STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
+    "lx_loader_config_t": 64, "lx_cursor_t": 24, "lx_source_t": 48,
+    "lx_column_t": 16, "lx_loader_part_t": 24, "lx_windows_t": 48}

@@ -71,8 +71,8 @@ class StepBuffers:
 class Engine:
     def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, seed: int,
                  mode: int, transform: Optional[Callable[[Dict[str, Any]], Any]],
-                 out: Dict[str, List[np.ndarray]], workers: int, window: int, step: int,
-                 position: int, packed: bool, lanes: int) -> None:
+                 out: Dict[str, List[np.ndarray]], workers: int, window: int, base: Any,
+                 packed: bool, lanes: int) -> None:
         self.plan = plan
         self.transform = transform
         self.out = out
@@ -98,8 +98,9 @@ class Engine:
         # ``waiter`` (see take_built); workers wait for room in the window.
         self.waiter: Optional[Any] = None
         self.room_changed = threading.Condition(self.lock)
-        self.base_step = step
-        self.base_position = position
+        # Where the steps from base.step start (a loaderx._state.Base).
+        self.base = base
+        step = base.step
         self.step_claim = step
         self.step_deliver = step
         self.step_submit = step
@@ -123,8 +124,7 @@ class Engine:
             return
         # Started only once the ring exists: a ring that fails to open (a
         # store closed before the first batch) raises again at the next try.
-        self.ring = Ring(self.plan, step=self.step_submit, position=self.base_position,
-                         **self.ring_args)
+        self.ring = Ring(self.plan, base=self.base.at(self.step_submit), **self.ring_args)
         self.started = True
         if not self.python_work:
             return
@@ -146,7 +146,7 @@ class Engine:
                 # The last take stopped part-way (KeyboardInterrupt, a closed
                 # loader): the step it held may be half taken. Going back to
                 # the next undelivered step rebuilds it exactly.
-                self.reset_locked(self.step_deliver, self.position_of(self.step_deliver))
+                self.reset_locked(self.base_at(self.step_deliver))
             self.torn = True
             taken = self.take_locked()
             self.torn = False
@@ -224,19 +224,22 @@ class Engine:
                 self.step_deliver = step + 1
         return step, batch, error
 
+    def base_at(self, step: int) -> Any:
+        """Where `step` (at or after the base's) starts: its Base."""
+        return self.base.at(step)
+
     def position_of(self, step: int) -> int:
         """The global position of the first record of `step`."""
-        return (self.base_position
-                + (step - self.base_step) * self.batch_size * self.ring_args["world"])
+        return self.base.position_of(step)
 
-    def reset(self, step: int, position: int) -> None:
-        """Drop everything prefetched and continue at ``step``, whose first
-        record is at global ``position``. Waits for the batches being built
-        first, so none can still write into an output array the pool may
-        hand out again."""
+    def reset(self, base: Any) -> None:
+        """Drop everything prefetched and continue at `base` (its step, its
+        first record's global position, and any cursors). Waits for the
+        batches being built first, so none can still write into an output
+        array the pool may hand out again."""
         self.refuse_own_worker("load_state_dict()")
         with self.consumer:
-            self.reset_locked(step, position)
+            self.reset_locked(base)
 
     def refuse_own_worker(self, call: str) -> None:
         """A worker thread of this engine must not wait for its own steps."""
@@ -245,7 +248,7 @@ class Engine:
                 f"{call} called from this DataLoader's own transform (or stream) on "
                 f"{threading.current_thread().name}: it would wait for itself forever")
 
-    def reset_locked(self, step: int, position: int) -> None:
+    def reset_locked(self, base: Any) -> None:
         """``reset()`` for the caller that holds ``consumer``. Interrupted
         part-way, it leaves the engine ``torn``: the next take resets again."""
         self.torn = True
@@ -261,10 +264,10 @@ class Engine:
                 raise LoaderClosedError("DataLoader was closed during load_state_dict()")
             self.draining = False
             if self.ring is not None:
-                self.ring.reset(step, position)
+                self.ring.reset(base)
             self.submitted.clear()
-            self.base_step, self.base_position = step, position
-            self.step_submit = self.step_claim = self.step_deliver = step
+            self.base = base
+            self.step_submit = self.step_claim = self.step_deliver = base.step
             self.room_changed.notify_all()
         self.torn = False
 

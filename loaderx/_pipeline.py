@@ -113,19 +113,22 @@ class Ring:
     GIL until the step is built. The ring keeps its stores alive: closing one
     while it runs fails the next step with ``ClosedError``."""
 
-    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, step: int,
-                 position: int, seed: int, mode: int, window: int, threads: int,
-                 lanes: int) -> None:
+    def __init__(self, plan: Plan, *, batch_size: int, rank: int, world: int, base: Any,
+                 seed: int, mode: int, window: int, threads: int, lanes: int) -> None:
+        """`base` (a `loaderx._state.Base`): the first step, its position and,
+        for a CYCLIC mixture, every source's cursor there."""
         self.plan = plan
         self.columns = plan.native
         self._keep: List[Any] = []  # handles and structs the native side points at
         config = ffi.new("lx_loader_config_t *", {
-            "batch_size": batch_size, "rank": rank, "world": world, "position": position,
-            "step": step, "seed": seed, "mode": mode, "window": window, "threads": threads,
+            "batch_size": batch_size, "rank": rank, "world": world, "position": base.position,
+            "step": base.step, "seed": seed, "mode": mode, "window": window, "threads": threads,
             "lanes": lanes})
+        cursors = base.cursors or [(0, 0, 0)] * len(plan.lengths)
         sources = ffi.new("lx_source_t[]", [
-            {"length": n, "seed": s, "weight": w}
-            for n, s, w in zip(plan.lengths, plan.seeds, plan.weights)])
+            {"length": n, "seed": s, "weight": w,
+             "cursor": {"cycle": c[0], "offset": c[1], "steps_left": c[2]}}
+            for n, s, w, c in zip(plan.lengths, plan.seeds, plan.weights, cursors)])
         columns = ffi.new("lx_column_t[]", max(1, len(self.columns)))
         parts = self._parts()
         for c, col in enumerate(self.columns):
@@ -215,9 +218,15 @@ class Ring:
                            f"building step {step}{column})")
         return error, []
 
-    def reset(self, step: int, position: int) -> None:
-        """Caller holds the engine's lock and has checked it is not closed."""
-        lib.lx_loader_reset(self.handle, step, position)
+    def reset(self, base: Any) -> None:
+        """Continue at `base` (a `loaderx._state.Base`). Caller holds the
+        engine's lock and has checked it is not closed."""
+        cursors = ffi.NULL
+        if base.cursors is not None:
+            cursors = ffi.new("lx_cursor_t[]", [
+                {"cycle": c[0], "offset": c[1], "steps_left": c[2]} for c in base.cursors])
+        _lib.check(lib.lx_loader_reset(self.handle, base.step, base.position, cursors),
+                   None, "DataLoader")
 
     def close(self) -> None:
         """Stop the threads, wait for every waiter to leave, free the ring."""

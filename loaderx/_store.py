@@ -11,18 +11,15 @@ closes a store that was dropped without `close()` (without syncing: records
 appended are in the page cache and survive the process, but only
 ``sync()``/``close()`` survive a power loss).
 
-Fork: a child inherits its parent's descriptors, and a file lock belongs to
-the open file, not to the process. So right after a fork the child gives up
-its copies of the parent's writer lock (a child that never touched the
-store kept it locked after the parent closed it), and takes a shared lock of
-its own on each inherited store's ``meta`` (else the parent's delete or
-compact saw no other handle and moved records under the child's reads).
+Fork: the library makes each handle a forked child inherits the child's
+own (src/Store.zig, "Fork"): the child never keeps the parent's writer lock,
+and it holds its own shared lock on the store while it has the handle open.
+Nothing here takes part.
 """
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
@@ -36,6 +33,7 @@ from .errors import (
     IdentityError,
     InvalidArgumentError,
     LockedError,
+    NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
 )
@@ -253,9 +251,9 @@ class Store:
         def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0):
+                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
+                 frame_size: int = 0):
         self._handle = None
-        self._fork_hold: weakref.finalize | None = None  # a forked child's meta lock
         self._path = _store_path(path)
         self._readonly = False
         # A URL opens the cache's replica of the remote store (loaderx.remote);
@@ -274,7 +272,12 @@ class Store:
                          _lib.CODECS[create_codec],
                          level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
                          len(user),
-                         fixed_size if create_codec == "raw" else 0, out)
+                         fixed_size if create_codec == "raw" else 0,
+                         frame_size if create_codec != "raw" else 0, out)
+        if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
+            raise NotAStoreError(f"{self._path} is a store written by the original loaderx "
+                                 "(0.9.x/1.7.x), read only to convert it: loaderx.convert(path, "
+                                 "dest) or `loaderx convert PATH DEST`", path=self._path)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
         # This store as a one-part index space for the gathers (a call holds
@@ -285,15 +288,15 @@ class Store:
             check(lib.lx_info(self._handle, info), self._path)
             self._codec = _lib.CODEC_NAMES[info.codec]
             self._level = int(info.level)
+            self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
+            self._frame_size = int(info.frame_size)
             self._identity = identity.decode(self._blob("user"), self._path)
             self._check_reopen(codec, level, d)
         except BaseException:
             self.close()
             raise
-        self._files = _file_ids(self._native_path)
         self._readonly = self._remote is not None
-        _OPEN.add(self)
 
     def _check_reopen(self, codec: str | None, level: int | None, dict_bytes: bytes) -> None:
         """An explicit codec, level or dictionary must match an existing store's."""
@@ -417,8 +420,20 @@ class Store:
         return self._level
 
     @property
+    def format_version(self) -> int:
+        """The on-disk format version the store is written in (``loaderx info`` shows it)."""
+        return self._format_version
+
+    @property
     def closed(self) -> bool:
         return self._handle is None
+
+    @property
+    def frame_size(self) -> int:
+        """Bytes of one zstd frame of a long record (0: one frame per record).
+        Records longer than this are stored seekable: a token window decodes
+        only the frames it reads (see RaggedStore)."""
+        return self._frame_size
 
     def __len__(self) -> int:
         n = ffi.new("uint64_t *")
@@ -501,9 +516,6 @@ class Store:
         finally:
             self._handle = None
             lib.lx_close(h)
-            _OPEN.discard(self)
-            if self._fork_hold is not None:
-                self._fork_hold()  # closes the child's lock on meta
         if rc != _RC_FAILED:
             check(rc, self._path, "sync")
 
@@ -665,90 +677,3 @@ def _reopen_remote(cls, binding):
     from . import remote
     with remote.opening(binding):
         return cls(binding.url)
-
-
-# ----------------------------------------------------------------- fork
-
-#: Open stores of this process, for the fork handler.
-_OPEN: "weakref.WeakSet[Store]" = weakref.WeakSet()
-
-
-def _file_ids(path: str) -> dict:
-    """``{"meta": (dev, ino), "lock": (dev, ino)}`` of a store's files (those
-    that exist), to find their descriptors after a fork."""
-    ids = {}
-    for name in ("meta", "lock"):
-        try:
-            st = os.lstat(os.path.join(path, name))
-        except OSError:
-            continue
-        ids[name] = (st.st_dev, st.st_ino)
-    return ids
-
-
-def _fds_by_file() -> dict:
-    """This process's open descriptors by the file they refer to."""
-    where = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    found: dict = {}
-    for name in os.listdir(where):
-        try:
-            st = os.fstat(int(name))
-        except (OSError, ValueError):
-            continue
-        found.setdefault((st.st_dev, st.st_ino), []).append(int(name))
-    return found
-
-
-def _drop_inherited_locks(fds: list) -> None:
-    """Points the child's copies of a writer lock at /dev/null: the native
-    handle still owns (and will close) those descriptor numbers, but they no
-    longer hold the lock's open file, so the lock goes with the parent's."""
-    null = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        for fd in fds:
-            os.dup2(null, fd, inheritable=False)
-    finally:
-        os.close(null)
-
-
-def _hold_meta(store: Store, fds: dict) -> None:
-    """Takes a shared lock on `store`'s meta through an open file of the
-    child's own, as every other open handle does (kept until it closes)."""
-    import fcntl
-
-    ident = store._files.get("meta")
-    inherited = fds.get(ident, [])
-    if store._fork_hold is not None:
-        store._fork_hold()  # a grandchild: the copy it inherited from its parent
-    # /proc/self/fd/N opens the same file anew, even if the store was renamed.
-    source = f"/proc/self/fd/{inherited[0]}" if inherited and os.path.isdir("/proc/self/fd") \
-        else os.path.join(store._native_path, "meta")
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    st = os.fstat(fd)
-    try:
-        if (st.st_dev, st.st_ino) != ident:
-            raise OSError(f"{source} is no longer the store's meta")
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return
-    store._fork_hold = weakref.finalize(store, os.close, fd)
-
-
-def _after_fork_in_child() -> None:
-    stores = [s for s in list(_OPEN) if s._handle is not None]
-    if not stores:
-        return
-    fds = _fds_by_file()
-    for s in stores:
-        # A handle opened before the store had a lock file may have made it since.
-        lock = s._files.get("lock") or _file_ids(s._native_path).get("lock")
-        try:
-            _drop_inherited_locks(fds.get(lock, []) if lock else [])
-            _hold_meta(s, fds)
-        except OSError:  # best effort: the store's files are gone or unreadable
-            s._fork_hold = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

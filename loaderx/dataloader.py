@@ -24,8 +24,15 @@ Order and determinism
     configuration): the same whatever the thread count, ``prefetch`` or
     timing. Steps cover a global stream of record positions: step ``s``
     holds positions ``[p_s, p_s + world * batch_size)``, and rank ``r`` of
-    ``shard=(r, world)`` its slice ``[r * B, (r + 1) * B)``. The loader is
-    endless unless ``stop_after`` is given; ``len()`` is not defined.
+    ``shard=(r, world)`` its slice ``[r * B, (r + 1) * B)``. In CYCLIC mode
+    (the default) no batch ever repeats a record: each cycle is a fresh
+    permutation of the records that serves ``length // (world *
+    batch_size)`` whole global batches and drops the rest (a different rest
+    each cycle), and each source of a mixture takes a step's records from
+    one cycle of its own (see `loaderx.Mixture`). A global batch that cannot
+    avoid a repeat (larger than the records, or than a mixture source's
+    share of one step) is refused; IID and SEQUENTIAL take any. The loader
+    is endless unless ``stop_after`` is given; ``len()`` is not defined.
 
 Output
     Dense streams give ``(batch_size, *item_shape)`` arrays; ragged streams a
@@ -36,30 +43,40 @@ Output
 
 Checkpoints and elastic resume
     ``state_dict()`` is a small, versioned dict of plain values (it pickles
-    and round-trips through JSON)::
+    and round-trips through JSON; built by ``loaderx._state``)::
 
-        {"version": 2, "seed": 0, "mode": "CYCLIC", "step": 1234, "position": 315904,
-         "batch_size": 256, "shard": [rank, world], "lengths": {"x": 50000}, "sources": None}
+        {"version": 3, "seed": 0, "mode": "CYCLIC", "step": 1234, "position": 315904,
+         "batch_size": 256, "shard": [rank, world], "lengths": {"x": 50000},
+         "sources": None, "cursors": None, "fingerprints": {"x": None}}
 
     ``step`` is the next *undelivered* step (batches prefetched but not yet
     returned are not counted) and ``position`` the global record position of
-    its first record. ``load_state_dict()`` checks the fields that define the
-    record sequence (seed, mode, stream lengths, mixture sources and weights;
-    a mismatch is a ``ValueError`` naming the field and both values), throws
-    away whatever was prefetched, and continues at that position in O(1):
-    with the same global batch (world * batch_size) on any number of ranks,
-    the union over ranks of every later step equals the uninterrupted run's;
-    with another global batch, CYCLIC and SEQUENTIAL continue the exact
-    global record sequence (IID continues with fresh draws, as it draws by
-    position). Version-1 states (step-based) are read too. The ``rank`` a
-    state was saved on does not matter: every rank's state holds the same
-    global position.
+    its first record; in one-source CYCLIC mode that is ``cycle * length +
+    offset``: the cycle the next batch comes from and where in it. A CYCLIC
+    mixture adds each source's ``cursors`` (``[cycle, offset, steps_left]``),
+    and ``fingerprints`` holds each stream's ``fingerprint`` (the record set
+    it reads; None without one). ``load_state_dict()`` checks the fields that
+    define the record sequence (seed, mode, stream lengths and fingerprints,
+    mixture sources and weights; a mismatch is a ``ValueError`` naming the
+    field and both values), throws away whatever was prefetched, and
+    continues at that position in O(1): with the same global batch (world *
+    batch_size) on any number of ranks, the union over ranks of every later
+    step equals the uninterrupted run's. With another global batch, SEQUENTIAL
+    continues the exact global record sequence, IID continues with fresh
+    draws (it draws by position), and CYCLIC continues inside the same cycle
+    from the same offset, serves as many whole new batches as the rest of the
+    cycle holds, drops the remainder and goes on with whole cycles, so no
+    record repeats within the cycle (each mixture source likewise within its
+    own cycle). States of versions 1 and 2, written before CYCLIC dropped the
+    cycle's rest, are refused with the reason. The ``rank`` a state was saved
+    on does not matter: every rank's state holds the same global position.
 
 Epochs for people who count them
-    ``steps_per_epoch`` is one CYCLIC cycle of a one-source loader (length /
-    global batch, rounded up); ``epoch_of(step)`` the cycle a step starts in.
-    ``stop_after=N`` ends iteration when ``step`` reaches ``N`` (an absolute
-    step, so a resumed loader stops at the same place).
+    ``steps_per_epoch`` is one CYCLIC cycle of a one-source loader: ``length
+    // (world * batch_size)`` steps, exactly (the cycle's rest is dropped);
+    ``epoch_of(step)`` the cycle a step's batch comes from. ``stop_after=N``
+    ends iteration when ``step`` reaches ``N`` (an absolute step, so a
+    resumed loader stops at the same place).
 
 Errors
     An exception raised by a gather or by ``transform`` while building step
@@ -105,14 +122,13 @@ Recycled output buffers (``out=``)
 
 from __future__ import annotations
 
-import numbers
 import os
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from loaderx import _abi
+from loaderx import _abi, _state
 from loaderx._engine import Engine
 from loaderx._pipeline import Plan
 from loaderx.errors import LoaderClosedError
@@ -122,12 +138,8 @@ from loaderx.zsampler import Sampler
 __all__ = ["DataLoader"]
 
 #: Version of the dict written by ``DataLoader.state_dict()``.
-STATE_VERSION = 2
+STATE_VERSION = _state.STATE_VERSION
 
-_STATE_KEYS = {
-    1: ("version", "seed", "mode", "step", "batch_size", "shard", "lengths"),
-    2: ("version", "seed", "mode", "step", "position", "batch_size", "shard", "lengths", "sources"),
-}
 _STORE_KINDS = ("dense", "ragged", "bytes")
 
 #: Bounds of the native prefetch ring (``src/Loader.zig``): threads, steps in
@@ -135,12 +147,6 @@ _STORE_KINDS = ("dense", "ragged", "bytes")
 _WORKERS_MAX = _abi.LOADER_THREADS_MAX
 _WINDOW_MAX = _abi.LOADER_WINDOW_MAX
 _COLUMNS_MAX = _abi.LOADER_COLUMNS_MAX
-
-#: Steps are int64 (JSON- and checkpoint-friendly), with room for the window.
-_STEP_MAX = 2**63 - 2**20
-#: Global record positions (``step * batch_size * world`` from step 0) stay
-#: below this, so every later position, and every state_dict(), fits 64 bits.
-_POSITION_MAX = 2**63
 
 
 def _default_worker_count() -> int:
@@ -151,9 +157,7 @@ def _default_worker_count() -> int:
         return os.cpu_count() or 1
 
 
-def _is_int(value: Any) -> bool:
-    """True for Python and numpy integers, but not for ``bool``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+_is_int = _state.is_int
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -186,8 +190,16 @@ def _check_streams(streams: Any) -> Dict[str, Any]:
         raise ValueError(f"streams must all have the same length, got {lengths}")
     for name, length in lengths.items():
         if length == 0:
-            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load")
+            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load"
+                             f"{empty_note(streams[name])}")
     return dict(streams)
+
+
+def empty_note(stream: Any) -> str:
+    """Why an empty stream is empty, when it is a `loaderx.select` subset."""
+    selection = getattr(stream, "selection", None)
+    describe = getattr(selection, "describe", None)
+    return f" (the subset selects {describe()})" if callable(describe) else ""
 
 
 def _check_out(
@@ -257,8 +269,8 @@ class DataLoader:
         prefetch: >= 1; the loader works at most ``prefetch + workers`` steps
             (at most 65536) ahead of the next undelivered one.
         shard: ``(rank, world)`` for multi-process training, or ``None``.
-        step: the first step to deliver (its first record at global position
-            ``step * batch_size * world``).
+        step: the first step to deliver, as if the loader had run from step 0
+            (O(1): nothing is replayed).
         out: recycled output buffers for dense streams (see the module docs).
         ragged: ``"list"`` (a list of arrays per batch) or ``"packed"``
             (``(values, row_splits)``) for ragged streams.
@@ -298,19 +310,18 @@ class DataLoader:
             raise ValueError(f"ragged must be 'list' or 'packed', got {ragged!r}")
         if stop_after is not None:
             stop_after = _check_int("stop_after", stop_after, 0)
-        _check_step("step", step)
+        _state.check_step("step", step)
         plan = Plan(streams, 0)
         if len(plan.columns) > _COLUMNS_MAX:
             raise ValueError(f"at most {_COLUMNS_MAX} streams, got {len(plan.columns)}")
         # The sampler checks batch_size, mode, seed, step and shard (and says
-        # which value is wrong); the loader keeps its normalised values.
-        sampler = Sampler(plan.lengths[0], batch_size, mode, seed, step=step, shard=shard)
-        position = sampler.step * sampler.global_batch_size
-        if position > _POSITION_MAX:
-            raise ValueError(
-                f"step * batch_size * world (the first record's global position) must be "
-                f"<= 2**63, got {sampler.step} * {sampler.batch_size} * {sampler.shard[1]}")
+        # which value is wrong); the loader keeps its normalised values. A
+        # mixture's sources are checked one by one (the Track).
+        length = plan.lengths[0] if len(plan.lengths) == 1 else min(sum(plan.lengths), 2**63)
+        sampler = Sampler(length, batch_size, mode, seed, step=step, shard=shard)
         plan = Plan(streams, sampler.seed)
+        self._track = _state.Track(plan, sampler)
+        base = self._track.start(sampler.step)
         self._plan = plan
         self._sampler = sampler
         self._prefetch, self._workers, self._stop_after = prefetch, workers, stop_after
@@ -322,7 +333,7 @@ class DataLoader:
         self._engine = Engine(
             plan, batch_size=sampler.batch_size, rank=rank, world=world, seed=sampler.seed,
             mode=int(sampler.mode), transform=transform, out=out_checked, workers=workers,
-            window=window, step=sampler.step, position=position, packed=ragged == "packed",
+            window=window, base=base, packed=ragged == "packed",
             # With a thread per core, each gather runs on its own thread alone.
             lanes=1 if workers >= cores else 0)
         self._finalizer = weakref.finalize(self, Engine.shutdown, self._engine)
@@ -362,7 +373,8 @@ class DataLoader:
 
     @property
     def position(self) -> int:
-        """The global position of the next batch's first record."""
+        """The global position of the next batch's first record (one-source
+        CYCLIC: ``cycle * length + offset``, see the module docs)."""
         engine = self._require_engine()
         return engine.position_of(engine.step_deliver)
 
@@ -393,91 +405,40 @@ class DataLoader:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Steps of one CYCLIC cycle through a one-source loader's records
-        (length / global batch, rounded up)."""
+        """Steps of one CYCLIC cycle through a one-source loader's records:
+        ``length // (world * batch_size)``, exactly (each cycle serves that many
+        whole batches and drops the rest of its records). In SEQUENTIAL and IID
+        mode, a pass over the records is ``length / global batch`` steps; this
+        is its whole part."""
         if self._plan.mixture is not None:
             raise TypeError("a Mixture has no single epoch: each source cycles on its own")
-        return -(-self._plan.lengths[0] // self._sampler.global_batch_size)
+        return self._plan.lengths[0] // self._sampler.global_batch_size
 
     def epoch_of(self, step: int) -> int:
-        """The CYCLIC cycle (epoch) that `step`'s first record belongs to."""
+        """The CYCLIC cycle (epoch) `step`'s batch comes from (SEQUENTIAL, IID:
+        the pass over the records its first record is in). Steps before this
+        loader's start or last restore are counted as if this configuration
+        had run from step 0."""
         _ = self.steps_per_epoch
         step = _check_int("step", step, 0)
-        return self._require_engine().position_of(step) // self._plan.lengths[0]
+        engine = self._require_engine()
+        base = engine.base if step >= engine.base.step else self._track.start(0)
+        return base.position_of(step) // self._plan.lengths[0]
 
     # -- checkpoints --------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """A small versioned dict from which ``load_state_dict`` resumes exactly."""
-        rank, world = self._sampler.shard
-        return {
-            "version": STATE_VERSION,
-            "seed": self._sampler.seed,
-            "mode": self._sampler.mode.name,
-            "step": self.step,
-            "position": self.position,
-            "batch_size": self._sampler.batch_size,
-            "shard": [rank, world],
-            "lengths": self._lengths_state(),
-            "sources": self._sources_state(),
-        }
-
-    def _lengths_state(self) -> Dict[str, Any]:
-        plan = self._plan
-        if plan.mixture is None:
-            return {c.name: plan.lengths[0] for c in plan.columns}
-        return {name: {c.name: n for c in plan.columns}
-                for name, n in zip(plan.source_names, plan.lengths)}
-
-    def _sources_state(self) -> Optional[Dict[str, Any]]:
-        plan = self._plan
-        if plan.mixture is None:
-            return None
-        return {"names": list(plan.source_names), "weights": list(plan.weights)}
+        """A small versioned dict from which ``load_state_dict`` resumes exactly
+        (see the module docs and ``loaderx._state``)."""
+        engine = self._require_engine()
+        return _state.state_dict(self._plan, self._sampler, engine.base_at(engine.step_deliver))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the state's position, discarding every prefetched batch.
         Raises ``ValueError`` (``TypeError`` for a wrongly typed field) when
         the state does not describe this loader's record sequence."""
-        step, position = self._check_state(state)
-        self._usable_engine().reset(step, position)
-
-    def _check_state(self, state: Any) -> Tuple[int, int]:
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        version = state.get("version")
-        if not _is_int(version) or version not in _STATE_KEYS:
-            raise ValueError(f"unsupported DataLoader state version {version!r}; "
-                             f"this loaderx reads versions {sorted(_STATE_KEYS)}")
-        keys = _STATE_KEYS[version]
-        missing = [key for key in keys if key not in state]
-        if missing:
-            raise ValueError(f"DataLoader state is missing {missing}")
-        unknown = sorted(str(key) for key in state if key not in keys)
-        if unknown:
-            raise ValueError(f"DataLoader state has unknown keys {unknown}")
-        _check_state_types(state)
-        step = int(state["step"])
-        _check_step("state step", step)
-        shard = state["shard"]
-        if version == 1:
-            position = _check_position(step * int(state["batch_size"]) * int(shard[1]))
-        else:
-            position = _check_position(state["position"])
-        _check_equal("mode", state["mode"], self._sampler.mode.name)
-        _check_equal("seed", state["seed"], self._sampler.seed)
-        self._check_lengths(state["lengths"])
-        if version == 2:
-            _check_equal("sources", state["sources"], self._sources_state())
-        return step, position
-
-    def _check_lengths(self, lengths: Mapping[str, Any]) -> None:
-        own = self._lengths_state()
-        if sorted(lengths) != sorted(own):
-            raise ValueError(f"state streams {sorted(lengths)} differ from "
-                             f"this loader's {sorted(own)}")
-        for name, length in own.items():
-            _check_equal(f"lengths[{name!r}]", lengths[name], length)
+        base = _state.load_state(state, self._plan, self._sampler, self._track)
+        self._usable_engine().reset(base)
 
     # -- lifetime -----------------------------------------------------------------
 
@@ -541,42 +502,3 @@ class DataLoader:
         if self.closed:
             raise LoaderClosedError("DataLoader is closed")
         return engine
-
-
-def _check_state_types(state: Mapping[str, Any]) -> None:
-    step = state["step"]
-    if not _is_int(step) or step < 0:
-        raise TypeError(f"state step must be an int >= 0, got {step!r}")
-    for key in ("seed", "batch_size"):
-        if not _is_int(state[key]):
-            raise TypeError(f"state {key} must be an int, got {state[key]!r}")
-    if state["batch_size"] < 1:
-        raise ValueError(f"state batch_size must be >= 1, got {state['batch_size']!r}")
-    if not isinstance(state["mode"], str):
-        raise TypeError(f"state mode must be a str, got {state['mode']!r}")
-    shard = state["shard"]
-    if (isinstance(shard, (str, bytes)) or not isinstance(shard, Sequence) or len(shard) != 2
-            or not all(_is_int(value) for value in shard) or not 0 <= shard[0] < shard[1]):
-        raise TypeError(f"state shard must be [rank, world], got {shard!r}")
-    lengths = state["lengths"]
-    if not isinstance(lengths, Mapping) or not all(isinstance(name, str) for name in lengths):
-        raise TypeError(f"state lengths must be a dict of str -> int, got {lengths!r}")
-
-
-def _check_position(position: Any) -> int:
-    if not _is_int(position) or position < 0:
-        raise TypeError(f"state position must be an int >= 0, got {position!r}")
-    if position > _POSITION_MAX:
-        raise ValueError(f"state position must be <= 2**63, got {position}")
-    return int(position)
-
-
-def _check_step(field: str, step: Any) -> None:
-    """The upper bound of a step (the sampler refuses negative ones)."""
-    if _is_int(step) and step > _STEP_MAX:
-        raise ValueError(f"{field} must be in [0, {_STEP_MAX}], got {step}")
-
-
-def _check_equal(field: str, state_value: Any, own_value: Any) -> None:
-    if state_value != own_value:
-        raise ValueError(f"state {field} is {state_value!r} but this loader has {own_value!r}")

@@ -13,24 +13,43 @@ import contextlib
 import json
 import mmap
 import os
+import re
 import shutil
+import stat
 from typing import Any, Iterable
 
 import numpy as np
 
-from . import _objstore
+from . import _locks, _objstore
 from ._store import Store, stored_kind
-from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, ZrecordError
+from .errors import (
+    BusyError,
+    CorruptStoreError,
+    NotAStoreError,
+    StoreNotFoundError,
+    ZrecordError,
+)
 from .zrecord import DenseStore, RaggedStore, Zrecord
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
-           "DestinationExistsError", "MANIFEST_NAME"]
+           "labels", "DestinationExistsError", "MANIFEST_NAME"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
+#: Version 2 names a generation directory (``"generation": "gen-000001"``)
+#: that holds every part: the manifest's paths all start with it, and an
+#: overwrite writes a new generation beside the old one, then replaces the
+#: manifest in one atomic rename. Version 1 (parts straight under the
+#: dataset directory) is still read.
 MANIFEST_NAME = "loaderx.json"
 MANIFEST_FORMAT = "loaderx-dataset"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+#: The name of a generation directory.
+GENERATION_RE = re.compile(r"gen-[0-9]{6,}")
 _MODES = ("create", "append", "overwrite")
+_KINDS = ("dense", "ragged", "bytes")
+#: Opens of a dataset that another process replaces faster than this many
+#: times in a row give up with BusyError.
+_OPEN_ATTEMPTS = 50
 
 
 class DestinationExistsError(ZrecordError, FileExistsError):
@@ -64,8 +83,8 @@ def prepare_store_path(path, mode: str, flag_style: str = "python") -> bool:
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
-               dict_bytes: bytes | None = None, chunk_bytes: int = 64 << 20,
-               progress=None, mode: str = "create") -> DenseStore:
+               dict_bytes: bytes | None = None, dict_size: int | None = None,
+               chunk_bytes: int = 64 << 20, progress=None, mode: str = "create") -> DenseStore:
     """Stream `array` (rows are records; an ``np.load(..., mmap_mode="r")``
     array or a path to a ``.npy`` file) into a new DenseStore in chunks of about
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
@@ -74,6 +93,14 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     ``"append"`` or ``"overwrite"``. A URL `path` (``s3://``, ``gs://``,
     ``az://``) builds the store locally, uploads it and returns it opened from
     there (read-only; ``"append"`` is refused: append to a dataset instead).
+
+    ``codec="zstd_dict"`` without `dict_bytes` trains the dictionary here, as
+    the original loaderx did: from up to 16 MiB of rows drawn at random with a
+    fixed seed (the same array gives the same dictionary), at most `dict_size`
+    bytes (default 128 KiB, `train_dict`'s "balanced" tier). When zstd cannot
+    train one (too few or too uniform rows) the store is plain ``zstd``, with a
+    warning. `level` None is the codec's default: 3, or 19 for ``zstd_dict``.
+    Appending to an existing ``zstd_dict`` store reuses its dictionary.
     """
     if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
         from . import remote
@@ -91,7 +118,12 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if array.dtype.hasobject:
         raise TypeError(f"dtype {array.dtype} holds Python objects, which cannot be stored")
-    prepare_store_path(path, mode)
+    appending = prepare_store_path(path, mode)
+    if dict_size is not None and (codec != "zstd_dict" or dict_bytes is not None):
+        raise ValueError("dict_size= sizes the dictionary from_numpy trains, which it does for "
+                         "codec='zstd_dict' without dict_bytes=")
+    if codec == "zstd_dict" and dict_bytes is None:
+        codec, dict_bytes = _own_dictionary(path, array, dict_size, appending)
     store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level,
                        dict_bytes=dict_bytes)
     try:
@@ -110,6 +142,26 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         store.close()
         raise
     return store
+
+
+def _own_dictionary(path, array: np.ndarray, size: int | None, appending: bool) -> tuple:
+    """(codec, dictionary) for a zstd_dict store from_numpy writes: an existing
+    store's own, else one trained on a bounded, seeded sample of `array`'s rows."""
+    import warnings
+
+    from .dictionary import train_dict
+    from .errors import DictionaryError
+
+    if appending:
+        with DenseStore(path) as existing:
+            if existing.codec == "zstd_dict":
+                return "zstd_dict", existing.dictionary()
+    try:
+        return "zstd_dict", train_dict(array, "balanced", size=size)
+    except DictionaryError as e:
+        warnings.warn(f"{os.fspath(path)}: no dictionary ({e}); the store uses plain zstd",
+                      stacklevel=3)
+        return "zstd", None
 
 
 def _page_releaser(array: np.ndarray):
@@ -223,8 +275,9 @@ def read_manifest(path, *, storage_options=None) -> dict:
     try:
         with open(file, "rb") as f:
             text = f.read()
-    except OSError as e:
-        raise _manifest_error(p, f"cannot be read ({e})") from None
+    except FileNotFoundError:  # replaced by a rename just now
+        raise StoreNotFoundError(f"{p}: {MANIFEST_NAME} disappeared while being read", path=p) \
+            from None
     return _checked_manifest(p, text)
 
 
@@ -232,40 +285,52 @@ def _checked_manifest(p: str, text: bytes) -> dict:
     """`text` (a manifest file's bytes) parsed and checked."""
     try:
         manifest = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
         raise _manifest_error(p, f"is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise _manifest_error(p, f"is not a {MANIFEST_FORMAT} manifest")
     version = manifest.get("version")
-    if not isinstance(version, int) or not 1 <= version <= MANIFEST_VERSION:
+    if type(version) is not int or not 1 <= version <= MANIFEST_VERSION:
         raise _manifest_error(p, f"has version {version!r}; this loaderx reads up to "
                                  f"{MANIFEST_VERSION}")
+    generation = manifest.get("generation") if version >= 2 else None
+    if version >= 2 and not (isinstance(generation, str) and GENERATION_RE.fullmatch(generation)):
+        raise _manifest_error(p, f"names no generation directory (got {generation!r})")
     if "splits" in manifest:
         splits = manifest["splits"]
         if not isinstance(splits, dict) or not splits:
             raise _manifest_error(p, "has an empty or malformed 'splits'")
         for name, sub in splits.items():
-            if not _inside(sub) or os.path.normpath(sub) == ".":
+            if not _inside(sub, generation) or os.path.normpath(sub) == ".":
                 raise _manifest_error(p, f"split {name!r} names {sub!r}, which is not a "
-                                         "directory inside this one")
+                                         "directory inside this one"
+                                      + (f" (under {generation})" if generation else ""))
         return manifest
-    _check_columns(p, manifest)
+    _check_columns(p, manifest, generation)
     return manifest
 
 
-def _inside(sub: Any) -> bool:
-    """Whether a manifest's relative path stays inside the dataset directory."""
-    return (isinstance(sub, str) and not os.path.isabs(sub)
-            and ".." not in sub.replace("\\", "/").split("/"))
+def _inside(sub: Any, generation: str | None = None) -> bool:
+    """Whether a manifest's relative path stays inside the dataset directory
+    (and, in a version 2 manifest, inside its generation directory)."""
+    # Paths are written with "/" on every system; a backslash would be a
+    # separator on Windows and a file-name character elsewhere: refused.
+    if not isinstance(sub, str) or not sub or os.path.isabs(sub) or "\0" in sub or "\\" in sub:
+        return False
+    parts = sub.split("/")
+    if ".." in parts:
+        return False
+    return generation is None or (parts[0] == generation and len(parts) > 1)
 
 
 def _shard_entry_ok(s: Any) -> bool:
-    return isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("rows"), int)
+    return isinstance(s, dict) and isinstance(s.get("path"), str) \
+        and type(s.get("rows")) is int and s["rows"] >= 0
 
 
-def _check_columns(p: str, manifest: dict) -> None:
+def _check_columns(p: str, manifest: dict, generation: str | None) -> None:
     columns, rows = manifest.get("columns"), manifest.get("rows")
-    if not isinstance(columns, dict) or not columns or not isinstance(rows, int):
+    if not isinstance(columns, dict) or not columns or type(rows) is not int:
         raise _manifest_error(p, "needs 'rows' and a non-empty 'columns'")
     for name, col in columns.items():
         shards = col.get("shards") if isinstance(col, dict) else None
@@ -276,9 +341,51 @@ def _check_columns(p: str, manifest: dict) -> None:
             raise _manifest_error(p, f"column {name!r} shards hold {total} rows, the dataset "
                                      f"{rows}")
         for s in shards:
-            if not _inside(s["path"]):
-                raise _manifest_error(p, f"column {name!r} names a shard outside the directory: "
-                                         f"{s['path']!r}")
+            if not _inside(s["path"], generation):
+                raise _manifest_error(p, f"column {name!r} names a shard outside the directory"
+                                         + (f" {generation}" if generation else "")
+                                         + f": {s['path']!r}")
+        _check_column_type(p, name, col)
+
+
+def _check_column_type(p: str, name: str, col: dict) -> None:
+    """A column's kind, dtype, item_shape and codec are of the types the
+    converters write (they are compared with each part's at open)."""
+    kind, dtype, shape = col.get("kind"), col.get("dtype"), col.get("item_shape")
+    if kind not in _KINDS:
+        raise _manifest_error(p, f"column {name!r} has unknown kind {kind!r}")
+    if kind != "bytes" and not isinstance(dtype, str):
+        raise _manifest_error(p, f"column {name!r} has no dtype")
+    if kind == "dense" and not (isinstance(shape, list)
+                                and all(type(d) is int and d >= 0 for d in shape)):
+        raise _manifest_error(p, f"column {name!r} has a malformed item_shape {shape!r}")
+    codecs = [col.get("codec")] + [s["codec"] for s in col["shards"] if "codec" in s]
+    if not all(isinstance(c, str) for c in codecs):
+        raise _manifest_error(p, f"column {name!r} has a malformed codec")
+
+
+def check_inside(root: str, rel: str, what: str) -> str:
+    """`root`/`rel` after checking that every existing component below `root`
+    is a directory and none is a symlink (a part must never be reached
+    through a link out of the dataset). A missing component is left for the
+    open to report. Under a URL, the joined URL (`_inside` kept ``..`` out)."""
+    if _objstore.is_url(root):
+        return _objstore.join(root, rel)
+    path = root
+    for comp in rel.split("/"):
+        path = os.path.join(path, comp)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return os.path.join(root, rel)
+        if stat.S_ISLNK(st.st_mode):
+            raise CorruptStoreError(
+                f"{root}: {what}: {os.path.relpath(path, root)} is a symlink; a dataset's "
+                "parts must lie inside its directory (refused, never followed)", path=path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise CorruptStoreError(f"{root}: {what}: {os.path.relpath(path, root)} is not a "
+                                    "directory", path=path)
+    return path
 
 
 def open_dataset(path, columns: Iterable[str] | None = None, *, cache_dir=None,
@@ -288,71 +395,214 @@ def open_dataset(path, columns: Iterable[str] | None = None, *, cache_dir=None,
     ``DatasetDict``) gives ``{split: {column: ...}}``. `columns` picks a subset.
     Opening is O(number of shards); the caller closes what it gets.
 
+    While another process overwrites or appends to the dataset, this gives
+    the dataset before or after that, whole: it holds a shared lock on the
+    generation it opens (version 2 manifests), and reads the manifest again
+    if what it named was replaced meanwhile.
+
     `path` may be a URL (``s3://bucket/ds``, ``gs://``, ``az://``,
     ``https://``): the dataset is read through a node-local cache in
     `cache_dir` (default ``$LOADERX_CACHE_DIR`` or ``~/.cache/loaderx``)
     holding at most `cache_limit` bytes (an int or ``"200GiB"``), with
-    `storage_options` for the object store; see docs/remote.md. The shards
-    are opened concurrently, each at the version on the server now."""
+    `storage_options` for the object store; see docs/remote.md. Its manifest
+    is read once and its shards opened concurrently, each at the version on
+    the server now (loaderx's writers never change a published object, so no
+    lock is needed there)."""
     p = os.fspath(path)
+    wanted = None if columns is None else list(columns)
     if _objstore.is_url(p):
         from . import remote
-        cfg = remote.config(cache_dir, cache_limit, storage_options)
-        with remote.using(cfg):
-            return _open_dataset(p, columns, remote)
-    return _open_dataset(p, columns, None)
+        with remote.using(remote.config(cache_dir, cache_limit, storage_options)):
+            return _open_manifest(p, read_manifest(p), wanted)
+    for _ in range(_OPEN_ATTEMPTS):
+        seen = _manifest_id(p)
+        manifest = read_manifest(p)
+        opened = _open_generation(p, manifest, wanted, seen)
+        if opened is not None:
+            return opened
+    raise BusyError(f"{p}: the dataset was replaced {_OPEN_ATTEMPTS} times while it was being "
+                    "opened; open it again", path=p)
 
 
-def _join(root: str, sub: str) -> str:
-    return _objstore.join(root, sub) if _objstore.is_url(root) else os.path.join(root, sub)
+def _manifest_id(p: str) -> tuple | None:
+    """Which file the manifest of `p` is now (a writer replaces it by a
+    rename, which makes a new file)."""
+    try:
+        st = os.stat(os.path.join(p, MANIFEST_NAME))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _open_dataset(p: str, columns: Iterable[str] | None, remote: Any) -> dict:
-    manifest = read_manifest(p)
+def _open_generation(p: str, manifest: dict, wanted: list | None,
+                     seen: tuple | None) -> dict | None:
+    """What `manifest` (read from the file `seen`) describes, opened; None
+    when it was replaced meanwhile (then the caller reads it again)."""
+    generation = manifest.get("generation")
+    try:
+        if generation is None:  # version 1: parts straight under `p`, no lock to take
+            lock: Any = contextlib.nullcontext(True)
+        else:
+            lock = _locks.reading(check_inside(p, generation, "the generation directory"))
+        with lock as held:
+            if held:
+                return _open_manifest(p, manifest, wanted)
+    except (ZrecordError, OSError):
+        if _manifest_id(p) != seen:
+            return None  # replaced meanwhile: read it again
+        raise
+    if _manifest_id(p) != seen:
+        return None
+    raise _manifest_error(p, f"names generation {generation!r}, which is missing")
+
+
+def _open_manifest(p: str, manifest: dict, wanted: list | None) -> dict:
     if "splits" in manifest:
         splits: dict = {}
         try:
             for split, sub in manifest["splits"].items():
-                splits[split] = _open_dataset(_join(p, sub), columns, remote)
+                splits[split] = open_dataset(check_inside(p, sub, f"split {split!r}"), wanted)
         except BaseException:
             for split_columns in splits.values():
                 for store in split_columns.values():
                     store.close()
             raise
         return splits
-    wanted = list(manifest["columns"]) if columns is None else list(columns)
-    for name in wanted:
-        if name not in manifest["columns"]:
-            raise KeyError(f"{p}: no column {name!r}; the dataset has {list(manifest['columns'])}")
+    columns = manifest["columns"]
+    names = list(columns) if wanted is None else list(wanted)
+    for name in names:
+        if name not in columns:
+            raise KeyError(f"{p}: no column {name!r}; the dataset has {list(columns)}")
+    # A column's validity mask comes with it (loaderx.columns).
+    masks = [columns[n].get("valid") for n in names]
+    names += [m for m in masks if m in columns and m not in names]
     opened: dict = {}
-    bound: dict = {}
-    if remote is not None:  # every shard's open (its network round trip) at once
-        urls = [_join(p, s["path"]) for name in wanted for s in manifest["columns"][name]["shards"]]
-        bound = dict(zip(urls, remote.map_concurrently(remote.bind, urls)))
     try:
-        with remote.opening(bound) if remote is not None else contextlib.nullcontext():
-            for name in wanted:
-                opened[name] = _open_column(p, name, manifest["columns"][name]["shards"])
+        with _parts_opened(p, columns, names):
+            for name in names:
+                opened[name] = _open_column(p, name, columns[name], manifest["version"])
     except BaseException:
         for store in opened.values():
             store.close()
         raise
-    return opened
+    from .columns import wrap_columns
+    return wrap_columns(opened, columns)
 
 
-def _open_column(root: str, name: str, shards: list) -> Any:
+def _parts_opened(root: str, columns: dict, names: list) -> Any:
+    """A context in which the parts of a dataset at a URL open from bindings
+    made up front, all at once (each is a few requests); nothing locally."""
+    if not _objstore.is_url(root):
+        return contextlib.nullcontext()
+    from . import remote
+    urls = [_objstore.join(root, s["path"]) for n in names for s in columns[n]["shards"]]
+    return remote.opening(dict(zip(urls, remote.map_concurrently(remote.bind_for_open, urls))))
+
+
+def _open_column(root: str, name: str, col: dict, version: int) -> Any:
     from .shardset import ShardSet
-    paths = [_join(root, s["path"]) for s in shards]
+    shards = col["shards"]
+    paths = [check_inside(root, s["path"], f"column {name!r} part {s['path']}") for s in shards]
     opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
-    lengths = list(opened.lengths) if isinstance(opened, ShardSet) else [len(opened)]
-    for s, n, shard_path in zip(shards, lengths, paths):
-        if n != s["rows"]:
-            opened.close()
-            raise CorruptStoreError(
-                f"{root}: column {name!r} shard {s['path']} holds {n} records, the manifest says "
-                f"{s['rows']}; it was changed after it was written (run loaderx verify)",
-                path=shard_path)
+    try:
+        stores = opened.shards if isinstance(opened, ShardSet) else [opened]
+        for s, store in zip(shards, stores):
+            _check_part(root, name, col, s, store, version)
+            if len(store) != s["rows"]:
+                raise CorruptStoreError(
+                    f"{root}: column {name!r} shard {s['path']} holds {len(store)} records, the "
+                    f"manifest says {s['rows']}; it was changed after it was written (run "
+                    "loaderx verify)", path=store.path)
+    except BaseException:
+        opened.close()
+        raise
     return opened
+
+
+def _check_part(root: str, name: str, col: dict, shard: dict, store: Any, version: int) -> None:
+    """A part holds what the manifest says its column holds: kind, dtype,
+    item_shape and (version 2) codec."""
+    shape = store.item_shape
+    have = {"kind": store.kind, "dtype": str(store.dtype),
+            "item_shape": None if shape is None else list(shape)}
+    want = {key: col.get(key) for key in have}
+    if version >= 2:
+        have["codec"], want["codec"] = store.codec, shard.get("codec", col.get("codec"))
+    for key, value in have.items():
+        if want.get(key) != value:
+            raise CorruptStoreError(
+                f"{root}: column {name!r} part {shard['path']} holds {key} {value}; the manifest "
+                f"says {want.get(key)} (the part was replaced or the manifest edited)",
+                path=store.path)
+
+
+def labels(dataset, column: str) -> list[str] | None:
+    """The label names of `column`, so that ``labels(ds, "label")[code]``
+    names the label `code`: an image folder's class folders, a Hugging Face
+    ``ClassLabel``'s names, a categorical column's categories. None for a
+    column without names. `dataset` is a dataset directory or the dict
+    `open_dataset` returned (a split's, for a converted ``DatasetDict``)."""
+    manifest, where = _manifest_of(dataset, column)
+    columns = manifest["columns"]
+    if column not in columns:
+        raise KeyError(f"{where}: no column {column!r}; the dataset has {list(columns)}")
+    entry = columns[column]
+    # "class_names" is what loaderx 0.1 manifests called them; a categorical's
+    # codes are named by its "categories" (loaderx.columns).
+    names = entry.get("labels", entry.get("class_names"))
+    if names is None and isinstance(entry.get("categories"), list):
+        names = [str(c) for c in entry["categories"]]
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _manifest_error(where, f"column {column!r} has malformed 'labels'")
+    return list(names)
+
+
+def _manifest_of(dataset, column: str) -> tuple[dict, str]:
+    """(manifest, directory) of a dataset directory path or of the columns
+    `open_dataset` returned (found from the column's first shard)."""
+    if isinstance(dataset, (str, os.PathLike)):
+        where = os.fspath(dataset)
+    elif isinstance(dataset, dict):
+        if column not in dataset:
+            raise KeyError(f"no column {column!r}; the dataset has {list(dataset)}")
+        store = dataset[column]
+        shards = getattr(store, "shards", None)
+        shard = (shards[0] if shards else store).path
+        if _objstore.is_url(shard):  # DEST/gen-N/<column dir>/part-NNNNN (or without gen-N)
+            for where in (shard.rsplit("/", 3)[0], shard.rsplit("/", 2)[0]):
+                try:
+                    found = read_manifest(where)
+                except ZrecordError:
+                    continue
+                entry = found.get("columns", {}).get(column) or {}
+                first = (entry.get("shards") or [{}])[0].get("path")
+                if isinstance(first, str) and _objstore.join(where, first) == shard:
+                    return found, where
+            raise ValueError(f"column {column!r} ({shard}) was not opened from a dataset; "
+                             "give the dataset's URL")
+        shard = os.path.abspath(shard)
+        # DEST/gen-N/<column dir>/part-NNNNN, or DEST/<column dir>/part-NNNNN (version 1)
+        for where in (os.path.dirname(os.path.dirname(os.path.dirname(shard))),
+                      os.path.dirname(os.path.dirname(shard))):
+            manifest = read_manifest(where) \
+                if os.path.isfile(os.path.join(where, MANIFEST_NAME)) else None
+            entry = (manifest or {}).get("columns", {}).get(column) or {}
+            first = (entry.get("shards") or [{}])[0].get("path")
+            if manifest is not None and isinstance(first, str) \
+                    and os.path.join(where, first) == shard:
+                return manifest, where
+        raise ValueError(f"column {column!r} ({shard}) was not opened from a dataset "
+                         "directory; give the directory's path")
+    else:
+        raise TypeError(f"labels takes a dataset directory or the dict open_dataset returned, "
+                        f"not {type(dataset).__name__}")
+    manifest = read_manifest(where)
+    if "splits" in manifest:
+        raise ValueError(f"{where} holds the splits {list(manifest['splits'])}; give one "
+                         "split's directory")
+    return manifest, where
 
 
 def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -89,6 +90,26 @@ class DenseStore(Store):
 
     def _describe(self) -> str:
         return f", dtype={self._dtype}, item_shape={self._item_shape}"
+
+    def as_array(self) -> np.ndarray | None:
+        """The records as one read-only ``(len, *item_shape)`` numpy array
+        that memory-maps the store's ``data`` file, or None for a store that
+        is not raw. A raw DenseStore keeps record ``i`` at byte
+        ``i * record_bytes`` of that file, so the map is the data itself: no
+        copy, nothing read until used (a scalar column's values for a
+        predicate, or for numpy). It holds the records committed when it was
+        made; a ``delete`` or ``compact`` afterwards moves bytes under it."""
+        if not self._fixed_size:
+            return None
+        n = len(self)
+        shape = (n,) + self._item_shape
+        if n == 0:
+            empty = np.zeros(shape, self._dtype)
+            empty.flags.writeable = False
+            return empty
+        mapped = np.memmap(os.path.join(self._path, "data"), dtype=self._dtype, mode="r",
+                           shape=shape)
+        return mapped.view(np.ndarray)
 
     def append(self, array) -> int:
         """Append ``(B, *item_shape)`` records of exactly this dtype; returns the first index."""

@@ -20,7 +20,15 @@ How records are drawn (the native loader does it, see ``src/mixture.zig``):
   every source exactly.
 * Each source has its own sampler (the loader's mode), seeded from
   ``(seed, source name)``: in CYCLIC mode every source cycles through its own
-  records independently, and a small source repeats.
+  records independently (a small source starts cycles more often), and no
+  batch repeats a record of a source: a step takes all its records of a
+  source from one cycle of that source. As a source's count varies from step
+  to step, its cycles last a fixed number of steps, the most whose records
+  can never exceed its length, and drop the rest (about one step's count of
+  it, plus a record or two); this keeps seeking and resuming O(1) (the loader
+  state holds each source's cycle and offset; see ``src/mixture.zig``). A
+  source that a single step could need more records of than it has is
+  refused, naming it (use IID for such a mixture).
 * The records of a step are ordered by a keyed permutation, so any slice of
   a batch (a rank's shard, a gradient-accumulation micro-batch) has close to
   the mixture's proportions. ``batch["source"]`` (int16) names each record's
@@ -179,7 +187,10 @@ def _check_source(name: str, streams: Any) -> Dict[str, Any]:
     if len(set(lengths.values())) != 1:
         raise ValueError(f"source {name!r}: its streams must have the same length, got {lengths}")
     if next(iter(lengths.values())) == 0:
-        raise ValueError(f"source {name!r} is empty (len 0): nothing to load")
+        from .dataloader import empty_note
+
+        first = next(iter(out.values()))
+        raise ValueError(f"source {name!r} is empty (len 0): nothing to load{empty_note(first)}")
     return out
 
 

@@ -19,6 +19,11 @@ def encode_shape(shape: tuple) -> bytes:
     return np.array([len(shape), *shape], dtype="<u8").tobytes()
 
 
+# Raw bytes in one zstd frame of a long token document (see RaggedStore);
+# the measurements behind the choice are in docs/performance.md.
+TOKEN_FRAME_SIZE = 4 << 10
+
+
 class RaggedStore(Store):
     """One dtype; every record keeps its own shape (any rank, including ``()``
     and zero-length). Reads return a list of arrays in request order;
@@ -26,20 +31,34 @@ class RaggedStore(Store):
     their trailing dimensions — one flat buffer, no Python object per record.
     A batch's sizes, shapes and bytes come from one native call on one
     snapshot of the store, so no record is ever stitched from two.
+
+    `frame_size` (zstd codecs, set at create): records longer than this many
+    bytes are stored as independent zstd frames of that size plus a seek
+    table (zstd's seekable format), so a `TokenWindows` window decodes only
+    the few KiB it returns instead of its whole document. ``None`` (the
+    default) means `TOKEN_FRAME_SIZE` (4 KiB) for integer dtypes (token
+    documents) and 0 for the rest; 0 stores every record as one frame.
+    ``rs[i]`` returns whole records either way.
     """
 
     kind = "ragged"
     item_shape = None
 
     def __init__(self, path, dtype=None, *, codec: str | None = None, level: int | None = None,
-                 dict_bytes: bytes | None = None):
+                 dict_bytes: bytes | None = None, frame_size: int | None = None):
         create = dtype is not None
         ident = None
+        frames = 0
         if create:
             dt = identity.check_dtype(dtype)
             ident = identity.encode("ragged", dt)
+            frames = _frame_size(frame_size, dt, codec)
         super().__init__(path, create=create, codec=codec, level=level, dict_bytes=dict_bytes,
-                         ident=ident)
+                         ident=ident, frame_size=frames)
+        if frame_size is not None and frame_size != self._frame_size:
+            self.close()
+            raise IdentityError(f"{self._path}: existing store has frame_size="
+                                f"{self._frame_size} (asked for {frame_size})", path=self._path)
         found = self._identity
         if found.kind != "ragged":
             self.close()
@@ -112,7 +131,9 @@ class RaggedStore(Store):
             raise TypeError(f"{self._path}: append takes an iterable of records, and this 1-D "
                             f"array of {len(records)} values would make {len(records)} scalar "
                             "records; pass [array] to append it as one record, or "
-                            "append_packed(values, row_splits) for many")
+                            "append_packed(values, row_splits) for many (a flat token "
+                            "stream is read as it is by TokenWindows.from_array(array, "
+                            "seq_len))")
         if isinstance(records, np.ndarray) and records.dtype == self._dtype and records.ndim >= 1:
             records = list(records)
         arrays = (self._as_record(i, x) for i, x in enumerate(records))
@@ -180,3 +201,17 @@ class RaggedStore(Store):
         idx, scalar = self._indices(key)
         out = self._read(idx)
         return out[0] if scalar else out
+
+
+def _frame_size(frame_size, dtype: np.dtype, codec: str | None) -> int:
+    """The frame size a new store is created with (see RaggedStore)."""
+    if codec == "raw":
+        if frame_size:
+            raise ValueError("frame_size applies to the zstd codecs, not codec='raw'")
+        return 0
+    if frame_size is None:
+        return TOKEN_FRAME_SIZE if dtype.kind in "iu" else 0
+    if isinstance(frame_size, bool) or not isinstance(frame_size, (int, np.integer)) \
+            or not (frame_size == 0 or 64 <= frame_size <= 1 << 30):
+        raise ValueError(f"frame_size must be 0 or 64 to 2**30 bytes, got {frame_size!r}")
+    return int(frame_size)

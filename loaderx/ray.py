@@ -5,9 +5,9 @@ from a ``ray.data.Dataset``: every Ray write task writes one shard store per
 column, in parallel across the cluster, and the driver commits one manifest
 when all of them have finished. `dest` must be a path every node sees (the
 local disk of a one-machine cluster, or a shared file system), or a URL
-(``s3://``, ``gs://``, ``az://``): then every task uploads its shards itself
-and the driver publishes the manifest (loaderx.remote; credentials from each
-node's environment).
+(``s3://``, ``gs://``, ``az://``): then the dataset is written under the
+driver's remote cache directory (which the tasks must see, as above),
+uploaded, and published by its manifest (loaderx.remote).
 
 A failed task leaves no half-shard in the manifest: tasks write into a
 hidden staging directory, a task that fails removes what it wrote, and the
@@ -29,17 +29,17 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import tempfile
 import uuid
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _objstore
+from . import _locks, _objstore
 from .converters import ConvertError, column_codecs
-from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, require
-from .converters._dest import Destination, safe_name, spec_entry
-from .converters._run import StoreOptions, write_task
+from .converters import with_masks
+from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, mask_name, require
+from .converters._dest import Destination
+from .converters._run import StoreOptions, complete_masks, write_task
 from .converters._source import Batch, Options, Source, select_columns
 from .dataset import open_dataset, read_manifest
 
@@ -137,26 +137,17 @@ def _write_blocks(sink, blocks, ctx) -> dict:
     ]
     out = os.path.join(sink.tasks_dir, f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}")
     paths = {s.name: os.path.join(out, f"c{k}") for k, s in enumerate(specs)}
+    # Where a column's validity mask goes if nulls arrive (made on the first one).
+    paths.update({mask_name(s.name): os.path.join(out, f"c{k}.valid") for k, s in enumerate(specs)})
     opts = StoreOptions(column_codecs(specs, sink.codec), sink.level, {}, _BATCH_BYTES)
     try:
         rows = write_task(
             _BlocksSource(tables, sink.options, ctx.task_idx), None, specs, paths, opts,
-            lambda n: None,
-        )
+            lambda units, rows, nbytes: None,
+        ).rows
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    if not isinstance(sink.target, Destination):  # a URL: this task uploads its shards
-        try:
-            taken: set = set()
-            dirs = {s.name: safe_name(s.name, taken) for s in specs}
-            tag = f"t{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
-            paths = {}
-            for s in specs:
-                paths[s.name] = f"{dirs[s.name]}/{tag}"
-                sink.target.upload(os.path.join(out, f"c{specs.index(s)}"), paths[s.name])
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
     return {"task": ctx.task_idx, "rows": rows, "specs": specs, "paths": paths}
 
 
@@ -173,21 +164,9 @@ def _commit_tasks(sink, returns: list) -> dict:
                 f"Ray write tasks {done[0]['task']} and {r['task']} saw different "
                 f"column types: {specs} and {r['specs']}"
             )
-    if not isinstance(sink.target, Destination):  # a URL: the tasks uploaded the shards
-        codecs = column_codecs(specs, sink.codec)
-        columns = {}
-        for s in specs:
-            columns[s.name] = spec_entry(s, codecs[s.name])
-            columns[s.name]["shards"] = [{"path": r["paths"][s.name], "rows": r["rows"]}
-                                         for r in done]
-        # The local writer's manifest fields (Destination._manifest uses no state).
-        fresh = Destination._manifest(None, columns, sum(r["rows"] for r in done),  # type: ignore
-                                      {"type": "ray", "tasks": len(done)})
-        try:
-            return sink.target.publish(fresh)
-        except BaseException:
-            sink.target.abort()
-            raise
+    # A column with nulls in any task gets a mask in every task.
+    masks = complete_masks(specs, [r["paths"] for r in done], [r["rows"] for r in done])
+    specs = with_masks(specs, masks)
     sink.target.begin(specs)
     try:
         for k, r in enumerate(done):
@@ -196,12 +175,36 @@ def _commit_tasks(sink, returns: list) -> dict:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.rename(r["paths"][s.name], target)
         source = {"type": "ray", "tasks": len(done)}
-        return sink.target.commit(
-            specs, column_codecs(specs, sink.codec), [r["rows"] for r in done], source
-        )
+        codecs = column_codecs(specs, sink.codec)
+        codecs.update({m.name: "raw" for m in masks})
+        return sink.target.commit(specs, codecs, [r["rows"] for r in done], source)
     except BaseException:
         sink.target.abort()
         raise
+
+
+#: The task directories this process (a Ray driver) owns: path -> the
+#: descriptor of its owner lock (see loaderx._locks).
+_TASK_DIRS: dict = {}
+
+
+def _make_tasks_dir(dest: str) -> str:
+    """The hidden sibling of `dest` where the write tasks put their shards,
+    owned (locked) by this driver: if the driver is killed, the next
+    conversion to `dest` finds the lock free and removes it."""
+    parent, name = os.path.split(dest)
+    os.makedirs(parent, exist_ok=True)
+    path = os.path.join(parent, f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+    os.mkdir(path)
+    _TASK_DIRS[path] = _locks.own(path)
+    return path
+
+
+def _drop_tasks_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _TASK_DIRS.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _make_datasink(base):
@@ -209,21 +212,9 @@ def _make_datasink(base):
         """Writes each task's blocks as one shard store per column; the
         driver commits them with one manifest (see the module docs)."""
 
-        def __init__(self, dest, mode: str, codec: str, level, options: Options,
-                     storage_options=None):
-            self.target: Any
-            if _objstore.is_url(dest):  # tasks write locally and upload their shards
-                from .remote import Target, config
-
-                self.target = Target(dest, mode, config(storage_options=storage_options))
-                self.tasks_dir = os.path.join(tempfile.gettempdir(),
-                                              f"loaderx-ray-{uuid.uuid4().hex[:12]}")
-            else:
-                local = Destination(dest, mode, options.flags)
-                self.target = local
-                parent, name = os.path.split(local.dest)
-                self.tasks_dir = os.path.join(parent,
-                                              f".{name}.loaderx-ray-{uuid.uuid4().hex[:12]}")
+        def __init__(self, dest, mode: str, codec: str, level, options: Options):
+            self.target = Destination(dest, mode, options.flags)
+            self.tasks_dir = _make_tasks_dir(self.target.dest)
             self.codec, self.level, self.options = codec, level, options
             self.manifest: dict | None = None
 
@@ -237,13 +228,13 @@ def _make_datasink(base):
             try:
                 self.manifest = self._commit(write_result.write_returns)
             finally:
-                shutil.rmtree(self.tasks_dir, ignore_errors=True)
+                _drop_tasks_dir(self.tasks_dir)
 
         def _commit(self, returns: list) -> dict:
             return _commit_tasks(self, returns)
 
         def on_write_failed(self, error: Exception) -> None:
-            shutil.rmtree(self.tasks_dir, ignore_errors=True)
+            _drop_tasks_dir(self.tasks_dir)
             self.target.abort()
 
     return LoaderxDatasink
@@ -269,7 +260,7 @@ def write_dataset(
 ) -> dict:
     """Write `ray_dataset` into the dataset directory `dest`; returns the
     manifest written. Each Ray write task writes one shard per column. A URL
-    `dest` is reached with `storage_options` (else each node's environment)."""
+    `dest` is reached with `storage_options` (else the environment)."""
     _ray()
     ray_data = require("ray.data", "ray", "loaderx.ray")
     if not isinstance(ray_dataset, ray_data.Dataset):
@@ -284,11 +275,18 @@ def write_dataset(
         skip_columns=list(skip_columns or []),
         flags=Flags(),
     )
-    sink = _datasink_class()(dest, mode, codec, level, options, storage_options)
+    if _objstore.is_url(dest):  # built locally (the cache's uploads), uploaded, published
+        from .remote import config, write_dataset_to
+
+        cfg = config(storage_options=storage_options)
+        return write_dataset_to(dest, mode, lambda local: write_dataset(
+            ray_dataset, local, codec=codec, level=level, columns=columns,
+            skip_columns=skip_columns), cfg)
+    sink = _datasink_class()(dest, mode, codec, level, options)
     try:
         ray_dataset.write_datasink(sink)
     finally:
-        shutil.rmtree(sink.tasks_dir, ignore_errors=True)
+        _drop_tasks_dir(sink.tasks_dir)
     if sink.manifest is None:
         raise ConvertError(f"{dest}: the Ray write finished without committing a manifest")
     return sink.manifest

@@ -424,7 +424,7 @@ _SKIP_FILES = ("lock", "journal", ".loaderx-owner")
 
 
 def _skipped(name: str) -> bool:
-    return name in _SKIP_FILES or name.startswith("windows-") or ".tmp" in name
+    return name in _SKIP_FILES or name.startswith("windows") or ".tmp" in name
 
 
 def _files_under(root: str) -> list:
@@ -508,12 +508,9 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
 
 class Target:
     """A dataset destination in object storage, from the existence check to
-    the published manifest (or nothing, on abort): `upload` stores under
-    this write's own prefix, then `publish` the manifest."""
+    the published manifest (or nothing, on abort)."""
 
     def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
-        import uuid
-
         from .dataset import MANIFEST_NAME, _MODES, _checked_manifest
         self.cfg = cfg or config()
         if mode not in _MODES:
@@ -540,53 +537,50 @@ class Target:
         elif mode == "append":
             mode = "create"  # nothing there yet: as a local append would
         self.mode = mode
-        # Every write uploads its stores under a prefix of its own: two
-        # writers never touch each other's objects, whoever publishes first.
-        self.gen = f"g{uuid.uuid4().hex[:12]}"
-        self.uploaded: Optional[bool] = True  # None once published or aborted
+        self.uploaded: list = []
 
-    def upload(self, local_root: str, under: str = "") -> None:
-        """Uploads the files of the local dataset (or store) directory
-        `local_root` (not its manifest) to ``<url>/<gen>/<under>/...``."""
-        from .dataset import MANIFEST_NAME
-        prefix = "/".join(p for p in (self.gen, under) if p)
-        pairs = [(f"{prefix}/{key}", path) for key, path in _files_under(local_root)
-                 if key != MANIFEST_NAME]
-        _upload(pairs, self.url, self.cfg)
-
-    def publish(self, fresh: dict) -> dict:
-        """Publishes `fresh` (the uploaded dataset's manifest, its paths
-        relative to this write's prefix): returns the manifest written."""
-        import json
+    def upload(self, local_root: str, fresh: dict) -> dict:
+        """Uploads the local dataset directory `local_root` (its manifest
+        `fresh`) where this write puts it, and returns the manifest to
+        publish. Every write's objects have names of their own, so two
+        writers never touch each other's: a create or overwrite puts the
+        dataset in a new generation directory (``gen-<random>``), an append
+        puts its parts in the dataset's generation under new names."""
+        import random
 
         from .dataset import MANIFEST_NAME
-        manifest = _prefixed(fresh, self.gen)
+        uid = "".join(random.choice("0123456789") for _ in range(12))
+        move, manifest = _relocation(fresh, self.old if self.mode == "append" else None, uid)
         if self.mode == "append":
             assert self.old is not None  # an append to nothing became a create
             manifest = _appended(self.url, self.old, manifest)
+        pairs = [(move(key), path) for key, path in _files_under(local_root)
+                 if key != MANIFEST_NAME]
+        self.uploaded += [join(self.url, k) for k, _ in pairs]
+        _upload(pairs, self.url, self.cfg)
+        return manifest
+
+    def publish(self, manifest: dict) -> dict:
+        """Writes `manifest` (from `upload`) with a conditional put; an
+        overwrite then deletes the old dataset's objects."""
+        import json
+
+        from .dataset import MANIFEST_NAME
         body = (json.dumps(manifest, indent=2) + "\n").encode()
         put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
         try:
             _objstore.put(join(self.url, MANIFEST_NAME), self.cfg.options, body, put_mode)
         except Exception as e:
             raise _commit_error(self.url, e, self.mode) from None
-        self.uploaded = None  # published: the manifest names them now
+        self.uploaded = []  # published: the manifest names them now
         if self.mode == "overwrite" and self.old is not None:
             _objstore.delete_many(_named_objects(self.url, self.old, self.cfg), self.cfg.options)
         return manifest
 
     def abort(self) -> None:
-        """Deletes what this write uploaded and did not publish (everything
-        under its prefix, which only it writes: Ray tasks included)."""
-        if self.uploaded is None:
-            return
-        self.uploaded = None
-        prefix = join(self.url, self.gen)
-        try:
-            keys = [join(prefix, k) for k, _ in _objstore.list_keys(prefix, self.cfg.options)]
-        except RemoteNotFoundError:
-            keys = []
-        _objstore.delete_many(keys, self.cfg.options)
+        """Deletes what this write uploaded and did not publish."""
+        uploaded, self.uploaded = self.uploaded, []
+        _objstore.delete_many(uploaded, self.cfg.options)
 
 
 def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
@@ -602,8 +596,7 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
         fresh = build(root)
         if target.mode == "append" and target.old is not None:
             _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
-        target.upload(root)
-        return target.publish(fresh)
+        return target.publish(target.upload(root, fresh))
     finally:
         shutil.rmtree(local, ignore_errors=True)
         target.abort()
@@ -625,17 +618,40 @@ def _commit_error(url: str, e: Exception, mode: str) -> Exception:
     return e
 
 
-def _prefixed(fresh: dict, gen: str) -> dict:
-    """The manifest of a dataset uploaded under `gen/`."""
+def _relocation(fresh: dict, old: Optional[dict], uid: str) -> tuple:
+    """``(key map, manifest)`` for uploading the local dataset `fresh`: to a
+    new generation directory ``gen-<uid>``, or (an append to `old`) as parts
+    named ``<uid>-part-NNNNN`` in `old`'s generation (or, for a version 1
+    dataset, beside its parts)."""
     import copy
+    own = fresh.get("generation")
+
+    def inner(key: str) -> str:  # the key below fresh's own generation directory
+        head, sep, rest = key.partition("/")
+        return rest if own is not None and head == own and sep else key
+    if old is None:
+        gen = f"gen-{uid}"
+
+        def move(key: str) -> str:
+            return f"{gen}/{inner(key)}"
+    else:
+        base = old.get("generation")
+
+        def move(key: str) -> str:
+            folder, _, name = inner(key).rpartition("/")
+            up, _, part = folder.rpartition("/")
+            part = f"{up}/{uid}-{part}" if up else f"{uid}-{part}"
+            return f"{base}/{part}/{name}" if base else f"{part}/{name}"
     m = copy.deepcopy(fresh)
+    if old is None and own is not None:
+        m["generation"] = gen
     if "splits" in m:
-        m["splits"] = {k: f"{gen}/{v}" for k, v in m["splits"].items()}
+        m["splits"] = {k: move(f"{v}/x").rpartition("/")[0] for k, v in m["splits"].items()}
     else:
         for col in m["columns"].values():
             for sh in col["shards"]:
-                sh["path"] = f"{gen}/{sh['path']}"
-    return m
+                sh["path"] = move(f"{sh['path']}/meta").rpartition("/")[0]
+    return move, m
 
 
 def _appended(url: str, old: dict, fresh: dict) -> dict:
@@ -662,8 +678,13 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
 
 
 def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
-    """Every object of the stores a manifest names (an overwrite's old data)."""
+    """Every object of the dataset a manifest describes (an overwrite's old
+    data): its generation directory, or (version 1) the stores it names."""
     from .dataset import MANIFEST_NAME, _checked_manifest
+    gen = manifest.get("generation")
+    if gen is not None:
+        prefix = join(url, gen)
+        return [join(prefix, k) for k, _ in _objstore.list_keys(prefix, cfg.options)]
     out = []
     if "splits" in manifest:
         for sub in manifest["splits"].values():

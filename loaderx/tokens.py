@@ -18,29 +18,42 @@ Both are streams for ``DataLoader`` (built by its native threads, no Python
 thread) and for ``Mixture`` (the standard pretraining mix of sources), with
 any sampler mode and sharding.
 
-The index. The prefix sums of the document lengths (8 B per document) are
-built once, at construction: O(documents), natively. They are cached in the
-store's directory (``windows-<itemsize>[-<separator>].idx``) and memory-mapped
-on later constructions, checked against the store's record count and commit
-generation (any append or delete rebuilds it); where the directory is not
-writable the index lives in memory only. A ShardSet's index is its shards'
-indices put together (a copy: 8 B per document in memory).
+A raw ``DenseStore`` of token ids (how a 1-D token array converts) is one
+document, read natively; a ShardSet of them is one document per shard.
+``TokenWindows.from_array(np.memmap("train.bin", ...), seq_len)`` reads a
+flat token array as it is (NumPy, a Python stream for the DataLoader).
+
+Bounded decode. A window decodes only the tokens it returns: a token store
+(a RaggedStore of integers, by default) keeps documents longer than 4 KiB as
+independent zstd frames with a seek table, and a window decodes the one or
+two frames its tokens lie in; raw documents are copied from the mapping.
+
+The index. The prefix sums of the document lengths (8 B per document, in
+memory) are built at construction, natively: from the store's
+``windows.idx`` (format.zig) where it is valid, copied in and checked (its
+checksum, its binding to this store and its durable records, spot checks
+against the record table; never memory-mapped, so a file changed under a
+reader cannot crash it), and from the record table for the documents it does
+not cover, O(those documents). The file is rewritten (temporary file, fsync,
+rename, directory fsync) when more documents are durable than it covers, and
+a delete removes it before changing anything, so it never describes records
+the store no longer holds; ``verify()`` checks every entry. A directory that
+is not writable keeps the index in memory only. A ShardSet's index is its
+shards' put together (a copy).
 
 A TokenWindows reads the documents it was built over. Documents appended
-later are not in it; after a delete on its store (which moves the last
-documents into the holes) every read raises ``SizeMismatchError``: build a
-new one. Deletes followed by appends that bring a store back to at least its
-old count are not detected.
+later are not in it; after a delete on any of its stores (which moves the
+last documents into the holes) every read raises ``SizeMismatchError``,
+appends that bring the store back to its old length included: build a new
+one.
 
 A window gather is one native call: it binary-searches each window's first
 document and copies only the documents the windows overlap, raw ones
-straight from the store's mapping, compressed ones decoded once per call
-even when two windows share one.
+straight from the store's mapping, compressed ones decoded a frame at a
+time, each lane keeping its last decoded frames for the next window.
 """
 from __future__ import annotations
 
-import os
-import struct
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -51,29 +64,38 @@ from ._records import parts_array
 from ._store import check_threads, normalize_indices
 from .errors import IdentityError, SizeMismatchError
 
-__all__ = ["TokenWindows"]
-
-_MAGIC = b"LXWIDX01"
-_HEADER = struct.Struct("<8sQQQI4x")  # magic, generation, docs, separator, itemsize
-
+__all__ = ["TokenWindows", "ArrayTokenWindows"]
 
 class TokenWindows:
     """Token windows of `store` (see the module docs)."""
 
     kind = "dense"
 
+    def __new__(cls, store: Any, seq_len: int, *, separator: Optional[int] = None):
+        if getattr(store, "selection", None) is not None and cls is TokenWindows:
+            # Documents a `loaderx.select` view selects: windows over those alone.
+            from ._subset_windows import SubsetWindows
+            return SubsetWindows(store, seq_len, separator=separator)
+        return super().__new__(cls)
+
     def __init__(self, store: Any, seq_len: int, *, separator: Optional[int] = None):
-        if getattr(store, "kind", None) != "ragged" \
+        if isinstance(store, np.ndarray):
+            raise TypeError("TokenWindows reads stores; for a NumPy array (a memmap of a flat "
+                            "token file) use TokenWindows.from_array(array, seq_len)")
+        kind = getattr(store, "kind", None)
+        shape = getattr(store, "item_shape", None)
+        flat = kind == "dense" and shape is not None and tuple(shape) == ()
+        if (kind != "ragged" and not flat) \
                 or not callable(getattr(store, "__loaderx_parts__", None)):
-            raise TypeError("TokenWindows reads a RaggedStore or a ShardSet of them, "
-                            f"not {type(store).__name__}")
+            raise TypeError("TokenWindows reads a RaggedStore of token documents, a DenseStore "
+                            "of token ids (one document), or a ShardSet of either, not "
+                            f"{type(store).__name__}; for a NumPy array use "
+                            "TokenWindows.from_array")
         dtype = np.dtype(store.dtype)
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
             raise IdentityError("token documents must hold integers of 1, 2, 4 or 8 bytes, "
                                 f"not {dtype}")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-                or not 1 <= seq_len < 2**63:
-            raise ValueError(f"seq_len must be an int from 1 to 2**63 - 1, got {seq_len!r}")
+        seq_len = _check_seq_len(seq_len)
         if separator is not None:
             info = np.iinfo(dtype)
             if isinstance(separator, bool) or not isinstance(separator, (int, np.integer)) \
@@ -85,8 +107,14 @@ class TokenWindows:
         self._dtype = dtype
         self._seq_len = int(seq_len)
         self._separator = None if separator is None else int(separator)
-        self._part_list = store.__loaderx_parts__()
+        # A store of token ids is one document, and its part starts at that
+        # document's number (lx_windows_index); documents are records otherwise.
+        self._part_list = _flat_parts(store) if flat else store.__loaderx_parts__()
         self._parts = parts_array(self._part_list)
+        # Read before the index: a delete from now on fails every read.
+        epoch = ffi.new("uint64_t *")
+        check(lib.lx_windows_epoch(self._parts, len(self._part_list), epoch), self.path,
+              "token windows")
         self._prefix = _index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
         self._len = (total - 1) // self._seq_len if total else 0
@@ -94,7 +122,8 @@ class TokenWindows:
         self._spec = ffi.new("lx_windows_t *", {
             "prefix": ffi.cast("uint64_t *", self._prefix.ctypes.data),
             "docs": len(self._prefix) - 1, "seq_len": self._seq_len, "separator": sep,
-            "has_separator": self._separator is not None, "itemsize": dtype.itemsize})
+            "has_separator": self._separator is not None, "itemsize": dtype.itemsize,
+            "epoch": epoch[0]})
         self.segments = TokenSegments(self)
 
     # -- identity
@@ -198,6 +227,17 @@ class TokenWindows:
         # A reference: the store (itself a reference) and the parameters.
         return (_rebuild, (self._store, self._seq_len, self._separator))
 
+    @staticmethod
+    def from_array(tokens: np.ndarray, seq_len: int) -> "ArrayTokenWindows":
+        """Windows of one flat token array (an in-memory array, or the
+        ``np.memmap`` of a ``.bin``/``.npy`` token file as nanoGPT writes it):
+        the whole array is one document; window ``i`` is
+        ``tokens[i * seq_len : i * seq_len + seq_len + 1]``. Read with NumPy
+        (one fancy index a batch); a DataLoader reads it as a Python stream.
+        For the native path, store the tokens once (``DenseStore(path, dtype,
+        codec="raw")`` holds them as they are) and pass that store."""
+        return ArrayTokenWindows(tokens, seq_len)
+
     def __repr__(self) -> str:
         sep = f", separator={self._separator}" if self._separator is not None else ""
         return f"TokenWindows({self._store!r}, seq_len={self._seq_len}{sep}, len={self._len})"
@@ -205,6 +245,144 @@ class TokenWindows:
 
 def _rebuild(store: Any, seq_len: int, separator: Optional[int]) -> "TokenWindows":
     return TokenWindows(store, seq_len, separator=separator)
+
+
+def _flat_parts(store: Any) -> List[Tuple[Any, int]]:
+    shards = getattr(store, "shards", None)
+    stores = [store] if shards is None else [s for s in shards if len(s)]
+    for s in stores:
+        if s.codec != "raw":
+            raise ValueError(f"{s.path}: a DenseStore of token ids is read as one document "
+                             f"when it is raw (its tokens back to back); this one is {s.codec}. "
+                             "Store the tokens with codec='raw' (nothing to gain from "
+                             "compressing single tokens one by one)")
+    return [(s._h(), k) for k, s in enumerate(stores)]
+
+
+def _check_seq_len(seq_len: Any) -> int:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
+            or not 1 <= seq_len < 2**62:
+        raise ValueError(f"seq_len must be an int from 1 to 2**62 - 1, got {seq_len!r}")
+    return int(seq_len)
+
+
+class ArrayTokenWindows:
+    """`TokenWindows.from_array`: the windows of one 1-D token array."""
+
+    kind = "dense"
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1:
+            raise TypeError("from_array takes a 1-D NumPy array of token ids, got "
+                            f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+        if tokens.dtype.kind not in "iu":
+            raise IdentityError(f"tokens must be integers, not {tokens.dtype}")
+        self._tokens = tokens
+        self._seq_len = _check_seq_len(seq_len)
+        self._len = max(0, (len(tokens) - 1) // self._seq_len)
+        # Window i as row i of a strided view: one fancy index reads a batch.
+        step = tokens.strides[0]
+        self._rows = np.lib.stride_tricks.as_strided(
+            tokens, shape=(self._len, self._seq_len + 1),
+            strides=(step * self._seq_len, step), writeable=False)
+        self.segments = _ArraySegments(self)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._tokens.dtype
+
+    @property
+    def seq_len(self) -> int:
+        return self._seq_len
+
+    @property
+    def separator(self) -> None:
+        return None
+
+    @property
+    def item_shape(self) -> Tuple[int]:
+        return (self._seq_len + 1,)
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self._tokens)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
+        """Windows `indices` as a ``(len(indices), seq_len + 1)`` array,
+        written into `out` when given."""
+        check_threads(threads)
+        idx = normalize_indices(indices, self._len)[0]
+        out = _out(out, (len(idx), self._seq_len + 1), self.dtype)
+        np.take(self._rows, idx.astype(np.intp, copy=False), axis=0, out=out)
+        return out
+
+    def __getitem__(self, key):
+        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        got = self.gather([key] if scalar else key)
+        return got[0] if scalar else got
+
+    def __reduce__(self):
+        # A memmap pickles as a reference to its file; any other array by value.
+        t = self._tokens
+        where = _file_offset(t)
+        if where is not None:
+            return (_array_windows_from_file,
+                    (where[0], t.dtype.str, where[1], len(t), self._seq_len))
+        return (ArrayTokenWindows, (np.ascontiguousarray(t), self._seq_len))
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows.from_array({len(self._tokens)} tokens of {self.dtype}, "
+                f"seq_len={self._seq_len}, len={self._len})")
+
+
+def _file_offset(t: np.ndarray) -> Optional[Tuple[str, int]]:
+    """(file, byte offset of t[0]) of a contiguous memmap, else None."""
+    mm = getattr(t, "_mmap", None)
+    if not isinstance(t, np.memmap) or t.filename is None or mm is None \
+            or not t.flags.c_contiguous:
+        return None
+    import mmap
+
+    mapped_from = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
+    return t.filename, mapped_from + (t.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data)
+
+
+def _array_windows_from_file(filename: str, dtype: str, offset: int, count: int,
+                             seq_len: int) -> ArrayTokenWindows:
+    tokens = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(count,))
+    return ArrayTokenWindows(tokens, seq_len)
+
+
+class _ArraySegments:
+    """The segments of `from_array` windows: one document, all zeros."""
+
+    kind = "dense"
+    dtype = np.dtype(np.int32)
+
+    def __init__(self, windows: ArrayTokenWindows):
+        self._windows = windows
+
+    @property
+    def item_shape(self) -> Tuple[int]:
+        return self._windows.item_shape
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
+        check_threads(threads)
+        idx = normalize_indices(indices, len(self._windows))[0]
+        out = _out(out, (len(idx), self._windows.seq_len + 1), self.dtype)
+        out.fill(0)
+        return out
+
+    def __getitem__(self, key):
+        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        got = self.gather([key] if scalar else key)
+        return got[0] if scalar else got
 
 
 class TokenSegments:
@@ -280,7 +458,7 @@ def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray
     pieces, offset = [], 0
     nonempty = [s for s in shards if len(s)]
     for k, shard in enumerate(nonempty):
-        p = _store_index(shard, itemsize, separator)
+        p = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
         pieces.append(p[:-1] + offset)
         offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
     pieces.append(np.array([offset], np.uint64))
@@ -288,54 +466,13 @@ def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray
 
 
 def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
-    docs = len(store)
-    generation = store.generation
-    sep = separator if separator is not None else -1
+    """One store's prefix sums, natively: from its windows.idx where that is
+    valid (copied in, checked), the record table for the rest."""
+    docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
     if getattr(store, "is_remote", False):
-        store._remote.all_index()  # every document's size; the cache goes in the replica
-    cache = os.path.join(getattr(store, "_native_path", store.path), f"windows-{itemsize}"
-                         + (f"-{sep}" if separator is not None else "") + ".idx")
-    cached = _load_cache(cache, generation, docs, sep, itemsize)
-    if cached is not None:
-        return cached
+        store._remote.all_index()  # every document's size, in the cache's replica
     prefix = np.empty(docs + 1, np.uint64)
-    handles = store.__loaderx_parts__()
-    parts = parts_array(handles)
-    check(lib.lx_windows_index(parts, len(handles), itemsize, separator is not None,
+    check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
                                ffi.cast("uint64_t *", prefix.ctypes.data), docs),
           store.path, "token window index")
-    _save_cache(cache, prefix, generation, docs, sep, itemsize)
     return prefix
-
-
-def _load_cache(path: str, generation: int, docs: int, sep: int,
-                itemsize: int) -> Optional[np.ndarray]:
-    try:
-        with open(path, "rb") as f:
-            header = f.read(_HEADER.size)
-        if len(header) != _HEADER.size:
-            return None
-        magic, gen, n, s, size = _HEADER.unpack(header)
-        if magic != _MAGIC or gen != generation or n != docs or s != sep & (2**64 - 1) \
-                or size != itemsize:
-            return None
-        prefix = np.memmap(path, dtype=np.uint64, mode="r", offset=_HEADER.size, shape=(docs + 1,))
-    except (OSError, ValueError):
-        return None
-    return prefix
-
-
-def _save_cache(path: str, prefix: np.ndarray, generation: int, docs: int, sep: int,
-                itemsize: int) -> None:
-    """Best effort: a store directory that is not writable keeps no cache."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, generation, docs, sep & (2**64 - 1), itemsize))
-            f.write(prefix.tobytes())
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass

@@ -12,16 +12,21 @@ Modes (:class:`Sampler.Mode`):
   crosses the end wraps to the start, so the tail never truncates.
 * ``IID``: uniform with replacement, unbiased (Lemire's method with rejection)
   from a counter-based generator keyed by ``(seed, position)``.
-* ``CYCLIC`` (default): without replacement. The global sequence is cut into
-  cycles of ``length`` positions; each cycle is a fresh permutation of
-  ``range(length)`` keyed by ``(seed, cycle)``, so every index appears exactly
-  once per cycle, every batch is full size, and the remainder of a cycle that
-  a batch picks up differs from cycle to cycle. O(1) memory for any length.
+* ``CYCLIC`` (default): without replacement, and no batch ever repeats an
+  index. Each cycle is a fresh permutation of ``range(length)`` keyed by
+  ``(seed, cycle)``; a cycle serves ``length // global_batch_size`` whole
+  global batches from the start of its permutation and drops the rest of it
+  (fewer than one global batch; a different rest each cycle, as the
+  permutation changes). So within a cycle every index appears at most once,
+  every batch is full size, and no batch straddles two cycles. A global batch
+  larger than ``length`` would have to repeat an index: it is refused (use
+  ``IID``, or ``SEQUENTIAL``, which wraps around). O(1) memory for any length.
 
 Sharding: ``shard=(rank, world)`` makes step ``s`` of rank ``r`` the slice
 ``[r*B, (r+1)*B)`` of the global batch ``s`` of size ``world*B``. The ranks'
-batches are disjoint, equal-size, and together equal what one unsharded
-process with ``batch_size=world*B`` sees at the same step.
+batches are disjoint (in CYCLIC mode, and in SEQUENTIAL mode while the
+global batch is at most ``length``), equal-size, and together equal what one
+unsharded process with ``batch_size=world*B`` sees at the same step.
 
 Indices are returned as ``int64`` arrays, so ``length`` is at most ``2**63``.
 A ``Sampler`` object is not meant to be shared between threads while one of
@@ -46,8 +51,8 @@ _U64_MAX = 2**64 - 1
 _LENGTH_MAX = 2**63
 # numpy cannot allocate more elements than an intp holds.
 _BATCH_SIZE_MAX = 2**63 - 1
-# Without sharding, consecutive batches are computed this many indices at a
-# time (one native call per block instead of one per batch); see Sampler.next.
+# Consecutive batches are computed this many indices at a time (one native
+# call per block instead of one per batch); see Sampler.next.
 _BLOCK_INDICES = 4096
 
 _fill = lib.lx_sampler_fill
@@ -121,6 +126,8 @@ class Sampler:
     Raises:
         TypeError: an argument that must be an integer is not one.
         ValueError: an argument is out of range; the message shows the value.
+            Also a CYCLIC sampler whose global batch (``batch_size * world``)
+            exceeds ``length``: no batch could avoid repeating an index.
     """
 
     class Mode(enum.IntEnum):
@@ -170,9 +177,14 @@ class Sampler:
         self._seed = seed
         self._step = _step(step)
         self._rank, self._world = _shard(shard)
-        # Unsharded, steps [q*K, (q+1)*K) are the contiguous positions of one
-        # native call with batch K*B at step q. Sharded steps are not contiguous.
-        self._block_steps = _BLOCK_INDICES // batch_size if self._world == 1 else 0
+        if self._mode == Sampler.Mode.CYCLIC and batch_size * self._world > length:
+            raise ValueError(
+                f"CYCLIC needs a global batch of at most length records: batch_size * world "
+                f"= {batch_size} * {self._world} = {batch_size * self._world} > length "
+                f"{length}, so every batch would repeat an index. Use a smaller batch, or "
+                "mode IID (with replacement) or SEQUENTIAL (wraps around)")
+        # Steps [q*K, (q+1)*K) come from one native call of K steps.
+        self._block_steps = _BLOCK_INDICES // batch_size
         self._drop_block()
 
     # -- the read-only description ------------------------------------------------
@@ -223,16 +235,15 @@ class Sampler:
         if type(step) is not int or not 0 <= step <= _U64_MAX:
             step = _step(step)
         out = np.empty(self._batch_size, np.int64)
-        self._call(self._batch_size, step, self._rank, self._world, out)
+        self._call(1, step, out)
         return out
 
     def next(self) -> np.ndarray:
         """The batch at ``step`` as a new ``int64`` array of ``batch_size``; then ``step += 1``.
 
-        Equal to ``at(step)``. No later call writes to a returned array. Without
-        sharding, small batches are computed a block of about 4096 indices at a
-        time and handed out as disjoint views of that block, which amortizes
-        the native call.
+        Equal to ``at(step)``. No later call writes to a returned array. Small
+        batches are computed a block of about 4096 indices at a time and handed
+        out as disjoint views of that block, which amortizes the native call.
         """
         step = self._step
         if self._block_first <= step < self._block_end:
@@ -273,20 +284,21 @@ class Sampler:
         steps = self._block_steps
         if steps <= 1:
             out = np.empty(self._batch_size, np.int64)
-            self._call(self._batch_size, step, self._rank, self._world, out)
+            self._call(1, step, out)
             return out
         first = step - step % steps
-        block = np.empty((steps, self._batch_size), np.int64)
-        self._call(steps * self._batch_size, first // steps, 0, 1, block)
+        # Steps past 2**64 - 1 do not exist; keep them out of the block.
+        end = min(first + steps, _U64_MAX + 1)
+        block = np.empty((end - first, self._batch_size), np.int64)
+        self._call(end - first, first, block)
         self._block = list(block)
         self._block_first = first
-        # Steps past 2**64 - 1 do not exist; keep them out of the block.
-        self._block_end = min(first + steps, _U64_MAX + 1)
+        self._block_end = end
         return self._block[step - first]
 
-    def _call(self, count: int, step: int, rank: int, world: int, out: np.ndarray) -> None:
-        rc = _fill(self._length, count, self._mode_value, self._seed, step, rank, world,
-                   _from_buffer(_U64_ARRAY, out, require_writable=True))
+    def _call(self, steps: int, step: int, out: np.ndarray) -> None:
+        rc = _fill(self._length, self._batch_size, steps, self._mode_value, self._seed, step,
+                   self._rank, self._world, _from_buffer(_U64_ARRAY, out, require_writable=True))
         if rc != 0:  # every argument was validated at construction: a bug
             check(rc, None, f"lx_sampler_fill for {self!r} at step {step}")
 

@@ -5,8 +5,8 @@
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, remote
-(object storage: SeaweedFS on loopback, bench_remote), or all;
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select,
+remote (object storage: SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
@@ -53,11 +53,13 @@ import numpy as np  # noqa: E402
 import bench_layers  # noqa: E402
 import bench_loader  # noqa: E402
 import bench_scale  # noqa: E402
+import bench_select  # noqa: E402
 import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "remote")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
+          "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -151,6 +153,16 @@ def load_average() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min){busy}"
 
 
+def _gil() -> str:
+    """", free-threaded, GIL disabled" on a 3.13t/3.14t interpreter (scripts/freethreaded.sh)."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return ""
+    enabled = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return f", free-threaded, GIL {'enabled' if enabled else 'disabled'}"
+
+
 def machine_block() -> dict:
     info = {
         "cpu": _cpu_model(),
@@ -158,7 +170,7 @@ def machine_block() -> dict:
         "memory": _memory(),
         "load at start": load_average(),
         "os": f"{platform.system()} {platform.release()} {platform.machine()}",
-        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "python": f"{platform.python_version()} ({platform.python_implementation()}{_gil()})",
         "numpy": np.__version__,
         "loaderx": _loaderx_version(),
     }
@@ -215,6 +227,8 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_tokens.run_tokens(ctx)
     if name == "scale":
         return bench_scale.run_scale(ctx)
+    if name == "select":
+        return bench_select.run_select(ctx)
     if name == "remote":
         import bench_remote
 

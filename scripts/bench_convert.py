@@ -156,7 +156,7 @@ def validate(src: str, dst: str, rows: int) -> None:
             if (
                 ds["label"][i] != table["label"][i].as_py()
                 or ds["tokens"][i].tolist() != table["tokens"][i].as_py()
-                or ds["text"][i] != table["text"][i].as_py().encode()
+                or ds["text"][i] != table["text"][i].as_py()  # strings read back as str
                 or ds["image"][i].tobytes() != bytes(table["image"][i].as_py())
             ):
                 raise AssertionError(f"{dst}: row {i} differs from the source")

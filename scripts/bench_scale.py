@@ -463,8 +463,9 @@ def _size_rows(ctx, stores: dict) -> dict:
         }
         rows[(kind, count)] = row
         if kind == "ragged":
-            # Round 0 then builds TokenWindows' cached index; later rounds map it.
-            for cached in (Path(stores[(kind, count)]) / "store").glob("windows-*.idx"):
+            # Round 0 then builds TokenWindows' index file (windows.idx; earlier
+            # releases: windows-*.idx); later rounds read it.
+            for cached in (Path(stores[(kind, count)]) / "store").glob("windows*.idx"):
                 cached.unlink()
     rss_batches = RSS_BATCHES if ctx.size.scale_batches >= RSS_BATCHES else ctx.size.scale_batches
     for round_index in range(ctx.repeat):

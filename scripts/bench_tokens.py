@@ -11,19 +11,35 @@ batch is B = 32 windows of L = 2048. Rows, each run in a fresh process:
     `DataLoader({"tokens": tw}, batch_size=32, seed=0)` over a raw RaggedStore
     of the documents, and `tw[idx]` over a zstd one;
   * the zstd limit: zstandard's C batch API (`multi_decompress_to_buffer`) on
-    one thread per core, each decoding whole batches of exactly the documents
-    the same random windows overlap, each its own level-3 frame as loaderx
-    stores them; nothing is copied into windows, so this is what any reader of
-    compressed documents must at least spend;
+    one thread per core, each decoding whole batches of exactly the frames
+    the same random windows overlap (documents cut into frames of 4 KiB, each
+    its own level-3 frame, as loaderx stores them by default); nothing is
+    copied into windows, so this is what any reader of that layout must at
+    least spend;
   * LitData: `optimize(..., item_loader=TokensLoader())` of the documents, read
     with `StreamingDataset(item_loader=TokensLoader(block_size=L + 1),
     shuffle=True)` in a `StreamingDataLoader` (its private venv). LitData cuts
     blocks of L + 1 tokens without overlap inside each chunk, so its rows are
     checked to be exact contiguous slices of T, not aligned windows.
 
-A construction line times `TokenWindows(store)` on a store of many short
-documents (10^7 at the default size): the first construction (it builds and
-caches the index) and a cached one, each in a fresh process.
+The real-corpus section (issue 24): the sources of this Python's standard
+library (`Lib/`, every .py file outside site-packages: 1,790 files for
+CPython 3.11) tokenized with a byte-level BPE of 8,192 ids trained here with
+`tokenizers` (no download), one document per file, uint16, B = 32 windows of
+L = 1024. Rows:
+
+  * nanoGPT's get_batch as train.py has it (the literal baseline): the
+    `train.bin` memmap opened again on every call, B random offsets,
+    `torch.from_numpy(data[i:i+L].astype(np.int64))` for x and y, `torch.stack`;
+  * today's simplified one: `np.stack` of window-aligned uint16 slices of one
+    memmap (the synthetic section's "numpy" row);
+  * `DataLoader({"tokens": TokenWindows(store, 1024)}, batch_size=32)` over the
+    documents stored three ways: raw; the default (zstd, long documents in
+    4 KiB seekable frames); zstd with one frame per document (the layout
+    before bounded decode, for context).
+
+A row is (B, L + 1) tokens; the literal baseline's x and y are checked as one
+such row (x then y's last token) at its random offset.
 
 Validation is exact: the child sends, for its first batches, the dtype, the
 shape, and per row the first tokens and a digest of all L + 1 tokens; the
@@ -38,6 +54,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -138,7 +155,9 @@ def _zstd_limit_source(cfg: dict):
     core (`get.batches_per_call`). Inputs (the frames of those documents) are made
     before the first batch for a cycle of LIMIT_PLAN batches, so no Python work is
     timed. Only the first CHECKED_BATCHES batches are also put together as windows
-    (for validation); timed batches only decode."""
+    (for validation); timed batches only decode. With `cfg["frame_bytes"]`, each
+    document is cut into frames of that many bytes and a window decodes only the
+    frames it overlaps (the seekable layout's least work)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import zstandard
@@ -146,9 +165,14 @@ def _zstd_limit_source(cfg: dict):
     data = Path(cfg["data"])
     flat = np.load(data / "flat.npy", mmap_mode="r")
     splits = np.load(data / "splits.npy")
+    step = cfg.get("frame_bytes", 0) // flat.dtype.itemsize
+    # Pieces: whole documents, or their frames; piece k holds tokens [cuts[k], cuts[k + 1]).
+    cuts = sorted({int(x) for d in range(len(splits) - 1)
+                   for x in range(int(splits[d]), int(splits[d + 1]), step or 1 << 62)}
+                  | {int(splits[-1])})
+    cuts = np.array(cuts, dtype=np.int64)
     compressor = zstandard.ZstdCompressor(level=3)
-    frames = [compressor.compress(flat[splits[i] : splits[i + 1]].tobytes())
-              for i in range(len(splits) - 1)]
+    frames = [compressor.compress(flat[cuts[k] : cuts[k + 1]].tobytes()) for k in range(len(cuts) - 1)]
     sizes = np.array([len(f) for f in frames], dtype=np.uint64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
     joined = b"".join(frames)
@@ -157,11 +181,11 @@ def _zstd_limit_source(cfg: dict):
     rng, plan = np.random.default_rng(0), []
     for _ in range(LIMIT_PLAN):
         ix = rng.integers(0, windows, batch)
-        first = np.searchsorted(splits, ix * length, side="right") - 1
-        last = np.searchsorted(splits, ix * length + length + 1, side="left") - 1
-        docs = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
-        segments = np.stack([starts[docs], sizes[docs]], axis=1).tobytes()
-        plan.append((ix, first, last, docs, zstandard.BufferWithSegments(joined, segments)))
+        first = np.searchsorted(cuts, ix * length, side="right") - 1
+        last = np.searchsorted(cuts, ix * length + length + 1, side="left") - 1
+        pieces = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+        segments = np.stack([starts[pieces], sizes[pieces]], axis=1).tobytes()
+        plan.append((ix, first, last, pieces, zstandard.BufferWithSegments(joined, segments)))
     decompressors = [zstandard.ZstdDecompressor() for _ in range(threads)]
     pool = ThreadPoolExecutor(max_workers=threads)
     served = [0]
@@ -174,16 +198,16 @@ def _zstd_limit_source(cfg: dict):
         batches = [plan[(at + k) % LIMIT_PLAN] for k in range(threads)]
         futures = [pool.submit(decode, k, b[4]) for k, b in enumerate(batches)]
         outs = [f.result() for f in futures]
-        ix, first, last, docs, _frames = batches[0]
+        ix, first, last, pieces, _frames = batches[0]
         out = outs[0]
         served[0] += 1
         if served[0] > CHECKED_BATCHES:
             return None, ix
-        decoded = {int(d): np.frombuffer(out[k].tobytes(), np.int32) for k, d in enumerate(docs)}
+        decoded = {int(p): np.frombuffer(out[k].tobytes(), flat.dtype) for k, p in enumerate(pieces)}
         rows = []
         for i, a, b in zip(ix.tolist(), first.tolist(), last.tolist()):
-            tokens = np.concatenate([decoded[d] for d in range(a, b + 1)])
-            offset = i * length - int(splits[a])
+            tokens = np.concatenate([decoded[p] for p in range(a, b + 1)])
+            offset = i * length - int(cuts[a])
             rows.append(tokens[offset : offset + length + 1])
         return np.stack(rows), ix
 
@@ -218,8 +242,58 @@ def _litdata_source(cfg: dict):
     return (lambda: (next(iterator), None)), (lambda: None)
 
 
+# ---------------------------------------------------------------- the real corpus
+
+REAL_SEQ_LEN = 1024
+REAL_VOCAB = 8192
+# The stores of the real corpus: directory name -> RaggedStore arguments.
+REAL_STORES = {
+    "lx_raw": {"codec": "raw"},
+    "lx_default": {},  # the defaults: zstd, frames of loaderx.ragged.TOKEN_FRAME_SIZE
+    "lx_whole": {"codec": "zstd", "frame_size": 0},
+}
+
+
+def _nanogpt_source(cfg: dict):
+    """nanoGPT's get_batch (train.py), CPU: the memmap is made again on every
+    call (nanoGPT does so to avoid a memory leak), int64 x and y stacked."""
+    import torch
+
+    path = str(Path(cfg["data"]) / "train.bin")
+    length, batch = cfg["seq_len"], cfg["batch_size"]
+    torch.manual_seed(0)
+
+    def get():
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        ix = torch.randint(len(data) - length, (batch,))
+        x = torch.stack([torch.from_numpy((data[i : i + length]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + length]).astype(np.int64)) for i in ix])
+        return (x, y), None
+
+    return get, (lambda: None)
+
+
+def _real_loader_source(cfg: dict):
+    from loaderx import DataLoader, RaggedStore, TokenWindows
+
+    store = RaggedStore(str(Path(cfg["data"]) / cfg["backend"][len("real_"):]))
+    loader = DataLoader({"tokens": TokenWindows(store, cfg["seq_len"])},
+                        batch_size=cfg["batch_size"], seed=0)
+    iterator = iter(loader)
+
+    def close() -> None:
+        loader.close()
+        store.close()
+
+    return (lambda: (next(iterator)["tokens"], None)), close
+
+
 SOURCES = {
     "numpy": ("numpy", _numpy_source),
+    "real_nanogpt": ("torch", _nanogpt_source),
+    "real_simple": ("numpy", _numpy_source),
+    **{f"real_{name}": ("loaderx", _real_loader_source) for name in REAL_STORES},
+    "real_zstd_limit": ("zstandard", _zstd_limit_source),
     "tw_index": ("loaderx", _tw_source),
     "tw_gather": ("loaderx", _tw_source),
     "tw_loader": ("loaderx", _tw_loader_source),
@@ -230,6 +304,9 @@ SOURCES = {
 
 
 def _check(batch, ix) -> dict:
+    if isinstance(batch, tuple):  # nanoGPT's (x, y): x then y's last token is the window
+        x, y = (b.numpy() for b in batch)
+        batch = np.concatenate([x, y[:, -1:]], axis=1)
     if hasattr(batch, "numpy") and not isinstance(batch, np.ndarray):
         batch = batch.numpy()
     batch = np.asarray(batch)
@@ -351,10 +428,92 @@ ROWS = {
     "tw_gather": ("loaderx TokenWindows gather(out=)", None, None),
     "tw_loader": ("loaderx DataLoader({'tokens': tw})", None, None),
     "tw_zstd": ("loaderx TokenWindows tw[idx], zstd store", None, None),
-    "zstd_limit": ("zstd -3 decode of the windows' documents, all threads (zstandard)", None,
+    "zstd_limit": ("zstd -3 decode of the windows' 4 KiB frames, all threads (zstandard)", None,
                    None),
     "litdata": ("litdata TokensLoader workers={w}", "loader_contender_workers", "litdata"),
 }
+
+
+# backend -> (row name, group)
+REAL_ROWS = {
+    "real_nanogpt": ("nanoGPT get_batch, literal (memmap per call, int64, torch.stack)", "baseline"),
+    "real_simple": ("numpy memmap get_batch, simplified (np.stack of uint16 slices)", "contender"),
+    "real_lx_raw": ("loaderx DataLoader, TokenWindows, raw store", "loaderx"),
+    "real_lx_default": ("loaderx DataLoader, TokenWindows, default store (zstd frames)", "loaderx"),
+    "real_lx_whole": ("loaderx DataLoader, TokenWindows, zstd one frame per document", "loaderx"),
+    "real_zstd_limit": ("zstd -3 decode of the windows' 4 KiB frames, all threads (zstandard)",
+                        "limit"),
+}
+
+
+def _token_frame_size() -> int:
+    from loaderx.ragged import TOKEN_FRAME_SIZE
+
+    return TOKEN_FRAME_SIZE
+
+
+def stdlib_sources(limit: int | None = None) -> list[Path]:
+    """This Python's standard library sources: every .py file of its `Lib/`
+    outside site-packages, in path order (the first `limit` when given)."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p for p in root.rglob("*.py")
+        if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+    )
+    return files[:limit] if limit else files
+
+
+def tokenize_stdlib(files: list[Path], vocab: int = REAL_VOCAB) -> list[np.ndarray]:
+    """One uint16 document per file, by a byte-level BPE of `vocab` ids trained
+    on those files here (`tokenizers`; nothing is downloaded)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [f.read_bytes().decode("utf-8", "replace") for f in files]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    return [np.array(e.ids, dtype=np.uint16) for e in tokenizer.encode_batch(texts)]
+
+
+def _prepare_real(ctx, directory: Path) -> tuple[Stream | None, dict, str]:
+    """The tokenized stdlib as nanoGPT's train.bin, flat.npy/splits.npy and the
+    three stores. Returns the stream, problems by backend and a description."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError as exc:
+        why = f"missing: tokenizers ({short_error(exc)}; pip install '.[bench]')"
+        return None, dict.fromkeys(REAL_ROWS, why), ""
+    start = time.perf_counter()
+    files = stdlib_sources(None if ctx.size.token_sequences >= 6000 else 60)
+    docs = tokenize_stdlib(files)
+    lengths = np.array([len(d) for d in docs])
+    flat = np.concatenate(docs)
+    flat.tofile(directory / "train.bin")
+    np.save(directory / "flat.npy", flat)
+    np.save(directory / "splits.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    problems, stored = {}, {}
+    try:
+        from loaderx import RaggedStore
+
+        for name, kwargs in REAL_STORES.items():
+            with RaggedStore(str(directory / name), np.uint16, **kwargs) as store:
+                store.append(docs)
+                stored[name] = store.stats()["live_bytes"]
+    except Exception as exc:  # the loaderx rows then say why
+        problems.update(dict.fromkeys([b for b in REAL_ROWS if b.startswith("real_lx")],
+                                      f"failed: store build: {short_error(exc)}"))
+    ctx.log(f"tokens: real corpus of {len(files)} files, {len(flat)} tokens, "
+            f"built in {time.perf_counter() - start:.1f} s")
+    sizes = ", ".join(f"{n[3:]} {stored[n] / MIB:.1f} MiB" for n in stored)
+    what = (f"{len(files)} files, {len(flat) / 1e6:.2f} M tokens, documents median "
+            f"{int(np.median(lengths))} / largest {int(lengths.max())} tokens; stored: {sizes}")
+    return Stream(flat, REAL_SEQ_LEN), problems, what
 
 
 class Stream:
@@ -392,13 +551,15 @@ class Stream:
 
 def _validate(result: dict, stream: Stream, backend: str, name: str) -> None:
     want_shape = [BATCH, stream.seq_len + 1]
+    dtype = ("int64" if backend == "real_nanogpt" else "uint16") if backend.startswith("real_") \
+        else "int32"
     for number, check in enumerate(result["checks"]):
         what = f"{name} batch {number}"
-        if check["dtype"] != "int32" or check["shape"] != want_shape:
+        if check["dtype"] != dtype or check["shape"] != want_shape:
             raise ValidationError(
-                f"{what}: got {check['dtype']} {check['shape']}, want int32 {want_shape}"
+                f"{what}: got {check['dtype']} {check['shape']}, want {dtype} {want_shape}"
             )
-        rule = "any" if backend == "litdata" else "aligned"
+        rule = "any" if backend in ("litdata", "real_nanogpt") else "aligned"
         claimed = check["indices"] or [None] * len(check["digests"])
         for row, (prefix, digest, index) in enumerate(
             zip(check["prefixes"], check["digests"], claimed)
@@ -456,7 +617,7 @@ def _configs(ctx) -> list[tuple[str, int | None]]:
 
 def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -> None:
     backend, workers = cfg
-    venv = ROWS[backend][2]
+    venv = ROWS[backend][2] if backend in ROWS else None
     try:
         python = ctx.venvs.python(venv) if venv else sys.executable
     except Unavailable as exc:
@@ -466,11 +627,12 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
         "backend": backend,
         "workers": workers,
         "data": str(directory),
-        "seq_len": SEQ_LEN,
+        "seq_len": stream.seq_len,
         "batch_size": BATCH,
         "batches": ctx.size.loader_batches,
         "warmup": max(ctx.size.loader_warmup, CHECKED_BATCHES),
         "seconds": ctx.size.loader_seconds,
+        "frame_bytes": _token_frame_size() if backend.endswith("zstd_limit") else 0,
     }
     argv = [python, str(Path(__file__).resolve()), "child", json.dumps(child)]
     result = run_child_json(argv, timeout_s=120 + 10 * ctx.size.loader_seconds, env=OFFLINE)
@@ -484,7 +646,8 @@ def _one_run(ctx, cfg, row: Row, extra: dict, directory: Path, stream: Stream) -
         return
     per_s = result["batches"] / result["seconds"]
     row.records_s.append(per_s * BATCH)
-    row.gather_mibs.append(per_s * BATCH * (SEQ_LEN + 1) * 4 / MIB)
+    itemsize = 2 if backend.startswith("real_") else 4
+    row.gather_mibs.append(per_s * BATCH * (stream.seq_len + 1) * itemsize / MIB)
     row.batches_timed = result["batches"]
     for key, value in (
         ("first_s", result["first_batch_s"]),
@@ -521,7 +684,79 @@ def run_tokens(ctx) -> list[Section]:
         for cfg in order[shift:] + order[:shift]:
             if rows[cfg].ok:
                 _one_run(ctx, cfg, rows[cfg], extra[cfg], directory, stream)
-    return [_section(ctx, rows, extra, stream)]
+    return [_section(ctx, rows, extra, stream), run_real(ctx)]
+
+
+def run_real(ctx) -> Section:
+    """The real-corpus section (see the module docs), rounds interleaved."""
+    directory = ctx.workdir / "tokens-real"
+    stream, problems, what = _prepare_real(ctx, directory)
+    rows = {b: Row(name, group, "raw") for b, (name, group) in REAL_ROWS.items()}
+    extra = {b: {"first_s": [], "rss": [], "faults": [], "switches": []} for b in rows}
+    for b, row in rows.items():
+        row.extra = extra[b]
+        row.status = problems.get(b, row.status)
+    for round_index in range(min(ctx.repeat, ctx.size.loader_repeat_max)):
+        order = list(rows)
+        shift = round_index % len(order)
+        for b in order[shift:] + order[:shift]:
+            if rows[b].ok and stream is not None:
+                _one_run(ctx, (b, None), rows[b], extra[b], directory, stream)
+    return _real_section(ctx, rows, extra, what)
+
+
+def _real_section(ctx, rows: dict, extra: dict, what: str) -> Section:
+    named = {r.name: r for r in rows.values()}
+    literal, raw = rows["real_nanogpt"], rows["real_lx_raw"]
+    width = max(len(r.name) for r in rows.values())
+    titles = ["batches/s", "MiB/s", "first s", "peak RSS MiB", "faults/b", "vs nanoGPT", "vs raw"]
+    widths = [10, 8, 8, 12, 9, 10, 7]
+    head = table_line(
+        [("real corpus (CPython stdlib, BPE 8k)", f"<{width}")]
+        + [(t, f">{w}") for t, w in zip(titles, widths)]
+    )
+    lines = [head, "  " + "-" * (len(head) - 2)]
+    for b, row in rows.items():
+        if not row.ok:
+            lines.append(f"  {row.name:<{width}} {row.status}")
+            continue
+        e = extra[b]
+        ratios = [paired_ratio(row, [base], "records_s") for base in (literal, raw)]
+        values = [
+            (row.median("records_s") / BATCH, ".1f"),
+            (row.median("gather_mibs"), ".1f"),
+            (np.median(e["first_s"]), ".3f"),
+            (max(e["rss"]) / MIB, ".1f"),
+            (np.median(e["faults"]), ".1f"),
+        ]
+        cells = [(format(v, spec), f">{w}") for (v, spec), w in zip(values, widths)]
+        cells += [(fmt(r, ".2f") + "x" if r else "-", f">{w}") for r, w in zip(ratios, widths[5:])]
+        lines.append(table_line([(row.name, f"<{width}")] + cells))
+    default = REAL_ROWS["real_lx_default"][0]
+    targets = [
+        Target("real corpus: default-codec windows vs nanoGPT's literal get_batch", default,
+               [literal.name], 2.0, metric="records_s"),
+        Target("real corpus: default-codec windows vs raw-store windows", default,
+               [raw.name], 0.5, metric="records_s"),
+        Target("real corpus: raw-store windows vs nanoGPT's literal get_batch", raw.name,
+               [literal.name], 5.0, metric="records_s"),
+    ]
+    limit = REAL_ROWS["real_zstd_limit"][0]
+    targets += [
+        Target("real corpus: default-codec windows vs all-thread zstd decode of their frames",
+               default, [limit], 0.8, metric="records_s", spec=False),
+        Target("real corpus: that decode alone vs raw-store windows (what zstd allows)",
+               limit, [raw.name], 0.5, metric="records_s", spec=False),
+    ]
+    for target in targets:
+        target.evaluate(named)
+    lines.append("  targets (median of per-round ratios; issue 24), then context lines:")
+    lines.extend(t.line() for t in targets)
+    title = (f"token windows on a real corpus: B={BATCH} x (L+1={REAL_SEQ_LEN + 1}) uint16, "
+             f"{what or 'not built'}, each run a fresh process, "
+             f"{min(ctx.repeat, ctx.size.loader_repeat_max)} rounds")
+    lines.insert(0, f"== {title} ==")
+    return Section("tokens-real", title, lines, list(rows.values()), targets)
 
 
 def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
@@ -568,7 +803,7 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
             metric="records_s",
         ),
         Target(
-            "zstd token windows tw[idx] vs all-thread zstd decode of their documents",
+            "zstd token windows tw[idx] vs all-thread zstd decode of their frames",
             ROWS["tw_zstd"][0],
             [ROWS["zstd_limit"][0]],
             0.8,
@@ -588,12 +823,84 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
     return Section("tokens", title, lines, list(rows.values()), targets)
 
 
+def frame_sweep(files: int | None = None, rounds: int = 5) -> list[str]:
+    """The layout measurement behind the default frame size (docs/performance.md
+    section 7): the real corpus stored whole-document zstd, in seekable frames
+    of 4 to 64 KiB, in chunk records of 4 and 8 KiB (one record per chunk), and
+    raw; per layout its size and the CPU time of one batch of 32 random
+    windows of 1,024 tokens read on one lane (`tw.gather(idx, out=buf,
+    threads=1)`, process time, median of `rounds` interleaved rounds of 300
+    batches), next to nanoGPT's literal get_batch (CPU time too)."""
+    import tempfile
+
+    import torch
+
+    from loaderx import RaggedStore, TokenWindows
+
+    docs = tokenize_stdlib(stdlib_sources(files))
+    flat = np.concatenate(docs)
+    work = Path(tempfile.mkdtemp(prefix="lx-frames-"))
+    flat.tofile(work / "train.bin")
+    layouts = {"raw": ({"codec": "raw"}, 0), "zstd, one frame per document": ({"frame_size": 0}, 0)}
+    for kib in (4, 8, 16, 64):
+        layouts[f"zstd, {kib} KiB frames"] = ({"frame_size": kib << 10}, 0)
+    for kib in (4, 8):
+        layouts[f"zstd, {kib} KiB chunk records"] = ({"frame_size": 0}, (kib << 10) // 2)
+    sizes = {}
+    for name, (kwargs, chunk) in layouts.items():
+        records = docs if not chunk else [d[i:i + chunk] for d in docs for i in range(0, len(d), chunk)]
+        with RaggedStore(str(work / name), np.uint16, **kwargs) as store:
+            store.append(records)
+            sizes[name] = store.stats()["live_bytes"]
+    length, batch, n = REAL_SEQ_LEN, BATCH, 300
+
+    def nanogpt() -> float:
+        start = time.process_time()
+        for _ in range(n):
+            data = np.memmap(work / "train.bin", dtype=np.uint16, mode="r")
+            ix = torch.randint(len(data) - length, (batch,))
+            torch.stack([torch.from_numpy((data[i:i + length]).astype(np.int64)) for i in ix])
+            torch.stack([torch.from_numpy((data[i + 1:i + 1 + length]).astype(np.int64)) for i in ix])
+        return (time.process_time() - start) / n
+
+    def windows(name: str) -> float:
+        with RaggedStore(str(work / name)) as store:
+            tw = TokenWindows(store, length)
+            rng, buf = np.random.default_rng(1), np.empty((batch, length + 1), np.uint16)
+            plan = [rng.integers(0, len(tw), batch) for _ in range(n)]
+            for idx in plan[:30]:
+                tw.gather(idx, out=buf, threads=1)
+            start = time.process_time()
+            for idx in plan:
+                tw.gather(idx, out=buf, threads=1)
+            return (time.process_time() - start) / n
+
+    cpu: dict = {"nanoGPT get_batch, literal": []}
+    for _ in range(rounds):
+        cpu["nanoGPT get_batch, literal"].append(nanogpt())
+        for name in layouts:
+            cpu.setdefault(name, []).append(windows(name))
+    shutil.rmtree(work)
+    lines = [f"{len(docs)} documents, {len(flat)} tokens; B={batch}, L={length}, one lane",
+             f"{'layout':<34} {'MiB':>6} {'ratio':>6} {'us CPU/batch':>13} {'vs nanoGPT':>11}"]
+    base = float(np.median(cpu["nanoGPT get_batch, literal"]))
+    for name, values in cpu.items():
+        mib = f"{sizes[name] / MIB:6.1f}" if name in sizes else f"{flat.nbytes / MIB:6.1f}"
+        ratio = f"{flat.nbytes / sizes[name]:6.2f}" if name in sizes else f"{'-':>6}"
+        us = float(np.median(values))
+        lines.append(f"{name:<34} {mib} {ratio} {us * 1e6:13.1f} {base / us:10.2f}x")
+    return lines
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "frames":
+        print("\n".join(frame_sweep(int(sys.argv[2]) if len(sys.argv) > 2 else None)))
+        sys.exit(0)
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
         sys.exit(child_main(sys.argv[2:]))
     if len(sys.argv) == 4 and sys.argv[1] == "build":
         sys.exit(build_litdata(sys.argv[2], int(sys.argv[3])))
     sys.exit(
         "usage: bench_tokens.py child CONFIG_JSON | build DATA_DIR SEQ_LEN"
-        " (started by scripts/bench.py)"
+        " (started by scripts/bench.py) | frames [FILES] (the frame-size sweep)"
     )

@@ -11,13 +11,18 @@
 //! to the consumer with every record's payload and aux sizes.
 //!
 //! Indices. The records of all ranks form one stream of global positions;
-//! step s of this ring covers positions [position + (s - step) * G, ... + G),
-//! G = batch_size * world, and rank r takes its slice [r*B, (r+1)*B). With
-//! one source, position p is the sampler's index at p. With a mixture,
-//! mixture.zig shares the positions out among the sources by weight and
+//! step s of this ring starts at a position computed from the base (the
+//! `step` and `position` of the config, or of the last reset), G =
+//! batch_size * world records per step, and rank r takes its slice
+//! [r*B, (r+1)*B). With one source, position p is the sampler's index at p,
+//! and the step's position is `sampler.positionAt` (CYCLIC steps never
+//! straddle two cycles). With a mixture, the mixed stream's positions run
+//! G per step; mixture.zig shares them out among the sources by weight and
 //! orders each step's records by a keyed permutation; each source's records
-//! are its own sampler's indices at its own positions. Both are pure
-//! functions of the step, and a resumed run continues from any position.
+//! are its own sampler's indices, at its own positions (SEQUENTIAL, IID) or,
+//! in CYCLIC mode, from its cursor's cycle (one cycle per step, see
+//! mixture.zig). All of it is a pure function of the step and the base, and
+//! a resumed run continues from any base.
 //!
 //! Ring. The consumer submits steps in order; `threads` workers claim them in
 //! order and build them; the consumer waits for a step and owns its buffers
@@ -78,14 +83,17 @@ pub const Column = extern struct {
     }
 };
 
-/// lx_source_t: one source of records; `weight` matters in a mixture only.
+/// lx_source_t: one source of records; `weight` matters in a mixture only,
+/// `cursor` in a CYCLIC mixture only: the source's place at `Config.step`
+/// (mixture.Cursor; all zero for a fresh run).
 pub const Source = extern struct {
     length: u64,
     seed: u64,
     weight: u64,
+    cursor: mixture.Cursor = .{},
 
     comptime {
-        assert(@sizeOf(Source) == 24);
+        assert(@sizeOf(Source) == 48);
     }
 };
 
@@ -107,7 +115,8 @@ pub const Config = extern struct {
     batch_size: u64,
     rank: u64,
     world: u64,
-    /// The global position of the first record of step `step`.
+    /// The global position of the first record of step `step` (the
+    /// sampler's, see sampler.positionAt; a mixture's mixed position).
     position: u64,
     /// The first step to submit.
     step: u64,
@@ -171,6 +180,11 @@ config: Config,
 mode: sampler.Mode,
 sources: []Source,
 mix: mixture.Mixture,
+/// A CYCLIC mixture's sources: the steps of each cycle after the base's
+/// (mixture.zig's T_k), and each one's cursor at the base step. Written only
+/// at open and by `reset` while no step is being built, read by the builds.
+cycle_steps: [sources_max]u64 = undefined,
+cursors: [sources_max]mixture.Cursor = undefined,
 columns: []Column,
 /// Every part, grouped by column, then by source, then by `first`.
 parts: []store_parts.Part,
@@ -253,6 +267,49 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
                 return invalid("column {d}: a batch overflows", .{i});
         }
     }
+}
+
+/// CYCLIC: refuses a global batch that would have to repeat a record (more
+/// records than one source has, or a mixture source's most records in one
+/// step, mixture.windowMax, above its length), and for a mixture sets each
+/// source's cycle length and its cursor at the base step.
+fn initCycles(l: *Loader, sources: []const Source) Error!void {
+    if (l.mode != .cyclic) return;
+    const global = l.config.batch_size * l.config.world;
+    if (sources.len == 1) {
+        if (global > sources[0].length) {
+            return invalid(
+                "CYCLIC needs batch_size * world ({d}) <= the source's {d} records",
+                .{ global, sources[0].length },
+            );
+        }
+        return;
+    }
+    for (sources, 0..) |s, k| {
+        l.cycle_steps[k] = l.mix.stepsPerCycle(k, s.length, global);
+        if (l.cycle_steps[k] == 0) {
+            return invalid(
+                "source {d} has {d} records, but one step of {d} can take up to {d} of them",
+                .{ k, s.length, global, l.mix.windowMax(k, global) },
+            );
+        }
+    }
+    for (sources, 0..) |s, k| l.cursors[k] = s.cursor;
+    l.normalizeCursors(l.config.position);
+}
+
+/// Gives every cursor of a CYCLIC mixture its steps left (mixture.normalize)
+/// at mixed position `position`.
+fn normalizeCursors(l: *Loader, position: u64) void {
+    const global = l.config.batch_size * l.config.world;
+    for (l.sources, 0..) |s, k| {
+        l.cursors[k] = l.mix.normalize(k, s.length, global, position, l.cursors[k]);
+    }
+}
+
+/// Whether the ring keeps cursors: CYCLIC with more than one source.
+pub fn hasCursors(l: *const Loader) bool {
+    return l.mode == .cyclic and l.sources.len > 1;
 }
 
 /// The window indices of the windows/segments columns: one per (column,
@@ -390,6 +447,7 @@ pub fn create(
         for (sources, 0..) |s, k| weights[k] = s.weight;
         l.mix = mixture.Mixture.init(weights[0..sources.len]);
     }
+    try l.initCycles(sources);
     try l.enterStores();
     errdefer for (l.parts) |p| p.store.leave();
     try l.startThreads();
@@ -578,8 +636,11 @@ fn freeResults(results: []Result) void {
 
 /// Drops every submitted step (waiting for those being built, so no worker
 /// still writes into a buffer afterwards); the next step to submit is
-/// `step`, and its first record is at global `position`.
-pub fn reset(l: *Loader, step: u64, position: u64) void {
+/// `step`, and its first record is at global `position`. A CYCLIC mixture
+/// (`hasCursors`) also takes every source's cursor at `step` (one per
+/// source; otherwise `cursors` is empty and ignored).
+pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Cursor) void {
+    assert(!l.hasCursors() or cursors.len == l.sources.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
@@ -590,6 +651,12 @@ pub fn reset(l: *Loader, step: u64, position: u64) void {
     l.config.position = position;
     l.next_submit = step;
     l.next_claim = step;
+    // Builds read the cursors unlocked; none runs now unless closed (and a
+    // closed ring builds nothing more).
+    if (l.hasCursors() and !l.closed) {
+        @memcpy(l.cursors[0..cursors.len], cursors);
+        l.normalizeCursors(position);
+    }
 }
 
 /// Stops the workers and joins them; waiters return Closed. Idempotent and
@@ -704,10 +771,8 @@ fn build(
     results: []Result,
     failed_column: *u32,
 ) Error!void {
-    const global: u128 = @as(u128, l.config.batch_size) * l.config.world;
     assert(step >= base[0]);
-    const first: u128 = @as(u128, base[1]) + @as(u128, step - base[0]) * global;
-    l.indicesOf(first, work);
+    l.indicesOf(step, .{ .step = base[0], .position = base[1] }, work);
     const batch: usize = @intCast(l.config.batch_size);
     if (out.indices) |p| @memcpy(p[0..batch], work.indices);
     if (out.sources) |p| @memcpy(p[0..batch], work.sources);
@@ -717,18 +782,21 @@ fn build(
     }
 }
 
-/// This rank's indices (and sources) of the step whose global batch starts
-/// at position `first`.
-fn indicesOf(l: *Loader, first: u128, work: *Work) void {
+/// This rank's indices (and sources) of `step`, for the base it was claimed
+/// under (a mixture's position is u128 there: the mixed stream's).
+fn indicesOf(l: *Loader, step: u64, base: mixture.Base, work: *Work) void {
     const c = l.config;
     const batch: u64 = c.batch_size;
     const global: u64 = c.batch_size * c.world;
     if (l.sources.len == 1) {
         const s = l.sources[0];
+        const first = sampler.positionAt(l.mode, s.length, global, base.step, base.position, step);
         sampler.fillFrom(s.length, l.mode, s.seed, first + c.rank * batch, work.indices);
         @memset(work.sources, 0);
         return;
     }
+    // The mixed stream runs G positions per step, whatever the mode.
+    const first: u128 = base.position + @as(u128, step - base.step) * global;
     mixture.compose(&l.mix, c.seed, first, global, c.rank * batch, work.slots, work.origins);
     var before: [sources_max]u128 = undefined;
     var after: [sources_max]u128 = undefined;
@@ -741,7 +809,10 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
     for (l.sources, 0..) |s, k| {
         const n: usize = @intCast(after[k] - before[k]);
         start[k] = at;
-        if (n > 0) sampler.fillFrom(s.length, l.mode, s.seed, before[k], work.filled[at..][0..n]);
+        if (n > 0) {
+            const from = l.sourcePosition(k, step, base, before[k]);
+            sampler.fillFrom(s.length, l.mode, s.seed, from, work.filled[at..][0..n]);
+        }
         at += n;
     }
     for (work.origins, work.indices, work.sources) |o, *index, *source| {
@@ -749,6 +820,22 @@ fn indicesOf(l: *Loader, first: u128, work: *Work) void {
         index.* = work.filled[start[o.source] + within];
         source.* = o.source;
     }
+}
+
+/// Where source `k`'s records of `step` start in its own sampler's sequence:
+/// its cumulative count `before` (SEQUENTIAL, IID), or its cursor's place
+/// (CYCLIC: the step's records all come from one cycle).
+fn sourcePosition(
+    l: *const Loader,
+    k: usize,
+    step: u64,
+    base: mixture.Base,
+    before: u128,
+) sampler.Position {
+    if (!l.hasCursors()) return before;
+    const global = l.config.batch_size * l.config.world;
+    const place = l.mix.cursorAt(k, global, l.cycle_steps[k], base, l.cursors[k], step);
+    return place.position(l.sources[k].length);
 }
 
 fn buildColumn(
@@ -933,7 +1020,7 @@ test "the ring builds every step in order, exactly as the sampler says" {
         try l.submit(step + 3, &.{@ptrCast(got)}, null, null);
     }
     // Reset drops the steps in flight; the ring continues anywhere.
-    l.reset(1000, 7000);
+    l.reset(1000, @intCast(sampler.positionAt(.cyclic, 100, 7, 0, 0, 1000)), &.{});
     try testing.expectError(error.InvalidArgument, l.wait(40, &failed, &bufs, &lens));
     try l.submit(1000, &.{@ptrCast(&buffers[1])}, null, null);
     try l.wait(1000, &failed, &bufs, &lens);
@@ -985,6 +1072,88 @@ test "shards and a mixture: every record from its source's own sequence" {
     try testing.expectEqual(@as(u64, 32), per_source[1]);
 }
 
+test "a CYCLIC mixture repeats no record of a source in a step; a reset with cursors continues" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 23, 1);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 17, 1);
+    defer b.close();
+    // 10 records a step, 6 and 4 of them from the sources: cycles of 3 and 4 steps.
+    const sources = [_]Source{
+        .{ .length = 23, .seed = 1, .weight = 3 },
+        .{ .length = 17, .seed = 2, .weight = 2 },
+    };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+    const config = testConfig(10, 2, 1, 0);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    try testing.expect(l.hasCursors());
+    var got: [10]u64 = undefined;
+    var indices: [40][10]u64 = undefined;
+    var origin: [40][10]u16 = undefined;
+    var failed: u32 = 0;
+    var bufs: [1]?[*]u8 = undefined;
+    var lens: [1]u64 = undefined;
+    for (0..40) |step| {
+        try l.submit(step, &.{@ptrCast(&got)}, &indices[step], &origin[step]);
+        try l.wait(step, &failed, &bufs, &lens);
+        for (0..10) |i| {
+            for (0..i) |j| {
+                const same_source = origin[step][i] == origin[step][j];
+                try testing.expect(!same_source or indices[step][i] != indices[step][j]);
+            }
+        }
+    }
+    // Every source's cursor at step 20, then the run again from there.
+    var cursors: [2]mixture.Cursor = undefined;
+    for (&cursors, 0..) |*cursor, k| {
+        const start: mixture.Base = .{ .step = 0, .position = 0 };
+        const place = l.mix.cursorAt(k, 10, l.cycle_steps[k], start, l.cursors[k], 20);
+        cursor.* = .{
+            .cycle = @intCast(place.cycle),
+            .offset = @intCast(place.offset),
+            .steps_left = place.steps_left,
+        };
+    }
+    l.reset(20, 200, &cursors);
+    var again: [10]u64 = undefined;
+    var again_origin: [10]u16 = undefined;
+    for (20..40) |step| {
+        try l.submit(step, &.{@ptrCast(&got)}, &again, &again_origin);
+        try l.wait(step, &failed, &bufs, &lens);
+        try testing.expectEqualSlices(u64, &indices[step], &again);
+        try testing.expectEqualSlices(u16, &origin[step], &again_origin);
+    }
+}
+
+test "CYCLIC refuses a global batch that must repeat a record" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "s", 10, 1);
+    defer s.close();
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const one = [_]Source{.{ .length = 10, .seed = 1, .weight = 1 }};
+    const config = testConfig(11, 2, 1, 0);
+    const refused = Loader.create(testing.allocator, config, &one, &dense8(), &parts, null);
+    try testing.expectError(error.InvalidArgument, refused);
+    // A mixture source of 10 records with half of every step of 22.
+    const two = [_]Source{
+        .{ .length = 100, .seed = 1, .weight = 1 },
+        .{ .length = 10, .seed = 2, .weight = 1 },
+    };
+    const both = [_]Part{
+        .{ .store = s, .first = 0, .source = 0, .column = 0 },
+        .{ .store = s, .first = 0, .source = 1, .column = 0 },
+    };
+    const mixed = testConfig(22, 2, 1, 0);
+    const too_small = Loader.create(testing.allocator, mixed, &two, &dense8(), &both, null);
+    try testing.expectError(error.InvalidArgument, too_small);
+}
+
 test "a failing step reports its error and column; close wakes a waiter" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
@@ -1030,7 +1199,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
         }
     };
     // Close while another thread waits for a submitted step.
-    l.reset(2, 100);
+    l.reset(2, 100, &.{});
     var result: ?Error = null;
     try l.submit(2, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
     const t = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });

@@ -24,6 +24,15 @@
 //! `meta`; delete and compact upgrade it to exclusive (`Busy` while any other
 //! handle has the store open).
 //!
+//! Fork: a file lock belongs to an open file, which parent and child share
+//! after fork(). So the library keeps a registry of the handles whose files
+//! are open, and a `pthread_atfork` child handler (`adoptInChild`) makes
+//! every inherited handle the child's own: it closes the child's copy of the
+//! writer lock (so the lock goes with the parent's close), and reopens `meta`
+//! and locks it shared through a file of the child's own (so the parent's
+//! delete and compact see the child as another handle), waiting while the
+//! parent's own delete or compact holds it exclusively.
+//!
 //! Failure: an error after which this handle cannot know what is on disk (a
 //! failed fsync, a failed commit write, a failure inside delete or compact
 //! after it began changing records) puts the handle in a failed state: every
@@ -136,6 +145,15 @@ failed_what: []const u8 = "",
 failed_error: []const u8 = "",
 /// The process that opened the handle: only it may write through it.
 open_pid: i64,
+/// Bumped by every delete through this handle (the only operation that
+/// changes records in place). While this handle is open no other handle can
+/// delete (delete needs the store to itself), so a reader that saw one value
+/// knows its records are unchanged while the value is the same (token
+/// window indexes, windows.zig).
+delete_epoch: std.atomic.Value(u64) = .init(0),
+/// This handle's links in the registry of open stores (see "Fork" above).
+registry_prev: ?*Store = null,
+registry_next: ?*Store = null,
 
 const closed_bit: u64 = 1 << 63;
 
@@ -183,6 +201,7 @@ pub fn unhold(s: *Store) void {
 
 fn releaseResources(s: *Store) void {
     const io = pool.io();
+    unregister(s);
     s.index_maps.deinit();
     s.data_maps.deinit();
     s.meta_map.unmap();
@@ -311,7 +330,15 @@ pub const OpenOptions = struct {
     user: []const u8 = &.{},
     /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
     fixed_size: u64 = 0,
+    /// Non-zero (zstd codecs only): records longer than this are written
+    /// seekable, in frames of this many raw bytes (format.zig).
+    frame_size: u64 = 0,
 };
+
+/// The bounds of `OpenOptions.frame_size`: a seek table entry holds a frame's
+/// sizes in 32 bits, and frames below a few dozen bytes only add overhead.
+pub const frame_size_min: u64 = 64;
+pub const frame_size_max: u64 = 1 << 30;
 
 fn validateCreate(opts: OpenOptions) Error!void {
     if (opts.fixed_size != 0 and opts.codec != .raw) {
@@ -319,6 +346,18 @@ fn validateCreate(opts: OpenOptions) Error!void {
     }
     if (!codec.levelValid(opts.level)) {
         return diag.fail(error.InvalidArgument, "zstd level {d} is out of range", .{opts.level});
+    }
+    if (opts.frame_size != 0 and opts.codec == .raw) {
+        return diag.fail(error.InvalidArgument, "frame_size applies to the zstd codecs", .{});
+    }
+    if (opts.frame_size != 0 and
+        (opts.frame_size < frame_size_min or opts.frame_size > frame_size_max))
+    {
+        return diag.fail(
+            error.InvalidArgument,
+            "frame_size {d} is out of range ({d} to {d} bytes)",
+            .{ opts.frame_size, frame_size_min, frame_size_max },
+        );
     }
     if (opts.codec == .zstd_dict) {
         if (opts.dict.len == 0) {
@@ -369,6 +408,7 @@ pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     try s.openFiles();
     errdefer s.closeFiles();
     try s.load();
+    register(s);
     return s;
 }
 
@@ -483,6 +523,11 @@ fn checkHeader(h: *const Header) Error!void {
     if (h.fixed_size != 0 and h.codec != @backingInt(Codec.raw)) {
         return diag.fail(error.Corrupt, "meta names a fixed-width layout with a codec", .{});
     }
+    if (h.frame_size != 0 and (h.codec == @backingInt(Codec.raw) or
+        h.frame_size < frame_size_min or h.frame_size > frame_size_max))
+    {
+        return diag.fail(error.Corrupt, "meta names an invalid frame size", .{});
+    }
 }
 
 /// The commit on disk (not the mapped page: open reads it before mapping).
@@ -565,6 +610,8 @@ fn newHeader(opts: OpenOptions) Header {
     header.dict_size = opts.dict.len;
     header.user_size = opts.user.len;
     header.fixed_size = opts.fixed_size;
+    header.frame_size = opts.frame_size;
+    header.uid = newUid();
     var hasher = std.hash.XxHash64.init(0x4C5C);
     hasher.update(opts.dict);
     hasher.update(opts.user);
@@ -572,6 +619,29 @@ fn newHeader(opts: OpenOptions) Header {
     header.checksum = header.computeChecksum();
     assert(header.checksum == header.computeChecksum());
     return header;
+}
+
+/// A random store id, never 0 (0 marks stores written before ids existed).
+fn newUid() u64 {
+    return randomU64() | 1;
+}
+
+var random_calls: std.atomic.Value(u64) = .init(0);
+
+/// 64 random bits for names and ids (unique, not secret): the kernel's
+/// getrandom on Linux (a system call: no descriptor kept open, unlike a
+/// cached /dev/urandom), mixed with the clock, the process and a counter,
+/// which alone keep values distinct where there is no such call.
+pub fn randomU64() u64 {
+    var bytes: [8]u8 = @splat(0);
+    if (builtin.os.tag == .linux) _ = std.os.linux.getrandom(&bytes, bytes.len, 0);
+    var h = std.hash.XxHash64.init(0x4C5F);
+    h.update(&bytes);
+    h.update(std.mem.asBytes(&pool.currentPid()));
+    const now = Io.Timestamp.now(pool.io(), .real);
+    h.update(std.mem.asBytes(&now));
+    h.update(std.mem.asBytes(&random_calls.fetchAdd(1, .monotonic)));
+    return h.final();
 }
 
 fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
@@ -622,6 +692,7 @@ fn refuseForeignFiles(dir: Io.Dir) Error!void {
     defer d.close(io);
     var it = d.iterate();
     while (it.next(io) catch |e| return ioFail(e, "listing the store directory")) |entry| {
+        if (store_maintain.isWindowsIndexName(entry.name)) continue; // bound to its store's uid
         for (known) |k| {
             if (std.mem.eql(u8, k, entry.name)) break;
         } else return diag.fail(
@@ -918,6 +989,167 @@ pub fn upgradeMetaLock(s: *Store) Error!bool {
 pub fn releaseExclusive(s: *Store) void {
     s.meta.downgradeLock(pool.io()) catch |e| s.markFailed(e, "returning to a shared lock on meta");
     s.exclusive.store(false, .seq_cst);
+}
+
+// ---------------------------------------------------------------- fork
+
+/// Every handle whose files are open in this process. `registry_mutex` is
+/// held across fork() by the atfork handlers, so a child never finds the
+/// list half-updated by a thread that does not exist there.
+var registry_head: ?*Store = null;
+var registry_mutex: std.atomic.Mutex = .unlocked;
+/// 0: the atfork handlers are not installed, 1: being installed, 2: installed.
+var atfork_state: std.atomic.Value(u8) = .init(0);
+const has_fork = builtin.os.tag != .windows and builtin.os.tag != .wasi;
+
+fn lockRegistry() void {
+    while (!registry_mutex.tryLock()) std.atomic.spinLoopHint();
+}
+
+fn register(s: *Store) void {
+    installForkHandlers();
+    lockRegistry();
+    defer registry_mutex.unlock();
+    s.registry_prev = null;
+    s.registry_next = registry_head;
+    if (registry_head) |head| head.registry_prev = s;
+    registry_head = s;
+}
+
+fn unregister(s: *Store) void {
+    lockRegistry();
+    defer registry_mutex.unlock();
+    if (s.registry_prev) |prev| prev.registry_next = s.registry_next else {
+        assert(registry_head == s);
+        registry_head = s.registry_next;
+    }
+    if (s.registry_next) |next| next.registry_prev = s.registry_prev;
+    s.registry_prev = null;
+    s.registry_next = null;
+}
+
+/// Installs the atfork handlers once per process, on the first open.
+fn installForkHandlers() void {
+    if (!has_fork) return;
+    while (true) {
+        switch (atfork_state.load(.acquire)) {
+            2 => return,
+            0 => if (atfork_state.cmpxchgStrong(0, 1, .acquire, .monotonic) == null) {
+                // Fails only without memory for the handler table: forks then
+                // keep the behaviour of a plain inherited descriptor.
+                _ = std.c.pthread_atfork(forkPrepare, forkParent, forkChild);
+                atfork_state.store(2, .release);
+                return;
+            },
+            else => std.atomic.spinLoopHint(),
+        }
+    }
+}
+
+fn forkPrepare() callconv(.c) void {
+    lockRegistry();
+}
+
+fn forkParent() callconv(.c) void {
+    registry_mutex.unlock();
+}
+
+fn forkChild() callconv(.c) void {
+    var it = registry_head;
+    while (it) |s| : (it = s.registry_next) s.adoptInChild();
+    registry_mutex.unlock();
+}
+
+/// In a forked child, inside fork() (one thread; async-signal-safe calls
+/// only): makes the inherited handle `s` the child's own. See "Fork" in the
+/// file comment. A store whose `meta` is gone from its directory keeps the
+/// inherited file (and no lock of its own).
+pub fn adoptInChild(s: *Store) void {
+    if (s.writer_lock) |l| {
+        // Closing the child's copy leaves the parent's lock in place.
+        _ = std.c.close(l.handle);
+        s.writer_lock = null;
+    }
+    // Held, maybe, by parent threads that do not exist here: the child never
+    // writes (open_pid), and its reads must not wait for them.
+    s.write_mutex = .init;
+    s.index_maps.mutex = .init;
+    s.data_maps.mutex = .init;
+    // `dir` pins the store's directory even if it was renamed; `meta` is never
+    // replaced once a handle can open it, so this is the same file.
+    var flags: std.posix.O = .{ .ACCMODE = .RDONLY, .CLOEXEC = true };
+    flags.NOFOLLOW = true;
+    const fd = std.c.openat(s.dir.handle, "meta", flags, @as(std.posix.mode_t, 0));
+    if (fd < 0) return;
+    if (!s.isClosed()) {
+        // Blocks while the parent's delete or compact holds meta exclusively:
+        // reading during it would see records move.
+        while (std.c.flock(fd, std.posix.LOCK.SH) != 0) {
+            if (std.posix.errno(@as(c_int, -1)) != .INTR) {
+                _ = std.c.close(fd);
+                return;
+            }
+        }
+    }
+    _ = std.c.close(s.meta.handle);
+    s.meta = .{ .handle = fd, .flags = .{ .nonblocking = false } };
+    // A delete, compact or gathers the parent was running: their threads do
+    // not exist here, and their changes are published by now.
+    s.exclusive.store(false, .seq_cst);
+    s.readers_active.store(0, .seq_cst);
+}
+
+test "the registry holds exactly the open handles" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", std.testing.allocator);
+    defer std.testing.allocator.free(base);
+    var buf: [4096]u8 = undefined;
+    const a = try open(std.testing.allocator, try std.fmt.bufPrint(&buf, "{s}/a", .{base}), .{
+        .create = true,
+    });
+    var buf2: [4096]u8 = undefined;
+    const b = try open(std.testing.allocator, try std.fmt.bufPrint(&buf2, "{s}/b", .{base}), .{
+        .create = true,
+    });
+    try std.testing.expect(registered(a) and registered(b));
+    a.close();
+    try std.testing.expect(!registered(a) and registered(b));
+    b.close();
+}
+
+fn registered(s: *Store) bool {
+    lockRegistry();
+    defer registry_mutex.unlock();
+    var it = registry_head;
+    while (it) |x| : (it = x.registry_next) if (x == s) return true;
+    return false;
+}
+
+test "adopting a handle drops the writer lock and holds meta through its own file" {
+    if (!has_fork) return error.SkipZigTest;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", std.testing.allocator);
+    defer std.testing.allocator.free(base);
+    var buf: [4096]u8 = undefined;
+    const path = try std.fmt.bufPrint(&buf, "{s}/s", .{base});
+    const s = try open(std.testing.allocator, path, .{ .create = true });
+    defer s.close();
+    const rec: []const u8 = "abc";
+    const ptrs = [_][*]const u8{rec.ptr};
+    const sizes = [_]u64{rec.len};
+    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 1 }, false);
+    try std.testing.expect(s.writer_lock != null);
+    const old_meta = s.meta.handle;
+    s.adoptInChild(); // here the only copy of the writer lock: closing it frees it
+    try std.testing.expect(s.writer_lock == null and s.meta.handle != old_meta);
+    const other = try open(std.testing.allocator, path, .{});
+    defer other.close();
+    const lock = try other.takeWriterLock();
+    lock.close(pool.io());
+    // The adopted handle's own shared lock refuses another handle's delete.
+    try std.testing.expect(!(try other.upgradeMetaLock()));
 }
 
 test {

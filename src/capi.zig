@@ -21,7 +21,12 @@
 //!   gather is running on this one.
 //! - A handle inherited by a forked child reads normally but never writes: its
 //!   mutations return LX_LOCKED (the writer lock is the parent's) and its
-//!   `lx_sync` does nothing. A child that writes opens the store itself.
+//!   `lx_sync` does nothing. A child that writes opens the store itself. The
+//!   library's `pthread_atfork` child handler gives the child its own shared
+//!   lock on every inherited store (so the parent's delete and compact return
+//!   LX_BUSY while the child has it open; a fork during the parent's own
+//!   delete or compact waits in fork() until it is done) and closes the
+//!   child's copy of the writer lock.
 //! - After an error that leaves a handle unsure of what is on disk (a failed
 //!   fsync or commit write, a failure inside delete or compact after it began
 //!   changing records), every later call on it but lx_close/lx_free returns
@@ -65,6 +70,7 @@ const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const sampler = @import("sampler.zig");
+const mixture = @import("mixture.zig");
 const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const store_maintain = @import("store_maintain.zig");
@@ -76,8 +82,8 @@ comptime {
     std.debug.assert(@sizeOf(usize) == 8);
 }
 
-pub const version_major = 0;
-pub const version_minor = 1;
+pub const version_major = 3;
+pub const version_minor = 0;
 pub const version_patch = 0;
 
 /// lx_result: every code a function here can return.
@@ -201,11 +207,14 @@ pub export fn lx_last_error() [*:0]const u8 {
 /// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
 /// missing store is created (with any missing parent directories) with
 /// `codec` (Codec: raw, zstd, zstd_dict), `level` (zstd level; 0 = default
-/// 3), dictionary `dict` (required for zstd_dict, refused otherwise) and the
+/// 3; 19 for zstd_dict), dictionary `dict` (zstd_dict only, required) and the
 /// opaque `user` blob (the typed identity); these are ignored when the store
 /// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
 /// every record exactly that many bytes, found by arithmetic instead of a
-/// table lookup, 4 bytes of index per record. Files inside the store are
+/// table lookup, 4 bytes of index per record. `frame_size` != 0 (zstd codecs
+/// only, 64 B to 1 GiB) writes records longer than that many bytes in the
+/// seekable format: frames of `frame_size` raw bytes and a seek table, so a
+/// token window decodes only the frames it reads (format.zig). Files inside the store are
 /// opened without following symlinks. An open may finish a delete a crash
 /// interrupted, or check the records a dead writer appended after its last
 /// sync (see Durability). Errors: not_found, not_a_store, corrupt,
@@ -222,6 +231,7 @@ pub export fn lx_open(
     user: ?[*]const u8,
     user_len: u64,
     fixed_size: u64,
+    frame_size: u64,
     out: ?*?*Store,
 ) c_int {
     diag.clear();
@@ -235,10 +245,16 @@ pub export fn lx_open(
     const s = Store.open(gpa, std.mem.span(p), .{
         .create = create != 0,
         .codec = c,
-        .level = if (level == 0) codec.level_default else level,
+        .level = if (level != 0)
+            level
+        else if (c == .zstd_dict)
+            codec.level_default_dict
+        else
+            codec.level_default,
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
         .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
         .fixed_size = fixed_size,
+        .frame_size = frame_size,
     }) catch |e| return code(e);
     o.* = s;
     return 0;
@@ -279,9 +295,11 @@ pub const Info = extern struct {
     user_size: u64,
     /// Non-zero: the fixed-width layout, every record exactly this many bytes.
     fixed_size: u64,
+    /// Non-zero: longer records are written seekable, in frames of this many bytes.
+    frame_size: u64,
 
     comptime {
-        std.debug.assert(@sizeOf(Info) == 40);
+        std.debug.assert(@sizeOf(Info) == 48);
         std.debug.assert(@alignOf(Info) == 8);
     }
 };
@@ -298,6 +316,7 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
         .dict_size = h.header.dict_size,
         .user_size = h.header.user_size,
         .fixed_size = h.header.fixed_size,
+        .frame_size = h.header.frame_size,
     };
     return 0;
 }
@@ -630,12 +649,78 @@ pub export fn lx_train_dict(
     return 0;
 }
 
-/// Fills `out[0..batch_size]` with the sampler's indices for `step` (mode 0
-/// sequential, 1 iid, 2 cyclic; rank < world). Pure; any thread.
-/// Errors: invalid (length 0, batch_size 0, world 0, rank >= world, bad mode).
+/// Decodes `count` records stored by another writer (the original package's
+/// stores, read by `loaderx convert`): record i is the `src_sizes[i]` bytes at
+/// `src_offsets[i]` of `src[0..src_len]`, stored with `codecs[i]` (0 raw, 1
+/// zstd, 2 zstd with the dictionary `dict`, trained or raw content; dict_len 0
+/// for none), and must decode to exactly `dst_sizes[i]` bytes; the records are
+/// laid end to end in `dst[0..dst_len]`. On a record that does not,
+/// `*bad_index` is its index and the message says why. Errors: corrupt,
+/// bad_dictionary, invalid, out_of_memory.
+pub export fn lx_decode_frames(
+    src: ?[*]const u8,
+    src_len: u64,
+    src_offsets: ?[*]const u64,
+    src_sizes: ?[*]const u64,
+    codecs: ?[*]const u8,
+    count: u64,
+    dst: ?[*]u8,
+    dst_len: u64,
+    dst_sizes: ?[*]const u64,
+    dict: ?[*]const u8,
+    dict_len: u64,
+    bad_index: *u64,
+) c_int {
+    diag.clear();
+    bad_index.* = std.math.maxInt(u64);
+    if (count == 0) return 0;
+    const n: usize = @intCast(count);
+    const offs = (src_offsets orelse return invalid("src_offsets is null", .{}))[0..n];
+    const ss = (src_sizes orelse return invalid("src_sizes is null", .{}))[0..n];
+    const cs = (codecs orelse return invalid("codecs is null", .{}))[0..n];
+    const ds = (dst_sizes orelse return invalid("dst_sizes is null", .{}))[0..n];
+    const d = dst orelse return invalid("dst is null", .{});
+    if (src_len > 0 and src == null) return invalid("src is null", .{});
+    if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
+    var total: u64 = 0;
+    for (ds) |x| total = std.math.add(u64, total, x) catch return invalid("sizes overflow", .{});
+    if (total != dst_len) return invalid("dst_sizes add up to {d}, not {d}", .{ total, dst_len });
+    var why: [*:0]const u8 = "";
+    codec.decodeFrames(
+        if (src) |p| p[0..@intCast(src_len)] else &.{},
+        offs,
+        ss,
+        cs,
+        d[0..@intCast(dst_len)],
+        ds,
+        if (dict) |p| p[0..@intCast(dict_len)] else &.{},
+        bad_index,
+        &why,
+    ) catch |e| switch (e) {
+        error.Corrupt => {
+            diag.set("{s}", .{why});
+            return @backingInt(Result.corrupt);
+        },
+        error.BadDictionary => {
+            diag.set("zstd cannot use the dictionary ({d} bytes)", .{dict_len});
+            return @backingInt(Result.bad_dictionary);
+        },
+        error.OutOfMemory => return @backingInt(Result.out_of_memory),
+        error.BadLevel => unreachable, // decoding sets no level
+    };
+    return 0;
+}
+
+/// Fills `out[0..steps * batch_size]` with the sampler's indices for the
+/// `steps` steps from `step`, one batch after another (mode 0 sequential,
+/// 1 iid, 2 cyclic; rank < world; see src/sampler.zig). Pure; any thread.
+/// Errors: invalid (length 0, batch_size or steps 0, world 0, rank >= world,
+/// bad mode, a step past 2^64 - 1, more than 2^64 - 1 indices, or CYCLIC with
+/// batch_size * world > length: a batch would have to repeat an index).
 pub export fn lx_sampler_fill(
     length: u64,
     batch_size: u64,
+    steps: u64,
     mode: c_int,
     seed: u64,
     step: u64,
@@ -648,8 +733,128 @@ pub export fn lx_sampler_fill(
         return invalid("unknown sampler mode {d}", .{mode});
     if (length == 0) return invalid("length must be >= 1", .{});
     if (batch_size == 0) return invalid("batch_size must be >= 1", .{});
+    if (steps == 0) return invalid("steps must be >= 1", .{});
     if (world == 0 or rank >= world) return invalid("bad shard ({d}, {d})", .{ rank, world });
-    sampler.fill(length, m, seed, step, rank, world, o[0..@intCast(batch_size)]);
+    _ = std.math.add(u64, step, steps - 1) catch
+        return invalid("steps {d} from step {d} pass step 2^64 - 1", .{ steps, step });
+    const count = std.math.mul(u64, batch_size, steps) catch
+        return invalid("steps * batch_size overflows", .{});
+    if (m == .cyclic and @as(u128, batch_size) * world > length) {
+        return invalid(
+            "CYCLIC needs batch_size * world <= length, got {d} * {d} > {d}",
+            .{ batch_size, world, length },
+        );
+    }
+    const indices = o[0..@intCast(count)];
+    sampler.fillSteps(length, m, seed, step, rank, world, @intCast(batch_size), indices);
+    return 0;
+}
+
+/// lx_cursor_t: a CYCLIC mixture source's place at a step (src/mixture.zig).
+pub const Cursor = mixture.Cursor;
+
+/// For a weighted mixture of `source_count` sources (their `length` and
+/// `weight`; `seed` is not read) with `global` records per step: `out[k]` is
+/// the most records of source k one step can hold (mixture.windowMax). A
+/// CYCLIC loader refuses a source whose length is below it. Pure; any thread.
+/// Errors: invalid (no or too many sources, a zero weight, weights adding up
+/// past the bound, global 0).
+pub export fn lx_mixture_step_max(
+    sources: ?[*]const LoaderSource,
+    source_count: u32,
+    global: u64,
+    out: ?[*]u64,
+) c_int {
+    var mix: mixture.Mixture = undefined;
+    const rc = mixtureOf(sources, source_count, &mix);
+    if (rc != 0) return rc;
+    const o = out orelse return invalid("out is null", .{});
+    if (global == 0) return invalid("global must be >= 1", .{});
+    for (0..source_count) |k| o[k] = @intCast(mix.windowMax(k, global));
+    return 0;
+}
+
+/// The cursors at `step` of a CYCLIC mixture's sources (see
+/// src/mixture.zig), for a run of `global` records per step whose step
+/// `base_step` starts at mixed position `base_position` with source k at
+/// `sources[k].cursor` (`steps_left` 0: as many steps as the rest of its
+/// cycle holds from there, as for a fresh run or another global batch).
+/// `out[k]` receives source k's cursor at `step` (`steps_left >= 1`). Pure;
+/// any thread. Errors: invalid (what lx_mixture_step_max refuses; a source
+/// that one step can hold more of than it has; a cursor with an offset past
+/// its length or more steps left than the rest of its cycle holds; step
+/// before base_step; a cycle past 2^64 - 1).
+pub export fn lx_mixture_cursors(
+    sources: ?[*]const LoaderSource,
+    source_count: u32,
+    global: u64,
+    base_step: u64,
+    base_position: u64,
+    step: u64,
+    out: ?[*]Cursor,
+) c_int {
+    var mix: mixture.Mixture = undefined;
+    const rc = mixtureOf(sources, source_count, &mix);
+    if (rc != 0) return rc;
+    const o = out orelse return invalid("out is null", .{});
+    if (global == 0) return invalid("global must be >= 1", .{});
+    if (step < base_step) {
+        return invalid("step {d} is before the base step {d}", .{ step, base_step });
+    }
+    const s = sources.?[0..source_count];
+    for (s, 0..) |source, k| {
+        const steps_per_cycle = mix.stepsPerCycle(k, source.length, global);
+        if (steps_per_cycle == 0) {
+            return invalid(
+                "source {d} has {d} records, but one step of {d} can take up to {d} of them",
+                .{ k, source.length, global, mix.windowMax(k, global) },
+            );
+        }
+        if (!mix.cursorFits(k, source.length, global, base_position, source.cursor)) {
+            return invalid(
+                "source {d}: cursor (cycle {d}, offset {d}, steps_left {d}) " ++
+                    "does not fit its {d} records",
+                .{
+                    k,                        source.cursor.cycle, source.cursor.offset,
+                    source.cursor.steps_left, source.length,
+                },
+            );
+        }
+        const base_cursor = mix.normalize(k, source.length, global, base_position, source.cursor);
+        const base: mixture.Base = .{ .step = base_step, .position = base_position };
+        const place = mix.cursorAt(k, global, steps_per_cycle, base, base_cursor, step);
+        o[k] = .{
+            .cycle = std.math.cast(u64, place.cycle) orelse
+                return invalid("source {d}: cycle {d} past 2^64 - 1", .{ k, place.cycle }),
+            .offset = @intCast(place.offset),
+            .steps_left = place.steps_left,
+        };
+    }
+    return 0;
+}
+
+/// The mixture of `sources`' weights into `out`, or an error code.
+fn mixtureOf(sources: ?[*]const LoaderSource, source_count: u32, out: *mixture.Mixture) c_int {
+    const s = sources orelse return invalid("sources is null", .{});
+    if (source_count == 0 or source_count > mixture.sources_max) {
+        return invalid(
+            "a mixture takes 1 to {d} sources, got {d}",
+            .{ mixture.sources_max, source_count },
+        );
+    }
+    var weights: [mixture.sources_max]u64 = undefined;
+    var total: u64 = 0;
+    for (s[0..source_count], 0..) |source, k| {
+        if (source.weight == 0) return invalid("source {d} has weight 0", .{k});
+        if (source.length == 0) return invalid("source {d} is empty", .{k});
+        total = std.math.add(u64, total, source.weight) catch
+            return invalid("weights overflow", .{});
+        weights[k] = source.weight;
+    }
+    if (total > mixture.weight_total_max) {
+        return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
+    }
+    out.* = mixture.Mixture.init(weights[0..source_count]);
     return 0;
 }
 
@@ -667,29 +872,50 @@ pub export fn lx_set_lanes(n: u32) void {
 // ---------------------------------------------------------------- token windows
 
 /// Writes the prefix sums of a token corpus to `out[0..docs+1]`: the
-/// documents are records [0, docs) of the index space `parts`, 1-D records
-/// of `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
-/// between two documents. O(docs). Errors: closed, failed, out_of_range,
-/// size_mismatch (a record is not 1-D), corrupt, invalid.
+/// documents are records [0, docs) of store `h`, 1-D records of
+/// `itemsize`-byte tokens; `has_separator` != 0 counts one separator token
+/// after every document but the last; a fixed-width store of `itemsize`-byte
+/// records (single tokens) is one document (`docs` 1, and its part in
+/// lx_windows_gather starts at that document's number, not a record's).
+/// Reads the
+/// store's windows.idx where it is valid (copied in and checked, never
+/// trusted: a damaged, foreign or stale one is ignored) and the record table
+/// for the rest, O(documents it does not cover); rewrites windows.idx,
+/// durably, when the store's durable records reach past it and the directory
+/// is writable (failures to write it are ignored). Errors: closed, failed,
+/// out_of_range (docs > the store's records), size_mismatch (a record is not
+/// 1-D), corrupt, invalid.
 pub export fn lx_windows_index(
-    parts: ?[*]const Part,
-    part_count: u32,
+    h: *Store,
     itemsize: u32,
     has_separator: c_int,
     out: ?[*]u64,
     docs: u64,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
-    if (enterParts(ps)) |rc| return rc;
-    defer leaveParts(ps);
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
     const o = out orelse return invalid("out is null", .{});
     switch (itemsize) {
         1, 2, 4, 8 => {},
         else => return invalid("tokens of {d} bytes are not supported", .{itemsize}),
     }
-    windows.index(gpa, ps, itemsize, has_separator != 0, o[0..@intCast(docs + 1)]) catch |e|
-        return code(e);
+    if (docs >= std.math.maxInt(u64) / 8) return invalid("docs {d} is too large", .{docs});
+    const prefix = o[0..@intCast(docs + 1)];
+    windows.index(gpa, h, itemsize, has_separator != 0, prefix) catch |e| return code(e);
+    return 0;
+}
+
+/// Writes to `*out` the delete epoch of the index space `parts`: the sum of
+/// its stores' counts of deletes through those handles (lx_windows_t.epoch).
+/// Read it before building a corpus's prefix sums: a delete after that
+/// changes it, and every lx_windows_gather of the corpus then fails with
+/// size_mismatch. Errors: closed, invalid.
+pub export fn lx_windows_epoch(parts: ?[*]const Part, part_count: u32, out: *u64) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    out.* = windows.epochOf(ps);
     return 0;
 }
 
@@ -822,9 +1048,25 @@ pub export fn lx_loader_wait(
 
 /// Drops every submitted step, after the ones being built finish (so no
 /// destination is written afterwards, and their buffers are freed); the next
-/// step to submit is `step`, with its first record at global `position`.
-pub export fn lx_loader_reset(l: *Loader, step: u64, position: u64) void {
-    l.reset(step, position);
+/// step to submit is `step`, with its first record at global `position`. A
+/// CYCLIC mixture also takes each source's cursor at `step` in
+/// `cursors[0..source_count]` (as lx_mixture_cursors gives them; any other
+/// ring ignores `cursors`, which may be null). Errors: invalid (a CYCLIC
+/// mixture without cursors; nothing is dropped then).
+pub export fn lx_loader_reset(
+    l: *Loader,
+    step: u64,
+    position: u64,
+    cursors: ?[*]const Cursor,
+) c_int {
+    diag.clear();
+    if (!l.hasCursors()) {
+        l.reset(step, position, &.{});
+        return 0;
+    }
+    const c = cursors orelse return invalid("a CYCLIC mixture needs every source's cursor", .{});
+    l.reset(step, position, c[0..l.sources.len]);
+    return 0;
 }
 
 /// Stops and joins the ring's threads; waiters return closed. Idempotent; any
@@ -879,7 +1121,7 @@ test {
     _ = Loader;
     _ = fsio;
     _ = store_maintain;
-    _ = @import("mixture.zig");
+    _ = mixture;
     _ = store_parts;
     _ = windows;
     _ = @import("cpu.zig");

@@ -73,6 +73,7 @@ extern fn ZSTD_compress2(
     size: usize,
 ) usize;
 extern fn ZSTD_getFrameContentSize(src: [*]const u8, size: usize) c_ulonglong;
+extern fn ZSTD_findFrameCompressedSize(src: [*]const u8, size: usize) usize;
 extern fn ZSTD_getDictID_fromDict(dict: [*]const u8, size: usize) c_uint;
 extern fn ZSTD_minCLevel() c_int;
 extern fn ZSTD_maxCLevel() c_int;
@@ -89,6 +90,10 @@ extern fn ZDICT_getErrorName(code: usize) [*:0]const u8;
 pub const Error = error{ Corrupt, OutOfMemory, BadDictionary, BadLevel };
 
 pub const level_default: i32 = 3;
+/// zstd_dict's default level (the original package's): a dictionary store holds
+/// small similar records written once and read many times, where the slower
+/// level buys the best ratio for a one-time cost at write.
+pub const level_default_dict: i32 = 19;
 /// Fewest sample bytes trainDict passes to zstd's trainer.
 pub const train_samples_min: usize = 32;
 
@@ -212,7 +217,49 @@ pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
     // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
     if (ZSTD_isError(n) != 0) return null;
     if (n >= src.len) return null;
+    // One frame whose last bytes happen to read as a seek table would be
+    // taken for a seekable record (astronomically rare): store it raw.
+    if (format.SeekTable.parse(dst[0..n]) != null) return null;
     return n;
+}
+
+/// Frames a record of `size` bytes is cut into with frames of `frame_size`
+/// (0: one frame).
+pub fn frameCount(size: usize, frame_size: u64) usize {
+    if (frame_size == 0 or size <= frame_size) return 1;
+    return @intCast((size - 1) / frame_size + 1);
+}
+
+/// The room `encodeSeekable` needs for a record of `size` bytes.
+pub fn seekableBound(size: usize, frame_size: u64) usize {
+    const n = frameCount(size, frame_size);
+    return n * compressBound(@intCast(@min(size, frame_size))) + format.SeekTable.sizeFor(n);
+}
+
+/// Compresses `src` in the seekable format (format.zig): frames of
+/// `frame_size` raw bytes, then the seek table. `dst` has seekableBound()
+/// bytes. Null when the whole would not be smaller than `src` (stored raw).
+pub fn encodeSeekable(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8, frame_size: u64) ?usize {
+    const n = frameCount(src.len, frame_size);
+    assert(n > 1 and dst.len >= seekableBound(src.len, frame_size));
+    const frame: usize = @intCast(frame_size);
+    // The table is built in the last bytes of `dst`, which the frames never
+    // reach (the bound holds both), then moved to just after the frames.
+    const table_len = format.SeekTable.sizeFor(n);
+    const table = dst[dst.len - table_len ..];
+    format.SeekTable.writeFrame(table, n);
+    var at: usize = 0;
+    for (0..n) |k| {
+        const piece = src[k * frame ..][0..@min(frame, src.len - k * frame)];
+        const room = dst[at .. dst.len - table_len];
+        const size = ZSTD_compress2(cctx, room.ptr, room.len, piece.ptr, piece.len);
+        if (ZSTD_isError(size) != 0) return null;
+        format.SeekTable.putEntry(table, k, @intCast(size), @intCast(piece.len));
+        at += size;
+    }
+    if (at + table_len >= src.len) return null; // no gain: stored raw
+    std.mem.copyForwards(u8, dst[at..][0..table_len], table);
+    return at + table_len;
 }
 
 /// True when a stored payload of `codec` can decode to `raw_size` bytes: the
@@ -223,6 +270,7 @@ pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
     return switch (codec) {
         .raw => stored.len == raw_size,
         .zstd, .zstd_dict => blk: {
+            if (format.SeekTable.parse(stored)) |t| break :blk t.check(raw_size);
             // Frames always name their size (we write them so); zstd's
             // "unknown" and "error" values are never a record's size.
             if (raw_size >= content_size_unknown - 1) break :blk false;
@@ -233,6 +281,25 @@ pub fn plausible(codec: format.Codec, stored: []const u8, raw_size: u64) bool {
 }
 
 const content_size_unknown: u64 = std.math.maxInt(u64);
+
+/// The full check of a seekable payload (verify): its table adds up to the
+/// record, and each entry names exactly the zstd frame at its place (its
+/// compressed and decoded sizes), so a window that decodes one frame by the
+/// table reads what decoding the whole record would. O(frames); true for a
+/// payload without a seek table.
+pub fn seekTableMatches(stored: []const u8, raw_size: u64) bool {
+    const t = format.SeekTable.parse(stored) orelse return true;
+    if (!t.check(raw_size)) return false;
+    var at: usize = 0;
+    for (0..t.count()) |k| {
+        const frame = stored[at..@intCast(t.frames_size)];
+        const size = ZSTD_findFrameCompressedSize(frame.ptr, frame.len);
+        if (ZSTD_isError(size) != 0 or size != t.compressed(k)) return false;
+        if (ZSTD_getFrameContentSize(frame.ptr, size) != t.decompressed(k)) return false;
+        at += size;
+    }
+    return true;
+}
 
 /// The most a zstd frame of `stored` bytes can decode to: every block holds at
 /// most 128 KiB and takes at least 4 bytes (a 3-byte header and one RLE byte).
@@ -324,6 +391,81 @@ pub fn trainDict(
     return n;
 }
 
+/// Decodes records another writer stored (the original package's stores, for
+/// `loaderx convert`): record i is the `src_sizes[i]` bytes at `src_offsets[i]`
+/// of `src`, stored with `codecs[i]` (0 raw, 1 zstd, 2 zstd with `dict`, a
+/// trained or raw-content zstd dictionary, empty for none), and must decode to
+/// exactly `dst_sizes[i]` bytes; the records are laid end to end in `dst`. On a
+/// record that does not, `bad.*` is its index and `why` says why.
+pub fn decodeFrames(
+    src: []const u8,
+    src_offsets: []const u64,
+    src_sizes: []const u64,
+    codecs: []const u8,
+    dst: []u8,
+    dst_sizes: []const u64,
+    dict: []const u8,
+    bad: *u64,
+    why: *[*:0]const u8,
+) Error!void {
+    assert(src_offsets.len == src_sizes.len and codecs.len == src_sizes.len);
+    assert(dst_sizes.len == src_sizes.len);
+    const ddict: ?*ZSTD_DDict = if (dict.len == 0)
+        null
+    else
+        ZSTD_createDDict(dict.ptr, dict.len) orelse return error.BadDictionary;
+    defer _ = ZSTD_freeDDict(ddict);
+    const lease = try DPool.acquire();
+    defer DPool.release(lease);
+    var at: usize = 0;
+    for (src_offsets, src_sizes, codecs, dst_sizes, 0..) |off, size, c, ds, i| {
+        bad.* = i;
+        if (off > src.len or size > src.len - off) {
+            why.* = "its stored bytes lie past the end of the data";
+            return error.Corrupt;
+        }
+        const in = src[@intCast(off)..][0..@intCast(size)];
+        const out = dst[at..][0..@intCast(ds)];
+        at += out.len;
+        const n = switch (c) {
+            0 => {
+                if (in.len != out.len) {
+                    why.* = "it is stored raw but its stored and record sizes differ";
+                    return error.Corrupt;
+                }
+                copy(out, in);
+                continue;
+            },
+            1 => ZSTD_decompressDCtx(lease.ctx, out.ptr, out.len, in.ptr, in.len),
+            2 => blk: {
+                const d = ddict orelse {
+                    why.* = "it needs the dictionary, and there is none";
+                    return error.Corrupt;
+                };
+                break :blk ZSTD_decompress_usingDDict(
+                    lease.ctx,
+                    out.ptr,
+                    out.len,
+                    in.ptr,
+                    in.len,
+                    d,
+                );
+            },
+            else => {
+                why.* = "its codec is unknown";
+                return error.Corrupt;
+            },
+        };
+        if (ZSTD_isError(n) != 0 or n != out.len) {
+            why.* = if (ZSTD_isError(n) != 0)
+                ZSTD_getErrorName(n)
+            else
+                "the frame is shorter than the record";
+            return error.Corrupt;
+        }
+    }
+}
+
 test "encode falls back to raw for incompressible input and round-trips compressible input" {
     const gpa = std.testing.allocator;
     const lease = try CPool.acquire();
@@ -399,4 +541,51 @@ test "copy matches the source at every size and alignment around the rep movsb c
             for (dst[skew + n ..]) |b| try std.testing.expectEqual(@as(u8, 0xAA), b);
         }
     }
+}
+
+test "decodeFrames decodes stored records end to end and names the first bad one" {
+    const lease = try CPool.acquire();
+    defer CPool.release(lease);
+    const no_dict: Dict = .{};
+    configure(lease.ctx, .zstd, 3, &no_dict);
+    const a: [300]u8 = @splat('a');
+    const b: [500]u8 = @splat('b');
+    var src: [2 * 64 + 800 + 5]u8 = undefined;
+    @memcpy(src[0..5], "raw!!");
+    const na = encode(lease.ctx, &a, src[5..][0..compressBound(a.len)]).?;
+    const nb = encode(lease.ctx, &b, src[5 + na ..][0..compressBound(b.len)]).?;
+    var out: [805]u8 = undefined;
+    var bad: u64 = 99;
+    var why: [*:0]const u8 = "";
+    // Out of stored order, raw and zstd mixed.
+    const offsets = [_]u64{ 5 + na, 0, 5 };
+    const sizes = [_]u64{ nb, 5, na };
+    const codecs = [_]u8{ 1, 0, 1 };
+    try decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{ 500, 5, 300 }, "", &bad, &why);
+    try std.testing.expectEqualSlices(u8, &b, out[0..500]);
+    try std.testing.expectEqualSlices(u8, "raw!!", out[500..505]);
+    try std.testing.expectEqualSlices(u8, &a, out[505..]);
+    // A frame that decodes to more bytes than its record says, a stored range
+    // past the end, a dictionary record with no dictionary, a damaged frame.
+    const Corrupt = error.Corrupt;
+    const expectError = std.testing.expectError;
+    const end = src.len - 2;
+    const o10 = out[0..10];
+    try expectError(Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{
+        499, 5, 300,
+    }, "", &bad, &why));
+    try std.testing.expectEqual(@as(u64, 0), bad);
+    try expectError(Corrupt, decodeFrames(&src, &.{ 0, end }, &.{ 5, 5 }, &.{ 0, 0 }, o10, &.{
+        5, 5,
+    }, "", &bad, &why));
+    try std.testing.expectEqual(@as(u64, 1), bad);
+    try expectError(Corrupt, decodeFrames(&src, &.{5}, &.{na}, &.{2}, out[0..300], &.{
+        300,
+    }, "", &bad, &why));
+    src[5 + na + 2] ^= 0xFF;
+    try expectError(Corrupt, decodeFrames(&src, &offsets, &sizes, &codecs, &out, &.{
+        500, 5, 300,
+    }, "", &bad, &why));
+    try std.testing.expectEqual(@as(u64, 0), bad);
+    try std.testing.expect(std.mem.span(why).len > 0);
 }

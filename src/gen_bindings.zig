@@ -22,6 +22,7 @@ const named = .{
     .{ capi.Move, "lx_move_t" },
     .{ capi.Part, "lx_part_t" },
     .{ capi.LoaderConfig, "lx_loader_config_t" },
+    .{ capi.Cursor, "lx_cursor_t" },
     .{ capi.LoaderSource, "lx_source_t" },
     .{ capi.LoaderColumn, "lx_column_t" },
     .{ capi.LoaderPart, "lx_loader_part_t" },
@@ -94,8 +95,9 @@ const cdef = blk: {
         "typedef struct lx_loader lx_loader;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
-        capi.Part,         capi.LoaderConfig, capi.LoaderSource,
-        capi.LoaderColumn, capi.LoaderPart,   capi.WindowsSpec,
+        capi.Part,         capi.LoaderConfig, capi.Cursor,
+        capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
+        capi.WindowsSpec,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
@@ -147,16 +149,16 @@ const python = blk: {
         \\AUX_SIZE_MAX = {d}
         \\FORMAT_VERSION = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
-        \\    "lx_loader_config_t": {d}, "lx_source_t": {d}, "lx_column_t": {d},
-        \\    "lx_loader_part_t": {d}, "lx_windows_t": {d}}}
+        \\    "lx_loader_config_t": {d}, "lx_cursor_t": {d}, "lx_source_t": {d},
+        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d}}}
         \\
     , .{
-        Loader.columns_max,         Loader.sources_max,         Loader.parts_max,
-        Loader.window_max,          Loader.threads_max,         Store.aux_size_max,
-        format.format_version,      @sizeOf(capi.Info),         @sizeOf(Store.Stats),
-        @sizeOf(capi.Move),         @sizeOf(capi.Part),         @sizeOf(capi.LoaderConfig),
-        @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn), @sizeOf(capi.LoaderPart),
-        @sizeOf(capi.WindowsSpec),
+        Loader.columns_max,       Loader.sources_max,         Loader.parts_max,
+        Loader.window_max,        Loader.threads_max,         Store.aux_size_max,
+        format.format_version,    @sizeOf(capi.Info),         @sizeOf(Store.Stats),
+        @sizeOf(capi.Move),       @sizeOf(capi.Part),         @sizeOf(capi.LoaderConfig),
+        @sizeOf(capi.Cursor),     @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
+        @sizeOf(capi.LoaderPart), @sizeOf(capi.WindowsSpec),
     });
     break :blk text;
 };

@@ -5,28 +5,43 @@
 //! the same whatever thread or process asks. Nothing allocates and nothing is
 //! global, so every function may be called from any thread.
 //!
-//! Positions. Step `s` of a run with per-rank batch `B` and `world` ranks owns the
-//! global positions `p = s*G + j`, `j` in `[0, G)`, `G = B*world`; rank `r` takes
-//! `j` in `[r*B, (r+1)*B)`. Positions are exact 192-bit integers: with `s`, `B` and
-//! `world` each below 2^64, `p < 2^64 * (2^64-1)^2 < 2^192`, so no input can wrap.
-//! The cycle number `p / length` and offset `p % length` are computed once per
-//! batch and then advanced incrementally, so the per-index cost has no division.
-//! Each mode is a function of the position alone (and the seed), so the union of
-//! the ranks' batches is exactly the batch of one process with `G` per step.
+//! Positions. Each mode reads a sequence of global positions; step `s` of a run
+//! with per-rank batch `B` and `world` ranks owns the `G = B*world` consecutive
+//! positions from `positionAt(s)`, and rank `r` takes its slice `[r*B, (r+1)*B)`
+//! of them. SEQUENTIAL and IID put step `s` at `s*G`. CYCLIC reads position `p`
+//! as offset `p % length` of cycle `p / length`, and a cycle holds `length / G`
+//! whole steps: step `s` starts at `(s / (length/G)) * length + (s % (length/G)) * G`,
+//! so a step never straddles two cycles and the positions from
+//! `(length/G) * G` to the cycle's end are never read (see Modes). Positions
+//! are exact 192-bit integers: with `s`, `B` and `world` each below 2^64,
+//! `p < 2^64 * (2^64-1)^2 < 2^192`, so no input can wrap. The cycle number and
+//! offset of a run's first position are computed once and then advanced
+//! incrementally, so the per-index cost has no division. Each mode is a function
+//! of the position alone (and the seed), so the union of the ranks' batches is
+//! exactly the batch of one process with `G` per step.
 //!
 //! Modes.
 //! - `sequential`: index `p mod length`, a circular window that never truncates.
 //! - `iid`: uniform on `[0, length)` with replacement. A counter-based generator
 //!   keyed by `(seed, p, attempt)` gives 64-bit words; Lemire's multiply-shift
 //!   with rejection maps them without bias.
-//! - `cyclic`: without replacement. Cycle `c = p / length` is a permutation
-//!   `perm_{seed,c}` of `[0, length)`, evaluated at `p mod length`, so every
-//!   index appears exactly once per cycle and each cycle is shuffled afresh.
-//!   Lengths up to `shuffle_length_max` get an exact Fisher-Yates shuffle, drawn
-//!   again from `(seed, c)` in a fixed-size table. Longer ones use a keyed,
-//!   mixed-radix Feistel network over a domain slightly larger than `length`
-//!   (see `Feistel`), restricted to `[0, length)` by cycle walking: O(1) memory
-//!   for every length up to 2^64-1, and a few nanoseconds per index.
+//! - `cyclic`: without replacement. Cycle `c` is a permutation `perm_{seed,c}`
+//!   of `[0, length)`, evaluated at offsets `0 .. (length/G)*G`: each cycle
+//!   serves `length / G` whole global batches and drops the rest of its
+//!   permutation (a different rest each cycle, as each cycle is shuffled
+//!   afresh), so no global batch repeats an index and within a cycle every
+//!   index appears at most once. The original loaderx's rule; it needs
+//!   `G <= length` (callers refuse anything else). Lengths up to
+//!   `shuffle_length_max` get an exact Fisher-Yates shuffle, drawn again from
+//!   `(seed, c)` in a fixed-size table. Longer ones use a keyed, mixed-radix
+//!   Feistel network over a domain slightly larger than `length` (see
+//!   `Feistel`), restricted to `[0, length)` by cycle walking: O(1) memory for
+//!   every length up to 2^64-1, and a few nanoseconds per index.
+//!
+//! A run resumed with another global batch (the loader's elastic resume)
+//! passes `positionAt` the position it stopped at: the new run finishes that
+//! cycle from the same offset with as many whole new batches as its rest
+//! holds, drops the remainder, and continues with whole cycles.
 //!
 //! Trade-offs. The Feistel round function is a keyed multiply hash, chosen for
 //! speed, not a cryptographic one; the shuffle is statistically sound (see the
@@ -43,20 +58,88 @@ pub const Mode = enum(u8) { sequential = 0, iid = 1, cyclic = 2 };
 pub const Position = u192;
 
 /// Fills `out` (len = per-rank batch size B) with the indices for global step `step`.
-/// Global batch G = B * world; global positions p = step*G + j, j in [0,G); rank r takes
-/// j in [r*B, (r+1)*B). Pure function of (length, B, mode, seed, step, rank, world).
-/// Every index written is `< length`. The caller validates the arguments; breaking
-/// a precondition is a programmer error.
+/// Global batch G = B * world; rank r takes positions [r*B, (r+1)*B) of the step's G
+/// (see `positionAt`). Pure function of (length, B, mode, seed, step, rank, world).
+/// Every index written is `< length`. The caller validates the arguments (for CYCLIC,
+/// G <= length); breaking a precondition is a programmer error.
 pub fn fill(length: u64, mode: Mode, seed: u64, step: u64, rank: u64, world: u64, out: []u64) void {
+    fillSteps(length, mode, seed, step, rank, world, out.len, out);
+}
+
+/// `fill` for the `out.len / batch_size` consecutive steps from `step_first`, one
+/// batch after another. Steps whose positions follow each other (one rank, and in
+/// CYCLIC the steps of one cycle) are filled by one run, which costs a CYCLIC
+/// shuffle or key derivation once per run instead of once per step.
+pub fn fillSteps(
+    length: u64,
+    mode: Mode,
+    seed: u64,
+    step_first: u64,
+    rank: u64,
+    world: u64,
+    batch_size: usize,
+    out: []u64,
+) void {
     assert(length >= 1);
-    assert(out.len >= 1);
+    assert(batch_size >= 1);
+    assert(out.len % batch_size == 0);
     assert(world >= 1);
     assert(rank < world);
-    const batch_size: u128 = out.len;
-    const global_batch_size: u128 = batch_size * world;
-    const position_first: Position = @as(Position, step) * global_batch_size +
-        @as(u128, rank) * batch_size;
-    fillFrom(length, mode, seed, position_first, out);
+    const global: u128 = @as(u128, batch_size) * world;
+    assert(mode != .cyclic or global <= length);
+    const steps = out.len / batch_size;
+    // Steps per cycle, or per run of consecutive positions otherwise.
+    const run_steps_max: u64 = if (world > 1) 1 else if (mode == .cyclic)
+        batchesPerCycle(length, global)
+    else
+        std.math.maxInt(u64);
+    var done: usize = 0;
+    while (done < steps) {
+        const step = step_first + done;
+        // A run ends with the step before the next cycle's first.
+        const in_cycle: u64 = if (mode == .cyclic and world == 1) step % run_steps_max else 0;
+        const run: usize = @intCast(@min(steps - done, run_steps_max - in_cycle));
+        const first = positionAt(mode, length, global, 0, 0, step) + @as(u128, rank) * batch_size;
+        fillFrom(length, mode, seed, first, out[done * batch_size ..][0 .. run * batch_size]);
+        done += run;
+    }
+}
+
+/// CYCLIC: the whole global batches of `global` records one cycle of `length`
+/// serves (0 when `global > length`, which callers refuse).
+pub fn batchesPerCycle(length: u64, global: u128) u64 {
+    return @intCast(length / global);
+}
+
+/// The global position of the first record of `step`, for a run whose step
+/// `base_step` starts at global position `base_position` (a fresh run: step 0 at
+/// position 0). SEQUENTIAL and IID: `G` positions per step. CYCLIC: the base's
+/// cycle serves as many whole batches as the rest of it holds (from the base's
+/// offset), then every cycle `length / G` batches from offset 0. The base may
+/// come from a run with another global batch: this is how an elastic resume
+/// finishes the cycle it stopped in. Preconditions: `step >= base_step`; CYCLIC
+/// needs `global <= length`.
+pub fn positionAt(
+    mode: Mode,
+    length: u64,
+    global: u128,
+    base_step: u64,
+    base_position: Position,
+    step: u64,
+) Position {
+    assert(step >= base_step);
+    assert(global >= 1);
+    const steps: u64 = step - base_step;
+    if (mode != .cyclic) return base_position + @as(Position, steps) * global;
+    assert(global <= length);
+    const base = split(base_position, length);
+    // Whole batches left in the base's cycle: the rest of it, (length - offset) / G.
+    const left: u64 = @intCast((length - base.offset) / global);
+    if (steps < left) return base_position + @as(Position, steps) * global;
+    const per_cycle = batchesPerCycle(length, global);
+    const later = steps - left;
+    const cycle = base.cycle + 1 + later / per_cycle;
+    return cycle * length + @as(Position, later % per_cycle) * global;
 }
 
 /// Fills `out` with the indices at global positions [position_first,
@@ -539,24 +622,123 @@ test "cyclic covers every index exactly once per cycle" {
     }
 }
 
-test "cyclic batches that straddle cycles are permutations piecewise" {
-    const length = 1000;
-    const batch_size = 333;
-    var buffer: [batch_size]u64 = undefined;
-    var counts: [length]u32 = @splat(0);
-    // 3000 positions = three full cycles, read as 9 batches plus a tail.
-    var position: u64 = 0;
-    var step: u64 = 0;
-    while (position + batch_size <= 3 * length) : (step += 1) {
-        fill(length, .cyclic, 42, step, 0, 1, &buffer);
-        for (buffer) |index| counts[@intCast(index)] += 1;
-        position += batch_size;
+/// The global batch of `step` (all ranks' shards, in rank order) into `out`.
+fn fillGlobal(length: u64, seed: u64, step: u64, batch_size: usize, world: u64, out: []u64) void {
+    for (0..world) |rank| {
+        fill(length, .cyclic, seed, step, rank, world, out[rank * batch_size ..][0..batch_size]);
     }
-    // 9 batches cover positions [0, 2997); the third cycle lacks its last 3.
-    var whole_cycles: [length]u64 = undefined;
-    fill(length, .cyclic, 42, 2, 0, 1, &whole_cycles);
-    for (whole_cycles[997..]) |index| counts[@intCast(index)] += 1;
-    for (counts) |count| try testing.expectEqual(@as(u32, 3), count);
+}
+
+test "cyclic: each cycle serves length / G whole batches, a prefix of its permutation" {
+    var permutation: [1025]u64 = undefined;
+    var batch: [3 * 64]u64 = undefined;
+    for ([_]u64{ 1, 2, 3, 7, 10, 100, 128, 129, 1000, 1025 }) |length| {
+        for ([_]usize{ 1, 3, 4, 7, 64 }) |batch_size| {
+            for ([_]u64{ 1, 2, 3 }) |world| {
+                const global: usize = @intCast(batch_size * world);
+                if (global > length) continue;
+                const per_cycle = batchesPerCycle(length, global);
+                for (0..3) |cycle| {
+                    // Batch == length: step `cycle` is the whole permutation.
+                    fill(length, .cyclic, 42, cycle, 0, 1, permutation[0..@intCast(length)]);
+                    for (0..per_cycle) |i| {
+                        const step = cycle * per_cycle + i;
+                        fillGlobal(length, 42, step, batch_size, world, batch[0..global]);
+                        const want = permutation[i * global ..][0..global];
+                        try testing.expectEqualSlices(u64, want, batch[0..global]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+test "cyclic: no global batch repeats an index, across cycle ends too" {
+    var batch: [3 * 64]u64 = undefined;
+    var seen = try std.DynamicBitSetUnmanaged.initEmpty(testing.allocator, 1_000_003);
+    defer seen.deinit(testing.allocator);
+    for ([_]u64{ 2, 7, 10, 129, 1000, 1023, 1_000_003 }) |length| {
+        for ([_]usize{ 1, 3, 64 }) |batch_size| {
+            for ([_]u64{ 1, 3 }) |world| {
+                const global: usize = @intCast(batch_size * world);
+                if (global > length) continue;
+                const per_cycle = batchesPerCycle(length, global);
+                // Steps around the first two cycle ends, and far away.
+                const steps = [_]u64{
+                    0, per_cycle - 1, per_cycle, 2 * per_cycle - 1, 2 * per_cycle, 1 << 40,
+                };
+                for (steps) |step| {
+                    fillGlobal(length, 9, step, batch_size, world, batch[0..global]);
+                    for (batch[0..global]) |index| {
+                        try testing.expect(index < length);
+                        try testing.expect(!seen.isSet(@intCast(index)));
+                        seen.set(@intCast(index));
+                    }
+                    for (batch[0..global]) |index| seen.unset(@intCast(index));
+                }
+            }
+        }
+    }
+}
+
+test "cyclic: the dropped rest differs from cycle to cycle" {
+    // 1000 = 3 * 256 + 232: each cycle drops the last 232 entries of its permutation.
+    var permutation: [1000]u64 = undefined;
+    var rests: [3][1000]bool = undefined;
+    for (&rests, 0..) |*rest, cycle| {
+        fill(1000, .cyclic, 5, cycle, 0, 1, &permutation);
+        @memset(rest, false);
+        for (permutation[768..]) |index| rest[@intCast(index)] = true;
+    }
+    try testing.expect(!std.mem.eql(bool, &rests[0], &rests[1]));
+    try testing.expect(!std.mem.eql(bool, &rests[1], &rests[2]));
+    try testing.expectEqual(@as(u64, 3), batchesPerCycle(1000, 256));
+    try testing.expectEqual(@as(Position, 1000), positionAt(.cyclic, 1000, 256, 0, 0, 3));
+    try testing.expectEqual(@as(Position, 1256), positionAt(.cyclic, 1000, 256, 0, 0, 4));
+}
+
+test "positionAt: another global batch finishes the cycle from the same offset" {
+    const length = 97;
+    // A run of G = 5 stopped at step 13: cycle 0, offset 65.
+    const base = positionAt(.cyclic, length, 5, 0, 0, 13);
+    try testing.expectEqual(@as(Position, 65), base);
+    // With G = 9: (97 - 65) / 9 = 3 more batches of cycle 0, then 10 per cycle.
+    const at = struct {
+        fn f(step: u64) Position {
+            return positionAt(.cyclic, length, 9, 13, 65, step);
+        }
+    }.f;
+    try testing.expectEqual(@as(Position, 65), at(13));
+    try testing.expectEqual(@as(Position, 83), at(15));
+    try testing.expectEqual(@as(Position, length), at(16));
+    try testing.expectEqual(@as(Position, length + 81), at(25));
+    try testing.expectEqual(@as(Position, 2 * length), at(26));
+    // A rest smaller than one batch starts the next cycle at once.
+    try testing.expectEqual(@as(Position, length), positionAt(.cyclic, length, 40, 13, 65, 13));
+    // The same global batch continues the run it was saved from.
+    for (13..60) |step| {
+        const fresh = positionAt(.cyclic, length, 5, 0, 0, step);
+        try testing.expectEqual(fresh, positionAt(.cyclic, length, 5, 13, 65, step));
+    }
+    // SEQUENTIAL and IID: G positions per step.
+    try testing.expectEqual(@as(Position, 65 + 2 * 9), positionAt(.iid, length, 9, 13, 65, 15));
+}
+
+test "fillSteps gives fill's batches one after another" {
+    var steps: [40 * 7]u64 = undefined;
+    var one: [7]u64 = undefined;
+    for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
+        for ([_]u64{ 50, 100, 1000 }) |length| {
+            for ([_][2]u64{ .{ 0, 1 }, .{ 2, 3 } }) |shard| {
+                if (7 * shard[1] > length) continue;
+                fillSteps(length, mode, 3, 5, shard[0], shard[1], 7, &steps);
+                for (0..40) |i| {
+                    fill(length, mode, 3, 5 + i, shard[0], shard[1], &one);
+                    try testing.expectEqualSlices(u64, &one, steps[i * 7 ..][0..7]);
+                }
+            }
+        }
+    }
 }
 
 test "different seeds and different cycles give different permutations" {
@@ -741,11 +923,11 @@ test "sharded ranks together give the unsharded global batch" {
     for ([_]Mode{ .sequential, .iid, .cyclic }) |mode| {
         for ([_]u64{ 0, 1, 7, 1 << 40 }) |step| {
             var global: [batch_size * world]u64 = undefined;
-            fill(137, mode, 5, step, 0, 1, &global);
+            fill(1037, mode, 5, step, 0, 1, &global);
             var union_batch: [batch_size * world]u64 = undefined;
             for (0..world) |rank| {
                 const slice = union_batch[rank * batch_size ..][0..batch_size];
-                fill(137, mode, 5, step, rank, world, slice);
+                fill(1037, mode, 5, step, rank, world, slice);
             }
             try testing.expectEqualSlices(u64, &global, &union_batch);
         }
@@ -759,6 +941,8 @@ test "huge lengths and steps stay in range" {
         for ([_]u64{ 1, 2, 3, 1 << 32, (1 << 32) + 1, 1 << 63, max - 1, max }) |length| {
             for ([_]u64{ 0, 1 << 63, max }) |step| {
                 for ([_][2]u64{ .{ 0, 1 }, .{ 5, 7 }, .{ max - 1, max } }) |shard| {
+                    // CYCLIC refuses a global batch larger than the length.
+                    if (mode == .cyclic and @as(u128, buffer.len) * shard[1] > length) continue;
                     fill(length, mode, max, step, shard[0], shard[1], &buffer);
                     for (buffer) |index| try testing.expect(index < length);
                 }

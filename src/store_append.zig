@@ -158,7 +158,12 @@ const EncodeJob = struct {
                 codec.configure(lease.*.?.ctx, store_codec, s.header.level, &s.dict);
             }
             const dst = sc.frames.items[sc.bounds.items[i]..sc.bounds.items[i + 1]];
-            if (codec.encode(lease.*.?.ctx, src, dst)) |n| {
+            const frame_size = s.header.frame_size;
+            const got = if (codec.frameCount(src.len, frame_size) > 1)
+                codec.encodeSeekable(lease.*.?.ctx, src, dst, frame_size)
+            else
+                codec.encode(lease.*.?.ctx, src, dst);
+            if (got) |n| {
                 c = store_codec;
                 stored = dst[0..n];
             }
@@ -190,7 +195,13 @@ fn encode(s: *Store, batch: Batch) Error!void {
     for (0..batch.count) |i| {
         const size: usize = @intCast(batch.sizes[i]);
         raw_total += size;
-        const bound = if (compressing and size > 0) codec.compressBound(size) else 0;
+        const frames = codec.frameCount(size, s.header.frame_size);
+        const bound = if (!compressing or size == 0)
+            0
+        else if (frames > 1)
+            codec.seekableBound(size, s.header.frame_size)
+        else
+            codec.compressBound(size);
         sc.bounds.items[i + 1] = sc.bounds.items[i] + bound;
     }
     sc.frames.resize(s.gpa, sc.bounds.items[batch.count]) catch return error.OutOfMemory;

@@ -157,9 +157,48 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
     c.durable_data_size = c.data_size;
     c.durable_live_bytes = c.live_bytes;
     c.generation = s.commit.generation + 1;
+    // Records are about to change in place: no reader through this handle may
+    // keep a window index of them, and none may be found on disk.
+    _ = s.delete_epoch.fetchAdd(1, .acq_rel);
+    try removeWindowsIndex(s);
     try writeJournal(s, entries, c);
     try applyJournal(s, entries, c);
     return moves.len;
+}
+
+/// Removes the store's token window index (windows.idx, its temporary files
+/// and those of earlier loaderx versions) and makes that durable, before a
+/// delete changes any record: an index on disk then always describes records
+/// the store still holds (format.zig). No other handle is open (the caller
+/// holds exclusive access), so no reader is writing one meanwhile.
+pub fn removeWindowsIndex(s: *Store) Error!void {
+    const io = pool.io();
+    const d = s.dir.openDir(io, ".", .{ .iterate = true }) catch |e|
+        return Store.ioFail(e, "listing the store directory");
+    defer d.close(io);
+    var removed = false;
+    var it = d.iterate();
+    while (it.next(io) catch |e| return Store.ioFail(e, "listing the store directory")) |entry| {
+        if (!isWindowsIndexName(entry.name)) continue;
+        fsio.unlink(s.dir, entry.name) catch |e| switch (e) {
+            error.FileNotFound => continue,
+            else => return Store.ioFail(e, "removing the token window index"),
+        };
+        removed = true;
+    }
+    if (removed) {
+        fsio.syncDir(s.dir, ".") catch |e| return s.failWith(e, "syncing the store directory");
+    }
+}
+
+/// windows.idx, a temporary one (windows.idx.<random>.tmp), or one an earlier
+/// loaderx wrote (windows-<itemsize>[-<separator>].idx).
+pub fn isWindowsIndexName(name: []const u8) bool {
+    const current = format.WindowsIndex.file_name;
+    if (std.mem.startsWith(u8, name, current)) {
+        return name.len == current.len or std.mem.endsWith(u8, name, ".tmp");
+    }
+    return std.mem.startsWith(u8, name, "windows-") and std.mem.endsWith(u8, name, ".idx");
 }
 
 fn writeJournal(s: *Store, entries: []const JournalEntry, c: Commit) Error!void {

@@ -35,7 +35,7 @@ pub const Dest = struct {
 /// that another tenant preempts makes the small ones lose. zstd frames gain
 /// from ~6 KiB decoded (1.5-1.8x).
 pub const inline_raw_bytes: u64 = 256 << 10;
-const inline_decoded_bytes: u64 = 4 << 10;
+pub const inline_decoded_bytes: u64 = 4 << 10;
 
 /// Tries before a commit page that never reads consistently is called damaged.
 const commit_reads_max: u32 = 1 << 20;
@@ -433,6 +433,7 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
             .{ c.live_bytes, live },
         );
     }
+    try @import("windows.zig").verifyFile(s.gpa, s, c);
 }
 
 /// Checks the records at `indices` (location inside the committed data,
@@ -493,4 +494,7 @@ pub fn checkRecord(
     scratch.resize(s.gpa, @intCast(loc.raw_size)) catch return error.OutOfMemory;
     codec.decode(dctx, @fromBackingInt(@intCast(loc.codec)), &s.dict, stored, scratch.items) catch
         return diag.fail(error.Corrupt, "record {d} does not decode to its recorded size", .{i});
+    if (loc.codec != @backingInt(Codec.raw) and !codec.seekTableMatches(stored, loc.raw_size)) {
+        return diag.fail(error.Corrupt, "record {d} has a seek table that does not match it", .{i});
+    }
 }

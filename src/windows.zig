@@ -7,24 +7,37 @@
 //! token of document d in that stream (prefix[0] = 0; prefix[docs] = all
 //! tokens); window i covers tokens [i * L, i * L + L + 1): the inputs and the
 //! shifted targets, crossing document boundaries. A window's lookup is a
-//! binary search of the prefix sums; a batch copies only the documents its
-//! windows overlap, raw ones straight from the store's mapping, compressed
-//! ones decoded once per batch (two windows sharing one decode it once).
-//! `segments` (optional) receives each token's document ordinal within its
-//! window (0 for the first document it touches); a separator belongs to the
-//! document it ends.
+//! binary search of the prefix sums. `segments` (optional) receives each
+//! token's document ordinal within its window (0 for the first document it
+//! touches); a separator belongs to the document it ends.
+//!
+//! Bounded decode. A window copies only the bytes it returns: raw documents
+//! straight from the store's mapping; a seekable document (format.zig: zstd
+//! frames of `Header.frame_size` bytes and a seek table) decodes only the
+//! frames its tokens lie in; any other compressed document is decoded whole.
+//! Each lane keeps its last few decoded frames, so consecutive windows
+//! (sequential reading) decode a shared frame once.
+//!
+//! The index. `index` builds the prefix sums of one store from `windows.idx`
+//! (format.zig), copied into memory and checked, plus the records it does not
+//! cover, read from the record table; then rewrites the file when it can
+//! cover more (a durable prefix only). A window index in memory carries the
+//! delete epoch of its stores (Store.delete_epoch): after a delete through
+//! any of them, every read of it fails instead of reading moved documents.
 const std = @import("std");
 const assert = std.debug.assert;
 const Allocator = std.mem.Allocator;
 const format = @import("format.zig");
 const codec = @import("codec.zig");
-const outbuf = @import("outbuf.zig");
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
+const fsio = @import("fsio.zig");
 const Store = @import("Store.zig");
 const store_read = @import("store_read.zig");
 const store_parts = @import("store_parts.zig");
 const Error = Store.Error;
+const SeekTable = format.SeekTable;
+const WindowsIndex = format.WindowsIndex;
 
 /// lx_windows_t: the window index of one document corpus.
 pub const Spec = extern struct {
@@ -37,9 +50,12 @@ pub const Spec = extern struct {
     has_separator: u32,
     /// Bytes of one token: 1, 2, 4 or 8.
     itemsize: u32,
+    /// The delete epoch of the parts (lx_windows_epoch) read before the prefix
+    /// sums were built: a read fails once it differs.
+    epoch: u64,
 
     comptime {
-        assert(@sizeOf(Spec) == 40);
+        assert(@sizeOf(Spec) == 48);
     }
 
     pub fn windowCount(s: Spec) u64 {
@@ -69,8 +85,15 @@ pub const Spec = extern struct {
     }
 };
 
+/// Most tokens a corpus may hold: window arithmetic (i * L + L + 1) then
+/// never overflows.
+pub const tokens_max: u64 = 1 << 62;
+
 pub fn checkSpec(s: Spec) Error!void {
     if (s.seq_len == 0) return diag.fail(error.InvalidArgument, "seq_len must be >= 1", .{});
+    if (s.seq_len >= tokens_max) {
+        return diag.fail(error.InvalidArgument, "seq_len {d} is too large", .{s.seq_len});
+    }
     if (s.docs == 0) {
         return diag.fail(error.InvalidArgument, "a window index needs at least one document", .{});
     }
@@ -85,29 +108,95 @@ pub fn checkSpec(s: Spec) Error!void {
     if (s.prefix[0] != 0) {
         return diag.fail(error.InvalidArgument, "the window index must start at 0", .{});
     }
+    if (s.prefix[@intCast(s.docs)] > tokens_max) {
+        return diag.fail(error.InvalidArgument, "the window index holds too many tokens", .{});
+    }
 }
 
-/// Builds `out[0..docs+1]`, the prefix sums of a corpus: the documents are
-/// records [0, docs) of `parts`, 1-D, each a whole number of tokens.
+// ---------------------------------------------------------------- the index
+
+/// Builds `out[0..docs+1]`, the prefix sums of records [0, docs) of store
+/// `s` read as documents of `itemsize`-byte tokens (1-D records, each a whole
+/// number of tokens), with a separator token after every document but the
+/// last when `has_separator`. A fixed-width store of `itemsize`-byte records
+/// (single tokens) is one document (`docs` 1): its records in order; a
+/// corpus's part for it then starts at that document's number. Reads
+/// windows.idx where it is valid, the record table for the rest, and
+/// rewrites windows.idx (best effort) when the store's durable records reach
+/// past what it covered. The caller reads the delete epoch (`epochOf`)
+/// before: a delete meanwhile then shows.
 pub fn index(
     gpa: Allocator,
-    parts: []const store_parts.Part,
+    s: *Store,
     itemsize: u32,
     has_separator: bool,
     out: []u64,
 ) Error!void {
     assert(out.len >= 1);
     const docs = out.len - 1;
-    var sc: store_parts.Scratch = .{};
-    defer sc.deinit(gpa);
-    const snaps = try store_parts.begin(gpa, parts, &sc);
-    defer store_parts.end(parts);
-    out[0] = 0;
-    for (0..docs) |d| {
-        const at = store_parts.find(parts, snaps, d) orelse
-            return diag.fail(error.OutOfRange, "document {d} is out of range", .{d});
-        const loc = snaps[at.part].locs.get(at.local);
-        try Store.checkLoc(loc, at.local, snaps[at.part].data, snaps[at.part].data_size, true);
+    try s.enterRead();
+    defer s.exitRead();
+    const c = try store_read.publishedCommit(s);
+    if (docs > c.record_count) {
+        return diag.fail(
+            error.OutOfRange,
+            "the store holds {d} documents, not {d}: it changed while the index was built",
+            .{ c.record_count, docs },
+        );
+    }
+    if (s.header.fixed_size != 0) {
+        // A store of single tokens (a DenseStore of scalars, fixed width):
+        // one document, its records in order. Nothing to index.
+        if (s.header.fixed_size != itemsize or docs != 1) {
+            return diag.fail(
+                error.SizeMismatch,
+                "a fixed-width store of {d}-byte records is one document of {d}-byte tokens " ++
+                    "only when each record is one token",
+                .{ s.header.fixed_size, itemsize },
+            );
+        }
+        out[0] = 0;
+        out[1] = c.record_count;
+        return;
+    }
+    const table = try s.table(c.record_count);
+    const data = try s.dataMap(c.data_size);
+    const ends = gpa.alloc(u64, docs) catch return error.OutOfMemory;
+    defer gpa.free(ends);
+    var loaded = loadFile(gpa, s, c, table, ends);
+    try tableEnds(c, table, data, ends, loaded);
+    if (loaded > 0) {
+        // A file that passed its checks but does not add up (a record that is
+        // not a whole number of tokens by it) is set aside like any bad one.
+        tokenPrefix(ends, itemsize, has_separator, out) catch {
+            loaded = 0;
+            try tableEnds(c, table, data, ends, 0);
+        };
+    }
+    const durable: usize = @intCast(@min(docs, c.durable_count));
+    if (durable > loaded and s.writable) saveFile(s, c, ends[0..durable]);
+    try tokenPrefix(ends, itemsize, has_separator, out);
+}
+
+/// The delete epoch of an index space: the sum of its stores' (Spec.epoch).
+pub fn epochOf(parts: []const store_parts.Part) u64 {
+    var epoch: u64 = 0;
+    for (parts) |p| epoch +%= p.store.delete_epoch.load(.acquire);
+    return epoch;
+}
+
+/// ends[from..] from the record table (ends[from - 1] is already set).
+fn tableEnds(
+    c: format.Commit,
+    table: Store.Table,
+    data: [*]const u8,
+    ends: []u64,
+    from: u64,
+) Error!void {
+    var prev: u64 = if (from == 0) 0 else ends[@intCast(from - 1)];
+    for (@intCast(from)..ends.len) |d| {
+        const loc = table.get(d);
+        try Store.checkLoc(loc, d, data, c.data_size, true);
         if (loc.aux_size != 0) {
             return diag.fail(
                 error.SizeMismatch,
@@ -115,38 +204,245 @@ pub fn index(
                 .{d},
             );
         }
-        if (loc.raw_size % itemsize != 0) {
-            return diag.fail(error.Corrupt, "document {d} is not a whole number of tokens", .{d});
-        }
-        const sep: u64 = @intFromBool(has_separator and d + 1 < docs);
-        out[d + 1] = out[d] + loc.raw_size / itemsize + sep;
+        prev = std.math.add(u64, prev, loc.raw_size) catch
+            return diag.fail(error.Corrupt, "document sizes overflow", .{});
+        ends[d] = prev;
     }
 }
 
-/// Where a needed document's tokens are during a batch.
-const Doc = struct {
-    id: u64,
-    tokens: [*]const u8,
+/// out[d + 1] = tokens of documents 0..d, separators included.
+fn tokenPrefix(ends: []const u64, itemsize: u32, has_separator: bool, out: []u64) Error!void {
+    assert(std.math.isPowerOfTwo(itemsize));
+    const shift: u6 = @intCast(std.math.log2_int(u32, itemsize));
+    const mask: u64 = itemsize - 1;
+    out[0] = 0;
+    // out[d] is ends[d - 1] / itemsize plus separators (documents are whole
+    // tokens), at most the last one: bounded here, no sum below can wrap.
+    const last = if (ends.len == 0) 0 else ends[ends.len - 1];
+    if ((last >> shift) > tokens_max - ends.len) {
+        return diag.fail(error.InvalidArgument, "the corpus holds too many tokens", .{});
+    }
+    var before: u64 = 0;
+    for (ends, 0..) |end, d| {
+        const bytes = end - before;
+        before = end;
+        if (bytes & mask != 0) {
+            return diag.fail(error.Corrupt, "document {d} is not a whole number of tokens", .{d});
+        }
+        const sep: u64 = @intFromBool(has_separator and d + 1 < ends.len);
+        out[d + 1] = out[d] + (bytes >> shift) + sep;
+    }
+}
+
+/// Spot checks of a loaded index against the record table: this many
+/// documents spread over it (its first and last among them). The file is
+/// otherwise trusted as the record table is, on its checksum and on the
+/// rule that only a delete changes records (and removes it); verify()
+/// checks every entry.
+const spot_checks: u64 = 1024;
+
+/// Reads windows.idx into `ends` when it is valid for store `s` at commit `c`;
+/// returns how many documents it gave (0: absent or not valid, every problem
+/// alike: the index is then rebuilt from the table, never trusted).
+fn loadFile(
+    gpa: Allocator,
+    s: *Store,
+    c: format.Commit,
+    table: Store.Table,
+    ends: []u64,
+) u64 {
+    const io = pool.io();
+    const f = fsio.open(s.dir, WindowsIndex.file_name, .read_only) catch return 0;
+    defer f.close(io);
+    var h: WindowsIndex = undefined;
+    const got = f.readPositionalAll(io, std.mem.asBytes(&h), 0) catch return 0;
+    if (got != @sizeOf(WindowsIndex)) return 0;
+    if (h.magic != WindowsIndex.magic_value or h.version != WindowsIndex.version_value or
+        h.header_size != @sizeOf(WindowsIndex) or h.checksum != h.computeChecksum())
+    {
+        return 0;
+    }
+    // Bound to this store, and to a durable past of it.
+    if (h.store_uid != s.header.uid or h.store_header_checksum != s.header.checksum) return 0;
+    if (h.docs == 0 or h.docs > h.durable_count or h.durable_count > c.durable_count or
+        h.generation > c.generation or h.durable_data_size > c.durable_data_size)
+    {
+        return 0;
+    }
+    const body = std.math.mul(u64, h.docs, 8) catch return 0;
+    const size = f.length(io) catch return 0;
+    if (size != @sizeOf(WindowsIndex) + body) return 0;
+    // Read straight into `ends` when it covers no more than asked (the usual case).
+    const own = h.docs > ends.len;
+    const all = if (own)
+        gpa.alloc(u64, @intCast(h.docs)) catch return 0
+    else
+        ends[0..@intCast(h.docs)];
+    defer if (own) gpa.free(all);
+    const n = f.readPositionalAll(io, std.mem.sliceAsBytes(all), @sizeOf(WindowsIndex)) catch
+        return 0;
+    if (n != body or WindowsIndex.endsChecksum(all) != h.ends_checksum) return 0;
+    var before: u64 = 0;
+    for (all) |end| {
+        if (end < before) return 0;
+        before = end;
+    }
+    // The sizes it claims are the records' (a few, spread out, and the last).
+    const step = @max(1, h.docs / spot_checks);
+    var d: u64 = 0;
+    while (true) : (d += step) {
+        const at = @min(d, h.docs - 1);
+        const start = if (at == 0) 0 else all[@intCast(at - 1)];
+        if (all[@intCast(at)] - start != table.get(at).raw_size) return 0;
+        if (at == h.docs - 1) break;
+    }
+    const take: usize = @intCast(@min(h.docs, ends.len));
+    if (own) @memcpy(ends[0..take], all[0..take]);
+    return take;
+}
+
+/// Part of verify(): when the store has a windows.idx that an index build
+/// would use, every one of its entries must be the records' (a file that
+/// fails its own checks is never used, and is not an error).
+pub fn verifyFile(gpa: Allocator, s: *Store, c: format.Commit) Error!void {
+    const table = try s.table(c.record_count);
+    const data = try s.dataMap(c.data_size);
+    const docs: usize = @intCast(c.durable_count);
+    const ends = gpa.alloc(u64, docs) catch return error.OutOfMemory;
+    defer gpa.free(ends);
+    const loaded: usize = @intCast(loadFile(gpa, s, c, table, ends));
+    var prev: u64 = 0;
+    for (ends[0..loaded], 0..) |end, d| {
+        const loc = table.get(d);
+        try Store.checkLoc(loc, d, data, c.data_size, true);
+        if (end -% prev != loc.raw_size) {
+            return diag.fail(
+                error.Corrupt,
+                "{s} does not match record {d} (it is derived data: delete the file " ++
+                    "and the next TokenWindows rebuilds it)",
+                .{ WindowsIndex.file_name, d },
+            );
+        }
+        prev = end;
+    }
+}
+
+/// Writes windows.idx for `ends` (records 0..ends.len, all durable in `c`):
+/// a temporary file, fsync, rename, directory fsync. Best effort: the index
+/// is derived data, so any failure (a read-only directory, a full disk)
+/// leaves the store as it was and the index in memory only.
+fn saveFile(s: *Store, c: format.Commit, ends: []const u64) void {
+    var name_buf: [64]u8 = undefined;
+    const tmp = std.mem.printSentinel(&name_buf, "{s}.{x:0>16}.tmp", .{
+        WindowsIndex.file_name,
+        Store.randomU64(),
+    }, 0) catch unreachable; // 11 + 1 + 16 + 4 bytes fit name_buf
+    var h: WindowsIndex = .{
+        .magic = WindowsIndex.magic_value,
+        .version = WindowsIndex.version_value,
+        .header_size = @sizeOf(WindowsIndex),
+        .store_uid = s.header.uid,
+        .store_header_checksum = s.header.checksum,
+        .docs = ends.len,
+        .generation = c.generation,
+        .durable_count = c.durable_count,
+        .durable_data_size = c.durable_data_size,
+        .ends_checksum = WindowsIndex.endsChecksum(ends),
+        ._reserved = 0,
+        .checksum = 0,
+    };
+    h.checksum = h.computeChecksum();
+    sweepTemporaries(s);
+    writeFile(s, tmp, &h, ends) catch {
+        fsio.unlink(s.dir, tmp) catch {};
+        diag.clear();
+    };
+}
+
+/// Removes temporary index files a writer that failed or was killed left.
+/// One that another process is writing right now may go too: its rename
+/// then fails, and that process keeps its index in memory only.
+fn sweepTemporaries(s: *Store) void {
+    const io = pool.io();
+    const d = s.dir.openDir(io, ".", .{ .iterate = true }) catch return;
+    defer d.close(io);
+    var it = d.iterate();
+    while (it.next(io) catch null) |entry| {
+        const name = entry.name;
+        if (!std.mem.startsWith(u8, name, WindowsIndex.file_name ++ ".")) continue;
+        if (!std.mem.endsWith(u8, name, ".tmp")) continue;
+        fsio.unlink(s.dir, name) catch {};
+    }
+    diag.clear();
+}
+
+fn writeFile(s: *Store, tmp: [:0]const u8, h: *const WindowsIndex, ends: []const u64) !void {
+    const io = pool.io();
+    {
+        const f = try fsio.create(s.dir, tmp, true);
+        defer f.close(io);
+        try fsio.write(f, tmp, std.mem.sliceAsBytes(ends), @sizeOf(WindowsIndex));
+        try fsio.write(f, tmp, std.mem.asBytes(h), 0);
+        try fsio.sync(f, tmp);
+    }
+    try fsio.rename(s.dir, tmp, WindowsIndex.file_name);
+    try fsio.syncDir(s.dir, ".");
+}
+
+// ---------------------------------------------------------------- gathers
+
+/// Decoded frames a lane keeps (consecutive windows share them).
+const cache_slots = 4;
+
+const Slot = struct {
+    /// (document, frame) decoded into `buf`; frame `whole` is a whole record.
+    doc: u64 = std.math.maxInt(u64),
+    frame: u64 = 0,
+    len: usize = 0,
+    buf: std.ArrayList(u8) = .empty,
+};
+
+const whole: u64 = std.math.maxInt(u64);
+
+const LaneCache = struct {
+    slots: [cache_slots]Slot = @splat(.{}),
+    next: usize = 0,
+
+    fn find(lc: *LaneCache, doc: u64, frame: u64) ?[]const u8 {
+        for (&lc.slots) |*sl| {
+            if (sl.doc == doc and sl.frame == frame) return sl.buf.items[0..sl.len];
+        }
+        return null;
+    }
+
+    /// A slot of `len` bytes, evicting the oldest; the caller names its
+    /// contents once they are decoded.
+    fn claim(lc: *LaneCache, gpa: Allocator, len: usize) ?*Slot {
+        const sl = &lc.slots[lc.next];
+        lc.next = (lc.next + 1) % cache_slots;
+        sl.doc = std.math.maxInt(u64);
+        sl.buf.resize(gpa, len) catch return null;
+        sl.len = len;
+        return sl;
+    }
+
+    fn forget(lc: *LaneCache) void {
+        for (&lc.slots) |*sl| sl.doc = std.math.maxInt(u64);
+    }
+
+    fn deinit(lc: *LaneCache, gpa: Allocator) void {
+        for (&lc.slots) |*sl| sl.buf.deinit(gpa);
+    }
 };
 
 /// The buffers of window gathers, kept by their owner between batches.
 pub const Scratch = struct {
     parts: store_parts.Scratch = .{},
-    ids: std.ArrayList(u64) = .empty,
-    docs: std.ArrayList(Doc) = .empty,
-    decode_ids: std.ArrayList(u64) = .empty,
-    decode_of: std.ArrayList(u16) = .empty,
-    decode_local: std.ArrayList(u64) = .empty,
-    raw: std.ArrayList(u64) = .empty,
-    aux: std.ArrayList(u64) = .empty,
+    lanes: [pool.lanes_max]LaneCache = @splat(.{}),
 
     pub fn deinit(sc: *Scratch, gpa: Allocator) void {
         sc.parts.deinit(gpa);
-        inline for (.{
-            "ids", "docs", "decode_ids", "decode_of", "decode_local", "raw", "aux",
-        }) |name| {
-            @field(sc, name).deinit(gpa);
-        }
+        for (&sc.lanes) |*lc| lc.deinit(gpa);
     }
 };
 
@@ -183,29 +479,71 @@ pub fn gather(
             );
         }
     }
-    try neededDocs(gpa, spec, windows, sc);
     const snaps = try store_parts.begin(gpa, parts, &sc.parts);
     defer store_parts.end(parts);
-    try checkCounts(spec, parts, snaps);
-    var decoded: []u8 = &.{};
-    defer if (decoded.len > 0) outbuf.free(decoded.ptr);
-    try locateDocs(gpa, spec, parts, snaps, sc, &decoded, lanes);
-    var job: AssembleJob = .{ .spec = spec, .windows = windows, .out = out, .docs = sc.docs.items };
-    const raw_bytes = windows.len * spec.seq_len * spec.itemsize;
-    const plan = pool.plan(windows.len, raw_bytes >= store_read.inline_raw_bytes, lanes, 4);
+    try checkUnchanged(spec, parts, snaps);
+    // Snapshots differ from call to call: what a lane kept is stale now.
+    for (&sc.lanes) |*lc| lc.forget();
+    var job: Job = .{
+        .gpa = gpa,
+        .spec = spec,
+        .parts = parts,
+        .snaps = snaps,
+        .windows = windows,
+        .out = out,
+        .caches = &sc.lanes,
+    };
+    const width = spec.seq_len + 1;
+    const bytes = windows.len * width * spec.itemsize;
+    // Compressed documents cost about their decoded size more: lanes pay off sooner.
+    const worth = bytes >= store_read.inline_raw_bytes or
+        (out.tokens != null and anyCompressed(snaps) and
+            bytes >= store_read.inline_decoded_bytes);
+    const plan = pool.plan(windows.len, worth, lanes, 4);
     job.block_size = plan.block_size;
-    pool.run(plan.lanes, &job, AssembleJob.work);
+    pool.run(plan.lanes, &job, Job.work);
+    if (job.failed.load(.acquire)) {
+        const d = job.fail_doc;
+        switch (job.fail_kind) {
+            .decode => return diag.fail(
+                error.Corrupt,
+                "document {d} is damaged (cannot be decoded)",
+                .{d},
+            ),
+            .memory => return diag.fail(
+                error.OutOfMemory,
+                "no memory to decode document {d}",
+                .{d},
+            ),
+            .doc => {},
+        }
+        // Checked again on this thread, for its message.
+        _ = try docRef(spec, parts, snaps, d);
+        return diag.fail(error.Corrupt, "document {d} could not be read", .{d});
+    }
 }
 
-/// Every part still holds the documents the index was built over. A delete
-/// moves a store's last records into the holes and shrinks it, so a moved
-/// document of the deleted one's length would otherwise read as the old one.
-/// (Appends after a delete that bring the count back are not detected.)
-fn checkCounts(
+fn anyCompressed(snaps: []const store_read.Snapshot) bool {
+    for (snaps) |snap| {
+        if (snap.store.codecOf() != .raw) return true;
+    }
+    return false;
+}
+
+/// Every part still holds the documents the index was built over: no delete
+/// since (epochs), and no store shorter than the index says.
+fn checkUnchanged(
     spec: Spec,
     parts: []const store_parts.Part,
     snaps: []const store_read.Snapshot,
 ) Error!void {
+    if (epochOf(parts) != spec.epoch) {
+        return diag.fail(
+            error.SizeMismatch,
+            "records were deleted since the window index was built: build a new TokenWindows",
+            .{},
+        );
+    }
     for (parts, snaps, 0..) |p, snap, k| {
         const end = if (k + 1 < parts.len) parts[k + 1].first else spec.docs;
         if (snap.count < end -| p.first) {
@@ -219,104 +557,117 @@ fn checkCounts(
     }
 }
 
-/// The sorted, distinct documents the windows overlap, into sc.ids.
-fn neededDocs(gpa: Allocator, spec: Spec, windows: []const u64, sc: *Scratch) Error!void {
-    sc.ids.clearRetainingCapacity();
-    for (windows) |w| {
-        const t0 = w * spec.seq_len;
-        const t1 = t0 + spec.seq_len + 1;
-        var d = spec.docAt(t0);
-        while (d < spec.docs and spec.prefix[@intCast(d)] < t1) : (d += 1) {
-            sc.ids.append(gpa, d) catch return error.OutOfMemory;
+/// A document's record, checked: inside the committed data, 1-D, of the
+/// size the index says, its seek table (if any) consistent with it.
+const DocRef = struct {
+    store: *Store,
+    codec: format.Codec,
+    /// The payload as stored (raw bytes, or zstd frames).
+    stored: []const u8,
+    raw_size: u64,
+    seek: ?SeekTable,
+};
+
+fn docRef(
+    spec: Spec,
+    parts: []const store_parts.Part,
+    snaps: []const store_read.Snapshot,
+    d: u64,
+) Error!DocRef {
+    const at = store_parts.find(parts, snaps, d) orelse
+        return diag.fail(
+            error.OutOfRange,
+            "document {d} is out of range: the store changed since its window index was built",
+            .{d},
+        );
+    const snap = &snaps[at.part];
+    const want = spec.docTokens(d) * spec.itemsize;
+    if (snap.locs.fixed != 0) {
+        // A store of single tokens is one document: its first records (its
+        // part starts at the document, not at a record: lx_windows_index).
+        if (snap.locs.fixed != spec.itemsize or at.local != 0 or
+            want > snap.count * snap.locs.fixed)
+        {
+            return diag.fail(
+                error.SizeMismatch,
+                "document {d} (a store of single tokens) does not hold {d} bytes of " ++
+                    "{d}-byte tokens",
+                .{ d, want, spec.itemsize },
+            );
         }
+        return .{
+            .store = snap.store,
+            .codec = .raw,
+            .stored = snap.data[0..@intCast(want)],
+            .raw_size = want,
+            .seek = null,
+        };
     }
-    std.mem.sortUnstable(u64, sc.ids.items, {}, std.sort.asc(u64));
-    var n: usize = 0;
-    for (sc.ids.items) |id| {
-        if (n == 0 or sc.ids.items[n - 1] != id) {
-            sc.ids.items[n] = id;
-            n += 1;
-        }
+    const loc = snap.locs.get(at.local);
+    try Store.checkLoc(loc, at.local, snap.data, snap.data_size, false);
+    if (loc.aux_size != 0 or loc.raw_size != want) {
+        return diag.fail(
+            error.SizeMismatch,
+            "document {d} holds {d} bytes, the window index says {d}: " ++
+                "the store changed since the index was built",
+            .{ d, loc.raw_size, want },
+        );
     }
-    sc.ids.shrinkRetainingCapacity(n);
+    const cd: format.Codec = @fromBackingInt(@intCast(loc.codec));
+    const stored = (snap.data + loc.offset)[0..@intCast(loc.stored_size)];
+    return .{
+        .store = snap.store,
+        .codec = cd,
+        .stored = stored,
+        .raw_size = loc.raw_size,
+        .seek = if (cd == .raw) null else SeekTable.parse(stored),
+    };
 }
 
-/// Points every needed document at its tokens: raw ones in the mapping,
-/// compressed ones decoded (all at once, on the lanes) into `decoded`.
-fn locateDocs(
+const FailKind = enum { doc, decode, memory };
+
+const Job = struct {
     gpa: Allocator,
     spec: Spec,
     parts: []const store_parts.Part,
     snaps: []const store_read.Snapshot,
-    sc: *Scratch,
-    decoded: *[]u8,
-    lanes: usize,
-) Error!void {
-    sc.docs.resize(gpa, sc.ids.items.len) catch return error.OutOfMemory;
-    sc.decode_ids.clearRetainingCapacity();
-    sc.decode_of.clearRetainingCapacity();
-    sc.decode_local.clearRetainingCapacity();
-    for (sc.ids.items, sc.docs.items, 0..) |id, *doc, i| {
-        const at = store_parts.find(parts, snaps, id) orelse
-            return diag.fail(
-                error.OutOfRange,
-                "document {d} is out of range: the store changed since its window index was built",
-                .{id},
-            );
-        const snap = &snaps[at.part];
-        const loc = snap.locs.get(at.local);
-        try Store.checkLoc(loc, at.local, snap.data, snap.data_size, false);
-        if (loc.aux_size != 0 or loc.raw_size != spec.docTokens(id) * spec.itemsize) {
-            return diag.fail(
-                error.SizeMismatch,
-                "document {d} holds {d} bytes, the window index says {d}: " ++
-                    "the store changed since the index was built",
-                .{ id, loc.raw_size, spec.docTokens(id) * spec.itemsize },
-            );
-        }
-        doc.* = .{ .id = id, .tokens = snap.data + loc.offset };
-        if (loc.codec != @backingInt(format.Codec.raw)) {
-            sc.decode_ids.append(gpa, i) catch return error.OutOfMemory;
-            sc.decode_of.append(gpa, at.part) catch return error.OutOfMemory;
-            sc.decode_local.append(gpa, at.local) catch return error.OutOfMemory;
-        }
-    }
-    if (sc.decode_local.items.len == 0) return;
-    const n = sc.decode_local.items.len;
-    sc.raw.resize(gpa, n) catch return error.OutOfMemory;
-    sc.aux.resize(gpa, n) catch return error.OutOfMemory;
-    const reads: store_read.Reads = .{
-        .snaps = snaps,
-        .of = sc.decode_of.items,
-        .indices = sc.decode_local.items,
-    };
-    decoded.* = try store_read.packedReads(gpa, reads, lanes, sc.raw.items, sc.aux.items);
-    var at: usize = 0;
-    for (sc.decode_ids.items, sc.raw.items) |i, size| {
-        sc.docs.items[@intCast(i)].tokens = decoded.ptr + at;
-        at += @intCast(size);
-    }
-}
-
-const AssembleJob = struct {
-    spec: Spec,
     windows: []const u64,
     out: Out,
-    docs: []const Doc,
+    caches: *[pool.lanes_max]LaneCache,
     block_size: usize = 1,
-    next_block: std.atomic.Value(usize) = .init(0),
+    next_block: std.atomic.Value(usize) align(std.atomic.cache_line) = .init(0),
+    failed: std.atomic.Value(bool) align(std.atomic.cache_line) = .init(false),
+    fail_doc: u64 = 0,
+    fail_kind: FailKind = .doc,
 
-    fn work(job: *AssembleJob, lane: usize) void {
-        _ = lane;
-        while (true) {
+    fn work(job: *Job, lane: usize) void {
+        var lease: ?codec.DPool.Lease = null;
+        defer if (lease) |l| codec.DPool.release(l);
+        const cache = &job.caches[lane];
+        while (!job.failed.load(.monotonic)) {
             const start = job.next_block.fetchAdd(1, .monotonic) * job.block_size;
             if (start >= job.windows.len) return;
-            for (start..@min(start + job.block_size, job.windows.len)) |k| job.assemble(k);
+            for (start..@min(start + job.block_size, job.windows.len)) |k| {
+                job.assemble(k, cache, &lease) catch return;
+            }
         }
     }
 
-    /// Copies window k: each overlapped document's slice, separators, segments.
-    fn assemble(job: *AssembleJob, k: usize) void {
+    fn fail(job: *Job, doc: u64, kind: FailKind) error{Failed} {
+        if (job.failed.cmpxchgStrong(false, true, .acq_rel, .monotonic) == null) {
+            job.fail_doc = doc;
+            job.fail_kind = kind;
+        }
+        return error.Failed;
+    }
+
+    /// Writes window k: each overlapped document's tokens, separators, segments.
+    fn assemble(
+        job: *Job,
+        k: usize,
+        cache: *LaneCache,
+        lease: *?codec.DPool.Lease,
+    ) error{Failed}!void {
         const s = job.spec;
         const size: usize = s.itemsize;
         const width: u64 = s.seq_len + 1;
@@ -325,11 +676,9 @@ const AssembleJob = struct {
         var t = t0;
         var d = s.docAt(t0);
         var ordinal: i32 = 0;
-        var slot = findDoc(job.docs, d);
         while (t < t0 + width) : ({
             d += 1;
             ordinal += 1;
-            slot += 1;
         }) {
             const first = s.prefix[@intCast(d)];
             const doc_end = first + s.docTokens(d);
@@ -338,9 +687,10 @@ const AssembleJob = struct {
                 const base = dst + row * @as(usize, @intCast(width)) * size;
                 const copy_end = @min(doc_end, span_end);
                 if (copy_end > t) {
-                    const from = job.docs[slot].tokens + @as(usize, @intCast(t - first)) * size;
-                    const n: usize = @intCast((copy_end - t) * size);
-                    codec.copy(base[@as(usize, @intCast(t - t0)) * size ..][0..n], from[0..n]);
+                    const at = base + @as(usize, @intCast(t - t0)) * size;
+                    const lo: usize = @intCast((t - first) * size);
+                    const hi: usize = @intCast((copy_end - first) * size);
+                    try job.copyDoc(d, lo, hi, at, cache, lease);
                 }
                 if (span_end > doc_end) {
                     writeToken(base + @as(usize, @intCast(doc_end - t0)) * size, s.separator, size);
@@ -353,19 +703,75 @@ const AssembleJob = struct {
             t = span_end;
         }
     }
-};
 
-/// The index in `docs` (sorted by id) of document `id`, which is there.
-fn findDoc(docs: []const Doc, id: u64) usize {
-    var lo: usize = 0;
-    var hi: usize = docs.len;
-    while (lo < hi) {
-        const mid = (lo + hi) / 2;
-        if (docs[mid].id < id) lo = mid + 1 else hi = mid;
+    /// Copies bytes [lo, hi) of document d's tokens to `dst`, decoding only
+    /// the frames that hold them.
+    fn copyDoc(
+        job: *Job,
+        d: u64,
+        lo: usize,
+        hi: usize,
+        dst: [*]u8,
+        cache: *LaneCache,
+        lease: *?codec.DPool.Lease,
+    ) error{Failed}!void {
+        const ref = docRef(job.spec, job.parts, job.snaps, d) catch return job.fail(d, .doc);
+        if (ref.codec == .raw) {
+            codec.copy(dst[0 .. hi - lo], ref.stored[lo..hi]);
+            return;
+        }
+        const table = ref.seek orelse {
+            const size: usize = @intCast(ref.raw_size);
+            const bytes = try job.decoded(ref, d, whole, ref.stored, size, cache, lease);
+            codec.copy(dst[0 .. hi - lo], bytes[lo..hi]);
+            return;
+        };
+        // The frames holding [lo, hi): walk the table to the first.
+        var raw_at: usize = 0;
+        var packed_at: usize = 0;
+        var out_at: usize = 0;
+        for (0..table.count()) |f| {
+            const raw_len: usize = table.decompressed(f);
+            const packed_len: usize = table.compressed(f);
+            defer {
+                raw_at += raw_len;
+                packed_at += packed_len;
+            }
+            if (raw_at + raw_len <= lo) continue;
+            if (raw_at >= hi) break;
+            const frame = ref.stored[packed_at..][0..packed_len];
+            const bytes = try job.decoded(ref, d, f, frame, raw_len, cache, lease);
+            const from = @max(lo, raw_at) - raw_at;
+            const to = @min(hi, raw_at + raw_len) - raw_at;
+            codec.copy(dst[out_at..][0 .. to - from], bytes[from..to]);
+            out_at += to - from;
+        }
+        assert(out_at == hi - lo);
     }
-    assert(lo < docs.len and docs[lo].id == id);
-    return lo;
-}
+
+    /// Frame `frame` of document d (`whole`: the whole record) decoded, from
+    /// the lane's cache or decoded into it.
+    fn decoded(
+        job: *Job,
+        ref: DocRef,
+        d: u64,
+        frame: u64,
+        src: []const u8,
+        len: usize,
+        cache: *LaneCache,
+        lease: *?codec.DPool.Lease,
+    ) error{Failed}![]const u8 {
+        if (cache.find(d, frame)) |bytes| return bytes;
+        if (lease.* == null) lease.* = codec.DPool.acquire() catch return job.fail(d, .memory);
+        const slot = cache.claim(job.gpa, len) orelse return job.fail(d, .memory);
+        const dst = slot.buf.items[0..len];
+        codec.decode(lease.*.?.ctx, ref.codec, &ref.store.dict, src, dst) catch
+            return job.fail(d, .decode);
+        slot.doc = d;
+        slot.frame = frame;
+        return dst;
+    }
+};
 
 fn writeToken(dst: [*]u8, value: u64, size: usize) void {
     const bytes = std.mem.toBytes(std.mem.nativeToLittle(u64, value));
@@ -377,15 +783,31 @@ fn writeToken(dst: [*]u8, value: u64, size: usize) void {
 const testing = std.testing;
 const Move = @import("store_maintain.zig").Move;
 
+fn testStore(base: []const u8, name: []const u8, opts: Store.OpenOptions) !*Store {
+    var buf: [4096]u8 = undefined;
+    const path = try std.fmt.bufPrint(&buf, "{s}/{s}", .{ base, name });
+    return Store.open(testing.allocator, path, opts);
+}
+
+fn testSpec(prefix: []const u64, seq_len: u64, sep: ?u64, itemsize: u32, epoch: u64) Spec {
+    return .{
+        .prefix = prefix.ptr,
+        .docs = prefix.len - 1,
+        .seq_len = seq_len,
+        .separator = sep orelse 0,
+        .has_separator = @intFromBool(sep != null),
+        .itemsize = itemsize,
+        .epoch = epoch,
+    };
+}
+
 test "windows cross documents, with separators and segments, raw and compressed alike" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", testing.allocator);
     defer testing.allocator.free(base);
     inline for (.{ format.Codec.raw, format.Codec.zstd }) |cd| {
-        var buf: [4096]u8 = undefined;
-        const path = try std.fmt.bufPrint(&buf, "{s}/{s}", .{ base, @tagName(cd) });
-        const s = try Store.open(testing.allocator, path, .{ .create = true, .codec = cd });
+        const s = try testStore(base, @tagName(cd), .{ .create = true, .codec = cd });
         defer s.close();
         // Documents of u16 tokens: [1,2,3], [], [4,5,...,20] (17 tokens), [21].
         var tokens: [21]u16 = undefined;
@@ -396,17 +818,11 @@ test "windows cross documents, with separators and segments, raw and compressed 
         _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 4 }, false);
         const parts = [_]store_parts.Part{.{ .store = s, .first = 0 }};
         var prefix: [5]u64 = undefined;
-        try index(testing.allocator, &parts, 2, true, &prefix);
+        const epoch = epochOf(&parts);
+        try index(testing.allocator, s, 2, true, &prefix);
         // With separators (id 0) between documents: 3+1, 0+1, 17+1, 1.
         try testing.expectEqualSlices(u64, &.{ 0, 4, 5, 23, 24 }, &prefix);
-        const spec: Spec = .{
-            .prefix = &prefix,
-            .docs = 4,
-            .seq_len = 4,
-            .separator = 0,
-            .has_separator = 1,
-            .itemsize = 2,
-        };
+        const spec = testSpec(&prefix, 4, 0, 2, epoch);
         try testing.expectEqual(@as(u64, 5), spec.windowCount());
         var out: [2][5]u16 = undefined;
         var seg: [2][5]i32 = undefined;
@@ -424,10 +840,122 @@ test "windows cross documents, with separators and segments, raw and compressed 
         const past_end = gather(testing.allocator, spec, &parts, &.{5}, tokens_only, 0, &sc);
         try testing.expectError(error.OutOfRange, past_end);
         // Deleting a document moves the last one ([21]) into its hole; every
-        // window of the old index is refused, the untouched first one included.
+        // window of the old index is refused, the untouched first one included,
+        // also once appends bring the store back to its old length.
         var moves: [1]Move = undefined;
         _ = try s.delete(&.{1}, &moves);
         const stale = gather(testing.allocator, spec, &parts, &.{0}, tokens_only, 0, &sc);
         try testing.expectError(error.SizeMismatch, stale);
+        _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 1 }, false);
+        const back = gather(testing.allocator, spec, &parts, &.{0}, tokens_only, 0, &sc);
+        try testing.expectError(error.SizeMismatch, back);
     }
+}
+
+test "seekable documents decode only the frames a window reads, and whole records still read" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", testing.allocator);
+    defer testing.allocator.free(base);
+    const gpa = testing.allocator;
+    // 40 documents of 0..700 u32 tokens, compressible (small ids), frames of 256 bytes.
+    var prng = std.Random.DefaultPrng.init(7);
+    const r = prng.random();
+    var flat: std.ArrayList(u32) = .empty;
+    defer flat.deinit(gpa);
+    var sizes: [40]u64 = undefined;
+    var ptrs: [40][*]const u8 = undefined;
+    var starts: [41]usize = undefined;
+    starts[0] = 0;
+    for (0..40) |d| {
+        const n = r.uintLessThan(usize, 700);
+        for (0..n) |_| try flat.append(gpa, r.uintLessThan(u32, 50));
+        starts[d + 1] = flat.items.len;
+    }
+    for (0..40) |d| {
+        ptrs[d] = std.mem.sliceAsBytes(flat.items[starts[d]..]).ptr;
+        sizes[d] = (starts[d + 1] - starts[d]) * 4;
+    }
+    const s = try testStore(base, "framed", .{ .create = true, .codec = .zstd, .frame_size = 256 });
+    defer s.close();
+    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 40 }, false);
+    // Long records are seekable; every record still reads (and verifies) whole.
+    const snap = try store_read.snapshot(s);
+    var seekable: usize = 0;
+    for (0..40) |d| {
+        const loc = snap.locs.get(d);
+        const stored = (snap.data + loc.offset)[0..@intCast(loc.stored_size)];
+        if (loc.codec != 0 and SeekTable.parse(stored) != null) seekable += 1;
+    }
+    try testing.expect(seekable > 20);
+    var bad: u64 = 0;
+    try s.verify(&bad);
+    var raw: [40]u64 = undefined;
+    var aux: [40]u64 = undefined;
+    var all_idx: [40]u64 = undefined;
+    for (&all_idx, 0..) |*x, i| x.* = i;
+    const whole_buf = try s.gatherAlloc(&all_idx, 0, &raw, &aux);
+    defer @import("outbuf.zig").free(whole_buf.ptr);
+    try testing.expectEqualSlices(u8, std.mem.sliceAsBytes(flat.items), whole_buf);
+    // Every window, by a batch of all of them, matches the flat stream.
+    const parts = [_]store_parts.Part{.{ .store = s, .first = 0 }};
+    var prefix: [41]u64 = undefined;
+    const epoch = epochOf(&parts);
+    try index(gpa, s, 4, false, &prefix);
+    const spec = testSpec(&prefix, 37, null, 4, epoch);
+    const count: usize = @intCast(spec.windowCount());
+    const got = try gpa.alloc(u32, count * 38);
+    defer gpa.free(got);
+    const ids = try gpa.alloc(u64, count);
+    defer gpa.free(ids);
+    for (ids, 0..) |*x, i| x.* = count - 1 - i; // reversed: no lane sees them in order
+    var sc: Scratch = .{};
+    defer sc.deinit(gpa);
+    try gather(gpa, spec, &parts, ids, .{ .tokens = @ptrCast(got.ptr) }, 0, &sc);
+    for (ids, 0..) |w, k| {
+        const at: usize = @intCast(w * 37);
+        try testing.expectEqualSlices(u32, flat.items[at..][0..38], got[k * 38 ..][0..38]);
+    }
+}
+
+test "the index file is written for durable records, read back, and refused when it lies" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", testing.allocator);
+    defer testing.allocator.free(base);
+    const gpa = testing.allocator;
+    const s = try testStore(base, "idx", .{ .create = true, .codec = .raw });
+    defer s.close();
+    const words: [64]u8 = @splat(7);
+    const ptrs: [8][*]const u8 = @splat(&words);
+    const sizes = [_]u64{ 8, 16, 0, 64, 8, 8, 32, 24 };
+    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 8 }, false);
+    var prefix: [9]u64 = undefined;
+    try index(gpa, s, 8, false, &prefix);
+    // Not durable yet: no file.
+    try testing.expectError(error.FileNotFound, tmp.dir.access(pool.io(), "idx/windows.idx", .{}));
+    try s.sync();
+    try index(gpa, s, 8, false, &prefix);
+    try tmp.dir.access(pool.io(), "idx/windows.idx", .{});
+    try testing.expectEqualSlices(u64, &.{ 0, 1, 3, 3, 11, 12, 13, 17, 20 }, &prefix);
+    // A file that lies about a size (checksums re-sealed) is not used.
+    const io = pool.io();
+    const f = try tmp.dir.openFile(io, "idx/windows.idx", .{ .mode = .read_write });
+    var h: WindowsIndex = undefined;
+    _ = try f.readPositionalAll(io, std.mem.asBytes(&h), 0);
+    var ends: [8]u64 = undefined;
+    _ = try f.readPositionalAll(io, std.mem.sliceAsBytes(&ends), @sizeOf(WindowsIndex));
+    for (ends[1..]) |*e| e.* += 8; // document 1 one token longer
+    h.ends_checksum = WindowsIndex.endsChecksum(&ends);
+    h.checksum = h.computeChecksum();
+    try f.writePositionalAll(io, std.mem.sliceAsBytes(&ends), @sizeOf(WindowsIndex));
+    try f.writePositionalAll(io, std.mem.asBytes(&h), 0);
+    f.close(io);
+    var again: [9]u64 = undefined;
+    try index(gpa, s, 8, false, &again);
+    try testing.expectEqualSlices(u64, &prefix, &again);
+    // A delete removes the file before it changes anything.
+    var moves: [1]Move = undefined;
+    _ = try s.delete(&.{0}, &moves);
+    try testing.expectError(error.FileNotFound, tmp.dir.access(pool.io(), "idx/windows.idx", .{}));
 }

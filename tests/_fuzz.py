@@ -247,6 +247,47 @@ def check_handle(store, label: str, case, records: list, oracle: Oracle, out: Ou
     ok, _ = out.call(f"{label}: verify", store.verify)
     out.verified += ok
     _hold_to_states(got, states, label, case, records, oracle, out)
+    _check_windows(store, label, ok, out)
+
+
+WINDOW = 5  # seq_len of the token windows read from integer ragged stores
+
+
+def _check_windows(store, label: str, verified: bool, out: Outcome) -> None:
+    """A ragged store of integers is also read as TokenWindows (building or
+    reading its windows.idx). Unless verify() reported damage, every window
+    must be the slice of the store's own records that it names."""
+    import numpy as np
+    from loaderx import RaggedStore, TokenWindows
+
+    if not isinstance(store, RaggedStore) or store.dtype.kind not in "iu":
+        return
+    ok, tw = out.call(f"{label}: TokenWindows", lambda: TokenWindows(store, WINDOW))
+    if not ok:
+        return
+    # A damaged table can claim a corpus of 2^40 tokens: read a few of those windows.
+    picked = np.arange(len(tw)) if len(tw) <= 4096 else np.array([0, 1, len(tw) // 2, len(tw) - 1])
+    ok, windows = out.call(f"{label}: windows", lambda: tw[picked])
+    if not ok or not verified:
+        return
+    ok, docs = out.call(f"{label}: records for windows", lambda: store[:])
+    if not ok:
+        return
+    flat = np.concatenate([np.ravel(d) for d in docs]) if docs else np.zeros(0, store.dtype)
+    n = (len(flat) - 1) // WINDOW if len(flat) else 0
+    if n != len(tw):
+        picked = np.zeros(0, np.int64)
+    want = np.array([flat[i * WINDOW : i * WINDOW + WINDOW + 1] for i in picked.tolist()])
+    got = windows.reshape(len(picked), -1)
+    if n != len(tw) or not np.array_equal(got, want.reshape(len(picked), -1)):
+        out.problems.append(
+            {
+                "kind": "wrong windows",
+                "stage": f"{label}: windows",
+                "message": f"{len(tw)} windows differ from the records' token stream "
+                f"({n} windows); verify() reports no damage",
+            }
+        )
 
 
 def _hold_to_states(got, states, label, case, records, oracle: Oracle, out: Outcome) -> None:
@@ -395,12 +436,12 @@ def _warm_up(bases: dict, workdir: str) -> None:
             raise RuntimeError(f"intact base {base.name} fails the checks: {result['problems']}")
 
 
-def run_counted(case, records: list, workdir: str) -> dict:
-    """run_case, plus the descriptor count: an open that fails, or a handle
-    that is closed, must not leave files (or the writer lock) open."""
+def run_counted(case, records: list, workdir: str, run=None) -> dict:
+    """run_case (or `run()`), plus the descriptor count: an open that fails,
+    or a handle that is closed, must not leave files (or the writer lock) open."""
     before = open_descriptors()
     try:
-        result = run_case(case, records, workdir)
+        result = run() if run is not None else run_case(case, records, workdir)
     except Exception as e:  # noqa: BLE001 - a harness bug is reported, not hidden
         return {
             "outcome": "FAIL",
@@ -430,14 +471,42 @@ def run_counted(case, records: list, workdir: str) -> dict:
     return result
 
 
-def worker_main(bases_path: str, seed: int, workdir: str) -> None:
+def _manifest_runner(bases: dict, workdir: str):
+    """The manifest corpus (tests/_fuzz_manifests.py): builds the template,
+    checks that its valid manifests open cleanly, returns make(seed, i) and
+    run(case)."""
+    import _fuzz_manifests as fm
+
+    template = os.path.join(workdir, "template")
+    shutil.rmtree(template, ignore_errors=True)
+    fm.write_template(template, bases)
+    for which in range(len(fm.DATASETS)):
+        data = json.dumps(fm.valid_manifest(bases, which)).encode()
+        case = fm.ManifestCase(-1, "warm-up", "valid", data, [], fm.template_parts())
+        result = fm.run_manifest_case(case, bases, template, workdir)
+        if result["problems"] or result["outcome"] != "opened, verify ok":
+            raise RuntimeError(f"a valid manifest fails the checks: {result}")
+
+    def run(case):
+        return run_counted(case, [], workdir,
+                           lambda: fm.run_manifest_case(case, bases, template, workdir))
+
+    return (lambda seed, i: fm.make_manifest_case(bases, seed, i)), run
+
+
+def worker_main(bases_path: str, seed: int, workdir: str, corpus: str = "stores") -> None:
     """Reads case numbers from stdin, answers one JSON line per case."""
     limit_resources()
     faulthandler.enable()
     from _fuzz_cases import make_case
 
     bases = load_bases(bases_path)
-    _warm_up(bases, workdir)
+    if corpus == "manifests":
+        make, run = _manifest_runner(bases, workdir)
+    else:
+        _warm_up(bases, workdir)
+        make = (lambda seed, i: make_case(bases, seed, i))  # noqa: E731
+        run = (lambda case: run_counted(case, bases[case.base].records, workdir))  # noqa: E731
     print("ready", flush=True)
     for line in sys.stdin:
         i = int(line)
@@ -445,7 +514,7 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
         sys.stderr.flush()
         _selftest(i)
         try:
-            case = make_case(bases, seed, i)
+            case = make(seed, i)
         except Exception as e:  # noqa: BLE001 - a harness bug is reported, not hidden
             result = {
                 "outcome": "FAIL",
@@ -461,7 +530,7 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
                 ],
             }
         else:
-            result = run_counted(case, bases[case.base].records, workdir)
+            result = run(case)
             result["what"] = f"{case.base}, {case.family}: {case.what}"
         result["rss_kib"] = peak_rss_kib()
         print(f"E {i} {json.dumps(result)}", flush=True)
@@ -473,7 +542,9 @@ def worker_main(bases_path: str, seed: int, workdir: str) -> None:
 class Worker:
     """One worker process and the case it is running."""
 
-    def __init__(self, bases_path: str, seed: int, root: str, serial: int):
+    def __init__(self, bases_path: str, seed: int, root: str, serial: int,
+                 corpus: str = "stores"):
+        self.corpus = corpus
         self.workdir = os.path.join(root, f"w{serial}")
         os.makedirs(self.workdir, exist_ok=True)
         self.err_path = os.path.join(root, f"w{serial}.stderr")
@@ -493,6 +564,7 @@ class Worker:
                     bases_path,
                     str(seed),
                     self.workdir,
+                    corpus,
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -551,13 +623,16 @@ def _died(w: Worker) -> dict:
 
 
 def run_corpus(
-    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 20.0
+    bases_path: str, seed: int, cases: range, root: str, jobs: int = 2, timeout: float = 20.0,
+    corpus: str = "stores",
 ) -> dict[int, dict]:
-    """Runs `cases` on `jobs` workers; returns each case's result."""
+    """Runs `cases` of `corpus` ("stores" or "manifests") on `jobs` workers;
+    returns each case's result."""
     todo = collections.deque(cases)
     results: dict[int, dict] = {}
     serial = iter(range(1 << 30))
-    workers = [Worker(bases_path, seed, root, next(serial)) for _ in range(min(jobs, len(todo)))]
+    workers = [Worker(bases_path, seed, root, next(serial), corpus)
+               for _ in range(min(jobs, len(todo)))]
     try:
         while workers:
             for w in list(workers):
@@ -583,7 +658,7 @@ def run_corpus(
 
 
 def _replace(w, workers, root, bases_path, seed, serial) -> None:
-    workers[workers.index(w)] = Worker(bases_path, seed, root, next(serial))
+    workers[workers.index(w)] = Worker(bases_path, seed, root, next(serial), w.corpus)
 
 
 def _collect(w: Worker, workers, results, root, bases_path, seed, serial) -> None:
@@ -629,7 +704,7 @@ def _hang(w: Worker, workers, results, root, bases_path, seed, serial, timeout) 
 
 def _signature(p: dict) -> str:
     """What a problem is, without the numbers that differ from case to case."""
-    if p["kind"] in ("wrong bytes", "wrong count", "leaked descriptors"):
+    if p["kind"] in ("wrong bytes", "wrong windows", "wrong count", "leaked descriptors"):
         return p["kind"] + ": " + re.sub(r"\d+", "N", p["message"].split(";")[0].split(": got")[0])
     if p["kind"] in ("crash", "hang"):
         frames = [
@@ -685,6 +760,7 @@ def tally(results: dict[int, dict]) -> dict:
         "crashes": cases_with("crash"),
         "hangs": cases_with("hang"),
         "wrong bytes": cases_with("wrong bytes"),
+        "wrong windows": cases_with("wrong windows"),
         "wrong count": cases_with("wrong count"),
         "foreign exceptions": cases_with("exception"),
         "leaked descriptors": cases_with("leaked descriptors"),
@@ -715,6 +791,6 @@ def repro(seed: int, i: int, keep: str | None = None) -> dict:
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     if sys.argv[1] == "worker":
-        worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "repro":
         repro(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)

@@ -1,8 +1,10 @@
 """The seeded fuzz corpus of hostile stores (tests/test_fuzz_corpus.py).
 
-`build_bases` writes five small stores with loaderx: DenseStore raw (the
+`build_bases` writes six small stores with loaderx: DenseStore raw (the
 fixed-width layout), DenseStore zstd, RaggedStore 1-D (raw), RaggedStore n-D
-(zstd, shapes in aux bytes) and a zstd_dict Zrecord. `make_case(bases, seed, i)`
+(zstd, shapes in aux bytes), a zstd_dict Zrecord, and a token store
+(RaggedStore uint16, zstd in seekable frames of 64 bytes, with the
+windows.idx a TokenWindows wrote). `make_case(bases, seed, i)`
 turns case number i into one mutated copy of a base, deterministically: the
 families take turns (`SCHEDULE`), enumerated hostile variants are walked in
 order so every run covers all of them, and a `random.Random` seeded by
@@ -30,21 +32,28 @@ from _lxformat import (
     BLOB_OFFSET,
     COMMIT_OFFSET,
     LOC,
+    SEED_WINDOWS_ENDS,
+    SEED_WINDOWS_INDEX,
     U64_MAX,
+    WINDOWS_INDEX,
+    WINDOWS_INDEX_FIELDS,
     StoreImage,
     block,
     frame,
+    pack_windows_index,
     raw_frame,
+    unpack_windows_index,
 )
-from _xxhash import index_tweak, record_checksum
+from _xxhash import index_tweak, record_checksum, xxh64
 
-BASE_NAMES = ("dense_raw", "dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict")
+BASE_NAMES = ("dense_raw", "dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict", "tokens")
 KINDS = {
     "dense_raw": "dense",
     "dense_zstd": "dense",
     "ragged_1d": "ragged",
     "ragged_nd": "ragged",
     "bytes_dict": "bytes",
+    "tokens": "ragged",
 }
 
 
@@ -124,6 +133,14 @@ def build_bases(root) -> dict[str, Base]:
     ) as z:
         z.append(recs)
     made["bytes_dict"] = [(None, None, r) for r in recs]
+    from loaderx import TokenWindows
+
+    tokens = [(np.arange(n) % 97 * 3 + k).astype("<u2") for k, n in enumerate((40, 0, 300, 7, 129, 90))]
+    with RaggedStore(os.path.join(root, "tokens"), "<u2", codec="zstd", frame_size=64) as s:
+        s.append(tokens)
+    with RaggedStore(os.path.join(root, "tokens")) as s:
+        TokenWindows(s, 5)  # writes windows.idx
+    made["tokens"] = _typed_records(tokens)
     return {
         name: Base(name, KINDS[name], StoreImage.load(os.path.join(root, name)).files, made[name])
         for name in BASE_NAMES
@@ -149,7 +166,7 @@ def _region(img: StoreImage, name: str, rng: random.Random) -> tuple[int, int]:
 def _pick_file(img: StoreImage, rng: random.Random) -> str:
     names = [
         n
-        for n in ("meta", "index", "data", "index", "data", "journal")
+        for n in ("meta", "index", "data", "index", "data", "journal", "windows.idx")
         if len(img.files.get(n, b""))
     ]
     return rng.choice(names)
@@ -318,8 +335,13 @@ HEADER_VARIANTS = (
     ("flags all ones", lambda img: img.put_header(flags=U64_MAX)),
     (
         "reserved fields set",
-        lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _r0=U64_MAX, _r4=7),
+        lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _r2=U64_MAX, _r4=7),
     ),
+    ("uid changed", lambda img: img.put_header(uid=img.header()["uid"] ^ 0x5A5A)),
+    ("frame_size 63", lambda img: img.put_header(frame_size=63)),
+    ("frame_size 2^30+1", lambda img: img.put_header(frame_size=2**30 + 1)),
+    ("frame_size 2^64-1", lambda img: img.put_header(frame_size=U64_MAX)),
+    ("frame_size 64", lambda img: img.put_header(frame_size=64)),
     ("dict/identity boundary +1", lambda img: _shift_split(img, 1)),
     ("dict/identity boundary -1", lambda img: _shift_split(img, -1)),
     ("identity moved into the dictionary", lambda img: _shift_split(img, 1 << 40)),
@@ -1035,9 +1057,119 @@ def fam_dict(img, base, rng, k, bases):
     return f"dictionary: {name}", _orig(base), "typed"
 
 
+# ----------------------------------------------------------------- windows.idx
+
+
+def _index_image(img: StoreImage):
+    return unpack_windows_index(bytes(img.files["windows.idx"]))
+
+
+def _put_index(img: StoreImage, h: dict, ends: list, seal_docs: bool = True) -> None:
+    """windows.idx with both checksums valid (and `docs` as given unless `seal_docs`)."""
+    if seal_docs:
+        img.files["windows.idx"] = bytearray(pack_windows_index(h, ends))
+        return
+    body = struct.pack(f"<{len(ends)}Q", *ends)
+    sealed = dict(h, ends_checksum=xxh64(body, SEED_WINDOWS_ENDS))
+    raw = WINDOWS_INDEX.pack(*(sealed[f] for f in WINDOWS_INDEX_FIELDS))
+    sealed["checksum"] = xxh64(raw[:-8], SEED_WINDOWS_INDEX)
+    img.files["windows.idx"] = bytearray(
+        WINDOWS_INDEX.pack(*(sealed[f] for f in WINDOWS_INDEX_FIELDS)) + body
+    )
+
+
+def _index_fields(**fields):
+    def forge(img, rng):
+        h, ends = _index_image(img)
+        _put_index(img, dict(h, **fields), ends, seal_docs=False)
+
+    return forge
+
+
+def _index_relative(field: str, delta: int):
+    def forge(img, rng):
+        h, ends = _index_image(img)
+        _put_index(img, dict(h, **{field: (h[field] + delta) % 2**64}), ends, seal_docs=False)
+
+    return forge
+
+
+def _index_ends(change):
+    def forge(img, rng):
+        h, ends = _index_image(img)
+        _put_index(img, h, [v % 2**64 for v in change(list(ends), rng)])
+
+    return forge
+
+
+def _index_bytes(how: str):
+    def forge(img, rng):
+        buf = img.files["windows.idx"]
+        if how == "flip header":
+            buf[rng.randrange(0, 88)] ^= 1 << rng.randrange(8)
+        elif how == "flip ends":
+            buf[rng.randrange(88, len(buf))] ^= 1 << rng.randrange(8)
+        elif how == "truncate":
+            del buf[rng.randrange(len(buf)):]
+        elif how == "extend":
+            buf.extend(rng.randbytes(rng.choice((1, 8, 64))))
+        elif how == "remove":
+            del img.files["windows.idx"]
+
+    return forge
+
+
+def _swap_sizes(ends, rng):
+    sizes = [b - a for a, b in zip([0] + ends, ends)]
+    i = rng.randrange(len(sizes) - 1)
+    sizes[i], sizes[i + 1] = sizes[i + 1], sizes[i]
+    out, at = [], 0
+    for n in sizes:
+        at += n
+        out.append(at)
+    return out
+
+
+WINDOWS_VARIANTS = (
+    ("a header byte flipped", _index_bytes("flip header")),
+    ("an offset byte flipped", _index_bytes("flip ends")),
+    ("cut short", _index_bytes("truncate")),
+    ("junk appended", _index_bytes("extend")),
+    ("removed", _index_bytes("remove")),
+    ("docs 2^61 (sealed)", _index_fields(docs=2**61)),
+    ("docs 0 (sealed)", _index_fields(docs=0)),
+    ("docs + 1 (sealed)", _index_relative("docs", 1)),
+    ("generation + 1 (sealed)", _index_relative("generation", 1)),
+    ("generation 2^64-1 (sealed)", _index_fields(generation=U64_MAX)),
+    ("durable_count + 1 (sealed)", _index_relative("durable_count", 1)),
+    ("durable_data_size 2^64-1 (sealed)", _index_fields(durable_data_size=U64_MAX)),
+    ("another store's id (sealed)", _index_relative("store_uid", 1)),
+    ("another header checksum (sealed)", _index_relative("store_header_checksum", 1)),
+    ("version 2 (sealed)", _index_fields(version=2)),
+    ("header_size 96 (sealed)", _index_fields(header_size=96)),
+    ("magic + 1 (sealed)", _index_relative("magic", 1)),
+    ("first gap 2^63 + its size (sealed)", _index_ends(lambda e, r: [v + 2**63 for v in e])),
+    ("offsets shifted a token (sealed)", _index_ends(lambda e, r: e[:2] + [v + 2 for v in e[2:]])),
+    ("offsets shifted a byte (sealed)", _index_ends(lambda e, r: e[:2] + [v + 1 for v in e[2:]])),
+    ("two sizes swapped (sealed)", _index_ends(_swap_sizes)),
+    ("an offset decreasing (sealed)", _index_ends(lambda e, r: e[:3] + [e[2] - 2] + e[4:])),
+    ("last offset 2^64-1 (sealed)", _index_ends(lambda e, r: e[:-1] + [U64_MAX])),
+    ("a prefix of it (sealed)", _index_ends(lambda e, r: e[: len(e) // 2])),
+    ("more documents than the store (sealed)", _index_ends(lambda e, r: e + [e[-1] + 2] * 3)),
+    ("empty (sealed)", _index_ends(lambda e, r: [])),
+)
+
+
+def fam_windows(img, base, rng, k, bases):
+    """The token store's windows.idx damaged, or forged with valid checksums."""
+    name, forge = WINDOWS_VARIANTS[k % len(WINDOWS_VARIANTS)]
+    forge(img, rng)
+    return f"windows.idx: {name}", _orig(base), "typed"
+
+
 # ----------------------------------------------------------------- the schedule
 
-GENERAL = ("dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict")
+GENERAL = ("dense_zstd", "ragged_1d", "ragged_nd", "bytes_dict", "tokens")
 SCHEDULE = (
     (fam_flip, BASE_NAMES),
     (fam_overwrite, BASE_NAMES),
@@ -1057,6 +1189,8 @@ SCHEDULE = (
     (fam_dict, BASE_NAMES),
     (fam_flip_sealed, BASE_NAMES),
     (fam_overwrite, BASE_NAMES),
+    (fam_windows, ("tokens",)),
+    (fam_windows, ("tokens",)),
 )
 
 
@@ -1071,6 +1205,7 @@ VARIANT_COUNTS = {
     fam_shape: len(SHAPE_VARIANTS),
     fam_journal: len(JOURNAL_VARIANTS),
     fam_dict: len(DICT_VARIANTS),
+    fam_windows: len(WINDOWS_VARIANTS),
 }
 
 

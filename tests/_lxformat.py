@@ -44,8 +44,8 @@ HEADER_FIELDS = (
     "user_size",
     "blob_checksum",
     "fixed_size",
-    "_r0",
-    "_r1",
+    "uid",
+    "frame_size",
     "_r2",
     "_r3",
     "_r4",
@@ -67,10 +67,31 @@ LOC_FIELDS = ("offset", "stored_size", "raw_size", "checksum", "codec", "_reserv
 JOURNAL_HEADER = struct.Struct("<QQ64sQQ")
 JOURNAL_ENTRY = struct.Struct("<Q32s")
 
+# windows.idx: format.WindowsIndex, then u64 ends (running sums of raw sizes).
+WINDOWS_INDEX = struct.Struct("<QII9Q")
+WINDOWS_INDEX_FIELDS = (
+    "magic",
+    "version",
+    "header_size",
+    "store_uid",
+    "store_header_checksum",
+    "docs",
+    "generation",
+    "durable_count",
+    "durable_data_size",
+    "ends_checksum",
+    "_reserved",
+    "checksum",
+)
+WINDOWS_INDEX_NAME = "windows.idx"
+SEED_WINDOWS_INDEX = 0x4C5D
+SEED_WINDOWS_ENDS = 0x4C5E
+
 assert HEADER.size == 112 and COMMIT.size == 64 and LOC.size == 32
+assert WINDOWS_INDEX.size == 88
 assert JOURNAL_HEADER.size == 96 and JOURNAL_ENTRY.size == 40
 
-FILES = ("meta", "index", "data", "lock", "journal")
+FILES = ("meta", "index", "data", "lock", "journal", "windows.idx")
 
 
 def pack_header(h: dict, seal: bool = True) -> bytes:
@@ -95,6 +116,27 @@ def pack_loc(loc: dict) -> bytes:
 
 def unpack_loc(raw: bytes) -> dict:
     return dict(zip(LOC_FIELDS, LOC.unpack(raw)))
+
+
+def unpack_windows_index(raw: bytes) -> tuple[dict, list[int]]:
+    """(header fields, ends) of a windows.idx file's bytes (ends: whatever
+    whole u64s follow the header)."""
+    h = dict(zip(WINDOWS_INDEX_FIELDS, WINDOWS_INDEX.unpack_from(raw, 0)))
+    body = raw[WINDOWS_INDEX.size:]
+    ends = list(struct.unpack_from(f"<{len(body) // 8}Q", body))
+    return h, ends
+
+
+def pack_windows_index(h: dict, ends: list[int], seal: bool = True) -> bytes:
+    """A windows.idx file; with `seal`, docs and both checksums are recomputed."""
+    h = dict(h)
+    body = struct.pack(f"<{len(ends)}Q", *ends)
+    if seal:
+        h["docs"] = len(ends)
+        h["ends_checksum"] = xxh64(body, SEED_WINDOWS_ENDS)
+        raw = WINDOWS_INDEX.pack(*(h[f] for f in WINDOWS_INDEX_FIELDS))
+        h["checksum"] = xxh64(raw[:-8], SEED_WINDOWS_INDEX)
+    return WINDOWS_INDEX.pack(*(h[f] for f in WINDOWS_INDEX_FIELDS)) + body
 
 
 class StoreImage:

@@ -19,6 +19,7 @@ import loaderx
 from loaderx import __main__ as cli
 from loaderx.converters import ConvertError
 from loaderx.errors import CorruptStoreError
+from _helpers import assert_same
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is part of the test extra")
@@ -193,13 +194,21 @@ def test_a_damaged_parquet_page_is_named(tmp_path):
     _nothing_left(tmp_path)
 
 
-def test_a_null_deep_in_a_nested_column_names_its_row(tmp_path):
+def test_a_null_deep_in_a_nested_column_is_filled_and_named(tmp_path):
     rows = [[[1.0, 2.0]] * 3 for _ in range(10)]
     rows[7] = [[1.0, 2.0], [3.0, None]]
     table = pa.table({"a": pa.array(rows, pa.list_(pa.list_(pa.float64(), 2)))})
     pq.write_table(table, tmp_path / "n.parquet", row_group_size=4)
-    with pytest.raises(ConvertError, match=r"null value \(row 7\)"):
-        _convert(tmp_path / "n.parquet", tmp_path / "out")
+    out = _convert(tmp_path / "n.parquet", tmp_path / "out")
+    got = out["a"][7]
+    assert got.shape == (2, 2) and got[1, 0] == 3.0 and np.isnan(got[1, 1])  # a float: NaN
+    ints = pa.table({"a": pa.array([[1, 2]] * 7 + [[3, None]] + [[4]] * 2, pa.list_(pa.int32()))})
+    pq.write_table(ints, tmp_path / "i.parquet", row_group_size=4)
+    with pytest.warns(UserWarning, match=r"1 null values inside lists \(the first in row 7\) are stored as 0"):
+        out = _convert(tmp_path / "i.parquet", tmp_path / "iout")
+    assert_same(out["a"][7], np.array([3, 0], np.int32))
+    out = _convert(tmp_path / "i.parquet", tmp_path / "f", fill_null={"a": -1})
+    assert_same(out["a"][7], np.array([3, -1], np.int32))
 
 
 def test_split_names_never_write_outside_the_destination(tmp_path):
@@ -351,7 +360,8 @@ def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
     create never replaces what appeared meanwhile, and parts a killed append
     moved in without a manifest entry are removed by the next append."""
     from loaderx.converters._columns import Flags
-    from loaderx.converters._dest import Destination, _lock_dataset
+    from loaderx._locks import lock_dataset
+    from loaderx.converters._dest import Destination
     from loaderx.dataset import DestinationExistsError
     from loaderx.errors import LockedError
 
@@ -359,17 +369,17 @@ def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
     _convert(tmp_path / "x.npy", out)
-    held = _lock_dataset(str(out))  # an append or overwrite still running
+    held = lock_dataset(str(out))  # an append or overwrite still running
     for mode in ("append", "overwrite"):
         with pytest.raises(LockedError, match="another conversion is writing to this dataset"):
             _convert(tmp_path / "x.npy", out, mode=mode)
     os.close(held)
-    orphan = out / "x" / "part-00007"  # moved in by an append killed before its manifest
+    orphan = out / "gen-000001" / "x" / "part-00007"  # an append killed before its manifest
     orphan.mkdir()
     (orphan / "data").write_bytes(b"x" * 100)
     _convert(tmp_path / "x.npy", out, mode="append")
     assert not orphan.exists()
-    assert sorted(os.listdir(out / "x")) == ["part-00000", "part-00001"]
+    assert sorted(os.listdir(out / "gen-000001" / "x")) == ["part-00000", "part-00001"]
     assert loaderx.open_dataset(out)["x"][np.arange(8)].tolist() == x.tolist() * 2
     late = Destination(tmp_path / "new", "create", Flags())
     late.begin([])  # a create that started before the one below finished

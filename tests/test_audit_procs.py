@@ -138,7 +138,7 @@ from loaderx.converters._run import StoreOptions, run_tasks
 from slow_source import SlowSource
 
 class Progress:
-    def update(self, n):
+    def update(self, n, records=0, nbytes=0):
         pass
 
 root = sys.argv[1]

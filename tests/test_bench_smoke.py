@@ -28,7 +28,8 @@ import bench_scale  # noqa: E402
 import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "remote")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
+          "remote")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
 
 
@@ -51,6 +52,19 @@ EXPECTED = {
         "loaderx TokenWindows gather(out=)",
         "loaderx DataLoader({'tokens': tw})",
         "litdata TokensLoader",
+        "nanoGPT get_batch, literal",
+        "numpy memmap get_batch, simplified",
+        "loaderx DataLoader, TokenWindows, raw store",
+        "loaderx DataLoader, TokenWindows, default store",
+        "loaderx DataLoader, TokenWindows, zstd one frame per document",
+    ),
+    "select": (
+        "loaderx select (pyarrow engine)",
+        "loaderx select (DuckDB engine)",
+        "numpy mask over memmapped .npy",
+        "HF datasets filter (per-example lambda)",
+        "loaderx DataLoader over a 10% subset (views)",
+        "loaderx DataLoader over a dataset of the same size",
     ),
     "remote": (
         "loaderx remote, prefetch 4 ahead (cold)",

@@ -71,12 +71,13 @@ def test_convert_info_verify_compact(tmp_path, npz):
     assert col["warnings"] == []
     y = report["columns"]["y"]
     assert y["codec"] == "raw" and y["index_bytes"] == 400 * 4 and y["overhead_pct"] > 50
-    assert "tiny" in y["warnings"][0] and "--row-length" in y["warnings"][0]
+    assert y["warnings"] == []  # a scalar column: one value per record is its form
     out = run("info", tmp_path / "ds")
     assert (
         "column 'x': 2 shards" in out.stdout
         and "overhead:" in out.stdout
-        and "warning:" in out.stdout
+        and "scalar columns" in out.stdout
+        and "  y int64\n" in out.stdout
     )
     out = run("verify", tmp_path / "ds")
     assert out.returncode == 0 and "ok: 800 records in 4 stores verified" in out.stdout
@@ -107,12 +108,10 @@ def test_info_of_a_single_store_and_tiny_records(tmp_path):
 
 def test_convert_flags_reach_the_converter(tmp_path):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
-    out = run("convert", tmp_path / "tok.npy", tmp_path / "t")
-    assert (
-        out.returncode == 1
-        and "--row-length L" in out.stderr
-        and "--allow-tiny-records" in out.stderr
-    )
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "t0", "-q")  # a scalar column
+    assert out.returncode == 0, out.stderr
+    m = json.loads((tmp_path / "t0" / "loaderx.json").read_text())
+    assert m["columns"]["tok"]["item_shape"] == [] and m["columns"]["tok"]["codec"] == "raw"
     out = run(
         "convert",
         tmp_path / "tok.npy",
@@ -166,3 +165,108 @@ def test_demo_runs_and_checks_its_options():
     assert out.returncode == 0, out.stderr
     out = run("demo", "--records", "0")
     assert out.returncode == 2
+
+
+def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz):
+    src, _ = npz
+    assert run("convert", src, tmp_path / "ds", "-q").returncode == 0
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loaderx", "info", "--json", str(tmp_path / "ds")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdout.close()  # the reader is gone before a byte is written: `| head -c0`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""
+
+
+def test_warnings_name_the_input_not_loaderx_source_lines(tmp_path):
+    np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
+    out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "3000", "-q")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == (
+        f"loaderx convert: warning: {tmp_path / 'tok.npy'}: column 'tok': 2000 trailing "
+        "values do not fill a row of 3000 and are left out\n"
+    )
+
+
+def test_progress_shows_records_and_bytes_from_the_first_batch(tmp_path):
+    members = [(f"s{i:05d}.txt", bytes(200) + b"%d" % i) for i in range(3000)]
+    _tar_file(tmp_path / "t.tar", members)
+    out = run("convert", tmp_path / "t.tar", tmp_path / "o")
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if " of " in ln]
+    total = os.path.getsize(tmp_path / "t.tar")
+    first = lines[0]
+    assert "records" in first and not first.startswith("convert: 0 B of")
+    # The first report comes after a small first batch, not after 1024 samples.
+    assert int(first.split(" records")[0].rsplit(" ", 1)[1].replace(",", "")) < 1024
+    assert f"of {total / 2**20:.1f} MiB (100.0%), 3,000 records" in lines[-1]
+    np.save(tmp_path / "x.npy", np.zeros((4096, 256), np.float32))
+    out = run("convert", tmp_path / "x.npy", tmp_path / "x", "--batch-mib", "1")
+    first = [ln for ln in out.stderr.splitlines() if "rows (" in ln][0]
+    assert first.startswith("convert: 64/4,096 rows") and "64.0 KiB read" in first
+
+
+def test_info_shows_labels_files_and_keys(tmp_path):
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+    for cls in ("ant", "bee"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (4, 4), i).save(tmp_path / "imgs" / cls / f"{i}.png")
+    out = run("convert", tmp_path / "imgs", tmp_path / "d")
+    assert out.returncode == 0, out.stderr
+    assert "images L" in out.stdout and "key (bytes uint8" in out.stdout
+    text = run("info", tmp_path / "d").stdout
+    assert "labels:    ant, bee (2 names; loaderx.labels(ds, name))" in text
+    assert "role:      key" in text and "images:    L (seen: L 4)" in text
+    report = json.loads(run("info", tmp_path / "d", "--json").stdout)
+    assert report["columns"]["label"]["labels"] == ["ant", "bee"]
+    out = run("convert", tmp_path / "imgs", tmp_path / "n", "--no-keys", "-q")
+    assert out.returncode == 0 and sorted(os.listdir(tmp_path / "n" / "gen-000001")) == [
+        "image", "label"]
+    (tmp_path / "pq").mkdir()
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
+    import pyarrow.parquet as pq
+
+    for k in range(25):
+        pq.write_table(pa.table({"x": pa.FixedSizeListArray.from_arrays(
+            np.zeros(16 * 4), 16)}), tmp_path / "pq" / f"p{k:02d}.parquet")
+    assert run("convert", tmp_path / "pq", tmp_path / "p", "-q").returncode == 0
+    text = run("info", tmp_path / "p").stdout
+    assert "  p00.parquet  rows 0:4" in text and "  p19.parquet  rows 76:80" in text
+    assert "p20.parquet" not in text and "... 5 more files (--json lists them all)" in text
+
+
+def _tar_file(path, members) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_convert_image_column_flags(tmp_path):
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+    import io
+
+    def png(value: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("L", (4, 4), value).save(buf, format="PNG")
+        return buf.getvalue()
+
+    _tar_file(tmp_path / "t.tar", [(f"k{i}.png", png(i)) for i in range(3)])
+    out = run("convert", tmp_path / "t.tar", tmp_path / "a", "--image-column", "pixels", "-q")
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads((tmp_path / "a" / "loaderx.json").read_text())["columns"]) == [
+        "pixels", "key"]
+    out = run("convert", tmp_path / "t.tar", tmp_path / "b", "--image-per-extension", "--no-keys")
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads((tmp_path / "b" / "loaderx.json").read_text())["columns"]) == ["png"]
+    assert "DenseStore uint8[4, 4], stored as L (the first 3 images: L 3)" in out.stderr

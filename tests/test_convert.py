@@ -3,7 +3,7 @@
 Every source kind is built here from local data (nothing is downloaded) and
 converted; the stores are then read back and compared value by value, in
 order, with the source. Also: the column-type mapping and its refusals (named
-column, named flag), the tiny-record guard, create/append/overwrite, worker
+column, named flag), scalar columns, create/append/overwrite, worker
 processes giving one ShardSet per column, failures leaving nothing behind,
 and bounded memory on a file larger than the memory allowed.
 """
@@ -34,7 +34,7 @@ Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extr
 
 
 def _leftovers(parent) -> list:
-    return [n for n in os.listdir(parent) if "loaderx-partial" in n or "loaderx-old" in n]
+    return [n for n in os.listdir(parent) if ".loaderx-" in n or n.startswith("loaderx.json.")]
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -55,7 +55,8 @@ def test_npy_round_trip_and_manifest(tmp_path):
     assert_same(ds["feat"][:], x)
     ds["feat"].close()
     m = json.loads((tmp_path / "out" / "loaderx.json").read_text())
-    assert m["format"] == "loaderx-dataset" and m["version"] == 1 and m["rows"] == 50
+    assert m["format"] == "loaderx-dataset" and m["version"] == 2 and m["rows"] == 50
+    assert m["generation"] == "gen-000001"
     col = m["columns"]["feat"]
     assert (col["kind"], col["dtype"], col["item_shape"], col["codec"]) == (
         "dense",
@@ -63,9 +64,30 @@ def test_npy_round_trip_and_manifest(tmp_path):
         [4, 5],
         "zstd",
     )
-    assert col["shards"] == [{"path": "feat/part-00000", "rows": 50}]
+    assert col["shards"] == [{"path": "gen-000001/feat/part-00000", "rows": 50}]
+    assert sorted(os.listdir(tmp_path / "out")) == ["gen-000001", "loaderx.json"]
     assert m["source"] == {"type": "numpy", "path": str(tmp_path / "feat.npy")}
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", [(-1,), (-1, 3), (2, -3)])
+def test_negative_dimensions_in_npy_and_npz_headers_are_refused(tmp_path, shape):
+    """Before the fix an .npz member whose header said ``shape: (-1,)``
+    became an empty column without a word; the same .npy was refused."""
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<i8", "fortran_order": False, "shape": shape}
+    )
+    buf.write(np.arange(12, dtype="<i8").tobytes())
+    (tmp_path / "neg.npy").write_bytes(buf.getvalue())
+    with zipfile.ZipFile(tmp_path / "neg.npz", "w") as z:
+        z.writestr("a.npy", buf.getvalue())
+    for src in ("neg.npy", "neg.npz"):
+        with pytest.raises(ConvertError, match=f"{src}.*negative dimensions"):
+            loaderx.convert(tmp_path / src, tmp_path / "out", allow_tiny_records=True)
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
@@ -109,19 +131,22 @@ def test_dict_of_arrays_columns_and_skip(tmp_path):
     assert not (tmp_path / "o3").exists() and _leftovers(tmp_path) == []
 
 
-def test_token_array_is_refused_with_the_fix_then_rows(tmp_path):
+def test_a_1d_array_is_a_scalar_column_or_rows_of_tokens(tmp_path):
     tokens = np.arange(10_050, dtype=np.int32)
     np.save(tmp_path / "tokens.npy", tokens)
-    with pytest.raises(ConvertError) as e:
-        loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t")
-    msg = str(e.value)
-    assert "10,050 records" in msg and "row_length=L" in msg and "allow_tiny_records=True" in msg
-    assert not (tmp_path / "t").exists()
+    # No flag: one value per record, a raw column that maps to a numpy array.
+    ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t")
+    col = ds["tokens"]
+    assert len(col) == 10_050 and col.codec == "raw" and col.item_shape == ()
+    assert_same(col.as_array(), tokens)
+    assert_same(col[[3, 10_049]], tokens[[3, 10_049]])
+    col.close()
     with pytest.warns(UserWarning, match="50 trailing values"):
-        ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t", row_length=100)
+        ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t1", row_length=100)
     assert ds["tokens"].item_shape == (100,) and len(ds["tokens"]) == 100
     assert_same(ds["tokens"][7], tokens[700:800])
     ds["tokens"].close()
+    # The old flag is still accepted.
     ds = loaderx.convert(tmp_path / "tokens.npy", tmp_path / "t2", allow_tiny_records=True)
     assert len(ds["tokens"]) == 10_050 and ds["tokens"].codec == "raw"
     ds["tokens"].close()
@@ -194,17 +219,18 @@ def test_failed_conversion_leaves_nothing(tmp_path):
         }
     )
     pq.write_table(table, tmp_path / "n.parquet", row_group_size=25)
-    with pytest.raises(
-        ConvertError, match=r"column 'a' has a null value \(row 50\).*skip_columns=\['a'\]"
-    ):
-        loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2)
+    # The null at row 50 cannot take the fill value: the second worker fails.
+    bad = {"a": "not a number"}
+    with pytest.raises(ConvertError, match=r"column 'a' \(double\): cannot replace its nulls"):
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "out", workers=2, fill_null=bad)
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
     loaderx.convert({"a": np.zeros(3), "b": np.zeros((3, 16))}, tmp_path / "ok")["a"].close()
     before = (tmp_path / "ok" / "loaderx.json").read_text()
     with pytest.raises(ConvertError):
-        loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"])
+        loaderx.convert(tmp_path / "n.parquet", tmp_path / "ok", mode="append", columns=["a", "b"],
+                        fill_null=bad)
     assert (tmp_path / "ok" / "loaderx.json").read_text() == before
-    assert sorted(os.listdir(tmp_path / "ok" / "a")) == ["part-00000"]
+    assert sorted(os.listdir(tmp_path / "ok" / "gen-000001" / "a")) == ["part-00000"]
     assert _leftovers(tmp_path / "ok") == []
 
 
@@ -252,7 +278,7 @@ def _check_table(ds: dict, d: dict, rows=slice(None)) -> None:
         assert_same(got, want)
     values, splits = ds["pairs"].gather_packed(np.arange(len(ds["pairs"])))
     assert_same(values, np.concatenate(d["pairs"][rows]).reshape(-1, 2))
-    assert ds["text"][:] == [t.encode("utf-8") for t in d["text"][rows]]
+    assert ds["text"][:] == list(d["text"][rows])  # strings read back as str
     assert ds["blob"][:] == d["blob"][rows]
     assert_same(ds["y"][:], d["y"][rows])
     assert_same(ds["flag"][:], d["flag"][rows])
@@ -264,7 +290,9 @@ def test_parquet_types_workers_and_row_groups(tmp_path):
     ds = loaderx.convert(tmp_path / "t.parquet", tmp_path / "out", workers=2, progress=False)
     assert ds["y"].lengths == (240, 260)  # the cut moved to a row-group boundary
     _check_table(ds, d)
-    assert ds["dict"][:3] == [b"a", b"bb", b"a"]
+    # An Arrow dictionary is a categorical: codes, and the names they stand for.
+    assert ds["dict"].categories == ("a", "bb")
+    assert list(ds["dict"].names_of(ds["dict"][:3])) == ["a", "bb", "a"]
     for v in ds.values():
         v.close()
     m = read_manifest(tmp_path / "out")
@@ -348,7 +376,7 @@ def _check_hf(ds: dict, order, images) -> None:
     assert_same(ds["img"][:], np.stack([images[i] for i in order]))
     assert_same(ds["label"][:], np.array([i % 3 for i in order], np.int64))
     assert_same(ds["arr"][:], np.stack([np.full((2, 3), i, np.float32) for i in order]))
-    assert ds["text"][:] == [f"t{i}".encode() for i in order]
+    assert ds["text"][:] == [f"t{i}" for i in order]
     assert [r.tolist() for r in ds["ids"][:]] == [list(range(i % 5)) for i in order]
 
 
@@ -358,7 +386,7 @@ def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
     _check_hf(ds, range(30), images)
     for v in ds.values():
         v.close()
-    assert read_manifest(tmp_path / "a")["columns"]["label"]["class_names"] == ["cat", "dog", "eel"]
+    assert loaderx.labels(tmp_path / "a", "label") == ["cat", "dog", "eel"]
     shuffled = hf.shuffle(seed=4)
     order = [int(t[1:]) for t in shuffled["text"]]
     ds = loaderx.convert(shuffled, tmp_path / "b", workers=2)
@@ -388,7 +416,8 @@ def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
         for split in splits.values():
             for v in split.values():
                 v.close()
-    assert read_manifest(tmp_path / "s-obj")["splits"] == {"train": "train", "test": "test"}
+    assert read_manifest(tmp_path / "s-obj")["splits"] == {
+        "train": "gen-000001/train", "test": "gen-000001/test"}
     with pytest.raises(DestinationExistsError):
         loaderx.convert(dd, tmp_path / "s-obj")
     assert _leftovers(tmp_path) == []
@@ -418,7 +447,7 @@ def test_image_folder_dense_ragged_encoded(tmp_path):
     Image.fromarray(odd).save(root / "dog" / "99.png")
     ds = loaderx.convert(root, tmp_path / "r")
     assert ds["image"].kind == "ragged" and len(ds["image"]) == 13
-    assert_same(ds["image"][12], np.repeat(odd[:, :, None], 3, axis=2))  # grey becomes RGB
+    assert_same(ds["image"][12], odd)  # a ragged column keeps each image's mode
     assert_same(ds["image"][0], expected[0][0])
     for v in ds.values():
         v.close()
@@ -465,11 +494,11 @@ def test_webdataset_columns_by_extension_and_workers(tmp_path):
     _tar(tmp_path / "wds" / "a-000.tar", _wds_samples(0, 7))
     _tar(tmp_path / "wds" / "a-001.tar", _wds_samples(7, 5))
     ds = loaderx.convert(tmp_path / "wds", tmp_path / "o", workers=2)
-    assert list(ds) == ["cls", "txt", "png", "npy"]
+    assert list(ds) == ["cls", "txt", "image", "npy", "key"]
     assert ds["cls"].lengths == (7, 5)
     assert_same(ds["cls"][:], np.arange(12, dtype=np.int64) % 4)
     assert ds["txt"][:] == [f"caption {i}".encode() for i in range(12)]
-    assert_same(ds["png"][:], np.stack([np.full((6, 6), i, np.uint8) for i in range(12)]))
+    assert_same(ds["image"][:], np.stack([np.full((6, 6), i, np.uint8) for i in range(12)]))
     assert_same(ds["npy"][:], np.stack([np.full((3, 4), i, np.float32) for i in range(12)]))
     for v in ds.values():
         v.close()
@@ -483,7 +512,7 @@ def test_webdataset_columns_by_extension_and_workers(tmp_path):
     ds = loaderx.convert(
         tmp_path / "bad.tar", tmp_path / "b", skip_columns=["txt"], keep_encoded=True
     )
-    assert ds["png"][0] == broken[0][1]["png"] and len(ds["cls"]) == 3
+    assert ds["image"][0] == broken[0][1]["png"] and len(ds["cls"]) == 3
     for v in ds.values():
         v.close()
 
@@ -495,12 +524,13 @@ def test_open_dataset_checks(tmp_path):
     loaderx.convert({"x": np.zeros((5, 9))}, tmp_path / "d")["x"].close()
     with pytest.raises(KeyError, match="no column 'y'"):
         open_dataset(tmp_path / "d", columns=["y"])
-    with DenseStore(tmp_path / "d" / "x" / "part-00000") as s:
+    part = tmp_path / "d" / "gen-000001" / "x" / "part-00000"
+    with DenseStore(part) as s:
         s.append(np.ones((1, 9)))
     with pytest.raises(CorruptStoreError, match="holds 6 records, the manifest says 5"):
         open_dataset(tmp_path / "d")
     with pytest.raises(NotAStoreError, match="single store"):
-        open_dataset(tmp_path / "d" / "x" / "part-00000")
+        open_dataset(part)
     with pytest.raises(FileNotFoundError):
         open_dataset(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
@@ -598,3 +628,281 @@ def test_memory_stays_bounded_on_a_large_input(tmp_path):
         with next(iter(open_dataset(tmp_path / f"o-{name}").values())) as store:
             assert len(store) == rows
             assert_same(store[rows - 1], np.arange(width, dtype=np.int32) + (rows - 1) * width)
+
+
+# ----------------------------------------------------------------- shapes as users wrote them
+
+
+def _pixels(rows: int, first: int = 0, length: int = 64) -> list:
+    return [np.arange(length, dtype=np.float64) + 1000 * i for i in range(first, first + rows)]
+
+
+def _pandas_parquet(path, pixels: list, **kw) -> None:
+    pd = pytest.importorskip("pandas", reason="pandas comes with datasets in the test extra")
+    pd.DataFrame({"pixels": pixels, "target": np.arange(len(pixels)) % 10}).to_parquet(
+        path, **kw
+    )
+
+
+def test_equal_length_list_columns_become_dense(tmp_path):
+    pixels = _pixels(300)
+    _pandas_parquet(tmp_path / "digits.parquet", pixels)
+    assert str(pq.read_schema(tmp_path / "digits.parquet").field("pixels").type).startswith("list")
+    ds = loaderx.convert(tmp_path / "digits.parquet", tmp_path / "d", progress=False)
+    assert ds["pixels"].kind == "dense" and ds["pixels"].item_shape == (64,)
+    assert_same(ds["pixels"][:], np.stack(pixels))
+    with DataLoader(ds, batch_size=32, seed=0) as loader:
+        batch = next(loader)
+        assert batch["pixels"].shape == (32, 64) and batch["pixels"].dtype == np.float64
+        assert_same(batch["pixels"], np.stack(pixels)[batch["target"] * 0 + _order(ds, batch)])
+    col = read_manifest(tmp_path / "d")["columns"]["pixels"]
+    assert (col["kind"], col["item_shape"]) == ("dense", [64])
+    for v in ds.values():
+        v.close()
+
+
+def _order(ds: dict, batch: dict) -> np.ndarray:
+    """The rows of a batch, found by their first pixel (row i starts at 1000 i)."""
+    return (batch["pixels"][:, 0] // 1000).astype(np.int64)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_later_row_of_another_length_makes_the_column_ragged(tmp_path, workers):
+    """Dense is decided from the first rows; a row of another length in a
+    later batch (here in the second file, past several written batches)
+    turns the whole column ragged, every row intact and in order."""
+    (tmp_path / "src").mkdir()
+    first, second = _pixels(400), _pixels(200, first=400)
+    second[150] = second[150][:63]
+    _pandas_parquet(tmp_path / "src" / "part-0.parquet", first, row_group_size=100)
+    _pandas_parquet(tmp_path / "src" / "part-1.parquet", second, row_group_size=100)
+    ds = loaderx.convert(
+        tmp_path / "src", tmp_path / "d", workers=workers, batch_bytes=32 << 10, progress=False
+    )
+    assert ds["pixels"].kind == "ragged" and ds["target"].kind == "dense"
+    got = ds["pixels"][:]
+    assert len(got) == 600
+    for a, b in zip(got, first + second):
+        assert_same(a, b)
+    assert read_manifest(tmp_path / "d")["columns"]["pixels"]["item_shape"] is None
+    for v in ds.values():
+        v.close()
+    # Lengths that differ within the first rows: ragged from the start.
+    _pandas_parquet(tmp_path / "mixed.parquet", [np.arange(n, dtype=np.int32) for n in (3, 4, 3)])
+    ds = loaderx.convert(tmp_path / "mixed.parquet", tmp_path / "m", progress=False)
+    assert ds["pixels"].kind == "ragged" and ds["pixels"][1].tolist() == [0, 1, 2, 3]
+    for v in ds.values():
+        v.close()
+
+
+def test_appending_lists_keeps_the_dataset_s_layout(tmp_path):
+    _pandas_parquet(tmp_path / "a.parquet", _pixels(50))
+    loaderx.convert(tmp_path / "a.parquet", tmp_path / "d", progress=False)["pixels"].close()
+    before = (tmp_path / "d" / "loaderx.json").read_text()
+    for name, row in (("b", 40), ("c", 1500)):  # within the first rows looked at, and past them
+        uneven = _pixels(1600)
+        uneven[row] = uneven[row][:10]
+        _pandas_parquet(tmp_path / f"{name}.parquet", uneven)
+        with pytest.raises(IdentityError, match="column 'pixels' holds kind=dense"):
+            loaderx.convert(tmp_path / f"{name}.parquet", tmp_path / "d", mode="append",
+                            batch_bytes=64 << 10, progress=False)
+        assert (tmp_path / "d" / "loaderx.json").read_text() == before
+        assert sorted(os.listdir(tmp_path / "d" / "gen-000001" / "pixels")) == ["part-00000"]
+    # Equal-length rows appended to a column of lists stay lists.
+    loaderx.convert(tmp_path / "b.parquet", tmp_path / "r", progress=False)["pixels"].close()
+    ds = loaderx.convert(tmp_path / "a.parquet", tmp_path / "r", mode="append", progress=False)
+    assert ds["pixels"].kind == "ragged" and len(ds["pixels"]) == 1650
+    assert_same(ds["pixels"][1649], _pixels(50)[49])
+    for v in ds.values():
+        v.close()
+
+
+# ----------------------------------------------------------------- real WebDataset tars
+
+
+def _member_image(data: bytes, mode: str) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert(mode))
+
+
+def _tar_members(paths) -> dict:
+    out = {}
+    for p in paths:
+        with tarfile.open(p) as tf:
+            for m in tf.getmembers():
+                out[m.name] = tf.extractfile(m).read()
+    return out
+
+
+def test_webdataset_shards_mixing_jpg_and_png_convert(tmp_path):
+    wds = pytest.importorskip("webdataset", reason="webdataset is part of the test extra")
+    rng = np.random.default_rng(7)
+    images = [rng.integers(0, 255, (12, 10, 3), dtype=np.uint8) for _ in range(23)]
+    (tmp_path / "shards").mkdir()
+    with wds.ShardWriter(str(tmp_path / "shards" / "train-%03d.tar"), maxcount=8, verbose=0) as w:
+        for i, a in enumerate(images):
+            w.write({"__key__": f"sample{i:04d}", "jpg" if i % 3 else "png": a, "cls": i % 5})
+    shards = sorted((tmp_path / "shards").iterdir())
+    assert len(shards) == 3
+    ds = loaderx.convert(tmp_path / "shards", tmp_path / "d", workers=2, progress=False)
+    assert list(ds) == ["cls", "image", "key"]
+    assert ds["image"].kind == "dense" and ds["image"].item_shape == (12, 10, 3)
+    members = _tar_members(shards)
+    for i in range(23):
+        ext = "jpg" if i % 3 else "png"
+        want = _member_image(members[f"sample{i:04d}.{ext}"], "RGB")
+        assert_same(ds["image"][i], want)
+        if ext == "png":
+            assert_same(ds["image"][i], images[i])
+    assert_same(ds["cls"][:], np.arange(23, dtype=np.int64) % 5)
+    assert _text(ds["key"][:]) == [f"sample{i:04d}" for i in range(23)]
+    m = read_manifest(tmp_path / "d")
+    assert [f["path"] for f in m["source"]["files"]] == [p.name for p in shards]
+    assert [f["rows"] for f in m["source"]["files"]] == [[0, 8], [8, 16], [16, 23]]
+    for v in ds.values():
+        v.close()
+    # One column per extension on request; no key column on request.
+    with wds.ShardWriter(str(tmp_path / "one-%03d.tar"), maxcount=100, verbose=0) as w:
+        for i in range(3):
+            w.write({"__key__": f"k{i}", "png": images[i], "jpg": images[i]})
+    with pytest.raises(ConvertError, match=r"sample 'k0' has 2 images .*image_column=None"):
+        loaderx.convert(tmp_path / "one-000.tar", tmp_path / "e", progress=False)
+    ds = loaderx.convert(
+        tmp_path / "one-000.tar", tmp_path / "e", image_column=None, keys=False, progress=False
+    )
+    assert sorted(ds) == ["jpg", "png"] and ds["png"].item_shape == (12, 10, 3)
+    for v in ds.values():
+        v.close()
+
+
+def test_tar_images_past_the_probe_that_do_not_fit_make_the_column_ragged(tmp_path):
+    """The first 64 samples decide a dense column; a later image of another
+    size or a wider mode makes it ragged instead of failing (or dropping
+    its alpha channel)."""
+    grey = [np.full((8, 8), i, np.uint8) for i in range(70)]
+    wide = np.full((9, 8, 4), 200, np.uint8)
+    samples = [(f"k{i:03d}", {"png": _png(a)}) for i, a in enumerate(grey)]
+    _tar(tmp_path / "w.tar", samples + [("k999", {"png": _png(wide)})])
+    ds = loaderx.convert(tmp_path / "w.tar", tmp_path / "d", batch_bytes=1 << 10, progress=False)
+    assert ds["image"].kind == "ragged" and len(ds["image"]) == 71
+    assert_same(ds["image"][3], grey[3])
+    assert_same(ds["image"][70], wide)
+    assert read_manifest(tmp_path / "d")["columns"]["image"]["image_mode"] == "per-image"
+    for v in ds.values():
+        v.close()
+
+
+# ----------------------------------------------------------------- image modes
+
+
+def _save(path, mode: str, size, fill) -> np.ndarray:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    im = Image.new(mode, size, fill)
+    im.save(path)
+    return np.asarray(im)
+
+
+def test_mixed_mode_image_folders_keep_small_modes(tmp_path, capsys):
+    root = tmp_path / "imgs"
+    grey = [_save(root / "a" / f"{i}.png", "L", (20 + i, 16), i) for i in range(6)]
+    rgb = _save(root / "b" / "0.png", "RGB", (16, 16), (1, 2, 3))
+    rgba = _save(root / "b" / "1.png", "RGBA", (16, 17), (1, 2, 3, 4))
+    with pytest.warns(UserWarning, match=r"decoded, the images .*keep_encoded=True") as caught:
+        ds = loaderx.convert(root, tmp_path / "d", progress="log")
+    assert [w.filename for w in caught] == [__file__]  # the caller's line, not loaderx's
+    assert ds["image"].kind == "ragged"
+    for i in range(6):
+        assert_same(ds["image"][i], grey[i])  # one byte per pixel, as in the file
+    assert_same(ds["image"][6], rgb)
+    assert_same(ds["image"][7], rgba)
+    col = read_manifest(tmp_path / "d")["columns"]["image"]
+    assert col["image_mode"] == "per-image"
+    assert col["image_modes"] == {"L": 6, "RGB": 1, "RGBA": 1}
+    assert "each in its own mode" in capsys.readouterr().err
+    for v in ds.values():
+        v.close()
+    # One size: a dense column in the smallest mode that holds every image.
+    for name, modes, want in (
+        ("grey-rgb", [("L", 7), ("RGB", (7, 8, 9))], "RGB"),
+        ("grey-alpha", [("L", 7), ("LA", (7, 100))], "LA"),
+        ("palette", [("P", 3), ("1", 1)], "RGB"),
+    ):
+        for k, (mode, fill) in enumerate(modes):
+            _save(tmp_path / name / "x" / f"{k}.png", mode, (5, 4), fill)
+        ds = loaderx.convert(tmp_path / name, tmp_path / f"o-{name}", progress=False)
+        assert read_manifest(tmp_path / f"o-{name}")["columns"]["image"]["image_mode"] == want
+        for k, (mode, fill) in enumerate(modes):
+            with Image.open(tmp_path / name / "x" / f"{k}.png") as im:
+                assert_same(ds["image"][k], np.asarray(im.convert(want)))
+        for v in ds.values():
+            v.close()
+
+
+# ----------------------------------------------------------------- provenance
+
+
+def _text(values) -> list:
+    """Key records as str, whether the store gives UTF-8 columns back as
+    bytes or as str."""
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+def test_keys_labels_and_source_rows_of_an_image_folder(tmp_path):
+    root = tmp_path / "imgs"
+    for cls, n in (("cat", 3), ("dog", 2)):
+        for i in range(n):
+            _save(root / cls / f"img{i}.png", "RGB", (4, 4), (i, 0, 0))
+    _save(root / "dog" / "deep" / "x.png", "RGB", (4, 4), (9, 9, 9))
+    ds = loaderx.convert(root, tmp_path / "d", progress=False)
+    assert list(ds) == ["image", "label", "key"]
+    assert _text(ds["key"][:]) == [
+        "cat/img0.png", "cat/img1.png", "cat/img2.png",
+        "dog/img0.png", "dog/img1.png", "dog/deep/x.png",
+    ]
+    names = loaderx.labels(ds, "label")
+    assert names == ["cat", "dog"] and loaderx.labels(tmp_path / "d", "label") == names
+    assert [names[k] for k in ds["label"][:]] == ["cat"] * 3 + ["dog"] * 3
+    assert loaderx.labels(ds, "image") is None
+    col = read_manifest(tmp_path / "d")["columns"]["key"]
+    assert (col["kind"], col["codec"], col["role"]) == ("bytes", "raw", "key")
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        loaderx.labels(tmp_path / "d", "nope")
+    with DenseStore(tmp_path / "alone", np.int64, ()) as alone:
+        with pytest.raises(ValueError, match="not opened from a dataset directory"):
+            loaderx.labels({"label": alone}, "label")
+    for v in ds.values():
+        v.close()
+    ds = loaderx.convert(root, tmp_path / "n", keys=False, progress=False)
+    assert list(ds) == ["image", "label"]
+    for v in ds.values():
+        v.close()
+    # Appending images of other classes would give code 0 another name.
+    _save(tmp_path / "more" / "bird" / "0.png", "RGB", (4, 4), (1, 1, 1))
+    with pytest.raises(ConvertError, match=r"labels are \['cat', 'dog'\], the new data's \['bird'\]"):
+        loaderx.convert(tmp_path / "more", tmp_path / "d", mode="append", progress=False)
+
+
+def test_manifest_gives_each_source_file_its_rows(tmp_path, hf_dataset):
+    (tmp_path / "src").mkdir()
+    for k, n in enumerate((70, 0, 130)):
+        x = np.arange(n * 16, dtype=np.float64).reshape(n, 16)
+        pq.write_table(pa.table({"x": pa.FixedSizeListArray.from_arrays(x.ravel(), 16)}),
+                       tmp_path / "src" / f"part-{k}.parquet", row_group_size=40)
+    loaderx.convert(tmp_path / "src", tmp_path / "d", workers=3, progress=False)["x"].close()
+    files = read_manifest(tmp_path / "d")["source"]["files"]
+    assert files == [
+        {"path": "part-0.parquet", "rows": [0, 70]},
+        {"path": "part-1.parquet", "rows": [70, 70]},
+        {"path": "part-2.parquet", "rows": [70, 200]},
+    ]
+    loaderx.convert(tmp_path / "src" / "part-2.parquet", tmp_path / "d", mode="append",
+                    progress=False)["x"].close()
+    m = read_manifest(tmp_path / "d")
+    assert m["rows"] == 330
+    assert m["appended"][0]["files"] == [{"path": "part-2.parquet", "rows": [200, 330]}]
+    # Hugging Face ClassLabel names through the same call.
+    _, hf, _ = hf_dataset
+    ds = loaderx.convert(hf, tmp_path / "hf", progress=False)
+    assert loaderx.labels(ds, "label") == ["cat", "dog", "eel"]
+    for v in ds.values():
+        v.close()

@@ -224,6 +224,30 @@ def test_every_mode_follows_the_sampler(mode, streams):
             np.testing.assert_array_equal(indices_of(next(loader)), want)
 
 
+@pytest.mark.parametrize("length, batch_size, shard", [(10, 4, None), (1000, 300, None),
+                                                        (97, 8, (1, 3)), (250, 16, (0, 4))])
+def test_cyclic_batches_never_repeat_a_record(length, batch_size, shard):
+    """Each cycle serves length // global batch whole batches and drops the
+    rest: no batch repeats a record, not even across a cycle's end."""
+    g = batch_size * (shard[1] if shard else 1)
+    per_cycle = length // g
+    with DataLoader(fake_streams(length), batch_size, seed=3, shard=shard, workers=2) as loader:
+        assert loader.steps_per_epoch == per_cycle
+        for step in range(3 * per_cycle + 1):
+            got = indices_of(next(loader))
+            assert len(set(got.tolist())) == batch_size, f"step {step} repeats a record"
+            np.testing.assert_array_equal(
+                got, expected_indices(step, batch_size, seed=3, shard=shard, length=length))
+            assert loader.epoch_of(step) == step // per_cycle
+
+
+def test_cyclic_global_batch_larger_than_the_records_is_refused():
+    with pytest.raises(ValueError, match="CYCLIC.*12.*> length 10.*IID"):
+        DataLoader(fake_streams(10), 4, shard=(0, 3))
+    with DataLoader(fake_streams(10), 4, shard=(0, 3), mode="iid", workers=1) as loader:
+        assert indices_of(next(loader)).shape == (4,)
+
+
 def test_mode_accepts_names():
     with DataLoader(fake_streams(), 8, mode="sequential", workers=1) as loader:
         assert loader.state_dict()["mode"] == "SEQUENTIAL"
@@ -316,7 +340,7 @@ def test_state_dict_contents():
         take(loader, 3)
         state = loader.state_dict()
     assert state == {
-        "version": 2,
+        "version": 3,
         "seed": 9,
         "mode": "IID",
         "step": 3,
@@ -325,21 +349,62 @@ def test_state_dict_contents():
         "shard": [1, 4],
         "lengths": {"x": LENGTH},
         "sources": None,
+        "cursors": None,
+        "fingerprints": {"x": None},
     }
 
 
-def test_version_1_states_are_read():
-    """A step-based version-1 state resumes at step * batch_size * world."""
+def test_cyclic_state_position_names_the_cycle_and_offset():
+    """1000 records, global batch 96: 10 whole batches per cycle (960
+    records), 40 dropped. Step 23 is batch 3 of cycle 2: cycle * length + offset."""
+    with DataLoader(fake_streams(), 24, seed=9, shard=(1, 4), workers=1, step=23) as loader:
+        state = loader.state_dict()
+        assert (state["step"], state["position"]) == (23, 2 * LENGTH + 3 * 96)
+        assert loader.position == 2 * LENGTH + 3 * 96
+        next(loader)
+        assert loader.state_dict()["position"] == 2 * LENGTH + 4 * 96
+
+
+class FingerprintedStore(FakeDenseStore):
+    def __init__(self, data, fingerprint):
+        super().__init__(data)
+        self.fingerprint = fingerprint
+
+
+def test_fingerprints_are_saved_and_a_different_record_set_is_refused():
+    a = FingerprintedStore(dense_rows(LENGTH), "rows where label == 1 of dataset A")
+    b = FingerprintedStore(dense_rows(LENGTH), "rows where label == 2 of dataset A")
+    with DataLoader({"x": a}, 8, workers=1) as loader:
+        take(loader, 2)
+        state = loader.state_dict()
+    assert state["fingerprints"] == {"x": "rows where label == 1 of dataset A"}
+    with DataLoader({"x": a}, 8, workers=1) as same:
+        same.load_state_dict(json.loads(json.dumps(state)))
+        assert same.step == 2
+    with DataLoader({"x": b}, 8, workers=1) as other:
+        message = ("fingerprints\\['x'\\] is 'rows where label == 1 of dataset A' but this "
+                   "loader has 'rows where label == 2 of dataset A'")
+        with pytest.raises(ValueError, match=message):
+            other.load_state_dict(state)
+    with DataLoader({"x": FakeDenseStore(dense_rows(LENGTH))}, 8, workers=1) as plain:
+        with pytest.raises(ValueError, match="fingerprints.*but this loader has None"):
+            plain.load_state_dict(state)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_states_are_refused_with_the_reason(version):
+    """States of loaderx versions whose CYCLIC cycles ran back to back."""
     with DataLoader(fake_streams(), 8, seed=9, shard=(1, 4), workers=2) as loader:
         take(loader, 3)
-        want = [indices_of(batch) for batch in take(loader, 4)]
-    v1 = {"version": 1, "seed": 9, "mode": "CYCLIC", "step": 3, "batch_size": 8, "shard": [1, 4],
-          "lengths": {"x": LENGTH}}
-    with DataLoader(fake_streams(), 8, seed=9, shard=(1, 4), workers=1) as resumed:
-        resumed.load_state_dict(v1)
-        assert resumed.step == 3 and resumed.position == 96
-        for w in want:
-            np.testing.assert_array_equal(indices_of(next(resumed)), w)
+        state = loader.state_dict()
+        old = {"version": version, "seed": 9, "mode": "CYCLIC", "step": 3, "batch_size": 8,
+               "shard": [1, 4], "lengths": {"x": LENGTH}}
+        if version == 2:
+            old.update(position=96, sources=None)
+        with pytest.raises(ValueError, match=f"version {version} .*CYCLIC .*cannot be resumed"):
+            loader.load_state_dict(old)
+        assert loader.step == 3
+        loader.load_state_dict(state)
 
 
 def test_step_constructor_argument_resumes():
@@ -363,7 +428,7 @@ def test_resume_beyond_many_epochs_is_immediate():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s: s.update(version=3), "version 3"),
+        (lambda s: s.update(version=4), "version 4"),
         (lambda s: s.pop("version"), "version None"),
         (lambda s: s.pop("seed"), "missing \\['seed'\\]"),
         (lambda s: s.update(extra=1), "unknown keys \\['extra'\\]"),
@@ -372,6 +437,9 @@ def test_resume_beyond_many_epochs_is_immediate():
         (lambda s: s.update(lengths={"x": 999}), "lengths\\['x'\\] is 999 but this loader has 1000"),
         (lambda s: s.update(lengths={"y": 1000}), "streams \\['y'\\] differ"),
         (lambda s: s.update(sources={"names": ["a"], "weights": [1]}), "sources"),
+        (lambda s: s.update(fingerprints={"x": "another record set"}),
+         "fingerprints\\['x'\\] is 'another record set' but this loader has None"),
+        (lambda s: s.update(cursors={"": [0, 0, 1]}), "cursors must be None"),
     ],
 )
 def test_state_from_another_configuration_is_refused(change, message):

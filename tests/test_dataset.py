@@ -361,3 +361,73 @@ def test_pad_a_ragged_batch(tmp_path):
         for row, n, i in zip(padded, lengths, idx):
             assert_same(row[:n], recs[i])
             assert (row[n:] == 0).all()
+
+
+# ----------------------------------------------------------------- open_dataset
+
+
+def _dataset_manifest(path) -> dict:
+    with open(os.path.join(path, "loaderx.json")) as f:
+        return json.load(f)
+
+
+def _part(path, column: str, k: int = 0) -> str:
+    return os.path.join(path, _dataset_manifest(path)["columns"][column]["shards"][k]["path"])
+
+
+def test_open_dataset_checks_each_part_against_the_manifest(tmp_path):
+    """Before the fix a column whose parts were int64 stores opened without
+    a word although the manifest said float64 (8,)."""
+    import loaderx
+    from loaderx.errors import CorruptStoreError
+
+    dest = tmp_path / "ds"
+    x = np.arange(24, dtype=np.float64).reshape(3, 8)
+    for c in loaderx.convert({"x": x, "y": np.arange(3)}, dest, progress=False).values():
+        c.close()
+    part = _part(dest, "x")
+    shutil.rmtree(part)
+    with DenseStore(part, np.int64, (8,)) as s:  # same rows, another type
+        s.append(np.arange(24, dtype=np.int64).reshape(3, 8))
+    with pytest.raises(CorruptStoreError, match=r"'x'.*dtype int64.*manifest says float64"):
+        loaderx.open_dataset(dest)
+    shutil.rmtree(part)
+    with RaggedStore(part, np.float64) as s:
+        s.append(list(x))
+    with pytest.raises(CorruptStoreError, match=r"'x'.*kind ragged.*manifest says dense"):
+        loaderx.open_dataset(dest)
+    shutil.rmtree(part)
+    with DenseStore(part, np.float64, (2, 4)) as s:
+        s.append(x.reshape(3, 2, 4))
+    with pytest.raises(CorruptStoreError, match=r"'x'.*item_shape \[2, 4\].*manifest says \[8\]"):
+        loaderx.open_dataset(dest)
+    shutil.rmtree(part)
+    with DenseStore(part, np.float64, (8,), codec="raw") as s:
+        s.append(x)
+    with pytest.raises(CorruptStoreError, match=r"'x'.*codec raw.*manifest says zstd"):
+        loaderx.open_dataset(dest)
+    assert loaderx.open_dataset(dest, columns=["y"])["y"][[2]].tolist() == [2]
+
+
+def test_open_dataset_never_follows_a_symlink_out_of_the_dataset(tmp_path):
+    """Before the fix a part that was a symlink to a store outside the
+    directory was opened: the string check on the manifest's paths did not
+    look at the file system."""
+    import loaderx
+    from loaderx.errors import CorruptStoreError
+
+    dest = tmp_path / "ds"
+    loaderx.convert({"x": np.arange(6).reshape(3, 2)}, dest, progress=False)["x"].close()
+    with DenseStore(tmp_path / "outside", np.int64, (2,)) as s:
+        s.append(np.full((3, 2), 7))
+    part = _part(dest, "x")
+    shutil.rmtree(part)
+    os.symlink(tmp_path / "outside", part)
+    with pytest.raises(CorruptStoreError, match="symlink"):
+        loaderx.open_dataset(dest)
+    os.unlink(part)
+    column = os.path.dirname(part)
+    os.rename(column, tmp_path / "column")
+    os.symlink(tmp_path / "column", column)  # a symlinked directory on the way
+    with pytest.raises(CorruptStoreError, match="symlink"):
+        loaderx.open_dataset(dest)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -455,6 +457,112 @@ def test_power_loss_at_every_instant_keeps_what_was_made_durable(tmp_path):
     assert losses >= 200
 
 
+_TRUNCATE = """
+import os, sys
+import numpy as np
+from loaderx import DenseStore
+path, mapped = sys.argv[1], sys.argv[2] == "mapped"
+s = DenseStore(path, np.uint8, (4096,), codec="raw")
+s.append(np.ones((64, 4096), np.uint8))
+s.sync()
+if mapped:
+    assert int(s[np.arange(64)].sum()) == 64 * 4096
+os.truncate(os.path.join(path, "data"), 4096)  # another program cuts the file
+try:
+    s[np.arange(64)]
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGBUS semantics are POSIX's")
+def test_a_data_file_truncated_from_outside(tmp_path):
+    """The README's caveat, pinned: a handle that has not mapped the lost
+    bytes yet checks the file's size before mapping and raises
+    CorruptStoreError; one whose mapping already covers them dies of SIGBUS
+    on the read (as with LMDB: mmap gives no other signal). A fresh open
+    reports the damage cleanly either way."""
+    import subprocess
+
+    from loaderx.errors import CorruptStoreError
+
+    fresh = subprocess.run([sys.executable, "-c", _TRUNCATE, str(tmp_path / "a"), "fresh"],
+                           capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "CorruptStoreError" in fresh.stdout and "data file is truncated" in fresh.stdout
+    mapped = subprocess.run([sys.executable, "-c", _TRUNCATE, str(tmp_path / "b"), "mapped"],
+                            capture_output=True, text=True, timeout=120)
+    assert mapped.returncode == -signal.SIGBUS, (mapped.returncode, mapped.stdout, mapped.stderr)
+    with pytest.raises(CorruptStoreError, match="truncated"):
+        DenseStore(tmp_path / "b")
+
+
 def test_report_counts():
     """Prints the totals of this module's runs (for the closing note)."""
     print(f"\nfault injection: {STATS['faults']} faults injected; power loss: {STATS['losses']} losses simulated")
+
+
+# ----------------------------------------------------------------- the token window index
+
+def _token_docs(seed: int, count: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 300, n).astype(np.uint16) for n in rng.integers(0, 200, count)]
+
+
+def _windows(docs, seq_len: int) -> np.ndarray:
+    flat = np.concatenate(docs) if docs else np.zeros(0, np.uint16)
+    n = max(0, (len(flat) - 1) // seq_len)
+    return np.array([flat[i * seq_len:i * seq_len + seq_len + 1] for i in range(n)])
+
+
+def test_power_loss_never_leaves_a_stale_window_index(tmp_path):
+    """The power-loss simulation over token-window index writes (temporary
+    file, fsync, rename, directory fsync), appends, syncs and a delete (which
+    removes windows.idx before its journal): at every instant, the store the
+    loss leaves opens, passes verify() (which checks every windows.idx
+    entry), and its TokenWindows are slices of the documents it holds."""
+    from loaderx import RaggedStore, TokenWindows
+
+    path = tmp_path / "s"
+    rs = RaggedStore(path, np.uint16, codec="zstd", frame_size=64)
+    rs.append(_token_docs(1, 6))
+    rs.sync()
+    start_files = read_files(path)
+    lib.lx_debug_record(1)
+    TokenWindows(rs, 7)                 # writes windows.idx (6 durable documents)
+    rs.append(_token_docs(2, 4))        # not durable
+    TokenWindows(rs, 7)                 # covers only what is durable: no write
+    rs.sync()
+    TokenWindows(rs, 7)                 # rewrites it for 10
+    rs.append(_token_docs(3, 2))
+    rs.delete([1, 3])                   # removes it first
+    TokenWindows(rs, 7)
+    rs.append(_token_docs(4, 1))
+    rs.close()
+    log = parse_recording()
+    lib.lx_debug_record(0)
+    assert any(op == "rename" and name.startswith("windows.idx.") for op, name, _, _ in log)
+    rng = random.Random(7)
+    losses = 0
+    for cut in range(len(log) + 1):
+        for keep in (False, True, True):
+            disk = Disk(start_files)
+            for entry in log[:cut]:
+                disk.apply(*entry)
+            target = tmp_path / f"loss{cut}-{losses}"
+            os.makedirs(target)
+            for name, data in disk.lose_power(rng, keep).items():
+                (target / name).write_bytes(data)
+            with RaggedStore(target) as s:
+                s.verify()
+                docs = s[:]
+                for seq_len in (7, 3):
+                    tw = TokenWindows(s, seq_len)
+                    got = tw[np.arange(len(tw))]
+                    want = _windows(docs, seq_len)
+                    assert np.array_equal(got.reshape(len(want), -1), want.reshape(len(want), -1)), \
+                        f"cut {cut}/{len(log)} keep={keep}"
+                s.verify()
+            shutil.rmtree(target)
+            losses += 1
+    STATS["losses"] += losses

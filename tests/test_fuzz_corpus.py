@@ -1,12 +1,14 @@
 """The seeded fuzz corpus of hostile stores (issue 11, "Fuzz corpus").
 
-Every CI run builds five small base stores (DenseStore raw in the fixed-width
+Every CI run builds six small base stores (DenseStore raw in the fixed-width
 layout, DenseStore zstd, RaggedStore 1-D raw, RaggedStore n-D zstd, a
-zstd_dict Zrecord) and derives at least 1,000 mutated stores from them
+zstd_dict Zrecord, a uint16 token store in seekable zstd frames with its
+token window index windows.idx) and derives at least 1,000 mutated stores from them
 (tests/_fuzz_cases.py): random bit flips and byte overwrites, truncations of
 each file, and forged headers, commits, table entries, zstd frames,
 dictionaries, type identities, ragged shapes and delete journals whose
-checksums are valid, so the engine's structural checks are what stands
+checksums are valid, windows.idx files damaged or forged with valid
+checksums, so the engine's structural checks are what stands
 between them and a crash. `LOADERX_FUZZ_CASES=20000` runs a longer corpus,
 `LOADERX_FUZZ_SEED=N` another one.
 
@@ -28,6 +30,10 @@ Invariants, per case:
 * nothing leaks: once every handle of a case is closed (or failed to open),
   the worker holds no more file descriptors than before the case (a leaked
   descriptor of the `lock` file also keeps the writer lock held);
+* no wrong windows: a ragged store of integers is also read as
+  TokenWindows (which builds, reads or rewrites windows.idx); unless
+  verify() reports damage (it checks windows.idx too), every window is the
+  slice of the store's own records it names;
 * no wrong count: a store that opens holds as many records as an allowed
   state of the case (the base's records; for a delete journal, before or after
   the delete);
@@ -261,7 +267,8 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
         f"fuzz corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s, "
         f"worker peak RSS {counts['max rss MiB']} MiB",
         "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
-        "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, wrong count {wrong count}, "
+        "  crashes {crashes}, hangs {hangs}, wrong bytes {wrong bytes}, "
+        "wrong windows {wrong windows}, wrong count {wrong count}, "
         "foreign exceptions {foreign exceptions}, leaked descriptors {leaked descriptors}, "
         "harness errors {harness errors}".format(**counts),
     ]
@@ -281,4 +288,46 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
         k.startswith("refused") for k in counts["outcomes"]
     ), "the corpus should hold both good and refused stores"
     assert counts["max rss MiB"] < _fuzz.MEMORY_LIMIT >> 20
+    assert not failing, report
+
+
+# ----------------------------------------------------------------- the manifest corpus
+
+MANIFEST_CASES = int(os.environ.get("LOADERX_FUZZ_MANIFEST_CASES", "360"))
+
+
+def test_fuzz_manifest_corpus(bases, tmp_path, capsys):
+    """Hostile dataset manifests (tests/_fuzz_manifests.py), opened with
+    `open_dataset` in worker subprocesses: no crash, no hang, no leaked
+    descriptor, only loaderx exceptions, and a dataset that opens holds
+    exactly the records of the parts its manifest names, typed as it says."""
+    import _fuzz_manifests
+
+    made, path = bases
+    start = time.monotonic()
+    results = _fuzz.run_corpus(path, SEED, range(MANIFEST_CASES), str(tmp_path),
+                               jobs=min(2, os.cpu_count() or 1), corpus="manifests")
+    wall = time.monotonic() - start
+    counts = _fuzz.tally(results)
+    wrong = sum(1 for r in results.values() if any(p["kind"] == "wrong data"
+                                                   for p in r["problems"]))
+    failing = sorted(i for i, r in results.items() if r["problems"])
+    lines = [
+        f"manifest corpus: seed {SEED}, {counts['cases']} cases in {wall:.1f} s",
+        "  by outcome: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()),
+        f"  crashes {counts['crashes']}, hangs {counts['hangs']}, wrong data {wrong}, "
+        f"foreign exceptions {counts['foreign exceptions']}, leaked descriptors "
+        f"{counts['leaked descriptors']}, harness errors {counts['harness errors']}",
+    ]
+    if failing:
+        lines.append(f"  {len(failing)} failing cases, by problem:")
+        lines += _fuzz.failure_groups(results, lambda i: results[i].get("what", "?"))
+    report = "\n".join(lines)
+    with capsys.disabled():
+        print("\n" + report)
+    assert counts["cases"] == MANIFEST_CASES
+    families = {_fuzz_manifests.make_manifest_case(made, SEED, i).family for i in range(12)}
+    assert len(families) == 8, families
+    assert counts["outcomes"].get("opened, verify ok", 0) > 0 and any(
+        k.startswith("refused") for k in counts["outcomes"])
     assert not failing, report

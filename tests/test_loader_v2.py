@@ -7,8 +7,11 @@ native ring, epochs.
   the threads and prefetch; restoring at each of 200 steps continues exactly.
 - Elastic resume: ranks spawned as processes go world 4 -> 2 -> 8 with the
   same global batch, and the union of every later global step equals the
-  uninterrupted single-process run; with a changed global batch the global
-  record sequence continues with no record skipped or repeated (CYCLIC).
+  uninterrupted single-process run; with a changed global batch CYCLIC
+  finishes the cycle it stopped in from the same offset, drops its rest and
+  repeats no record within the cycle.
+- CYCLIC mixtures: no step repeats a record of a source, and no source
+  repeats one within its cycle, also across an elastic resume.
 - Ragged and byte stores are built by the native ring: no Python thread.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ import threading
 import numpy as np
 import pytest
 
-from loaderx import DataLoader, DenseStore, Mixture, RaggedStore, ShardSet, Zrecord
+from loaderx import DataLoader, DenseStore, Mixture, RaggedStore, Sampler, ShardSet, Zrecord
 
 
 def worker_threads():
@@ -164,23 +167,158 @@ def test_elastic_resume_across_world_sizes(tmp_path):
         np.testing.assert_array_equal(union, reference[step], err_msg=f"global step {step}")
 
 
-def test_changed_global_batch_continues_the_record_sequence(tmp_path):
-    """CYCLIC: restoring with another global batch continues the global
-    sequence from the saved position, nothing skipped or repeated."""
+def test_changed_global_batch_finishes_the_cycle_then_drops_its_rest(tmp_path):
+    """CYCLIC, elastic: a state saved under one global batch and restored
+    under another continues inside the same cycle from the same offset,
+    serves the whole new batches the cycle's rest holds, drops the remainder
+    and goes on with whole cycles: no record repeats within a cycle."""
+    length = 97
+
+    def permutation(cycle):
+        return Sampler(length, length, "cyclic", seed=2).at(cycle)
+
     with DenseStore(tmp_path / "x", np.int64, ()) as x:
-        x.append(np.arange(97, dtype=np.int64))
-        with DataLoader({"x": x}, 7, seed=2, workers=1) as one:
-            flat = np.concatenate([next(one)["x"] for _ in range(60)])
+        x.append(np.arange(length, dtype=np.int64))
         with DataLoader({"x": x}, 5, seed=2, workers=1) as a:
-            first = np.concatenate([next(a)["x"] for _ in range(13)])
+            first = [next(a)["x"].copy() for _ in range(13)]
             state = a.state_dict()
-        with DataLoader({"x": x}, 9, seed=2, shard=(0, 1), workers=2) as b:
+        assert state["position"] == 65  # cycle 0, offset 13 * 5
+        # Global batch 9, as 3 ranks of 3.
+        ranks = [DataLoader({"x": x}, 3, seed=2, shard=(r, 3), workers=1) for r in range(3)]
+        try:
+            for loader in ranks:
+                loader.load_state_dict(state)
+            rest = [np.concatenate([next(loader)["x"] for loader in ranks]) for _ in range(14)]
+            assert [ranks[0].epoch_of(s) for s in (13, 15, 16, 25, 26)] == [0, 0, 1, 1, 2]
+            assert ranks[0].state_dict()["position"] == 2 * length + 9
+        finally:
+            for loader in ranks:
+                loader.close()
+        # (97 - 65) // 9 = 3 more batches of cycle 0; its last 5 records are dropped.
+        cycle0 = np.concatenate(first + rest[:3])
+        np.testing.assert_array_equal(cycle0, permutation(0)[:92])
+        assert len(set(cycle0.tolist())) == 92
+        # Then whole cycles of 97 // 9 = 10 batches.
+        np.testing.assert_array_equal(np.concatenate(rest[3:13]), permutation(1)[:90])
+        np.testing.assert_array_equal(rest[13], permutation(2)[:9])
+        # A global batch larger than the cycle's rest starts the next cycle at once.
+        with DataLoader({"x": x}, 40, seed=2, workers=1) as big:
+            big.load_state_dict(state)
+            np.testing.assert_array_equal(next(big)["x"], permutation(1)[:40])
+            np.testing.assert_array_equal(next(big)["x"], permutation(1)[40:80])
+            np.testing.assert_array_equal(next(big)["x"], permutation(2)[:40])
+
+
+# ----------------------------------------------------------------- CYCLIC mixtures
+
+def _mixture_sources(tmp_path, sizes):
+    """Source k holds 1000 * k + i at record i."""
+    sources = {}
+    for k, n in enumerate(sizes):
+        x = DenseStore(tmp_path / f"m{k}", np.int64, ())
+        x.append(1000 * k + np.arange(n, dtype=np.int64))
+        sources[f"s{k}"] = {"x": x}
+    return sources
+
+
+def _check_cycles(seen, steps_records, cursors_before):
+    """Adds each step's records to `seen[(source, cycle)]`, refusing a repeat
+    within a step or within one cycle of a source."""
+    for records, cursors in zip(steps_records, cursors_before):
+        for k, name in enumerate(sorted(cursors)):
+            mine = [r - 1000 * k for r in records if r // 1000 == k]
+            assert len(set(mine)) == len(mine), f"a step repeats a record of {name}"
+            cycle = cursors[name][0]
+            bucket = seen.setdefault((name, cycle), set())
+            assert not bucket & set(mine), f"{name} repeats a record within cycle {cycle}"
+            bucket |= set(mine)
+
+
+def test_cyclic_mixture_sources_never_repeat_a_record_within_a_step_or_cycle(tmp_path):
+    """Small sources whose per-step counts vary (weights 5:3:2 of 16 records
+    a step): each step's records of a source come from one cycle of it."""
+    sizes = (53, 37, 23)
+    sources = _mixture_sources(tmp_path, sizes)
+    mix = Mixture(sources, {"s0": 0.5, "s1": 0.3, "s2": 0.2})
+    seen = {}
+    with DataLoader(mix, 8, seed=4, shard=(0, 2), workers=1) as r0, \
+            DataLoader(mix, 8, seed=4, shard=(1, 2), workers=1) as r1:
+        records, cursors = [], []
+        for _ in range(400):
+            state = r0.state_dict()
+            assert state["cursors"] == r1.state_dict()["cursors"]
+            cursors.append(state["cursors"])
+            records.append(np.concatenate([next(r0)["x"], next(r1)["x"]]).tolist())
+    _check_cycles(seen, records, cursors)
+    # Each cycle serves nearly all of its source (the rest dropped is at most
+    # about one step's count plus a record or two).
+    for (name, cycle), served in seen.items():
+        size = sizes[int(name[1])]
+        if cycle not in (0, max(c for n, c in seen if n == name)):
+            assert size - len(served) <= 16 * {"s0": 0.5, "s1": 0.3, "s2": 0.2}[name] + 3
+    close_all(sources)
+
+
+def test_cyclic_mixture_elastic_resume_stays_in_each_sources_cycle(tmp_path):
+    sizes = (61, 41)
+    sources = _mixture_sources(tmp_path, sizes)
+    mix = Mixture(sources, {"s0": 2, "s1": 1})
+    seen = {}
+    records, cursors = [], []
+    with DataLoader(mix, 12, seed=8, workers=1) as a:
+        for _ in range(7):
+            cursors.append(a.state_dict()["cursors"])
+            records.append(next(a)["x"].tolist())
+        state = a.state_dict()
+    for batch_size in (5, 30):
+        with DataLoader(mix, batch_size, seed=8, workers=1) as b:
             b.load_state_dict(state)
-            rest = np.concatenate([next(b)["x"] for _ in range(20)])
-    seq = np.concatenate([first, rest])
-    np.testing.assert_array_equal(seq, flat[:len(seq)])
-    # Every record once per cycle of 97 positions.
-    assert sorted(seq[:97].tolist()) == list(range(97))
+            resumed_cursors = b.state_dict()["cursors"]
+            # The same cycles, from the same offsets.
+            for name in state["cursors"]:
+                assert resumed_cursors[name][:2] == state["cursors"][name][:2] or (
+                    resumed_cursors[name][0] == state["cursors"][name][0] + 1
+                    and resumed_cursors[name][1] == 0)
+            steps_records, steps_cursors = list(records), list(cursors)
+            for _ in range(40):
+                steps_cursors.append(b.state_dict()["cursors"])
+                steps_records.append(next(b)["x"].tolist())
+        _check_cycles({}, steps_records, steps_cursors)
+    close_all(sources)
+
+
+def test_cyclic_mixture_refuses_a_source_one_step_can_exhaust(tmp_path):
+    sources = _mixture_sources(tmp_path, (500, 5))
+    mix = Mixture(sources, {"s0": 1, "s1": 1})
+    with pytest.raises(ValueError, match="source 's1' has 5 records, but one step of 16 "
+                                         "records can take up to 8 of them.*IID"):
+        DataLoader(mix, 16)
+    with DataLoader(mix, 16, mode="iid", workers=1) as loader:
+        assert len(next(loader)["x"]) == 16
+    with DataLoader(mix, 8, workers=1) as loader:  # 4 a step fit in 5
+        for _ in range(10):
+            small = [r for r in next(loader)["x"].tolist() if r >= 1000]
+            assert len(set(small)) == len(small)
+    close_all(sources)
+
+
+def test_cyclic_mixture_seeks_far_at_once(tmp_path):
+    sources = _mixture_sources(tmp_path, (500, 300, 200))
+    mix = Mixture(sources, {"s0": 5, "s1": 3, "s2": 2})
+    step = 10**12
+    with DataLoader(mix, 16, seed=1, workers=1) as a:
+        far = a.state_dict()
+    # Each source's cursor at step 10**12 is computed, not replayed (a replay
+    # would not finish).
+    with DataLoader(mix, 16, seed=1, workers=1, step=step) as b:
+        got = next(b)["x"]
+        state = b.state_dict()
+    assert state["step"] == step + 1 and len(got) == 16
+    with DataLoader(mix, 16, seed=1, workers=1) as c:
+        c.load_state_dict(far)
+        c.load_state_dict(state)
+        assert c.step == step + 1
+    close_all(sources)
 
 
 # ----------------------------------------------------------------- ragged through the ring
@@ -234,9 +372,9 @@ def test_epochs_and_stop_after(tmp_path):
     with DenseStore(tmp_path / "x", np.int64, ()) as x:
         x.append(np.arange(100, dtype=np.int64))
         with DataLoader({"x": x}, 8, seed=0, workers=1, shard=(1, 2), stop_after=30) as loader:
-            assert loader.steps_per_epoch == 7  # 100 / 16, rounded up
-            # The cycle a step's first record is in: position (16 per step) // 100.
-            assert [loader.epoch_of(s) for s in (0, 6, 7, 12, 13)] == [0, 0, 1, 1, 2]
+            # 100 // 16: each cycle serves 6 whole batches and drops 4 records.
+            assert loader.steps_per_epoch == 6
+            assert [loader.epoch_of(s) for s in (0, 5, 6, 11, 12, 13)] == [0, 0, 1, 1, 2, 2]
             taken = list(loader)
             assert len(taken) == 30 and loader.step == 30
         with DataLoader({"x": x}, 8, step=25, stop_after=30, workers=1) as loader:

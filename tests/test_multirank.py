@@ -26,9 +26,10 @@ import pytest
 
 from loaderx.dataloader import DataLoader
 
-# Divisible by every global batch below, so no global batch straddles two
-# cycles of the CYCLIC order and the per-step disjointness is exact.
-LENGTH = 960
+# Divisible by no global batch below (32 and 64): CYCLIC cycles of 18 and 9
+# steps each drop a rest, and the STEPS below cross them; still no global
+# batch repeats a record.
+LENGTH = 601
 BATCH_SIZE = 16
 SEED = 1234
 STEPS = 24

@@ -76,7 +76,7 @@ def test_write_then_open_and_read_back(tmp_path, local_ray):
     ids = np.arange(ROWS)
     assert_same(ds["x"][:], np.repeat(ids.astype(np.float32), 6).reshape(ROWS, 2, 3))
     assert_same(ds["y"][:], ids * 3)
-    assert ds["text"][[0, 599]] == [b"row 0", b"row 599"]
+    assert ds["text"][[0, 599]] == ["row 0", "row 599"]
     assert_same(ds["tokens"][7], np.arange(2, dtype=np.int32) + 7)
     for v in ds.values():
         v.close()
@@ -85,7 +85,7 @@ def test_write_then_open_and_read_back(tmp_path, local_ray):
     back.sort(key=lambda r: int(r["y"]))
     for i in (0, 1, 298, 599):
         assert_same(np.asarray(back[i]["x"]), np.full((2, 3), i, np.float32))
-        assert int(back[i]["y"]) == 3 * i and bytes(back[i]["text"]) == f"row {i}".encode()
+        assert int(back[i]["y"]) == 3 * i and back[i]["text"] == f"row {i}"  # strings as str
         assert_same(np.asarray(back[i]["tokens"]), np.arange(i % 5, dtype=np.int32) + i)
     assert _leftovers(tmp_path) == []
 
@@ -93,9 +93,8 @@ def test_write_then_open_and_read_back(tmp_path, local_ray):
 def _failing(batch):
     out = _rows(batch)
     if batch["id"][0] >= ROWS // 2:
-        y = pa.array(
-            out["y"].tolist()[:-1] + [None]
-        )  # a null in the last row: the write task fails
+        # A column of structs, which no store holds: the write task fails.
+        y = pa.array([{"v": v} for v in out["y"].tolist()])
         return pa.table(
             {
                 "x": pa.FixedSizeListArray.from_arrays(
@@ -120,7 +119,7 @@ def _failing(batch):
 
 def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
     source = ray.data.range(ROWS, override_num_blocks=4).map_batches(_failing, batch_format="numpy")
-    with pytest.raises(Exception, match="null value"):
+    with pytest.raises(Exception, match="has no loaderx store type"):
         lray.write_dataset(source, tmp_path / "ds")
     assert not (tmp_path / "ds").exists() and _leftovers(tmp_path) == []
     good = ray.data.range(ROWS // 2, override_num_blocks=2).map_batches(
@@ -128,16 +127,43 @@ def test_a_failed_task_leaves_no_half_shard(tmp_path, local_ray):
     )
     lray.write_dataset(good, tmp_path / "ok")
     before = (tmp_path / "ok" / "loaderx.json").read_text()
-    with pytest.raises(Exception, match="null value"):
+    with pytest.raises(Exception, match="has no loaderx store type"):
         lray.write_dataset(source, tmp_path / "ok", mode="append")
     assert (tmp_path / "ok" / "loaderx.json").read_text() == before
-    assert sorted(os.listdir(tmp_path / "ok" / "y")) == ["part-00000", "part-00001"]
+    assert sorted(os.listdir(tmp_path / "ok" / "gen-000001" / "y")) == ["part-00000", "part-00001"]
     assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "ok") == []
     manifest = lray.write_dataset(good, tmp_path / "ok", mode="append")
     assert (
         manifest["rows"] == ROWS
         and len(read_manifest(tmp_path / "ok")["columns"]["y"]["shards"]) == 4
     )
+
+
+def _with_nulls(batch):
+    out = _rows(batch)
+    ids = out["y"] // 3
+    y = pa.array([None if v % 7 == 0 else int(v) for v in ids], pa.int64())
+    text = pa.array([None if v % 5 == 0 else f"row {v}" for v in ids])
+    return pa.table({"y": y, "text": text})
+
+
+def test_nulls_get_a_validity_mask_in_every_task(tmp_path, local_ray):
+    source = ray.data.range(ROWS, override_num_blocks=4).map_batches(
+        _with_nulls, batch_format="numpy"
+    )
+    manifest = lray.write_dataset(source, tmp_path / "ds")
+    cols = manifest["columns"]
+    assert list(cols) == ["y", "y.valid", "text", "text.valid"]
+    assert cols["y"]["valid"] == "y.valid" and cols["y.valid"]["valid_of"] == "y"
+    ds = loaderx.open_dataset(tmp_path / "ds")
+    ids = np.arange(ROWS)
+    assert_same(ds["y.valid"][:], ids % 7 != 0)
+    assert_same(ds["y"][:], np.where(ids % 7 == 0, 0, ids))
+    assert ds["text"][[0, 1, 5]] == [None, "row 1", None]
+    back = lray.read_dataset(tmp_path / "ds").take_all()
+    back.sort(key=lambda r: int(r["y"]) if r["y.valid"] else -int(r["text"] is None))
+    rows = {int(r["y"]): r for r in back if r["y.valid"]}
+    assert rows[1]["text"] == "row 1" and rows[5]["text"] is None
 
 
 def test_modes_and_column_selection(tmp_path, local_ray):
@@ -149,6 +175,18 @@ def test_modes_and_column_selection(tmp_path, local_ray):
     assert list(m["columns"]) == ["x", "y", "text"] and len(m["columns"]["x"]["shards"]) == 3
     with pytest.raises(loaderx.converters.ConvertError, match="codec"):
         lray.write_dataset(_source(2), tmp_path / "z", codec="lz4")
+
+
+def test_read_dataset_gives_equal_length_lists_as_fixed_tensors(tmp_path, local_ray):
+    pd = pytest.importorskip("pandas", reason="pandas comes with datasets in the test extra")
+    pixels = [np.arange(64, dtype=np.float64) + i for i in range(40)]
+    pd.DataFrame({"pixels": pixels, "target": np.arange(40)}).to_parquet(tmp_path / "d.parquet")
+    loaderx.convert(tmp_path / "d.parquet", tmp_path / "ds", progress=False)["pixels"].close()
+    back = lray.read_dataset(tmp_path / "ds")
+    assert back.schema().types[0].shape == (64,)
+    batch = back.take_batch(40, batch_format="numpy")
+    order = np.argsort(batch["target"])
+    assert_same(batch["pixels"][order], np.stack(pixels))
 
 
 def test_write_dataset_to_a_url_uploads_from_the_tasks_and_reads_back(local_ray, tmp_path):

@@ -30,6 +30,9 @@ from _helpers import assert_same  # noqa: E402
 from _servers import MotoS3, fault_proxy, range_server  # noqa: E402
 
 REC = 3000  # bytes of a dense record
+# The parts of the test dataset, below its generation directory.
+RAW = "gen-000001/raw/part-00000"
+ZZ = "gen-000001/zz/part-0000"
 N = 400
 
 
@@ -60,13 +63,17 @@ def local_ds(tmp_path_factory, data):
     # Add a zstd column split into two shards and a ragged one by hand.
     man = loaderx.dataset.read_manifest(root)
     half = N // 2
+    gen = man.get("generation", ".")  # the generation directory (manifest version 2)
     for k, part in enumerate((dense[:half], dense[half:])):
-        loaderx.from_numpy(f"{root}/zz/part-{k:05d}", part, codec="zstd").close()
-    loaderx.from_iterator(f"{root}/rag/part-00000", ragged).close()
+        loaderx.from_numpy(f"{root}/{gen}/zz/part-{k:05d}", part, codec="zstd").close()
+    loaderx.from_iterator(f"{root}/{gen}/rag/part-00000", ragged).close()
+    pre = "" if gen == "." else f"{gen}/"
     man["columns"]["zz"] = {"kind": "dense", "dtype": "uint8", "item_shape": [REC], "codec": "zstd",
-                            "shards": [{"path": f"zz/part-{k:05d}", "rows": half} for k in (0, 1)]}
+                            "shards": [{"path": f"{pre}zz/part-{k:05d}", "rows": half}
+                                       for k in (0, 1)]}
     man["columns"]["rag"] = {"kind": "ragged", "dtype": "int32", "item_shape": None,
-                             "codec": "zstd", "shards": [{"path": "rag/part-00000", "rows": N}]}
+                             "codec": "zstd", "shards": [{"path": f"{pre}rag/part-00000",
+                                                          "rows": N}]}
     import json
     with open(f"{root}/loaderx.json", "w") as f:
         json.dump(man, f)
@@ -117,7 +124,7 @@ def test_a_dataset_uploaded_by_any_tool_reads_byte_for_byte_as_the_local_copy(
 
 
 def test_remote_stores_refuse_every_mutation_naming_the_url(tmp_path, s3, url):
-    store = loaderx.open_store(f"{url}/raw/part-00000", cache_dir=str(tmp_path),
+    store = loaderx.open_store(f"{url}/{RAW}", cache_dir=str(tmp_path),
                                storage_options=s3.options())
     try:
         with pytest.raises(ReadOnlyError, match="s3://.*read-only"):
@@ -308,14 +315,14 @@ def test_hard_failures_raise_os_errors_naming_the_url_quickly(tmp_path, s3, url,
 def test_url_paths_everywhere(tmp_path, s3, url, data):
     dense, _ = data
     opts = s3.options()
-    shards = loaderx.ShardSet([f"{url}/zz/part-00000", f"{url}/zz/part-00001"],
+    shards = loaderx.ShardSet([f"{url}/{ZZ}0", f"{url}/{ZZ}1"],
                               cache_dir=str(tmp_path), storage_options=opts)
     assert shards.is_remote and len(shards) == N
     assert_same(shards[[0, N - 1]], dense[[0, N - 1]])
     shards.close()
     remote.configure(cache_dir=str(tmp_path / "default"), storage_options=opts)
     try:
-        store = loaderx.DenseStore(f"{url}/raw/part-00000")
+        store = loaderx.DenseStore(f"{url}/{RAW}")
         assert_same(store[[4]], dense[[4]])
         assert str(tmp_path / "default") in store._remote.local_dir
         store.close()
@@ -324,7 +331,7 @@ def test_url_paths_everywhere(tmp_path, s3, url, data):
     man = loaderx.dataset.read_manifest(url, storage_options=opts)
     assert man["rows"] == N
     with pytest.raises(loaderx.NotAStoreError, match="single store"):
-        loaderx.dataset.read_manifest(f"{url}/raw/part-00000", storage_options=opts)
+        loaderx.dataset.read_manifest(f"{url}/{RAW}", storage_options=opts)
 
 
 def test_cache_limit_is_kept_and_a_prefetched_step_is_never_evicted(tmp_path, s3, url, proxy,
@@ -468,7 +475,7 @@ def test_torch_workers_read_a_remote_store_with_fork_and_spawn(tmp_path, s3, url
     spawned one reopens the pickled store (the same version, same cache)."""
     torch_data = pytest.importorskip("torch.utils.data")
     dense, _ = data
-    store = loaderx.open_store(f"{url}/zz/part-00001", cache_dir=str(tmp_path),
+    store = loaderx.open_store(f"{url}/{ZZ}1", cache_dir=str(tmp_path),
                                storage_options=s3.options())
     half = N // 2
     try:
@@ -484,7 +491,7 @@ def test_torch_workers_read_a_remote_store_with_fork_and_spawn(tmp_path, s3, url
 
 def test_a_forked_child_fetches_through_its_helper_process(tmp_path, s3, url, data):
     dense, _ = data
-    store = loaderx.open_store(f"{url}/raw/part-00000", cache_dir=str(tmp_path),
+    store = loaderx.open_store(f"{url}/{RAW}", cache_dir=str(tmp_path),
                                storage_options=s3.options())
     try:
         assert_same(store[[0]], dense[[0]])

@@ -36,35 +36,94 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
 # --------------------------------------------------------------------- CYCLIC
 
 
-@pytest.mark.parametrize(
-    "length, batch_size",
-    [
-        (length, batch_size)
-        for length in (1, 2, 3, 7, 64, 100, 128, 129, 255, 256, 1000, 1023, 1024, 1025, 4096, 65537)
-        for batch_size in (1, 7, 256)
-        if 3 * length // batch_size <= 4000  # few calls per case
-    ],
-)
-def test_cyclic_covers_each_index_once_per_cycle(length, batch_size):
-    cycles = 3
-    steps = -(-cycles * length // batch_size)
-    sampler = Sampler(length, batch_size, Sampler.Mode.CYCLIC, seed=11)
-    flat = positions(sampler, steps)[: cycles * length].reshape(cycles, length)
-    for cycle in flat:
-        np.testing.assert_array_equal(np.sort(cycle), np.arange(length))
+def permutation(length: int, seed: int, cycle: int) -> np.ndarray:
+    """Cycle `cycle`'s whole permutation: with batch_size == length a cycle
+    is one step."""
+    return Sampler(length, length, "cyclic", seed).at(cycle)
+
+
+def global_batches(length, batch_size, world, seed, steps):
+    """Steps [0, steps) of `world` ranks, each step's shards joined in rank order."""
+    ranks = [Sampler(length, batch_size, "cyclic", seed, shard=(r, world)) for r in range(world)]
+    return [np.concatenate([r.at(step) for r in ranks]) for step in range(steps)]
+
+
+# (length, batch_size, world): divisible and not, one rank and several, small
+# lengths (exact shuffles) and large ones (the Feistel network).
+CYCLIC_CASES = [
+    (length, batch_size, world)
+    for length in (1, 2, 3, 7, 10, 64, 100, 128, 129, 255, 1000, 1023, 1025, 4096)
+    for batch_size in (1, 3, 4, 7, 64)
+    for world in (1, 2, 3)
+    if batch_size * world <= length
+]
+
+
+@pytest.mark.parametrize("length, batch_size, world", CYCLIC_CASES)
+def test_cyclic_never_repeats_an_index_in_a_global_batch(length, batch_size, world):
+    g = batch_size * world
+    per_cycle = length // g
+    for batch in global_batches(length, batch_size, world, 11, min(3 * per_cycle + 2, 200)):
+        assert len(np.unique(batch)) == g
+
+
+@pytest.mark.parametrize("length, batch_size, world", CYCLIC_CASES)
+def test_cyclic_cycle_is_a_permutation_prefix(length, batch_size, world):
+    """Cycle c serves length // G whole global batches: the first
+    (length // G) * G entries of its permutation, in order; the rest is dropped."""
+    g = batch_size * world
+    per_cycle = length // g
+    cycles = max(1, min(3, 300 // per_cycle))
+    batches = global_batches(length, batch_size, world, 11, cycles * per_cycle)
+    for c in range(cycles):
+        served = np.concatenate(batches[c * per_cycle:(c + 1) * per_cycle])
+        np.testing.assert_array_equal(served, permutation(length, 11, c)[:per_cycle * g])
+
+
+def test_cyclic_drops_a_different_rest_each_cycle():
+    # 1000 = 3 * 256 + 232: each cycle serves 3 batches and drops 232 records.
+    length, batch_size = 1000, 256
+    sampler = Sampler(length, batch_size, "cyclic", seed=5)
+    rests = []
+    for c in range(4):
+        served = np.concatenate([sampler.at(3 * c + i) for i in range(3)])
+        assert len(np.unique(served)) == 768
+        rest = frozenset(range(length)) - frozenset(served.tolist())
+        assert len(rest) == 232
+        assert rest == frozenset(permutation(length, 5, c)[768:].tolist())
+        rests.append(rest)
+    assert len(set(rests)) == 4
+
+
+def test_cyclic_batches_of_the_issue_have_no_repeats():
+    # Cycles that ran back to back gave [1, 7, 5, 1] at step 12, and 385
+    # repeats in 100 steps of Sampler(1000, 300).
+    assert len(set(Sampler(10, 4, seed=0).at(12).tolist())) == 4
+    sampler = Sampler(1000, 300)
+    assert sum(300 - len(np.unique(sampler.next())) for _ in range(100)) == 0
 
 
 def test_cyclic_covers_ten_million():
     length = 10_000_000
     batch_size = 1 << 20
     sampler = Sampler(length, batch_size, "cyclic", seed=3)
-    flat = positions(sampler, 10)  # 10 * 2^20 > 10^7: one whole cycle and a start of the next
+    flat = positions(sampler, 10)  # 9 whole batches per cycle, then the next cycle
     assert flat.dtype == np.int64
     assert flat.min() >= 0 and flat.max() < length
-    counts = np.bincount(flat[:length], minlength=length)
-    assert counts.min() == 1 and counts.max() == 1
-    head = flat[length:]
+    served = np.bincount(flat[:9 * batch_size], minlength=length)
+    assert served.max() == 1  # no record twice within cycle 0
+    head = flat[9 * batch_size:]
     assert len(np.unique(head)) == len(head)
+    assert served[head].any()  # a new permutation, not the rest of cycle 0
+
+
+@pytest.mark.parametrize("batch_size, shard", [(11, None), (4, (0, 3)), (6, (1, 2))])
+def test_cyclic_refuses_a_global_batch_larger_than_length(batch_size, shard):
+    with pytest.raises(ValueError, match=r"CYCLIC.* > length 10.*IID.*SEQUENTIAL"):
+        Sampler(10, batch_size, "cyclic", shard=shard)
+    # The other modes take any batch.
+    Sampler(10, batch_size, "iid", shard=shard)
+    Sampler(10, batch_size, "sequential", shard=shard)
 
 
 def test_cyclic_permutations_differ_by_seed_and_cycle():
@@ -97,28 +156,6 @@ def _count_orders(sampler: Sampler, cycles: int) -> dict:
         key = tuple(sampler.at(c))
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def test_cyclic_remainder_differs_between_cycles():
-    # 1000 = 3 * 256 + 232: step 3 takes the last 232 indices of cycle 0 and
-    # the first 24 of cycle 1; the leftovers of each cycle must differ.
-    length, batch_size = 1000, 256
-    sampler = Sampler(length, batch_size, "cyclic", seed=5)
-    flat = positions(sampler, 12)
-    tails = [frozenset(flat[c * length + 768 : (c + 1) * length].tolist()) for c in range(3)]
-    assert len(tails[0]) == 232
-    assert len(set(tails)) == 3
-    for step in range(12):
-        batch = sampler.at(step)
-        assert batch.shape == (batch_size,)
-
-
-def test_cyclic_full_batches_when_batch_exceeds_length():
-    sampler = Sampler(10, 25, "cyclic", seed=1)
-    flat = positions(sampler, 4)  # 100 positions = 10 whole cycles
-    assert sampler.at(0).shape == (25,)
-    for cycle in flat.reshape(10, 10):
-        np.testing.assert_array_equal(np.sort(cycle), np.arange(10))
 
 
 # --------------------------------------------------------------------- IID
@@ -176,6 +213,10 @@ def test_sequential_wraps_circularly():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch_size", [3, 256, 5000])
 def test_at_seek_and_next_agree(mode, batch_size):
+    if mode == Sampler.Mode.CYCLIC and batch_size > 1000:
+        with pytest.raises(ValueError, match="CYCLIC"):
+            Sampler(1000, batch_size, mode)
+        return
     sampler = Sampler(1000, batch_size, mode, seed=77)
     first = [sampler.next() for _ in range(40)]
     assert sampler.step == 40
@@ -267,13 +308,19 @@ def test_shards_partition_the_global_batch(mode, world):
         assert all(p.shape == (batch_size,) for p in parts)
         np.testing.assert_array_equal(np.concatenate(parts), whole.at(step))
         first, last = step * whole.batch_size, (step + 1) * whole.batch_size - 1
-        if mode != Sampler.Mode.IID and first // length == last // length:
-            # Disjoint positions: within one cycle no two ranks share an index.
+        if mode == Sampler.Mode.CYCLIC or (
+                mode == Sampler.Mode.SEQUENTIAL and first // length == last // length):
+            # Disjoint: no two ranks share an index (CYCLIC: at any step).
             union = np.concatenate(parts)
             assert len(np.unique(union)) == len(union)
-    # next() walks the same sequence as at().
+    # next() walks the same sequence as at(), also across a CYCLIC cycle's end
+    # (10007 // (64 * world) steps per cycle).
     for r in ranks:
         for step in range(3):
+            np.testing.assert_array_equal(r.next(), r.at(step))
+        boundary = length // whole.batch_size
+        r.seek(boundary - 2)
+        for step in range(boundary - 2, boundary + 2):
             np.testing.assert_array_equal(r.next(), r.at(step))
 
 

@@ -8,7 +8,9 @@ checked mechanically (as TigerBeetle's tidy does).
 - src/ has no `@panic`, and every `unreachable` carries a comment, on its line or
   the line above, naming the invariant that makes it unreachable;
 - every file starts with a doc comment (Zig `//!`, Python a module docstring);
-- the Zig sources are formatted as `zig fmt` formats them.
+- the Zig sources are formatted as `zig fmt` formats them;
+- loaderx/ never reaches into /proc/self/fd (descriptors the native handle
+  owns are the library's business: see the after-fork hook in src/Store.zig).
 
 Each test lists every violation as `file:line: what`, so one run shows them all.
 Run as a script (`python tests/test_tidy.py`) it prints the counts and the largest
@@ -219,6 +221,13 @@ def test_no_panic_and_unreachable_is_explained():
 def test_files_start_with_a_doc_comment():
     found = missing_doc_comments()
     assert not found, report("files without a doc comment", found)
+
+
+def test_python_never_touches_the_library_s_descriptors():
+    found = [f"{rel(path)}:{number}: /proc/self/fd (the library owns its descriptors)"
+             for path in python_files()
+             for number, line in enumerate(read_lines(path), 1) if "/proc/self/fd" in line]
+    assert not found, report("reaches into /proc/self/fd", found)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ziglang") is None,

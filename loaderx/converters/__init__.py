@@ -10,8 +10,14 @@ writes one store per column (a `ShardSet` of shard stores with
 Sources: a ``.npy`` / ``.npz`` file or a dict of arrays; Parquet, Arrow IPC
 and Feather files or directories; a ``datasets.Dataset`` / ``DatasetDict`` or
 a ``save_to_disk`` directory; an image folder (``class_name/*.jpg|png``);
-WebDataset ``.tar`` shards (a file or a directory of them). How columns map
+WebDataset ``.tar`` shards (a file or a directory of them); a store written by
+the original loaderx 0.9.x/1.7.x (``meta.zr``, see ``_original_src``). How columns map
 to stores is in ``loaderx.converters._columns`` (and the README).
+
+Provenance: tar samples and image files get a ``key`` column (the sample's
+``__key__``, the file's path under the folder) unless ``keys=False``; the
+manifest's ``source.files`` gives each source file its row range, and a
+column's ``labels`` its label names (`loaderx.labels`).
 
 Conversion streams in batches of about `batch_bytes`, so memory stays bounded
 whatever the input size. ``mode="create"`` refuses an existing destination;
@@ -22,20 +28,37 @@ when needed: ``pip install 'loaderx[convert]'`` brings pyarrow and Pillow.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
-import uuid
-import warnings
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from .. import _objstore
 from ..dataset import MANIFEST_NAME, open_dataset
-from ..errors import DictionaryError, StoreNotFoundError
-from ._columns import ColumnSpec, ConvertError, Flags, MissingDependencyError
-from ._dest import Destination, safe_name, swap_into, write_json
+from ..errors import DictionaryError, IdentityError, StoreNotFoundError
+from ._columns import (
+    ColumnSpec,
+    ConvertError,
+    Flags,
+    MissingDependencyError,
+    mask_name,
+    mask_spec,
+    with_extra,
+)
+from ._dest import Destination, safe_name
 from ._progress import make_progress
-from ._run import StoreOptions, run_tasks, sample_records
-from ._source import Options, Source
+from ._run import (
+    StoreOptions,
+    TaskResult,
+    complete_masks,
+    run_tasks,
+    sample_records,
+    settle_columns,
+)
+from ._source import ImageColumn, Options, Source, user_warning
 
 __all__ = [
     "convert",
@@ -55,7 +78,7 @@ def convert(
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns: list | None = None,
     workers: int | None = None,
@@ -66,6 +89,11 @@ def convert(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
+    dtype=None,
+    item_shape=None,
+    fill_null: dict | None = None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
@@ -74,16 +102,25 @@ def convert(
         codec: ``"zstd"`` or ``"raw"`` for every column; dense columns whose
             records are under 64 bytes are always stored raw (compressing them
             cannot pay, and a raw dense store needs only 4 bytes of index per record).
-        level: zstd level. dict: train one zstd dictionary per column on a
-            sample of its first records (``zstd_dict``), for small records.
+        level: zstd level (None: 3, and 19 for zstd_dict columns). dict: train
+            one zstd dictionary per column on a sample of its first records
+            (``zstd_dict``), for small records.
         columns / skip_columns: names to convert / to leave out.
         workers: processes; each writes one shard store per column.
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
         keep_encoded: keep images (and WebDataset ``.npy``) as encoded bytes.
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
-        allow_tiny_records: accept rows under 64 bytes (one record per value).
+        allow_tiny_records: accepted for compatibility (scalar columns need no flag).
         batch_bytes: about this many bytes are read and written at a time.
         progress: None (a bar on a terminal), True, False, "bar", "log", "off".
+        keys: keep a ``key`` column of where each row came from: a tar
+            sample's ``__key__``, an image's path under the folder.
+        image_column: WebDataset: the column of every sample's image, whatever
+            its extension (jpg, jpeg, png, webp, ...: one image per sample, as
+            webdataset's decoders read them); None for one column per extension.
+        dtype / item_shape: what the records of a store written by the original
+            loaderx are, where its schema.msgpack cannot be read.
+        fill_null: ``{column: value}``: its nulls become `value`, with no ``<column>.valid`` mask.
     """
     convert_to_directory(
         source,
@@ -97,19 +134,40 @@ def convert(
         skip_columns=skip_columns,
         keep_encoded=keep_encoded,
         row_length=row_length,
-        allow_tiny_records=allow_tiny_records,
         batch_bytes=batch_bytes,
         progress=progress,
+        keys=keys,
+        image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
+        fill_null=fill_null,
     )
     return open_dataset(dest)
 
 
+def _url_destination(fn):
+    """`fn(source, dest, ...)` that also takes a URL `dest`: the dataset is
+    built in a new local directory, uploaded, then published (loaderx.remote)."""
+
+    @functools.wraps(fn)
+    def convert_anywhere(source, dest, **kw):
+        if not _objstore.is_url(dest):
+            return fn(source, dest, **kw)
+        from ..remote import write_dataset_to
+
+        mode = kw.pop("mode", "create")
+        return write_dataset_to(dest, mode, lambda local: fn(source, local, mode="create", **kw),
+                                cli=kw.get("cli", False))
+    return convert_anywhere
+
+
+@_url_destination
 def convert_to_directory(
     source: Any,
     dest,
     *,
     codec: str = "zstd",
-    level: int | None = 3,
+    level: int | None = None,
     dict: bool = False,
     columns=None,
     workers=None,
@@ -120,17 +178,14 @@ def convert_to_directory(
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
     progress=None,
+    keys: bool = True,
+    image_column: str | None = "image",
     cli: bool = False,
+    dtype=None,
+    item_shape=None,
+    fill_null: dict | None = None,
 ) -> dict:
     """`convert` without opening the result: returns the manifest written."""
-    if _objstore.is_url(dest):  # built locally, uploaded, then published (loaderx.remote)
-        from ..remote import write_dataset_to
-
-        return write_dataset_to(dest, mode, lambda local: convert_to_directory(
-            source, local, codec=codec, level=level, dict=dict, columns=columns, workers=workers,
-            mode="create", skip_columns=skip_columns, keep_encoded=keep_encoded,
-            row_length=row_length, allow_tiny_records=allow_tiny_records,
-            batch_bytes=batch_bytes, progress=progress, cli=cli), cli=cli)
     flags = Flags(cli=cli)
     if codec not in _CODECS:
         raise ConvertError(
@@ -142,26 +197,34 @@ def convert_to_directory(
     if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
         # zstd reads 0 as "the default"; a store records the level it used,
         # so 0 is refused rather than stored as 3 behind the caller's back.
-        raise ValueError(f"level must be a non-zero int zstd level or None (3), got {level!r}")
+        raise ValueError(f"level must be a non-zero int zstd level or None, got {level!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes must be a positive int, got {batch_bytes!r}")
+    if image_column is not None and (not isinstance(image_column, str) or not image_column):
+        raise ValueError(f"image_column must be a column name or None, got {image_column!r}")
+    if fill_null is not None and not isinstance(fill_null, Mapping):
+        raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
         keep_encoded=keep_encoded,
         row_length=row_length,
         flags=flags,
+        keys=bool(keys),
+        image_column=image_column,
+        dtype=dtype,
+        item_shape=item_shape,
+        fill_null={**(fill_null or {})},
     )
     job = {
         "codec": codec,
         "level": level,
         "dict": dict,
         "workers": workers or 1,
-        "allow_tiny": allow_tiny_records,
         "batch_bytes": batch_bytes,
         "progress": progress,
     }
@@ -214,7 +277,16 @@ def open_source(source: Any, options: Options) -> Source:
     from ._arrow_src import ArrowSource, HFDatasetSource, arrow_files
     from ._files_src import ImageFolderSource, WebDatasetSource, tar_files
     from ._numpy_src import NumpySource
+    from ._original_src import OriginalSource, is_original_store
 
+    original = isinstance(source, (str, os.PathLike)) and is_original_store(os.fspath(source))
+    if (options.dtype is not None or options.item_shape is not None) and not original:
+        raise ConvertError(
+            f"{options.flags.opt('dtype', '...')} and {options.flags.opt('item_shape', '...')} "
+            "apply to stores written by the original loaderx (a directory with meta.zr)"
+        )
+    if original:
+        return OriginalSource(os.fspath(source), options)
     if _is_hf(source, "Dataset"):
         return HFDatasetSource(source, options)
     if isinstance(source, dict):
@@ -267,30 +339,14 @@ def _open_directory(
 # ----------------------------------------------------------------- one dataset
 
 
-def _check_tiny(source: Source, specs: list[ColumnSpec], options: Options, allow: bool) -> None:
-    if allow or not all(s.kind == "dense" and s.item_shape == () for s in specs):
-        return
-    row = sum(s.dtype.itemsize for s in specs)
-    if row >= _TINY_RECORD_BYTES:
-        return
-    rows = source.row_count()
-    f = options.flags
-    count = f"{rows:,} records" if rows is not None else "one record per value"
-    raise ConvertError(
-        f"every row of this source is {row} B "
-        f"({', '.join(f'{s.name}: {s.dtype}' for s in specs)}), so "
-        f"each value would become its own record: {count} that cost more index than data. "
-        f"If these are tokens, store rows of L tokens with {f.opt('row_length', 'L')} (e.g. 2048), "
-        "or documents as a RaggedStore (loaderx.from_iterator); to keep one record per value "
-        f"anyway, pass {f.opt('allow_tiny_records')}"
-    )
-
-
 def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
-    """Each column's codec: `codec`, except raw for dense records under 64 bytes."""
+    """Each column's codec: its own if it names one, else `codec`, except raw
+    for dense records under 64 bytes."""
     return {
         s.name: (
-            "raw"
+            s.codec
+            if s.codec is not None
+            else "raw"
             if codec == "raw" or (s.kind == "dense" and s.record_bytes() < _TINY_RECORD_BYTES)
             else codec
         )
@@ -311,28 +367,158 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
             dicts[s.name] = train_dict(samples[s.name], tier="balanced")
             codecs[s.name] = "zstd_dict"
         except DictionaryError as e:
-            warnings.warn(f"column {s.name!r}: no dictionary ({e}); using plain zstd", stacklevel=4)
+            user_warning(f"column {s.name!r}: no dictionary ({e}); using plain zstd")
     return dicts
 
 
 def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -> dict:
-    specs = source.specs()
-    _check_tiny(source, specs, options, job["allow_tiny"])
+    target = Destination(dest, mode, options.flags)
+    specs = _with_fills(_like_existing(source.specs(), target.existing), options)
+    if target.mode == "append":
+        specs = _merge_categories(specs, target.existing or {}, target.dest)
     tasks = source.tasks(job["workers"])
     codecs = column_codecs(specs, job["codec"])
-    dicts = _train_dicts(source, tasks[0], specs, codecs) if job["dict"] else {}
-    target = Destination(dest, mode, options.flags)
-    target.begin(specs)
+    if job["dict"]:
+        dicts = _train_dicts(source, tasks[0], specs, codecs)
+    else:
+        dicts = source.dictionaries(codecs)  # a source's own (an original loaderx store's)
+    # A place for every column's validity mask; a mask is made only when its
+    # column's first null arrives (see _run.write_task).
+    names = {s.name for s in specs}
+    masks = [mask_spec(s) for s in specs if mask_name(s.name) not in names]
+    target.begin(specs + masks)
     try:
-        paths = [{s.name: target.part_path(s.name, k) for s in specs} for k in range(len(tasks))]
+        paths = [
+            {s.name: target.part_path(s.name, k) for s in specs + masks}
+            for k in range(len(tasks))
+        ]
         opts = StoreOptions(codecs, job["level"], dicts, job["batch_bytes"])
         with make_progress(job["progress"], source.progress_total(), "convert", source.unit) as bar:
-            rows = run_tasks(source, tasks, specs, paths, opts, bar)
-        rows = _drop_empty_parts(target, specs, rows, keep_one=target.mode != "append")
-        return target.commit(specs, codecs, rows, source.describe())
+            for note in filter(None, map(ImageColumn.note, specs)):
+                bar.note(note)
+            results = run_tasks(source, tasks, specs, paths, opts, bar)
+            settled = settle_columns(specs, paths, opts)
+            for before, after in zip(specs, settled):
+                if before.kind != after.kind:
+                    bar.note(_fallback_note(before))
+        _check_settled_append(target, settled)
+        counts = [r.rows for r in results]
+        used = complete_masks(settled, paths, counts, target.existing_masks())
+        settled = with_masks(settled, used)
+        codecs.update({m.name: "raw" for m in used})
+        rows = _drop_empty_parts(target, settled, counts, keep_one=target.mode != "append")
+        first = target.existing["rows"] if target.mode == "append" and target.existing else 0
+        described = source.describe(_file_rows(results, first, len(getattr(source, "files", []))))
+        return target.commit(settled, codecs, rows, described)
     except BaseException:
         target.abort()
         raise
+
+
+def with_masks(specs: list[ColumnSpec], masks: list[ColumnSpec]) -> list[ColumnSpec]:
+    """`specs` with each used mask right after its column (which names it)."""
+    by_owner = {m.extra["valid_of"]: m for m in masks}
+    out = []
+    for s in specs:
+        mask = by_owner.get(s.name)
+        out += [s] if mask is None else [with_extra(s, valid=mask.name), mask]
+    return out
+
+
+def _with_fills(specs: list[ColumnSpec], options: Options) -> list[ColumnSpec]:
+    from dataclasses import replace
+
+    unknown = sorted(set(options.fill_null) - {s.name for s in specs})
+    if unknown:
+        raise ConvertError(
+            f"fill_null names {unknown}, which are not columns being converted "
+            f"({[s.name for s in specs]})"
+        )
+    return [
+        replace(s, fill=options.fill_null[s.name]) if s.name in options.fill_null else s
+        for s in specs
+    ]
+
+
+def _merge_categories(specs: list[ColumnSpec], manifest: dict, dest: str) -> list[ColumnSpec]:
+    """Appending to a categorical column: its categories are the dataset's,
+    then the new data's others, so the codes already stored keep their meaning."""
+    from ._columns import code_dtype
+
+    out = []
+    for s in specs:
+        cats = s.extra.get("categories")
+        have = (manifest.get("columns") or {}).get(s.name, {}).get("categories")
+        if cats is None or have is None:
+            out.append(s)
+            continue
+        merged = list(have) + [c for c in cats if c not in set(have)]
+        if code_dtype(len(merged)) != code_dtype(len(have)):
+            raise ConvertError(
+                f"{dest}: column {s.name!r} would grow to {len(merged)} categories, more "
+                f"than its {code_dtype(len(have))} codes hold; convert into a new dataset"
+            )
+        out.append(ColumnSpec(s.name, s.kind, code_dtype(len(have)), s.item_shape, s.decode,
+                              s.codec, {**s.extra, "categories": merged}, s.fill))
+    return out
+
+
+def _fallback_note(spec: ColumnSpec) -> str:
+    return (
+        f"column {spec.name!r}: a row has another shape than the first rows' "
+        f"{spec.item_shape}, so the column is a RaggedStore"
+    )
+
+
+def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[ColumnSpec]:
+    """For an append: a provisional dense column goes ragged at once when
+    the dataset's column is ragged (equal-length rows appended to a column
+    of lists stay lists), and label codes must mean the same names."""
+    if existing is None or "columns" not in existing:
+        return specs
+    out = []
+    for s in specs:
+        have = existing["columns"].get(s.name) or {}
+        if s.kind == "dense" and s.provisional and have.get("kind") == "ragged":
+            s = s.as_ragged()
+        names, had = s.extra.get("labels"), have.get("labels", have.get("class_names"))
+        if names is not None and had is not None and list(names) != list(had):
+            raise ConvertError(
+                f"column {s.name!r}: the dataset's labels are {had}, the new data's {names}; "
+                "appended, the same code would name another label"
+            )
+        out.append(s)
+    return out
+
+
+def _check_settled_append(target: Destination, settled: list[ColumnSpec]) -> None:
+    """An append whose provisional column fell back to ragged cannot join a
+    dataset whose column is dense."""
+    if target.mode != "append" or target.existing is None:
+        return
+    for s in settled:
+        have = target.existing["columns"].get(s.name) or {}
+        if have.get("kind") == "dense" and s.kind != "dense":
+            raise IdentityError(
+                f"{target.dest}: column {s.name!r} holds kind=dense rows of shape "
+                f"{tuple(have.get('item_shape') or ())}, but some new rows have other shapes; "
+                "nothing was appended",
+                path=target.dest,
+            )
+
+
+def _file_rows(results: list[TaskResult], first: int, count: int) -> list | None:
+    """``[start, stop)`` of each of the source's `count` files in the
+    dataset's row numbers (an append starts at `first`), from what the tasks
+    read; None for a source that is not a list of files."""
+    if not count:
+        return None
+    rows = [0] * count
+    for r in results:
+        for file, n in r.files:
+            rows[file] += n
+    ends = np.cumsum(rows) + first
+    return [[int(end - n), int(end)] for n, end in zip(rows, ends)]
 
 
 def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: bool) -> list[int]:
@@ -350,36 +536,25 @@ def _drop_empty_parts(target: Destination, specs, rows: list[int], keep_one: boo
 
 
 def _convert_splits(splits: list, dest, mode: str, options: Options, job: dict) -> dict:
-    """A DatasetDict: one dataset directory per split under `dest`, and a
-    manifest naming them."""
+    """A DatasetDict: one dataset directory per split, in one generation of
+    `dest`, and a manifest naming them."""
     if mode == "append":
         raise ConvertError("append to one split at a time: convert a Dataset into DEST/<split>")
-    parent, base = os.path.split(os.path.abspath(os.fspath(dest)))
-    Destination(dest, mode, options.flags)  # checks the destination per mode
+    target = Destination(dest, mode, options.flags)
     taken: set = set()
     # A split's name is data, not a path: "../x" must not write outside `dest`.
     dirs = {str(n): safe_name(str(n), taken) for n, _ in splits}
-    staging = os.path.join(parent, f".{base}.loaderx-partial-{uuid.uuid4().hex[:12]}")
-    os.makedirs(staging)
+    root = target.begin_splits()
     try:
         for name, split in splits:
             _convert_one(
                 open_source(split, options),
-                os.path.join(staging, dirs[str(name)]),
+                os.path.join(root, dirs[str(name)]),
                 "create",
                 options,
                 job,
             )
-        from ..dataset import MANIFEST_FORMAT, MANIFEST_VERSION
-
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "splits": dirs,
-        }
-        write_json(os.path.join(staging, MANIFEST_NAME), manifest)
-        swap_into(staging, os.path.abspath(os.fspath(dest)))
-        return manifest
+        return target.commit_splits(dirs)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        target.abort()
         raise

@@ -6,21 +6,43 @@ The mapping (the table in the README):
 ======================================  ==========================================
 source column                           store
 ======================================  ==========================================
-scalar numbers, bools, timestamps       DenseStore, ``item_shape=()``
+scalar numbers, bools, timestamps       DenseStore, ``item_shape=()`` (raw: a
+                                        contiguous value array, see docs/select.md)
+categoricals (Arrow dictionaries of     DenseStore of int8/16/32 codes, the
+strings or integers)                    category names in the manifest
 fixed-size lists, tensors, fixed-size   DenseStore, ``item_shape`` = the fixed shape
 images
-variable-length lists and sequences     RaggedStore (records ``(n, *fixed trailing)``)
-binary, strings (UTF-8), encoded files  Zrecord
+lists whose rows all have one length    DenseStore, ``item_shape=(n, *fixed trailing)``
+other variable-length lists, sequences  RaggedStore (records ``(n, *fixed trailing)``)
+strings (UTF-8)                         Zrecord, marked ``"text"`` (read back as str)
+binary, encoded files                   Zrecord
 ======================================  ==========================================
 
-Anything else (structs, maps, decimals, nested variable lists, nulls) is
-refused with a `ConvertError` that names the column and the flag that skips it.
+Equal-length lists and probed images are *provisional* dense columns: the
+source decides "dense" from its first rows (`ColumnSpec.provisional`), and
+when a later batch does not fit that shape it hands over ragged records
+instead; the writer then moves what it wrote into a RaggedStore and goes on
+(``_run.write_task``), so the decision never needs a second pass over the
+source and is never wrong.
+
+Anything else (structs, maps, decimals, nested variable lists) is refused
+with a `ConvertError` that names the column and the flag that skips it.
+
+Nulls never stop a conversion. A null float scalar becomes NaN (and a null
+timestamp NaT in the values). Any other null row is stored as a filler value
+(0, False, "", an empty list; NaT for timestamps) and the column gets a
+validity mask: a ``bool`` DenseStore column ``<name>.valid`` (False where the
+source had a null) that the dataset reads alongside. Nulls *inside* lists
+become NaN (floats), NaT (timestamps) or 0, with a warning. ``fill_null=``
+replaces nulls by a value instead (no mask).
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+import shlex
+import warnings
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,11 +54,18 @@ __all__ = [
     "ConvertError",
     "MissingDependencyError",
     "Flags",
+    "Nullable",
     "Packed",
+    "code_dtype",
+    "mask_spec",
     "arrow_spec",
     "arrow_to_batch",
     "decode_image",
+    "fixed_list_spec",
+    "list_lengths",
     "image_target_mode",
+    "normal_mode",
+    "PER_IMAGE",
     "require",
 ]
 
@@ -69,12 +98,19 @@ class Flags:
     cli: bool = False
 
     def skip(self, column: str) -> str:
-        return f"--skip-columns {column}" if self.cli else f"skip_columns=[{column!r}]"
+        # Shell-quoted: a column name may hold spaces or quotes.
+        return f"--skip-columns {shlex.quote(column)}" if self.cli else f"skip_columns=[{column!r}]"
 
     def opt(self, name: str, value: str = "") -> str:
         if self.cli:
-            return f"--{name.replace('_', '-')}" + (f" {value}" if value else "")
+            return f"--{name.replace('_', '-')}" + (f" {shlex.quote(value)}" if value else "")
         return f"{name}={value or 'True'}"
+
+    def fill(self, column: str, value: str = "VALUE") -> str:
+        """How to ask for `column`'s nulls to become `value`."""
+        if self.cli:
+            return f"--fill-null {shlex.quote(f'{column}={value}')}"
+        return f"fill_null={{{column!r}: {value}}}"
 
 
 @dataclass(frozen=True)
@@ -91,11 +127,26 @@ class Packed:
 
 
 @dataclass(frozen=True)
+class Nullable:
+    """A batch of a column that has nulls: `values` (what the store appends,
+    nulls replaced by a filler) and `valid`, one bool per row (False: null)."""
+
+    values: Any
+    valid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.valid)
+
+
+@dataclass(frozen=True)
 class ColumnSpec:
     """What one column becomes. `item_shape`: a dense record's shape; for a
     ragged column the trailing dims every record shares (``()`` for 1-D
     records) or None when records have any shape. `decode` tells the source
-    how to turn raw values into records (``"image"``, ``"int"``, ``"npy"``)."""
+    how to turn raw values into records (``"image"``, ``"int"``, ``"npy"``).
+    `provisional`: a dense column decided from the first rows, which becomes
+    ragged (`as_ragged`) if a later row has another shape. `codec`: this
+    column's codec whatever the conversion's (None: the conversion's)."""
 
     name: str
     kind: str
@@ -104,6 +155,20 @@ class ColumnSpec:
     decode: str = ""
     codec: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
+    provisional: bool = field(default=False, compare=False)
+
+    def as_ragged(self) -> "ColumnSpec":
+        """The RaggedStore column a provisional dense one falls back to: a
+        list column keeps its fixed trailing dimensions, images and arrays
+        keep any shape."""
+        assert self.kind == "dense" and self.provisional
+        trailing = None if self.decode in ("image", "npy") else tuple(self.dense_shape[1:])
+        extra = dict(self.extra)
+        if "image_mode" in extra:  # later images keep their own modes (see decode_image)
+            extra["image_mode"] = PER_IMAGE
+        return replace(self, kind="ragged", item_shape=trailing, provisional=False, extra=extra)
+    #: ``fill_null`` for this column: nulls become this value (no mask).
+    fill: Any = field(default=None, compare=False)
 
     @property
     def dense_shape(self) -> tuple:
@@ -203,8 +268,14 @@ def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
     if leaf is not None:
         return ColumnSpec(name, "dense", leaf, ())
     if _is_bytes(pa, t):
+        text = "string" in str(t)
         return ColumnSpec(
-            name, "bytes", np.dtype(np.uint8), None, decode="utf8" if "string" in str(t) else ""
+            name,
+            "bytes",
+            np.dtype(np.uint8),
+            None,
+            decode="utf8" if text else "",
+            extra={"text": True} if text else {},
         )
     dims, inner = _fixed_chain(pa, t)
     inner_leaf = _leaf_dtype(pa, inner)
@@ -251,27 +322,48 @@ def _whole_rows(i: int) -> int:
     return i
 
 
-def _check_nulls(arr, name: str, row0: int, flags: Flags, locate=_whole_rows) -> None:
-    """Refuse nulls; `locate` maps an index of `arr` (a flattened level of a
-    nested column) to the row of the batch that holds it."""
-    if arr.null_count:
-        first = locate(int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0]))
-        raise ConvertError(
-            f"column {name!r} has a null value (row {row0 + first}); loaderx stores have no "
-            f"nulls: fill them before converting (pyarrow.compute.fill_null) or skip the column "
-            f"with {flags.skip(name)}"
-        )
+def _fill_slots(pa, arr):
+    """`arr` (a level of lists inside a row) with its null lists replaced by
+    empty ones (fixed-size: of fillers), so its offsets and flattened values
+    agree: ``flatten()`` skips what a null slot covers, ``offsets`` do not."""
+    if not arr.null_count:
+        return arr
+    import pyarrow.compute as pc
+
+    return pc.fill_null(arr, pa.scalar(_zero(pa, arr.type, True), arr.type))
 
 
 def _leaf_numpy(arr, spec: ColumnSpec, row0: int, flags: Flags, locate) -> np.ndarray:
-    _check_nulls(arr, spec.name, row0, flags, locate)
+    if arr.null_count:
+        arr = _fill_leaf_nulls(arr, spec, row0, flags, locate)
     values = arr.to_numpy(zero_copy_only=False)
     return values if values.dtype == spec.dtype else values.astype(spec.dtype)
 
 
+def _fill_leaf_nulls(arr, spec: ColumnSpec, row0: int, flags: Flags, locate):
+    """Null values inside lists: NaN for floats and NaT for timestamps (what
+    ``to_numpy`` makes of them), else `spec.fill` or 0, with a warning."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if spec.dtype.kind in "fmM" and spec.fill is None:
+        return arr
+    if spec.fill is None:
+        first = locate(int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0]))
+        warnings.warn(
+            f"column {spec.name!r}: {arr.null_count} null values inside lists (the first in "
+            f"row {row0 + first}) are stored as 0; {flags.fill(spec.name)} chooses the value",
+            stacklevel=2,
+        )
+    try:
+        return pc.fill_null(arr, pa.scalar(spec.fill if spec.fill is not None else 0, arr.type))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        raise ConvertError(f"column {spec.name!r}: fill_null value {spec.fill!r}: {e}") from None
+
+
 def _list_level(pa, arr, spec: ColumnSpec, row0: int, flags: Flags, locate=_whole_rows):
     """(offsets relative to the flattened values, flattened values) of a list array."""
-    _check_nulls(arr, spec.name, row0, flags, locate)
+    arr = _fill_slots(pa, arr)
     if pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type):
         arr = arr.cast(pa.large_list(arr.type.value_type))
     offsets = np.asarray(arr.offsets, dtype=np.int64)
@@ -296,7 +388,7 @@ def _dense_values(
     per_row = int(np.prod(spec.dense_shape, dtype=np.int64))
     while not (_leaf_dtype(pa, arr.type) is not None):
         if pa.types.is_fixed_size_list(arr.type):
-            _check_nulls(arr, spec.name, row0, flags, locate)
+            arr = _fill_slots(pa, arr)
             size = arr.type.list_size
             locate = _in_fixed_lists(size, locate)
             arr = arr.flatten()
@@ -319,17 +411,45 @@ def _dense_values(
     return values.reshape((count,) + tuple(spec.dense_shape))
 
 
+def list_lengths(pa, arr) -> np.ndarray | None:
+    """The length of every row of a (variable-size) list array, or None for
+    another type. Null rows count as length 0."""
+    if not _is_list(pa, arr.type):
+        return None
+    if pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type):
+        return np.asarray(arr.value_lengths().fill_null(0), dtype=np.int64)
+    return np.diff(np.asarray(arr.offsets, dtype=np.int64))
+
+
+def _fixed_length(pa, arr, length: int) -> bool:
+    """Whether every row of the list array `arr` holds `length` values."""
+    lengths = list_lengths(pa, arr)
+    return lengths is None or bool((lengths == length).all())
+
+
+def fixed_list_spec(spec: ColumnSpec, lengths: np.ndarray) -> ColumnSpec:
+    """A ragged list column whose probed rows (`lengths`) all have one
+    non-zero length, as a provisional dense column of that length."""
+    if spec.kind != "ragged" or spec.decode or spec.item_shape is None or not len(lengths):
+        return spec
+    first = int(lengths[0])
+    if first == 0 or not (lengths == first).all():
+        return spec
+    return replace(spec, kind="dense", item_shape=(first, *spec.item_shape), provisional=True)
+
+
 def _ragged_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> list | Packed:
     if spec.decode == "ray-variable":
         return [np.asarray(x) for x in arr.to_numpy(zero_copy_only=False)]
     offsets, values = _list_level(pa, arr, spec, row0, flags)
-    inner = ColumnSpec(spec.name, "dense", spec.dtype, tuple(spec.item_shape or ()))
+    inner = ColumnSpec(
+        spec.name, "dense", spec.dtype, tuple(spec.item_shape or ()), fill=spec.fill
+    )
     flat = _dense_values(pa, values, inner, row0, flags, _in_lists(offsets, _whole_rows))
     return Packed(flat, offsets)
 
 
 def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> Packed:
-    _check_nulls(arr, spec.name, row0, flags)
     if not (pa.types.is_large_binary(arr.type) or pa.types.is_binary(arr.type)):
         arr = arr.cast(pa.large_binary())
     buffers = arr.buffers()
@@ -342,23 +462,189 @@ def _byte_records(pa, arr, spec: ColumnSpec, row0: int, flags: Flags) -> Packed:
 
 
 def arrow_to_batch(pa, arr, spec: ColumnSpec, row0: int, flags: Flags):
-    """A batch of one column (an Arrow array) as what the column's store appends."""
+    """A batch of one column (an Arrow array) as what the column's store
+    appends; a `Nullable` when rows of it are null (see the module docs)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    if spec.decode == "categorical":
+        return _categorical_codes(pa, arr, spec)
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if isinstance(arr.type, pa.ExtensionType) and spec.decode != "ray-variable":
         arr = arr.storage
+    valid = None
+    if arr.null_count and spec.decode != "ray-variable":
+        valid, arr = _fill_rows(pa, arr, spec)
+    values: Any
     if spec.kind == "dense":
-        return _dense_values(pa, arr, spec, row0, flags)
-    if spec.kind == "ragged":
-        return _ragged_records(pa, arr, spec, row0, flags)
-    return _byte_records(pa, arr, spec, row0, flags)
+        if spec.provisional and not _fixed_length(pa, arr, spec.dense_shape[0]):
+            values = _ragged_records(pa, arr, spec.as_ragged(), row0, flags)
+        else:
+            values = _dense_values(pa, arr, spec, row0, flags)
+    elif spec.kind == "ragged":
+        values = _ragged_records(pa, arr, spec, row0, flags)
+    else:
+        values = _byte_records(pa, arr, spec, row0, flags)
+    return values if valid is None else Nullable(values, valid)
+
+
+def _fill_rows(pa, arr, spec: ColumnSpec):
+    """(validity or None, `arr` with its null rows filled). Float scalars
+    become NaN and need no mask; `spec.fill` replaces nulls without a mask."""
+    import pyarrow.compute as pc
+
+    float_scalar = pa.types.is_floating(arr.type) and spec.fill is None
+    valid = None if float_scalar or spec.fill is not None else (
+        arr.is_valid().to_numpy(zero_copy_only=False)
+    )
+    try:
+        filler = _row_filler(pa, arr.type, spec.fill, spec)
+        return valid, pc.fill_null(arr, filler)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+            ValueError, OverflowError) as e:
+        what = f"fill_null value {spec.fill!r}" if spec.fill is not None else "a filler"
+        raise ConvertError(
+            f"column {spec.name!r} ({arr.type}): cannot replace its nulls with {what} ({e})"
+        ) from None
+
+
+def _row_filler(pa, t, fill, spec: ColumnSpec):
+    """The Arrow scalar that takes a null row's place: for a dense column of
+    equal-length lists, a list of that length (an empty one would make the
+    column ragged)."""
+    listed = _is_list(pa, t) or pa.types.is_fixed_size_list(t)
+    if fill is not None and not listed:
+        return pa.scalar(fill, t) if not isinstance(fill, pa.Scalar) else fill.cast(t)
+    if spec.kind == "dense" and _is_list(pa, t):
+        return pa.scalar(_zeros(pa, t, tuple(spec.dense_shape)), t)
+    return pa.scalar(_zero(pa, t), t)
+
+
+def _zeros(pa, t, shape: tuple):
+    """Nested Python lists of `shape` of the filler of `t`'s leaf type."""
+    while _is_list(pa, t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    leaf = _zero(pa, t, True)
+    out: Any = leaf
+    for n in reversed(shape):
+        out = [out] * n
+    return out
+
+
+def _zero(pa, t, nested: bool = False):
+    """A Python value of Arrow type `t` for a null row: 0, False, "", an
+    empty list, a list of such; NaN for floats, NaT for timestamps (inside
+    a fixed-size list: 0, which Arrow can build)."""
+    if pa.types.is_floating(t):
+        return float("nan")
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t):
+        return 0 if nested else int(np.iinfo(np.int64).min)  # numpy's NaT
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_integer(t):
+        return 0
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return ""
+    if _is_bytes(pa, t):
+        return b"\0" * t.byte_width if pa.types.is_fixed_size_binary(t) else b""
+    if pa.types.is_fixed_size_list(t):
+        return [_zero(pa, t.value_type, True)] * t.list_size
+    if _is_list(pa, t):
+        return []
+    raise TypeError(f"no filler value for {t}")
+
+
+# ----------------------------------------------------------------- categoricals
+
+
+def code_dtype(count: int) -> np.dtype:
+    """The narrowest signed code type for `count` categories (-1: null)."""
+    for dt in (np.int8, np.int16, np.int32):
+        if count <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    raise ConvertError(f"{count:,} categories are more than an int32 code holds")
+
+
+def is_categorical(pa, t) -> bool:
+    """An Arrow dictionary of strings or integers: stored as codes + names."""
+    return pa.types.is_dictionary(t) and (
+        pa.types.is_string(t.value_type)
+        or pa.types.is_large_string(t.value_type)
+        or pa.types.is_integer(t.value_type)
+    )
+
+
+def categorical_spec(name: str, categories: list) -> ColumnSpec:
+    return ColumnSpec(
+        name,
+        "dense",
+        code_dtype(len(categories)),
+        (),
+        decode="categorical",
+        extra={"categories": list(categories)},
+    )
+
+
+def add_categories(pa, arr, found: dict) -> None:
+    """Adds the categories of a dictionary array (or chunks) to `found`, in order."""
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    for chunk in chunks:
+        for value in chunk.dictionary.to_pylist():
+            if value is not None:
+                found.setdefault(value, len(found))
+
+
+def _categorical_codes(pa, arr, spec: ColumnSpec):
+    """A dictionary array's values as codes into the column's categories
+    (every batch's own dictionary mapped to the one the column keeps)."""
+    import pyarrow.compute as pc
+
+    categories = spec.extra["categories"]
+    if not pa.types.is_dictionary(arr.type):
+        raise ConvertError(f"column {spec.name!r}: expected categories, got Arrow type {arr.type}")
+    value_set = pa.array(categories, type=arr.type.value_type)
+    where = pc.index_in(arr.dictionary, value_set=value_set)
+    if where.null_count:
+        missing = arr.dictionary.filter(where.is_null()).to_pylist()[:5]
+        raise ConvertError(
+            f"column {spec.name!r}: categories {missing} were not seen when the column's "
+            "categories were collected"
+        )
+    codes = where.take(arr.indices)
+    valid = None
+    if codes.null_count:
+        valid = codes.is_valid().to_numpy(zero_copy_only=False)
+        codes = pc.fill_null(codes, -1)
+    values = codes.to_numpy(zero_copy_only=False).astype(spec.dtype)
+    if spec.fill is not None and valid is not None:
+        fill = spec.fill
+        if fill not in categories:
+            raise ConvertError(
+                f"column {spec.name!r}: fill_null value {fill!r} is not one of its "
+                f"categories {categories[:10]}"
+            )
+        values[~valid] = categories.index(fill)
+        valid = None
+    return values if valid is None else Nullable(values, valid)
+
+
+def mask_name(name: str) -> str:
+    return f"{name}.valid"
+
+
+def mask_spec(spec: ColumnSpec) -> ColumnSpec:
+    """The validity mask column of `spec`: one bool per row."""
+    return ColumnSpec(
+        mask_name(spec.name), "dense", np.dtype(np.bool_), (), extra={"valid_of": spec.name}
+    )
+
+
+def with_extra(spec: ColumnSpec, **extra) -> ColumnSpec:
+    return replace(spec, extra={**spec.extra, **extra})
 
 
 # ----------------------------------------------------------------- images
 
-_ALPHA = {"RGBA", "LA", "PA", "RGBa", "La"}
 _SINGLE_BAND = {
     "I;16": np.uint16,
     "I;16B": np.uint16,
@@ -366,17 +652,55 @@ _SINGLE_BAND = {
     "I": np.int32,
     "F": np.float32,
 }
+#: The four 8-bit modes a column stores, by band count.
+_BANDS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+#: A ragged image column whose records keep each image's own mode.
+PER_IMAGE = "per-image"
 
 
-def image_target_mode(modes: set, name: str = "", flags: Flags = Flags()) -> str:
-    """One Pillow mode for a column whose images have `modes`: kept when all
-    share a simple one, else RGB (RGBA when any has transparency). Images of
-    more than 8 bits per value (16-bit, 32-bit, float) never share a column
-    with another mode: converting them would clip their values."""
+def normal_mode(mode: str, info: dict) -> str:
+    """The mode an image is stored in: one of L, LA, RGB, RGBA without loss
+    (1-bit as L, a palette as RGB, or RGBA when it has transparency, CMYK and
+    other colour spaces as RGB), or its own mode when it has more than 8 bits
+    per value."""
+    if mode in _BANDS or mode in _SINGLE_BAND:
+        return mode
+    if mode == "1":
+        return "L"
+    if mode == "La":
+        return "LA"
+    if mode in ("PA", "RGBa") or (mode == "P" and "transparency" in info):
+        return "RGBA"
+    return "RGB"
+
+
+def _join(modes: set) -> str:
+    """The smallest 8-bit mode that holds images of every mode in `modes`."""
+    colour = bool(modes & {"RGB", "RGBA"})
+    alpha = bool(modes & {"LA", "RGBA"})
+    return ("RGBA" if alpha else "RGB") if colour else ("LA" if alpha else "L")
+
+
+def holds(column_mode: str, mode: str) -> bool:
+    """Whether a column of `column_mode` stores an image of `mode` losslessly."""
+    if column_mode == PER_IMAGE:
+        return mode not in _SINGLE_BAND
+    if mode in _SINGLE_BAND or column_mode in _SINGLE_BAND:
+        return mode == column_mode
+    return _join({column_mode, mode}) == column_mode
+
+
+def image_target_mode(
+    modes: set, name: str = "", flags: Flags = Flags(), ragged: bool = False
+) -> str:
+    """The mode of a column whose images have the (normal) `modes`: theirs
+    when they share one; else, in a ragged column, each image's own
+    (`PER_IMAGE`), and in a dense one the smallest mode that holds them all
+    (L and RGB images: RGB). Images of more than 8 bits per value (16-bit,
+    32-bit, float) never share a column with another mode: converting them
+    would clip their values."""
     if len(modes) == 1:
-        (mode,) = modes
-        if mode in ("L", "LA", "RGB", "RGBA") or mode in _SINGLE_BAND:
-            return mode
+        return next(iter(modes))
     deep = sorted(modes & set(_SINGLE_BAND))
     if deep:
         raise ConvertError(
@@ -385,7 +709,7 @@ def image_target_mode(modes: set, name: str = "", flags: Flags = Flags()) -> str
             f"Convert them to one mode first, or keep the encoded files with "
             f"{flags.opt('keep_encoded')}"
         )
-    return "RGBA" if modes & _ALPHA else "RGB"
+    return PER_IMAGE if ragged else _join(modes)
 
 
 def image_dtype(mode: str) -> np.dtype:
@@ -394,24 +718,35 @@ def image_dtype(mode: str) -> np.dtype:
 
 def image_shape(size: tuple, mode: str) -> tuple:
     width, height = size
-    bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode, 1)
+    bands = _BANDS.get(mode, 1)
     return (height, width) if bands == 1 else (height, width, bands)
 
 
-def decode_image(data, mode: str, where: str) -> np.ndarray:
-    """Decode encoded image bytes into an array of `mode` (Pillow)."""
+def decode_image(data, mode: str, where: str, own_if_wider: bool = False) -> np.ndarray:
+    """Decode encoded image bytes into an array of `mode` (Pillow), or of the
+    image's own normal mode in a `PER_IMAGE` column. An image that `mode`
+    cannot hold is refused, or with `own_if_wider` returned in its own mode
+    (a provisional dense column then becomes ragged)."""
     image_mod = require("PIL.Image", "convert", "decoding images")
     try:
         with image_mod.open(io.BytesIO(data)) as im:
-            if im.mode != mode:
-                if im.mode in _SINGLE_BAND or mode in _SINGLE_BAND:
-                    raise ConvertError(
-                        f"{where}: the image has the Pillow mode {im.mode!r} but the column "
-                        f"holds {mode!r} images (decided from the first ones); converting "
-                        "would lose values: convert the images to one mode first"
-                    )
-                im = im.convert(mode)
-            return np.asarray(im, dtype=image_dtype(mode))
+            own = normal_mode(im.mode, im.info)
+            if holds(mode, own):
+                target = own if mode == PER_IMAGE else mode
+            elif own_if_wider and own not in _SINGLE_BAND and mode not in _SINGLE_BAND:
+                target = own
+            else:
+                held = "8-bit" if mode == PER_IMAGE else repr(mode)
+                raise ConvertError(
+                    f"{where}: the image has the Pillow mode {im.mode!r} but the column "
+                    f"holds {held} images (decided from the first ones); converting "
+                    "would lose values: convert the images to one mode first"
+                )
+            if im.mode != target:
+                im = im.convert(target)
+            return np.asarray(im, dtype=image_dtype(target))
+    except ConvertError:
+        raise
     except image_errors(image_mod) as e:
         raise ConvertError(f"{where}: cannot decode the image ({e})") from None
 

@@ -1,6 +1,8 @@
 """File-tree sources: an image folder (``class_name/*.jpg|png``, labels from
 the folder names, decoded with Pillow) and WebDataset ``.tar`` shards
-(members grouped by key, one column per extension).
+(members grouped by key, one column per extension, except that every image
+extension of a sample goes to one image column). Both keep a ``key``
+column of where each row came from unless ``keys=False``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,20 @@ from typing import Any, Iterator
 import numpy as np
 
 from ._columns import ColumnSpec, ConvertError
-from ._source import Batch, ImageColumn, Options, Source, image_header, row_tasks, select_columns
+from ._source import (
+    KEY_COLUMN,
+    Batch,
+    ImageColumn,
+    Options,
+    Source,
+    file_entries,
+    image_header,
+    key_spec,
+    ramp,
+    ramped,
+    row_tasks,
+    select_columns,
+)
 
 __all__ = ["ImageFolderSource", "WebDatasetSource", "IMAGE_EXTENSIONS", "tar_files"]
 
@@ -36,9 +51,12 @@ _BATCH_RECORDS = 1024
 
 
 class ImageFolderSource(Source):
-    """``root/<class>/<image>``: columns ``image`` and ``label`` (int64, the
-    class's position in sorted order); rows sorted by class, then file name.
-    Images directly under `root` (no class folders) give only ``image``."""
+    """``root/<class>/<image>``: columns ``image``, ``label`` (int64, the
+    class's position in sorted order; the class names are the column's
+    ``labels``) and ``key`` (the file's path under `root`); rows sorted by
+    class, then file name. Images directly under `root` (no class folders)
+    give no ``label``. Every image's header is read first, so the layout and
+    mode fit every image (see `ImageColumn`)."""
 
     kind = "image-folder"
     _open_specs = None  # per process, never pickled
@@ -67,6 +85,7 @@ class ImageFolderSource(Source):
         self.files = files
         self.labels = np.asarray(labels, dtype=np.int64)
         available = ["image", "label"] if self.classes else ["image"]
+        available += [KEY_COLUMN] if options.keys else []
         self.names = select_columns(available, options, root)
         self._open_specs = None
 
@@ -82,18 +101,16 @@ class ImageFolderSource(Source):
                         for f in self.files
                     ]
                 )
-                specs.append(ImageColumn.spec("image", headers, self.options))
+                specs.append(ImageColumn.spec("image", headers, self.options, complete=True))
             if "label" in self.names:
                 specs.append(
                     ColumnSpec(
-                        "label",
-                        "dense",
-                        np.dtype(np.int64),
-                        (),
-                        extra={"class_names": self.classes},
+                        "label", "dense", np.dtype(np.int64), (), extra={"labels": self.classes}
                     )
                 )
-            self._open_specs = specs
+            if KEY_COLUMN in self.names:
+                specs.append(key_spec())
+            self._open_specs = [s for n in self.names for s in specs if s.name == n]
         return self._open_specs
 
     def row_count(self) -> int:
@@ -104,22 +121,25 @@ class ImageFolderSource(Source):
 
     def read(self, task, specs, batch_bytes: int) -> Iterator[Batch]:
         start, stop = task
-        for a in range(start, stop, _BATCH_RECORDS):
-            b = min(a + _BATCH_RECORDS, stop)
-            cols = {}
+        for a, b in ramped(start, stop, _BATCH_RECORDS):
+            cols: dict = {}
+            nbytes = 0
             for spec in specs:
                 if spec.name == "label":
                     cols["label"] = self.labels[a:b]
-                    continue
-                paths = [os.path.join(self.root, f) for f in self.files[a:b]]
-                encoded = []
-                for p in paths:
-                    with open(p, "rb") as fh:
-                        encoded.append(fh.read())
-                cols["image"] = ImageColumn.records(spec, encoded, paths, self.options.flags)
-            yield Batch(b - a, cols, b - a)
+                elif spec.name == KEY_COLUMN:
+                    cols[KEY_COLUMN] = [f.replace(os.sep, "/").encode() for f in self.files[a:b]]
+                else:
+                    paths = [os.path.join(self.root, f) for f in self.files[a:b]]
+                    encoded = []
+                    for p in paths:
+                        with open(p, "rb") as fh:
+                            encoded.append(fh.read())
+                    nbytes = sum(len(e) for e in encoded)
+                    cols["image"] = ImageColumn.records(spec, encoded, paths, self.options.flags)
+            yield Batch(b - a, cols, b - a, nbytes=nbytes)
 
-    def describe(self) -> dict:
+    def describe(self, file_rows: list | None = None) -> dict:
         d: dict[str, Any] = {"type": "image-folder", "path": self.root}
         if self.classes:
             d["classes"] = self.classes
@@ -181,18 +201,23 @@ def _members(tf: tarfile.TarFile, path: str) -> Iterator[tarfile.TarInfo]:
         )
 
 
-def _samples(path: str) -> Iterator[tuple[str, dict]]:
-    """(key, {extension: bytes}) for consecutive members sharing a key."""
+def _samples(path: str) -> Iterator[tuple[str, dict, int]]:
+    """(key, {extension: bytes}, bytes of the file read so far) for
+    consecutive members sharing a key."""
     key = ""  # set before the sample gets its first member
     sample: dict[str, bytes] = {}
     try:
-        with tarfile.open(path, "r|*", tarinfo=_TarInfo) as tf:
+        # The file is opened here so that its position tells how far the
+        # (maybe compressed) archive has been read, for the progress.
+        with open(path, "rb") as raw, tarfile.open(
+            fileobj=raw, mode="r|*", tarinfo=_TarInfo
+        ) as tf:
             for member in _members(tf, path):
                 if not member.isfile():
                     continue
                 k, ext = _split_key(member.name)
                 if k != key and sample:
-                    yield key, sample
+                    yield key, sample, raw.tell()
                     sample = {}
                 key = k
                 if ext in sample:
@@ -202,17 +227,27 @@ def _samples(path: str) -> Iterator[tuple[str, dict]]:
                 data = tf.extractfile(member)
                 assert data is not None  # a regular file (checked above)
                 sample[ext] = data.read()
+            if sample:
+                yield key, sample, raw.tell()
     except (tarfile.TarError, EOFError, zlib.error) as e:
         raise ConvertError(f"{path}: not a readable tar file ({e})") from None
-    if sample:
-        yield key, sample
+
+
+def _is_image(ext: str) -> bool:
+    """An extension that names an image (``jpg``, ``seg.png``)."""
+    return "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
 
 
 class WebDatasetSource(Source):
-    """WebDataset shards: one row per sample, one column per extension.
-    ``cls``-style extensions become int64 scalars, images are decoded (or
-    kept encoded), ``.npy`` members become arrays, the rest stays bytes.
-    Tasks are groups of whole tar files; progress counts tar bytes."""
+    """WebDataset shards: one row per sample, one column per extension,
+    except that a sample's image (``jpg``, ``jpeg``, ``png``, ``webp``, ...:
+    any one-part image extension) goes to the one column `image_column`
+    whatever its format, as webdataset's decoders read ``jpg;png``; a
+    many-part extension such as ``seg.png`` keeps its own column. ``cls``-
+    style extensions become int64 scalars, images are decoded (or kept
+    encoded), ``.npy`` members become arrays, the rest stays bytes, and
+    ``key`` holds each sample's ``__key__``. Tasks are groups of whole tar
+    files; progress counts tar bytes."""
 
     kind = "webdataset"
     _open_specs = None  # per process, never pickled
@@ -225,16 +260,50 @@ class WebDatasetSource(Source):
             raise ConvertError("no WebDataset .tar files to convert")
         self.files = files
         probe = []
-        for key, sample in _samples(files[0]):
-            probe.append((key, sample))
+        for key, sample, _ in _samples(files[0]):
+            probe.append((key, self._by_column(files[0], key, sample)))
             if len(probe) >= _PROBE_SAMPLES:
                 break
         if not probe:
             raise ConvertError(f"{files[0]}: no samples")
         self.exts = list(probe[0][1])
-        self.names = select_columns(self.exts, options, files[0])
+        if options.keys and KEY_COLUMN in self.exts:
+            raise ConvertError(
+                f"{files[0]}: the samples have a {KEY_COLUMN!r} member, the name of the column "
+                "of sample keys; leave the keys out with "
+                + ("--no-keys" if options.flags.cli else "keys=False")
+            )
+        available = self.exts + ([KEY_COLUMN] if options.keys else [])
+        self.names = select_columns(available, options, files[0])
         self._open_probe = probe
         self._open_specs = None
+
+    def _by_column(self, path: str, key: str, sample: dict) -> dict:
+        """A sample's members by column, as ``{column: (extension, bytes)}``:
+        the one-part image extensions under `image_column` (one image per
+        sample), the rest by extension."""
+        image_column = self.options.image_column
+        if image_column is None:
+            return {ext: (ext, data) for ext, data in sample.items()}
+        images = [e for e in sample if "." not in e and _is_image(e)]
+        if len(images) > 1:
+            raise ConvertError(
+                f"{path}: sample {key!r} has {len(images)} images ({', '.join(images)}) for "
+                f"the one column {image_column!r}; keep one column per extension with "
+                + ("--image-per-extension" if self.options.flags.cli else "image_column=None")
+            )
+        out = {}
+        for ext, data in sample.items():
+            column = image_column if ext in images else ext
+            if column in out or (ext == image_column and ext not in images):
+                raise ConvertError(
+                    f"{path}: sample {key!r} has a {image_column!r} member next to its image "
+                    f"({images[0]}), which goes to the column {image_column!r}; name that "
+                    "column otherwise with "
+                    + ("--image-column NAME" if self.options.flags.cli else "image_column=...")
+                )
+            out[column] = (ext, data)
+        return out
 
     def specs(self) -> list[ColumnSpec]:
         if self._open_specs is None:
@@ -242,13 +311,15 @@ class WebDatasetSource(Source):
         return self._open_specs
 
     def _spec(self, ext: str) -> ColumnSpec:
+        if ext == KEY_COLUMN:
+            return key_spec()
         probe = self._open_probe
         assert probe is not None  # specs are decided in the process that built the source
-        values = [s[ext] for _, s in probe if ext in s]
-        where = [f"{self.files[0]}:{k}.{ext}" for k, s in probe if ext in s]
+        values = [s[ext][1] for _, s in probe if ext in s]
+        where = [f"{self.files[0]}:{k}.{s[ext][0]}" for k, s in probe if ext in s]
         if ext in _INT_EXTENSIONS:
             return ColumnSpec(ext, "dense", np.dtype(np.int64), (), decode="int")
-        if ("." + ext.rsplit(".", 1)[-1]) in IMAGE_EXTENSIONS:
+        if ext == self.options.image_column or _is_image(ext):
             headers = (
                 []
                 if self.options.keep_encoded
@@ -260,7 +331,10 @@ class WebDatasetSource(Source):
             shapes = {a.shape for a in arrays}
             dtypes = {a.dtype for a in arrays}
             if len(dtypes) == 1 and len(shapes) == 1:
-                return ColumnSpec(ext, "dense", dtypes.pop(), shapes.pop(), decode="npy")
+                shape = shapes.pop()
+                return ColumnSpec(
+                    ext, "dense", dtypes.pop(), shape, decode="npy", provisional=len(shape) > 0
+                )
             if len(dtypes) == 1:
                 return ColumnSpec(ext, "ragged", dtypes.pop(), None, decode="npy")
         return ColumnSpec(ext, "bytes", np.dtype(np.uint8), None)
@@ -272,21 +346,27 @@ class WebDatasetSource(Source):
         return float(sum(os.path.getsize(f) for f in self.files))
 
     def tasks(self, workers: int) -> list:
-        groups = row_tasks(len(self.files), workers)
-        return [self.files[a:b] for a, b in groups]
+        return row_tasks(len(self.files), workers)
 
     def read(self, task, specs, batch_bytes: int) -> Iterator[Batch]:
-        for path in task:
+        records_max, bytes_max = ramp(_BATCH_RECORDS), ramp(batch_bytes)
+        for position in range(*task):
+            path = self.files[position]
             cols: dict[str, list] = {s.name: [] for s in specs}
-            rows, size = 0, 0
-            for key, sample in _samples(path):
-                self._add(path, key, sample, specs, cols)
+            rows, size, reported = 0, 0, 0
+            limits = (next(records_max), next(bytes_max))
+            for key, sample, read in _samples(path):
+                self._add(path, key, self._by_column(path, key, sample), specs, cols)
                 rows += 1
-                size += sum(len(v) for v in sample.values())
-                if rows >= _BATCH_RECORDS or size >= batch_bytes:
-                    yield Batch(rows, self._finish(cols, specs), 0)
-                    rows, cols, size = 0, {s.name: [] for s in specs}, 0
-            yield Batch(rows, self._finish(cols, specs), os.path.getsize(path))
+                size += sum(len(data) for data in sample.values())
+                if rows >= limits[0] or size >= limits[1]:
+                    yield Batch(rows, self._finish(cols, specs), read - reported, read - reported,
+                                file=position)
+                    rows, cols, size, reported = 0, {s.name: [] for s in specs}, 0, read
+                    limits = (next(records_max), next(bytes_max))
+            end = os.path.getsize(path)
+            yield Batch(rows, self._finish(cols, specs), end - reported, end - reported,
+                        file=position)
 
     def _add(self, path, key, sample, specs, cols) -> None:
         extra = sorted(set(sample) - set(self.exts))
@@ -296,12 +376,16 @@ class WebDatasetSource(Source):
                 f"does not have; skip them with {self.options.flags.skip(extra[0])}"
             )
         for spec in specs:
+            if spec.name == KEY_COLUMN:
+                cols[KEY_COLUMN].append((key.encode("utf-8", "surrogateescape"), ""))
+                continue
             if spec.name not in sample:
                 raise ConvertError(
                     f"{path}: sample {key!r} has no {spec.name!r} member; every sample "
                     f"needs one, or skip the column with {self.options.flags.skip(spec.name)}"
                 )
-            cols[spec.name].append((sample[spec.name], f"{path}:{key}.{spec.name}"))
+            ext, data = sample[spec.name]
+            cols[spec.name].append((data, f"{path}:{key}.{ext}"))
 
     def _finish(self, cols: dict, specs: list[ColumnSpec]) -> dict:
         out = {}
@@ -317,36 +401,38 @@ class WebDatasetSource(Source):
         if spec.decode in ("image", "encoded-image"):
             return ImageColumn.records(spec, values, where, self.options.flags)
         if spec.decode == "npy":
-            arrays = [_load_npy(v, w) for v, w in zip(values, where)]
-            if spec.kind == "ragged":
-                for a, w in zip(arrays, where):
-                    if a.dtype != spec.dtype:
-                        raise ConvertError(
-                            f"{w}: array has dtype {a.dtype} but the column holds {spec.dtype} "
-                            "(decided from the first samples); keep the bytes with "
-                            f"{self.options.flags.opt('keep_encoded')}"
-                        )
-                return arrays
-            for a, w in zip(arrays, where):
-                if a.shape != spec.item_shape or a.dtype != spec.dtype:
-                    raise ConvertError(
-                        f"{w}: array is {a.dtype}{list(a.shape)} but the column holds "
-                        f"{spec.dtype}{list(spec.dense_shape)} (decided from the first "
-                        f"samples); keep the bytes with {self.options.flags.opt('keep_encoded')}"
-                    )
-            return np.stack(arrays) if arrays else np.zeros((0,) + spec.dense_shape, spec.dtype)
+            return self._arrays(spec, values, where)
         return values
 
-    def describe(self) -> dict:
+    def _arrays(self, spec: ColumnSpec, values: list, where: list):
+        """``.npy`` members as the column's records: a batch of another shape
+        in a provisional dense column comes back as a list (ragged records)."""
+        arrays = [_load_npy(v, w) for v, w in zip(values, where)]
+        for a, w in zip(arrays, where):
+            if a.dtype != spec.dtype:
+                raise ConvertError(
+                    f"{w}: array has dtype {a.dtype} but the column holds {spec.dtype} "
+                    "(decided from the first samples); keep the bytes with "
+                    f"{self.options.flags.opt('keep_encoded')}"
+                )
+        if spec.kind == "ragged":
+            return arrays
+        if any(a.shape != spec.item_shape for a in arrays):
+            if spec.provisional:
+                return arrays
+            bad = next(w for a, w in zip(arrays, where) if a.shape != spec.item_shape)
+            raise ConvertError(
+                f"{bad}: array does not have the shape {spec.dense_shape} of the column; keep "
+                f"the bytes with {self.options.flags.opt('keep_encoded')}"
+            )
+        return np.stack(arrays) if arrays else np.zeros((0,) + spec.dense_shape, spec.dtype)
+
+    def describe(self, file_rows: list | None = None) -> dict:
         base = os.path.dirname(self.files[0])
         return {
             "type": "webdataset",
             "path": base,
-            "files": (
-                [os.path.relpath(f, base) for f in self.files]
-                if len(self.files) <= 64
-                else len(self.files)
-            ),
+            "files": file_entries(self.files, base, file_rows),
         }
 
 

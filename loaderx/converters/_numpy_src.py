@@ -11,7 +11,6 @@ import contextlib
 import mmap
 import os
 import tokenize
-import warnings
 import zipfile
 import zlib
 from typing import IO, Iterator
@@ -19,7 +18,16 @@ from typing import IO, Iterator
 import numpy as np
 
 from ._columns import ColumnSpec, ConvertError
-from ._source import Batch, Options, Source, row_tasks, rows_per_batch, select_columns
+from ._source import (
+    Batch,
+    Options,
+    Source,
+    ramped,
+    row_tasks,
+    rows_per_batch,
+    select_columns,
+    user_warning,
+)
 
 __all__ = ["NumpySource", "npy_header"]
 
@@ -110,13 +118,19 @@ def _check_size(where: str, available: int, shape: tuple, dtype: np.dtype) -> No
 
 
 def _read_header(f):
-    """(shape, fortran_order, dtype) of the .npy header at `f`; never unpickles."""
+    """(shape, fortran_order, dtype) of the .npy header at `f`; never unpickles.
+    A negative dimension is refused here, for .npy files and .npz members
+    alike (NumPy's header parser lets it through)."""
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(f)
-    raise ValueError(f"unsupported .npy format version {version}")
+        header = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        header = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"unsupported .npy format version {version}")
+    if any(d < 0 for d in header[0]):
+        raise ValueError(f"negative dimensions are not allowed (the header says {header[0]})")
+    return header
 
 
 class _Rows:
@@ -273,10 +287,9 @@ class NumpySource(Source):
                 and (c.array if c.array is not None else c.member).shape[0] % c.row_length
             ):
                 total = (c.array if c.array is not None else c.member).shape[0]
-                warnings.warn(
+                user_warning(
                     f"column {name!r}: {total % c.row_length} trailing values do not fill a "
-                    f"row of {c.row_length} and are left out",
-                    stacklevel=4,
+                    f"row of {c.row_length} and are left out"
                 )
 
     def specs(self) -> list[ColumnSpec]:
@@ -295,15 +308,19 @@ class NumpySource(Source):
         row_bytes = sum(s.record_bytes() for s in specs)
         step = rows_per_batch(row_bytes, batch_bytes)
         try:
-            for a in range(start, stop, step):
-                b = min(a + step, stop)
-                yield Batch(b - a, {s.name: cols[s.name].read(a, b) for s in specs}, b - a)
+            for a, b in ramped(start, stop, step):
+                yield Batch(
+                    b - a,
+                    {s.name: cols[s.name].read(a, b) for s in specs},
+                    b - a,
+                    nbytes=(b - a) * row_bytes,
+                )
         finally:
             for c in cols.values():
                 if c.member is not None:
                     c.member.close()
 
-    def describe(self) -> dict:
+    def describe(self, file_rows: list | None = None) -> dict:
         d = {"type": "numpy", "path": os.path.abspath(self.path) if self.path else None}
         if self.options.row_length:
             d["row_length"] = self.options.row_length

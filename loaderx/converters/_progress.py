@@ -50,12 +50,17 @@ def _fmt_count(n: float, unit: str) -> str:
 
 
 class Progress:
-    """``update(n)``, ``close()``; a context manager. Thread-compatible, not
+    """``update(n, records, nbytes)``, ``note(text)``, ``close()``; a context
+    manager. Next to `n` units of `total` it shows the other of records and
+    bytes read, when reported: a conversion counted in tar bytes shows its
+    records, one counted in rows shows its bytes. Thread-compatible, not
     thread-safe: one thread reports."""
 
     def __init__(self, mode: str, total: float | None, desc: str, unit: str):
         self.mode, self.total, self.desc, self.unit = mode, total, desc, unit
         self.done = 0.0
+        self.records = 0
+        self.nbytes = 0
         self._t0 = time.monotonic()
         self._last_log = self._t0
         self._bar = None
@@ -73,17 +78,37 @@ class Progress:
                 leave=True,
             )
 
-    def update(self, n: float) -> None:
+    def update(self, n: float, records: int = 0, nbytes: int = 0) -> None:
         if float(n).is_integer():
             n = int(n)  # whole rows show as integers in the bar
         self.done += n
+        self.records += records
+        self.nbytes += nbytes
         if self._bar is not None:
+            extra = self._extra()
+            if extra:
+                self._bar.set_postfix_str(extra, refresh=False)
             self._bar.update(n)
         elif self.mode == "log":
             now = time.monotonic()
             if now - self._last_log >= _interval():
                 self._last_log = now
                 self._log(now)
+
+    def _extra(self) -> str:
+        """The count that is not the bar's unit: records or bytes read."""
+        if self.unit == "B" and self.records:
+            return f"{self.records:,} records"
+        if self.unit != "B" and self.nbytes:
+            return f"{_fmt_count(self.nbytes, 'B')} read"
+        return ""
+
+    def note(self, text: str) -> None:
+        """A line of information shown with the progress (none when off)."""
+        if self._bar is not None:
+            self._bar.write(f"{self.desc}: {text}", file=sys.stderr)
+        elif self.mode != "off":
+            print(f"{self.desc}: {text}", file=sys.stderr, flush=True)
 
     def _log(self, now: float, final: bool = False) -> None:
         elapsed = max(now - self._t0, 1e-9)
@@ -100,6 +125,8 @@ class Progress:
             ]
         else:
             parts = [f"{self.desc}: {_fmt_count(self.done, self.unit)}"]
+        if self._extra():
+            parts.append(self._extra())
         parts.append(f"{_fmt_count(rate, self.unit)}/s")
         if final:
             parts.append(f"done in {elapsed:.1f} s")

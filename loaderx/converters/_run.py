@@ -23,16 +23,25 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._store import stored_kind
 from ..dataloader import _default_worker_count as _cores  # the cores this process may use
 from ..errors import ZrecordError
-from ._columns import ColumnSpec, ConvertError, Packed
+from ._columns import ColumnSpec, ConvertError, Nullable, Packed, mask_name, mask_spec
 
 #: Lanes (native threads) of a convert worker process, set by its parent.
 _LANES_ENV = "LOADERX_CONVERT_LANES"
 #: Set for a worker whose stdin is the pipe from its parent.
 _PIPE_ENV = "LOADERX_CONVERT_PARENT_PIPE"
 
-__all__ = ["StoreOptions", "write_task", "run_tasks", "open_writer"]
+__all__ = [
+    "StoreOptions",
+    "TaskResult",
+    "write_task",
+    "run_tasks",
+    "open_writer",
+    "settle_columns",
+    "complete_masks",
+]
 
 _POLL_S = 0.2
 
@@ -48,7 +57,7 @@ class StoreOptions:
 def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
     from ..zrecord import DenseStore, RaggedStore, Zrecord
 
-    codec = opts.codecs[spec.name]
+    codec = opts.codecs.get(spec.name, "raw")  # validity masks are raw
     kw = {
         "codec": codec,
         "level": opts.level if codec != "raw" else None,
@@ -59,6 +68,55 @@ def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
     if spec.kind == "ragged":
         return RaggedStore(path, spec.dtype, **kw)
     return Zrecord(path, create=True, **kw)
+
+
+@dataclass
+class TaskResult:
+    """What one task wrote: `rows`, and `files`, ``[file position, rows]``
+    for each source file it read, in order (see `Batch.file`)."""
+
+    rows: int
+    files: list
+
+
+def dense_to_ragged(path: str, spec: ColumnSpec, opts: StoreOptions):
+    """Rewrites the DenseStore at `path` as the RaggedStore `spec` (the same
+    records, each of the dense shape) and returns it open for appending: the
+    fallback of a provisional dense column (see `ColumnSpec.provisional`).
+    It costs one pass over what was written, never a second read of the source."""
+    from ..zrecord import DenseStore, RaggedStore
+
+    staging = path + ".ragged"
+    with DenseStore(path) as dense:
+        shape = tuple(dense.item_shape)
+        step = max(1, opts.batch_bytes // max(dense.record_bytes, 1))
+        with open_writer(staging, spec, opts) as out:
+            for a in range(0, len(dense), step):
+                block = dense[a : a + step]
+                # Record i is rows shape[0]*i .. shape[0]*(i+1) of the flattened block.
+                splits = np.arange(len(block) + 1, dtype=np.int64) * shape[0]
+                out.append_packed(block.reshape((-1,) + shape[1:]), splits)
+    shutil.rmtree(path)
+    os.rename(staging, path)
+    return RaggedStore(path)
+
+
+def settle_columns(specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions) -> list:
+    """The specs the parts were finally written as: a provisional dense
+    column that fell back to ragged in any task becomes ragged in all of
+    them (the other tasks' dense parts are rewritten)."""
+    settled = []
+    for spec in specs:
+        if spec.kind == "dense" and spec.provisional:
+            kinds = [stored_kind(p[spec.name]) for p in paths]
+            if "ragged" in kinds:
+                ragged = spec.as_ragged()
+                for p, kind in zip(paths, kinds):
+                    if kind == "dense":
+                        dense_to_ragged(p[spec.name], ragged, opts).close()
+                spec = ragged
+        settled.append(spec)
+    return settled
 
 
 def _append(store, spec: ColumnSpec, values, row0: int) -> None:
@@ -119,28 +177,100 @@ def write_task(
     specs: list[ColumnSpec],
     paths: dict,
     opts: StoreOptions,
-    report: Callable[[float], None],
-) -> int:
-    """Write `task` of `source` into one new store per column; returns its rows."""
-    stores = {}
+    report: Callable[[float, int, int], None],
+) -> TaskResult:
+    """Write `task` of `source` into one new store per column. `report(units,
+    rows, bytes)` is called (on the reading thread) as each batch is read, so
+    progress moves while the first batch is still being compressed. A
+    column's validity mask store (at ``paths[mask_name(column)]``) is made
+    when its first null arrives, with every earlier row valid."""
+    stores: dict = {}
+    masks: dict = {}
+    writing = {s.name: s for s in specs}  # a provisional column may turn ragged
     rows = 0
+    files: list = []
+
+    def reported(batches: Iterator) -> Iterator:
+        for batch in batches:
+            report(batch.progress, batch.rows, batch.nbytes)
+            yield batch
+
     try:
         for spec in specs:
             stores[spec.name] = _create(paths[spec.name], spec, opts)
-        for batch in read_ahead(source.read(task, specs, opts.batch_bytes)):
+        for batch in read_ahead(reported(source.read(task, specs, opts.batch_bytes))):
             for spec in specs:
                 values = batch.columns[spec.name]
+                valid = None
+                if isinstance(values, Nullable):
+                    values, valid = values.values, values.valid
                 if len(values) != batch.rows:
                     raise ConvertError(
                         f"column {spec.name!r}: {len(values)} values for {batch.rows} rows"
                     )
-                _append(stores[spec.name], spec, values, rows)
+                column = writing[spec.name]
+                if column.kind == "dense" and not isinstance(values, np.ndarray):
+                    # Ragged records for a provisional dense column: a row of
+                    # another shape. What was written moves into a RaggedStore.
+                    assert column.provisional, spec.name
+                    stores[spec.name].close()
+                    writing[spec.name] = column = column.as_ragged()
+                    stores[spec.name] = dense_to_ragged(paths[spec.name], column, opts)
+                _append(stores[spec.name], column, values, rows)
+                if valid is not None or spec.name in masks:
+                    _append_valid(masks, spec, paths, valid, rows, batch.rows, opts)
             rows += batch.rows
-            report(batch.progress)
+            if batch.file is not None:
+                if files and files[-1][0] == batch.file:
+                    files[-1][1] += batch.rows
+                else:
+                    files.append([batch.file, batch.rows])
     finally:
-        for store in stores.values():
+        for store in list(stores.values()) + list(masks.values()):
             store.close()
-    return rows
+    return TaskResult(rows, files)
+
+
+def _append_valid(masks: dict, spec: ColumnSpec, paths: dict, valid, row0: int, count: int,
+                  opts: StoreOptions) -> None:
+    """Appends a batch's validity (None: every row valid) to `spec`'s mask,
+    making the mask (every row before `row0` valid) on its first null."""
+    mask = masks.get(spec.name)
+    if mask is None:
+        path = paths.get(mask_name(spec.name))
+        if path is None:  # a caller that reserved no mask path: a bug, not bad data
+            raise ConvertError(f"column {spec.name!r} has nulls but no place for its mask")
+        mask = masks[spec.name] = _create(path, mask_spec(spec), opts)
+        if row0:
+            mask.append(np.ones(row0, dtype=np.bool_))
+    mask.append(np.ones(count, np.bool_) if valid is None else np.ascontiguousarray(valid, bool))
+
+
+def complete_masks(specs: list[ColumnSpec], paths: list[dict], rows: list[int],
+                   required=()) -> list[ColumnSpec]:
+    """The mask columns of a finished conversion: a column whose nulls made
+    a mask in any part (or named in `required`) gets an all-valid mask in
+    every part that has none. Returns the mask specs, in column order."""
+    used = []
+    for spec in specs:
+        name = mask_name(spec.name)
+        have = [name in p and os.path.isdir(p[name]) for p in paths]
+        if not any(have) and spec.name not in required:
+            continue
+        for p, made, n in zip(paths, have, rows):
+            if not made:
+                write_all_valid(p[name], n)
+        used.append(mask_spec(spec))
+    return used
+
+
+def write_all_valid(path: str, rows: int) -> None:
+    """A validity mask store at `path` of `rows` valid rows."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    spec = ColumnSpec(os.path.basename(path), "dense", np.dtype(np.bool_), ())
+    with open_writer(path, spec, StoreOptions({}, None, {}, 0)) as mask:
+        if rows:
+            mask.append(np.ones(rows, dtype=np.bool_))
 
 
 def _create(path: str, spec: ColumnSpec, opts: StoreOptions):
@@ -167,20 +297,25 @@ def _child_env(workers: int) -> dict:
     return env
 
 
-def _read_reports(k: int, stream, counters: list, rows: dict) -> None:
-    """Reader thread: a worker's stdout lines ``P <units>`` and ``R <rows>``."""
+def _read_reports(k: int, stream, counters: list, results: dict) -> None:
+    """Reader thread: a worker's stdout lines ``P <units> <rows> <bytes>``,
+    ``F <file> <rows>`` and, last, ``R <rows>``."""
+    files: list = []
     for line in stream:
-        tag, _, value = line.partition(" ")
+        tag, *values = line.split()
         if tag == "P":
-            counters[k] += float(value)
+            for i, v in enumerate(values):
+                counters[k][i] += float(v)
+        elif tag == "F":
+            files.append([int(values[0]), int(values[1])])
         elif tag == "R":
-            rows[k] = int(value)
+            results[k] = TaskResult(int(values[0]), files)
 
 
 def run_tasks(
     source, tasks: list, specs: list[ColumnSpec], paths: list[dict], opts: StoreOptions, progress
-) -> list[int]:
-    """Rows written by each task; in this process for one task, else one
+) -> list[TaskResult]:
+    """What each task wrote; in this process for one task, else one
     worker process per task (``python -m loaderx.converters._worker``: a
     fresh interpreter that never imports the caller's main module), at most
     one per usable core at a time (more would only share the cores, at one
@@ -191,8 +326,9 @@ def run_tasks(
     at_once = min(len(tasks), _cores())
     env = _child_env(at_once)
     procs: dict = {}
-    readers, counters = [], [0.0] * len(tasks)
-    rows: dict[int, int] = {}
+    readers: list = []
+    counters = [[0.0, 0.0, 0.0] for _ in tasks]  # units, rows, bytes per task
+    results: dict[int, TaskResult] = {}
 
     def start(k: int) -> None:
         job = os.path.join(work, f"task-{k}.pickle")
@@ -206,7 +342,7 @@ def run_tasks(
             env=env,
         )
         reader = threading.Thread(
-            target=_read_reports, args=(k, proc.stdout, counters, rows), daemon=True
+            target=_read_reports, args=(k, proc.stdout, counters, results), daemon=True
         )
         reader.start()
         readers.append(reader)
@@ -215,10 +351,10 @@ def run_tasks(
         _wait(len(tasks), at_once, start, procs, counters, progress, work)
         for reader in readers:
             reader.join()
-        missing = [k for k in range(len(tasks)) if k not in rows]
+        missing = [k for k in range(len(tasks)) if k not in results]
         if missing:
             raise ConvertError(f"convert worker {missing[0]} ended without reporting its rows")
-        return [rows[k] for k in range(len(tasks))]
+        return [results[k] for k in range(len(tasks))]
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -234,7 +370,13 @@ def _wait(
 ) -> None:
     """Starts tasks 0..count-1, `at_once` running at a time, until every
     worker exits; re-raises the first worker error."""
-    shown = 0.0
+    shown = [0.0, 0.0, 0.0]
+
+    def show() -> None:
+        done = [sum(c[i] for c in counters) for i in range(3)]
+        progress.update(done[0] - shown[0], int(done[1] - shown[1]), int(done[2] - shown[2]))
+        shown[:] = done
+
     pending = list(range(count))
     while True:
         codes = {k: p.poll() for k, p in procs.items()}
@@ -245,11 +387,9 @@ def _wait(
         while pending and running < at_once:
             start(pending.pop(0))
             running += 1
-        done = float(sum(counters))
-        progress.update(done - shown)
-        shown = done
+        show()
         if not pending and running == 0:
-            progress.update(float(sum(counters)) - shown)
+            show()
             return
         time.sleep(_POLL_S)
 
@@ -293,11 +433,11 @@ def worker_main(job: str) -> int:
     with open(job, "rb") as f:
         source, task, specs, paths, opts = pickle.load(f)
 
-    def report(n: float) -> None:
-        print(f"P {n}", flush=True)
+    def report(units: float, rows: int, nbytes: int) -> None:
+        print(f"P {units} {rows} {nbytes}", flush=True)
 
     try:
-        rows = write_task(source, task, specs, paths, opts, report)
+        result = write_task(source, task, specs, paths, opts, report)
     except BaseException as e:  # noqa: B036 - handed to the parent, which re-raises it
         try:
             payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
@@ -306,7 +446,9 @@ def worker_main(job: str) -> int:
         with open(job[: -len(".pickle")] + ".error", "wb") as out:
             out.write(payload)
         return 1
-    print(f"R {rows}", flush=True)
+    for file, rows in result.files:
+        print(f"F {file} {rows}", flush=True)
+    print(f"R {result.rows}", flush=True)
     return 0
 
 
@@ -317,7 +459,7 @@ def sample_records(source, task: Any, specs: list[ColumnSpec], budget: int) -> d
     used: dict = {s.name: 0 for s in specs}
     for batch in source.read(task, specs, min(budget, 16 << 20)):
         for s in specs:
-            for record in batch.columns[s.name]:
+            for record in _records_of(batch.columns[s.name]):
                 if used[s.name] < budget:
                     b = record.tobytes() if isinstance(record, np.ndarray) else bytes(record)
                     samples[s.name].append(b)
@@ -325,3 +467,14 @@ def sample_records(source, task: Any, specs: list[ColumnSpec], budget: int) -> d
         if all(v >= budget for v in used.values()):
             break
     return samples
+
+
+def _records_of(values) -> Iterator:
+    """The records of a batch of one column, whatever its form."""
+    if isinstance(values, Nullable):
+        values = values.values
+    if isinstance(values, Packed):
+        for a, b in zip(values.splits[:-1], values.splits[1:]):
+            yield values.values[a:b]
+    else:
+        yield from values

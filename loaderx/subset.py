@@ -1,0 +1,661 @@
+"""`select`: the records of a dataset that match a predicate, as views.
+
+``loaderx.select(ds, "lang = 'en' AND quality > 0.8")`` returns ``{column:
+View}`` with the dataset's columns, holding only the matching records, in
+source order. `ds` is what `open_dataset` returns (or its path, or the
+result of an earlier `select`); `where` is
+
+* a SQL boolean expression over the scalar columns (comparisons,
+  ``AND``/``OR``/``NOT``, ``IN``, ``BETWEEN``, ``LIKE``/``ILIKE``, ``IS
+  [NOT] NULL``, arithmetic), evaluated with pyarrow.compute
+  (``engine="arrow"``, see `loaderx._sql`); SQL beyond that — subqueries and
+  joins against other files such as ``id IN (SELECT id FROM
+  read_parquet('keep.parquet'))``, function calls, CASE — runs on DuckDB
+  when it is installed (``engine="duckdb"`` forces it);
+* a numpy bool mask (one value per record) or an array of record indices
+  (any order, duplicates counted once), from any engine you like.
+
+Bad input raises ``ValueError`` naming the problem: an unknown column, a
+syntax error (with its position), a type mismatch (``label = 'x'`` on an int
+column), a column that is not scalar.
+
+Only the columns a predicate names are read, as zero-copy memory maps of
+their raw stores (`loaderx.columns.scalar_chunks`), in chunks on every
+usable core. The result's columns are `View`s: a view maps its index space
+through the sorted int64 array of selected record indices (``view.rows``),
+so ``len(view)`` is the count, ``view[i]`` is record ``rows[i]`` of the
+column, and a gather maps its indices with numpy and then makes one store
+gather. Views are streams wherever a store is: `DataLoader` (the sampler
+visits only the selected records; sharding and resume as for any dataset),
+`Mixture`, the torch/JAX adapters, `select` again (which narrows the
+subset). A view pickles as its column (a reference) plus the selection: the
+index array, or, for more than 2**20 records, the dataset path and the
+predicate, evaluated again on unpickling and checked against the
+fingerprint. ``view.fingerprint`` identifies the selected records of that
+dataset (its columns' paths and lengths, and a hash of the index set); the
+loader's state records it, so resuming with another subset, or a subset of
+a changed dataset, is refused.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import importlib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import _sql
+from ._store import normalize_indices
+from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
+
+__all__ = ["select", "View", "Selection", "NativePart"]
+
+
+
+def _native_part_type() -> Any:
+    """The stream protocol's part type (``loaderx.streams.NativePart``), or
+    the same named tuple where that module does not exist yet."""
+    try:
+        return importlib.import_module("loaderx.streams").NativePart
+    except (ImportError, AttributeError):
+        return collections.namedtuple("NativePart", "handle first rows")
+
+
+NativePart = _native_part_type()
+
+#: Selections of up to this many records pickle as their index array;
+#: larger ones as the dataset path and predicate (when they have both).
+PICKLE_ROWS_MAX = 1 << 20
+_ENGINES = (None, "arrow", "duckdb")
+
+
+# ----------------------------------------------------------------- the selection
+
+class Selection:
+    """The selected records of one dataset: a sorted, unique, read-only
+    int64 array `rows` into its index space of `total` records, with what
+    made it (`where`: the predicate text, or None for a mask / index array)."""
+
+    def __init__(self, rows: np.ndarray, total: int, *, where: Optional[str], dataset: str,
+                 identity: str, source: Optional[str] = None, engine: Optional[str] = None):
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        rows.flags.writeable = False
+        self.rows = rows
+        self.total = int(total)
+        self.where = where
+        self.dataset = dataset  # for people: the dataset directory or a column's path
+        self.identity = identity  # the base columns' paths and lengths
+        self.source = source  # the dataset directory, if it came from one
+        self.engine = engine
+        self._fingerprint: Optional[str] = None
+
+    @property
+    def fingerprint(self) -> str:
+        """``subset of DATASET: K of N records, blake2b:HASH``: the hash covers
+        the index set and the columns' identity (paths, lengths)."""
+        if self._fingerprint is None:
+            h = hashlib.blake2b(digest_size=12)
+            h.update(self.identity.encode())
+            h.update(self.rows.astype("<i8", copy=False).tobytes())
+            self._fingerprint = (f"subset of {self.dataset}: {len(self.rows):,} of "
+                                 f"{self.total:,} records, blake2b:{h.hexdigest()}")
+        return self._fingerprint
+
+    def describe(self) -> str:
+        how = f"where {self.where}" if self.where is not None else "by index"
+        return f"{len(self.rows):,} of {self.total:,} records of {self.dataset} {how}"
+
+    def __reduce__(self):
+        if self.where is not None and self.source is not None and len(self.rows) > PICKLE_ROWS_MAX:
+            return (_reselect, (self.source, self.where, self.engine, self.fingerprint))
+        return (_restore, (self.rows, self.total, self.where, self.dataset, self.identity,
+                           self.source, self.engine))
+
+
+def _restore(rows, total, where, dataset, identity, source, engine) -> Selection:
+    return Selection(rows, total, where=where, dataset=dataset, identity=identity, source=source,
+                     engine=engine)
+
+
+def _reselect(source: str, where: str, engine: Optional[str], fingerprint: str) -> Selection:
+    """A pickled selection, evaluated again on its dataset; the same records or an error."""
+    from .dataset import open_dataset
+
+    opened = open_dataset(source)
+    try:
+        selection = _select(opened, where, engine, source)[1]
+    finally:
+        for stream in opened.values():
+            stream.close()
+    if selection.fingerprint != fingerprint:
+        raise ValueError(f"the subset {where!r} of {source} no longer selects the records it "
+                         f"did when it was pickled: it was {fingerprint}, it is now "
+                         f"{selection.fingerprint} (the dataset, or a file the predicate "
+                         "reads, changed)")
+    return selection
+
+
+# ----------------------------------------------------------------- views
+
+class View:
+    """One column of a `select` result: the column's records at
+    ``rows`` (see the module docs). Reads like the column: ``len``,
+    ``view[i]``, ``view[a:b]``, ``view[idx]``, ``gather(idx, out=None)``."""
+
+    def __init__(self, base: Any, selection: Selection, name: str = "", owned: bool = False):
+        self._base = base
+        self._selection = selection
+        self._name = name
+        self._owned = owned
+        self._u64: Optional[np.ndarray] = None
+
+    # -- identity
+    @property
+    def base(self) -> Any:
+        """The column this view selects from (a store, ShardSet or Column)."""
+        return self._base
+
+    @property
+    def selection(self) -> Selection:
+        return self._selection
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The selected record indices of the column (sorted, read-only int64)."""
+        return self._selection.rows
+
+    @property
+    def where(self) -> Optional[str]:
+        return self._selection.where
+
+    @property
+    def fingerprint(self) -> str:
+        return self._selection.fingerprint
+
+    @property
+    def kind(self) -> str:
+        return self._base.kind
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._base.dtype
+
+    @property
+    def item_shape(self) -> Any:
+        return self._base.item_shape
+
+    @property
+    def valid(self) -> Optional["View"]:
+        """The validity mask of a nullable column, as a view of the same records."""
+        mask = getattr(self._base, "valid", None)
+        return View(mask, self._selection, f"{self._name}.valid") if mask is not None else None
+
+    def __len__(self) -> int:
+        return len(self._selection.rows)
+
+    # -- reads
+    def _mapped(self, indices) -> np.ndarray:
+        rows = self._selection.rows
+        if type(indices) is np.ndarray and indices.ndim == 1 and indices.dtype == np.int64:
+            # The loader's path (a sampler's batch): numpy checks the bounds.
+            try:
+                return rows.take(indices)
+            except IndexError:
+                pass  # the slow path names the bad index
+        idx, _ = normalize_indices(indices, len(self))
+        return rows[idx]
+
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> Any:
+        """Records `indices` of this view: the base column's records
+        ``rows[indices]``, in one gather of the base."""
+        mapped = self._mapped(indices)
+        kw = {"threads": threads} if threads else {}
+        if self.kind == "dense":
+            return self._base.gather(mapped, out=out, **kw)
+        if out is not None:
+            raise TypeError(f"out= applies to dense columns; {self._name!r} holds {self.kind} "
+                            "records")
+        return self._base.gather(mapped, **kw)
+
+    def gather_packed(self, indices, *, threads: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+        """``(values, row_splits)`` of a ragged column's records."""
+        return self._base.gather_packed(self._mapped(indices), threads=threads)
+
+    def __getitem__(self, key):
+        idx, scalar = normalize_indices(key, len(self))
+        got = self.gather(idx)
+        return got[0] if scalar else got
+
+    def _base_parts(self) -> Optional[Any]:
+        """The base column's parts function, if a native read gives its records as they are."""
+        for name in ("native_parts", "__loaderx_parts__"):
+            fn = getattr(self._base, name, None)
+            if callable(fn):
+                return fn
+        return None
+
+    @property
+    def native_parts(self) -> Any:
+        """The stream protocol's ``native_parts()``: each store of the base
+        column that holds selected records, with the selected records of it
+        (``rows``: sorted uint64 local indices). Absent (``hasattr`` is
+        False) where a native read would not give the column's records as
+        they are (text, a list column with nulls): those are read by Python."""
+        if self._base_parts() is None:
+            raise AttributeError(f"column {self._name!r} is read by Python, not natively")
+        return self._native_parts
+
+    def _native_parts(self) -> List[Any]:
+        parts_of = self._base_parts()
+        assert parts_of is not None  # checked by the property
+        base = [(p[0], int(p[1])) for p in parts_of()]
+        if self._u64 is None:
+            self._u64 = self._selection.rows.astype(np.uint64)
+        rows = self._u64
+        firsts = [first for _, first in base] + [len(self._base)]
+        out = []
+        for (handle, first), end in zip(base, firsts[1:]):
+            a = int(np.searchsorted(rows, first))
+            b = int(np.searchsorted(rows, end))
+            if b > a:
+                local = np.ascontiguousarray(rows[a:b] - np.uint64(first))
+                out.append(NativePart(handle, a, local))
+        return out
+
+    def __getattr__(self, attr: str) -> Any:
+        # What the column says about its records (categories, text, path,
+        # codec, ...) is the column's. Read protocols are never the base's:
+        # a native read of the base would read every record, not these.
+        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths"):
+            raise AttributeError(attr)
+        return getattr(self._base, attr)
+
+    def close(self) -> None:
+        """Closes the column if `select` opened it (from a path); else nothing."""
+        if self._owned:
+            self._base.close()
+
+    def __reduce__(self):
+        return (View, (self._base, self._selection, self._name))
+
+    def __repr__(self) -> str:
+        return f"View({self._name!r}: {self._selection.describe()})"
+
+
+# ----------------------------------------------------------------- select
+
+def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[str, View]:
+    """The records of `dataset` where `where` holds, as ``{column: View}``
+    (see the module docs). `engine`: None (pyarrow.compute, DuckDB for SQL
+    beyond the subset when installed), ``"arrow"`` or ``"duckdb"``."""
+    if engine not in _ENGINES:
+        raise ValueError(f"engine must be None, 'arrow' or 'duckdb', got {engine!r}")
+    owned = False
+    source = None
+    if isinstance(dataset, (str, os.PathLike)):
+        from .dataset import open_dataset
+
+        source = os.path.abspath(os.fspath(dataset))
+        dataset = open_dataset(source)
+        owned = True
+    try:
+        bases, selection = _select(dataset, where, engine, source)
+    except BaseException:
+        if owned:
+            for stream in dataset.values():
+                stream.close()
+        raise
+    return {name: View(base, selection, name, owned) for name, base in bases.items()}
+
+
+def _select(dataset: Any, where: Any, engine: Optional[str],
+            source: Optional[str]) -> Tuple[Dict[str, Any], Selection]:
+    bases, prior = _bases(dataset)
+    first = next(iter(bases.values()))
+    total = len(first)
+    space = len(prior.rows) if prior is not None else total
+    if isinstance(where, str):
+        local, used = _sql_rows(bases, prior, where, engine, space)
+    else:
+        local, used = _given_rows(where, space), None
+    rows = prior.rows[local] if prior is not None else local
+    text = where if isinstance(where, str) else None
+    if prior is not None and prior.where is not None and text is not None:
+        text = f"({prior.where}) AND ({text})"
+    elif prior is not None:
+        text = None
+    dataset_name, identity = _identity(bases)
+    if prior is not None:
+        source = source or prior.source
+    source = source or store_path_of(first)
+    return bases, Selection(rows, total, where=text, dataset=dataset_name, identity=identity,
+                            source=source if text is not None else None, engine=used)
+
+
+def _bases(dataset: Any) -> Tuple[Dict[str, Any], Optional[Selection]]:
+    """The columns to select from, and the selection they already are (views)."""
+    if not isinstance(dataset, Mapping) or not dataset:
+        raise TypeError("select takes a dataset: a non-empty dict of column -> store "
+                        f"(open_dataset's result) or its path, not {type(dataset).__name__}")
+    if all(isinstance(v, Mapping) for v in dataset.values()):
+        raise TypeError(f"this dataset holds splits {list(dataset)}; select from one split "
+                        f"(ds[{next(iter(dataset))!r}])")
+    views = [v for v in dataset.values() if isinstance(v, View)]
+    if views and len(views) != len(dataset):
+        raise TypeError("select takes the columns of one dataset or of one earlier select, "
+                        "not a mix of views and stores")
+    selections = {id(v.selection) for v in views}
+    if len(selections) > 1:
+        raise TypeError("these views come from different selects; select from one of them")
+    for name, stream in dataset.items():
+        if not callable(getattr(stream, "gather", None)) or not hasattr(stream, "kind"):
+            raise TypeError(f"column {name!r} is a {type(stream).__name__}, not a loaderx "
+                            "stream")
+    if views:
+        return {n: v.base for n, v in dataset.items()}, views[0].selection
+    lengths = {n: len(s) for n, s in dataset.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"the columns have different lengths: {lengths}")
+    return dict(dataset), None
+
+
+def _identity(bases: Dict[str, Any]) -> Tuple[str, str]:
+    """(the dataset for people, the columns' identity for the fingerprint)."""
+    parts = []
+    for name, base in bases.items():
+        stores = column_parts(base)
+        paths = [os.path.abspath(getattr(s, "path", "") or "") for s in stores]
+        parts.append(f"{name}={paths}:{[len(s) for s in stores]}")
+    first = next(iter(bases.values()))
+    root = store_path_of(first)
+    if root is None:
+        path = getattr(column_parts(first)[0], "path", None)
+        root = os.path.abspath(path) if path else "an in-memory dataset"
+    return root, ";".join(parts)
+
+
+def _given_rows(where: Any, space: int) -> np.ndarray:
+    """The indices a mask or an index array selects, sorted and unique."""
+    if where is None:
+        raise TypeError("select needs a predicate: a SQL string, a bool mask or indices")
+    arr = np.asarray(where)
+    if arr.dtype == np.bool_:
+        if arr.shape != (space,):
+            raise ValueError(f"the mask has shape {arr.shape}; the dataset has {space} records")
+        return np.flatnonzero(arr).astype(np.int64)
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise TypeError("select takes a SQL string, a bool mask or a 1-D array of record "
+                        f"indices, not {arr.dtype} of shape {arr.shape}")
+    idx, _ = normalize_indices(arr, space)
+    return _sorted_unique(idx.astype(np.int64))
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted, without repeats (np.unique hashes, which is slower for this)."""
+    values = np.sort(values)
+    if len(values) > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return values
+
+
+# ----------------------------------------------------------------- SQL
+
+def _infos(bases: Dict[str, Any]) -> Dict[str, _sql.ColumnInfo]:
+    infos = {}
+    for name, base in bases.items():
+        infos[name] = _info(name, base)
+    return infos
+
+
+def _info(name: str, base: Any) -> _sql.ColumnInfo:
+    dtype = np.dtype(getattr(base, "dtype", np.uint8))
+    if isinstance(base, Column) and base.text:
+        return _sql.ColumnInfo(name, "string", dtype, nullable=base.valid is not None,
+                               describe="strings")
+    if not is_scalar(base):
+        shape = list(base.item_shape) if base.kind == "dense" else ""
+        return _sql.ColumnInfo(name, "", dtype, describe=f"{base.kind} {dtype}{shape} records")
+    nullable = isinstance(base, Column) and base.valid is not None
+    if isinstance(base, Column) and base.categorical:
+        cats = list(base.categories or [])
+        kind = "string" if all(isinstance(c, str) for c in cats) else "int"
+        return _sql.ColumnInfo(name, kind, dtype, categories=cats, nullable=True,
+                               describe=f"categories of {kind}s")
+    labels = list(base.categories) if isinstance(base, Column) and base.categories is not None \
+        and not base.categorical else None
+    return _sql.ColumnInfo(name, _sql.sql_type(dtype), dtype, labels=labels, nullable=nullable,
+                           describe=str(dtype))
+
+
+def _sql_rows(bases: Dict[str, Any], prior: Optional[Selection], where: str,
+              engine: Optional[str], space: int) -> Tuple[np.ndarray, str]:
+    infos = _infos(bases)
+    if engine == "duckdb":
+        return _duckdb_rows(bases, prior, where, space, infos), "duckdb"
+    try:
+        tree = _sql.parse(where)
+        _sql.check(tree, infos, where)
+    except _sql.NeedsDuckDB as e:
+        if engine == "arrow":
+            raise ValueError(f"the predicate uses {e.what}, which the arrow engine does not "
+                             "evaluate; use engine='duckdb' (pip install duckdb)") from None
+        if not _have_duckdb():
+            raise ValueError(f"the predicate uses {e.what}, which needs DuckDB: pip install "
+                             "duckdb (or write it with comparisons, AND/OR/NOT, IN, BETWEEN, "
+                             "LIKE and IS NULL)") from None
+        return _duckdb_rows(bases, prior, where, space, infos), "duckdb"
+    _require_pyarrow()
+    tree = _sql.fold_categoricals(tree, infos)
+    return _arrow_rows(bases, prior, tree, where, space, infos), "arrow"
+
+
+def _have_duckdb() -> bool:
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ImportError("select with a SQL predicate needs pyarrow: pip install "
+                          "'loaderx[convert]' (or pass a numpy bool mask or indices)") from None
+
+
+def _cores() -> int:
+    from .dataloader import _default_worker_count
+
+    return _default_worker_count()
+
+
+def _arrow_rows(bases, prior, tree: _sql.Node, where: str, space: int, infos) -> np.ndarray:
+    data = {name: _ColumnData(bases[name], infos[name], prior) for name in tree.columns()}
+
+    def fetch(name, start, stop, how):
+        return data[name].arrow(start, stop, how)
+
+    def run(start: int) -> np.ndarray:
+        stop = min(start + _sql.CHUNK_ROWS, space)
+        return _sql.evaluate(tree, _sql.Chunk(start, stop, fetch)) + start
+
+    import pyarrow as pa
+
+    starts = list(range(0, space, _sql.CHUNK_ROWS))
+    try:
+        if len(starts) <= 1:
+            found = [run(s) for s in starts]
+        else:
+            with ThreadPoolExecutor(min(_cores(), len(starts)), "loaderx-select") as pool:
+                found = list(pool.map(run, starts))
+    except (pa.ArrowException, ZeroDivisionError, OverflowError) as e:
+        raise ValueError(f"evaluating the predicate {where!r}: {e}") from None
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+class _ColumnData:
+    """One column's values for the evaluator: numpy arrays per store
+    (memory-mapped), read for a range of positions of the index space
+    (through the prior selection's rows when selecting from views)."""
+
+    def __init__(self, base: Any, info: _sql.ColumnInfo, prior: Optional[Selection]):
+        self.info = info
+        self.rows = prior.rows if prior is not None else None
+        self.text = isinstance(base, Column) and base.text
+        self.valid = getattr(base, "valid", None) if isinstance(base, Column) else None
+        stream = base.stream if isinstance(base, Column) else base
+        self.chunks = text_chunks(stream) if self.text else scalar_chunks(stream)
+        self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
+        self.valid_chunks = scalar_chunks(self.valid) if self.valid is not None else None
+        self.categories = info.categories
+
+    def _length(self, chunk) -> int:
+        return len(chunk[1]) - 1 if self.text else len(chunk)
+
+    def _pieces(self, start: int, stop: int):
+        """(store k, local indices or a slice) covering positions start..stop."""
+        if self.rows is None:
+            k0 = int(np.searchsorted(self.starts, start, side="right")) - 1
+            k = k0
+            while start < stop:
+                end = min(stop, int(self.starts[k + 1]))
+                if end > start:
+                    yield k, slice(start - int(self.starts[k]), end - int(self.starts[k]))
+                start = end
+                k += 1
+            return
+        want = self.rows[start:stop]
+        shard = np.searchsorted(self.starts, want, side="right") - 1
+        for k in np.unique(shard).tolist():
+            yield k, want[shard == k] - int(self.starts[k])
+
+    def numpy(self, chunks, start: int, stop: int) -> np.ndarray:
+        got = [chunks[k][where] for k, where in self._pieces(start, stop)]
+        if len(got) == 1:
+            return got[0]
+        return np.concatenate(got) if got else chunks[0][:0]
+
+    def arrow(self, start: int, stop: int, how: Any) -> Any:
+        import pyarrow as pa
+
+        valid = self.numpy(self.valid_chunks, start, stop) if self.valid_chunks else None
+        if self.text:
+            return self._strings(pa, start, stop, valid)
+        values = self.numpy(self.chunks, start, stop)
+        if how == "codes":
+            return values
+        if self.categories is not None:
+            codes = pa.array(values, mask=values < 0)
+            dictionary = pa.array(self.categories)
+            return pa.DictionaryArray.from_arrays(codes, dictionary).dictionary_decode()
+        nulls = None if valid is None else ~valid
+        kind = values.dtype.kind
+        if how is True and kind in "fMm":  # NaN and NaT are nulls
+            missing = np.isnan(values) if kind == "f" else np.isnat(values)
+            if missing.any():
+                nulls = missing if nulls is None else nulls | missing
+        if nulls is not None and nulls.any():
+            return pa.array(values, mask=nulls)
+        return pa.array(values)
+
+    def _strings(self, pa, start: int, stop: int, valid) -> Any:
+        pieces = []
+        for k, where in self._pieces(start, stop):
+            buf, offsets = self.chunks[k]
+            whole = pa.Array.from_buffers(pa.large_string(), len(offsets) - 1,
+                                          [None, pa.py_buffer(offsets), pa.py_buffer(buf)])
+            pieces.append(whole[where.start:where.stop] if isinstance(where, slice)
+                          else whole.take(pa.array(where)))
+        arr = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+        if valid is not None and not valid.all():
+            arr = _with_nulls(pa, arr, valid)
+        return arr
+
+
+def _with_nulls(pa, arr, valid: np.ndarray):
+    import pyarrow.compute as pc
+
+    return pc.if_else(pa.array(valid), arr, pa.scalar(None, arr.type))
+
+
+# ----------------------------------------------------------------- DuckDB
+
+def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
+    try:
+        import duckdb
+    except ImportError:
+        raise ValueError("engine='duckdb' needs DuckDB: pip install duckdb") from None
+    _require_pyarrow()
+    import pyarrow as pa
+
+    named = [n for n in bases if _mentions(where, n)]
+    subquery = re.search(r"\bselect\b", where, re.IGNORECASE) is not None \
+        or "range" in {n.lower() for n in named}
+    arrays = {}
+    for name in named:
+        data = _ColumnData(bases[name], infos[name], prior)
+        arrays[name] = _whole_column(pa, data, space, infos[name])
+    row = "__loaderx_row"
+    if subquery or not arrays:
+        # A positional join is fastest for plain predicates, but a subquery
+        # joined under it is slow: there, the row numbers are a column.
+        arrays[row] = pa.array(np.arange(space, dtype=np.int64))
+        sql = f'SELECT "{row}" FROM data WHERE {where}'
+    else:
+        sql = f'SELECT r.range AS "{row}" FROM data POSITIONAL JOIN range({space}) r WHERE {where}'
+    table = pa.table(arrays)
+    con = duckdb.connect()
+    try:
+        con.execute("SET enable_progress_bar = false")
+        con.execute(f"SET threads = {_cores()}")
+        con.register("data", table)
+        try:
+            found = con.execute(sql).fetchnumpy()[row]
+        except duckdb.Error as e:
+            raise _duckdb_error(e, where, list(bases)) from None
+    finally:
+        con.close()
+    return np.sort(np.asarray(found, dtype=np.int64))  # row numbers: unique already
+
+
+def _mentions(where: str, name: str) -> bool:
+    quoted = f'"{name}"' in where or f"`{name}`" in where
+    return quoted or re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", where, re.I) is not None
+
+
+def _whole_column(pa, data: _ColumnData, space: int, info: _sql.ColumnInfo):
+    """A column over the whole index space for DuckDB: zero-copy chunks
+    where the values allow, nulls (NaN, NaT, masked) as nulls,
+    categoricals as dictionaries (DuckDB reads them as strings)."""
+    chunks = []
+    step = _sql.CHUNK_ROWS
+    for start in range(0, space, step):
+        stop = min(start + step, space)
+        if data.categories is not None:
+            codes = data.arrow(start, stop, "codes")
+            chunks.append(pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
+                                                         pa.array(data.categories)))
+        else:
+            chunks.append(data.arrow(start, stop, True))
+    if not chunks:
+        return pa.chunked_array([], type=pa.int64())
+    return pa.chunked_array(chunks)
+
+
+def _duckdb_error(e: Exception, where: str, columns: List[str]) -> ValueError:
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    hint = ""
+    if "Referenced column" in text or "not found in FROM clause" in text:
+        hint = f"; the columns are {columns}"
+    elif "Could not convert" in text or "Conversion Error" in text or "Cannot compare" in text:
+        hint = " (a type mismatch: compare numbers with numbers, strings with strings)"
+    return ValueError(f"DuckDB could not evaluate the predicate {where!r}: {first}{hint}")

@@ -1,0 +1,230 @@
+"""Tests of typed columns (`loaderx.columns`): what a conversion makes of
+nulls, strings and categoricals, and how a dataset reads them back.
+
+Data is shaped like real tables: pandas writes NaN and None as Parquet
+nulls, nullable ``Int64``/``boolean`` columns, ``string`` and ``category``
+dtypes, NaT timestamps. Checked: values, validity masks (through the API,
+the DataLoader and every conversion worker), ``fill_null`` (API and CLI),
+shell-quoted flags in messages, appends that add categories or the first
+nulls, Hugging Face ClassLabel names, and the zero-copy array of a raw
+scalar column.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _helpers import assert_same
+
+import loaderx
+from loaderx.converters import ConvertError
+
+pd = pytest.importorskip("pandas", reason="pandas comes with the test extra (datasets)")
+pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is part of the test extra")
+
+ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _iris_like() -> pd.DataFrame:
+    n = 40
+    df = pd.DataFrame({
+        "sepal length (cm)": np.linspace(4.0, 8.0, n),
+        "count": pd.array(np.arange(n), dtype="Int64"),
+        "ok": pd.array(np.arange(n) % 2 == 0, dtype="boolean"),
+        "name": pd.array([f"n{i}" for i in range(n)], dtype="string"),
+        "species": pd.Categorical(np.array(["setosa", "versicolor", "virginica"])[np.arange(n) % 3]),
+        "seen": pd.Series(pd.date_range("2024-01-01", periods=n, freq="h")),
+        "plain": np.arange(n, dtype=np.int16),
+    })
+    df.loc[0, "sepal length (cm)"] = np.nan
+    df.loc[[3, 30], "count"] = pd.NA
+    df.loc[5, "ok"] = pd.NA
+    df.loc[[7, 35], "name"] = pd.NA
+    df.loc[9, "species"] = np.nan
+    df.loc[11, "seen"] = pd.NaT
+    return df
+
+
+def test_a_pandas_table_with_nulls_converts_without_flags(tmp_path):
+    df = _iris_like()
+    df.to_parquet(tmp_path / "iris.parquet", row_group_size=16)
+    ds = loaderx.convert(tmp_path / "iris.parquet", tmp_path / "ds", workers=2, progress="off")
+    manifest = json.loads((tmp_path / "ds" / "loaderx.json").read_text())["columns"]
+    assert list(manifest) == ["sepal length (cm)", "count", "count.valid", "ok", "ok.valid",
+                              "name", "name.valid", "species", "species.valid", "seen",
+                              "seen.valid", "plain"]
+    assert manifest["count"]["valid"] == "count.valid"
+    assert manifest["count.valid"]["valid_of"] == "count"
+    assert manifest["name"]["text"] is True
+    assert manifest["species"]["categories"] == ["setosa", "versicolor", "virginica"]
+    # A float null is NaN (no mask); a column without nulls has no mask.
+    sepal = ds["sepal length (cm)"][:]
+    assert np.isnan(sepal[0])
+    assert_same(sepal[1:], df["sepal length (cm)"].to_numpy()[1:])
+    assert "plain.valid" not in ds and ds["plain"].item_shape == ()
+    count_valid = np.ones(40, bool)
+    count_valid[[3, 30]] = False
+    assert_same(ds["count.valid"][:], count_valid)  # row 30: the second worker's part
+    assert_same(ds["count"][:], np.where(count_valid, np.arange(40), 0))
+    assert ds["count"].valid is ds["count.valid"]
+    assert ds["ok"][5] == np.False_ and not ds["ok.valid"][5]
+    names = ds["name"][:]
+    assert names[7] is None and names[35] is None and names[8] == "n8"  # str, None for a null
+    assert "name.valid" not in ds  # a list column's nulls read as None
+    species = ds["species"]
+    assert species.categories == ("setosa", "versicolor", "virginica") and species.categorical
+    assert species[9] == -1 and species[10] == 1 and species.dtype == np.int8
+    assert list(species.names_of(species[[9, 10]])) == [None, "versicolor"]
+    seen = ds["seen"][:]
+    assert np.isnat(seen[11]) and not ds["seen.valid"][11] and seen[12] == np.datetime64(
+        "2024-01-01T12:00")
+    # The loader yields the masks alongside, and None in list outputs.
+    with loaderx.DataLoader(ds, 40, mode="SEQUENTIAL", workers=1) as loader:
+        batch = next(loader)
+    assert_same(batch["count.valid"], count_valid)
+    assert batch["name"][7] is None and batch["name"][0] == "n0"
+    for col in ds.values():
+        col.close()
+    out = _cli("verify", tmp_path / "ds")  # every store, the folded name.valid too
+    assert out.returncode == 0 and "in 24 stores verified" in out.stdout, out.stderr
+
+
+def test_fill_null_instead_of_a_mask(tmp_path):
+    df = _iris_like()
+    df.to_parquet(tmp_path / "iris.parquet")
+    ds = loaderx.convert(tmp_path / "iris.parquet", tmp_path / "ds", progress="off",
+                         fill_null={"count": -1, "name": "?", "species": "setosa",
+                                    "sepal length (cm)": 0.0})
+    assert "count.valid" not in ds and "ok.valid" in ds
+    assert ds["count"][3] == -1 and ds["name"][7] == "?" and ds["species"][9] == 0
+    assert ds["sepal length (cm)"][0] == 0.0
+    with pytest.raises(ConvertError, match=r"fill_null names \['nope'\]"):
+        loaderx.convert(tmp_path / "iris.parquet", tmp_path / "x", fill_null={"nope": 1})
+    with pytest.raises(ConvertError, match=r"column 'count' \(int64\): cannot replace its nulls"
+                                           r" with fill_null value 'abc'"):
+        loaderx.convert(tmp_path / "iris.parquet", tmp_path / "y", fill_null={"count": "abc"})
+    with pytest.raises(ConvertError, match="fill_null value 'oak' is not one of its categories"):
+        loaderx.convert(tmp_path / "iris.parquet", tmp_path / "z", fill_null={"species": "oak"})
+    out = _cli("convert", tmp_path / "iris.parquet", tmp_path / "cli", "--fill-null", "count=7",
+               "--fill-null", "ok=true", "-q")
+    assert out.returncode == 0, out.stderr
+    cli = loaderx.open_dataset(tmp_path / "cli")
+    assert cli["count"][3] == 7 and cli["ok"][5] and "ok.valid" not in cli
+    out = _cli("convert", tmp_path / "iris.parquet", tmp_path / "bad", "--fill-null", "count")
+    assert out.returncode == 2 and "expected COL=VALUE" in out.stderr
+
+
+def test_flags_in_messages_are_shell_quoted(tmp_path):
+    table = pa.table({"a b": pa.array([{"x": 1}] * 3), "c": pa.array([1, 2, 3])})
+    pq.write_table(table, tmp_path / "s.parquet")
+    out = _cli("convert", tmp_path / "s.parquet", tmp_path / "o")
+    assert out.returncode == 1 and "--skip-columns 'a b'" in out.stderr
+    with pytest.raises(ConvertError, match=r"skip_columns=\['a b'\]"):
+        loaderx.convert(tmp_path / "s.parquet", tmp_path / "o")
+    from loaderx.converters._columns import Flags
+
+    assert Flags(cli=True).fill("it's") == "--fill-null 'it'\"'\"'s=VALUE'"
+    assert Flags(cli=True).opt("row_length", "L") == "--row-length L"
+
+
+def test_appends_merge_categories_and_bring_masks(tmp_path):
+    first = pd.DataFrame({"c": pd.Categorical(["a", "b", "a"]), "n": [1, 2, 3]})
+    first.to_parquet(tmp_path / "1.parquet")
+    loaderx.convert(tmp_path / "1.parquet", tmp_path / "ds", progress="off")
+    second = pd.DataFrame({"c": pd.Categorical(["z", "b", None]),
+                           "n": pd.array([4, None, 6], dtype="Int64")})
+    second.to_parquet(tmp_path / "2.parquet")
+    ds = loaderx.convert(tmp_path / "2.parquet", tmp_path / "ds", mode="append", progress="off")
+    assert ds["c"].categories == ("a", "b", "z")  # old codes keep their meaning
+    assert list(ds["c"].names_of(ds["c"][:])) == ["a", "b", "a", "z", "b", None]
+    # The first nulls arrive with the append: the old rows are all valid.
+    assert_same(ds["n.valid"][:], np.array([1, 1, 1, 1, 0, 1], bool))
+    assert_same(ds["c.valid"][:], np.array([1, 1, 1, 1, 1, 0], bool))
+    # Appending rows without nulls to a column that has a mask extends it.
+    third = pd.DataFrame({"c": pd.Categorical(["b"]), "n": pd.array([9], dtype="Int64")})
+    third.to_parquet(tmp_path / "3.parquet")
+    ds = loaderx.convert(tmp_path / "3.parquet", tmp_path / "ds", mode="append", progress="off")
+    assert_same(ds["n.valid"][:], np.array([1, 1, 1, 1, 0, 1, 1], bool))
+    assert loaderx.select(ds, "n IS NULL OR c = 'z'")["n"].rows.tolist() == [3, 4]
+    many = pd.DataFrame({"c": pd.Categorical([f"k{i}" for i in range(200)]), "n": range(200)})
+    many.to_parquet(tmp_path / "4.parquet")
+    with pytest.raises(ConvertError, match="would grow to 203 categories, more than its int8"):
+        loaderx.convert(tmp_path / "4.parquet", tmp_path / "ds", mode="append", progress="off")
+
+
+def test_hugging_face_strings_and_class_labels(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
+    features = datasets.Features({
+        "text": datasets.Value("string"),
+        "label": datasets.ClassLabel(names=["cat", "dog", "bird"]),
+    })
+    hf = datasets.Dataset.from_dict({"text": [f"t{i}" for i in range(12)],
+                                     "label": [i % 3 for i in range(12)]}, features=features)
+    ds = loaderx.convert(hf, tmp_path / "ds", progress="off")
+    assert ds["text"][:3] == ["t0", "t1", "t2"] and ds["text"].text
+    assert ds["label"].categories == ("cat", "dog", "bird") and not ds["label"].categorical
+    assert_same(ds["label"][:3], np.array([0, 1, 2]))
+    assert loaderx.select(ds, "label = 'dog'")["text"][:] == ["t1", "t4", "t7", "t10"]
+    assert loaderx.select(ds, "label IN ('cat', 2) AND text LIKE 't1%'")["text"][:] == \
+        ["t11"]
+    with pytest.raises(ValueError, match=r"'cow' is not one of the label names of column "
+                                         r"'label': \['cat', 'dog', 'bird'\]"):
+        loaderx.select(ds, "label = 'cow'")
+    back = pickle.loads(pickle.dumps(ds["label"]))
+    assert back.categories == ("cat", "dog", "bird") and back[4] == 1
+
+
+def test_a_raw_scalar_column_is_a_memory_mapped_array(tmp_path):
+    labels = np.arange(1000, dtype=np.int32) % 7
+    np.save(tmp_path / "label.npy", labels)
+    ds = loaderx.convert(tmp_path / "label.npy", tmp_path / "ds", progress="off")
+    store = ds["label"]
+    arr = store.as_array()
+    assert_same(arr, labels) and not arr.flags.writeable and type(arr) is np.ndarray
+    with pytest.raises(ValueError):
+        arr[0] = 1
+    store.close()
+    store = loaderx.DenseStore(tmp_path / "ds" / "gen-000001" / "label" / "part-00000")
+    store.read_only()
+    assert_same(store.as_array()[[5, 999]], labels[[5, 999]])
+    with loaderx.DenseStore(tmp_path / "z", np.int32, (), codec="zstd") as z:
+        z.append(labels)
+        assert z.as_array() is None  # compressed: gather it
+    with loaderx.DenseStore(tmp_path / "e", np.float32, (3,), codec="raw") as e:
+        assert e.as_array().shape == (0, 3)
+        e.append(np.ones((2, 3), np.float32))
+        assert e.as_array().shape == (2, 3)
+
+
+def test_a_null_image_is_a_masked_row(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
+    import io
+
+    def png(value):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 5, 3), value, np.uint8)).save(buf, "PNG")
+        return {"bytes": buf.getvalue(), "path": None}
+
+    rows = [png(10), None, png(30)]
+    hf = datasets.Dataset.from_dict({"img": rows},
+                                    features=datasets.Features({"img": datasets.Image()}))
+    ds = loaderx.convert(hf, tmp_path / "d", progress="off")
+    assert ds["img"].item_shape == (4, 5, 3)
+    assert_same(ds["img.valid"][:], np.array([True, False, True]))
+    assert (ds["img"][1] == 0).all() and (ds["img"][2] == 30).all()
+    enc = loaderx.convert(hf, tmp_path / "e", keep_encoded=True, progress="off")
+    got = enc["img"][:]
+    assert got[1] is None and got[0] == rows[0]["bytes"]
