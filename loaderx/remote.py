@@ -414,9 +414,10 @@ def manifest_text(url: str, cfg: Optional[Config] = None) -> bytes:
 # A dataset is written locally (in <cache_dir>/uploads, which eviction never
 # touches), uploaded, and published by its manifest, written last: a reader
 # never sees a partial dataset. Uploaded stores are never changed in place:
-# an append adds new shards and a new manifest, an overwrite uploads the new
-# dataset under a new prefix, publishes its manifest, then deletes the old
-# shards. The manifest is written with a conditional put (create-only, or
+# an append adds parts under new names in the dataset's generation and a new
+# manifest; an overwrite uploads a new generation directory, publishes its
+# manifest, then deletes the old generation. The manifest is written with a
+# conditional put (create-only, or
 # only-if-unchanged since it was read): two writers never lose each other's
 # shards, and a service without conditional writes refuses an append.
 
