@@ -4,10 +4,12 @@
 //! cross-compiles from one machine.
 //!
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
-//!   zig build test       the native test suite, Debug and ReleaseFast
+//!   zig build test       the native test suite, Debug, ReleaseSafe and ReleaseFast
 //!   zig build dist       every release target into zig-out/dist/<wheel platform tag>/
 //!   zig build bindings   regenerate loaderx/_abi.py from src/capi.zig (committed)
 //!   zig build bindings-print   the same file into <prefix>/bindings/ (tests compare)
+//!   zig build forger-layout    regenerate tests/_lxlayout.py from src/format.zig (committed)
+//!   zig build forger-layout-print   the same file into <prefix>/layout/ (tests compare)
 const std = @import("std");
 const builtin = @import("builtin");
 
@@ -138,13 +140,14 @@ pub fn build(b: *std.Build) void {
     });
     b.getInstallStep().dependOn(&install.step);
 
-    // zig build test: the native suite in Debug (safety checks, UBSan on zstd)
-    // and ReleaseFast (the code that ships).
-    // -Dtest-filter=NAME runs only the tests whose names contain NAME.
-    const test_step = b.step("test", "Run the native test suite (Debug and ReleaseFast)");
+    // zig build test: the native suite in Debug (safety checks, UBSan on zstd),
+    // ReleaseSafe (every assert and safety check, at the optimizer's speed:
+    // the contract holds in optimized code too) and ReleaseFast (the code
+    // that ships). -Dtest-filter=NAME runs only the tests whose names contain NAME.
+    const test_step = b.step("test", "Run the native test suite (Debug, ReleaseSafe, ReleaseFast)");
     const filter = b.option([]const u8, "test-filter", "Run only tests whose names contain this");
     const filters: []const []const u8 = if (filter) |f| b.dupeStrings(&.{f}) else &.{};
-    for ([_]std.builtin.OptimizeMode{ .debug, .fast }) |mode| {
+    for ([_]std.builtin.OptimizeMode{ .debug, .safe, .fast }) |mode| {
         const t = b.addTest(.{ .root_module = createModule(b, target, mode), .filters = filters });
         test_step.dependOn(&b.addRunArtifact(t).step);
     }
@@ -160,6 +163,25 @@ pub fn build(b: *std.Build) void {
     b.step("bindings", "Regenerate loaderx/_abi.py from src/capi.zig").dependOn(&update.step);
     const print = b.addInstallFile(abi, "bindings/_abi.py");
     b.step("bindings-print", "Write the generated _abi.py to <prefix>/bindings/").dependOn(&print.step);
+
+    // zig build forger-layout: tests/_lxlayout.py, the test forger's struct
+    // formats and constants, generated from src/format.zig.
+    const gen_layout = b.addExecutable(.{
+        .name = "gen_layout",
+        .root_module = b.createModule(.{
+            .root_source_file = b.path("src/gen_layout.zig"),
+            .target = b.graph.host,
+            .optimize = .debug,
+        }),
+    });
+    const layout = b.addRunArtifact(gen_layout).captureStdOut(.{});
+    const update_layout = b.addUpdateSourceFiles();
+    update_layout.addCopyFileToSource(layout, "tests/_lxlayout.py");
+    b.step("forger-layout", "Regenerate tests/_lxlayout.py from src/format.zig")
+        .dependOn(&update_layout.step);
+    const print_layout = b.addInstallFile(layout, "layout/_lxlayout.py");
+    b.step("forger-layout-print", "Write the generated _lxlayout.py to <prefix>/layout/")
+        .dependOn(&print_layout.step);
 
     // zig build dist: every release target, each into its wheel tag's folder.
     const dist_step = b.step("dist", "Cross-compile libloaderx for every release target");

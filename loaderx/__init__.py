@@ -13,6 +13,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.subset import select, View
     from loaderx.columns import Column
     from loaderx.dataloader import DataLoader
+    from loaderx.streams import Stream, NativePart, ArrayStream
 """
 __version__ = "3.0.0"
 
@@ -43,13 +44,14 @@ from .columns import Column
 from .mixture import Mixture
 from .subset import View, select
 from .shardset import ShardSet
+from .streams import ArrayStream, NativePart, Stream
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
 
 __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",
-    "Sampler", "DataLoader",
+    "Sampler", "DataLoader", "Stream", "NativePart", "ArrayStream",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "labels", "convert", "pad",
     "select", "View", "Column",
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",

@@ -6,6 +6,7 @@ Python shares with the library. loaderx/_lib.py loads the library with them."""
 CDEF = """
 typedef struct lx_store lx_store;
 typedef struct lx_loader lx_loader;
+typedef struct lx_pool lx_pool;
 typedef struct {
     uint32_t codec;
     int32_t level;
@@ -42,6 +43,8 @@ typedef struct {
     uint32_t window;
     uint32_t threads;
     uint32_t lanes;
+    uint32_t gated;
+    uint32_t _reserved;
 } lx_loader_config_t;
 typedef struct {
     uint64_t cycle;
@@ -56,14 +59,17 @@ typedef struct {
 } lx_source_t;
 typedef struct {
     uint32_t kind;
-    uint32_t _reserved;
+    uint32_t out_count;
     uint64_t record_size;
+    uint8_t *const *out;
 } lx_column_t;
 typedef struct {
     lx_store *store;
     uint64_t first;
     uint32_t source;
     uint32_t column;
+    const uint64_t *rows;
+    uint64_t row_count;
 } lx_loader_part_t;
 typedef struct {
     const uint64_t *prefix;
@@ -74,22 +80,53 @@ typedef struct {
     uint32_t itemsize;
     uint64_t epoch;
 } lx_windows_t;
+typedef struct {
+    uint64_t created;
+    uint64_t reused;
+    uint64_t returned;
+    uint64_t unmapped;
+    uint64_t idle_bytes;
+    uint64_t idle_blocks;
+    uint64_t max_idle_bytes;
+    uint64_t min_bytes;
+} lx_pool_stats_t;
+typedef struct {
+    uint32_t kind;
+    uint32_t flags;
+    uint32_t encoding;
+    uint32_t ndim;
+    uint64_t itemsize;
+    uint64_t item_shape[32];
+    const uint8_t *descr;
+    uint64_t descr_size;
+    const uint8_t *name;
+    uint64_t name_size;
+} lx_identity_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
 const char *lx_strerror(int);
 const char *lx_last_error(void);
-int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const uint8_t *, uint64_t, uint64_t, uint64_t, lx_store **);
+int lx_open(const char *, int, int, int, const uint8_t *, uint64_t, const lx_identity_t *, uint64_t, uint64_t, lx_store **);
 void lx_close(lx_store *);
 void lx_free(lx_store *);
 int lx_len(lx_store *, uint64_t *);
 int lx_info(lx_store *, lx_info_t *);
+int lx_identity(lx_store *, lx_identity_t *);
 int lx_blob(lx_store *, int, uint8_t *, uint64_t, uint64_t *);
 int lx_append(lx_store *, uint64_t, const uint8_t *const *, const uint64_t *, const uint8_t *const *, const uint64_t *, int, uint64_t *);
 int lx_publish(lx_store *, int);
 int lx_gather(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, const uint64_t *, int, uint32_t);
 int lx_gather_alloc(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint8_t **, uint64_t *);
+int lx_prefetch(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t);
 void lx_free_buffer(uint8_t *);
+void lx_free_buffer_at(uint8_t **);
+int lx_pool_new(uint64_t, uint64_t, lx_pool **);
+void lx_pool_release(lx_pool *);
+int lx_pool_alloc(lx_pool *, uint64_t, uint8_t **);
+void lx_pool_configure(lx_pool *, uint64_t, uint64_t);
+void lx_pool_trim(lx_pool *);
+void lx_pool_stats(lx_pool *, lx_pool_stats_t *);
 int lx_delete(lx_store *, const uint64_t *, uint64_t, lx_move_t *, uint64_t *);
 int lx_compact(lx_store *);
 int lx_stats(lx_store *, lx_stats_t *);
@@ -107,9 +144,10 @@ int lx_windows_index(lx_store *, uint32_t, int, uint64_t *, uint64_t);
 int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
-int lx_loader_submit(lx_loader *, uint64_t, uint8_t *const *, uint64_t *, uint16_t *);
-int lx_loader_wait(lx_loader *, uint64_t, uint32_t *, uint8_t **, uint64_t *);
-int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *);
+int lx_loader_submit(lx_loader *, uint64_t, uint64_t, const char *);
+int lx_loader_wait(lx_loader *, uint64_t, uint64_t, uint32_t *, uint8_t **const *, uint64_t *, uint64_t *, uint64_t *, uint16_t *);
+int lx_loader_indices(lx_loader *, uint64_t, uint64_t *, uint16_t *);
+int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *, uint64_t *);
 void lx_loader_stop(lx_loader *);
 void lx_loader_free(lx_loader *);
 void lx_debug_fault(uint32_t, uint64_t, int);
@@ -123,8 +161,12 @@ RESULTS = {"ok": 0, "io": -1, "invalid": -2, "not_found": -3, "not_a_store": -4,
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 SAMPLER_MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
 PARTS = {"payload": 0, "aux": 1}
-BLOBS = {"dictionary": 0, "user": 1}
+BLOBS = {"dictionary": 0, "user": 1, "dtype_descr": 2, "dtype_name": 3}
 COLUMN_KINDS = {"dense": 0, "variable": 1, "windows": 2, "segments": 3}
+#: format.Kind: what a store holds (its type identity's kind).
+STORE_KINDS = {"bytes": 0, "dense": 1, "ragged": 2}
+#: format.Identity.Encoding: how a store keeps its identity (lx_identity).
+IDENTITY_ENCODINGS = {"none": 0, "native": 1, "msgpack": 2}
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
 LOADER_COLUMNS_MAX = 1024
@@ -133,7 +175,16 @@ PARTS_MAX = 65535
 LOADER_WINDOW_MAX = 65536
 LOADER_THREADS_MAX = 256
 AUX_SIZE_MAX = 65535
-FORMAT_VERSION = 2
+#: The output pool's defaults and bounds (src/outbuf.zig).
+OUTPUT_POOL = {"min_bytes": 1048576, "max_idle_bytes": 268435456, "stale_checkouts": 256,
+    "idle_count_max": 256}
+FORMAT_VERSION = 3
+FORMAT_VERSION_MIN = 2
+IDENTITY_NDIM_MAX = 32
+IDENTITY_DESCR_SIZE_MAX = 1048576
+IDENTITY_NAME_SIZE_MAX = 255
+IDENTITY_FLAG_DTYPE_BY_NAME = 1
 STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 64, "lx_cursor_t": 24, "lx_source_t": 48,
-    "lx_column_t": 16, "lx_loader_part_t": 24, "lx_windows_t": 48}
+    "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
+    "lx_column_t": 24, "lx_loader_part_t": 40, "lx_windows_t": 48,
+    "lx_pool_stats_t": 64, "lx_identity_t": 312}

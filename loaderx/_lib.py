@@ -83,6 +83,14 @@ def check(rc: int, path: str | None = None, what: str | None = None) -> None:
         raise error_for(rc, path, what)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (``sched_getaffinity`` where the
+    platform has it), as the library counts them for its own threads: the
+    one source of the core count (``lx_lanes``, src/pool.zig; at most 64,
+    and at most an ``lx_set_lanes`` cap)."""
+    return int(lib.lx_lanes())
+
+
 def version() -> str:
     v = lib.lx_version()
     return f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"

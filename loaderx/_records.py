@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import identity
+from . import _buffers, identity
 from ._lib import check, ffi, lib
 from .errors import CorruptStoreError
 
@@ -46,6 +46,13 @@ def gather_into(parts, count: int, idx: np.ndarray, out: np.ndarray, stride: int
                          stride, ffi.NULL, 0, threads)
 
 
+def prefetch(parts, count: int, idx: np.ndarray, wait: bool, path: str | None) -> None:
+    """Brings records `idx` (uint64) of the index space into memory ahead of a
+    read (lx_prefetch); with ``wait=False`` returns once the reads are queued."""
+    check(lib.lx_prefetch(parts, count, ffi.from_buffer(_T_U64, idx), len(idx), 0 if wait else 2),
+          path, "prefetch")
+
+
 def read_variable(parts, count: int, idx: np.ndarray, threads: int,
                   path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Records `idx` from ONE snapshot: ``(buffer, payload sizes, aux sizes)``."""
@@ -54,22 +61,15 @@ def read_variable(parts, count: int, idx: np.ndarray, threads: int,
     aux = np.empty(n, dtype=_U64)
     if n == 0:
         return np.zeros(0, np.uint8), raw, aux
-    out = ffi.new("uint8_t **")
+    # The buffer lands in an owner made before the call: however the caller
+    # is interrupted afterwards, it is freed exactly once.
+    out = _buffers.owner()
     length = ffi.new("uint64_t *")
     check(lib.lx_gather_alloc(parts, count, ffi.from_buffer(_T_U64, idx), n, threads,
                               ffi.from_buffer(_T_U64, raw), ffi.from_buffer(_T_U64, aux), out,
                               length),
           path, "gather")
-    return owned_buffer(out[0], length[0]), raw, aux
-
-
-def owned_buffer(ptr, length: int) -> np.ndarray:
-    """A uint8 array over library memory, freed when the array (and every
-    view of it) is gone."""
-    if length == 0 or ptr == ffi.NULL:
-        return np.zeros(0, np.uint8)
-    owned = ffi.gc(ptr, lib.lx_free_buffer)
-    return np.frombuffer(ffi.buffer(owned, length), dtype=np.uint8)
+    return _buffers.view(out, length[0]), raw, aux
 
 
 # ----------------------------------------------------------------- decoding

@@ -43,12 +43,10 @@ theirs.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ._lib import check, ffi, lib
+from .streams import is_int
 
 #: Version of the dict written by ``DataLoader.state_dict()``.
 STATE_VERSION = 3
@@ -68,11 +66,6 @@ POSITION_MAX = 2**63
 
 _CYCLIC = "CYCLIC"
 Cursor = Tuple[int, int, int]
-
-
-def is_int(value: Any) -> bool:
-    """True for Python and numpy integers, but not for ``bool``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def check_step(field: str, step: Any) -> None:

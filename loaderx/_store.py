@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _lib, _objstore, _records, identity
 from ._lib import check, ffi, lib
+from .streams import NativePart
 from .errors import (
     ArgumentTypeError,
     ClosedError,
@@ -63,17 +64,6 @@ def byte_ptr(arr: Any, writable: bool = False):
     if isinstance(arr, np.ndarray) and arr.nbytes == 0:
         return ffi.from_buffer(_T_U8, _EMPTY_U64, require_writable=writable)
     return ffi.from_buffer(_T_U8, arr, require_writable=writable)
-
-
-def unchecked_indices(key: Any) -> np.ndarray | None:
-    """The hot path (a sampler's int64 batch): the key itself, passed to the
-    native call as uint64 with no Python-side check. The native call checks
-    every index; a negative one reads as >= 2^63, fails that check, and the
-    caller retries the slow path, which wraps negatives and names the bad index."""
-    if type(key) is np.ndarray and key.ndim == 1 and key.itemsize == 8 \
-            and key.dtype.kind in "iu" and key.flags.c_contiguous and key.dtype.isnative:
-        return key
-    return None
 
 
 def check_threads(threads: Any) -> int:
@@ -239,6 +229,27 @@ def _store_path(path: Any) -> str:
     return p
 
 
+def _identity_spec(ident: identity.Identity | None) -> tuple:
+    """(lx_identity_t pointer or NULL, what keeps its texts alive) for a
+    create's identity: the library writes and checks the stored bytes."""
+    if ident is None:
+        return ffi.NULL, None
+    spec = ffi.new("lx_identity_t *")
+    spec.kind = _lib._abi.STORE_KINDS[ident.kind]
+    keep: tuple = ()
+    if ident.dtype is not None:
+        descr, name, flags = identity.describe(ident.dtype)
+        keep = (ffi.from_buffer("uint8_t[]", descr), ffi.from_buffer("uint8_t[]", name))
+        spec.flags = flags
+        spec.itemsize = ident.dtype.itemsize
+        spec.descr, spec.descr_size = keep[0], len(descr)
+        spec.name, spec.name_size = keep[1], len(name)
+    if ident.item_shape is not None:
+        spec.ndim = len(ident.item_shape)
+        spec.item_shape[0:len(ident.item_shape)] = list(ident.item_shape)
+    return spec, keep
+
+
 # ----------------------------------------------------------------- the base class
 
 class Store:
@@ -251,7 +262,7 @@ class Store:
         def __getitem__(self, key: Any) -> Any: ...
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
-                 dict_bytes: bytes | None, ident: dict | None, fixed_size: int = 0,
+                 dict_bytes: bytes | None, ident: identity.Identity | None, fixed_size: int = 0,
                  frame_size: int = 0):
         self._handle = None
         self._path = _store_path(path)
@@ -265,13 +276,12 @@ class Store:
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
         level = None if level is None else int(level)
-        user = identity.pack(ident) if ident is not None else b""
+        spec = _identity_spec(ident)
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
         rc = lib.lx_open(os.fsencode(self._native_path), 1 if create else 0,
-                         _lib.CODECS[create_codec],
-                         level or 0, d if d else ffi.NULL, len(d), user if user else ffi.NULL,
-                         len(user),
+                         _lib.CODECS[create_codec], level or 0, d if d else ffi.NULL, len(d),
+                         spec[0],
                          fixed_size if create_codec == "raw" else 0,
                          frame_size if create_codec != "raw" else 0, out)
         if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
@@ -291,7 +301,7 @@ class Store:
             self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._frame_size = int(info.frame_size)
-            self._identity = identity.decode(self._blob("user"), self._path)
+            self._identity = self._read_identity()
             self._check_reopen(codec, level, d)
         except BaseException:
             self.close()
@@ -311,6 +321,21 @@ class Store:
             raise IdentityError(f"{self._path}: existing store has {', '.join(mismatch)}",
                                 path=self._path)
 
+    def _read_identity(self) -> identity.Identity:
+        """The store's identity, as the library checked it at open (a
+        format-2 store's msgpack is decoded and checked here)."""
+        out = ffi.new("lx_identity_t *")
+        check(lib.lx_identity(self._h(), out), self._path)
+        encoding = identity.ENCODINGS[out.encoding]
+        if encoding == "none":
+            return identity.Identity("bytes", None, None)
+        if encoding == "msgpack":
+            return identity.decode_msgpack(self._blob("user"), self._path)
+        shape = tuple(out.item_shape[0:out.ndim])
+        return identity.from_native(out.kind, out.flags, out.itemsize, shape,
+                                    self._blob("dtype_descr"), self._blob("dtype_name"),
+                                    self._path)
+
     def _blob(self, which: str) -> bytes:
         h = self._h()
         n = ffi.new("uint64_t *")
@@ -329,31 +354,19 @@ class Store:
             raise ClosedError(f"{self._path}: store is closed", path=self._path)
         return h
 
-    def __loaderx_parts__(self) -> list[tuple[Any, int]]:
-        """This store as an index space of native parts: ``[(handle, 0)]``.
-        The protocol by which a ShardSet and the DataLoader read stores in
-        native code; callers keep the handle alive while they use it."""
-        return [(self._h(), 0)]
+    def native_parts(self) -> list:
+        """This store as native parts: ``[NativePart(handle, 0, None)]`` (the
+        stream protocol, ``loaderx.streams``: a ShardSet and the DataLoader
+        read stores in native code; callers keep the handle alive while they
+        use it)."""
+        return [NativePart(self._h(), 0, None)]
 
     @property
     def is_remote(self) -> bool:
         """Whether this store is read from object storage (through the cache)."""
         return self._remote is not None
 
-    def prefetch(self, indices) -> None:
-        """Makes records `indices` ready to read (the stream protocol's
-        prefetch): a remote store fetches them into the node-local cache,
-        checks them and keeps them there for the reads that follow (see
-        docs/remote.md); a local store does nothing. Thread-safe."""
-        remote = self._remote
-        if remote is None:
-            return
-        self._h()
-        idx, _ = normalize_indices(indices, len(self))
-        if len(idx):
-            remote.begin(idx, self._check_records, pin=True)
-
-    def prefetch_nbytes(self, indices) -> int:
+    def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache, for a loader's
         ``prefetch_bytes`` budget: exact for a dense raw store and for records
         whose table entries are cached, the store's mean record otherwise."""
@@ -463,6 +476,28 @@ class Store:
                   self._path, "delete")
             moves = moves[:count[0]]
         return moves
+
+    def prefetch(self, indices, *, wait: bool = True) -> None:
+        """Make the records at `indices` ready to read (the stream protocol's
+        `prefetch`, loaderx.Stream: the loader calls it with each step's
+        indices a few steps ahead). A remote store fetches them into the
+        node-local cache, checks them and keeps them there for the reads that
+        follow (docs/remote.md). A local store brings them into memory: it
+        reads only what the page cache misses, explicitly and all at once
+        (one queue of reads of the records' exact byte ranges), and only once
+        reads have found the store cold, or on a probe every 32nd call; on a
+        store in memory it costs about what a call costs. ``wait=False`` (local
+        stores) returns as soon as the reads are queued: a local record can be
+        read at any time, and a read of it waits only for what is still in
+        flight. Thread-safe and idempotent."""
+        idx, _ = self._indices(indices)
+        h = self._h()  # held for the call: keeps the handle's memory alive
+        if len(idx):
+            if self._remote is not None:
+                self._remote.begin(idx, self._check_records, pin=True)
+            else:
+                _records.prefetch(self._parts, 1, idx, wait, self._path)
+        del h
 
     def compact(self) -> None:
         """Reclaim the bytes of deleted records in place (durable when it

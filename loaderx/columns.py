@@ -151,8 +151,7 @@ class Column:
         # adds nothing to decode: a native read of text would give bytes.
         if attr.startswith("__") or attr in ("native_parts", "native_windows"):
             stream = self.__dict__.get("_stream")
-            if stream is not None and attr in ("__loaderx_parts__", "native_parts") \
-                    and self._native():
+            if stream is not None and attr == "native_parts" and self._native():
                 return getattr(stream, attr)
             raise AttributeError(attr)
         if attr.startswith("_"):

@@ -9,8 +9,19 @@ import numpy as np
 from . import _buffers, _records, identity
 from ._lib import check, ffi, lib
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
-                     check_threads, u64_ptr, unchecked_indices)
+                     check_threads)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
+
+
+# The read path's names, bound once (each global saves an attribute lookup per call).
+_I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
+_T_U64 = ffi.typeof("uint64_t[]")
+_T_U8 = ffi.typeof("uint8_t[]")
+_NULL = ffi.NULL
+_DUMMY = np.zeros(1, dtype=np.uint8)
+_empty = np.empty
+_from_buffer = ffi.from_buffer
 
 
 def _item_shape(item_shape) -> tuple:
@@ -145,9 +156,8 @@ class DenseStore(Store):
         caps the native threads (0: every usable core)."""
         if type(threads) is not int or not 0 <= threads <= THREADS_MAX:  # (hot path: the
             threads = check_threads(threads)  # common case without a call; it raises the rest)
-        fast = unchecked_indices(indices)
-        if fast is not None:
-            result = self._gather(fast, out, threads, exact=False)
+        if type(indices) is np.ndarray and indices.ndim == 1:
+            result = self._gather(indices, out, threads, exact=False)
             if result is not None:
                 return result
         idx, _ = self._indices(indices)
@@ -182,38 +192,67 @@ class DenseStore(Store):
 
     def _gather(self, idx: np.ndarray, out: np.ndarray | None, threads: int = 0,
                 exact: bool = True) -> np.ndarray | None:
-        """Reads records `idx` (8-byte integers, C-contiguous) into `out` (a new
-        batch when None). With ``exact=False`` (unchecked indices) returns None
-        instead of raising on an out-of-range index, so the caller can retry
-        the slow path. Kept lean: for 200 B records its Python part is a
-        third of a batch of 256."""
+        """Reads records `idx` (a 1-D array) into `out` (a new batch when None).
+
+        The one native read of every dense gather, kept lean: at 256 records
+        of 200 B its Python part was a third of the batch. What it does not
+        check, the native call or cffi does: the native call checks every
+        index (a negative int64 reads as >= 2^63) and the destination's size,
+        and ``ffi.from_buffer`` refuses a non-contiguous or read-only array.
+        With ``exact=False`` (indices not normalised: any 1-D array) it
+        returns None where the normalised retry would do better (an index
+        out of range, a dtype other than native int64/uint64, a
+        non-contiguous array), so the caller can take the slow path that
+        wraps negatives and names the bad index; with ``exact=True`` (uint64
+        indices from normalize_indices) it raises."""
+        dt = idx.dtype
+        if dt is not _I64 and dt is not _U64:
+            assert not exact
+            return None
         n = len(idx)
+        shape = (n, *self._item_shape)
         if out is None:
-            shape = (n,) + self._item_shape
             # Small batches: plain np.empty (glibc's heap has them warm).
-            out = (np.empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
+            out = (_empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
                    else self._pooled_batch(shape))
-        else:
-            out = self._check_out(out, (n,) + self._item_shape)
-        if n:
-            h = self._h()  # held for the call: keeps the handle's memory alive
-            token = self._remote_begin(idx) if self._remote is not None else None
+        elif type(out) is not np.ndarray or out.dtype is not self._dtype or out.shape != shape:
+            out = self._check_out(out, shape)  # raises unless the dtype is equal, not identical
+        if not n:
+            return out
+        h = self._handle  # held for the call: keeps the handle's memory alive
+        if h is None:
+            self._h()  # raises ClosedError
+        try:
+            ip = _from_buffer(_T_U64, idx)
+        except ValueError:  # not C-contiguous
+            assert not exact
+            return None
+        try:
+            # (Zero-size records: the native call still checks the indices.)
+            op = _from_buffer(_T_U8, out if self._record_bytes else _DUMMY, True)
+        except ValueError:  # not C-contiguous or read-only: the precise message
+            self._check_out(out, shape)
+            raise
+        if self._remote is None:
+            rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes, _NULL, 0,
+                               threads)
+        else:  # fetched into the cache and checked first (docs/remote.md)
+            token = self._remote_begin(idx)
             try:
-                rc = lib.lx_gather(self._parts, 1, u64_ptr(idx), n, byte_ptr(out, True),
-                                   out.nbytes, self._record_bytes, ffi.NULL, 0, threads)
+                rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes,
+                                   _NULL, 0, threads)
             finally:
                 self._remote_end(token)
-            del h
-            if rc:
-                if rc == RC_OUT_OF_RANGE and not exact:
-                    return None
-                check(rc, self._path, "gather")
+        del h
+        if rc:
+            if rc == RC_OUT_OF_RANGE and not exact:
+                return None
+            check(rc, self._path, "gather")
         return out
 
     def __getitem__(self, key):
-        fast = unchecked_indices(key)
-        if fast is not None:
-            result = self._gather(fast, None, exact=False)
+        if type(key) is np.ndarray and key.ndim == 1:
+            result = self._gather(key, None, 0, exact=False)
             if result is not None:
                 return result
         idx, scalar = self._indices(key)

@@ -44,6 +44,8 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
+from .streams import as_stream, empty_note
+
 __all__ = ["Mixture"]
 
 _KINDS = ("dense", "ragged", "bytes")
@@ -178,6 +180,7 @@ def _check_source(name: str, streams: Any) -> Dict[str, Any]:
     for column, stream in streams.items():
         if not isinstance(column, str):
             raise TypeError(f"source {name!r}: stream names must be str, got {column!r}")
+        stream = as_stream(stream)  # a numpy array is a stream of its rows
         try:
             _signature(stream)
         except TypeError as e:
@@ -187,8 +190,6 @@ def _check_source(name: str, streams: Any) -> Dict[str, Any]:
     if len(set(lengths.values())) != 1:
         raise ValueError(f"source {name!r}: its streams must have the same length, got {lengths}")
     if next(iter(lengths.values())) == 0:
-        from .dataloader import empty_note
-
         first = next(iter(out.values()))
         raise ValueError(f"source {name!r} is empty (len 0): nothing to load{empty_note(first)}")
     return out

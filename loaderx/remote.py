@@ -219,7 +219,7 @@ class Binding:
         return tick
 
     def nbytes(self, indices: np.ndarray) -> int:
-        """Stored bytes of records `indices` (see Store.prefetch_nbytes)."""
+        """Stored bytes of records `indices` (see Store.prefetch_size)."""
         r = self.replica()
         lay = r.layout
         u = np.asarray(indices).astype(np.int64)

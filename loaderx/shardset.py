@@ -28,6 +28,7 @@ from . import _buffers, _records
 from ._lib import check
 from ._store import normalize_indices
 from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
+from .streams import NativePart
 
 __all__ = ["ShardSet"]
 
@@ -131,8 +132,8 @@ class ShardSet:
         offset = 0
         for store, n in zip(self._stores, self._lengths):
             if n:  # an empty shard holds no index: no part
-                for handle, first in store.__loaderx_parts__():
-                    self._part_list.append((handle, offset + first))
+                for part in store.native_parts():
+                    self._part_list.append((part.handle, offset + part.first))
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
         self._starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
@@ -204,24 +205,15 @@ class ShardSet:
         """Whether any shard is read from object storage."""
         return bool(self._remote)
 
-    def prefetch(self, indices) -> None:
-        """Makes records `indices` ready to read (the stream protocol's
-        prefetch): remote shards fetch theirs into the node-local cache,
-        all shards at once. Thread-safe; a no-op for local shards."""
-        self._check_open()
-        if self._remote:
-            idx, _ = normalize_indices(indices, self._len)
-            self._remote_run(idx, pin=True)
-
-    def prefetch_nbytes(self, indices) -> int:
+    def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache (the shards'
-        `prefetch_nbytes` added up), for a loader's ``prefetch_bytes``."""
+        `prefetch_size` added up), for a loader's ``prefetch_bytes``."""
         self._check_open()
         idx, _ = normalize_indices(indices, self._len)
         shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
         total = 0
         for k in np.unique(shard).tolist():
-            total += self._stores[k].prefetch_nbytes(idx[shard == k].astype(np.int64)
+            total += self._stores[k].prefetch_size(idx[shard == k].astype(np.int64)
                                                      - self._starts[k])
         return total
 
@@ -253,10 +245,10 @@ class ShardSet:
             store._remote_end(token)
 
     # -- reads
-    def __loaderx_parts__(self) -> list:
-        """The shards as native parts (see ``Store.__loaderx_parts__``)."""
+    def native_parts(self) -> list:
+        """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
         self._check_open()
-        return list(self._part_list)
+        return [NativePart(handle, first, None) for handle, first in self._part_list]
 
     def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
         """Records `indices` in request order: a ``(B, *item_shape)`` array for
@@ -301,6 +293,19 @@ class ShardSet:
                 self._remote_end(tokens)
             check(rc, None, "ShardSet gather")
         return out
+
+    def prefetch(self, indices, *, wait: bool = True) -> None:
+        """As ``Store.prefetch``: remote shards fetch their records into the
+        node-local cache (all shards at once); local ones bring theirs into
+        memory, in one native call."""
+        self._check_open()
+        idx, _ = normalize_indices(indices, self._len)
+        if not len(idx):
+            return
+        if self._remote:
+            self._remote_run(idx, pin=True)
+        if self._part_list:
+            _records.prefetch(self._parts, len(self._part_list), idx, wait, None)
 
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""

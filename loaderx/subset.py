@@ -38,9 +38,7 @@ a changed dataset, is refused.
 """
 from __future__ import annotations
 
-import collections
 import hashlib
-import importlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -49,23 +47,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _sql
+from ._lib import usable_cores
 from ._store import normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
+from .streams import NativePart, native_parts
 
-__all__ = ["select", "View", "Selection", "NativePart"]
-
-
-
-def _native_part_type() -> Any:
-    """The stream protocol's part type (``loaderx.streams.NativePart``), or
-    the same named tuple where that module does not exist yet."""
-    try:
-        return importlib.import_module("loaderx.streams").NativePart
-    except (ImportError, AttributeError):
-        return collections.namedtuple("NativePart", "handle first rows")
-
-
-NativePart = _native_part_type()
+__all__ = ["select", "View", "Selection"]
 
 #: Selections of up to this many records pickle as their index array;
 #: larger ones as the dataset path and predicate (when they have both).
@@ -225,52 +212,68 @@ class View:
         """``(values, row_splits)`` of a ragged column's records."""
         return self._base.gather_packed(self._mapped(indices), threads=threads)
 
+    def prefetch(self, indices) -> None:
+        """The stream protocol's ``prefetch``: the base column's records
+        ``rows[indices]`` made ready to read (a remote column fetches them
+        into its cache; the DataLoader reads a view natively only after
+        this). A base without ``prefetch`` needs none."""
+        hook = getattr(self._base, "prefetch", None)
+        if callable(hook):
+            hook(self._mapped(indices))
+
+    def prefetch_size(self, indices) -> int:
+        """The bytes ``prefetch(indices)`` brings in (the loader's
+        ``prefetch_bytes`` budget), as the base column counts them."""
+        size = getattr(self._base, "prefetch_size", None)
+        mapped = self._mapped(indices)
+        if callable(size):
+            return int(size(mapped))
+        if self.kind == "dense":
+            return len(mapped) * int(self._base.dtype.itemsize
+                                     * int(np.prod(self._base.item_shape, dtype=np.int64)))
+        raise TypeError(f"column {self._name!r} cannot say what a prefetch of it costs")
+
     def __getitem__(self, key):
         idx, scalar = normalize_indices(key, len(self))
         got = self.gather(idx)
         return got[0] if scalar else got
 
-    def _base_parts(self) -> Optional[Any]:
-        """The base column's parts function, if a native read gives its records as they are."""
-        for name in ("native_parts", "__loaderx_parts__"):
-            fn = getattr(self._base, name, None)
-            if callable(fn):
-                return fn
-        return None
-
     @property
     def native_parts(self) -> Any:
         """The stream protocol's ``native_parts()``: each store of the base
         column that holds selected records, with the selected records of it
-        (``rows``: sorted uint64 local indices). Absent (``hasattr`` is
+        (``rows``: sorted uint64 local indices), so the DataLoader's native
+        ring reads the view with no Python in between. Absent (``hasattr`` is
         False) where a native read would not give the column's records as
         they are (text, a list column with nulls): those are read by Python."""
-        if self._base_parts() is None:
+        if not callable(getattr(self._base, "native_parts", None)):
             raise AttributeError(f"column {self._name!r} is read by Python, not natively")
         return self._native_parts
 
-    def _native_parts(self) -> List[Any]:
-        parts_of = self._base_parts()
-        assert parts_of is not None  # checked by the property
-        base = [(p[0], int(p[1])) for p in parts_of()]
+    def _native_parts(self) -> List[NativePart]:
+        base = native_parts(self._base)
+        assert base is not None  # checked by the property
         if self._u64 is None:
             self._u64 = self._selection.rows.astype(np.uint64)
         rows = self._u64
-        firsts = [first for _, first in base] + [len(self._base)]
+        firsts = [part.first for part in base] + [len(self._base)]
         out = []
-        for (handle, first), end in zip(base, firsts[1:]):
-            a = int(np.searchsorted(rows, first))
+        for part, end in zip(base, firsts[1:]):
+            a = int(np.searchsorted(rows, part.first))
             b = int(np.searchsorted(rows, end))
             if b > a:
-                local = np.ascontiguousarray(rows[a:b] - np.uint64(first))
-                out.append(NativePart(handle, a, local))
+                local = rows[a:b] - np.uint64(part.first)
+                if part.rows is not None:  # the base part selects records itself
+                    local = np.asarray(part.rows, np.uint64)[local]
+                out.append(NativePart(part.handle, a, np.ascontiguousarray(local)))
         return out
 
     def __getattr__(self, attr: str) -> Any:
         # What the column says about its records (categories, text, path,
         # codec, ...) is the column's. Read protocols are never the base's:
         # a native read of the base would read every record, not these.
-        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths"):
+        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths",
+                                             "prefetch", "prefetch_size"):
             raise AttributeError(attr)
         return getattr(self._base, attr)
 
@@ -471,12 +474,6 @@ def _require_pyarrow() -> None:
                           "'loaderx[convert]' (or pass a numpy bool mask or indices)") from None
 
 
-def _cores() -> int:
-    from .dataloader import _default_worker_count
-
-    return _default_worker_count()
-
-
 def _arrow_rows(bases, prior, tree: _sql.Node, where: str, space: int, infos) -> np.ndarray:
     data = {name: _ColumnData(bases[name], infos[name], prior) for name in tree.columns()}
 
@@ -494,7 +491,7 @@ def _arrow_rows(bases, prior, tree: _sql.Node, where: str, space: int, infos) ->
         if len(starts) <= 1:
             found = [run(s) for s in starts]
         else:
-            with ThreadPoolExecutor(min(_cores(), len(starts)), "loaderx-select") as pool:
+            with ThreadPoolExecutor(min(usable_cores(), len(starts)), "loaderx-select") as pool:
                 found = list(pool.map(run, starts))
     except (pa.ArrowException, ZeroDivisionError, OverflowError) as e:
         raise ValueError(f"evaluating the predicate {where!r}: {e}") from None
@@ -615,7 +612,7 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
     con = duckdb.connect()
     try:
         con.execute("SET enable_progress_bar = false")
-        con.execute(f"SET threads = {_cores()}")
+        con.execute(f"SET threads = {usable_cores()}")
         con.register("data", table)
         try:
             found = con.execute(sql).fetchnumpy()[row]

@@ -86,7 +86,7 @@ class TokenWindows:
         shape = getattr(store, "item_shape", None)
         flat = kind == "dense" and shape is not None and tuple(shape) == ()
         if (kind != "ragged" and not flat) \
-                or not callable(getattr(store, "__loaderx_parts__", None)):
+                or not callable(getattr(store, "native_parts", None)):
             raise TypeError("TokenWindows reads a RaggedStore of token documents, a DenseStore "
                             "of token ids (one document), or a ShardSet of either, not "
                             f"{type(store).__name__}; for a NumPy array use "
@@ -109,7 +109,7 @@ class TokenWindows:
         self._separator = None if separator is None else int(separator)
         # A store of token ids is one document, and its part starts at that
         # document's number (lx_windows_index); documents are records otherwise.
-        self._part_list = _flat_parts(store) if flat else store.__loaderx_parts__()
+        self._part_list = _flat_parts(store) if flat else _document_parts(store)
         self._parts = parts_array(self._part_list)
         # Read before the index: a delete from now on fails every read.
         epoch = ffi.new("uint64_t *")
@@ -218,10 +218,10 @@ class TokenWindows:
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
-    def __loaderx_windows__(self) -> Tuple[List[Tuple[Any, int]], Any]:
-        """The protocol by which the DataLoader reads windows natively:
-        (document parts, the lx_windows_t of this corpus)."""
-        return list(self._part_list), self._spec
+    def native_windows(self) -> Tuple[List[Any], Any, bool]:
+        """The stream protocol (``loaderx.streams``): (document parts, the
+        lx_windows_t of this corpus, False: tokens, not segments)."""
+        return list(self._part_list), self._spec, False
 
     def __reduce__(self):
         # A reference: the store (itself a reference) and the parameters.
@@ -245,6 +245,11 @@ class TokenWindows:
 
 def _rebuild(store: Any, seq_len: int, separator: Optional[int]) -> "TokenWindows":
     return TokenWindows(store, seq_len, separator=separator)
+
+
+def _document_parts(store: Any) -> List[Tuple[Any, int]]:
+    """A store's (or ShardSet's) documents as ``(handle, first)`` parts."""
+    return [(part.handle, part.first) for part in store.native_parts()]
 
 
 def _flat_parts(store: Any) -> List[Tuple[Any, int]]:
@@ -424,8 +429,9 @@ class TokenSegments:
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
-    def __loaderx_windows__(self):
-        return self._windows.__loaderx_windows__()
+    def native_windows(self) -> Tuple[List[Any], Any, bool]:
+        """The stream protocol: the windows' parts and index, True: segments."""
+        return list(self._windows._part_list), self._windows._spec, True
 
     def __reduce__(self):
         return (_segments_of, (self._windows,))

@@ -19,8 +19,9 @@ Common contract
   handle closed (`BusyError` otherwise). Reads and appends are thread-safe,
   and ``close()`` may race any of them (later calls raise `ClosedError`).
 * ``delete(key)`` follows the original swap-last rule and returns its moves.
-* The type identity (kind, dtype, item shape) is stored with msgpack inside the
-  store and checked at every open; `loaderx.dataset.open_store` reopens the
+* The type identity (kind, dtype, item shape) is stored inside the store as a
+  versioned native struct (src/format.zig; msgpack in format-2 stores, still
+  read) and checked at every open; `loaderx.dataset.open_store` reopens the
   right class from it.
 * A store pickles as a reference (class and path); unpickling reopens it
   read-only, so torch worker processes and ``multiprocessing`` spawn work.

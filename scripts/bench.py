@@ -6,7 +6,8 @@
                                   [--baseline DIR]
 
 LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select,
-remote (object storage: SeaweedFS on loopback, bench_remote), or all;
+cold (data larger than the page cache: bench_cold), remote (object storage:
+SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
@@ -59,7 +60,7 @@ import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
 LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
-          "remote")
+          "cold", "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -237,6 +238,10 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         import bench_fresh
 
         return bench_fresh.run_fresh(ctx)
+    if name == "cold":
+        import bench_cold
+
+        return bench_cold.run_cold(ctx)
     return getattr(bench_layers, f"run_{name}")(ctx)
 
 

@@ -427,6 +427,76 @@ class ArrowIpcList(StoreBackend):
         self.column = None
 
 
+# ----------------------------------------------------------------------------- Lance
+
+
+def lance_dense(column, dtype: np.dtype, item_shape: tuple, count: int) -> np.ndarray:
+    """A Lance column of `count` equal records (fixed_size_list, or binary for
+    zstd) as (count, *item_shape), without a per-record copy."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    record = int(np.prod(item_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if array.type.num_fields == 1 and hasattr(array, "values"):  # fixed_size_list
+        flat = array.values.to_numpy(zero_copy_only=False)
+        return flat.view(dtype).reshape(count, *item_shape)
+    offsets = np.frombuffer(array.buffers()[1], np.int32, count=count + 1, offset=array.offset * 4)
+    if np.any(np.diff(offsets) != record):
+        raise ValidationError("Lance returned records of another size")
+    data = np.frombuffer(array.buffers()[2], np.uint8, count=count * record, offset=int(offsets[0]))
+    return data.view(dtype).reshape(count, *item_shape)
+
+
+class LanceDense(StoreBackend):
+    """Lance (pylance) dataset with one column `x`: a fixed_size_list of the
+    dtype (pylance stores it uncompressed whatever encoding is asked for), or
+    for zstd a `binary` column with `lance-encoding:compression=zstd`. A batch
+    is `dataset.take(indices)` (rows in request order), an Arrow table; the
+    "dense" form then views it as (B, *item_shape), with `arrow=True` the row
+    stops at the Arrow table (validated after the conversion)."""
+
+    def __init__(self, name: str, source: Source, codec: str = "raw", arrow: bool = False, note: str = ""):
+        super().__init__(name, source, "dense", codec=codec, note=note)
+        self.arrow = arrow
+
+    def prepare(self) -> None:
+        self.lance = import_or_missing("lance")
+        self.pa = import_or_missing("pyarrow")
+
+    def _table(self):
+        pa = self.pa
+        dense = np.ascontiguousarray(self.source.dense)
+        n = len(dense)
+        if self.codec == "zstd":
+            flat = dense.reshape(n, -1).view(np.uint8)
+            offsets = np.arange(n + 1, dtype=np.int32) * flat.shape[1]
+            array = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(flat)])
+            field = pa.field("x", pa.binary(), metadata={"lance-encoding:compression": "zstd"})
+        else:
+            values = pa.array(dense.reshape(-1))
+            array = pa.FixedSizeListArray.from_arrays(values, int(np.prod(dense.shape[1:])))
+            field = pa.field("x", array.type)
+        return pa.Table.from_arrays([array], schema=pa.schema([field]))
+
+    def write(self, directory: Path) -> None:
+        self.lance.write_dataset(self._table(), str(directory / "data.lance"))
+
+    def open(self, directory: Path) -> None:
+        self.dataset = self.lance.dataset(str(directory / "data.lance"))
+
+    def fetch(self, indices: np.ndarray) -> Any:
+        table = self.dataset.take(indices, columns=["x"])
+        if self.arrow:
+            return table
+        return lance_dense(table.column("x"), self.source.dtype, self.source.item_shape, len(indices))
+
+    def validate(self, output: Any, indices: np.ndarray) -> None:
+        if self.arrow:
+            output = lance_dense(output.column("x"), self.source.dtype, self.source.item_shape, len(indices))
+        super().validate(output, indices)
+
+    def close(self) -> None:
+        self.dataset = None
+
+
 # ----------------------------------------------------------------------------- array-record
 
 

@@ -7,7 +7,7 @@ the standard library and, inside each function, the contender itself.
 Two entry points:
   * `python bench_contenders.py build KIND DATA_DIR`: writes KIND's own format
     (MosaicML MDS shards, a LitData optimized dataset, WebDataset tar shards, a
-    Hugging Face `save_to_disk` folder) from DATA_DIR/x.npy and DATA_DIR/y.npy
+    Hugging Face `save_to_disk` folder, a Lance dataset) from DATA_DIR/x.npy and DATA_DIR/y.npy
     and prints one JSON line;
   * `SOURCES`: for the loader layer's child (bench_loader.child_main), one
     function per contender that returns `(next_batch, close)`, where a batch
@@ -130,8 +130,22 @@ def build_hf(data: Path) -> None:
     table.save_to_disk(str(data / "hf"))
 
 
-BUILDERS = {"mds": build_mds, "litdata": build_litdata, "wds": build_wds, "hf": build_hf}
-BUILD_MODULES = {"mds": "streaming", "litdata": "litdata", "wds": "webdataset", "hf": "datasets"}
+def build_lance(data: Path) -> None:
+    """Lance: one dataset, x as fixed_size_list<uint8>[12288] (stored raw), y as int64."""
+    import lance
+    import pyarrow as pa
+
+    x, y = _load(data)
+    width = int(np.prod(ITEM_SHAPE))
+    flat = pa.array(np.ascontiguousarray(x).reshape(-1))
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(flat, width), "y": pa.array(y)})
+    lance.write_dataset(table, str(data / "lance"))
+
+
+BUILDERS = {"mds": build_mds, "litdata": build_litdata, "wds": build_wds, "hf": build_hf,
+            "lance": build_lance}
+BUILD_MODULES = {"mds": "streaming", "litdata": "litdata", "wds": "webdataset", "hf": "datasets",
+                 "lance": "lance"}
 
 
 def build_main(kind: str, data: str) -> int:
@@ -247,6 +261,23 @@ def hf_source(cfg: dict):
     return get, (lambda: None)
 
 
+def lance_source(cfg: dict):
+    """`lance.dataset(dir).take(indices)` of one random batch per step, the columns viewed
+    as numpy (x: the fixed_size_list's values, no per-record copy)."""
+    import lance
+
+    dataset = lance.dataset(str(Path(cfg["data"]) / "lance"))
+    rng = np.random.default_rng(0)
+    length, batch_size = dataset.count_rows(), cfg["batch_size"]
+
+    def get() -> dict:
+        table = dataset.take(rng.integers(0, length, batch_size), columns=["x", "y"])
+        x = table.column("x").combine_chunks().values.to_numpy()
+        return {"x": x.reshape(batch_size, *ITEM_SHAPE), "y": table.column("y").to_numpy()}
+
+    return get, (lambda: None)
+
+
 def loaderx_store_source(cfg: dict):
     """loaderx DenseStore random batch access, `store[indices]` per stream (the HF idiom)."""
     from loaderx.zrecord import DenseStore
@@ -305,6 +336,7 @@ SOURCES = {
     "litdata": ("litdata", "litdata_source"),
     "wds": ("webdataset", "wds_source"),
     "hf": ("datasets", "hf_source"),
+    "lance": ("lance", "lance_source"),
     "loaderx_store": ("loaderx.zrecord", "loaderx_store_source"),
     "loaderx_copy": ("loaderx.zrecord", "loaderx_copy_source"),
 }

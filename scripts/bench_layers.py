@@ -61,6 +61,9 @@ class Size:
     loader_contender_workers: tuple  # torchdata, MosaicML Streaming, LitData, WebDataset
     scale_exponents: dict  # scale layer: kind -> (smallest, largest) power of ten of records
     scale_batches: int  # random batches timed per scale run; RSS is read after 1000 (tiny: this many)
+    # cold layer (bench_cold): records per workload, the memory cgroup's limit (MiB, 0: none),
+    # seconds per run and per fio job (0: fio not run), batch size
+    cold: dict = dataclasses.field(default_factory=dict)
 
 
 SIZES = {
@@ -71,6 +74,8 @@ SIZES = {
         loader_repeat_max=1,
         loader_torch_workers=(0, 1), loader_grain_workers=(0,), loader_contender_workers=(0,),
         scale_exponents={"dense8": (3, 4), "dense1k": (3, 4), "ragged": (3, 4)}, scale_batches=20,
+        cold={"12 KiB": 256, "200 B": 20_000, "cgroup_mib": 0, "seconds": 0.1, "fio_seconds": 0,
+              "batch": 32},
     ),
     "small": Size(
         dense_mib=16, plan_batches=256, plan_payload_mib=256, dense_batch=256, token_sequences=6000, image_count=48, image_batch=16,
@@ -79,6 +84,8 @@ SIZES = {
         loader_repeat_max=2,
         loader_torch_workers=(0, 1, 2, 4), loader_grain_workers=(0, 2), loader_contender_workers=(0, 2),
         scale_exponents={"dense8": (4, 7), "dense1k": (4, 6), "ragged": (4, 6)}, scale_batches=200,
+        cold={"12 KiB": 43_690, "200 B": 2_684_354, "cgroup_mib": 256, "seconds": 1.0,
+              "fio_seconds": 2, "batch": 256},
     ),
     "default": Size(
         dense_mib=64, plan_batches=4096, plan_payload_mib=1024, dense_batch=256, token_sequences=50000, image_count=320, image_batch=32,
@@ -87,6 +94,8 @@ SIZES = {
         loader_repeat_max=5,
         loader_torch_workers=(0, 1, 2, 4), loader_grain_workers=(0, 2), loader_contender_workers=(0, 2),
         scale_exponents={"dense8": (4, 8), "dense1k": (4, 8), "ragged": (4, 7)}, scale_batches=1000,
+        cold={"12 KiB": 131_072, "200 B": 10_000_000, "cgroup_mib": 640, "seconds": 3.0,
+              "fio_seconds": 4, "batch": 256},
     ),
 }
 
@@ -146,6 +155,9 @@ def _dense_backends(source: bb.Source, plan: list, threads: int) -> list[Backend
     lx_raw = bb.LoaderxDense("loaderx raw", source, "raw")
     lx_into = bb.LoaderxDense("loaderx raw gather(out=)", source, "raw", into=True)
     lx_into.store_owner = lx_raw
+    lance_raw = bb.LanceDense("Lance take() raw -> numpy", source, note="fixed_size_list column")
+    lance_arrow = bb.LanceDense("Lance take() raw -> Arrow", source, arrow=True, note="the same dataset")
+    lance_arrow.store_owner = lance_raw
     return [
         bb.NumpyMmap("npy mmap fancy index", source, "dense", group="baseline"),
         lx_raw,
@@ -161,6 +173,9 @@ def _dense_backends(source: bb.Source, plan: list, threads: int) -> list[Backend
         bb.ParquetDense("pyarrow parquet zstd", source, "dense", codec="zstd", note="64 KiB row groups"),
         bb.ArrayRecord("array_record raw", source, "dense"),
         bb.ArrayRecord("array_record zstd", source, "dense", codec="zstd"),
+        lance_raw,
+        lance_arrow,
+        bb.LanceDense("Lance take() zstd -> numpy", source, codec="zstd", note="binary column, zstd"),
         bb.MemcpyLimit(source, 1),
         bb.MemcpyLimit(source, threads),
         bb.ZstdLimit(source, plan),
@@ -201,6 +216,12 @@ def _dense_targets(label: str, record_bytes: int, threads: int, memcpy_all: str)
                     spec=False,
                 )
             )
+    # Lance (issue 27): how far ahead loaderx is; no bar of its own.
+    for codec, lance in (("raw", "Lance take() raw -> numpy"), ("zstd", "Lance take() zstd -> numpy")):
+        targets.append(Target(f"  (context) dense {label} {codec} gather vs {lance}", f"loaderx {codec}", [lance], 1.0,
+                              spec=False))
+    targets.append(Target(f"  (context) dense {label} raw gather vs Lance take() raw -> Arrow (no conversion)",
+                          "loaderx raw", ["Lance take() raw -> Arrow"], 1.0, spec=False))
     raw_writers = ["npy mmap fancy index", "lmdb", "h5py raw", "pyarrow ipc raw", "pyarrow parquet raw", "array_record raw"]
     zstd_writers = ["pyarrow ipc zstd", "pyarrow parquet zstd", "array_record zstd"]
     targets.append(Target(f"dense {label} raw write vs fastest raw contender", "loaderx raw", raw_writers, 0.5, metric="write_mibs"))

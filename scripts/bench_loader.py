@@ -2,8 +2,9 @@
 
 Contenders: torch DataLoader and torchdata StatefulDataLoader (over memory-
 mapped .npy), grain (ArrayRecord), MosaicML Streaming (MDS shards), LitData
-(`optimize` output), WebDataset (tar shards) and Hugging Face datasets
-(`save_to_disk`, random batch access); see bench_contenders. Contenders that
+(`optimize` output), WebDataset (tar shards), Hugging Face datasets
+(`save_to_disk`, random batch access) and Lance (`take()` of random batches);
+see bench_contenders. Contenders that
 cannot share the bench's environment run from a private venv (bench_venvs).
 
 Every configuration runs in its own fresh subprocess (this file, `child` mode),
@@ -475,7 +476,7 @@ def _write_array_record(directory: Path, x: np.ndarray, y: np.ndarray) -> dict:
 # backend -> private venv it runs from (bench_venvs.SPECS); others use this interpreter
 VENV_OF = {"mds": "streaming", "litdata": "litdata"}
 # backend -> the format it reads, written by bench_contenders.build_main
-BUILDS = {"mds": "mds", "litdata": "litdata", "wds": "wds", "hf": "hf"}
+BUILDS = {"mds": "mds", "litdata": "litdata", "wds": "wds", "hf": "hf", "lance": "lance"}
 
 
 def python_for(ctx, backend: str) -> str:
@@ -550,6 +551,7 @@ FAMILIES = {
     "litdata": ("litdata workers={w} (optimize, chunk shuffle)", "loader_contender_workers"),
     "wds": ("webdataset workers={w} (tar, buffer shuffle)", "loader_contender_workers"),
     "hf": ("HF datasets numpy[idx] (random batch, int64->uint8)", None),
+    "lance": ("Lance take() (random batch -> numpy)", None),
 }
 # families the SPEC / issue 16 sets a bar against: (label, threshold)
 BARS = {
@@ -716,6 +718,8 @@ def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], li
         ("copy limit vs torchdata (best): the most any loader could show", copy,
          family("torchdata"), 3.0),
         ("loader end to end vs the copy limit", lx.name, [copy], 0.8),
+        ("loader end to end vs Lance take() of random batches (issue 27: no bar)", lx.name,
+         family("lance"), 1.0),
     ]
     for label, row, bases, level in contexts:
         targets.append(

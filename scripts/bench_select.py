@@ -21,9 +21,9 @@ is smaller), >= 1/1.5 of the numpy mask's rate, >= 100x HF's.
 
 Workload 2: the DataLoader over a 10% subset of a dataset (a view) against
 the loader over a dataset of the subset's size (records: float32 (16,) + an
-int64 label), batch 256, the same threads; target >= 0.9x. Until the
-loader's native ring reads a view's ``native_parts`` rows, a view is read on
-the loader's Python worker threads.
+int64 label), batch 256, the same threads; target >= 0.9x. The loader's
+native ring reads a view's ``native_parts`` (each store's selected rows), as
+it reads the dataset's stores.
 """
 from __future__ import annotations
 
@@ -292,13 +292,12 @@ def _loader_section(ctx, size: SelectSize) -> Section:
     target = Target("loader over a 10% subset >= 0.9x a dataset of the same size",
                     rows["subset"].name, [rows["same"].name], 0.9,
                     metric="records_s").evaluate(named)
-    native = callable(getattr(subset["x"], "__loaderx_parts__", None))
+    native = callable(getattr(subset["x"], "native_parts", None))  # (no store access)
     title = (f"loader over a 10% subset: {m:,} of {10 * m:,} records (x float32[{VEC}] + y int64)"
              f" vs {m:,} records, batch {BATCH_SIZE}, {ctx.threads} threads")
     lines = [f"== {title} ==",
-             "  views are read " + ("natively" if native else
-                                    "on the loader's Python threads (the ring does not read "
-                                    "native_parts rows yet)")]
+             "  views are read " + ("natively (the ring reads their rows)" if native else
+                                    "on the loader's Python threads")]
     width = max(len(r.name) for r in rows.values())
     for row in rows.values():
         if not row.ok:

@@ -1,14 +1,16 @@
-//! The loader's prefetch ring: library threads that build whole batches
-//! ahead of the consumer — every step's indices (one source, or a weighted
-//! mixture of sources) and every column of every store — so no Python runs
-//! between a step and its finished buffers.
+//! The loader's prefetch ring, the DataLoader's one step machine: library
+//! threads that build whole batches ahead of the consumer — every step's
+//! indices (one source, or a weighted mixture of sources) and every column of
+//! every store — so no Python runs between a step and its finished buffers.
 //!
 //! Model. A loader reads `columns` (a DataLoader's stream names) from one or
 //! more `sources`; each (source, column) pair is a list of parts (the shards
-//! of a ShardSet, or one store). A dense column's batch goes into a buffer
-//! the consumer submits (batch_size fixed-size records); a variable column's
-//! (ragged records, bytes) into one new buffer per step, which `wait` hands
-//! to the consumer with every record's payload and aux sizes.
+//! of a ShardSet, or one store; a part may read a subset of its store's
+//! records, `rows`). A dense column's batch (batch_size fixed-size records)
+//! goes into a buffer the ring takes from the output pool (outbuf.zig), or
+//! into the caller's recycled buffers (`Column.out`); a variable column's
+//! (ragged records, bytes) into one new pool buffer per step, with every
+//! record's payload and aux sizes.
 //!
 //! Indices. The records of all ranks form one stream of global positions;
 //! step s of this ring starts at a position computed from the base (the
@@ -21,14 +23,32 @@
 //! orders each step's records by a keyed permutation; each source's records
 //! are its own sampler's indices, at its own positions (SEQUENTIAL, IID) or,
 //! in CYCLIC mode, from its cursor's cycle (one cycle per step, see
-//! mixture.zig). All of it is a pure function of the step and the base, and
-//! a resumed run continues from any base.
+//! mixture.zig). All of it is a pure function of the step and the base
+//! (`indicesAt` computes it without building), and a resumed run continues
+//! from any base.
 //!
-//! Ring. The consumer submits steps in order; `threads` workers claim them in
-//! order and build them; the consumer waits for a step and owns its buffers
-//! again. A ring of `window` slots holds the steps submitted and not yet
-//! waited for (slot = step % window); submitting into a slot that is still
-//! in use is refused, never a race.
+//! Ring. A ring of `window` slots (slot = step % window) holds the steps
+//! being built or built and not yet handed over. `threads` workers claim
+//! steps in order and build them: a step as soon as its slot is free, or,
+//! in a gated ring, once the caller released it (`submit`: the DataLoader
+//! releases a step after its streams' prefetch hook returned; a failed
+//! prefetch releases it failed). `wait` blocks until a step is built and
+//! hands it over: its buffers belong to the caller from then on, and its
+//! slot is free for the step `window` later.
+//!
+//! Ownership (the invariant every path keeps). Memory a worker writes is the
+//! ring's until the worker is provably done with it: a step's buffers are
+//! handed to the caller only by `wait`, after the step was built; a failed
+//! step's, a reset's dropped steps' and a stopped ring's are freed by the
+//! ring only once their builders finished (`reset` waits for them, `destroy`
+//! joins every worker first). A consumer woken by `stop` or a reset gets no
+//! buffer at all, so nothing it drops can still be written. The caller's
+//! `out` buffers must stay valid until `stop` returned.
+//!
+//! Generations. `reset` drops every step (once their builds finished) and
+//! starts the next generation; a `wait` or `submit` of an older generation
+//! returns error.InvalidArgument ("dropped by a reset") at once, also a wait
+//! that was blocked when the reset came.
 //!
 //! Lifetime. The loader counts itself as a user of every store it reads
 //! (Store.enter, Store.hold) until `destroy`, so a store its owner closes
@@ -61,7 +81,7 @@ pub const parts_max: usize = store_parts.parts_max;
 const message_size_max: usize = 256;
 
 pub const ColumnKind = enum(u32) {
-    /// Fixed-size records into a submitted buffer (batch_size * record_size).
+    /// Fixed-size records into a pool buffer or the caller's (batch_size * record_size).
     dense = 0,
     /// Any records into a new buffer per step, with their sizes.
     variable = 1,
@@ -74,12 +94,16 @@ pub const ColumnKind = enum(u32) {
 /// lx_column_t: one stream of every batch.
 pub const Column = extern struct {
     kind: u32,
-    _reserved: u32 = 0,
-    /// Bytes of one record (dense columns).
+    /// The caller's recycled buffers of a dense column: step s is built into
+    /// `out[s % out_count]` (valid until lx_loader_stop returned); 0: every
+    /// step gets a new buffer from the output pool.
+    out_count: u32 = 0,
+    /// Bytes of one record (dense, windows and segments columns).
     record_size: u64,
+    out: ?[*]const [*]u8 = null,
 
     comptime {
-        assert(@sizeOf(Column) == 16);
+        assert(@sizeOf(Column) == 24);
     }
 };
 
@@ -97,15 +121,20 @@ pub const Source = extern struct {
     }
 };
 
-/// lx_loader_part_t: `store` holds records from `first` of (source, column).
+/// lx_loader_part_t: `store` holds the records from `first` of (source,
+/// column): stream index `first + i` is store record `i`, or, when `rows` is
+/// not null, store record `rows[i]` for i < `row_count` (a subset; the rows
+/// must stay valid until lx_loader_free).
 pub const Part = extern struct {
     store: *Store,
     first: u64,
     source: u32,
     column: u32,
+    rows: ?[*]const u64 = null,
+    row_count: u64 = 0,
 
     comptime {
-        assert(@sizeOf(Part) == 24);
+        assert(@sizeOf(Part) == 40);
     }
 };
 
@@ -118,20 +147,24 @@ pub const Config = extern struct {
     /// The global position of the first record of step `step` (the
     /// sampler's, see sampler.positionAt; a mixture's mixed position).
     position: u64,
-    /// The first step to submit.
+    /// The first step to build.
     step: u64,
     /// Keys the order of a mixture's records within a step.
     seed: u64,
     /// sampler.Mode of every source.
     mode: u32,
-    /// Steps submitted and not yet waited for, at most.
+    /// Steps built or being built and not yet handed over, at most.
     window: u32,
     threads: u32,
     /// Lanes of one gather (0: every usable core).
     lanes: u32,
+    /// 0: a step is built as soon as its slot is free; 1: only once released
+    /// by lx_loader_submit.
+    gated: u32 = 0,
+    _reserved: u32 = 0,
 
     comptime {
-        assert(@sizeOf(Config) == 64);
+        assert(@sizeOf(Config) == 72);
     }
 };
 
@@ -144,35 +177,48 @@ const Slot = struct {
     failed_column: u32 = 0,
     message_len: usize = 0,
     message: [message_size_max]u8 = undefined,
+    /// The step's indices, sources and variable columns' sizes (2 * batch
+    /// words each: payload sizes, then aux sizes), owned by the slot from its
+    /// first build to `destroy`.
+    indices: []u64 = &.{},
+    sources: []u16 = &.{},
+    sizes: []u64 = &.{},
 };
 
-/// A variable column's result of a step: a buffer from outbuf.zig, or null.
+/// A column's buffer of a step: from outbuf.zig (owned by the ring until
+/// handed over), or null (a caller's `out` buffer, or no bytes).
 const Result = struct {
     buffer: ?[*]u8 = null,
     len: u64 = 0,
 };
 
-/// What a step's consumer gave it: one destination per column, and where to
-/// write the step's indices and sources (either may be null).
-const Dests = struct {
-    columns: [][*]u8,
+/// Where `wait` hands a built step over to the caller.
+pub const Handout = struct {
+    failed_column: *u32,
+    /// Per column: where its buffer goes (the caller owns it from then on),
+    /// or null to have it freed.
+    buffers: []const ?*?[*]u8,
+    /// Per column: its buffer's length.
+    lengths: []u64,
+    /// 2 * batch_size words per variable column, in column order (or null).
+    sizes: ?[*]u64 = null,
     indices: ?[*]u64 = null,
     sources: ?[*]u16 = null,
 };
 
 /// A worker's buffers, sized at open.
 const Work = struct {
-    indices: []u64,
-    sources: []u16,
-    origins: []mixture.Origin,
-    slots: []u64,
+    indices: []u64 = &.{},
+    sources: []u16 = &.{},
+    origins: []mixture.Origin = &.{},
+    slots: []u64 = &.{},
     /// A step's positions of one source (mixtures: up to G).
-    filled: []u64,
+    filled: []u64 = &.{},
     parts: store_parts.Scratch = .{},
     win: windows.Scratch = .{},
     /// One source's records of a step: their rows and window indices.
-    rows: []u64,
-    picked: []u64,
+    rows: []u64 = &.{},
+    picked: []u64 = &.{},
 };
 
 gpa: Allocator,
@@ -186,31 +232,38 @@ mix: mixture.Mixture,
 cycle_steps: [sources_max]u64 = undefined,
 cursors: [sources_max]mixture.Cursor = undefined,
 columns: []Column,
-/// Every part, grouped by column, then by source, then by `first`.
+/// Columns of kind variable (each has 2 * batch_size words of sizes a step).
+variable_count: usize,
+/// Every part, grouped by column, then by source, then by `first`; `rows`
+/// is parallel to it (null: the store's own records).
 parts: []store_parts.Part,
+rows: []?[]const u64,
 /// Per (column, source): the window index of a windows/segments column.
 specs: []windows.Spec,
 /// Per column c: its parts are parts[col_start[c] .. col_start[c + 1]];
 /// per (c, k): source k's are parts[range_start[c * K + k] .. next].
 col_start: []usize,
 range_start: []usize,
+/// The `out` buffers of every column, back to back (out_start[c] ..).
+outs: [][*]u8,
+out_start: []usize,
 slots: []Slot,
-/// window * columns destinations, results; window index/source outputs.
-dests: [][*]u8,
+/// window * columns results.
 results: []Result,
-index_out: []?[*]u64,
-source_out: []?[*]u16,
 work: []Work,
 threads: []std.Thread,
 
 mutex: Io.Mutex = .init,
-/// Workers wait here for a submitted step (or close).
+/// Workers wait here for a claimable step (or close).
 work_ready: Io.Condition = .init,
-/// Waiters (and reset) wait here for a finished step (or close).
+/// Waiters (and reset) wait here for a finished step (or close, or a reset).
 step_done: Io.Condition = .init,
 // Under `mutex`:
-next_submit: u64,
 next_claim: u64,
+/// Gated rings: the next step to release.
+next_release: u64,
+/// Resets so far; waits and submits name the one they belong to.
+generation: u64 = 0,
 running: u32 = 0,
 closed: bool = false,
 
@@ -259,12 +312,16 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
     if (sources.len > 1 and total > mixture.weight_total_max) {
         return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
     }
+    if (c.gated > 1) return invalid("gated must be 0 or 1, got {d}", .{c.gated});
     for (columns, 0..) |col, i| {
         const kind = std.enums.fromInt(ColumnKind, col.kind) orelse
             return invalid("column {d}: unknown kind {d}", .{ i, col.kind });
         if (kind != .variable) {
             _ = std.math.mul(u64, col.record_size, c.batch_size) catch
                 return invalid("column {d}: a batch overflows", .{i});
+        }
+        if (col.out_count > 0 and (kind == .variable or col.out == null)) {
+            return invalid("column {d}: out buffers are for dense columns (and not null)", .{i});
         }
     }
 }
@@ -321,6 +378,9 @@ fn checkSpecs(l: *Loader, specs: ?[*]const windows.Spec) Error!void {
         if (kind != .windows and kind != .segments) continue;
         const all = specs orelse
             return invalid("column {d} reads windows but no window index was given", .{c});
+        for (l.rows[l.col_start[c]..l.col_start[c + 1]]) |rows| {
+            if (rows != null) return invalid("column {d} reads windows: no part takes rows", .{c});
+        }
         for (0..k_count) |k| {
             const spec = all[c * k_count + k];
             try windows.checkSpec(spec);
@@ -347,6 +407,9 @@ fn invalid(comptime fmt: []const u8, args: anytype) Error {
     return diag.fail(error.InvalidArgument, fmt, args);
 }
 
+/// A part with its rows, as sorted by `layout`.
+const Placed = struct { part: store_parts.Part, rows: ?[]const u64 };
+
 /// Checks the parts and lays them out by column, source and `first`.
 fn layout(l: *Loader, parts: []const Part) Error!void {
     const k_count = l.sources.len;
@@ -358,6 +421,7 @@ fn layout(l: *Loader, parts: []const Part) Error!void {
         if (p.column >= c_count or p.source >= k_count) {
             return invalid("part {d}: no column {d} / source {d}", .{ i, p.column, p.source });
         }
+        if (p.rows != null and p.row_count == 0) return invalid("part {d}: rows is empty", .{i});
         counts[p.column * k_count + p.source + 1] += 1;
     }
     for (1..counts.len) |i| {
@@ -371,35 +435,52 @@ fn layout(l: *Loader, parts: []const Part) Error!void {
     }
     @memcpy(l.range_start, counts);
     for (0..c_count + 1) |c| l.col_start[c] = counts[c * k_count];
+    const placed = l.gpa.alloc(Placed, parts.len) catch return error.OutOfMemory;
+    defer l.gpa.free(placed);
     var fill = l.gpa.dupe(usize, counts[0 .. counts.len - 1]) catch return error.OutOfMemory;
     defer l.gpa.free(fill);
     for (parts) |p| {
         const at = &fill[p.column * k_count + p.source];
-        l.parts[at.*] = .{ .store = p.store, .first = p.first };
+        const rows: ?[]const u64 = if (p.rows) |r| r[0..@intCast(p.row_count)] else null;
+        placed[at.*] = .{ .part = .{ .store = p.store, .first = p.first }, .rows = rows };
         at.* += 1;
     }
     for (0..c_count * k_count) |r| {
-        const range = l.parts[l.range_start[r]..l.range_start[r + 1]];
-        std.mem.sortUnstable(store_parts.Part, range, {}, firstLess);
-        if (range[0].first != 0) {
+        const range = placed[l.range_start[r]..l.range_start[r + 1]];
+        std.mem.sortUnstable(Placed, range, {}, firstLess);
+        try checkRange(range, r / k_count, r % k_count);
+    }
+    for (placed, l.parts, l.rows) |p, *part, *rows| {
+        part.* = p.part;
+        rows.* = p.rows;
+    }
+}
+
+/// The parts of one (column, source), sorted: from 0, no two at one start,
+/// and a part with rows ends where the next begins, or before it.
+fn checkRange(range: []const Placed, c: usize, k: usize) Error!void {
+    if (range[0].part.first != 0) {
+        return invalid("the first part of column {d}, source {d} must start at 0", .{ c, k });
+    }
+    for (range[1..], range[0 .. range.len - 1]) |b, a| {
+        if (b.part.first == a.part.first) {
             return invalid(
-                "the first part of column {d}, source {d} must start at 0",
-                .{ r / k_count, r % k_count },
+                "two parts of column {d}, source {d} start at {d}",
+                .{ c, k, a.part.first },
             );
         }
-        for (range[1..], range[0 .. range.len - 1]) |b, a| {
-            if (b.first == a.first) {
-                return invalid(
-                    "two parts of column {d}, source {d} start at {d}",
-                    .{ r / k_count, r % k_count, a.first },
-                );
-            }
+        const rows = a.rows orelse continue;
+        if (rows.len > b.part.first - a.part.first) {
+            return invalid(
+                "column {d}, source {d}: the part at {d} has {d} rows, past the next part",
+                .{ c, k, a.part.first, rows.len },
+            );
         }
     }
 }
 
-fn firstLess(_: void, a: store_parts.Part, b: store_parts.Part) bool {
-    return a.first < b.first;
+fn firstLess(_: void, a: Placed, b: Placed) bool {
+    return a.part.first < b.part.first;
 }
 
 /// Starts `config.threads` workers reading `parts` (kept alive until `destroy`).
@@ -424,19 +505,20 @@ pub fn create(
         .sources = &.{},
         .mix = undefined,
         .columns = &.{},
+        .variable_count = 0,
         .parts = &.{},
+        .rows = &.{},
         .specs = &.{},
         .col_start = &.{},
         .range_start = &.{},
+        .outs = &.{},
+        .out_start = &.{},
         .slots = &.{},
-        .dests = &.{},
         .results = &.{},
-        .index_out = &.{},
-        .source_out = &.{},
         .work = &.{},
         .threads = &.{},
-        .next_submit = config.step,
         .next_claim = config.step,
+        .next_release = config.step,
     };
     errdefer l.freeBuffers();
     try l.allocate(sources, columns, parts.len);
@@ -466,60 +548,76 @@ fn allocate(
     l.sources = gpa.dupe(Source, sources) catch return error.OutOfMemory;
     l.columns = gpa.dupe(Column, columns) catch return error.OutOfMemory;
     l.parts = gpa.alloc(store_parts.Part, part_count) catch return error.OutOfMemory;
+    l.rows = gpa.alloc(?[]const u64, part_count) catch return error.OutOfMemory;
     l.specs = gpa.alloc(windows.Spec, columns.len * sources.len) catch return error.OutOfMemory;
     l.col_start = gpa.alloc(usize, columns.len + 1) catch return error.OutOfMemory;
     l.range_start = gpa.alloc(usize, columns.len * sources.len + 1) catch return error.OutOfMemory;
     l.slots = gpa.alloc(Slot, window) catch return error.OutOfMemory;
     @memset(l.slots, .{});
-    l.dests = gpa.alloc([*]u8, window * columns.len) catch return error.OutOfMemory;
     l.results = gpa.alloc(Result, window * columns.len) catch return error.OutOfMemory;
     @memset(l.results, .{});
-    l.index_out = gpa.alloc(?[*]u64, window) catch return error.OutOfMemory;
-    l.source_out = gpa.alloc(?[*]u16, window) catch return error.OutOfMemory;
+    try l.copyOuts(columns);
     l.work = gpa.alloc(Work, l.config.threads) catch return error.OutOfMemory;
-    for (l.work) |*w| {
-        w.* = .{
-            .indices = &.{},
-            .sources = &.{},
-            .origins = &.{},
-            .slots = &.{},
-            .filled = &.{},
-            .rows = &.{},
-            .picked = &.{},
-        };
+    @memset(l.work, .{});
+    for (l.work) |*w| try l.initWork(w);
+}
+
+/// A private copy of every column's `out` buffer list.
+fn copyOuts(l: *Loader, columns: []const Column) Error!void {
+    l.out_start = l.gpa.alloc(usize, columns.len + 1) catch return error.OutOfMemory;
+    var total: usize = 0;
+    for (columns, 0..) |col, c| {
+        l.out_start[c] = total;
+        total += col.out_count;
+        if (col.kind == @backingInt(ColumnKind.variable)) l.variable_count += 1;
     }
+    l.out_start[columns.len] = total;
+    l.outs = l.gpa.alloc([*]u8, total) catch return error.OutOfMemory;
+    for (columns, 0..) |col, c| {
+        if (col.out_count == 0) continue;
+        @memcpy(l.outs[l.out_start[c]..l.out_start[c + 1]], col.out.?[0..col.out_count]);
+    }
+}
+
+fn initWork(l: *Loader, w: *Work) Error!void {
+    const gpa = l.gpa;
     const batch: usize = @intCast(l.config.batch_size);
     const global: usize = @intCast(l.config.batch_size * l.config.world);
-    for (l.work) |*w| {
-        w.indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
-        w.sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
-        w.rows = gpa.alloc(u64, batch) catch return error.OutOfMemory;
-        w.picked = gpa.alloc(u64, batch) catch return error.OutOfMemory;
-        if (sources.len > 1) {
-            w.origins = gpa.alloc(mixture.Origin, batch) catch return error.OutOfMemory;
-            w.slots = gpa.alloc(u64, batch) catch return error.OutOfMemory;
-            w.filled = gpa.alloc(u64, global) catch return error.OutOfMemory;
-        }
+    w.indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+    w.sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
+    w.rows = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+    w.picked = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+    if (l.sources.len > 1) {
+        w.origins = gpa.alloc(mixture.Origin, batch) catch return error.OutOfMemory;
+        w.slots = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+        w.filled = gpa.alloc(u64, global) catch return error.OutOfMemory;
     }
+}
+
+fn deinitWork(gpa: Allocator, w: *Work) void {
+    gpa.free(w.indices);
+    gpa.free(w.sources);
+    gpa.free(w.origins);
+    gpa.free(w.slots);
+    gpa.free(w.filled);
+    gpa.free(w.rows);
+    gpa.free(w.picked);
+    w.parts.deinit(gpa);
+    w.win.deinit(gpa);
 }
 
 fn freeBuffers(l: *Loader) void {
     const gpa = l.gpa;
-    for (l.work) |*w| {
-        gpa.free(w.indices);
-        gpa.free(w.sources);
-        gpa.free(w.origins);
-        gpa.free(w.slots);
-        gpa.free(w.filled);
-        gpa.free(w.rows);
-        gpa.free(w.picked);
-        w.parts.deinit(gpa);
-        w.win.deinit(gpa);
-    }
+    for (l.work) |*w| deinitWork(gpa, w);
     for (l.results) |r| outbuf.free(r.buffer);
+    for (l.slots) |slot| {
+        gpa.free(slot.indices);
+        gpa.free(slot.sources);
+        gpa.free(slot.sizes);
+    }
     inline for (.{
-        "work",        "source_out", "index_out", "results", "dests",   "slots",
-        "range_start", "col_start",  "specs",     "parts",   "columns", "sources",
+        "work",      "results", "slots", "outs",  "out_start", "range_start",
+        "col_start", "specs",   "rows",  "parts", "columns",   "sources",
     }) |name| {
         gpa.free(@field(l, name));
     }
@@ -548,57 +646,59 @@ fn startThreads(l: *Loader) Error!void {
 
 // ---------------------------------------------------------------- the ring
 
-/// Gives step `step` (the next in order) its destinations: per column, a
-/// dense column's batch buffer (batch_size * record_size bytes) or a packed
-/// column's sizes buffer (2 * batch_size words: payload sizes, then aux
-/// sizes); and where to write the step's indices and per-record sources
-/// (each null for none). Errors: Closed, InvalidArgument (out of order, or
-/// its slot is still in use).
-pub fn submit(
-    l: *Loader,
-    step: u64,
-    dests: []const [*]u8,
-    indices: ?[*]u64,
-    sources: ?[*]u16,
-) Error!void {
-    assert(dests.len == l.columns.len);
+/// Releases step `step` of a gated ring (the next in order) to the workers,
+/// or, with a `failure` message, fails it without building it: its `wait`
+/// returns error.Failed with that message. `generation` is the caller's
+/// (the number of resets it made). Errors: Closed, InvalidArgument (not
+/// gated, out of order, its slot still holds an earlier step, or an older
+/// generation: dropped by a reset).
+pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Error!void {
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-    if (step != l.next_submit) {
-        return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_submit });
+    if (l.config.gated == 0) return invalid("submit: this ring is not gated", .{});
+    if (generation != l.generation) return dropped(step);
+    if (step != l.next_release) {
+        return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_release });
     }
-    const k = l.slotOf(step);
-    const slot = &l.slots[k];
+    const slot = &l.slots[l.slotOf(step)];
     if (slot.state != .free) {
         return invalid(
-            "step {d}: ring slot still holds step {d} (more than {d} steps submitted)",
+            "step {d}: ring slot still holds step {d} (more than {d} steps ahead)",
             .{ step, slot.step, l.config.window },
         );
     }
-    @memcpy(l.dests[k * l.columns.len ..][0..l.columns.len], dests);
-    l.index_out[k] = indices;
-    l.source_out[k] = sources;
-    slot.* = .{ .state = .submitted, .step = step };
-    l.next_submit = step + 1;
-    l.work_ready.signal(io);
+    for (l.results[l.slotOf(step) * l.columns.len ..][0..l.columns.len]) |r| {
+        assert(r.buffer == null); // handed over or freed with the slot's last step
+    }
+    slot.state = .submitted;
+    slot.step = step;
+    if (failure) |message| {
+        slot.state = .done;
+        slot.failure = error.Failed;
+        slot.failed_column = @intCast(l.columns.len);
+        slot.message_len = @min(message.len, message_size_max);
+        @memcpy(slot.message[0..slot.message_len], message[0..slot.message_len]);
+        l.step_done.broadcast(io);
+    }
+    l.next_release = step + 1;
+    l.work_ready.broadcast(io);
 }
 
-/// Waits until submitted step `step` is built and frees its slot: its buffers
-/// are the caller's again, and each variable column's new buffer and its length
-/// go to `buffers[c]`/`lengths[c]` (the caller frees them with outbuf.free).
-/// On a failed step, returns the error (message in diag) and the failing
-/// column in `failed_column`. Errors: Closed, InvalidArgument (not
-/// submitted), or the step's error.
-pub fn wait(
-    l: *Loader,
-    step: u64,
-    failed_column: *u32,
-    buffers: []?[*]u8,
-    lengths: []u64,
-) Error!void {
-    assert(buffers.len == l.columns.len and lengths.len == l.columns.len);
+fn dropped(step: u64) Error {
+    return invalid("step {d} was dropped by a reset", .{step});
+}
+
+/// Waits until step `step` (of `generation`) is built and hands it over (see
+/// Handout): its buffers are the caller's from then on, its slot is free. On
+/// a failed step, frees its buffers and returns the error (message in diag)
+/// with the failing column in `failed_column` (columns.len: failed by
+/// `submit`). Errors: Closed (also when stopped while waiting),
+/// InvalidArgument (before the ring's first step, already handed over, or
+/// dropped by a reset, also while waiting), or the step's error.
+pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
+    assert(out.buffers.len == l.columns.len and out.lengths.len == l.columns.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
@@ -606,23 +706,39 @@ pub fn wait(
     const slot = &l.slots[k];
     while (true) {
         if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-        if (slot.state == .free or slot.step != step) {
-            return invalid("step {d} was not submitted", .{step});
+        if (generation != l.generation) return dropped(step);
+        if (step < l.config.step) return invalid("step {d} is before the ring's first", .{step});
+        if (slot.step == step and slot.state == .done) break;
+        const pending = slot.step == step and slot.state != .free;
+        if (step < l.next_claim and !pending) {
+            return invalid("step {d} was already handed over", .{step});
         }
-        if (slot.state == .done) break;
         l.step_done.waitUncancelable(io, &l.mutex);
     }
     slot.state = .free;
+    // Its slot is free: an ungated ring builds the step `window` later now.
+    l.work_ready.signal(io);
     const results = l.results[k * l.columns.len ..][0..l.columns.len];
     if (slot.failure) |err| {
         freeResults(results);
-        failed_column.* = slot.failed_column;
+        out.failed_column.* = slot.failed_column;
         diag.set("{s}", .{slot.message[0..slot.message_len]});
         return err;
     }
-    for (results, buffers, lengths) |*r, *b, *n| {
-        b.* = r.buffer;
-        n.* = r.len;
+    l.handOver(slot, results, out);
+}
+
+/// Copies a built step's indices and sizes out and gives its buffers away.
+/// Caller holds the mutex.
+fn handOver(l: *Loader, slot: *const Slot, results: []Result, out: Handout) void {
+    assert(slot.state == .free and slot.failure == null);
+    const batch: usize = @intCast(l.config.batch_size);
+    if (out.indices) |p| @memcpy(p[0..batch], slot.indices);
+    if (out.sources) |p| @memcpy(p[0..batch], slot.sources);
+    if (out.sizes) |p| @memcpy(p[0 .. 2 * batch * l.variable_count], slot.sizes);
+    for (results, out.buffers, out.lengths) |*r, to, *len| {
+        len.* = r.len;
+        if (to) |owner| owner.* = r.buffer else outbuf.free(r.buffer);
         r.* = .{};
     }
 }
@@ -634,29 +750,44 @@ fn freeResults(results: []Result) void {
     }
 }
 
-/// Drops every submitted step (waiting for those being built, so no worker
-/// still writes into a buffer afterwards); the next step to submit is
-/// `step`, and its first record is at global `position`. A CYCLIC mixture
+/// Drops every step (waiting for those being built, so no worker still
+/// writes into a buffer afterwards, and freeing their buffers), wakes every
+/// waiter of the old generation, and starts the next: its first step is
+/// `step`, whose first record is at global `position`. A CYCLIC mixture
 /// (`hasCursors`) also takes every source's cursor at `step` (one per
-/// source; otherwise `cursors` is empty and ignored).
-pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Cursor) void {
+/// source; otherwise `cursors` is empty and ignored). Returns the new
+/// generation. Does nothing once stopped.
+pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Cursor) u64 {
     assert(!l.hasCursors() or cursors.len == l.sources.len);
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
-    while (l.running > 0 and !l.closed) l.step_done.waitUncancelable(io, &l.mutex);
-    for (l.slots) |*slot| slot.state = .free;
+    if (l.closed) return l.generation;
+    l.generation += 1;
+    l.step_done.broadcast(io);
+    while (l.running > 0) {
+        // Stopped meanwhile: leave the slots to the builders still running
+        // (destroy frees everything once they are joined).
+        if (l.closed) return l.generation;
+        l.step_done.waitUncancelable(io, &l.mutex);
+    }
+    for (l.slots) |*slot| {
+        assert(slot.state != .running);
+        slot.state = .free;
+    }
     freeResults(l.results);
     l.config.step = step;
     l.config.position = position;
-    l.next_submit = step;
     l.next_claim = step;
-    // Builds read the cursors unlocked; none runs now unless closed (and a
-    // closed ring builds nothing more).
-    if (l.hasCursors() and !l.closed) {
+    l.next_release = step;
+    // Builds read the cursors unlocked (indicesAt copies them under the
+    // mutex); none runs now, and the next claims come after this.
+    if (l.hasCursors()) {
         @memcpy(l.cursors[0..cursors.len], cursors);
         l.normalizeCursors(position);
     }
+    l.work_ready.broadcast(io);
+    return l.generation;
 }
 
 /// Stops the workers and joins them; waiters return Closed. Idempotent and
@@ -668,7 +799,8 @@ pub fn stop(l: *Loader) void {
     l.joined.store(true, .release);
 }
 
-/// Stops, lets go of the stores and frees the loader. No other call may race it.
+/// Stops, lets go of the stores and frees the loader (and every buffer it
+/// still holds). No other call may race it.
 pub fn destroy(l: *Loader) void {
     l.stop();
     // A stop begun on another thread may still be joining.
@@ -696,38 +828,51 @@ fn slotOf(l: *const Loader, step: u64) usize {
     return @intCast(step % l.config.window);
 }
 
+/// The slot of `next_claim` when a worker may build it now, skipping steps
+/// that `submit` failed. Caller holds the mutex.
+fn claimable(l: *Loader) ?*Slot {
+    while (true) {
+        const slot = &l.slots[l.slotOf(l.next_claim)];
+        if (l.config.gated == 0) return if (slot.state == .free) slot else null;
+        if (l.next_claim >= l.next_release) return null;
+        if (slot.step == l.next_claim and slot.state == .submitted) return slot;
+        // Released but not for building: failed by `submit` (still done, or
+        // already handed over and its slot free or reused).
+        assert(slot.step != l.next_claim or slot.state == .done or slot.state == .free);
+        l.next_claim += 1;
+    }
+}
+
 fn workerMain(l: *Loader, worker_index: usize) void {
     const io = pool.io();
     const work = &l.work[worker_index];
-    var dests: [columns_max][*]u8 = undefined;
     var results: [columns_max]Result = undefined;
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     while (!l.closed) {
-        const k = l.slotOf(l.next_claim);
-        const slot = &l.slots[k];
-        if (slot.state != .submitted or slot.step != l.next_claim) {
+        const slot = l.claimable() orelse {
             l.work_ready.waitUncancelable(io, &l.mutex);
             continue;
-        }
+        };
         // Claimed: the slot stays ours until we mark it done (a reset waits
         // for `running` to drop), so the build runs unlocked.
-        slot.state = .running;
+        const step = l.next_claim;
+        const k = l.slotOf(step);
+        slot.* = .{
+            .state = .running,
+            .step = step,
+            .indices = slot.indices,
+            .sources = slot.sources,
+            .sizes = slot.sizes,
+        };
         l.next_claim += 1;
         l.running += 1;
-        const step = slot.step;
-        const n = l.columns.len;
-        @memcpy(dests[0..n], l.dests[k * n ..][0..n]);
-        const out: Dests = .{
-            .columns = dests[0..n],
-            .indices = l.index_out[k],
-            .sources = l.source_out[k],
-        };
         const base = .{ l.config.step, l.config.position };
         l.mutex.unlock(io);
+        const n = l.columns.len;
         var failed_column: u32 = 0;
         for (results[0..n]) |*r| r.* = .{};
-        const result = l.build(step, base, out, work, results[0..n], &failed_column);
+        const result = l.build(step, base, slot, work, results[0..n], &failed_column);
         l.mutex.lockUncancelable(io);
         l.finish(slot, k, result, failed_column, results[0..n]);
         l.running -= 1;
@@ -744,11 +889,14 @@ fn finish(
     failed_column: u32,
     results: []Result,
 ) void {
+    assert(slot.state == .running);
     slot.state = .done;
     slot.failure = null;
-    @memcpy(l.results[k * l.columns.len ..][0..l.columns.len], results);
+    const mine = l.results[k * l.columns.len ..][0..l.columns.len];
+    for (mine) |r| assert(r.buffer == null);
+    @memcpy(mine, results);
     if (result) |_| {} else |err| {
-        freeResults(l.results[k * l.columns.len ..][0..l.columns.len]);
+        freeResults(mine);
         const message = std.mem.span(diag.get());
         const len = @min(message.len, message_size_max);
         @memcpy(slot.message[0..len], message[0..len]);
@@ -758,33 +906,102 @@ fn finish(
     }
 }
 
+/// The indices (and sources) this ring builds step `step` with, under its
+/// current base, computed without building it. Errors: InvalidArgument
+/// (before the ring's first step), OutOfMemory.
+pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!void {
+    assert(indices.len == l.config.batch_size);
+    const n = l.sources.len;
+    const cursors = l.gpa.alloc(mixture.Cursor, if (l.hasCursors()) n else 0) catch
+        return error.OutOfMemory;
+    defer l.gpa.free(cursors);
+    // The base and the cursors of one generation (a reset may come meanwhile).
+    const io = pool.io();
+    l.mutex.lockUncancelable(io);
+    const base: mixture.Base = .{ .step = l.config.step, .position = l.config.position };
+    @memcpy(cursors, l.cursors[0..cursors.len]);
+    l.mutex.unlock(io);
+    if (step < base.step) return invalid("step {d} is before the ring's first", .{step});
+    var work: Work = .{};
+    defer deinitWork(l.gpa, &work);
+    try l.initWork(&work);
+    l.indicesOf(step, base, cursors, &work);
+    @memcpy(indices, work.indices);
+    if (sources) |s| @memcpy(s, work.sources);
+}
+
 // ---------------------------------------------------------------- building a step
 
-/// Builds `step` into `out` (and `results`), with the indices of the base
-/// (step, position) the step was claimed under.
+/// Builds `step` into its slot's buffers and `results`, with the indices of
+/// the base (step, position) the step was claimed under.
 fn build(
     l: *Loader,
     step: u64,
     base: struct { u64, u64 },
-    out: Dests,
+    slot: *Slot,
     work: *Work,
     results: []Result,
     failed_column: *u32,
 ) Error!void {
+    failed_column.* = @intCast(l.columns.len);
+    try l.slotBuffers(slot);
     assert(step >= base[0]);
-    l.indicesOf(step, .{ .step = base[0], .position = base[1] }, work);
+    const at: mixture.Base = .{ .step = base[0], .position = base[1] };
+    l.indicesOf(step, at, l.cursors[0..l.sources.len], work);
+    @memcpy(slot.indices, work.indices);
+    @memcpy(slot.sources, work.sources);
     const batch: usize = @intCast(l.config.batch_size);
-    if (out.indices) |p| @memcpy(p[0..batch], work.indices);
-    if (out.sources) |p| @memcpy(p[0..batch], work.sources);
+    var variable: usize = 0;
     for (l.columns, 0..) |col, c| {
         failed_column.* = @intCast(c);
-        try l.buildColumn(c, col, out.columns[c], work, &results[c]);
+        const kind: ColumnKind = @fromBackingInt(@intCast(col.kind));
+        if (kind == .variable) {
+            const sizes = slot.sizes[variable * 2 * batch ..][0 .. 2 * batch];
+            variable += 1;
+            try l.buildVariable(c, sizes, work, &results[c]);
+            continue;
+        }
+        const dest = try l.denseDest(c, step, &results[c]);
+        try l.buildColumn(c, kind, dest, work);
     }
 }
 
+/// The slot's index, source and size arrays, allocated at its first build.
+fn slotBuffers(l: *Loader, slot: *Slot) Error!void {
+    if (slot.indices.len > 0) return;
+    const batch: usize = @intCast(l.config.batch_size);
+    const gpa = l.gpa;
+    const indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+    errdefer gpa.free(indices);
+    const sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
+    errdefer gpa.free(sources);
+    slot.sizes = gpa.alloc(u64, 2 * batch * l.variable_count) catch return error.OutOfMemory;
+    slot.sources = sources;
+    slot.indices = indices;
+}
+
+/// Where dense column `c` of `step` is built: the caller's `out` buffer of
+/// the step, or a new pool buffer that `result` owns from now on.
+fn denseDest(l: *Loader, c: usize, step: u64, result: *Result) Error![*]u8 {
+    const outs = l.outs[l.out_start[c]..l.out_start[c + 1]];
+    if (outs.len > 0) return outs[@intCast(step % outs.len)];
+    const size: usize = @intCast(l.columns[c].record_size * l.config.batch_size);
+    const buf = outbuf.allocExact(&outbuf.default_pool, size) orelse
+        return diag.fail(error.OutOfMemory, "no memory for a batch of {d} bytes", .{size});
+    result.* = .{ .buffer = buf, .len = size };
+    return buf;
+}
+
 /// This rank's indices (and sources) of `step`, for the base it was claimed
-/// under (a mixture's position is u128 there: the mixed stream's).
-fn indicesOf(l: *Loader, step: u64, base: mixture.Base, work: *Work) void {
+/// under (a mixture's position is u128 there: the mixed stream's) and, for
+/// a CYCLIC mixture, the sources' `cursors` at that base.
+fn indicesOf(
+    l: *const Loader,
+    step: u64,
+    base: mixture.Base,
+    cursors: []const mixture.Cursor,
+    work: *Work,
+) void {
     const c = l.config;
     const batch: u64 = c.batch_size;
     const global: u64 = c.batch_size * c.world;
@@ -810,7 +1027,7 @@ fn indicesOf(l: *Loader, step: u64, base: mixture.Base, work: *Work) void {
         const n: usize = @intCast(after[k] - before[k]);
         start[k] = at;
         if (n > 0) {
-            const from = l.sourcePosition(k, step, base, before[k]);
+            const from = l.sourcePosition(k, step, base, cursors[k], before[k]);
             sampler.fillFrom(s.length, l.mode, s.seed, from, work.filled[at..][0..n]);
         }
         at += n;
@@ -823,58 +1040,55 @@ fn indicesOf(l: *Loader, step: u64, base: mixture.Base, work: *Work) void {
 }
 
 /// Where source `k`'s records of `step` start in its own sampler's sequence:
-/// its cumulative count `before` (SEQUENTIAL, IID), or its cursor's place
-/// (CYCLIC: the step's records all come from one cycle).
+/// its cumulative count `before` (SEQUENTIAL, IID), or its place from its
+/// `cursor` at `base` (CYCLIC: the step's records all come from one cycle).
 fn sourcePosition(
     l: *const Loader,
     k: usize,
     step: u64,
     base: mixture.Base,
+    cursor: mixture.Cursor,
     before: u128,
 ) sampler.Position {
     if (!l.hasCursors()) return before;
     const global = l.config.batch_size * l.config.world;
-    const place = l.mix.cursorAt(k, global, l.cycle_steps[k], base, l.cursors[k], step);
+    const place = l.mix.cursorAt(k, global, l.cycle_steps[k], base, cursor, step);
     return place.position(l.sources[k].length);
 }
 
-fn buildColumn(
-    l: *Loader,
-    c: usize,
-    col: Column,
-    dest: [*]u8,
-    work: *Work,
-    result: *Result,
-) Error!void {
-    const kind: ColumnKind = @fromBackingInt(@intCast(col.kind));
+/// A fixed-size column (dense, windows, segments) into `dest`.
+fn buildColumn(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work) Error!void {
     if (kind == .windows or kind == .segments) return l.buildWindows(c, kind, dest, work);
+    assert(kind == .dense);
     const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
     const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
     defer store_parts.end(parts);
     const reads = try l.readsOf(c, snaps, work);
     const batch: usize = @intCast(l.config.batch_size);
-    switch (kind) {
-        .windows, .segments => unreachable, // built by buildWindows
-        .dense => {
-            const size: usize = @intCast(col.record_size);
-            try store_read.gatherReads(reads, .{
-                .base = dest,
-                .len = size * batch,
-                .stride = size,
-            }, .payload, l.config.lanes);
-        },
-        .variable => {
-            const words: [*]u64 = @ptrCast(@alignCast(dest));
-            const buf = try store_read.packedReads(
-                l.gpa,
-                reads,
-                l.config.lanes,
-                words[0..batch],
-                words[batch..][0..batch],
-            );
-            result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
-        },
-    }
+    const size: usize = @intCast(l.columns[c].record_size);
+    try store_read.gatherReads(reads, .{
+        .base = dest,
+        .len = size * batch,
+        .stride = size,
+    }, .payload, l.config.lanes);
+}
+
+/// A variable column into one new buffer (owned by `result`), with each
+/// record's payload and aux sizes in `sizes`.
+fn buildVariable(l: *Loader, c: usize, sizes: []u64, work: *Work, result: *Result) Error!void {
+    const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
+    const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
+    defer store_parts.end(parts);
+    const reads = try l.readsOf(c, snaps, work);
+    const batch: usize = @intCast(l.config.batch_size);
+    const buf = try store_read.packedReads(
+        l.gpa,
+        reads,
+        l.config.lanes,
+        sizes[0..batch],
+        sizes[batch..][0..batch],
+    );
+    result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
 }
 
 /// A windows (or segments) column: each source's records are windows of its
@@ -909,7 +1123,7 @@ fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work
 }
 
 /// Column c's reads of the step in `work`: each record's part (among the
-/// column's parts) and index inside it.
+/// column's parts) and index inside its store.
 fn readsOf(
     l: *Loader,
     c: usize,
@@ -925,14 +1139,39 @@ fn readsOf(
         const r = c * k_count + source;
         const lo = l.range_start[r] - col_first;
         const hi = l.range_start[r + 1] - col_first;
-        const parts = l.parts[col_first + lo .. col_first + hi];
-        const at = store_parts.find(parts, snaps[lo..hi], index) orelse
+        const at = l.find(col_first + lo, col_first + hi, snaps[lo..hi], index) orelse
             return diag.fail(error.OutOfRange, "source {d}: index {d} is out of range " ++
                 "(a store of this column is shorter than the source)", .{ source, index });
         of.* = @intCast(lo + at.part);
         local.* = at.local;
     }
     return .{ .snaps = snaps, .of = sc.of.items, .indices = sc.local.items };
+}
+
+/// Where stream index `index` lives among parts[lo..hi] (one source of one
+/// column): (part among them, record of its store); null when none holds it.
+fn find(
+    l: *const Loader,
+    lo: usize,
+    hi: usize,
+    snaps: []const store_read.Snapshot,
+    index: u64,
+) ?struct { part: usize, local: u64 } {
+    const parts = l.parts[lo..hi];
+    // The last part starting at or before `index` (the parts are sorted).
+    var i: usize = 0;
+    var end: usize = parts.len;
+    while (end - i > 1) {
+        const mid = (i + end) / 2;
+        if (parts[mid].first <= index) i = mid else end = mid;
+    }
+    if (index < parts[i].first) return null;
+    const offset = index - parts[i].first;
+    const rows = l.rows[lo + i] orelse {
+        return if (offset < snaps[i].count) .{ .part = i, .local = offset } else null;
+    };
+    if (offset >= rows.len or rows[@intCast(offset)] >= snaps[i].count) return null;
+    return .{ .part = i, .local = rows[@intCast(offset)] };
 }
 
 // ---------------------------------------------------------------- tests
@@ -992,40 +1231,84 @@ fn testConfig(batch: u64, window: u32, threads: u32, step: u64) Config {
     };
 }
 
+/// What a test takes from one step: each column's buffer (the test frees
+/// them), its indices and sources.
+const Taken = struct {
+    buffers: [2]?[*]u8 = @splat(null),
+    lengths: [2]u64 = @splat(0),
+    sizes: [16]u64 = undefined,
+    failed_column: u32 = 0,
+
+    fn free(t: *Taken) void {
+        for (&t.buffers) |*b| {
+            outbuf.free(b.*);
+            b.* = null;
+        }
+    }
+
+    fn values(t: *const Taken, c: usize) [*]align(1) const u64 {
+        return @ptrCast(t.buffers[c].?);
+    }
+};
+
+fn take(
+    l: *Loader,
+    step: u64,
+    generation: u64,
+    t: *Taken,
+    indices: ?[*]u64,
+    sources: ?[*]u16,
+) Error!void {
+    const n = l.columns.len;
+    var owners: [2]?*?[*]u8 = .{ &t.buffers[0], &t.buffers[1] };
+    try l.wait(step, generation, .{
+        .failed_column = &t.failed_column,
+        .buffers = owners[0..n],
+        .lengths = t.lengths[0..n],
+        .sizes = &t.sizes,
+        .indices = indices,
+        .sources = sources,
+    });
+}
+
 test "the ring builds every step in order, exactly as the sampler says" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     const s = try testStore(&tmp, "x", 100, 3);
     defer s.close();
+    const live = outbuf.live.load(.monotonic);
     const sources = [_]Source{.{ .length = 100, .seed = 5, .weight = 1 }};
     const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
     const config = testConfig(7, 3, 2, 10);
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
-    defer l.destroy();
-    var buffers: [3][7]u64 = undefined;
     var expected: [7]u64 = undefined;
-    var failed: u32 = 0;
-    var bufs: [1]?[*]u8 = undefined;
-    var lens: [1]u64 = undefined;
-    for (10..13) |first| try l.submit(first, &.{@ptrCast(&buffers[first % 3])}, null, null);
-    // A fourth step has no free slot until step 10 is waited for.
-    const full = l.submit(13, &.{@ptrCast(&buffers[0])}, null, null);
-    try testing.expectError(error.InvalidArgument, full);
+    var indices: [7]u64 = undefined;
+    var t: Taken = .{};
     var step: u64 = 10;
     while (step < 40) : (step += 1) {
-        try l.wait(step, &failed, &bufs, &lens);
-        const got = &buffers[step % 3];
+        try take(l, step, 0, &t, &indices, null);
+        defer t.free();
+        try testing.expectEqual(@as(u64, 56), t.lengths[0]);
         sampler.fill(100, .cyclic, 5, step, 0, 1, &expected);
-        for (got, expected) |value, index| try testing.expectEqual(3 * index + 1, value);
-        try l.submit(step + 3, &.{@ptrCast(got)}, null, null);
+        try testing.expectEqualSlices(u64, &expected, &indices);
+        for (t.values(0)[0..7], expected) |value, index| {
+            try testing.expectEqual(3 * index + 1, value);
+        }
     }
-    // Reset drops the steps in flight; the ring continues anywhere.
-    l.reset(1000, @intCast(sampler.positionAt(.cyclic, 100, 7, 0, 0, 1000)), &.{});
-    try testing.expectError(error.InvalidArgument, l.wait(40, &failed, &bufs, &lens));
-    try l.submit(1000, &.{@ptrCast(&buffers[1])}, null, null);
-    try l.wait(1000, &failed, &bufs, &lens);
+    // Handed over once only.
+    try testing.expectError(error.InvalidArgument, take(l, 39, 0, &t, null, null));
+    // Reset drops the steps in flight; the ring continues anywhere, in a new
+    // generation, and a wait of the old one is refused.
+    const position = sampler.positionAt(.cyclic, 100, 7, 0, 0, 1000);
+    try testing.expectEqual(@as(u64, 1), l.reset(1000, @intCast(position), &.{}));
+    try testing.expectError(error.InvalidArgument, take(l, 40, 0, &t, null, null));
+    try take(l, 1000, 1, &t, null, null);
     sampler.fill(100, .cyclic, 5, 1000, 0, 1, &expected);
-    for (buffers[1], expected) |value, index| try testing.expectEqual(3 * index + 1, value);
+    for (t.values(0)[0..7], expected) |value, index| try testing.expectEqual(3 * index + 1, value);
+    t.free();
+    // Steps built and never taken are freed with the ring.
+    l.destroy();
+    try testing.expectEqual(live, outbuf.live.load(.monotonic));
 }
 
 test "shards and a mixture: every record from its source's own sequence" {
@@ -1051,17 +1334,20 @@ test "shards and a mixture: every record from its source's own sequence" {
     config.position = 0;
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
-    var got: [16]u64 = undefined;
     var indices: [16]u64 = undefined;
     var origin: [16]u16 = undefined;
-    var failed: u32 = 0;
-    var bufs: [1]?[*]u8 = undefined;
-    var lens: [1]u64 = undefined;
+    var ahead: [16]u64 = undefined;
+    var ahead_origin: [16]u16 = undefined;
+    var t: Taken = .{};
     var per_source: [2]u64 = @splat(0);
     for (0..8) |step| {
-        try l.submit(step, &.{@ptrCast(&got)}, &indices, &origin);
-        try l.wait(step, &failed, &bufs, &lens);
-        for (got, indices, origin) |value, index, source| {
+        // The indices of a step, computed without building it, are the built ones.
+        try l.indicesAt(step, &ahead, &ahead_origin);
+        try take(l, step, 0, &t, &indices, &origin);
+        defer t.free();
+        try testing.expectEqualSlices(u64, &ahead, &indices);
+        try testing.expectEqualSlices(u16, &ahead_origin, &origin);
+        for (t.values(0)[0..16], indices, origin) |value, index, source| {
             // Source 0's index i is record i of the shards (value i + 1); source 1's, 1000 i + 1.
             try testing.expectEqual(if (source == 0) index + 1 else 1000 * index + 1, value);
             per_source[source] += 1;
@@ -1092,15 +1378,18 @@ test "a CYCLIC mixture repeats no record of a source in a step; a reset with cur
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
     try testing.expect(l.hasCursors());
-    var got: [10]u64 = undefined;
     var indices: [40][10]u64 = undefined;
     var origin: [40][10]u16 = undefined;
-    var failed: u32 = 0;
-    var bufs: [1]?[*]u8 = undefined;
-    var lens: [1]u64 = undefined;
+    var ahead: [10]u64 = undefined;
+    var ahead_origin: [10]u16 = undefined;
+    var t: Taken = .{};
     for (0..40) |step| {
-        try l.submit(step, &.{@ptrCast(&got)}, &indices[step], &origin[step]);
-        try l.wait(step, &failed, &bufs, &lens);
+        // What indicesAt says (a prefetch hook's indices) is what the ring builds.
+        try l.indicesAt(step, &ahead, &ahead_origin);
+        try take(l, step, 0, &t, &indices[step], &origin[step]);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &indices[step]);
+        try testing.expectEqualSlices(u16, &ahead_origin, &origin[step]);
         for (0..10) |i| {
             for (0..i) |j| {
                 const same_source = origin[step][i] == origin[step][j];
@@ -1119,15 +1408,62 @@ test "a CYCLIC mixture repeats no record of a source in a step; a reset with cur
             .steps_left = place.steps_left,
         };
     }
-    l.reset(20, 200, &cursors);
+    try testing.expectEqual(@as(u64, 1), l.reset(20, 200, &cursors));
     var again: [10]u64 = undefined;
     var again_origin: [10]u16 = undefined;
     for (20..40) |step| {
-        try l.submit(step, &.{@ptrCast(&got)}, &again, &again_origin);
-        try l.wait(step, &failed, &bufs, &lens);
+        try l.indicesAt(step, &ahead, &ahead_origin);
+        try take(l, step, 1, &t, &again, &again_origin);
+        t.free();
         try testing.expectEqualSlices(u64, &indices[step], &again);
         try testing.expectEqualSlices(u16, &origin[step], &again_origin);
+        try testing.expectEqualSlices(u64, &again, &ahead);
+        try testing.expectEqualSlices(u16, &again_origin, &ahead_origin);
     }
+}
+
+test "indicesAt is what a one-source CYCLIC ring builds, across cycle ends and resets" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "s", 23, 1);
+    defer s.close();
+    // 5 records a step: a cycle of 23 serves 4 steps and drops 3 records.
+    const sources = [_]Source{.{ .length = 23, .seed = 9, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    const config = testConfig(5, 3, 2, 2);
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    var ahead: [5]u64 = undefined;
+    var built: [5]u64 = undefined;
+    var expected: [5]u64 = undefined;
+    var t: Taken = .{};
+    for (2..14) |step| {
+        try l.indicesAt(step, &ahead, null);
+        try take(l, step, 0, &t, &built, null);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &built);
+        sampler.fill(23, .cyclic, 9, step, 0, 1, &expected);
+        try testing.expectEqualSlices(u64, &expected, &built);
+        // No step straddles a cycle: its records are distinct.
+        for (0..5) |i| for (0..i) |j| try testing.expect(built[i] != built[j]);
+    }
+    // An elastic base: cycle 3, offset 7 (a global batch of another size
+    // stopped there). Three more steps fit in its cycle, then whole cycles.
+    try testing.expectEqual(@as(u64, 1), l.reset(100, 3 * 23 + 7, &.{}));
+    var cycle_of: [8]u64 = undefined;
+    for (100..108, 0..) |step, i| {
+        try l.indicesAt(step, &ahead, null);
+        try take(l, step, 1, &t, &built, null);
+        t.free();
+        try testing.expectEqualSlices(u64, &ahead, &built);
+        const position = sampler.positionAt(.cyclic, 23, 5, 100, 3 * 23 + 7, step);
+        cycle_of[i] = @intCast(position / 23);
+        sampler.fillFrom(23, .cyclic, 9, position, &expected);
+        try testing.expectEqualSlices(u64, &expected, &built);
+    }
+    try testing.expectEqualSlices(u64, &.{ 3, 3, 3, 4, 4, 4, 4, 5 }, &cycle_of);
+    // Before the base there is nothing to compute.
+    try testing.expectError(error.InvalidArgument, l.indicesAt(99, &ahead, null));
 }
 
 test "CYCLIC refuses a global batch that must repeat a record" {
@@ -1161,7 +1497,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     defer a.close();
     const b = try testStore(&tmp, "b", 40, 3);
     defer b.close();
-    // The sampler draws from 50 records, column 1 holds only 40: some step fails.
+    // The sampler draws from 50 records, column 1 holds only 40: step 0 fails.
     const columns = [_]Column{ dense8()[0], dense8()[0] };
     const parts = [_]Part{
         .{ .store = a, .first = 0, .source = 0, .column = 0 },
@@ -1169,49 +1505,46 @@ test "a failing step reports its error and column; close wakes a waiter" {
     };
     var config = testConfig(50, 2, 1, 0);
     config.mode = @backingInt(sampler.Mode.sequential);
+    // Gated: each step is built once released, after the store changes below.
+    config.gated = 1;
     const sources = [_]Source{.{ .length = 50, .seed = 0, .weight = 1 }};
+    const live = outbuf.live.load(.monotonic);
     const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
-    defer l.destroy();
-    var xa: [50]u64 = undefined;
-    var xb: [50]u64 = undefined;
-    var failed: u32 = 9;
-    var bufs: [2]?[*]u8 = undefined;
-    var lens: [2]u64 = undefined;
-    try l.submit(0, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
-    try testing.expectError(error.OutOfRange, l.wait(0, &failed, &bufs, &lens));
-    try testing.expectEqual(@as(u32, 1), failed);
+    var t: Taken = .{ .failed_column = 9 };
+    try l.submit(0, 0, null);
+    try testing.expectError(error.OutOfRange, take(l, 0, 0, &t, null, null));
+    try testing.expectEqual(@as(u32, 1), t.failed_column);
+    // A failed step hands nothing over (its column-0 batch was freed).
+    try testing.expect(t.buffers[0] == null);
 
     // A store closed by its owner fails the next step instead of being read
     // (the loader keeps it mapped until destroy).
     a.shutdown();
-    try l.submit(1, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
-    try testing.expectError(error.Closed, l.wait(1, &failed, &bufs, &lens));
-    try testing.expectEqual(@as(u32, 0), failed);
+    try l.submit(1, 0, null);
+    try testing.expectError(error.Closed, take(l, 1, 0, &t, null, null));
+    try testing.expectEqual(@as(u32, 0), t.failed_column);
 
     const Waiter = struct {
         fn run(loader: *Loader, result: *?Error) void {
-            var f: u32 = 0;
-            var bb: [2]?[*]u8 = undefined;
-            var ll: [2]u64 = undefined;
-            loader.wait(2, &f, &bb, &ll) catch |err| {
+            var got: Taken = .{};
+            take(loader, 2, 0, &got, null, null) catch |err| {
                 result.* = err;
             };
+            got.free();
         }
     };
-    // Close while another thread waits for a submitted step.
-    l.reset(2, 100, &.{});
+    // Stop while another thread waits for a step being built.
     var result: ?Error = null;
-    try l.submit(2, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null);
-    const t = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });
+    try l.submit(2, 0, null);
+    const thread = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });
     l.stop();
-    t.join();
+    thread.join();
     // Either the step finished first (then it failed: a store is closed) or
     // the stop woke the waiter.
     try testing.expect(result != null);
-    try testing.expectError(
-        error.Closed,
-        l.submit(3, &.{ @ptrCast(&xa), @ptrCast(&xb) }, null, null),
-    );
+    try testing.expectError(error.Closed, take(l, 3, 0, &t, null, null));
+    l.destroy();
+    try testing.expectEqual(live, outbuf.live.load(.monotonic));
 }
 
 test "a variable column hands over one new buffer with the sizes" {
@@ -1226,17 +1559,93 @@ test "a variable column hands over one new buffer with the sizes" {
     const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
     const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     defer l.destroy();
-    var sizes: [8]u64 = undefined;
-    var failed: u32 = 0;
-    var bufs: [1]?[*]u8 = undefined;
-    var lens: [1]u64 = undefined;
-    try l.submit(0, &.{@ptrCast(&sizes)}, null, null);
-    try l.wait(0, &failed, &bufs, &lens);
-    defer outbuf.free(bufs[0]);
-    try testing.expectEqual(@as(u64, 32), lens[0]);
-    try testing.expectEqualSlices(u64, &.{ 8, 8, 8, 8, 0, 0, 0, 0 }, &sizes);
-    const values: [*]align(1) const u64 = @ptrCast(bufs[0].?);
-    for (0..4) |i| try testing.expectEqual(2 * @as(u64, i) + 1, values[i]);
-    // A submitted step never waited for: its buffer is freed by destroy.
-    try l.submit(1, &.{@ptrCast(&sizes)}, null, null);
+    var t: Taken = .{};
+    try take(l, 0, 0, &t, null, null);
+    defer t.free();
+    try testing.expectEqual(@as(u64, 32), t.lengths[0]);
+    try testing.expectEqualSlices(u64, &.{ 8, 8, 8, 8, 0, 0, 0, 0 }, t.sizes[0..8]);
+    for (0..4) |i| try testing.expectEqual(2 * @as(u64, i) + 1, t.values(0)[i]);
+}
+
+test "a gated ring builds released steps only; a failed release fails its step" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "x", 30, 1);
+    defer s.close();
+    const sources = [_]Source{.{ .length = 30, .seed = 0, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    var config = testConfig(3, 4, 2, 0);
+    config.mode = @backingInt(sampler.Mode.sequential);
+    config.gated = 1;
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    var t: Taken = .{};
+    try testing.expectError(error.InvalidArgument, l.submit(1, 0, null)); // out of order
+    try l.submit(0, 0, null);
+    try l.submit(1, 0, "the prefetch of step 1 failed");
+    try l.submit(2, 0, null);
+    try take(l, 0, 0, &t, null, null);
+    try testing.expectEqual(@as(u64, 1), t.values(0)[0]);
+    t.free();
+    try testing.expectError(error.Failed, take(l, 1, 0, &t, null, null));
+    try testing.expectEqual(@as(u32, 1), t.failed_column);
+    try testing.expectEqualStrings("the prefetch of step 1 failed", std.mem.span(diag.get()));
+    try take(l, 2, 0, &t, null, null);
+    try testing.expectEqual(@as(u64, 7), t.values(0)[0]);
+    t.free();
+    // Nothing released: nothing built, so a reset drops nothing and a
+    // submit of the old generation is refused.
+    const generation = l.reset(6, 18, &.{});
+    try testing.expectError(error.InvalidArgument, l.submit(6, 0, null));
+    try l.submit(6, generation, null);
+    try take(l, 6, generation, &t, null, null);
+    try testing.expectEqual(@as(u64, 19), t.values(0)[0]);
+    t.free();
+}
+
+test "parts with rows read the store records they name; out buffers take steps in turn" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 20, 1);
+    defer a.close();
+    const b = try testStoreFrom(&tmp, "b", 10, 1, 100);
+    defer b.close();
+    // Stream records 0..4 are a's records 2, 3, 5, 11, 19; 5..14 are b's.
+    const rows = [_]u64{ 2, 3, 5, 11, 19 };
+    const sources = [_]Source{.{ .length = 15, .seed = 0, .weight = 1 }};
+    const parts = [_]Part{
+        .{ .store = b, .first = 5, .source = 0, .column = 0 },
+        .{ .store = a, .first = 0, .source = 0, .column = 0, .rows = &rows, .row_count = 5 },
+    };
+    var outs: [3][5]u64 = undefined;
+    const out_ptrs = [3][*]u8{ @ptrCast(&outs[0]), @ptrCast(&outs[1]), @ptrCast(&outs[2]) };
+    const columns = [_]Column{.{
+        .kind = @backingInt(ColumnKind.dense),
+        .record_size = 8,
+        .out = &out_ptrs,
+        .out_count = 3,
+    }};
+    var config = testConfig(5, 2, 1, 0);
+    config.mode = @backingInt(sampler.Mode.sequential);
+    const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
+    defer l.destroy();
+    var t: Taken = .{};
+    const want = [3][5]u64{
+        .{ 3, 4, 6, 12, 20 },
+        .{ 101, 102, 103, 104, 105 },
+        .{ 106, 107, 108, 109, 110 },
+    };
+    for (0..3) |step| {
+        try take(l, step, 0, &t, null, null);
+        // The step's batch is the caller's buffer: nothing was handed over.
+        try testing.expect(t.buffers[0] == null);
+        try testing.expectEqualSlices(u64, &want[step], &outs[step]);
+    }
+    // A rows array longer than the room before the next part is refused.
+    const long = [_]u64{ 0, 1, 2, 3, 4, 5 };
+    var bad = parts;
+    bad[1].rows = &long;
+    bad[1].row_count = 6;
+    const refused = Loader.create(testing.allocator, config, &sources, &columns, &bad, null);
+    try testing.expectError(error.InvalidArgument, refused);
 }

@@ -1,7 +1,28 @@
-//! One record store (a directory; layout in format.zig), batch-only: the
-//! handle's lifetime, its published state and its writer side. The read path
-//! lives in store_read.zig, appends in store_append.zig, delete, compact and
-//! crash recovery in store_maintain.zig; this file re-exports them as methods.
+//! One record store (a directory; every byte of it in format.zig),
+//! batch-only. One type spread over several files: this file owns the
+//! handle's state and lifetime, and the operations live in files of their
+//! own that take `*Store` first; the public ones are re-exported below as
+//! methods (`s.gather(...)`). Where each method lives:
+//!
+//!   Store.zig           the struct and its lifetime (open, create, enter,
+//!                       leave, shutdown, hold, unhold, close), errors
+//!                       (ioFail, failWith, checkUsable), the header, blobs
+//!                       and identity read at open, the commit (readCommit,
+//!                       writeCommit, syncFile, syncLocked), the mapped table
+//!                       and data (table, Table, dataMap, checkLoc), readers
+//!                       (enterRead, exitRead), the writer lock and exclusive
+//!                       access (beginMutation, takeWriterLock,
+//!                       acquireExclusive, releaseExclusive), fork adoption
+//!                       (adoptInChild), stats.
+//!   store_read.zig      gather, gatherAlloc, verify; for multi-store reads
+//!                       snapshot, publishedCommit, gatherReads, packedReads.
+//!   store_append.zig    append, publish, sync (Batch, Scratch).
+//!   store_maintain.zig  delete, compact, and what an open finishes after a
+//!                       crash (finishJournal, checkTail, dropDeadJournal,
+//!                       removeWindowsIndex).
+//!   store_parts.zig     reads over several stores as one index space
+//!                       (ShardSet shards, loader sources): not methods.
+//!   store_test.zig      the engine's tests.
 //!
 //! Reads of committed records go through read-only shared mappings of the
 //! table and data files (mapping.zig), so a gather costs no syscall per record
@@ -115,6 +136,10 @@ header: Header,
 /// Owned copies of the blobs stored in meta (one allocation, dict first).
 dict_bytes: []u8,
 user_bytes: []u8,
+/// The type identity, checked at open: native (its texts are slices of
+/// `user_bytes`), msgpack (format 2: Python reads `user_bytes`), or none.
+identity: format.Identity.Full = .{ .head = format.Identity.init(.bytes, 0, 0) },
+identity_encoding: format.Identity.Encoding = .none,
 dict: codec.Dict = .{},
 /// Header and commit pages of meta, mapped shared read-only: other handles'
 /// commits show up here without a syscall.
@@ -164,6 +189,9 @@ pub fn enter(s: *Store) Error!void {
     var current = s.users.load(.monotonic);
     while (true) {
         if (current & closed_bit != 0) return diag.fail(error.Closed, "store is closed", .{});
+        // Only the opener's count (1) can bring a handle above 0 users: a
+        // call may enter only while the opener still holds it.
+        assert(current >= 1);
         current = s.users.cmpxchgWeak(current, current + 1, .acquire, .monotonic) orelse return;
     }
 }
@@ -189,7 +217,9 @@ pub fn isClosed(s: *const Store) bool {
 
 /// Another holder of this struct's address (a loader).
 pub fn hold(s: *Store) void {
-    _ = s.holders.fetchAdd(1, .monotonic);
+    const before = s.holders.fetchAdd(1, .monotonic);
+    // Only a holder (the opener, a loader) can hand the address on.
+    assert(before >= 1);
 }
 
 /// Drops a holder; the last frees the struct, whose resources must be gone.
@@ -201,6 +231,9 @@ pub fn unhold(s: *Store) void {
 
 fn releaseResources(s: *Store) void {
     const io = pool.io();
+    // The last user is gone: no call and no gather can touch what is freed.
+    assert(s.users.load(.acquire) == closed_bit);
+    assert(s.readers_active.load(.acquire) == 0);
     unregister(s);
     s.index_maps.deinit();
     s.data_maps.deinit();
@@ -308,6 +341,7 @@ fn markFailed(s: *Store, e: anyerror, what: []const u8) void {
     if (s.failed.swap(true, .acq_rel)) return;
     s.failed_what = what;
     s.failed_error = ioMessage(e);
+    assert(s.failed.load(.acquire));
 }
 
 /// Fails with Failed when an earlier error left this handle unusable.
@@ -327,7 +361,9 @@ pub const OpenOptions = struct {
     codec: Codec = .zstd,
     level: i32 = codec.level_default,
     dict: []const u8 = &.{},
-    user: []const u8 = &.{},
+    /// The type identity (null: none, a plain byte store). Checked in full
+    /// (format.Identity.parse) before anything is created.
+    identity: ?format.Identity.Full = null,
     /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
     fixed_size: u64 = 0,
     /// Non-zero (zstd codecs only): records longer than this are written
@@ -383,12 +419,43 @@ fn validateCreate(opts: OpenOptions) Error!void {
     }
 }
 
+/// The stored form of a create's identity (empty for none), checked as
+/// every open checks it. The caller frees it.
+fn identityBytes(gpa: Allocator, opts: OpenOptions) Error![]u8 {
+    const id = opts.identity orelse return &.{};
+    if (id.descr.len > format.Identity.descr_size_max or
+        id.name.len > format.Identity.name_size_max or
+        id.head.descr_size != id.descr.len or id.head.name_size != id.name.len)
+    {
+        const why = "the type identity's dtype texts are too long";
+        return diag.fail(error.InvalidArgument, why, .{});
+    }
+    const bytes = gpa.alloc(u8, id.size()) catch return error.OutOfMemory;
+    errdefer gpa.free(bytes);
+    id.write(bytes);
+    const why = switch (format.Identity.parse(bytes)) {
+        .ok => |full| blk: {
+            var h = std.mem.zeroes(Header);
+            h.fixed_size = opts.fixed_size;
+            break :blk full.head.layoutProblem(&h) orelse return bytes;
+        },
+        .newer => "it names a version this library does not write",
+        .bad => |b| b,
+    };
+    return diag.fail(error.InvalidArgument, "the type identity is invalid: {s}", .{why});
+}
+
 pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     const io = pool.io();
-    if (opts.create) try validateCreate(opts);
+    var user: []u8 = &.{};
+    if (opts.create) {
+        try validateCreate(opts);
+        user = try identityBytes(gpa, opts);
+    }
+    defer gpa.free(user);
     const dir = try openDir(path, opts.create);
     errdefer dir.close(io);
-    if (opts.create) try createIfMissing(dir, opts);
+    if (opts.create) try createIfMissing(dir, opts, user);
 
     const s = gpa.create(Store) catch return error.OutOfMemory;
     errdefer gpa.destroy(s);
@@ -408,6 +475,10 @@ pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     try s.openFiles();
     errdefer s.closeFiles();
     try s.load();
+    assert(s.header.format_version >= format.format_version_min);
+    assert(s.header.format_version <= format.format_version);
+    assert(s.commit.consistent());
+    assert(s.users.load(.monotonic) == 1);
     register(s);
     return s;
 }
@@ -503,7 +574,7 @@ fn checkHeader(h: *const Header) Error!void {
             .{ h.format_version, format.format_version },
         );
     }
-    if (h.format_version < format.format_version) {
+    if (h.format_version < format.format_version_min) {
         return diag.fail(
             error.NotAStore,
             "store format version {d} was written by a pre-release " ++
@@ -559,6 +630,7 @@ fn load(s: *Store) Error!void {
     try checkHeader(&s.header);
     try s.loadBlobs();
     errdefer s.gpa.free(s.dict_bytes.ptr[0 .. s.dict_bytes.len + s.user_bytes.len]);
+    try s.loadIdentity();
     if (s.header.codec == @backingInt(Codec.zstd_dict)) {
         s.dict = codec.Dict.init(s.dict_bytes, s.header.level) catch
             return diag.fail(error.Corrupt, "stored dictionary is damaged", .{});
@@ -568,6 +640,8 @@ fn load(s: *Store) Error!void {
     errdefer s.data_maps.deinit();
     try store_maintain.finishJournal(s);
     s.commit = try store_maintain.checkTail(s);
+    assert(s.commit.consistent());
+    assert(s.commit.checksum == s.commit.computeChecksum());
     s.meta_map = mapping.Region.map(s.meta, format.meta_map_size, format.meta_map_size) catch |e|
         return ioFail(e, "mapping meta");
 }
@@ -586,12 +660,49 @@ fn loadBlobs(s: *Store) Error!void {
     const blob = s.gpa.alloc(u8, @intCast(blob_len)) catch return error.OutOfMemory;
     errdefer s.gpa.free(blob);
     try readExact(s.meta, blob, format.blob_offset, "meta dictionary and identity");
-    if (std.hash.XxHash64.hash(0x4C5C, blob) != s.header.blob_checksum) {
+    const dict_len: usize = @intCast(s.header.dict_size);
+    if (format.blobChecksum(blob[0..dict_len], blob[dict_len..]) != s.header.blob_checksum) {
         return diag.fail(error.Corrupt, "meta identity checksum mismatch", .{});
     }
-    const dict_len: usize = @intCast(s.header.dict_size);
     s.dict_bytes = blob[0..dict_len];
     s.user_bytes = blob[dict_len..];
+    assert(s.dict_bytes.len == s.header.dict_size);
+    assert(s.user_bytes.len == s.header.user_size);
+}
+
+/// Checks the type identity in full (format.Identity): a native one in a
+/// format-3 store, msgpack (left to Python) in a format-2 one, none in a
+/// plain byte store of either.
+fn loadIdentity(s: *Store) Error!void {
+    if (s.user_bytes.len == 0) {
+        s.identity_encoding = .none;
+        return;
+    }
+    if (s.header.format_version < 3) {
+        s.identity_encoding = .msgpack;
+        return;
+    }
+    const full = switch (format.Identity.parse(s.user_bytes)) {
+        .ok => |full| full,
+        .newer => |v| return diag.fail(
+            error.NewerFormat,
+            "the stored type identity has version {d}, newer than this loaderx reads ({d}); " ++
+                "upgrade loaderx",
+            .{ v, format.Identity.version_value },
+        ),
+        .bad => |why| return diag.fail(
+            error.Corrupt,
+            "the stored type identity is invalid: {s}",
+            .{why},
+        ),
+    };
+    if (full.head.layoutProblem(&s.header)) |why| {
+        return diag.fail(error.Corrupt, "the stored type identity is invalid: {s}", .{why});
+    }
+    s.identity = full;
+    s.identity_encoding = .native;
+    assert(s.identity.descr.len == s.identity.head.descr_size);
+    assert(s.identity.name.len == s.identity.head.name_size);
 }
 
 fn initialCommit() Commit {
@@ -600,7 +711,7 @@ fn initialCommit() Commit {
     return c;
 }
 
-fn newHeader(opts: OpenOptions) Header {
+fn newHeader(opts: OpenOptions, user: []const u8) Header {
     var header = std.mem.zeroes(Header);
     header.magic = format.magic;
     header.format_version = format.format_version;
@@ -608,16 +719,16 @@ fn newHeader(opts: OpenOptions) Header {
     header.codec = @backingInt(opts.codec);
     header.level = opts.level;
     header.dict_size = opts.dict.len;
-    header.user_size = opts.user.len;
+    header.user_size = user.len;
     header.fixed_size = opts.fixed_size;
     header.frame_size = opts.frame_size;
     header.uid = newUid();
-    var hasher = std.hash.XxHash64.init(0x4C5C);
-    hasher.update(opts.dict);
-    hasher.update(opts.user);
-    header.blob_checksum = hasher.final();
+    header.blob_checksum = format.blobChecksum(opts.dict, user);
     header.checksum = header.computeChecksum();
-    assert(header.checksum == header.computeChecksum());
+    // validateCreate's rules, which every open checks again (checkHeader).
+    assert(header.fixed_size == 0 or opts.codec == .raw);
+    assert(header.frame_size == 0 or opts.codec != .raw);
+    assert(header.uid != 0);
     return header;
 }
 
@@ -644,7 +755,7 @@ pub fn randomU64() u64 {
     return h.final();
 }
 
-fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
+fn createIfMissing(dir: Io.Dir, opts: OpenOptions, user: []const u8) Error!void {
     const io = pool.io();
     if (dir.access(io, "meta", .{})) |_| return else |_| {}
     // Before creating anything: a refused create leaves the directory as it was.
@@ -659,13 +770,16 @@ fn createIfMissing(dir: Io.Dir, opts: OpenOptions) Error!void {
         const f = fsio.create(dir, name, true) catch |e| return ioFail(e, "creating store files");
         f.close(io);
     }
-    try writeNewMeta(dir, newHeader(opts), opts);
+    try writeNewMeta(dir, newHeader(opts, user), opts.dict, user);
     // meta appears atomically, complete: a crash before this leaves no store.
     fsio.rename(dir, "meta.tmp", "meta") catch |e| return ioFail(e, "publishing meta");
     fsio.syncDir(dir, ".") catch |e| return ioFail(e, "syncing the store directory");
 }
 
-fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
+fn writeNewMeta(dir: Io.Dir, header: Header, dict: []const u8, user: []const u8) Error!void {
+    assert(header.dict_size == dict.len);
+    assert(header.user_size == user.len);
+    assert(header.blob_checksum == format.blobChecksum(dict, user));
     const io = pool.io();
     const commit = initialCommit();
     const tmp = fsio.create(dir, "meta.tmp", true) catch |e| return ioFail(e, "creating meta");
@@ -677,9 +791,9 @@ fn writeNewMeta(dir: Io.Dir, header: Header, opts: OpenOptions) Error!void {
     @memcpy(page[0..@sizeOf(Commit)], std.mem.asBytes(&commit));
     fsio.write(tmp, "meta.tmp", &page, format.commit_offset) catch |e|
         return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", opts.dict, format.blob_offset) catch |e|
+    fsio.write(tmp, "meta.tmp", dict, format.blob_offset) catch |e|
         return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", opts.user, format.blob_offset + opts.dict.len) catch |e|
+    fsio.write(tmp, "meta.tmp", user, format.blob_offset + dict.len) catch |e|
         return ioFail(e, "writing meta");
     fsio.sync(tmp, "meta.tmp") catch |e| return ioFail(e, "syncing meta");
 }
@@ -746,10 +860,13 @@ pub const Table = struct {
     locs: [*]const RecordLoc = undefined,
     sums: [*]const u32 = undefined,
     fixed: u64 = 0,
+    /// Entries mapped: only records below it may be looked up.
+    count: u64 = 0,
 
     /// Record `i`'s location. In the fixed layout this touches no memory and
     /// leaves `checksum` 0 (use `withChecksum`).
     pub fn get(t: Table, i: u64) RecordLoc {
+        assert(i < t.count);
         if (t.fixed == 0) return t.locs[i];
         return .{
             .offset = i * t.fixed,
@@ -771,6 +888,7 @@ pub const Table = struct {
 
     /// Starts fetching record `i`'s table entry (nothing to fetch when fixed).
     pub fn prefetch(t: Table, i: u64) void {
+        assert(i < t.count);
         if (t.fixed == 0) @prefetch(&t.locs[i], .{});
     }
 };
@@ -780,10 +898,9 @@ pub fn table(s: *Store, count: u64) Error!Table {
     const bytes = std.math.mul(u64, count, s.entrySize()) catch
         return diag.fail(error.Corrupt, "record count overflows", .{});
     const base = s.index_maps.cover(s.index, bytes, "index") catch |e| return e;
-    if (s.header.fixed_size != 0) {
-        return .{ .sums = @ptrCast(@alignCast(base)), .fixed = s.header.fixed_size };
-    }
-    return .{ .locs = @ptrCast(@alignCast(base)) };
+    const fixed = s.header.fixed_size;
+    if (fixed != 0) return .{ .sums = @ptrCast(@alignCast(base)), .fixed = fixed, .count = count };
+    return .{ .locs = @ptrCast(@alignCast(base)), .count = count };
 }
 
 /// The data file mapped up to `size` bytes.
@@ -814,6 +931,7 @@ pub fn checkLoc(
     if (end > data_size) {
         return diag.fail(error.Corrupt, "record {d} lies outside the committed data", .{index});
     }
+    assert(loc.end() == end);
     if (sizes_trusted) return;
     const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
     if (!codec.plausible(@fromBackingInt(@intCast(loc.codec)), stored, loc.raw_size)) {
@@ -850,7 +968,8 @@ pub fn enterRead(s: *Store) Error!void {
 }
 
 pub fn exitRead(s: *Store) void {
-    _ = s.readers_active.fetchSub(1, .release);
+    const before = s.readers_active.fetchSub(1, .release);
+    assert(before >= 1);
 }
 
 // ---------------------------------------------------------------- writer side
@@ -858,6 +977,7 @@ pub fn exitRead(s: *Store) void {
 /// Checks that this handle may mutate the store now, and takes the writer
 /// lock on its first mutation. Caller holds write_mutex.
 pub fn beginMutation(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
     try s.checkUsable();
     const pid = pool.currentPid();
     if (pid != s.open_pid) {
@@ -879,6 +999,7 @@ pub fn beginMutation(s: *Store) Error!void {
         return e;
     };
     s.writer_lock = lock;
+    assert(s.commit.consistent());
     try store_maintain.dropDeadJournal(s);
 }
 
@@ -907,6 +1028,13 @@ pub fn writeCommit(s: *Store, c: Commit) Error!void {
     next.checksum = next.computeChecksum();
     assert(next.consistent());
     assert(next.checksum == next.computeChecksum());
+    if (s.header.fixed_size != 0) {
+        // readCommit refuses any other fixed-width commit: publishing one
+        // would leave a store that never opens again.
+        assert(next.data_size == next.record_count * s.header.fixed_size);
+        assert(next.live_bytes == next.data_size);
+        assert(next.durable_data_size == next.durable_count * s.header.fixed_size);
+    }
     fsio.write(s.meta, "meta", std.mem.asBytes(&next), format.commit_offset) catch |e|
         return s.failWith(e, "writing the commit");
     s.commit = next;
@@ -933,6 +1061,7 @@ pub fn syncFile(s: *Store, id: FileId) Error!void {
 /// Makes every appended record durable and records that in the commit:
 /// data, then table, then the commit. Caller holds write_mutex as a writer.
 pub fn syncLocked(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
     try s.syncFile(.data);
     try s.syncFile(.index);
     var c = s.commit;
@@ -941,11 +1070,15 @@ pub fn syncLocked(s: *Store) Error!void {
     c.durable_live_bytes = c.live_bytes;
     try s.writeCommit(c);
     try s.syncFile(.meta);
+    assert(s.commit.durable_count == s.commit.record_count);
+    assert(s.commit.durable_data_size == s.commit.data_size);
 }
 
 /// Claims exclusive access for delete/compact: no gather in flight through
 /// this handle, and no other handle open anywhere. Caller holds write_mutex.
 pub fn acquireExclusive(s: *Store) Error!void {
+    assert(s.write_mutex.state.load(.monotonic) != .unlocked);
+    assert(!s.exclusive.load(.seq_cst));
     s.exclusive.store(true, .seq_cst);
     if (s.readers_active.load(.seq_cst) != 0) {
         s.exclusive.store(false, .seq_cst);
@@ -967,6 +1100,7 @@ pub fn acquireExclusive(s: *Store) Error!void {
             .{},
         );
     }
+    assert(s.exclusive.load(.seq_cst));
 }
 
 /// Trades this handle's shared lock on meta for an exclusive one; false when
@@ -1007,6 +1141,8 @@ fn lockRegistry() void {
 }
 
 fn register(s: *Store) void {
+    assert(s.registry_prev == null);
+    assert(s.registry_next == null);
     installForkHandlers();
     lockRegistry();
     defer registry_mutex.unlock();

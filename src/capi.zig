@@ -35,13 +35,16 @@
 //! - Loader rings (`lx_loader*`) are opaque too, created by `lx_loader_open`
 //!   and freed by `lx_loader_free`; they keep the stores they read alive.
 //! - Sizes and indices are uint64. Pointers to caller memory are only read or
-//!   written during the call; the library keeps none of them, except the
-//!   destinations given to `lx_loader_submit`, which the ring's threads write
-//!   until `lx_loader_wait` returns for that step (or `lx_loader_reset`).
-//!   Memory the library returns (lx_gather_alloc, and a loader step's
-//!   variable columns from lx_loader_wait) belongs to the caller, who frees
-//!   it with lx_free_buffer, from any thread; large buffers are kept for
-//!   reuse (outbuf.zig), so they must not be freed any other way.
+//!   written during the call; the library keeps none of them, except what
+//!   `lx_loader_open` is given (a dense column's `out` buffers, which the
+//!   ring's threads write until lx_loader_stop returned; parts' `rows`; the
+//!   window indices), which must stay valid until lx_loader_free.
+//!   Memory the library returns (lx_pool_alloc, lx_gather_alloc, and every
+//!   column of a loader step from lx_loader_wait) belongs to the caller, who
+//!   frees it with lx_free_buffer (or lx_free_buffer_at), from any thread;
+//!   it comes from the output pool (outbuf.zig), so it must not be freed
+//!   any other way. Until a buffer is handed over, the library owns it: a
+//!   loader frees a step's buffers only once its threads stopped writing.
 //!
 //! Durability, per operation (what survives what):
 //! - lx_append: atomic. It writes data, then the record table, then one commit
@@ -165,7 +168,8 @@ pub export fn lx_version() u32 {
     return (version_major << 16) | (version_minor << 8) | version_patch;
 }
 
-/// The on-disk format version this library writes (and the only one it reads).
+/// The on-disk format version this library writes. It reads this one and
+/// every version from format.format_version_min (2) on.
 pub export fn lx_format_version() u32 {
     return format.format_version;
 }
@@ -204,12 +208,80 @@ pub export fn lx_last_error() [*:0]const u8 {
     return diag.get();
 }
 
+/// lx_identity_t: a store's type identity (format.zig, `Identity`), as
+/// lx_open takes it and lx_identity gives it.
+pub const IdentitySpec = extern struct {
+    /// format.Kind: 0 bytes, 1 dense, 2 ragged.
+    kind: u32,
+    /// format.Identity.Flags bits (1: dtype_by_name).
+    flags: u32,
+    /// lx_identity only: how the store keeps it (format.Identity.Encoding:
+    /// 0 none, 1 native, 2 msgpack in a format-2 store, whose bytes
+    /// lx_blob's `user` gives; every other field is then 0). lx_open ignores it.
+    encoding: u32,
+    /// Dimensions of a dense record's shape (at most 32).
+    ndim: u32,
+    /// Bytes of one dtype element.
+    itemsize: u64,
+    /// A dense record's shape: item_shape[0..ndim], then zeros.
+    item_shape: [format.Identity.ndim_max]u64,
+    /// lx_open: the dtype description (numpy's, as a Python literal in
+    /// printable ASCII, see format.zig) and the dtype name, `descr_size` and
+    /// `name_size` bytes. lx_identity writes the sizes and leaves the
+    /// pointers null: lx_blob copies the texts.
+    descr: ?[*]const u8,
+    descr_size: u64,
+    name: ?[*]const u8,
+    name_size: u64,
+
+    comptime {
+        std.debug.assert(@sizeOf(IdentitySpec) == 312);
+        std.debug.assert(@alignOf(IdentitySpec) == 8);
+    }
+};
+
+/// The identity `spec` names, its fields bounded (format.Identity.parse
+/// checks the rest when the store is created); null with a message when
+/// a field cannot even be represented.
+fn identityOf(spec: *const IdentitySpec) ?format.Identity.Full {
+    const Identity = format.Identity;
+    const kind = std.enums.fromInt(format.Kind, spec.kind) orelse {
+        diag.set("unknown store kind {d}", .{spec.kind});
+        return null;
+    };
+    if (spec.ndim > Identity.ndim_max or spec.flags > std.math.maxInt(u16) or
+        spec.descr_size > Identity.descr_size_max or spec.name_size > Identity.name_size_max)
+    {
+        const why = "the identity has out-of-range fields " ++
+            "(ndim {d}, flags {d}, text sizes {d}, {d})";
+        diag.set(why, .{ spec.ndim, spec.flags, spec.descr_size, spec.name_size });
+        return null;
+    }
+    const missing_descr = spec.descr_size > 0 and spec.descr == null;
+    if (missing_descr or (spec.name_size > 0 and spec.name == null)) {
+        diag.set("the identity's descr or name is null", .{});
+        return null;
+    }
+    var head = Identity.init(kind, @intCast(spec.descr_size), @intCast(spec.name_size));
+    head.flags = @intCast(spec.flags);
+    head.ndim = @intCast(spec.ndim);
+    head.itemsize = spec.itemsize;
+    head.item_shape = spec.item_shape;
+    return .{
+        .head = head,
+        .descr = if (spec.descr) |d| d[0..@intCast(spec.descr_size)] else "",
+        .name = if (spec.name) |n| n[0..@intCast(spec.name_size)] else "",
+    };
+}
+
 /// Opens the store in directory `path` (NUL-terminated). With `create` != 0 a
 /// missing store is created (with any missing parent directories) with
 /// `codec` (Codec: raw, zstd, zstd_dict), `level` (zstd level; 0 = default
 /// 3; 19 for zstd_dict), dictionary `dict` (zstd_dict only, required) and the
-/// opaque `user` blob (the typed identity); these are ignored when the store
-/// exists. `fixed_size` != 0 (raw codec only) creates the fixed-width layout:
+/// type identity `identity` (null: none, a plain byte store; checked in
+/// full, else invalid); these are ignored when the store exists (compare
+/// them with lx_info and lx_identity). `fixed_size` != 0 (raw codec only,
+/// a dense identity of exactly that record size) creates the fixed-width layout:
 /// every record exactly that many bytes, found by arithmetic instead of a
 /// table lookup, 4 bytes of index per record. `frame_size` != 0 (zstd codecs
 /// only, 64 B to 1 GiB) writes records longer than that many bytes in the
@@ -228,8 +300,7 @@ pub export fn lx_open(
     level: c_int,
     dict: ?[*]const u8,
     dict_len: u64,
-    user: ?[*]const u8,
-    user_len: u64,
+    identity: ?*const IdentitySpec,
     fixed_size: u64,
     frame_size: u64,
     out: ?*?*Store,
@@ -241,7 +312,10 @@ pub export fn lx_open(
     const c = std.enums.fromInt(format.Codec, codec_id) orelse
         return invalid("unknown codec {d}", .{codec_id});
     if (dict_len > 0 and dict == null) return invalid("dict is null", .{});
-    if (user_len > 0 and user == null) return invalid("user is null", .{});
+    const ident: ?format.Identity.Full = if (identity) |spec|
+        identityOf(spec) orelse return @backingInt(Result.invalid)
+    else
+        null;
     const s = Store.open(gpa, std.mem.span(p), .{
         .create = create != 0,
         .codec = c,
@@ -252,7 +326,7 @@ pub export fn lx_open(
         else
             codec.level_default,
         .dict = if (dict) |d| d[0..@intCast(dict_len)] else &.{},
-        .user = if (user) |u| u[0..@intCast(user_len)] else &.{},
+        .identity = ident,
         .fixed_size = fixed_size,
         .frame_size = frame_size,
     }) catch |e| return code(e);
@@ -321,12 +395,36 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
     return 0;
 }
 
+/// Fills `*out` with the store's type identity (see IdentitySpec; read its
+/// texts with lx_blob). Errors: closed.
+pub export fn lx_identity(h: *Store, out: *IdentitySpec) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    const id = h.identity.head;
+    out.* = std.mem.zeroes(IdentitySpec);
+    out.encoding = @backingInt(h.identity_encoding);
+    if (h.identity_encoding != .native) return 0;
+    out.kind = id.kind;
+    out.flags = id.flags;
+    out.ndim = id.ndim;
+    out.itemsize = id.itemsize;
+    out.item_shape = id.item_shape;
+    out.descr_size = id.descr_size;
+    out.name_size = id.name_size;
+    return 0;
+}
+
 /// Which stored blob lx_blob copies.
 pub const Blob = enum(c_int) {
     /// The zstd dictionary (zstd_dict stores).
     dictionary = 0,
-    /// The opaque user blob given at create (the typed identity).
+    /// The stored identity as it is: the native struct with its texts, or a
+    /// format-2 store's msgpack.
     user = 1,
+    /// The native identity's dtype description (empty for other stores).
+    dtype_descr = 2,
+    /// The native identity's dtype name (empty for other stores).
+    dtype_name = 3,
 };
 
 /// Copies the store's blob `which` (Blob) into `out` (`cap` bytes) when it
@@ -339,6 +437,8 @@ pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64)
     const b = switch (w) {
         .dictionary => h.dictionary(),
         .user => h.userBlob(),
+        .dtype_descr => h.identity.descr,
+        .dtype_name => h.identity.name,
     };
     len.* = b.len;
     if (cap >= b.len and b.len > 0) {
@@ -513,9 +613,108 @@ pub export fn lx_gather_alloc(
     return 0;
 }
 
-/// Frees a buffer returned by lx_gather_alloc (null is ignored).
+/// Brings records `indices[0..count]` of the index space `parts` into memory
+/// ahead of a read, and returns once they are there: the loader's prefetch of
+/// its next steps, and `prefetch()` of a local store. It reads (explicitly,
+/// all at once, the records' exact byte ranges) only what a store's page
+/// cache misses, and only for stores that reads found cold, plus a probe on
+/// every 32nd call. `flags`: bit 0 checks every store regardless; bit 1
+/// returns once the reads are queued, without waiting for them (a local
+/// record is readable either way; a later read waits for what is still in
+/// flight). A store whose records are in memory costs a few atomics per
+/// call. Errors: closed, failed, out_of_range, busy, out_of_memory, invalid.
+pub export fn lx_prefetch(
+    parts: ?[*]const Part,
+    part_count: u32,
+    indices: ?[*]const u64,
+    count: u64,
+    flags: u32,
+) c_int {
+    const ps = partsOf(parts, part_count) orelse
+        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    if (enterParts(ps)) |rc| return rc;
+    defer leaveParts(ps);
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    if (flags & ~@as(u32, 3) != 0) return invalid("unknown prefetch flags {d}", .{flags});
+    var sc: store_parts.Scratch = .{};
+    defer sc.deinit(gpa);
+    const force = flags & 1 != 0;
+    const wait = flags & 2 == 0;
+    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, &sc) catch |e|
+        return code(e);
+    return 0;
+}
+
+/// Frees a buffer the library handed out (lx_pool_alloc, lx_gather_alloc,
+/// lx_loader_wait; null is ignored). Any thread; a large one goes back to
+/// its pool for reuse.
 pub export fn lx_free_buffer(buf: ?[*]u8) void {
     outbuf.free(buf);
+}
+
+/// lx_free_buffer(*at), then sets *at to null: the destructor of an owner
+/// slot that a call filled (Python wraps buffers this way, so that no
+/// Python code runs when one is freed).
+pub export fn lx_free_buffer_at(at: ?*?[*]u8) void {
+    const slot = at orelse return;
+    outbuf.free(slot.*);
+    slot.* = null;
+}
+
+// ---------------------------------------------------------------- output pool
+
+/// lx_pool: a pool of output buffers (see src/outbuf.zig); null names the
+/// library's default pool, which serves every buffer it hands out itself.
+pub const Pool = outbuf.Pool;
+/// lx_pool_stats_t.
+pub const PoolStats = outbuf.Stats;
+
+/// A new pool keeping at most `max_idle_bytes` of returned buffers for reuse;
+/// requests below `min_bytes` are plain malloc. The caller releases it with
+/// lx_pool_release. Errors: out_of_memory.
+pub export fn lx_pool_new(max_idle_bytes: u64, min_bytes: u64, out: ?*?*Pool) c_int {
+    diag.clear();
+    const o = out orelse return invalid("out is null", .{});
+    o.* = outbuf.create(@intCast(max_idle_bytes), @intCast(min_bytes)) orelse
+        return @backingInt(Result.out_of_memory);
+    return 0;
+}
+
+/// Lets go of a pool from lx_pool_new: its idle buffers are unmapped now,
+/// the ones still out when they are freed, and the pool with the last.
+pub export fn lx_pool_release(p: ?*Pool) void {
+    if (p) |owned| outbuf.release(owned);
+}
+
+/// Writes to `*out` a buffer of at least `size` bytes from pool `p` (null:
+/// the default pool): page aligned from the pool's min_bytes on (2 MiB
+/// aligned from 2 MiB), uninitialised. The caller frees it with
+/// lx_free_buffer. Any thread. Errors: out_of_memory.
+pub export fn lx_pool_alloc(p: ?*Pool, size: u64, out: ?*?[*]u8) c_int {
+    diag.clear();
+    const o = out orelse return invalid("out is null", .{});
+    o.* = outbuf.allocExact(p orelse &outbuf.default_pool, @intCast(size)) orelse {
+        diag.set("no memory for {d} bytes", .{size});
+        return @backingInt(Result.out_of_memory);
+    };
+    return 0;
+}
+
+/// Sets a pool's bounds (null: the default pool); idle buffers over a
+/// lowered `max_idle_bytes` are unmapped now (0 keeps none).
+pub export fn lx_pool_configure(p: ?*Pool, max_idle_bytes: u64, min_bytes: u64) void {
+    outbuf.configure(p orelse &outbuf.default_pool, @intCast(max_idle_bytes), @intCast(min_bytes));
+}
+
+/// Unmaps every idle buffer of a pool (null: the default pool) now.
+pub export fn lx_pool_trim(p: ?*Pool) void {
+    outbuf.trim(p orelse &outbuf.default_pool);
+}
+
+/// A pool's counters (null: the default pool).
+pub export fn lx_pool_stats(p: ?*Pool, out: *PoolStats) void {
+    out.* = outbuf.stats(p orelse &outbuf.default_pool);
 }
 
 /// One record's move in a delete: the survivor at index `from` is now at `to`.
@@ -859,7 +1058,10 @@ fn mixtureOf(sources: ?[*]const LoaderSource, source_count: u32, out: *mixture.M
 }
 
 /// Lanes (threads, the caller included) one call may use: the cores this
-/// process may run on, capped by lx_set_lanes.
+/// process may run on (sched_getaffinity where the platform has it, counted
+/// when the library starts and again in a forked child; at most 64), capped
+/// by lx_set_lanes. The one core count of the package: Python's default
+/// loader and converter worker counts come from it.
 pub export fn lx_lanes() u32 {
     return @intCast(pool.lanes());
 }
@@ -1005,67 +1207,105 @@ pub export fn lx_loader_open(
     return 0;
 }
 
-/// Hands step `step` (the next in order) to the ring: `dests[c]` is column
-/// c's destination — a dense column's batch (batch_size * record_size
-/// bytes), a variable column's sizes (2 * batch_size uint64: payload sizes,
-/// then aux sizes) — and must stay valid and untouched until lx_loader_wait
-/// returns for the step (or lx_loader_reset). `indices` and `sources` (each
-/// may be null) receive the step's batch_size record indices and their
-/// sources. Errors: closed, invalid (out of order, or more than `window`
-/// steps outstanding).
+/// Releases step `step` of a gated ring (config->gated = 1; the next step
+/// in order) to its threads; with a non-null `failure` (a message, NUL
+/// terminated) fails it instead of building it: its lx_loader_wait returns
+/// LX_FAILED with that message and `*failed_column` = column_count.
+/// `generation` is the caller's count of lx_loader_reset calls. At most
+/// `config->window` steps may be released and not yet handed over. Errors:
+/// closed, invalid (not gated, out of order, too far ahead, or an older
+/// generation: dropped by a reset).
 pub export fn lx_loader_submit(
     l: *Loader,
     step: u64,
-    dests: ?[*]const [*]u8,
-    indices: ?[*]u64,
-    sources: ?[*]u16,
+    generation: u64,
+    failure: ?[*:0]const u8,
 ) c_int {
-    const d = dests orelse return invalid("dests is null", .{});
-    l.submit(step, d[0..l.columns.len], indices, sources) catch |e| return code(e);
+    diag.clear();
+    const message: ?[]const u8 = if (failure) |f| std.mem.span(f) else null;
+    l.submit(step, generation, message) catch |e| return code(e);
     return 0;
 }
 
-/// Blocks until submitted step `step` is built; its destinations are the
-/// caller's again, and each variable column c's new buffer and its length go to
-/// `buffers[c]`/`lengths[c]` (null and 0 for dense columns); the caller frees
-/// them with lx_free_buffer. Steps may be waited for in any order, each once,
-/// from any thread. On an error returns it (message in lx_last_error) with
-/// the failing column in `*failed_column`. Errors: closed (the ring was
-/// stopped, also while waiting, or a store was closed), invalid (not
-/// submitted), or any lx_gather error.
+/// Blocks until step `step` of `generation` is built and hands it over; any
+/// thread may wait, each step is handed over once. Column c's buffer goes to
+/// `*buffers[c]` (null for a column built into the caller's `out` buffer, or
+/// without bytes) and its length to `lengths[c]`; the caller owns it from
+/// then on and frees it with lx_free_buffer (a null `buffers[c]` has it
+/// freed now). `sizes` (2 * batch_size uint64 per variable column, in column
+/// order: payload sizes, then aux sizes), `indices` and `sources`
+/// (batch_size each) receive the step's record sizes, indices and sources;
+/// each may be null. A step that failed hands nothing over: returns its error
+/// (message in lx_last_error) with the failing column in `*failed_column`
+/// (column_count: failed by lx_loader_submit). Errors: closed (the ring was
+/// stopped, also while waiting; or a store was closed), invalid (before the
+/// first step, already handed over, or dropped by a reset, also while
+/// waiting), failed, or any lx_gather error.
 pub export fn lx_loader_wait(
     l: *Loader,
     step: u64,
+    generation: u64,
     failed_column: *u32,
-    buffers: ?[*]?[*]u8,
+    buffers: ?[*]const ?*?[*]u8,
     lengths: ?[*]u64,
+    sizes: ?[*]u64,
+    indices: ?[*]u64,
+    sources: ?[*]u16,
 ) c_int {
+    diag.clear();
     const b = buffers orelse return invalid("buffers is null", .{});
     const n = lengths orelse return invalid("lengths is null", .{});
-    l.wait(step, failed_column, b[0..l.columns.len], n[0..l.columns.len]) catch |e| return code(e);
+    const count = l.columns.len;
+    l.wait(step, generation, .{
+        .failed_column = failed_column,
+        .buffers = b[0..count],
+        .lengths = n[0..count],
+        .sizes = sizes,
+        .indices = indices,
+        .sources = sources,
+    }) catch |e| return code(e);
     return 0;
 }
 
-/// Drops every submitted step, after the ones being built finish (so no
-/// destination is written afterwards, and their buffers are freed); the next
-/// step to submit is `step`, with its first record at global `position`. A
-/// CYCLIC mixture also takes each source's cursor at `step` in
-/// `cursors[0..source_count]` (as lx_mixture_cursors gives them; any other
-/// ring ignores `cursors`, which may be null). Errors: invalid (a CYCLIC
-/// mixture without cursors; nothing is dropped then).
+/// Writes the batch_size indices (and, when `sources` is not null, their
+/// sources) that the ring builds step `step` with, under its current base,
+/// without building it: a pure function of the step (the sampler, or the
+/// mixture). Any thread may call it. Errors: invalid (before the ring's
+/// first step, or `indices` null), out_of_memory.
+pub export fn lx_loader_indices(l: *Loader, step: u64, indices: ?[*]u64, sources: ?[*]u16) c_int {
+    diag.clear();
+    const out = indices orelse return invalid("indices is null", .{});
+    const batch: usize = @intCast(l.config.batch_size);
+    const s: ?[]u16 = if (sources) |p| p[0..batch] else null;
+    l.indicesAt(step, out[0..batch], s) catch |e| return code(e);
+    return 0;
+}
+
+/// Drops every step (after the ones being built finish, so no buffer is
+/// written afterwards; their buffers are freed) and wakes every waiter of
+/// the old generation (they return invalid); the next step is `step`, with
+/// its first record at global `position`. A CYCLIC mixture also takes each
+/// source's cursor at `step` in `cursors[0..source_count]` (as
+/// lx_mixture_cursors gives them; any other ring ignores `cursors`, which
+/// may be null). Writes the new generation (the number of resets so far) to
+/// `generation`. Does nothing once stopped (the generation stays). Errors:
+/// invalid (a CYCLIC mixture without cursors, or `generation` null;
+/// nothing is dropped then).
 pub export fn lx_loader_reset(
     l: *Loader,
     step: u64,
     position: u64,
     cursors: ?[*]const Cursor,
+    generation: ?*u64,
 ) c_int {
     diag.clear();
+    const out = generation orelse return invalid("generation is null", .{});
     if (!l.hasCursors()) {
-        l.reset(step, position, &.{});
+        out.* = l.reset(step, position, &.{});
         return 0;
     }
     const c = cursors orelse return invalid("a CYCLIC mixture needs every source's cursor", .{});
-    l.reset(step, position, c[0..l.sources.len]);
+    out.* = l.reset(step, position, c[0..l.sources.len]);
     return 0;
 }
 

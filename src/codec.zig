@@ -135,6 +135,7 @@ fn Pool(
                     mask = current;
                     continue;
                 }
+                assert(slot < slot_count);
                 if (slots[slot].load(.acquire)) |ctx| return .{ .ctx = ctx, .slot = slot };
                 const ctx = create() orelse {
                     _ = busy.fetchAnd(~bit, .release);
@@ -152,6 +153,8 @@ fn Pool(
                 _ = free(lease.ctx);
                 return;
             }
+            assert(lease.slot < slot_count);
+            assert(slots[lease.slot].load(.monotonic) == lease.ctx); // its own slot's context
             const bit = @as(u64, 1) << @intCast(lease.slot);
             const before = busy.fetchAnd(~bit, .release);
             assert(before & bit != 0);
@@ -216,6 +219,7 @@ pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
     const n = ZSTD_compress2(cctx, dst.ptr, dst.len, src.ptr, src.len);
     // With a dst of compressBound() zstd cannot fail short of a bug; fall back to raw anyway.
     if (ZSTD_isError(n) != 0) return null;
+    assert(n <= dst.len);
     if (n >= src.len) return null;
     // One frame whose last bytes happen to read as a seek table would be
     // taken for a seekable record (astronomically rare): store it raw.
@@ -227,7 +231,11 @@ pub fn encode(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8) ?usize {
 /// (0: one frame).
 pub fn frameCount(size: usize, frame_size: u64) usize {
     if (frame_size == 0 or size <= frame_size) return 1;
-    return @intCast((size - 1) / frame_size + 1);
+    const n: usize = @intCast((size - 1) / frame_size + 1);
+    // n frames of frame_size hold the record, and n - 1 do not.
+    assert(n * frame_size >= size);
+    assert((n - 1) * frame_size < size);
+    return n;
 }
 
 /// The room `encodeSeekable` needs for a record of `size` bytes.
@@ -241,7 +249,9 @@ pub fn seekableBound(size: usize, frame_size: u64) usize {
 /// bytes. Null when the whole would not be smaller than `src` (stored raw).
 pub fn encodeSeekable(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8, frame_size: u64) ?usize {
     const n = frameCount(src.len, frame_size);
-    assert(n > 1 and dst.len >= seekableBound(src.len, frame_size));
+    assert(n > 1);
+    assert(n <= std.math.maxInt(u32)); // the seek table counts frames in 32 bits
+    assert(dst.len >= seekableBound(src.len, frame_size));
     const frame: usize = @intCast(frame_size);
     // The table is built in the last bytes of `dst`, which the frames never
     // reach (the bound holds both), then moved to just after the frames.
@@ -250,15 +260,20 @@ pub fn encodeSeekable(cctx: *ZSTD_CCtx, src: []const u8, dst: []u8, frame_size: 
     format.SeekTable.writeFrame(table, n);
     var at: usize = 0;
     for (0..n) |k| {
+        assert(k * frame < src.len);
         const piece = src[k * frame ..][0..@min(frame, src.len - k * frame)];
         const room = dst[at .. dst.len - table_len];
         const size = ZSTD_compress2(cctx, room.ptr, room.len, piece.ptr, piece.len);
         if (ZSTD_isError(size) != 0) return null;
+        assert(size <= room.len);
         format.SeekTable.putEntry(table, k, @intCast(size), @intCast(piece.len));
         at += size;
     }
     if (at + table_len >= src.len) return null; // no gain: stored raw
+    assert(at <= dst.len - table_len); // the frames stayed out of the table's room
     std.mem.copyForwards(u8, dst[at..][0..table_len], table);
+    // What a reader will parse: the frames, then this table.
+    assert(format.SeekTable.parse(dst[0 .. at + table_len]) != null);
     return at + table_len;
 }
 
@@ -316,6 +331,7 @@ pub fn decode(
     src: []const u8,
     dst: []u8,
 ) Error!void {
+    assert(codec == .raw or dctx != null); // zstd frames need a context
     switch (codec) {
         .raw => {
             if (src.len != dst.len) return error.Corrupt;
@@ -347,6 +363,7 @@ pub fn decode(
 /// the bundled memcpy on random 12 KiB rows, one thread).
 pub fn copy(dst: []u8, src: []const u8) void {
     assert(dst.len == src.len);
+    if (dst.len >= 16 and dst.len <= small_copy_max) return smallCopy(dst, src);
     if (builtin.cpu.arch == .x86_64 and dst.len >= rep_movsb_min and cpu.hasErms()) {
         var d = dst.ptr;
         var s = src.ptr;
@@ -364,6 +381,24 @@ pub fn copy(dst: []u8, src: []const u8) void {
 
 const rep_movsb_min = 2048;
 
+/// Records up to this size are copied inline in 16-byte moves (the last one
+/// overlapping), with no call into memcpy and its size dispatch: 256 random
+/// 200 B rows gathered 3-5 % faster (2-vCPU Xeon, interleaved runs).
+const small_copy_max = 256;
+
+fn smallCopy(dst: []u8, src: []const u8) void {
+    const V = @Vector(16, u8);
+    const n = dst.len;
+    assert(n >= 16 and src.len == n);
+    var at: usize = 0;
+    while (at + 16 < n) : (at += 16) {
+        const v: V = @as(*align(1) const V, @ptrCast(src.ptr + at)).*;
+        @as(*align(1) V, @ptrCast(dst.ptr + at)).* = v;
+    }
+    const last: V = @as(*align(1) const V, @ptrCast(src.ptr + n - 16)).*;
+    @as(*align(1) V, @ptrCast(dst.ptr + n - 16)).* = last;
+}
+
 /// Trains a zstd dictionary of at most `out.len` bytes from samples laid end to
 /// end in `samples` with sizes `sizes`. Returns the dictionary size; on failure
 /// `why` names zstd's reason.
@@ -373,6 +408,9 @@ pub fn trainDict(
     out: []u8,
     why: *[*:0]const u8,
 ) error{TrainingFailed}!usize {
+    var total: u64 = 0;
+    for (sizes) |n| total += n;
+    assert(total == samples.len); // the samples lie end to end (lx_train_dict sums them)
     if (sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) {
         why.* = "no samples";
         return error.TrainingFailed;
@@ -388,6 +426,7 @@ pub fn trainDict(
         why.* = ZDICT_getErrorName(n);
         return error.TrainingFailed;
     }
+    assert(n <= out.len);
     return n;
 }
 
@@ -408,7 +447,8 @@ pub fn decodeFrames(
     bad: *u64,
     why: *[*:0]const u8,
 ) Error!void {
-    assert(src_offsets.len == src_sizes.len and codecs.len == src_sizes.len);
+    assert(src_offsets.len == src_sizes.len);
+    assert(codecs.len == src_sizes.len);
     assert(dst_sizes.len == src_sizes.len);
     const ddict: ?*ZSTD_DDict = if (dict.len == 0)
         null
@@ -425,6 +465,7 @@ pub fn decodeFrames(
             return error.Corrupt;
         }
         const in = src[@intCast(off)..][0..@intCast(size)];
+        assert(at + ds <= dst.len); // the caller sized dst as the sum of dst_sizes
         const out = dst[at..][0..@intCast(ds)];
         at += out.len;
         const n = switch (c) {
@@ -521,7 +562,7 @@ test "pool hands out distinct contexts" {
     DPool.release(b);
 }
 
-test "copy matches the source at every size and alignment around the rep movsb cut-over" {
+test "copy matches the source at every size and alignment around both cut-overs" {
     const gpa = std.testing.allocator;
     const src = try gpa.alloc(u8, 3 * rep_movsb_min + 64);
     defer gpa.free(src);
@@ -529,7 +570,10 @@ test "copy matches the source at every size and alignment around the rep movsb c
     defer gpa.free(dst);
     for (src, 0..) |*b, i| b.* = @truncate(i *% 131 +% 7);
     const sizes = [_]usize{
-        0, 1, 63, rep_movsb_min - 1, rep_movsb_min, rep_movsb_min + 1, 3 * rep_movsb_min,
+        0,                  1,                 15,                 16,                17,
+        31,                 32,                33,                 63,                200,
+        small_copy_max - 1, small_copy_max,    small_copy_max + 1, rep_movsb_min - 1, rep_movsb_min,
+        rep_movsb_min + 1,  3 * rep_movsb_min,
     };
     for (sizes) |n| {
         for ([_]usize{ 0, 1, 7, 33 }) |skew| {

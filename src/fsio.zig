@@ -13,6 +13,7 @@
 //! test suite and do nothing unless armed.
 const std = @import("std");
 const builtin = @import("builtin");
+const assert = std.debug.assert;
 const Io = std.Io;
 const File = Io.File;
 const posix = std.posix;
@@ -233,6 +234,10 @@ pub fn create(dir: Io.Dir, name: [:0]const u8, empty: bool) !File {
 
 /// Writes all of `bytes` at `offset` of file `name`.
 pub fn write(file: File, name: []const u8, bytes: []const u8, offset: u64) !void {
+    // A write ends inside a file a u64 can measure (and an offset is never a
+    // wrapped negative number, which would land past any real file).
+    assert(offset <= std.math.maxInt(u63));
+    assert(bytes.len <= std.math.maxInt(u63) - offset);
     try hit(.write);
     try file.writePositionalAll(pool.io(), bytes, offset);
     record(.write, name, offset, &.{bytes});
@@ -241,6 +246,7 @@ pub fn write(file: File, name: []const u8, bytes: []const u8, offset: u64) !void
 /// One vectored positional write (may be short); returns the bytes written.
 pub fn writeVec(file: File, name: []const u8, vec: []const []const u8, offset: u64) !usize {
     try hit(.write);
+    assert(offset <= std.math.maxInt(u63));
     const n = try file.writePositional(pool.io(), vec, offset);
     recordPrefix(name, vec, offset, n);
     return n;
@@ -258,6 +264,8 @@ fn recordPrefix(name: []const u8, vec: []const []const u8, offset: u64, n: usize
         count += 1;
         left -= take;
     }
+    // A write never reports more bytes than it was given.
+    assert(left == 0 or count == parts.len);
     record(.write, name, offset, parts[0..count]);
 }
 
@@ -268,6 +276,7 @@ pub fn sync(file: File, name: []const u8) !void {
 }
 
 pub fn truncate(file: File, name: []const u8, len: u64) !void {
+    assert(len <= std.math.maxInt(u63));
     try hit(.truncate);
     try file.setLength(pool.io(), len);
     record(.truncate, name, len, &.{});

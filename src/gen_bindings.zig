@@ -12,11 +12,14 @@ const sampler = @import("sampler.zig");
 const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const Store = @import("Store.zig");
+const outbuf = @import("outbuf.zig");
 
 /// Zig types that C sees by name.
 const named = .{
     .{ Store, "lx_store" },
     .{ Loader, "lx_loader" },
+    .{ capi.Pool, "lx_pool" },
+    .{ capi.PoolStats, "lx_pool_stats_t" },
     .{ capi.Info, "lx_info_t" },
     .{ Store.Stats, "lx_stats_t" },
     .{ capi.Move, "lx_move_t" },
@@ -27,6 +30,7 @@ const named = .{
     .{ capi.LoaderColumn, "lx_column_t" },
     .{ capi.LoaderPart, "lx_loader_part_t" },
     .{ capi.WindowsSpec, "lx_windows_t" },
+    .{ capi.IdentitySpec, "lx_identity_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -83,8 +87,14 @@ fn structDef(comptime T: type) []const u8 {
     var text: []const u8 = "typedef struct {\n";
     const info = @typeInfo(T).@"struct";
     inline for (info.field_names, info.field_types) |name, t| {
-        const c = cType(t);
-        text = text ++ "    " ++ c ++ (if (c[c.len - 1] == '*') "" else " ") ++ name ++ ";\n";
+        // An array field: C's `T name[N]`.
+        const elem, const dims = switch (@typeInfo(t)) {
+            .array => |a| .{ a.child, std.fmt.comptimePrint("[{d}]", .{a.len}) },
+            else => .{ t, "" },
+        };
+        const c = cType(elem);
+        const space = if (c[c.len - 1] == '*') "" else " ";
+        text = text ++ "    " ++ c ++ space ++ name ++ dims ++ ";\n";
     }
     return text ++ "} " ++ cName(T) ++ ";\n";
 }
@@ -92,12 +102,13 @@ fn structDef(comptime T: type) []const u8 {
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\n" ++
-        "typedef struct lx_loader lx_loader;\n";
+        "typedef struct lx_loader lx_loader;\n" ++
+        "typedef struct lx_pool lx_pool;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
         capi.Part,         capi.LoaderConfig, capi.Cursor,
         capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
-        capi.WindowsSpec,
+        capi.WindowsSpec,  capi.PoolStats,    capi.IdentitySpec,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
@@ -121,6 +132,8 @@ fn enumDict(comptime name: []const u8, comptime E: type) []const u8 {
     return text ++ "}\n";
 }
 
+const identity_flag_by_name = format.Identity.Flags.dtype_by_name;
+
 const python = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 =
@@ -138,6 +151,10 @@ const python = blk: {
     text = text ++ enumDict("CODECS", format.Codec) ++ enumDict("SAMPLER_MODES", sampler.Mode);
     text = text ++ enumDict("PARTS", Store.Part) ++ enumDict("BLOBS", capi.Blob);
     text = text ++ enumDict("COLUMN_KINDS", capi.ColumnKind);
+    text = text ++ "#: format.Kind: what a store holds (its type identity's kind).\n";
+    text = text ++ enumDict("STORE_KINDS", format.Kind);
+    text = text ++ "#: format.Identity.Encoding: how a store keeps its identity (lx_identity).\n";
+    text = text ++ enumDict("IDENTITY_ENCODINGS", format.Identity.Encoding);
     text = text ++ "#: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).\n";
     text = text ++ enumDict("FAULT_OPS", fsio.Op);
     text = text ++ std.fmt.comptimePrint(
@@ -147,18 +164,31 @@ const python = blk: {
         \\LOADER_WINDOW_MAX = {d}
         \\LOADER_THREADS_MAX = {d}
         \\AUX_SIZE_MAX = {d}
+        \\#: The output pool's defaults and bounds (src/outbuf.zig).
+        \\OUTPUT_POOL = {{"min_bytes": {d}, "max_idle_bytes": {d}, "stale_checkouts": {d},
+        \\    "idle_count_max": {d}}}
         \\FORMAT_VERSION = {d}
+        \\FORMAT_VERSION_MIN = {d}
+        \\IDENTITY_NDIM_MAX = {d}
+        \\IDENTITY_DESCR_SIZE_MAX = {d}
+        \\IDENTITY_NAME_SIZE_MAX = {d}
+        \\IDENTITY_FLAG_DTYPE_BY_NAME = {d}
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
         \\    "lx_loader_config_t": {d}, "lx_cursor_t": {d}, "lx_source_t": {d},
-        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d}}}
+        \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d},
+        \\    "lx_pool_stats_t": {d}, "lx_identity_t": {d}}}
         \\
     , .{
-        Loader.columns_max,       Loader.sources_max,         Loader.parts_max,
-        Loader.window_max,        Loader.threads_max,         Store.aux_size_max,
-        format.format_version,    @sizeOf(capi.Info),         @sizeOf(Store.Stats),
-        @sizeOf(capi.Move),       @sizeOf(capi.Part),         @sizeOf(capi.LoaderConfig),
-        @sizeOf(capi.Cursor),     @sizeOf(capi.LoaderSource), @sizeOf(capi.LoaderColumn),
-        @sizeOf(capi.LoaderPart), @sizeOf(capi.WindowsSpec),
+        Loader.columns_max,         Loader.sources_max,             Loader.parts_max,
+        Loader.window_max,          Loader.threads_max,             Store.aux_size_max,
+        outbuf.min_bytes_default,   outbuf.max_idle_bytes_default,  outbuf.stale_checkouts,
+        outbuf.idle_count_max,      format.format_version,          format.format_version_min,
+        format.Identity.ndim_max,   format.Identity.descr_size_max, format.Identity.name_size_max,
+        identity_flag_by_name,      @sizeOf(capi.Info),             @sizeOf(Store.Stats),
+        @sizeOf(capi.Move),         @sizeOf(capi.Part),             @sizeOf(capi.LoaderConfig),
+        @sizeOf(capi.Cursor),       @sizeOf(capi.LoaderSource),     @sizeOf(capi.LoaderColumn),
+        @sizeOf(capi.LoaderPart),   @sizeOf(capi.WindowsSpec),      @sizeOf(capi.PoolStats),
+        @sizeOf(capi.IdentitySpec),
     });
     break :blk text;
 };

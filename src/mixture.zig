@@ -70,7 +70,8 @@ pub const Mixture = struct {
     count: usize,
 
     pub fn init(weights: []const u64) Mixture {
-        assert(weights.len >= 1 and weights.len <= sources_max);
+        assert(weights.len >= 1);
+        assert(weights.len <= sources_max);
         var m: Mixture = .{ .count = weights.len };
         m.prefix[0] = 0;
         for (weights, 0..) |w, k| {
@@ -121,6 +122,7 @@ pub const Mixture = struct {
                 lo = mid;
             }
         }
+        assert(records <= n);
         return records;
     }
 
@@ -146,6 +148,7 @@ pub const Mixture = struct {
             records = @intCast((@as(u256, records) * w_child + w - 1) / w);
             if (k < mid) hi = mid else lo = mid;
         }
+        assert(records <= n);
         return records;
     }
 
@@ -356,10 +359,14 @@ pub fn compose(
     const slots = scratch[0..out.len];
     sampler.fillFrom(global, .cyclic, orderKey(seed, first), slot_first, slots);
     for (slots, out) |slot, *o| {
+        assert(slot < global); // a permutation of the step's slots
         var k: usize = 0;
         while (ends[k] <= slot) k += 1;
+        assert(k < m.count);
         const start = if (k == 0) 0 else ends[k - 1];
         o.* = .{ .source = @intCast(k), .position = before[k] + (slot - start) };
+        // Each source's records of the step are its next ones, in order.
+        assert(o.position < after[k]);
     }
 }
 

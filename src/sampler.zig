@@ -154,6 +154,9 @@ pub fn fillFrom(length: u64, mode: Mode, seed: u64, position_first: Position, ou
             loaderx_fill_cyclic_avx2(length, seed, &words, out.ptr, out.len);
         } else fillCyclic(length, seed, position_first, out),
     }
+    // Every index a sampler writes is a record of the source (the loader
+    // gathers them unchecked against the length it was built for).
+    for (out) |index| assert(index < length);
 }
 
 /// Whether this build links `sampler_avx2.zig`: the same CYCLIC code compiled
@@ -243,6 +246,7 @@ const domain_shuffle: u64 = 0x7368_7566_666C_6500;
 
 fn fillSequential(length: u64, position_first: Position, out: []u64) void {
     var index = split(position_first, length).offset;
+    assert(index < length);
     for (out) |*slot| {
         slot.* = index;
         // index < length <= 2^64-1, so the increment cannot overflow.
@@ -293,6 +297,7 @@ fn draw(keys: IidKeys, position_low: u64, length: u64, threshold: u64) u64 {
     var attempt: u64 = 0;
     while (true) : (attempt += 1) {
         const product = @as(u128, keys.word(position_low, attempt)) * length;
+        // product >> 64 < length: the high half of a 64-bit word times length.
         if (@as(u64, @truncate(product)) >= threshold) return @intCast(product >> 64);
     }
 }
@@ -306,7 +311,9 @@ fn fillCyclic(length: u64, seed: u64, position_first: Position, out: []u64) void
     var offset = first.offset;
     var done: usize = 0;
     while (true) {
+        assert(offset < length);
         const run_size: usize = @intCast(@min(out.len - done, length - offset));
+        assert(run_size >= 1 or out.len == 0);
         const run = out[done..][0..run_size];
         if (length <= shuffle_length_max) {
             const shuffle = SmallShuffle.init(length, seed, cycle);

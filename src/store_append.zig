@@ -32,11 +32,15 @@ pub const Batch = struct {
     count: usize,
 
     fn record(b: Batch, i: usize) []const u8 {
+        assert(i < b.count);
         return b.ptrs[i][0..@intCast(b.sizes[i])];
     }
 
     fn aux(b: Batch, i: usize) []const u8 {
+        assert(i < b.count);
         const sz = b.aux_sizes orelse return &.{};
+        // Both given or neither (lx_append checks it).
+        assert(b.aux_ptrs != null);
         return b.aux_ptrs.?[i][0..@intCast(sz[i])];
     }
 };
@@ -63,6 +67,8 @@ pub const Scratch = struct {
         sc.sums.resize(gpa, count) catch return error.OutOfMemory;
         sc.bounds.resize(gpa, count + 1) catch return error.OutOfMemory;
         sc.stage.resize(gpa, stage_size) catch return error.OutOfMemory;
+        assert(sc.locs.items.len == count);
+        assert(sc.bounds.items.len == count + 1);
     }
 
     fn trim(sc: *Scratch, gpa: Allocator) void {
@@ -164,11 +170,15 @@ const EncodeJob = struct {
             else
                 codec.encode(lease.*.?.ctx, src, dst);
             if (got) |n| {
+                // A frame is kept only when smaller than the record (else raw).
+                assert(n < src.len);
                 c = store_codec;
                 stored = dst[0..n];
             }
         }
         const aux = job.batch.aux(i);
+        assert(aux.len <= Store.aux_size_max); // validate() refused longer ones
+        assert(c != .raw or stored.len == src.len);
         sc.stored.items[i] = stored;
         sc.locs.items[i] = .{
             .offset = 0,
@@ -205,6 +215,7 @@ fn encode(s: *Store, batch: Batch) Error!void {
         sc.bounds.items[i + 1] = sc.bounds.items[i] + bound;
     }
     sc.frames.resize(s.gpa, sc.bounds.items[batch.count]) catch return error.OutOfMemory;
+    assert(sc.frames.items.len == sc.bounds.items[batch.count]);
     const threshold: u64 = if (compressing) 64 << 10 else store_read.inline_raw_bytes;
     const p = pool.plan(batch.count, raw_total >= threshold, 0, 4);
     var job: EncodeJob = .{ .store = s, .batch = batch, .block_size = p.block_size };
@@ -219,11 +230,17 @@ fn encode(s: *Store, batch: Batch) Error!void {
 fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
     const sc = &s.scratch;
     var c = s.staged orelse s.commit;
+    assert(c.consistent());
     const first = c.record_count;
+    const fixed = s.header.fixed_size;
+    // Fixed width: record i lives at i * fixed_size, so the data must end
+    // exactly at the first new record (readCommit holds every commit to it).
+    assert(fixed == 0 or c.data_size == first * fixed);
     var at = c.data_size;
     for (sc.locs.items[0..batch.count], 0..) |*loc, i| {
         loc.offset = at;
         loc.checksum ^= format.indexTweak(first + i);
+        assert(fixed == 0 or loc.storedTotal() == fixed); // validate() and raw codec
         at += loc.storedTotal();
         sc.slices.items[2 * i] = batch.aux(i);
         sc.slices.items[2 * i + 1] = sc.stored.items[i];
@@ -238,9 +255,12 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
             sum.* = loc.checksum;
         }
         const sums = std.mem.sliceAsBytes(sc.sums.items[0..batch.count]);
-        fsio.write(s.index, "index", sums, first * @sizeOf(u32)) catch |e|
+        assert(sums.len == batch.count * format.fixed_entry_size);
+        fsio.write(s.index, "index", sums, first * format.fixed_entry_size) catch |e|
             return Store.ioFail(e, "writing the record table");
     } else {
+        // The new entries name exactly the bytes just written, back to back.
+        for (sc.locs.items[0..batch.count]) |loc| assert(loc.offset >= c.data_size);
         for (sc.locs.items[0..batch.count]) |loc| assert(loc.end() <= at);
         const locs = std.mem.sliceAsBytes(sc.locs.items[0..batch.count]);
         fsio.write(s.index, "index", locs, first * @sizeOf(RecordLoc)) catch |e|
@@ -249,6 +269,7 @@ fn place(s: *Store, batch: Batch, stage: bool) Error!u64 {
     c.record_count = first + batch.count;
     c.data_size = at;
     c.live_bytes += stored_total;
+    assert(fixed == 0 or c.data_size == c.record_count * fixed);
     try settle(s, c, stage);
     return first;
 }
@@ -281,6 +302,7 @@ const SliceWriter = struct {
     }
 
     fn emit(w: *SliceWriter) !void {
+        assert(w.staged <= w.stage.len);
         const run = w.run;
         w.run = &.{};
         if (run.len == 0) return;
@@ -289,6 +311,7 @@ const SliceWriter = struct {
             try fsio.write(w.file, "data", run, w.at);
         } else {
             if (w.staged + run.len > w.stage.len) try w.flush();
+            assert(w.staged + run.len <= w.stage.len);
             @memcpy(w.stage[w.staged..][0..run.len], run);
             w.staged += run.len;
         }
@@ -298,6 +321,8 @@ const SliceWriter = struct {
     /// Writes the staged bytes, which end at `at`.
     fn flush(w: *SliceWriter) !void {
         if (w.staged == 0) return;
+        assert(w.staged <= w.stage.len);
+        assert(w.at >= w.staged);
         try fsio.write(w.file, "data", w.stage[0..w.staged], w.at - w.staged);
         w.staged = 0;
     }
@@ -311,8 +336,16 @@ const SliceWriter = struct {
 /// Writes `slices` back to back at `offset` through `stage` (see SliceWriter).
 fn writeSlices(file: std.Io.File, slices: []const []const u8, offset: u64, stage: []u8) !void {
     var w: SliceWriter = .{ .file = file, .stage = stage, .at = offset };
-    for (slices) |sl| try w.add(sl);
+    var total: u64 = 0;
+    for (slices) |sl| {
+        total += sl.len;
+        try w.add(sl);
+    }
     try w.finish();
+    // Every byte went to its place: nothing left staged, the file written
+    // up to exactly offset + total.
+    assert(w.staged == 0);
+    assert(w.at == offset + total);
 }
 
 /// True when the batch's records lie back to back in memory (a dense array).
@@ -343,6 +376,7 @@ const DenseAppendJob = struct {
     write_error: ?WriteError = null,
 
     fn work(job: *DenseAppendJob, lane: usize) void {
+        assert(job.fixed >= 1);
         if (lane == 0) {
             const block = job.src[0 .. job.sums.len * job.fixed];
             fsio.write(job.file, "data", block, job.offset) catch |e| {
@@ -370,7 +404,9 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
     const sums = s.scratch.sums.items[0..batch.count];
     var c = s.staged orelse s.commit;
     const first = c.record_count;
+    assert(batch.count >= 1);
     assert(c.data_size == first * fixed);
+    assert(c.live_bytes == c.data_size);
 
     const p = pool.plan(batch.count, total >= store_read.inline_raw_bytes, 0, 8);
     var job: DenseAppendJob = .{
@@ -389,6 +425,7 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
     c.record_count = first + batch.count;
     c.data_size += total;
     c.live_bytes += total;
+    assert(c.data_size == c.record_count * fixed);
     try settle(s, c, stage);
     return first;
 }
@@ -396,6 +433,14 @@ fn appendDense(s: *Store, batch: Batch, stage: bool) Error!u64 {
 /// Ends an append whose data and table are written: publishes commit `c`, or
 /// with `stage` keeps it staged (written, invisible) for a later publish.
 fn settle(s: *Store, c: Commit, stage: bool) Error!void {
+    // An append only adds: the records and bytes of the last commit stay.
+    assert(c.consistent());
+    assert(c.record_count > s.commit.record_count);
+    assert(c.data_size >= s.commit.data_size);
+    // (A sync between two staged appends makes the published commit's
+    // durable count the larger: publishing the staged one lowers it back,
+    // which only makes the next open check more records.)
+    assert(c.durable_count <= s.commit.durable_count);
     if (stage) {
         s.staged = c;
         return;
@@ -411,6 +456,7 @@ pub fn publish(s: *Store, keep: bool) Error!void {
     defer s.write_mutex.unlock(io);
     const st = s.staged orelse return;
     s.staged = null;
+    assert(st.record_count > s.commit.record_count);
     if (!keep) return;
     try s.checkUsable();
     try s.writeCommit(st);

@@ -51,6 +51,12 @@ pub const Move = extern struct {
 /// first and last position), ascending by `to`, written to `out`.
 fn planMoves(unique: []const u64, count: u64, content: []u64, out: []Move) []Move {
     assert(content.len == unique.len);
+    assert(out.len >= unique.len);
+    assert(unique.len <= count);
+    if (unique.len > 0) {
+        assert(unique[unique.len - 1] < count);
+        for (unique[1..], unique[0 .. unique.len - 1]) |b, a| assert(a < b); // sorted, unique
+    }
     const new_count = count - unique.len;
     const none = std.math.maxInt(u64);
     var len = count;
@@ -72,9 +78,13 @@ fn planMoves(unique: []const u64, count: u64, content: []u64, out: []Move) []Mov
     for (unique, content) |to, from| {
         if (to >= new_count or from == none) continue;
         assert(from >= new_count);
+        assert(from < count);
         out[n] = .{ .from = from, .to = to };
         n += 1;
     }
+    // Every hole below the new length is filled exactly once (moves stay
+    // ascending by `to`).
+    if (n > 0) for (out[1..n], out[0 .. n - 1]) |b, a| assert(a.to < b.to);
     return out[0..n];
 }
 
@@ -86,11 +96,13 @@ fn dedupe(sorted: []u64) []u64 {
     if (sorted.len == 0) return sorted;
     var n: usize = 1;
     for (sorted[1..]) |v| {
+        assert(v >= sorted[n - 1]);
         if (v != sorted[n - 1]) {
             sorted[n] = v;
             n += 1;
         }
     }
+    assert(n <= sorted.len);
     return sorted[0..n];
 }
 
@@ -123,6 +135,7 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
     const unique = dedupe(work[0..indices.len]);
     if (unique.len == 0) return 0;
     const moves = planMoves(unique, count, work[indices.len..][0..unique.len], moves_out);
+    assert(moves.len <= unique.len);
 
     // A journal is only ever written over a durable store (it may copy bytes
     // that must survive a power loss).
@@ -157,6 +170,8 @@ pub fn delete(s: *Store, indices: []const u64, moves_out: []Move) Error!usize {
     c.durable_data_size = c.data_size;
     c.durable_live_bytes = c.live_bytes;
     c.generation = s.commit.generation + 1;
+    assert(c.consistent());
+    assert(s.header.fixed_size == 0 or c.live_bytes == c.data_size);
     // Records are about to change in place: no reader through this handle may
     // keep a window index of them, and none may be found on disk.
     _ = s.delete_epoch.fetchAdd(1, .acq_rel);
@@ -218,12 +233,17 @@ fn writeJournalFile(s: *Store, entries: []const JournalEntry, c: Commit) Error!v
         .magic = JournalHeader.magic_value,
         .entry_count = entries.len,
         .commit = c,
-        .entries_checksum = std.hash.XxHash64.hash(0, std.mem.sliceAsBytes(entries)),
+        .entries_checksum = JournalHeader.entriesChecksum(entries),
         .checksum = 0,
     };
     h.commit.checksum = h.commit.computeChecksum();
     h.checksum = h.computeChecksum();
-    assert(h.checksum == h.computeChecksum());
+    // The journal continues the published history (what checkJournal
+    // demands of it when an open replays it).
+    assert(c.generation == s.commit.generation + 1);
+    assert(c.record_count < s.commit.record_count);
+    assert(c.durable_count == c.record_count);
+    for (entries) |e| assert(e.index < c.record_count);
     const f = fsio.create(s.dir, "journal", true) catch |e|
         return Store.ioFail(e, "creating the delete journal");
     defer f.close(io);
@@ -241,7 +261,13 @@ fn writeJournalFile(s: *Store, entries: []const JournalEntry, c: Commit) Error!v
 /// failed and the journal in place for the next open to replay.
 fn applyJournal(s: *Store, entries: []const JournalEntry, c: Commit) Error!void {
     const fixed = s.header.fixed_size;
+    // Built by delete or checked by checkJournal: every write lands below
+    // the new length, every source lies inside the published data.
+    assert(c.generation == s.commit.generation + 1);
     for (entries) |e| {
+        assert(e.index < c.record_count);
+        assert(e.loc.end() <= s.commit.data_size);
+        if (fixed != 0) assert(e.loc.offset >= c.record_count * fixed);
         if (fixed == 0) {
             const loc_bytes = std.mem.asBytes(&e.loc);
             fsio.write(s.index, "index", loc_bytes, e.index * @sizeOf(RecordLoc)) catch |err|
@@ -266,6 +292,7 @@ fn applyJournal(s: *Store, entries: []const JournalEntry, c: Commit) Error!void 
 
 /// Copies `len` bytes of the data file from `from` to `to` (ranges disjoint).
 fn copyData(s: *Store, from: u64, to: u64, len: u64) Error!void {
+    assert(len >= 1);
     assert(to + len <= from or from + len <= to);
     const base = try s.dataMap(from + len);
     fsio.write(s.data, "data", base[@intCast(from)..][0..@intCast(len)], to) catch |e|
@@ -334,7 +361,7 @@ fn readJournal(s: *Store, f: std.Io.File, disk: Commit) Error!?Journal {
     errdefer s.gpa.free(entries);
     try Store.readExact(f, std.mem.sliceAsBytes(entries), @sizeOf(JournalHeader), "delete journal");
     // Entries not all on disk: the delete never began (it applies only a synced journal).
-    if (std.hash.XxHash64.hash(0, std.mem.sliceAsBytes(entries)) != h.entries_checksum) {
+    if (JournalHeader.entriesChecksum(entries) != h.entries_checksum) {
         s.gpa.free(entries);
         return null;
     }
@@ -355,9 +382,11 @@ fn checkJournal(
     // A delete changes the count and the live bytes, and (fixed width) the
     // data size with the count; everything it publishes is durable.
     const data_size = if (fixed != 0) c.record_count * fixed else disk.data_size;
+    // (Fixed width: the data holds exactly the live records, as readCommit requires.)
+    const live_ok = c.live_bytes <= disk.live_bytes and (fixed == 0 or c.live_bytes == data_size);
     if (c.generation != disk.generation + 1 or c.record_count >= disk.record_count or
         !c.consistent() or c.checksum != c.computeChecksum() or
-        c.data_size != data_size or c.live_bytes > disk.live_bytes or
+        c.data_size != data_size or !live_ok or
         c.durable_count != c.record_count or c.durable_data_size != c.data_size)
     {
         const why = "delete journal does not follow the store's last commit";
@@ -423,20 +452,13 @@ pub fn compact(s: *Store) Error!void {
     const locs = (try s.table(count)).locs;
     var order: std.ArrayList(ByOffset) = .empty;
     defer order.deinit(s.gpa);
-    order.ensureTotalCapacity(s.gpa, @intCast(count)) catch return error.OutOfMemory;
-    var empty_moved = false;
-    const data = try s.dataMap(s.commit.data_size);
-    for (0..@intCast(count)) |i| {
-        // Compact moves bytes by the entries: a damaged one stops it first.
-        try Store.checkLoc(locs[i], i, data, s.commit.data_size, true);
-        const size = locs[i].storedTotal();
-        if (size != 0) {
-            order.appendAssumeCapacity(.{ .offset = locs[i].offset, .index = i, .size = size });
-        }
-    }
-    std.mem.sortUnstable(ByOffset, order.items, {}, ByOffset.less);
+    const live = try liveOrder(s, locs, count, &order);
     const cursor = try compactRounds(s, order.items);
+    // The live records now lie back to back from 0: the data shrinks to them.
+    assert(cursor == live);
+    assert(cursor <= s.commit.data_size);
     // Empty records must lie inside the shrunken data too.
+    var empty_moved = false;
     for (0..@intCast(count)) |i| {
         var loc = locs[i];
         if (loc.storedTotal() != 0 or loc.offset <= cursor) continue;
@@ -453,6 +475,43 @@ pub fn compact(s: *Store) Error!void {
     try s.writeCommit(c);
     try s.syncFile(.meta);
     try trimData(s);
+}
+
+/// The records of a compact, sorted by offset, in `order`; returns their
+/// bytes. Compact moves bytes by the entries: a damaged one (outside the
+/// data, or overlapping another, which moving would garble) stops it before
+/// anything moves.
+fn liveOrder(
+    s: *Store,
+    locs: [*]const RecordLoc,
+    count: u64,
+    order: *std.ArrayList(ByOffset),
+) Error!u64 {
+    order.ensureTotalCapacity(s.gpa, @intCast(count)) catch return error.OutOfMemory;
+    const data = try s.dataMap(s.commit.data_size);
+    for (0..@intCast(count)) |i| {
+        try Store.checkLoc(locs[i], i, data, s.commit.data_size, true);
+        const size = locs[i].storedTotal();
+        if (size != 0) {
+            order.appendAssumeCapacity(.{ .offset = locs[i].offset, .index = i, .size = size });
+        }
+    }
+    std.mem.sortUnstable(ByOffset, order.items, {}, ByOffset.less);
+    var live: u64 = 0;
+    var end: u64 = 0;
+    for (order.items) |o| {
+        if (o.offset < end) {
+            return diag.fail(
+                error.Corrupt,
+                "record {d} overlaps another record's bytes; compact refused (nothing moved)",
+                .{o.index},
+            );
+        }
+        end = o.offset + o.size;
+        live += o.size;
+    }
+    assert(live <= s.commit.data_size);
+    return live;
 }
 
 /// Moves every record of `order` (sorted by offset) down to the front of the
@@ -484,12 +543,17 @@ fn compactRounds(s: *Store, order: []ByOffset) Error!u64 {
         remaining -= moved;
         i = j;
     }
+    assert(remaining == 0);
     return cursor;
 }
 
 /// Copies records `round` (sorted, their destinations all inside free space)
 /// to consecutive places from `to`, then re-points them; each half durable.
 fn moveRound(s: *Store, round: []ByOffset, to: u64) Error!void {
+    assert(round.len >= 1);
+    // Copies land in free space only: below the first record that moves,
+    // so every entry still points at an intact copy until repointed.
+    const free_end = round[0].offset;
     var at = to;
     var k: usize = 0;
     while (k < round.len) {
@@ -506,6 +570,7 @@ fn moveRound(s: *Store, round: []ByOffset, to: u64) Error!void {
         }
         k = end;
     }
+    assert(at <= free_end);
     try s.syncFile(.data);
     try repoint(s, round);
 }
@@ -518,9 +583,11 @@ fn park(s: *Store, rest: []ByOffset, want: u64) Error!void {
     var n: usize = 0;
     var total: u64 = 0;
     while (n < rest.len and (n == 0 or total < want)) : (n += 1) total += rest[n].size;
+    assert(n >= 1);
     const tail = s.commit.data_size;
     var at = tail;
     for (rest[0..n]) |*o| {
+        assert(o.offset + o.size <= tail); // parked copies go past every record
         try copyData(s, o.offset, at, o.size);
         o.offset = at;
         at += o.size;
@@ -538,7 +605,10 @@ fn park(s: *Store, rest: []ByOffset, want: u64) Error!void {
 fn repoint(s: *Store, moved: []const ByOffset) Error!void {
     const locs = (try s.table(s.commit.record_count)).locs;
     for (moved) |o| {
+        assert(o.index < s.commit.record_count);
+        assert(o.offset + o.size <= s.commit.data_size); // inside the committed data
         var loc = locs[o.index];
+        assert(loc.storedTotal() == o.size);
         loc.offset = o.offset;
         try writeLoc(s, o.index, loc);
     }
@@ -546,6 +616,9 @@ fn repoint(s: *Store, moved: []const ByOffset) Error!void {
 }
 
 fn writeLoc(s: *Store, index: u64, loc: RecordLoc) Error!void {
+    assert(index < s.commit.record_count);
+    assert(s.header.fixed_size == 0); // the fixed layout has no entries to rewrite
+    assert(loc.end() <= s.commit.data_size);
     fsio.write(s.index, "index", std.mem.asBytes(&loc), index * @sizeOf(RecordLoc)) catch |e|
         return s.failWith(e, "writing the record table");
 }
@@ -601,6 +674,10 @@ pub fn checkTail(s: *Store) Error!Commit {
         );
     }
     s.commit = c;
+    // The intact prefix keeps every durable record and drops only the tail.
+    assert(good.record_count >= c.durable_count);
+    assert(good.record_count <= c.record_count);
+    assert(good.data_size <= c.data_size);
     try s.syncFile(.data);
     try s.syncFile(.index);
     try s.writeCommit(good);
@@ -651,6 +728,8 @@ fn intactPrefix(s: *Store, c: Commit, entries: u64, data_len: u64) Error!Commit 
     good.durable_count = good.record_count;
     good.durable_data_size = good.data_size;
     good.durable_live_bytes = good.live_bytes;
+    assert(good.data_size <= data_limit or good.record_count == c.durable_count);
+    assert(good.consistent());
     return good;
 }
 

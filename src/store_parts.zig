@@ -9,6 +9,7 @@ const Allocator = std.mem.Allocator;
 const diag = @import("diag.zig");
 const Store = @import("Store.zig");
 const store_read = @import("store_read.zig");
+const store_cold = @import("store_cold.zig");
 const Error = Store.Error;
 const Snapshot = store_read.Snapshot;
 
@@ -42,7 +43,8 @@ pub const Scratch = struct {
 /// Holds a read on every part's store and snapshots them all; `end` gives
 /// the holds back. Nothing is held when it fails.
 pub fn begin(gpa: Allocator, parts: []const Part, sc: *Scratch) Error![]const Snapshot {
-    assert(parts.len >= 1 and parts.len <= parts_max);
+    assert(parts.len >= 1);
+    assert(parts.len <= parts_max);
     sc.snaps.resize(gpa, parts.len) catch return error.OutOfMemory;
     var held: usize = 0;
     errdefer for (parts[0..held]) |p| p.store.exitRead();
@@ -68,6 +70,8 @@ pub fn find(
     snaps: []const Snapshot,
     index: u64,
 ) ?struct { part: u16, local: u64 } {
+    assert(parts.len >= 1);
+    assert(snaps.len == parts.len);
     var lo: usize = 0;
     var hi: usize = parts.len;
     while (hi - lo > 1) {
@@ -75,6 +79,8 @@ pub fn find(
         if (parts[mid].first <= index) lo = mid else hi = mid;
     }
     if (index < parts[lo].first) return null;
+    // The last part that starts at or before `index` (parts sorted by first).
+    assert(lo + 1 == parts.len or parts[lo + 1].first > index);
     const local = index - parts[lo].first;
     if (local >= snaps[lo].count) return null;
     return .{ .part = @intCast(lo), .local = local };
@@ -90,6 +96,7 @@ pub fn locate(
     indices: []const u64,
     sc: *Scratch,
 ) Error!store_read.Reads {
+    assert(snaps.len == parts.len);
     if (single(parts)) return .{ .snaps = snaps, .indices = indices };
     sc.of.resize(gpa, indices.len) catch return error.OutOfMemory;
     sc.local.resize(gpa, indices.len) catch return error.OutOfMemory;
@@ -142,6 +149,36 @@ pub fn gatherAlloc(
     defer end(parts);
     const reads = try locate(gpa, parts, snaps, indices, sc);
     return store_read.packedReads(gpa, reads, lanes, raw_out, aux_out);
+}
+
+/// Brings the records at global `indices` over `parts` into memory (see
+/// store_cold.prefetch); `force` checks every store, cold or not; `wait`
+/// returns once they are in.
+pub fn prefetch(
+    gpa: Allocator,
+    parts: []const Part,
+    indices: []const u64,
+    force: bool,
+    wait: bool,
+    sc: *Scratch,
+) Error!void {
+    if (indices.len == 0) return;
+    const snaps = try begin(gpa, parts, sc);
+    defer end(parts);
+    const reads = try locate(gpa, parts, snaps, indices, sc);
+    for (reads.indices, 0..) |index, i| {
+        const snap = reads.snap(i);
+        if (index >= snap.count) return outOfRangeLocal(index, snap.count);
+    }
+    const check = gpa.alloc(bool, snaps.len) catch return error.OutOfMemory;
+    defer gpa.free(check);
+    store_cold.prefetch(reads, force, wait, check);
+}
+
+fn outOfRangeLocal(index: u64, count: u64) Error {
+    return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{
+        index, count,
+    });
 }
 
 /// One part from index 0: indices are the store's own, nothing to map.

@@ -363,6 +363,62 @@ test "fixed-width append of one contiguous block takes the dense path and reads 
     try testing.expectEqual(@as(u64, 18 * 8), (try s.stats()).chunk_bytes);
 }
 
+test "fixed-width gathers into a stride: inline and on every lane, checked first" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var buf: [4096]u8 = undefined;
+    const path = try tmpPath(&tmp, &buf, "strided");
+    const size = 200;
+    const count = 3000;
+    const s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = size });
+    defer s.close();
+    const block = try gpa.alloc(u8, count * size);
+    defer gpa.free(block);
+    for (block, 0..) |*b, i| b.* = @truncate(i / size *% 31 +% i);
+    const ptrs = try gpa.alloc([*]const u8, count);
+    defer gpa.free(ptrs);
+    const szs = try gpa.alloc(u64, count);
+    defer gpa.free(szs);
+    for (ptrs, szs, 0..) |*p, *z, i| {
+        p.* = block[i * size ..].ptr;
+        z.* = size;
+    }
+    _ = try s.append(.{ .ptrs = ptrs.ptr, .sizes = szs.ptr, .count = count }, false);
+    var prng = std.Random.DefaultPrng.init(0x57A1D);
+    const idx = try gpa.alloc(u64, 2000);
+    defer gpa.free(idx);
+    for (idx) |*x| x.* = prng.random().uintLessThan(u64, count);
+    const out = try gpa.alloc(u8, idx.len * size);
+    defer gpa.free(out);
+    // 5 records run inline, 2000 (400 KB) on every lane.
+    for ([_]usize{ 5, idx.len }) |n| {
+        @memset(out, 0xEE);
+        try s.gather(idx[0..n], .{ .base = out.ptr, .len = n * size, .stride = size }, .payload, 0);
+        for (idx[0..n], 0..) |x, i| {
+            const want = block[@intCast(x * size)..][0..size];
+            try testing.expectEqualSlices(u8, want, out[i * size ..][0..size]);
+        }
+        if (n < idx.len) try testing.expectEqual(@as(u8, 0xEE), out[n * size]);
+    }
+    // Every index is checked before a byte is written; so is the room.
+    @memset(out, 0xEE);
+    const bad = [_]u64{ 1, 2, count + 4, count };
+    const dest: Store.Dest = .{ .base = out.ptr, .len = 4 * size, .stride = size };
+    try testing.expectError(error.OutOfRange, s.gather(&bad, dest, .payload, 0));
+    try testing.expectEqualStrings("index 3004 is out of range for 3000 records", diagText());
+    const short: Store.Dest = .{ .base = out.ptr, .len = 4 * size - 1, .stride = size };
+    try testing.expectError(error.SizeMismatch, s.gather(idx[0..4], short, .payload, 0));
+    try testing.expect(std.mem.allEqual(u8, out, 0xEE));
+    // Another stride takes the general path, which refuses the record size.
+    const half: Store.Dest = .{ .base = out.ptr, .len = out.len, .stride = size / 2 };
+    try testing.expectError(error.SizeMismatch, s.gather(idx[0..4], half, .payload, 0));
+}
+
+fn diagText() []const u8 {
+    return std.mem.span(@import("diag.zig").get());
+}
+
 test "compact parks records when the free space ahead is small, and keeps every record" {
     const gpa = testing.allocator;
     var tmp = testing.tmpDir(.{});

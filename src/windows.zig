@@ -41,7 +41,9 @@ const WindowsIndex = format.WindowsIndex;
 
 /// lx_windows_t: the window index of one document corpus.
 pub const Spec = extern struct {
-    /// docs + 1 token offsets (separators included), caller memory.
+    /// docs + 1 token offsets (separators included), caller memory,
+    /// nondecreasing (lx_windows_index builds them so; a gather checks only
+    /// the ends, in O(1), and asserts the order where it reads them).
     prefix: [*]const u64,
     docs: u64,
     seq_len: u64,
@@ -59,6 +61,7 @@ pub const Spec = extern struct {
     }
 
     pub fn windowCount(s: Spec) u64 {
+        assert(s.seq_len >= 1); // checkSpec
         const tokens = s.prefix[@intCast(s.docs)];
         return if (tokens == 0) 0 else (tokens - 1) / s.seq_len;
     }
@@ -69,18 +72,22 @@ pub const Spec = extern struct {
 
     /// Tokens of document `doc` itself (its separator not counted).
     fn docTokens(s: Spec, doc: u64) u64 {
+        assert(doc < s.docs);
         const d: usize = @intCast(doc);
         return s.prefix[d + 1] - s.prefix[d] - s.separatorAfter(doc);
     }
 
     /// The document holding token `t` (the last whose first token is <= t).
     fn docAt(s: Spec, t: u64) u64 {
+        assert(t < s.prefix[@intCast(s.docs)]);
         var lo: u64 = 0;
         var hi: u64 = s.docs;
         while (hi - lo > 1) {
             const mid = (lo + hi) / 2;
             if (s.prefix[@intCast(mid)] <= t) lo = mid else hi = mid;
         }
+        assert(s.prefix[@intCast(lo)] <= t);
+        assert(t < s.prefix[@intCast(lo + 1)]);
         return lo;
     }
 };
@@ -176,6 +183,8 @@ pub fn index(
     const durable: usize = @intCast(@min(docs, c.durable_count));
     if (durable > loaded and s.writable) saveFile(s, c, ends[0..durable]);
     try tokenPrefix(ends, itemsize, has_separator, out);
+    assert(out[0] == 0);
+    assert(out[docs] <= tokens_max);
 }
 
 /// The delete epoch of an index space: the sum of its stores' (Spec.epoch).
@@ -193,6 +202,8 @@ fn tableEnds(
     ends: []u64,
     from: u64,
 ) Error!void {
+    assert(from <= ends.len);
+    assert(ends.len <= c.record_count);
     var prev: u64 = if (from == 0) 0 else ends[@intCast(from - 1)];
     for (@intCast(from)..ends.len) |d| {
         const loc = table.get(d);
@@ -232,6 +243,7 @@ fn tokenPrefix(ends: []const u64, itemsize: u32, has_separator: bool, out: []u64
         const sep: u64 = @intFromBool(has_separator and d + 1 < ends.len);
         out[d + 1] = out[d] + (bytes >> shift) + sep;
     }
+    assert(out[ends.len] <= tokens_max);
 }
 
 /// Spot checks of a loaded index against the record table: this many
@@ -297,6 +309,7 @@ fn loadFile(
         if (at == h.docs - 1) break;
     }
     const take: usize = @intCast(@min(h.docs, ends.len));
+    assert(take <= c.durable_count); // only durable records are ever covered
     if (own) @memcpy(ends[0..take], all[0..take]);
     return take;
 }
@@ -332,6 +345,9 @@ pub fn verifyFile(gpa: Allocator, s: *Store, c: format.Commit) Error!void {
 /// is derived data, so any failure (a read-only directory, a full disk)
 /// leaves the store as it was and the index in memory only.
 fn saveFile(s: *Store, c: format.Commit, ends: []const u64) void {
+    // A durable prefix only: what a power loss can take must never be covered.
+    assert(ends.len >= 1);
+    assert(ends.len <= c.durable_count);
     var name_buf: [64]u8 = undefined;
     const tmp = std.mem.printSentinel(&name_buf, "{s}.{x:0>16}.tmp", .{
         WindowsIndex.file_name,
@@ -418,6 +434,7 @@ const LaneCache = struct {
     /// A slot of `len` bytes, evicting the oldest; the caller names its
     /// contents once they are decoded.
     fn claim(lc: *LaneCache, gpa: Allocator, len: usize) ?*Slot {
+        assert(lc.next < cache_slots);
         const sl = &lc.slots[lc.next];
         lc.next = (lc.next + 1) % cache_slots;
         sl.doc = std.math.maxInt(u64);
@@ -672,7 +689,10 @@ const Job = struct {
         const size: usize = s.itemsize;
         const width: u64 = s.seq_len + 1;
         const row = job.out.row(k);
+        // gather() checked the window; its L + 1 tokens lie inside the corpus.
+        assert(job.windows[k] < s.windowCount());
         const t0 = job.windows[k] * s.seq_len;
+        assert(t0 + width <= s.prefix[@intCast(s.docs)]);
         var t = t0;
         var d = s.docAt(t0);
         var ordinal: i32 = 0;
@@ -680,7 +700,9 @@ const Job = struct {
             d += 1;
             ordinal += 1;
         }) {
+            assert(d < s.docs);
             const first = s.prefix[@intCast(d)];
+            assert(first <= t);
             const doc_end = first + s.docTokens(d);
             const span_end = @min(s.prefix[@intCast(d + 1)], t0 + width);
             if (job.out.tokens) |dst| {
@@ -716,6 +738,9 @@ const Job = struct {
         lease: *?codec.DPool.Lease,
     ) error{Failed}!void {
         const ref = docRef(job.spec, job.parts, job.snaps, d) catch return job.fail(d, .doc);
+        // The bytes asked for lie inside the document (docRef checked its size).
+        assert(lo < hi);
+        assert(hi <= ref.raw_size);
         if (ref.codec == .raw) {
             codec.copy(dst[0 .. hi - lo], ref.stored[lo..hi]);
             return;
@@ -764,6 +789,7 @@ const Job = struct {
         if (cache.find(d, frame)) |bytes| return bytes;
         if (lease.* == null) lease.* = codec.DPool.acquire() catch return job.fail(d, .memory);
         const slot = cache.claim(job.gpa, len) orelse return job.fail(d, .memory);
+        assert(slot.buf.items.len >= len);
         const dst = slot.buf.items[0..len];
         codec.decode(lease.*.?.ctx, ref.codec, &ref.store.dict, src, dst) catch
             return job.fail(d, .decode);
@@ -774,6 +800,8 @@ const Job = struct {
 };
 
 fn writeToken(dst: [*]u8, value: u64, size: usize) void {
+    assert(size >= 1);
+    assert(size <= 8);
     const bytes = std.mem.toBytes(std.mem.nativeToLittle(u64, value));
     @memcpy(dst[0..size], bytes[0..size]);
 }

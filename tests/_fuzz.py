@@ -275,11 +275,13 @@ def _check_windows(store, label: str, verified: bool, out: Outcome) -> None:
         return
     flat = np.concatenate([np.ravel(d) for d in docs]) if docs else np.zeros(0, store.dtype)
     n = (len(flat) - 1) // WINDOW if len(flat) else 0
-    if n != len(tw):
-        picked = np.zeros(0, np.int64)
-    want = np.array([flat[i * WINDOW : i * WINDOW + WINDOW + 1] for i in picked.tolist()])
-    got = windows.reshape(len(picked), -1)
-    if n != len(tw) or not np.array_equal(got, want.reshape(len(picked), -1)):
+    # (Shapes fixed to WINDOW + 1 columns: a store of no windows reads an empty batch.)
+    same = n == len(tw)
+    if same:
+        want = [flat[i * WINDOW : i * WINDOW + WINDOW + 1] for i in picked.tolist()]
+        want = np.array(want, dtype=store.dtype).reshape(len(picked), WINDOW + 1)
+        same = np.array_equal(np.asarray(windows).reshape(len(picked), WINDOW + 1), want)
+    if not same:
         out.problems.append(
             {
                 "kind": "wrong windows",

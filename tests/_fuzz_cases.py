@@ -40,6 +40,7 @@ from _lxformat import (
     StoreImage,
     block,
     frame,
+    pack_identity,
     pack_windows_index,
     raw_frame,
     unpack_windows_index,
@@ -320,7 +321,11 @@ def _bytes_view(img: StoreImage) -> str:
 
 HEADER_VARIANTS = (
     ("format_version 0", lambda img: img.put_header(format_version=0)),
-    ("format_version 2 (newer)", lambda img: img.put_header(format_version=2)),
+    ("format_version 4 (newer)", lambda img: img.put_header(format_version=4)),
+    (
+        "format_version 2 (a native identity read as msgpack)",
+        lambda img: img.put_header(format_version=2),
+    ),
     ("format_version 2^32-1", lambda img: img.put_header(format_version=2**32 - 1)),
     ("header_size 0", lambda img: img.put_header(header_size=0)),
     ("header_size 113", lambda img: img.put_header(header_size=113)),
@@ -335,7 +340,7 @@ HEADER_VARIANTS = (
     ("flags all ones", lambda img: img.put_header(flags=U64_MAX)),
     (
         "reserved fields set",
-        lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _r2=U64_MAX, _r4=7),
+        lambda img: img.put_header(_reserved0=b"\xff\xff\xff", _reserved1_0=U64_MAX, _reserved1_2=7),
     ),
     ("uid changed", lambda img: img.put_header(uid=img.header()["uid"] ^ 0x5A5A)),
     ("frame_size 63", lambda img: img.put_header(frame_size=63)),
@@ -810,8 +815,105 @@ def _record_size(base: Base, rng: random.Random) -> int:
 
 
 def fam_identity(img, base, rng, k, bases):
-    """The stored identity replaced (blob and header checksums valid)."""
+    """The stored identity of a format-2 store (msgpack) replaced (blob and
+    header checksums valid)."""
     name, fn = IDENTITY_VARIANTS[k % len(IDENTITY_VARIANTS)]
+    size = _record_size(base, rng)
+    img.put_header(format_version=2)
+    img.put_blobs(user=fn(size))
+    return f"format-2 identity: {name} (R={size})", _orig(base), "bytes"
+
+
+def _native(R, kind="dense", descr=None, shape=None, **kw):
+    """A native identity of R-byte u1 records unless told otherwise."""
+    if descr is None:
+        descr = b"'|u1'"
+    kw.setdefault("itemsize", 1)
+    kw.setdefault("name", b"uint8")
+    return pack_identity(kind, descr, item_shape=(R,) if shape is None else shape, **kw)
+
+
+def _struct_descr(fields: str) -> bytes:
+    return fields.encode("ascii")
+
+
+# (name, fn(R) -> native identity bytes), R = the byte size of a record of the base.
+NATIVE_IDENTITY_VARIANTS = (
+    ("dense '|O'", lambda R: _native(R // 8, descr=b"'|O'", itemsize=8, name=b"object")),
+    (
+        "dense struct with an object field",
+        lambda R: _native(0, descr=_struct_descr(f"[('o', '|O'), ('p', '|V{R - 8}')]"),
+                          shape=(), itemsize=R),
+    ),
+    ("ragged '|O'", lambda R: _native(0, "ragged", b"'|O'", shape=(), itemsize=8)),
+    ("item_shape (2^62, 2^62)", lambda R: _native(0, shape=(2**62, 2**62))),
+    ("item_shape (2^40, 2^30), itemsize 8", lambda R: _native(0, shape=(2**40, 2**30), itemsize=8)),
+    ("item_shape (2^64-1,)", lambda R: _native(0, shape=(U64_MAX,))),
+    ("item_shape (0, 2^63)", lambda R: _native(0, shape=(0, 2**63))),
+    ("item_shape (R, 0)", lambda R: _native(0, shape=(R, 0))),
+    ("item_shape of 32 dimensions", lambda R: _native(0, shape=(1,) * 31 + (R,))),
+    ("ndim 33", lambda R: _native(R, ndim=33)),
+    ("ndim 255", lambda R: _native(R, ndim=255)),
+    ("a dimension past ndim", lambda R: _native(R, item_shape_3=1)),
+    ("kind 3", lambda R: _native(R, kind=3)),
+    ("kind 255", lambda R: _native(R, kind=255)),
+    ("kind bytes", lambda R: pack_identity("bytes", b"", b"", itemsize=0)),
+    ("kind bytes naming a dtype", lambda R: _native(0, "bytes", shape=())),
+    ("kind ragged with an item shape", lambda R: _native(R, "ragged")),
+    ("version 2 (newer)", lambda R: _native(R, version=2)),
+    ("version 0", lambda R: _native(R, version=0)),
+    ("version 2^32-1", lambda R: _native(R, version=2**32 - 1)),
+    ("magic wrong", lambda R: _native(R, magic=0x1234)),
+    ("header_size 0", lambda R: _native(R, header_size=0)),
+    ("header_size 297", lambda R: _native(R, header_size=297)),
+    ("unknown flag", lambda R: _native(R, flags=2)),
+    ("reserved field set", lambda R: _native(R, _reserved0=1)),
+    ("descr empty", lambda R: _native(R, descr=b"")),
+    ("descr not printable", lambda R: _native(R, descr=b"'|u\x01'")),
+    ("descr not ASCII", lambda R: _native(R, descr="'\u00e9'".encode())),
+    ("descr not a literal", lambda R: _native(R, descr=b"[[[(")),
+    ("descr a call", lambda R: _native(R, descr=b"__import__('os').getcwd()")),
+    ("descr an expression", lambda R: _native(R, descr=b"'<f4' + 'x'")),
+    ("descr an int", lambda R: _native(R, descr=b"5")),
+    ("descr a dict", lambda R: _native(R, descr=b"{'a': 1}")),
+    ("descr a set", lambda R: _native(R, descr=b"{1, 2}")),
+    ("descr nested 190 deep", lambda R: _native(R, descr=b"[('a', " * 190 + b"'<i4'" + b")]" * 190)),
+    ("descr nested 5000 deep", lambda R: _native(R, descr=b"[" * 5000 + b"]" * 5000)),
+    ("descr of 1 MiB", lambda R: _native(R, descr=b"'" + b"a" * (2**20 - 2) + b"'")),
+    ("descr of 1 MiB + 1", lambda R: _native(R, descr=b"'" + b"a" * (2**20 - 1) + b"'")),
+    ("descr subarray (2^40,)", lambda R: _native(0, descr=b"[('a', '<i4', (1099511627776,))]",
+                                                shape=(), itemsize=4)),
+    ("descr subarray (-1,)", lambda R: _native(0, descr=b"[('a', '<i4', (-1,))]", shape=())),
+    ("descr field name 5", lambda R: _native(0, descr=b"[(5, '<i4')]", shape=(), itemsize=4)),
+    ("descr duplicate field names", lambda R: _native(
+        0, descr=b"[('a', '<i4'), ('a', '<i4')]", shape=(), itemsize=8)),
+    ("descr ',i4'", lambda R: _native(R // 4, descr=b"',i4'", itemsize=4)),
+    ("descr '<U1'", lambda R: _native(R // 4, descr=b"'<U1'", itemsize=4)),
+    ("descr '|V0'", lambda R: _native(R, descr=b"'|V0'", itemsize=0)),
+    ("descr '<i99'", lambda R: _native(R, descr=b"'<i99'")),
+    ("itemsize disagrees with the descr", lambda R: _native(R // 8, descr=b"'<f4'", itemsize=8)),
+    ("itemsize 2^63", lambda R: _native(1, itemsize=2**63)),
+    ("by name, the name empty", lambda R: _native(R, flags=1, name=b"")),
+    ("by name 'object'", lambda R: _native(R // 8, descr=b"'|V8'", itemsize=8, flags=1,
+                                           name=b"object")),
+    ("by name, an unknown name", lambda R: _native(R, flags=1, name=b"nonesuch")),
+    ("by name ',i4'", lambda R: _native(R // 4, descr=b"'|V4'", itemsize=4, flags=1,
+                                        name=b",i4")),
+    ("name not printable", lambda R: _native(R, name=b"uint\x008")),
+    ("name of 256 bytes", lambda R: _native(R, name=b"n" * 256)),
+    ("a trailing byte", lambda R: _native(R) + b"x"),
+    ("a byte short", lambda R: _native(R)[:-1]),
+    ("only the header", lambda R: _native(R)[:296]),
+    ("15 bytes", lambda R: _native(R)[:15]),
+    ("text sizes overflow", lambda R: _native(R, descr_size=2**32 - 1, name_size=2**32 - 1)),
+    ("a record one byte longer", lambda R: _native(R + 1)),
+    ("ragged", lambda R: _native(0, "ragged", shape=())),
+)
+
+
+def fam_native_identity(img, base, rng, k, bases):
+    """The stored native identity replaced (blob and header checksums valid)."""
+    name, fn = NATIVE_IDENTITY_VARIANTS[k % len(NATIVE_IDENTITY_VARIANTS)]
     size = _record_size(base, rng)
     img.put_blobs(user=fn(size))
     return f"identity: {name} (R={size})", _orig(base), "bytes"
@@ -1182,7 +1284,8 @@ SCHEDULE = (
     (fam_entry, GENERAL),
     (fam_frame, GENERAL),
     (fam_identity, BASE_NAMES),
-    (fam_identity, BASE_NAMES),
+    (fam_native_identity, BASE_NAMES),
+    (fam_native_identity, BASE_NAMES),
     (fam_journal, BASE_NAMES),
     (fam_journal, BASE_NAMES),
     (fam_shape, ("ragged_1d", "ragged_nd")),
@@ -1202,6 +1305,7 @@ VARIANT_COUNTS = {
     fam_entry: len(ENTRY_VARIANTS),
     fam_frame: len(FRAME_VARIANTS) + 1,
     fam_identity: len(IDENTITY_VARIANTS),
+    fam_native_identity: len(NATIVE_IDENTITY_VARIANTS),
     fam_shape: len(SHAPE_VARIANTS),
     fam_journal: len(JOURNAL_VARIANTS),
     fam_dict: len(DICT_VARIANTS),

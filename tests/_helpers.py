@@ -1,7 +1,13 @@
 """Helpers shared by the Python test modules."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def assert_same(got, expected) -> None:
@@ -32,3 +38,16 @@ def expected_moves(order: list[int]) -> list[list[int]]:
     """The (from, to) pairs `delete` reports for a new `order`: every record
     now at a position other than its old one, ascending by `to`."""
     return [[old, new] for new, old in enumerate(order) if old != new]
+
+
+def assert_generated_current(step: str, printed: str, committed: str, tmp_path) -> None:
+    """`zig build <step>` writes generated file `printed` under a fresh
+    prefix; the committed file (path from the repository root) must be the
+    same text, else it is stale (regenerate it with the step without -print)."""
+    cmd = [sys.executable, "-m", "ziglang", "build", step, "--prefix", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fresh = (tmp_path / printed).read_text()
+    with open(os.path.join(ROOT, committed)) as f:
+        assert fresh == f.read(), f"{committed} is stale: run `python -m ziglang build " \
+            f"{step.removesuffix('-print')}`"

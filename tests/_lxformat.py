@@ -1,4 +1,5 @@
-"""A store's files as bytes, with the structs of src/format.zig, for tests
+"""A store's files as bytes, with the structs of src/format.zig (their
+formats, offsets and constants generated into tests/_lxlayout.py), for tests
 that forge stores: change any field and re-seal every checksum that covers it
 (header, commit, blobs, record checksums, journal), or leave them stale.
 
@@ -15,90 +16,56 @@ from __future__ import annotations
 import os
 import struct
 
-from _xxhash import (
+from _lxlayout import (
+    BLOB_OFFSET,
+    COMMIT_FIELDS,
+    COMMIT_FORMAT,
+    COMMIT_OFFSET,
+    HEADER_FIELDS,
+    HEADER_FORMAT,
+    IDENTITY_FIELDS,
+    IDENTITY_FORMAT,
+    IDENTITY_MAGIC,
+    IDENTITY_NDIM_MAX,
+    IDENTITY_VERSION,
+    JOURNAL_ENTRY_FORMAT,
+    JOURNAL_HEADER_FORMAT,
+    JOURNAL_MAGIC,
+    KINDS,
+    LOC_FIELDS,
+    LOC_FORMAT,
     SEED_BLOB,
     SEED_COMMIT,
     SEED_HEADER,
     SEED_JOURNAL,
-    record_checksum,
-    xxh64,
+    SEED_JOURNAL_ENTRIES,
+    SEED_WINDOWS_ENDS,
+    SEED_WINDOWS_INDEX,
+    WINDOWS_INDEX_FIELDS,
+    WINDOWS_INDEX_FORMAT,
+    WINDOWS_INDEX_NAME,
 )
+from _xxhash import record_checksum, xxh64
 
-PAGE = 4096
-COMMIT_OFFSET = PAGE
-BLOB_OFFSET = 2 * PAGE
-MAGIC = 0x0145524F5453584C
-JOURNAL_MAGIC = 0x4C584A524E4C0001
+# The structs of src/format.zig (their formats come from tests/_lxlayout.py,
+# which `zig build forger-layout` generates from it).
 U64_MAX = (1 << 64) - 1
+HEADER = struct.Struct(HEADER_FORMAT)
+COMMIT = struct.Struct(COMMIT_FORMAT)
+LOC = struct.Struct(LOC_FORMAT)
+JOURNAL_HEADER = struct.Struct(JOURNAL_HEADER_FORMAT)
+JOURNAL_ENTRY = struct.Struct(JOURNAL_ENTRY_FORMAT)
+WINDOWS_INDEX = struct.Struct(WINDOWS_INDEX_FORMAT)
+IDENTITY = struct.Struct(IDENTITY_FORMAT)
 
-HEADER = struct.Struct("<QIIB3siQQQQQ5QQ")
-HEADER_FIELDS = (
-    "magic",
-    "format_version",
-    "header_size",
-    "codec",
-    "_reserved0",
-    "level",
-    "flags",
-    "dict_size",
-    "user_size",
-    "blob_checksum",
-    "fixed_size",
-    "uid",
-    "frame_size",
-    "_r2",
-    "_r3",
-    "_r4",
-    "checksum",
-)
-COMMIT = struct.Struct("<8Q")
-COMMIT_FIELDS = (
-    "record_count",
-    "data_size",
-    "live_bytes",
-    "durable_count",
-    "generation",
-    "durable_data_size",
-    "durable_live_bytes",
-    "checksum",
-)
-LOC = struct.Struct("<QQQIBBH")
-LOC_FIELDS = ("offset", "stored_size", "raw_size", "checksum", "codec", "_reserved", "aux_size")
-JOURNAL_HEADER = struct.Struct("<QQ64sQQ")
-JOURNAL_ENTRY = struct.Struct("<Q32s")
-
-# windows.idx: format.WindowsIndex, then u64 ends (running sums of raw sizes).
-WINDOWS_INDEX = struct.Struct("<QII9Q")
-WINDOWS_INDEX_FIELDS = (
-    "magic",
-    "version",
-    "header_size",
-    "store_uid",
-    "store_header_checksum",
-    "docs",
-    "generation",
-    "durable_count",
-    "durable_data_size",
-    "ends_checksum",
-    "_reserved",
-    "checksum",
-)
-WINDOWS_INDEX_NAME = "windows.idx"
-SEED_WINDOWS_INDEX = 0x4C5D
-SEED_WINDOWS_ENDS = 0x4C5E
-
-assert HEADER.size == 112 and COMMIT.size == 64 and LOC.size == 32
-assert WINDOWS_INDEX.size == 88
-assert JOURNAL_HEADER.size == 96 and JOURNAL_ENTRY.size == 40
-
-FILES = ("meta", "index", "data", "lock", "journal", "windows.idx")
+FILES = ("meta", "index", "data", "lock", "journal", WINDOWS_INDEX_NAME)
 
 
 def pack_header(h: dict, seal: bool = True) -> bytes:
     h = dict(h)
     raw = HEADER.pack(*(h[f] for f in HEADER_FIELDS))
     if seal:
-        h["checksum"] = xxh64(raw[:104], SEED_HEADER)
+        h["checksum"] = xxh64(raw[:-8], SEED_HEADER)
         raw = HEADER.pack(*(h[f] for f in HEADER_FIELDS))
     return raw
 
@@ -106,7 +73,7 @@ def pack_header(h: dict, seal: bool = True) -> bytes:
 def pack_commit(c: dict, seal: bool = True) -> bytes:
     c = dict(c)
     if seal:
-        c["checksum"] = xxh64(COMMIT.pack(*(c[f] for f in COMMIT_FIELDS))[:56], SEED_COMMIT)
+        c["checksum"] = xxh64(COMMIT.pack(*(c[f] for f in COMMIT_FIELDS))[:-8], SEED_COMMIT)
     return COMMIT.pack(*(c[f] for f in COMMIT_FIELDS))
 
 
@@ -286,10 +253,10 @@ class StoreImage:
     ) -> None:
         body = b"".join(JOURNAL_ENTRY.pack(index, pack_loc(loc)) for index, loc in entries)
         if entries_checksum is None:
-            entries_checksum = xxh64(body, 0)
+            entries_checksum = xxh64(body, SEED_JOURNAL_ENTRIES)
         count = len(entries) if entry_count is None else entry_count
         head = JOURNAL_HEADER.pack(JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, 0)
-        checksum = xxh64(head[:88], SEED_JOURNAL) if seal else 0
+        checksum = xxh64(head[:-8], SEED_JOURNAL) if seal else 0
         head = JOURNAL_HEADER.pack(
             JOURNAL_MAGIC, count, pack_commit(commit), entries_checksum, checksum
         )
@@ -382,6 +349,35 @@ def raw_frame(content: bytes, checksum: bool = True, **kw) -> bytes:
     return frame(blocks, len(content), checksum_of=content if checksum else None, **kw)
 
 
+# ----------------------------------------------------------------- the type identity
+
+
+def pack_identity(kind: str = "dense", descr: bytes = b"'<f4'", name: bytes = b"float32", *,
+                  itemsize: int = 4, item_shape=(), flags: int = 0, **fields) -> bytes:
+    """A native identity (format.Identity, then its texts) from its parts;
+    `fields` overrides any raw field (magic, version, header_size, ndim,
+    descr_size, name_size, _reserved0, ...)."""
+    h = dict.fromkeys(IDENTITY_FIELDS, 0)
+    h.update(magic=IDENTITY_MAGIC, version=IDENTITY_VERSION, header_size=IDENTITY.size,
+             kind=KINDS[kind] if isinstance(kind, str) else kind, ndim=len(item_shape),
+             flags=flags, itemsize=itemsize, descr_size=len(descr), name_size=len(name))
+    for k, d in enumerate(item_shape):
+        h[f"item_shape_{k}"] = d
+    h.update(fields)
+    return IDENTITY.pack(*(h[f] for f in IDENTITY_FIELDS)) + descr + name
+
+
+def unpack_identity(raw: bytes) -> dict:
+    """The fields of a native identity, `item_shape` as a tuple, with its
+    `descr` and `name` texts."""
+    h = dict(zip(IDENTITY_FIELDS, IDENTITY.unpack_from(raw, 0)))
+    h["item_shape"] = tuple(h.pop(f"item_shape_{k}") for k in range(IDENTITY_NDIM_MAX))[:h["ndim"]]
+    at = IDENTITY.size
+    h["descr"] = bytes(raw[at:at + h["descr_size"]])
+    h["name"] = bytes(raw[at + h["descr_size"]:at + h["descr_size"] + h["name_size"]])
+    return h
+
+
 # -- in-place damage: the files of a store on disk, byte by byte
 
 
@@ -420,9 +416,12 @@ def record_loc(store_path, i: int) -> tuple:
         return LOC.unpack(f.read(LOC.size))
 
 
-def rewrite_identity(store_path, blob: bytes) -> None:
-    """Replaces the store's user blob (its type identity) with `blob`, with a
-    valid blob and header checksum, as a hostile file would."""
+def rewrite_identity(store_path, blob: bytes, **header) -> None:
+    """Replaces the store's user blob (its type identity) with `blob`, and
+    any header fields given (format_version=2 for a msgpack identity), with
+    valid blob and header checksums, as a hostile file would."""
     image = StoreImage.load(store_path)
     image.put_blobs(user=blob)
+    if header:
+        image.put_header(**header)
     image.write(store_path)

@@ -1,5 +1,14 @@
 """XXH64 and the short-input path of XXH3-64 in pure Python, for tests that
-forge store files with valid checksums (see src/format.zig).
+forge store files with valid checksums (see src/format.zig; the seeds come
+from the generated tests/_lxlayout.py).
+
+Kept, not replaced by the library's own checksum through the C ABI: an
+implementation written from the published algorithm pins the format. The
+format's checksums come from Zig's std.hash, so a Zig upgrade that changed
+them, or an edited seed, would silently change what every store on disk must
+match; a forger that borrowed the library's function would follow the change
+and every test would still pass. tests/test_fuzz_corpus.py checks this module
+against the library on random inputs of every length path instead.
 
 Written from the published algorithm descriptions (xxHash's spec: XXH64's
 four-lane accumulate/merge/avalanche, XXH3's 0-240 byte paths over its default
@@ -11,6 +20,8 @@ never reach it (`record_checksum` switches to XXH64 there, as the engine does).
 from __future__ import annotations
 
 import struct
+
+from _lxlayout import RECORD_XXH3_MAX, SEED_RECORD
 
 MASK = (1 << 64) - 1
 
@@ -32,14 +43,6 @@ SECRET = bytes.fromhex(
     "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
     "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
 )
-
-# Seeds the format uses (src/format.zig, src/Store.zig).
-SEED_HEADER = 0x4C58
-SEED_COMMIT = 0x4C59
-SEED_RECORD = 0x4C5A
-SEED_JOURNAL = 0x4C5B
-SEED_BLOB = 0x4C5C
-
 
 def _rotl(x: int, r: int) -> int:
     return ((x << r) | (x >> (64 - r))) & MASK
@@ -199,7 +202,7 @@ def xxh3_64(data: bytes, seed: int = 0) -> int:
 def record_checksum(aux: bytes, stored: bytes, index: int) -> int:
     """The 32-bit checksum src/format.zig `storedChecksum` keeps for record
     `index`: its bytes' checksum bound to its index."""
-    if not aux and len(stored) <= 240:
+    if not aux and len(stored) <= RECORD_XXH3_MAX:
         return (xxh3_64(stored, SEED_RECORD) & 0xFFFFFFFF) ^ index_tweak(index)
     return (xxh64(bytes(aux) + bytes(stored), SEED_RECORD) & 0xFFFFFFFF) ^ index_tweak(index)
 

@@ -5,23 +5,18 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from loaderx import _abi, _lib, errors
+from _helpers import assert_generated_current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_generated_bindings_are_current(tmp_path):
     """Regenerate _abi.py from the Zig source; the committed file must match."""
-    cmd = [sys.executable, "-m", "ziglang", "build", "bindings-print", "--prefix", str(tmp_path)]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    fresh = (tmp_path / "bindings" / "_abi.py").read_text()
-    committed = open(os.path.join(ROOT, "loaderx", "_abi.py")).read()
-    assert fresh == committed, "loaderx/_abi.py is stale: run `python -m ziglang build bindings`"
+    assert_generated_current("bindings-print", "bindings/_abi.py", "loaderx/_abi.py", tmp_path)
 
 
 def declared_functions():
@@ -66,12 +61,13 @@ def test_struct_layouts_match_cffi():
 
 
 def test_python_constants_come_from_the_abi():
-    from loaderx import dataloader
+    from loaderx import _buffers, _loader
     from loaderx.zsampler import Sampler
     assert {m.name.lower(): int(m) for m in Sampler.Mode} == _abi.SAMPLER_MODES
     assert _lib.CODECS == _abi.CODECS
-    assert dataloader._WORKERS_MAX == _abi.LOADER_THREADS_MAX
-    assert dataloader._WINDOW_MAX == _abi.LOADER_WINDOW_MAX
+    assert _loader.WORKERS_MAX == _abi.LOADER_THREADS_MAX
+    assert _loader.WINDOW_MAX == _abi.LOADER_WINDOW_MAX
+    assert _buffers.STALE_CHECKOUTS == _abi.OUTPUT_POOL["stale_checkouts"]
 
 
 def test_versions():

@@ -105,12 +105,12 @@ def test_an_interrupted_next_loses_no_batch(store, transform):
     loader = DataLoader({"x": store}, 10, seed=3, workers=2, transform=transform)
     with loader:
         got = [next(loader)["x"].copy() for _ in range(3)]
-        engine = loader._engine
+        ring = loader._ring
         if transform is None:
-            engine.ring.wait = Interrupt(engine.ring.wait)
+            ring.wait = Interrupt(ring.wait)
         else:
-            with engine.lock:
-                engine.ready = InterruptingDict(engine.ready)
+            with ring.stage.lock:
+                ring.stage.ready = InterruptingDict(ring.stage.ready)
         with pytest.raises(KeyboardInterrupt):
             next(loader)
         assert loader.step == 3

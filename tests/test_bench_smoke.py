@@ -29,7 +29,7 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 
 LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
-          "remote")
+          "cold", "remote")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
 
 
@@ -45,6 +45,18 @@ EXPECTED = {
         "litdata",
         "webdataset",
         "HF datasets",
+        "Lance take()",
+    ),
+    "dense": ("Lance take() raw -> numpy", "Lance take() raw -> Arrow", "Lance take() zstd -> numpy"),
+    "cold": (
+        "12 KiB npy memmap fancy index",
+        "12 KiB loaderx raw ds[idx]",
+        "12 KiB loaderx DataLoader (raw)",
+        "12 KiB loaderx zstd ds[idx]",
+        "12 KiB Lance take() raw",
+        "12 KiB fio 12k random direct reads",
+        "200 B loaderx raw ds[idx]",
+        "200 B Lance take() raw",
     ),
     "tokens": (
         "numpy memmap get_batch",
@@ -175,6 +187,16 @@ def test_loader_overhead_probe_runs(tmp_path):
         "DataLoader workers=2",
     ]
     assert all(r["wall_us"] > 0 and r["cpu_us"] >= 0 for r in rows)
+
+
+def test_small_records_probe_runs(tmp_path):
+    """The fresh-vs-one-process diagnostic runs both settings on both plans."""
+    import probe_small_records
+
+    rows = probe_small_records.run(2000, 0.05, 1, None, tmp_path)
+    assert sorted((r["setting"], r["plan"]) for r in rows) == [
+        ("fresh", 64), ("fresh", 4096), ("one process", 64), ("one process", 4096)]
+    assert all(r["ratio_cpu"] > 0 and r["loaderx_cpu_us"] > 0 for r in rows)
 
 
 def test_token_window_validation_rejects_a_shifted_window():
@@ -341,3 +363,14 @@ def test_convert_bench_rejects_a_wrong_conversion(tmp_path):
     assert bench_convert.build_parquet(other, 0.5, seed=1)["rows"] == info["rows"]
     with pytest.raises(AssertionError, match="differs"):
         bench_convert.validate(other, dst, info["rows"])
+
+
+def test_faults_bench_runs_and_validates(capsys):
+    """scripts/bench_faults.py at smoke size: every workload validates its
+    first batches and reports faults and times per batch."""
+    import bench_faults
+
+    assert bench_faults.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    for workload in bench_faults.WORKLOADS:
+        assert f"{workload} " in out and "faults" in out

@@ -17,7 +17,7 @@ import pytest
 from _original_store import dense_records, patch_entry, write_store, zstd
 
 import loaderx
-from loaderx import DenseStore, RaggedStore, Zrecord
+from loaderx import DenseStore, RaggedStore, Zrecord, _abi
 from loaderx.converters import ConvertError
 from loaderx.dataset import read_manifest
 from loaderx.errors import CorruptStoreError, NotAStoreError
@@ -272,7 +272,7 @@ def test_cli_info_verify_and_convert(tmp_path):
     assert _only(loaderx.open_dataset(tmp_path / "new"))[np.arange(200)].tobytes() == x.tobytes()
     new_info = _cli("info", str(tmp_path / "new"))
     assert "loaderx dataset manifest version 2" in new_info.stdout
-    assert "loaderx store format 2" in new_info.stdout
+    assert f"loaderx store format {_abi.FORMAT_VERSION}" in new_info.stdout
 
 
 def test_cli_convert_takes_dtype_and_item_shape(tmp_path):
@@ -291,7 +291,7 @@ def test_a_loaderx_store_is_not_taken_for_an_original_one(tmp_path):
     with DenseStore(tmp_path / "s", np.int32, (2,)) as s:
         s.append(np.zeros((3, 2), np.int32))
     out = _cli("info", str(tmp_path / "s"))
-    assert out.returncode == 0 and "loaderx store format 2" in out.stdout
+    assert out.returncode == 0 and f"loaderx store format {_abi.FORMAT_VERSION}" in out.stdout
 
 
 def test_opening_an_original_store_says_to_convert_it(tmp_path):

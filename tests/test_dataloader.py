@@ -274,6 +274,22 @@ def test_default_workers_follow_affinity():
         assert loader.workers == want
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and two usable cores")
+def test_the_library_counts_the_cores_this_process_may_use():
+    """One source of the core count: the library's (lx_lanes), which honours
+    the affinity mask a process starts with (Python re-derived it before)."""
+    script = ("import os\n"
+              "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+              "import numpy as np\n"
+              "from loaderx import DataLoader, _lib\n"
+              "loader = DataLoader({'x': np.zeros((10, 2))}, 2)\n"
+              "print(_lib.usable_cores(), loader.workers)\n")
+    out = run_script(script)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1"]
+
+
 def test_repr_describes_the_loader():
     loader = DataLoader(fake_streams(), 8, seed=2, workers=1, prefetch=3)
     next(loader)
@@ -297,9 +313,9 @@ def test_checkpoint_at_every_step_continues_exactly():
         for step in range(steps + follow):
             if step % 10 == 0:
                 time.sleep(0.01)  # Let the workers fill the prefetch window.
-            engine = run._engine
-            with engine.lock:
-                ahead += engine.step_claim > engine.step_deliver
+            workers = run._ring.stage
+            with workers.lock:
+                ahead += workers.claim > run._ring.deliver
             states.append(run.state_dict())
             reference.append(indices_of(next(run)))
     assert ahead > 0, "no checkpoint was taken with batches in flight"
@@ -682,7 +698,7 @@ def test_bad_output_buffers_are_refused(out, error, message):
     [
         (dict(streams={}), ValueError, "streams is empty"),
         (dict(streams=[FakeDenseStore(dense_rows(4))]), TypeError, "must be a dict"),
-        (dict(streams={"x": np.zeros((4, 2))}), TypeError, "stream 'x' is not a loaderx store.*ndarray"),
+        (dict(streams={"x": [np.zeros(2)] * 4}), TypeError, "stream 'x' is not a loaderx store.*list"),
         (
             dict(streams={"x": FakeDenseStore(dense_rows(10)), "y": FakeDenseStore(dense_rows(9))}),
             ValueError,
@@ -949,3 +965,159 @@ def test_ring_and_python_streams_together(dense_pair):
             np.testing.assert_array_equal(batch["y"], expected * 7 + 3)
             np.testing.assert_array_equal(batch["x"][:, 0], expected)
             assert [list(r) for r in batch["r"]] == [list(ragged_rows(LENGTH)[i]) for i in expected]
+
+
+# -- ownership of the memory the ring writes --------------------------------------------
+
+# A child process, so that a crash is a test failure and not a dead pytest. It
+# builds loaders over a store of 256 KiB records (batches of 2 MiB, in pooled
+# memory), closes each from the main thread while another thread is blocked in
+# next(), and meanwhile keeps allocating arrays of the batch's shape from the
+# pool, filled with a pattern: none may change afterwards.
+CLOSE_RACE = r"""
+import random, sys, threading, time
+import numpy as np
+from loaderx import DataLoader, DenseStore, _buffers
+
+path, setting, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if setting == "unmap":
+    _buffers.POOL.configure(max_idle_bytes=0)
+store = DenseStore(path)
+shape = (8,) + tuple(store.item_shape)
+PATTERN = 0xA5  # the store holds bytes below 100
+overwritten = allocated = 0
+for r in range(rounds):
+    loader = DataLoader({"x": store}, 8, seed=r, workers=2, prefetch=2)
+    started = threading.Event()
+
+    def consume():
+        try:
+            while True:
+                next(loader)
+                started.set()
+        except RuntimeError:  # LoaderClosedError
+            started.set()
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    started.wait()
+    time.sleep(random.random() * 0.003)
+    held, stop = [], threading.Event()
+
+    def allocate():
+        while not stop.is_set() or len(held) < 8:
+            a = _buffers.empty(shape, np.uint8)
+            a.fill(PATTERN)
+            held.append(a)
+
+    allocator = threading.Thread(target=allocate)
+    allocator.start()
+    loader.close()
+    consumer.join()
+    stop.set()
+    allocator.join()
+    time.sleep(0.002)
+    allocated += len(held)
+    overwritten += sum(1 for a in held if not (a == PATTERN).all())
+    del held
+print(f"ok overwritten={overwritten} of {allocated}")
+"""
+
+
+def big_record_store(path, count=64):
+    """A zstd store of `count` records of 256 KiB (bytes < 100): slow enough
+    gathers that a close lands while the ring writes a batch."""
+    zrecord = import_zrecord()
+    rng = np.random.default_rng(0)
+    with zrecord.DenseStore(str(path), np.uint8, (256 << 10,), codec="zstd") as store:
+        for _ in range(count // 16):
+            store.append(rng.integers(0, 100, (16, 256 << 10), dtype=np.uint8))
+    return str(path)
+
+
+def run_script(script, *args, timeout=300):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("setting", ["default", "unmap"])
+def test_close_racing_a_blocked_next_never_frees_a_batch_the_ring_writes(tmp_path, setting):
+    """close() woke the consumer blocked in next(), which dropped its step's
+    pooled array before the ring's threads were joined: they went on writing
+    into it (SIGSEGV when the pool unmaps returned blocks; with the defaults,
+    arrays handed out meanwhile were overwritten)."""
+    out = run_script(CLOSE_RACE, big_record_store(tmp_path / "s"), setting, 300)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stderr[-3000:]}"
+    assert out.stdout.startswith("ok overwritten=0 "), out.stdout
+
+
+INTERRUPT_STORM = r"""
+import os, signal, sys, threading, time
+import numpy as np
+from loaderx import DataLoader, DenseStore, _buffers
+
+path, count = sys.argv[1], int(sys.argv[2])
+_buffers.POOL.configure(max_idle_bytes=0)
+store = DenseStore(path)
+with DataLoader({"x": store}, 4, seed=9, workers=1) as reference:
+    want = [next(reference)["x"][:, ::4096].copy() for _ in range(count)]
+
+
+class Interrupted(BaseException):
+    pass
+
+
+inside = [False]
+
+
+def handler(signum, frame):
+    if inside[0]:
+        inside[0] = False
+        raise Interrupted
+
+
+signal.signal(signal.SIGUSR1, handler)
+done = threading.Event()
+
+
+def storm():
+    while not done.wait(0.0002):
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+
+kicker = threading.Thread(target=storm, daemon=True)
+got, interrupts = [], 0
+with DataLoader({"x": store}, 4, seed=9, workers=2) as loader:
+    kicker.start()
+    deadline = time.monotonic() + 120
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            inside[0] = True
+            batch = next(loader)
+            inside[0] = False
+            got.append(batch["x"][:, ::4096].copy())
+        except Interrupted:
+            interrupts += 1
+inside[0] = False
+done.set()
+kicker.join()
+assert len(got) == count, len(got)
+for step, (g, w) in enumerate(zip(got, want)):
+    assert (g == w).all(), f"step {step}"
+print(f"ok interrupts={interrupts}")
+"""
+
+
+def test_interrupts_storming_next_never_free_a_batch_the_ring_writes(tmp_path):
+    """An exception from a signal handler between taking a step's buffers and
+    the native wait dropped them while the ring built that step: SIGSEGV with
+    the pool set to unmap returned blocks. Now: no crash, the exact batches,
+    and no interrupt lands inside the pool's bookkeeping either."""
+    out = run_script(INTERRUPT_STORM, big_record_store(tmp_path / "s"), 300)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stderr[-3000:]}"
+    assert out.stdout.startswith("ok"), out.stdout
+    assert "Exception ignored" not in out.stderr, out.stderr[-3000:]

@@ -74,7 +74,8 @@ if sys.platform == "win32":
 import _fuzz  # noqa: E402
 import _fuzz_cases  # noqa: E402
 from _lxformat import StoreImage, block, frame, raw_frame  # noqa: E402
-from _xxhash import SEED_BLOB, SEED_COMMIT, SEED_HEADER, record_checksum, xxh3_64, xxh64  # noqa: E402
+from _lxlayout import SEED_BLOB, SEED_COMMIT, SEED_HEADER  # noqa: E402
+from _xxhash import record_checksum, xxh3_64, xxh64  # noqa: E402
 from loaderx import DenseStore, RaggedStore, Zrecord  # noqa: E402
 
 CASES = int(os.environ.get("LOADERX_FUZZ_CASES", "1000"))

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -449,8 +450,8 @@ def test_prefetch_is_idempotent_thread_safe_and_makes_reads_local(tmp_path, s3, 
             assert_same(ds[name][s], dense[s])
     assert faults.body_bytes() == 0  # everything was prefetched
     # What a step costs the loader's prefetch_bytes budget: stored bytes.
-    assert ds["raw"].prefetch_nbytes(steps[0]) == 12 * REC
-    assert ds["zz"].prefetch_nbytes(steps[0]) == sum(
+    assert ds["raw"].prefetch_size(steps[0]) == 12 * REC
+    assert ds["zz"].prefetch_size(steps[0]) == sum(
         s.stats()["live_bytes"] // len(s) for s in ds["zz"].shards) // 2 * 12
     for col in ds.values():
         col.close()
@@ -530,6 +531,31 @@ def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
         assert_same(next(c)["raw"], next(d)["raw"])
         c.close()
         d.close()
+    finally:
+        for s in list(ds.values()) + list(local.values()):
+            s.close()
+
+
+def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetch(
+        tmp_path, s3, url, local_ds):
+    # The ring reads a remote store's cache replica natively: holes read as
+    # zeros, so every step must be fetched (prefetch) before it is built. A
+    # view maps its indices to the base's records, and so must its prefetch.
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
+    local = loaderx.open_dataset(local_ds, columns=["raw"])
+    rows = np.arange(3, len(local["raw"]), 7)
+    try:
+        for remote_streams, local_streams in (
+                (ds, local), (loaderx.select(ds, rows), loaderx.select(local, rows))):
+            a = loaderx.DataLoader(remote_streams, batch_size=16, seed=5, workers=2)
+            b = loaderx.DataLoader(local_streams, batch_size=16, seed=5, workers=2)
+            for _ in range(2 * len(rows) // 16 + 3):  # more than a cycle
+                x, y = next(a), next(b)
+                assert_same(x["raw"], y["raw"])
+            # Native: no Python worker threads read these streams.
+            assert not [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
+            a.close()
+            b.close()
     finally:
         for s in list(ds.values()) + list(local.values()):
             s.close()

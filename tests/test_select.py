@@ -18,6 +18,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -285,13 +286,11 @@ def test_native_parts_map_each_shard_to_its_selected_records(data):
     got = []
     for part, shard in zip(parts, ds["id"].shards):
         assert part.rows.dtype == np.uint64 and part.rows.flags.c_contiguous
-        assert part.handle == shard.__loaderx_parts__()[0][0]
+        assert part.handle == shard.native_parts()[0].handle
         got.append(shard.gather(part.rows.astype(np.int64)))
     assert_same(np.concatenate(got), df.id.to_numpy()[rows])
     # Text is decoded by Python: no native parts (a native read gives bytes).
     assert not hasattr(sub["name"], "native_parts") and hasattr(sub["lang"], "native_parts")
-    assert not hasattr(sub["name"], "__loaderx_parts__")
-    assert not hasattr(sub["id"], "__loaderx_parts__")  # the old protocol has no rows
 
 
 def _drain(loader, steps):
@@ -336,6 +335,50 @@ def test_loader_samples_only_the_selected_records(data):
     again.load_state_dict(state)
     assert all((a == b).all() for a, b in zip(rest, [x["id"] for x in _drain(again, 3)]))
     assert len(_drain_some) == 4
+
+
+def test_views_are_read_by_the_native_ring(data):
+    _, df, ds, vec, _ = data
+    sub = loaderx.select(ds, "label = 3")
+    rows = sub["id"].rows
+    streams = {"id": sub["id"], "vec": sub["vec"], "lang": sub["lang"]}
+    assert all(loaderx.streams.native_parts(v) is not None for v in streams.values())
+    ids = df.id.to_numpy()
+    loader = loaderx.DataLoader(streams, 16, seed=4, workers=2)
+    with loader:
+        for _ in range(5):
+            batch = next(loader)
+            # No Python worker thread: the ring gathered every view itself.
+            assert [t.name for t in threading.enumerate() if t.name.startswith("loaderx-")] == []
+            at = np.flatnonzero(np.isin(ids, batch["id"]))
+            assert set(at.tolist()) <= set(rows.tolist())
+            order = np.argsort(ids[at])
+            assert_same(np.sort(batch["id"]), ids[at][order])
+            assert_same(batch["vec"][np.argsort(batch["id"])], vec[at][order])
+
+
+def test_a_mixture_of_views_refuses_a_resume_with_another_subset(tmp_path):
+    loaderx.convert({"x": np.arange(200, dtype=np.int64)}, tmp_path / "d", progress="off")
+    ds = loaderx.open_dataset(tmp_path / "d")
+    even, odd, low = (loaderx.select(ds, where)["x"] for where in
+                      ("x % 2 = 0", "x % 2 = 1", "x < 100"))
+
+    def mixture(a, b):
+        return loaderx.Mixture({"a": {"x": a}, "b": {"x": b}}, weights={"a": 1, "b": 1})
+
+    with loaderx.DataLoader(mixture(even, odd), 8, seed=0) as loader:
+        next(loader)
+        state = loader.state_dict()
+        expected = next(loader)["x"]
+    assert state["fingerprints"] == {"a": {"x": even.fingerprint}, "b": {"x": odd.fingerprint}}
+    with loaderx.DataLoader(mixture(even, odd), 8, seed=0) as again:
+        again.load_state_dict(json.loads(json.dumps(state)))
+        assert_same(next(again)["x"], expected)
+    with loaderx.DataLoader(mixture(even, low), 8, seed=0) as other:
+        with pytest.raises(ValueError, match=r"state fingerprints\['b'\]\['x'\] is 'subset of "
+                                             r".*' but this loader has 'subset of .*"):
+            other.load_state_dict(state)
+    ds["x"].close()
 
 
 def test_empty_subset_is_refused_when_the_loader_is_built(data):

@@ -10,7 +10,11 @@ checked mechanically (as TigerBeetle's tidy does).
 - every file starts with a doc comment (Zig `//!`, Python a module docstring);
 - the Zig sources are formatted as `zig fmt` formats them;
 - loaderx/ never reaches into /proc/self/fd (descriptors the native handle
-  owns are the library's business: see the after-fork hook in src/Store.zig).
+  owns are the library's business: see the after-fork hook in src/Store.zig);
+- streams are recognised by the stream protocol (loaderx/streams.py:
+  ``native_parts()``, ``native_windows()``, ``prefetch``...), never by a
+  private ``__loaderx_*__`` dunder (loaderx/ and tests/) nor by a type-name
+  test such as ``type(x).__name__ == "..."`` (loaderx/).
 
 Each test lists every violation as `file:line: what`, so one run shows them all.
 Run as a script (`python tests/test_tidy.py`) it prints the counts and the largest
@@ -228,6 +232,36 @@ def test_python_never_touches_the_library_s_descriptors():
              for path in python_files()
              for number, line in enumerate(read_lines(path), 1) if "/proc/self/fd" in line]
     assert not found, report("reaches into /proc/self/fd", found)
+
+
+#: The old private stream dunders (split so this file does not match itself).
+OLD_DUNDER = re.compile("__" + r"loaderx_[a-z_]+__")
+TYPE_NAME_TEST = re.compile(r"(type\([^()]*\)|__class__)\.__name__\s*[!=]=")
+
+
+def stream_protocol_violations():
+    tests = sorted(glob.glob(os.path.join(ROOT, "tests", "*.py")))
+    found = []
+    for path in python_files() + tests:
+        for number, line in enumerate(read_lines(path), 1):
+            if OLD_DUNDER.search(line):
+                found.append(f"{rel(path)}:{number}: a private stream dunder "
+                             "(use native_parts()/native_windows(), loaderx.streams)")
+            if path in tests:
+                continue
+            if TYPE_NAME_TEST.search(line):
+                found.append(f"{rel(path)}:{number}: a type-name test (use the stream "
+                             "protocol, isinstance or a capability)")
+    return found
+
+
+def test_streams_are_recognised_by_the_protocol():
+    found = stream_protocol_violations()
+    assert not found, report("streams recognised outside the protocol", found)
+    assert OLD_DUNDER.search("x." + "__loaderx_" + "parts__()")
+    assert TYPE_NAME_TEST.search('if type(s).__name__ == "TokenSegments":')
+    assert TYPE_NAME_TEST.search("stream.__class__.__name__ != 'View'")
+    assert not TYPE_NAME_TEST.search("f'got {type(x).__name__}'")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ziglang") is None,

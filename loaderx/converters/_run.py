@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._lib import usable_cores as _cores  # the cores this process may use
 from .._store import stored_kind
-from ..dataloader import _default_worker_count as _cores  # the cores this process may use
 from ..errors import ZrecordError
 from ._columns import ColumnSpec, ConvertError, Nullable, Packed, mask_name, mask_spec
 

@@ -1,0 +1,220 @@
+"""The stream protocol: what a `DataLoader` (and a `Mixture`) can read.
+
+A stream is any object with the four members of :class:`Stream`: ``kind``
+(``"dense"``, ``"ragged"`` or ``"bytes"``), ``dtype``, ``item_shape`` (dense
+streams: the shape of one record, ``()`` for scalars), ``len()`` and
+``gather(indices, out=None)``. That is enough: the loader reads such a stream
+on its Python worker threads, at the indices its native ring computed. A
+plain numpy array is a stream too (:class:`ArrayStream` wraps it: a dense,
+in-memory, read-only stream of its rows).
+
+Optional capabilities, each found by ``getattr`` (nothing to inherit):
+
+``native_parts() -> list[NativePart]``
+    The stream is read by the native ring, with no Python in between.
+    :class:`NativePart` is ``(handle, first, rows)``: ``handle`` an open
+    store's native handle (cffi ``lx_store *``; the stream keeps it valid
+    while it is open), ``first`` the stream index of the part's first record,
+    ``rows`` ``None`` (the part's records are its store's records ``0..len``)
+    or a C-contiguous sorted ``np.uint64`` array: stream index ``first + i``
+    reads store record ``rows[i]`` (a selected subset). Parts are sorted by
+    ``first`` from 0; a part ends where the next one begins. Stores and
+    ShardSets return ``rows=None`` parts. The loader keeps the handles and
+    rows arrays referenced while its ring runs.
+
+``native_windows() -> (list[NativePart], lx_windows_t spec, segments: bool)``
+    Token windows read natively: the corpus's document parts (``rows`` must
+    be ``None``), the window index (a cffi ``lx_windows_t *`` whose prefix
+    sums the stream keeps alive), and whether the stream gives the windows'
+    document ordinals (int32) rather than their tokens. ``TokenWindows`` and
+    its ``segments`` implement it.
+
+``prefetch(indices: np.ndarray) -> None``
+    Called by the loader for each step's indices of this stream (a uint64
+    array of ``batch_size`` record indices of this stream, in batch order;
+    for a ``Mixture``, only the records drawn from this source) *before*
+    that step is handed to the native ring, on one loader-owned thread
+    (``loaderx-prefetch``), in step order, for the steps of the loader's
+    window (at most ``prefetch + workers`` steps ahead of the consumer). It
+    returns once every record at ``indices`` can be read natively (a remote
+    dataset fetches them into its node-local cache; a local store may issue
+    readahead); the ring builds the step only after it returned. If it
+    raises, that step fails with that exception, raised by the ``next()``
+    that would have returned it, like a gather error. It must be
+    thread-safe (the same stream may sit in several loaders), idempotent
+    (a step may be prefetched again after ``load_state_dict`` or an
+    interrupted ``next()``), and must not assume it is called for every step
+    (a reset skips steps) or that a prefetched step is ever read. It is not
+    called for a loader with ``workers`` built before the stream was given
+    it, nor after ``close()``; a call in progress at ``close()`` is waited
+    for. ``indices`` is the loader's array: copy it to keep it. With
+    ``DataLoader(prefetch_bytes=N)`` the hooks of the steps prefetched and
+    not yet delivered stay within about N bytes (see ``prefetch_size``).
+
+``prefetch_size(indices: np.ndarray) -> int``
+    The bytes a ``prefetch(indices)`` call fetches (e.g. the records'
+    stored sizes), for ``prefetch_bytes``. Without it, a dense stream's
+    step counts record size times records; a ragged or bytes stream with a
+    ``prefetch`` hook needs it when ``prefetch_bytes`` is given.
+
+``fingerprint`` (attribute or property, ``str``)
+    Identifies the record set (a subset's predicate and index set, and the
+    dataset it came from), for checkpoints that must not resume on other
+    records.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple,
+                    runtime_checkable)
+
+import numpy as np
+
+__all__ = ["Stream", "NativePart", "ArrayStream", "KINDS"]
+
+#: The kinds of records a stream holds.
+KINDS = ("dense", "ragged", "bytes")
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """Something the loader can read (see the module docs)."""
+
+    kind: str
+    dtype: np.dtype
+    item_shape: Tuple[int, ...]
+
+    def __len__(self) -> int: ...
+
+    def gather(self, indices: Any, out: Optional[np.ndarray] = None) -> Any: ...
+
+
+class NativePart(NamedTuple):
+    """One part of a natively read stream (see ``native_parts``)."""
+
+    handle: Any
+    first: int
+    rows: Optional[np.ndarray] = None
+
+
+class ArrayStream:
+    """A numpy array as a dense stream of its rows: in memory, read-only
+    (gathers copy rows out; nothing writes the array). ``DataLoader`` and
+    ``Mixture`` wrap plain arrays in it; its workers gather it in Python."""
+
+    kind = "dense"
+
+    def __init__(self, array: np.ndarray):
+        if not isinstance(array, np.ndarray) or array.ndim == 0:
+            raise TypeError(f"an ArrayStream needs a numpy array with a first axis, "
+                            f"got {type(array).__name__}")
+        if array.dtype.hasobject:
+            raise TypeError("an ArrayStream holds numbers, not Python objects (dtype object)")
+        view = array.view()
+        view.flags.writeable = False  # the loader never writes the caller's array
+        self._array = view
+        self.dtype = array.dtype
+        self.item_shape = tuple(array.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def gather(self, indices: Any, out: Optional[np.ndarray] = None) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64)
+        if out is None:
+            return self._array[idx]
+        np.take(self._array, idx, axis=0, out=out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"ArrayStream({self.dtype}{list(self._array.shape)})"
+
+
+def as_stream(value: Any) -> Any:
+    """`value` as a stream: a numpy array wrapped in an ArrayStream, anything
+    else as it is."""
+    return ArrayStream(value) if isinstance(value, np.ndarray) else value
+
+
+def is_stream(value: Any) -> bool:
+    """Has the members the loader needs (``gather()`` and a known ``kind``)."""
+    return getattr(value, "kind", None) in KINDS and callable(getattr(value, "gather", None))
+
+
+def check_streams(streams: Any) -> Dict[str, Any]:
+    """A loader's streams mapping, checked: non-empty, string names, streams
+    (numpy arrays wrapped) of one non-zero length."""
+    if not isinstance(streams, Mapping):
+        raise TypeError(
+            f"streams must be a dict of name -> store, got {type(streams).__name__}"
+        )
+    if not streams:
+        raise ValueError("streams is empty: give at least one name -> store")
+    checked = {}
+    for name, stream in streams.items():
+        if not isinstance(name, str):
+            raise TypeError(f"stream names must be str, got {name!r}")
+        stream = as_stream(stream)
+        if not is_stream(stream):
+            raise TypeError(
+                f"stream {name!r} is not a loaderx store (needs gather() and a kind in "
+                f"{KINDS}): got {type(stream).__name__}"
+            )
+        checked[name] = stream
+    lengths = {name: len(stream) for name, stream in checked.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"streams must all have the same length, got {lengths}")
+    for name, length in lengths.items():
+        if length == 0:
+            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load"
+                             f"{empty_note(checked[name])}")
+    return checked
+
+
+def empty_note(stream: Any) -> str:
+    """Why an empty stream is empty, when it is a `loaderx.select` subset."""
+    selection = getattr(stream, "selection", None)
+    describe = getattr(selection, "describe", None)
+    return f" (the subset selects {describe()})" if callable(describe) else ""
+
+
+def native_parts(stream: Any) -> Optional[List[NativePart]]:
+    """The stream's native parts, or None when the ring cannot read it."""
+    method = getattr(stream, "native_parts", None)
+    if not callable(method):
+        return None
+    return [NativePart(*part) for part in method()]
+
+
+def native_windows(stream: Any) -> Optional[Tuple[List[NativePart], Any, bool]]:
+    """``(parts, spec, segments)`` of a token-window stream, or None."""
+    method = getattr(stream, "native_windows", None)
+    if callable(method):
+        parts, spec, segments = method()
+        return [NativePart(*part) for part in parts], spec, bool(segments)
+    return None
+
+
+def prefetch_sizer(stream: Any) -> Optional[Callable[[np.ndarray], int]]:
+    """How many bytes a stream's ``prefetch`` of some indices fetches: its
+    ``prefetch_size(indices)``, else record size times records for a dense
+    stream; None when neither is known."""
+    size = getattr(stream, "prefetch_size", None)
+    if callable(size):
+        return size
+    if getattr(stream, "kind", None) == "dense":
+        shape = tuple(getattr(stream, "item_shape", ()))
+        record = int(np.dtype(stream.dtype).itemsize * np.prod(shape, dtype=np.int64))
+        return lambda indices: record * len(indices)
+    return None
+
+
+def is_int(value: Any) -> bool:
+    """True for Python and numpy integers, but not for ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:
+    """The stream's ``prefetch`` hook, or None."""
+    hook = getattr(stream, "prefetch", None)
+    return hook if callable(hook) else None
