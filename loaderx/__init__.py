@@ -33,6 +33,10 @@ from .errors import (
     NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
+    RemoteChangedError,
+    RemoteIOError,
+    RemoteNotFoundError,
+    RemotePermissionError,
     StoreNotFoundError,
     ZrecordError,
 )
@@ -53,4 +57,5 @@ __all__ = [
     "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
     "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
     "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",
+    "RemoteIOError", "RemoteNotFoundError", "RemotePermissionError", "RemoteChangedError",
 ]

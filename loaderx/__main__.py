@@ -1,6 +1,10 @@
 """Command line: ``loaderx {info,convert,select,verify,compact,train-dict,bench,demo}``
 (also ``python -m loaderx``), and ``loaderx --version``.
 
+Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``https://``; settings from
+the environment, ``LOADERX_CACHE_DIR`` and ``LOADERX_CACHE_LIMIT`` for the cache):
+``info`` and ``verify`` read through the cache, ``convert`` writes to one.
+
 Long commands show a progress bar with rate and ETA on a terminal and plain
 periodic log lines otherwise; ``--quiet`` silences both. Warnings are one line
 on stderr naming the input. Exit codes: 0 ok, 1 a loaderx error (one line on
@@ -21,6 +25,8 @@ import time
 import warnings
 
 import numpy as np
+
+from . import _objstore
 
 _TINY_RECORD_BYTES = 64
 _PAYLOAD_SAMPLE = 1024
@@ -73,9 +79,10 @@ def store_report(store) -> dict:
     st = store.stats()
     records = st["records"]
     per_record = 4 if (store.kind == "dense" and store.codec == "raw") else 32
-    index = _file_size(store.path, "index")
+    local = getattr(store, "_native_path", store.path)  # a remote store's cached replica
+    index = _file_size(local, "index") if not getattr(store, "is_remote", False) else None
     index = records * per_record if index is None else index
-    meta = _file_size(store.path, "meta") or 0
+    meta = _file_size(local, "meta") or 0
     payload, estimated = _payload(store, records, st["live_bytes"])
     dictionary = store.dictionary()
     report = {
@@ -151,15 +158,32 @@ def _print_store(r: dict, indent: str = "") -> None:
         print(f"{indent}warning:   {w}")
 
 
+def _is_dataset(path: str) -> bool:
+    """A dataset directory (a manifest), local or at a URL."""
+    if _objstore.is_url(path):
+        from .remote import exists
+
+        return exists(_objstore.join(path, "loaderx.json"))
+    return os.path.isfile(os.path.join(path, "loaderx.json"))
+
+
+def _abs(path: str) -> str:
+    return path if _objstore.is_url(path) else os.path.abspath(path)
+
+
+def _join(path: str, sub: str) -> str:
+    return _objstore.join(path, sub) if _objstore.is_url(path) else os.path.join(path, sub)
+
+
 def _dataset_report(path: str) -> dict:
     from .dataset import open_dataset, read_manifest
 
     manifest = read_manifest(path)
     if "splits" in manifest:
         return {
-            "path": os.path.abspath(path),
+            "path": _abs(path),
             "splits": {
-                s: _dataset_report(os.path.join(path, sub)) for s, sub in manifest["splits"].items()
+                s: _dataset_report(_join(path, sub)) for s, sub in manifest["splits"].items()
             },
         }
     opened = open_dataset(path)
@@ -178,7 +202,7 @@ def _dataset_report(path: str) -> dict:
         for col in opened.values():
             col.close()
     return {
-        "path": os.path.abspath(path),
+        "path": _abs(path),
         "manifest_version": manifest["version"],
         "rows": manifest["rows"],
         "source": manifest.get("source"),
@@ -357,9 +381,9 @@ def cmd_info(args) -> int:
     from .converters._original_src import is_original_store
     from .dataset import open_store
 
-    if is_original_store(args.path):
+    if not _objstore.is_url(args.path) and is_original_store(args.path):
         return _original_info(args)
-    if os.path.isfile(os.path.join(args.path, "loaderx.json")):
+    if _is_dataset(args.path):
         report = _dataset_report(args.path)
         if args.json:
             print(json.dumps(report, indent=2))
@@ -472,7 +496,7 @@ def _stores_of(path: str) -> tuple[list, list]:
                              f"which loaderx reads only to convert it: loaderx convert {path} DEST",
                              path=path)
 
-    if os.path.isfile(os.path.join(path, "loaderx.json")):
+    if _is_dataset(path):
         opened = open_dataset(path)
         if opened and all(isinstance(v, dict) for v in opened.values()):
             cols = [c for split in opened.values() for c in split.values()]

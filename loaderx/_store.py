@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, _records, identity
+from . import _lib, _objstore, _records, identity
 from ._lib import check, ffi, lib
 from .streams import NativePart
 from .errors import (
@@ -267,6 +267,10 @@ class Store:
         self._handle = None
         self._path = _store_path(path)
         self._readonly = False
+        # A URL opens the cache's replica of the remote store (loaderx.remote);
+        # the native engine reads that directory, `path` stays the URL.
+        self._remote = _remote_binding(self._path, create)
+        self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
         d = _dict_bytes(dict_bytes, self._path)
@@ -275,8 +279,9 @@ class Store:
         spec = _identity_spec(ident)
         out = ffi.new("lx_store **")
         create_codec = codec if codec is not None else "zstd"
-        rc = lib.lx_open(os.fsencode(self._path), 1 if create else 0, _lib.CODECS[create_codec],
-                         level or 0, d if d else ffi.NULL, len(d), spec[0],
+        rc = lib.lx_open(os.fsencode(self._native_path), 1 if create else 0,
+                         _lib.CODECS[create_codec], level or 0, d if d else ffi.NULL, len(d),
+                         spec[0],
                          fixed_size if create_codec == "raw" else 0,
                          frame_size if create_codec != "raw" else 0, out)
         if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
@@ -301,6 +306,7 @@ class Store:
         except BaseException:
             self.close()
             raise
+        self._readonly = self._remote is not None
 
     def _check_reopen(self, codec: str | None, level: int | None, dict_bytes: bytes) -> None:
         """An explicit codec, level or dictionary must match an existing store's."""
@@ -355,6 +361,46 @@ class Store:
         use it)."""
         return [NativePart(self._h(), 0, None)]
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether this store is read from object storage (through the cache)."""
+        return self._remote is not None
+
+    def prefetch_size(self, indices) -> int:
+        """The bytes `prefetch(indices)` brings into the cache, for a loader's
+        ``prefetch_bytes`` budget: exact for a dense raw store and for records
+        whose table entries are cached, the store's mean record otherwise."""
+        idx, _ = normalize_indices(indices, len(self))
+        remote = self._remote
+        if remote is not None:
+            return remote.nbytes(idx)
+        st = self.stats()
+        return int(round(len(idx) * st["live_bytes"] / max(1, st["records"])))
+
+    def _remote_begin(self, idx: np.ndarray) -> int | None:
+        """Before a native read of `idx`: a remote store makes them present
+        and checked; returns the token for `_remote_end` (None when local)."""
+        remote = self._remote
+        if remote is None or not len(idx):
+            return None
+        return remote.begin(idx, self._check_records)
+
+    def _remote_end(self, token: int | None) -> None:
+        if token is not None:
+            self._remote.end(token)
+
+    def _check_records(self, idx: np.ndarray) -> np.ndarray:
+        """Positions in `idx` (record indices, int64) of the records that fail
+        their check (native: location, sizes, checksum)."""
+        idx = np.ascontiguousarray(idx, dtype=U64)
+        bad = np.empty(len(idx), dtype=U64)
+        count = ffi.new("uint64_t *")
+        h = self._h()
+        check(lib.lx_verify_records(h, u64_ptr(idx), len(idx), u64_ptr(bad), count), self._path,
+              "check")
+        del h
+        return bad[:count[0]].astype(np.int64)
+
     def read_only(self):
         """Makes this handle refuse every mutation from now on (`ReadOnlyError`);
         returns it. Unpickled stores come back read-only."""
@@ -364,6 +410,10 @@ class Store:
     def _w(self):
         """The native handle for a mutation; `ReadOnlyError` for a store
         reopened from a pickle (a read-only reference)."""
+        if self._remote is not None:
+            raise ReadOnlyError(f"{self._path}: a remote store is read-only; write a dataset "
+                                "locally and upload it (loaderx.convert, from_numpy and "
+                                "from_iterator take a URL destination)", path=self._path)
         if self._readonly:
             raise ReadOnlyError(f"{self._path}: this store was reopened from a pickle, read-only; "
                                 "open it by path to write", path=self._path)
@@ -428,21 +478,25 @@ class Store:
         return moves
 
     def prefetch(self, indices, *, wait: bool = True) -> None:
-        """Bring the records at `indices` into memory ahead of a read, and return
-        once they are there (the loader calls it with each step's indices, a few
-        steps ahead: the `prefetch` of loaderx.Stream). It reads only what the
-        page cache misses, explicitly and all at once (one queue of reads of
-        the records' exact byte ranges), and only once reads have found the
-        store cold, or on a probe every 32nd call; on a store in memory it costs
-        about what a call costs. ``wait=False`` returns as soon as the reads
-        are queued: a local record can be read at any time, and a read of it
-        waits only for what is still in flight, so a caller that prefetches
-        several batches ahead keeps the device's queue full across them.
-        Thread-safe and idempotent."""
+        """Make the records at `indices` ready to read (the stream protocol's
+        `prefetch`, loaderx.Stream: the loader calls it with each step's
+        indices a few steps ahead). A remote store fetches them into the
+        node-local cache, checks them and keeps them there for the reads that
+        follow (docs/remote.md). A local store brings them into memory: it
+        reads only what the page cache misses, explicitly and all at once
+        (one queue of reads of the records' exact byte ranges), and only once
+        reads have found the store cold, or on a probe every 32nd call; on a
+        store in memory it costs about what a call costs. ``wait=False`` (local
+        stores) returns as soon as the reads are queued: a local record can be
+        read at any time, and a read of it waits only for what is still in
+        flight. Thread-safe and idempotent."""
         idx, _ = self._indices(indices)
         h = self._h()  # held for the call: keeps the handle's memory alive
         if len(idx):
-            _records.prefetch(self._parts, 1, idx, wait, self._path)
+            if self._remote is not None:
+                self._remote.begin(idx, self._check_records, pin=True)
+            else:
+                _records.prefetch(self._parts, 1, idx, wait, self._path)
         del h
 
     def compact(self) -> None:
@@ -470,7 +524,13 @@ class Store:
         check(lib.lx_sync(self._h()), self._path, "sync")
 
     def verify(self) -> None:
-        """Check every record (checksum, location, decode); raises CorruptStoreError."""
+        """Check every record (checksum, location, decode); raises CorruptStoreError.
+        A remote store fetches every record through its cache and checks
+        each one's location and checksum."""
+        if self._remote is not None:
+            self._h()
+            self._remote.verify_all(self._check_records)
+            return
         bad = ffi.new("uint64_t *")
         check(lib.lx_verify(self._h(), bad), self._path, "verify")
 
@@ -503,7 +563,10 @@ class Store:
 
     def __reduce__(self):
         # A reference, not the data: unpickling reopens the store by path,
-        # read-only (torch workers, multiprocessing spawn, Lightning).
+        # read-only (torch workers, multiprocessing spawn, Lightning); a
+        # remote store reopens the same version, with the same cache settings.
+        if self._remote is not None:
+            return (_reopen_remote, (type(self), self._remote))
         return (_reopen, (type(self), self._path))
 
     def _describe(self) -> str:
@@ -572,7 +635,11 @@ class Store:
         the buffer holds every payload back to back, then every aux part, in
         request order. The buffer is library memory, freed with the array."""
         h = self._h()  # held for the call: keeps the handle's memory alive
-        buf = _records.read_variable(self._parts, 1, idx, threads, self._path)
+        token = self._remote_begin(idx) if self._remote is not None else None
+        try:
+            buf = _records.read_variable(self._parts, 1, idx, threads, self._path)
+        finally:
+            self._remote_end(token)
         del h
         return buf
 
@@ -626,3 +693,22 @@ def stored_kind(path) -> str:
 
 def _reopen(cls, path):
     return cls(path).read_only()
+
+
+def _remote_binding(path: str, create: bool):
+    """The replica binding of a URL (None for a local path)."""
+    if not _objstore.is_url(path):
+        return None
+    if create:
+        raise ReadOnlyError(f"{path}: a remote store cannot be created in place; write it locally "
+                            "and upload it (loaderx.from_numpy, from_iterator and convert take a "
+                            "URL destination)", path=path)
+    from . import remote
+    return remote.bind_for_open(path)
+
+
+def _reopen_remote(cls, binding):
+    """A pickled remote store: the same version, through the same cache."""
+    from . import remote
+    with remote.opening(binding):
+        return cls(binding.url)

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _locks
+from . import _locks, _objstore
 from ._store import Store, stored_kind
 from .errors import (
     BusyError,
@@ -90,7 +90,9 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
     the open store. `progress(done_rows, total_rows)` is called after each chunk.
     `mode`: ``"create"`` (an existing store at `path` is an error),
-    ``"append"`` or ``"overwrite"``.
+    ``"append"`` or ``"overwrite"``. A URL `path` (``s3://``, ``gs://``,
+    ``az://``) builds the store locally, uploads it and returns it opened from
+    there (read-only; ``"append"`` is refused: append to a dataset instead).
 
     ``codec="zstd_dict"`` without `dict_bytes` trains the dictionary here, as
     the original loaderx did: from up to 16 MiB of rows drawn at random with a
@@ -100,6 +102,11 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     warning. `level` None is the codec's default: 3, or 19 for ``zstd_dict``.
     Appending to an existing ``zstd_dict`` store reuses its dictionary.
     """
+    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
+        from . import remote
+        return remote.write_store_to(path, mode, lambda local: from_numpy(
+            local, array, codec=codec, level=level, dict_bytes=dict_bytes,
+            chunk_bytes=chunk_bytes, progress=progress).close())
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
     if not isinstance(array, np.ndarray):
@@ -186,6 +193,11 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
     """Build a RaggedStore from an iterable of arrays (one pass). With
     ``dtype=None`` the first record's dtype is used. Returns the open store.
     `mode` as in `from_numpy`."""
+    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
+        from . import remote
+        return remote.write_store_to(path, mode, lambda local: from_iterator(
+            local, iterable, dtype=dtype, codec=codec, level=level,
+            dict_bytes=dict_bytes).close())
     prepare_store_path(path, mode)
     it = iter(iterable)
     first = []
@@ -212,9 +224,24 @@ def _chain(head, rest):
     yield from rest
 
 
-def open_store(path) -> Store:
+def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
     """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count."""
+    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
+
+    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
+    store is read through the node-local cache in `cache_dir`, bounded by
+    `cache_limit`, with `storage_options` for the object store (see
+    docs/remote.md); they are ignored for a local path."""
+    if _objstore.is_url(path):
+        from . import remote
+        cfg = remote.config(cache_dir, cache_limit, storage_options)
+        with remote.using(cfg):
+            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
+                return _open_store(path)
+    return _open_store(path)
+
+
+def _open_store(path) -> Store:
     kind = stored_kind(path)
     if kind == "dense":
         return DenseStore(path)
@@ -229,9 +256,14 @@ def _manifest_error(path: str, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"{path}: {MANIFEST_NAME} {what}", path=path)
 
 
-def read_manifest(path) -> dict:
-    """The checked manifest of the dataset directory `path` (a dict)."""
+def read_manifest(path, *, storage_options=None) -> dict:
+    """The checked manifest of the dataset directory `path` (a dict); `path`
+    may be a URL (`storage_options` as in `open_dataset`)."""
     p = os.fspath(path)
+    if _objstore.is_url(p):
+        from . import remote
+        return _checked_manifest(p, remote.manifest_text(p, remote.config(
+            storage_options=storage_options)))
     file = os.path.join(p, MANIFEST_NAME)
     if not os.path.isfile(file):
         if not os.path.exists(p):
@@ -241,11 +273,18 @@ def read_manifest(path) -> dict:
                                  "loaderx.open_store", path=p)
         raise NotAStoreError(f"{p} is not a loaderx dataset directory (no {MANIFEST_NAME})", path=p)
     try:
-        with open(file, encoding="utf-8") as f:
-            manifest = json.load(f)
+        with open(file, "rb") as f:
+            text = f.read()
     except FileNotFoundError:  # replaced by a rename just now
         raise StoreNotFoundError(f"{p}: {MANIFEST_NAME} disappeared while being read", path=p) \
             from None
+    return _checked_manifest(p, text)
+
+
+def _checked_manifest(p: str, text: bytes) -> dict:
+    """`text` (a manifest file's bytes) parsed and checked."""
+    try:
+        manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:
         raise _manifest_error(p, f"is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
@@ -329,7 +368,9 @@ def check_inside(root: str, rel: str, what: str) -> str:
     """`root`/`rel` after checking that every existing component below `root`
     is a directory and none is a symlink (a part must never be reached
     through a link out of the dataset). A missing component is left for the
-    open to report."""
+    open to report. Under a URL, the joined URL (`_inside` kept ``..`` out)."""
+    if _objstore.is_url(root):
+        return _objstore.join(root, rel)
     path = root
     for comp in rel.split("/"):
         path = os.path.join(path, comp)
@@ -347,7 +388,8 @@ def check_inside(root: str, rel: str, what: str) -> str:
     return path
 
 
-def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
+def open_dataset(path, columns: Iterable[str] | None = None, *, cache_dir=None,
+                 cache_limit=None, storage_options=None) -> dict:
     """Open a dataset directory: ``{column: store or ShardSet}`` in manifest
     order, ready for ``DataLoader``. A directory of splits (a converted
     ``DatasetDict``) gives ``{split: {column: ...}}``. `columns` picks a subset.
@@ -356,9 +398,22 @@ def open_dataset(path, columns: Iterable[str] | None = None) -> dict:
     While another process overwrites or appends to the dataset, this gives
     the dataset before or after that, whole: it holds a shared lock on the
     generation it opens (version 2 manifests), and reads the manifest again
-    if what it named was replaced meanwhile."""
+    if what it named was replaced meanwhile.
+
+    `path` may be a URL (``s3://bucket/ds``, ``gs://``, ``az://``,
+    ``https://``): the dataset is read through a node-local cache in
+    `cache_dir` (default ``$LOADERX_CACHE_DIR`` or ``~/.cache/loaderx``)
+    holding at most `cache_limit` bytes (an int or ``"200GiB"``), with
+    `storage_options` for the object store; see docs/remote.md. Its manifest
+    is read once and its shards opened concurrently, each at the version on
+    the server now (loaderx's writers never change a published object, so no
+    lock is needed there)."""
     p = os.fspath(path)
     wanted = None if columns is None else list(columns)
+    if _objstore.is_url(p):
+        from . import remote
+        with remote.using(remote.config(cache_dir, cache_limit, storage_options)):
+            return _open_manifest(p, read_manifest(p), wanted)
     for _ in range(_OPEN_ATTEMPTS):
         seen = _manifest_id(p)
         manifest = read_manifest(p)
@@ -423,14 +478,25 @@ def _open_manifest(p: str, manifest: dict, wanted: list | None) -> dict:
     names += [m for m in masks if m in columns and m not in names]
     opened: dict = {}
     try:
-        for name in names:
-            opened[name] = _open_column(p, name, columns[name], manifest["version"])
+        with _parts_opened(p, columns, names):
+            for name in names:
+                opened[name] = _open_column(p, name, columns[name], manifest["version"])
     except BaseException:
         for store in opened.values():
             store.close()
         raise
     from .columns import wrap_columns
     return wrap_columns(opened, columns)
+
+
+def _parts_opened(root: str, columns: dict, names: list) -> Any:
+    """A context in which the parts of a dataset at a URL open from bindings
+    made up front, all at once (each is a few requests); nothing locally."""
+    if not _objstore.is_url(root):
+        return contextlib.nullcontext()
+    from . import remote
+    urls = [_objstore.join(root, s["path"]) for n in names for s in columns[n]["shards"]]
+    return remote.opening(dict(zip(urls, remote.map_concurrently(remote.bind_for_open, urls))))
 
 
 def _open_column(root: str, name: str, col: dict, version: int) -> Any:
@@ -503,7 +569,20 @@ def _manifest_of(dataset, column: str) -> tuple[dict, str]:
             raise KeyError(f"no column {column!r}; the dataset has {list(dataset)}")
         store = dataset[column]
         shards = getattr(store, "shards", None)
-        shard = os.path.abspath((shards[0] if shards else store).path)
+        shard = (shards[0] if shards else store).path
+        if _objstore.is_url(shard):  # DEST/gen-N/<column dir>/part-NNNNN (or without gen-N)
+            for where in (shard.rsplit("/", 3)[0], shard.rsplit("/", 2)[0]):
+                try:
+                    found = read_manifest(where)
+                except ZrecordError:
+                    continue
+                entry = found.get("columns", {}).get(column) or {}
+                first = (entry.get("shards") or [{}])[0].get("path")
+                if isinstance(first, str) and _objstore.join(where, first) == shard:
+                    return found, where
+            raise ValueError(f"column {column!r} ({shard}) was not opened from a dataset; "
+                             "give the dataset's URL")
+        shard = os.path.abspath(shard)
         # DEST/gen-N/<column dir>/part-NNNNN, or DEST/<column dir>/part-NNNNN (version 1)
         for where in (os.path.dirname(os.path.dirname(os.path.dirname(shard))),
                       os.path.dirname(os.path.dirname(shard))):

@@ -233,8 +233,16 @@ class DenseStore(Store):
         except ValueError:  # not C-contiguous or read-only: the precise message
             self._check_out(out, shape)
             raise
-        rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes, _NULL, 0,
-                           threads)
+        if self._remote is None:
+            rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes, _NULL, 0,
+                               threads)
+        else:  # fetched into the cache and checked first (docs/remote.md)
+            token = self._remote_begin(idx)
+            try:
+                rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes,
+                                   _NULL, 0, threads)
+            finally:
+                self._remote_end(token)
         del h
         if rc:
             if rc == RC_OUT_OF_RANGE and not exact:

@@ -96,5 +96,23 @@ class HandleFailedError(ZrecordIOError):
     rolls back the interrupted operation."""
 
 
+class RemoteIOError(ZrecordIOError):
+    """Object storage failed for a remote dataset (unreachable, timeouts,
+    errors that outlived the retries); the message names the URL."""
+
+
+class RemoteNotFoundError(RemoteIOError, StoreNotFoundError):
+    """No such object, key or bucket in object storage."""
+
+
+class RemotePermissionError(RemoteIOError, PermissionError):
+    """Object storage refused access (AccessDenied, bad or missing credentials)."""
+
+
+class RemoteChangedError(RemoteIOError):
+    """An object of a remote dataset changed on the server since the dataset
+    was opened; reads never mix versions, so reopen it to read the new one."""
+
+
 class ZrecordMemoryError(ZrecordError, MemoryError):
     """The native core ran out of memory."""

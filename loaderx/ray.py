@@ -4,7 +4,10 @@
 from a ``ray.data.Dataset``: every Ray write task writes one shard store per
 column, in parallel across the cluster, and the driver commits one manifest
 when all of them have finished. `dest` must be a path every node sees (the
-local disk of a one-machine cluster, or a shared file system).
+local disk of a one-machine cluster, or a shared file system), or a URL
+(``s3://``, ``gs://``, ``az://``): then the dataset is written under the
+driver's remote cache directory (which the tasks must see, as above),
+uploaded, and published by its manifest (loaderx.remote).
 
 A failed task leaves no half-shard in the manifest: tasks write into a
 hidden staging directory, a task that fails removes what it wrote, and the
@@ -31,7 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _locks
+from . import _locks, _objstore
 from .converters import ConvertError, column_codecs
 from .converters import with_masks
 from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, mask_name, require
@@ -253,9 +256,11 @@ def write_dataset(
     mode: str = "create",
     columns: list | None = None,
     skip_columns: list | None = None,
+    storage_options: dict | None = None,
 ) -> dict:
     """Write `ray_dataset` into the dataset directory `dest`; returns the
-    manifest written. Each Ray write task writes one shard per column."""
+    manifest written. Each Ray write task writes one shard per column. A URL
+    `dest` is reached with `storage_options` (else the environment)."""
     _ray()
     ray_data = require("ray.data", "ray", "loaderx.ray")
     if not isinstance(ray_dataset, ray_data.Dataset):
@@ -270,6 +275,13 @@ def write_dataset(
         skip_columns=list(skip_columns or []),
         flags=Flags(),
     )
+    if _objstore.is_url(dest):  # built locally (the cache's uploads), uploaded, published
+        from .remote import config, write_dataset_to
+
+        cfg = config(storage_options=storage_options)
+        return write_dataset_to(dest, mode, lambda local: write_dataset(
+            ray_dataset, local, codec=codec, level=level, columns=columns,
+            skip_columns=skip_columns), cfg)
     sink = _datasink_class()(dest, mode, codec, level, options)
     try:
         ray_dataset.write_datasink(sink)
@@ -328,7 +340,7 @@ def read_dataset(
     ray = _ray()
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows must be a positive int, got {batch_rows!r}")
-    path = os.path.abspath(os.fspath(dest))
+    path = dest if _objstore.is_url(dest) else os.path.abspath(os.fspath(dest))
     manifest = read_manifest(path)
     if "splits" in manifest:
         raise ConvertError(

@@ -101,7 +101,8 @@ class ShardSet:
     returns. ``len(parts) == sum(parts.lengths)``.
     """
 
-    def __init__(self, shards: Sequence[Any]):
+    def __init__(self, shards: Sequence[Any], *, cache_dir=None, cache_limit=None,
+                 storage_options=None):
         self._stores: list = []
         self._owned: list = []
         if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
@@ -111,10 +112,11 @@ class ShardSet:
         if not shards:
             raise ValueError("ShardSet needs at least one shard")
         try:
-            for shard in shards:
-                store, owned = _open(shard)
-                self._stores.append(store)
-                self._owned.append(owned)
+            with _remote_opens(shards, cache_dir, cache_limit, storage_options):
+                for shard in shards:
+                    store, owned = _open(shard)
+                    self._stores.append(store)
+                    self._owned.append(owned)
             _check_identities(self._stores)
         except BaseException:
             self.close()
@@ -134,6 +136,8 @@ class ShardSet:
                     self._part_list.append((part.handle, offset + part.first))
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
+        self._starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        self._remote = [k for k, st in enumerate(self._stores) if getattr(st, "is_remote", False)]
         self._closed = False
 
     # -- identity and bookkeeping
@@ -196,6 +200,50 @@ class ShardSet:
         for store in self._stores:
             store.verify()
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether any shard is read from object storage."""
+        return bool(self._remote)
+
+    def prefetch_size(self, indices) -> int:
+        """The bytes `prefetch(indices)` brings into the cache (the shards'
+        `prefetch_size` added up), for a loader's ``prefetch_bytes``."""
+        self._check_open()
+        idx, _ = normalize_indices(indices, self._len)
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        total = 0
+        for k in np.unique(shard).tolist():
+            total += self._stores[k].prefetch_size(idx[shard == k].astype(np.int64)
+                                                     - self._starts[k])
+        return total
+
+    def _remote_run(self, idx: np.ndarray, pin: bool) -> list:
+        """Makes the remote shards' records of `idx` present and checked,
+        every shard concurrently; returns [(store, token)] for `_remote_end`."""
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        work = []
+        for k in self._remote:
+            mine = idx[shard == k]
+            if len(mine):
+                work.append((self._stores[k], mine.astype(np.int64) - self._starts[k]))
+        from .remote import map_concurrently
+
+        def one(item):
+            store, local = item
+            if pin:
+                store.prefetch(local)
+                return store, None
+            return store, store._remote_begin(local.astype(np.uint64))
+        return map_concurrently(one, work)
+
+    def _remote_begin(self, idx: np.ndarray) -> list | None:
+        return self._remote_run(idx, pin=False) if self._remote and len(idx) else None
+
+    @staticmethod
+    def _remote_end(tokens: list | None) -> None:
+        for store, token in tokens or ():
+            store._remote_end(token)
+
     # -- reads
     def native_parts(self) -> list:
         """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
@@ -219,8 +267,12 @@ class ShardSet:
     def _read(self, idx: np.ndarray, threads: int):
         if not self._part_list:  # every shard is empty: so is idx
             return np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-        return _records.read_variable(self._parts, len(self._part_list), idx,
-                                      threads, None)
+        tokens = self._remote_begin(idx)
+        try:
+            return _records.read_variable(self._parts, len(self._part_list), idx,
+                                          threads, None)
+        finally:
+            self._remote_end(tokens)
 
     def _gather_dense(self, idx: np.ndarray, out: np.ndarray | None, threads: int) -> np.ndarray:
         shape = (len(idx),) + self._item_shape
@@ -233,17 +285,26 @@ class ShardSet:
         else:
             _check_out(out, shape, self._dtype)
         if len(idx) and self._part_list:
-            rc = _records.gather_into(self._parts, len(self._part_list), idx, out,
-                                      self.record_bytes, threads, None)
+            tokens = self._remote_begin(idx)
+            try:
+                rc = _records.gather_into(self._parts, len(self._part_list), idx, out,
+                                          self.record_bytes, threads, None)
+            finally:
+                self._remote_end(tokens)
             check(rc, None, "ShardSet gather")
         return out
 
     def prefetch(self, indices, *, wait: bool = True) -> None:
-        """As ``Store.prefetch``: brings the records at `indices` into memory,
-        from whichever shards hold them, in one native call."""
+        """As ``Store.prefetch``: remote shards fetch their records into the
+        node-local cache (all shards at once); local ones bring theirs into
+        memory, in one native call."""
         self._check_open()
         idx, _ = normalize_indices(indices, self._len)
-        if len(idx) and self._part_list:
+        if not len(idx):
+            return
+        if self._remote:
+            self._remote_run(idx, pin=True)
+        if self._part_list:
             _records.prefetch(self._parts, len(self._part_list), idx, wait, None)
 
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -284,10 +345,13 @@ class ShardSet:
         self.close()
 
     def __reduce__(self):
-        # A reference, not the data: the shards' paths, reopened read-only.
+        # A reference, not the data: the shards' paths, reopened read-only
+        # (remote shards as the versions they opened, through their cache).
         paths = [getattr(store, "path", None) for store in self._stores]
         if any(p is None for p in paths):
             raise TypeError("this ShardSet holds shards without a path and cannot be pickled")
+        if self._remote:
+            return (_reopen_stores, (list(self._stores),))
         return (_reopen, (paths,))
 
     def __repr__(self) -> str:
@@ -298,6 +362,35 @@ class ShardSet:
             f"ShardSet({len(self._stores)} shards, len={self._len}, kind={self._kind!r}, "
             f"dtype={self._dtype}{shape}, codec={self.codec!r})"
         )
+
+
+def _reopen_stores(stores: list) -> "ShardSet":
+    shards = ShardSet(stores)
+    shards._owned = [True] * len(stores)  # reopened for this set: it closes them
+    return shards
+
+
+def _remote_opens(shards: Sequence[Any], cache_dir, cache_limit, storage_options):
+    """A context in which the URL shards open with these settings, opened
+    (their network round trips) concurrently up front."""
+    import contextlib
+
+    from . import _objstore
+    urls = [s for s in shards if _objstore.is_url(s)]
+    if not urls:
+        return contextlib.nullcontext()
+    from . import remote
+    cfg = remote.config(cache_dir, cache_limit, storage_options)
+    stack = contextlib.ExitStack()
+    stack.enter_context(remote.using(cfg))
+    try:
+        bound = dict(zip([u.rstrip("/") for u in urls],
+                         remote.map_concurrently(remote.bind_for_open, urls)))
+    except BaseException:
+        stack.close()
+        raise
+    stack.enter_context(remote.opening(bound))
+    return stack
 
 
 def _reopen(paths: list) -> "ShardSet":

@@ -212,6 +212,27 @@ class View:
         """``(values, row_splits)`` of a ragged column's records."""
         return self._base.gather_packed(self._mapped(indices), threads=threads)
 
+    def prefetch(self, indices) -> None:
+        """The stream protocol's ``prefetch``: the base column's records
+        ``rows[indices]`` made ready to read (a remote column fetches them
+        into its cache; the DataLoader reads a view natively only after
+        this). A base without ``prefetch`` needs none."""
+        hook = getattr(self._base, "prefetch", None)
+        if callable(hook):
+            hook(self._mapped(indices))
+
+    def prefetch_size(self, indices) -> int:
+        """The bytes ``prefetch(indices)`` brings in (the loader's
+        ``prefetch_bytes`` budget), as the base column counts them."""
+        size = getattr(self._base, "prefetch_size", None)
+        mapped = self._mapped(indices)
+        if callable(size):
+            return int(size(mapped))
+        if self.kind == "dense":
+            return len(mapped) * int(self._base.dtype.itemsize
+                                     * int(np.prod(self._base.item_shape, dtype=np.int64)))
+        raise TypeError(f"column {self._name!r} cannot say what a prefetch of it costs")
+
     def __getitem__(self, key):
         idx, scalar = normalize_indices(key, len(self))
         got = self.gather(idx)
@@ -251,7 +272,8 @@ class View:
         # What the column says about its records (categories, text, path,
         # codec, ...) is the column's. Read protocols are never the base's:
         # a native read of the base would read every record, not these.
-        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths"):
+        if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths",
+                                             "prefetch", "prefetch_size"):
             raise AttributeError(attr)
         return getattr(self._base, attr)
 

@@ -159,6 +159,31 @@ class TokenWindows:
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether the documents are read from object storage."""
+        return bool(getattr(self._store, "is_remote", False))
+
+    def _documents(self, idx: np.ndarray) -> np.ndarray:
+        """The documents windows `idx` overlap (a remote corpus fetches them)."""
+        first = idx.astype(np.uint64) * np.uint64(self._seq_len)
+        last = first + np.uint64(self._seq_len)
+        lo = np.searchsorted(self._prefix, first, side="right").astype(np.int64) - 1
+        hi = np.searchsorted(self._prefix, last, side="right").astype(np.int64) - 1
+        docs = len(self._prefix) - 2
+        lo, hi = np.clip(lo, 0, docs), np.clip(hi, 0, docs)
+        lengths = hi - lo + 1
+        starts = np.repeat(lo - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+        return np.unique(starts + np.arange(int(lengths.sum()), dtype=np.int64))
+
+    def prefetch(self, indices) -> None:
+        """Makes windows `indices` ready to read (the stream protocol's
+        prefetch): a remote corpus fetches the documents they overlap into
+        the node-local cache. A no-op for a local one."""
+        if self.is_remote:
+            idx = normalize_indices(indices, self._len)[0]
+            self._store.prefetch(self._documents(idx))
+
     # -- reads
     def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> np.ndarray:
         """Windows `indices` as a ``(len(indices), seq_len + 1)`` array,
@@ -177,10 +202,15 @@ class TokenWindows:
         handles = [h for h, _ in self._part_list]  # held for the call
         tok = ffi.cast("uint8_t *", tokens.ctypes.data) if tokens is not None else ffi.NULL
         seg = ffi.cast("int32_t *", segments.ctypes.data) if segments is not None else ffi.NULL
-        check(lib.lx_windows_gather(self._spec, self._parts, len(self._part_list),
-                                    ffi.cast("uint64_t *", idx.ctypes.data), len(idx), tok, seg,
-                                    threads),
-              self.path, "token windows")
+        remote = self._store._remote_begin(self._documents(idx)) if self.is_remote else None
+        try:
+            check(lib.lx_windows_gather(self._spec, self._parts, len(self._part_list),
+                                        ffi.cast("uint64_t *", idx.ctypes.data), len(idx), tok,
+                                        seg, threads),
+                  self.path, "token windows")
+        finally:
+            if remote is not None:
+                self._store._remote_end(remote)
         del handles
 
     def __getitem__(self, key):
@@ -378,6 +408,13 @@ class TokenSegments:
     def path(self) -> Optional[str]:
         return self._windows.path
 
+    @property
+    def is_remote(self) -> bool:
+        return self._windows.is_remote
+
+    def prefetch(self, indices) -> None:
+        self._windows.prefetch(indices)
+
     def __len__(self) -> int:
         return len(self._windows)
 
@@ -438,6 +475,8 @@ def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndar
     """One store's prefix sums, natively: from its windows.idx where that is
     valid (copied in, checked), the record table for the rest."""
     docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
+    if getattr(store, "is_remote", False):
+        store._remote.all_index()  # every document's size, in the cache's replica
     prefix = np.empty(docs + 1, np.uint64)
     check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
                                ffi.cast("uint64_t *", prefix.ctypes.data), docs),

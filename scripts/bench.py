@@ -5,7 +5,9 @@
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select, cold, or all;
+LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select,
+cold (data larger than the page cache: bench_cold), remote (object storage:
+SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
@@ -57,7 +59,8 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select", "cold")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
+          "cold", "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -227,6 +230,10 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_scale.run_scale(ctx)
     if name == "select":
         return bench_select.run_select(ctx)
+    if name == "remote":
+        import bench_remote
+
+        return bench_remote.run_remote(ctx)
     if name == "fresh":
         import bench_fresh
 

@@ -57,6 +57,13 @@ SPECS = {
         "import streaming; from streaming import MDSWriter, StreamingDataset",
         "mosaicml-streaming 0.13 needs numpy < 2.2 and a torchvision whose ops load",
     ),
+    "lance": VenvSpec(
+        "lance",
+        ("pylance==14.0.2", "pyarrow==26.0.1", "numpy==2.4.6"),
+        ("pylance", "pyarrow", "numpy"),
+        "import lance, pyarrow",
+        "pylance is not in the bench extra (the remote layer's take() contender)",
+    ),
     "litdata": VenvSpec(
         "litdata",
         ("litdata==0.2.76", "torch==2.13.0", "torchvision==0.28.0", "numpy==2.4.6"),

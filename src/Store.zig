@@ -116,6 +116,7 @@ pub const Dest = store_read.Dest;
 pub const gather = store_read.gather;
 pub const gatherAlloc = store_read.gatherAlloc;
 pub const verify = store_read.verify;
+pub const verifyRecords = store_read.verifyRecords;
 pub const Batch = store_append.Batch;
 pub const append = store_append.append;
 pub const publish = store_append.publish;

@@ -789,6 +789,31 @@ pub export fn lx_verify(h: *Store, bad_index: *u64) c_int {
     return 0;
 }
 
+/// Checks the records `indices[0..count]` (location, sizes, checksum; no
+/// decode), for a cache that must check bytes it filled before serving them.
+/// Writes the positions (into `indices`) of the records that fail to
+/// `bad[0..]`, which holds `count` entries, and their number to `*bad_count`;
+/// damaged records are not an error. Errors: closed, failed, out_of_range,
+/// busy, corrupt (the commit), invalid.
+pub export fn lx_verify_records(
+    h: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    bad: ?[*]u64,
+    bad_count: *u64,
+) c_int {
+    if (enter(h)) |rc| return rc;
+    defer h.leave();
+    bad_count.* = 0;
+    if (count == 0) return 0;
+    const idx = indices orelse return invalid("indices is null", .{});
+    const out = bad orelse return invalid("bad is null", .{});
+    const n = h.verifyRecords(idx[0..@intCast(count)], out[0..@intCast(count)]) catch |e|
+        return code(e);
+    bad_count.* = n;
+    return 0;
+}
+
 /// Trains a zstd dictionary of at most `cap` bytes into `out` from `count`
 /// samples laid end to end at `samples` with sizes `sizes`; writes its size to
 /// `*out_len`. Errors: bad_dictionary (training failed: too few or too uniform

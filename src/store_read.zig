@@ -545,6 +545,45 @@ pub fn verify(s: *Store, bad_index: *u64) Error!void {
     try @import("windows.zig").verifyFile(s.gpa, s, c);
 }
 
+/// Checks the records at `indices` (location inside the committed data,
+/// sizes plausible, checksum; no decode): for a cache that filled them from
+/// elsewhere and must not trust them until checked. Writes the positions in
+/// `indices` of the records that fail to `bad[0..]` (capacity indices.len)
+/// and returns how many failed. A damaged record is a result, not an error;
+/// an index past the committed records is OutOfRange.
+pub fn verifyRecords(s: *Store, indices: []const u64, bad: []u64) Error!usize {
+    assert(bad.len >= indices.len);
+    try s.enterRead();
+    defer s.exitRead();
+    const c = try publishedCommit(s);
+    for (indices) |i| {
+        if (i >= c.record_count) {
+            return diag.fail(error.OutOfRange, "index {d} is out of range for {d} records", .{
+                i, c.record_count,
+            });
+        }
+    }
+    const locs = try s.table(c.record_count);
+    const data = try s.dataMap(c.data_size);
+    var failed: usize = 0;
+    for (indices, 0..) |i, k| {
+        const loc = locs.withChecksum(i);
+        const ok = if (Store.checkLoc(loc, i, data, c.data_size, false)) |_| blk: {
+            const aux = data[@intCast(loc.offset)..][0..loc.aux_size];
+            const stored = (data + loc.offset + loc.aux_size)[0..@intCast(loc.stored_size)];
+            break :blk format.storedChecksum(aux, stored, i) == loc.checksum;
+        } else |e| switch (e) {
+            error.Corrupt => false,
+            else => return e,
+        };
+        if (!ok) {
+            bad[failed] = k;
+            failed += 1;
+        }
+    }
+    return failed;
+}
+
 /// One record's full check: inside the data, checksum, decodes to its size.
 pub fn checkRecord(
     s: *Store,

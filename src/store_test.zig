@@ -94,6 +94,34 @@ test "gatherAlloc returns payloads then aux bytes from one snapshot" {
     try testing.expectError(error.OutOfRange, s.gatherAlloc(&.{3}, 0, raw[0..1], aux[0..1]));
 }
 
+test "verifyRecords names the damaged records and passes the intact ones, in both layouts" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var buf: [4096]u8 = undefined;
+    inline for (.{ @as(u64, 0), @as(u64, 4) }, .{ "var", "fixed" }) |fixed, name| {
+        const path = try tmpPath(&tmp, &buf, name);
+        const cd: Codec = if (fixed != 0) .raw else .zstd;
+        const s = try Store.open(testing.allocator, path, .{
+            .create = true,
+            .codec = cd,
+            .fixed_size = fixed,
+        });
+        defer s.close();
+        _ = try appendSlices(s, &.{ "abcd", "efgh", "ijkl" });
+        var bad: [4]u64 = undefined;
+        try testing.expectEqual(@as(usize, 0), try s.verifyRecords(&.{ 2, 0, 1, 2 }, &bad));
+        // Damage record 1's bytes on disk (the raw records sit back to back).
+        const data = try tmp.dir.openFile(pool.io(), name ++ "/data", .{ .mode = .read_write });
+        defer data.close(pool.io());
+        var zero = [_]u8{'X'};
+        const at: u64 = if (fixed != 0) 4 else (try s.table(3)).get(1).offset;
+        try fsio.write(data, "data", &zero, at);
+        try testing.expectEqual(@as(usize, 2), try s.verifyRecords(&.{ 1, 0, 2, 1 }, &bad));
+        try testing.expectEqualSlices(u64, &.{ 0, 3 }, bad[0..2]);
+        try testing.expectError(error.OutOfRange, s.verifyRecords(&.{3}, &bad));
+    }
+}
+
 test "open refuses a missing store and a foreign directory" {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();

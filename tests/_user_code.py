@@ -40,13 +40,14 @@ def _catches_import_error(node):
     return any(name in text for text in caught for name in ("ImportError", "ModuleNotFoundError"))
 
 
-def run_python(name, source, args, cwd):
-    """Run ``python *args`` unless `source` imports a missing package."""
+def run_python(name, source, args, cwd, extra_env=None):
+    """Run ``python *args`` unless `source` imports a missing package;
+    `extra_env` is added to the environment."""
     packages = imported_packages(source, name)
     missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
         pytest.skip(f"{name} needs {missing}, not installed here")
-    env = dict(os.environ)
+    env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env,

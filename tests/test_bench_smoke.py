@@ -28,7 +28,8 @@ import bench_scale  # noqa: E402
 import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select", "cold")
+LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
+          "cold", "remote")
 VENVS = os.environ.get("LOADERX_BENCH_SMOKE_VENVS", "off")
 
 
@@ -76,6 +77,15 @@ EXPECTED = {
         "HF datasets filter (per-example lambda)",
         "loaderx DataLoader over a 10% subset (views)",
         "loaderx DataLoader over a dataset of the same size",
+    ),
+    "remote": (
+        "loaderx remote, prefetch 4 ahead (cold)",
+        "obstore get_ranges, same ranges (cold)",
+        "loaderx remote gather (warm)",
+        "loaderx local gather (same dataset)",
+        "mosaicml-streaming",
+        "litdata",
+        "lance take()",
     ),
     "scale": (
         "DenseStore raw 8 B (int64) 10^3",
@@ -132,7 +142,8 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     for prefix in EXPECTED.get(layer, ()):
         assert any(name.startswith(prefix) for name in names), (prefix, names)
     if VENVS == "off":
-        private = [row for row in rows if row["name"].startswith(("mosaicml-streaming", "litdata"))]
+        private = [row for row in rows
+                   if row["name"].startswith(("mosaicml-streaming", "litdata", "lance"))]
         assert all(row["status"].startswith("missing: private venv") for row in private), private
     # Every run leaves its stores only in its own temporary directory, and removes them.
     assert not list(tmp_path.glob("loaderx-bench-*"))

@@ -187,3 +187,25 @@ def test_read_dataset_gives_equal_length_lists_as_fixed_tensors(tmp_path, local_
     batch = back.take_batch(40, batch_format="numpy")
     order = np.argsort(batch["target"])
     assert_same(batch["pixels"][order], np.stack(pixels))
+
+
+def test_write_dataset_to_a_url_uploads_from_the_tasks_and_reads_back(local_ray, tmp_path):
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    from _servers import MotoS3
+
+    s3 = MotoS3()
+    try:
+        url = f"s3://{s3.bucket}/ray/ds"
+        manifest = lray.write_dataset(_source(), url, columns=["x", "y"],
+                                      storage_options=s3.options())
+        assert manifest["rows"] == ROWS
+        ds = loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=s3.options())
+        ids = np.arange(ROWS)
+        assert_same(ds["y"][:], ids * 3)
+        assert_same(ds["x"][[0, ROWS - 1]],
+                    np.stack([np.full((2, 3), v, np.float32) for v in (0, ROWS - 1)]))
+        for col in ds.values():
+            col.close()
+    finally:
+        s3.stop()

@@ -28,6 +28,7 @@ when needed: ``pip install 'loaderx[convert]'`` brings pyarrow and Pillow.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _objstore
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import (
@@ -143,6 +145,23 @@ def convert(
     return open_dataset(dest)
 
 
+def _url_destination(fn):
+    """`fn(source, dest, ...)` that also takes a URL `dest`: the dataset is
+    built in a new local directory, uploaded, then published (loaderx.remote)."""
+
+    @functools.wraps(fn)
+    def convert_anywhere(source, dest, **kw):
+        if not _objstore.is_url(dest):
+            return fn(source, dest, **kw)
+        from ..remote import write_dataset_to
+
+        mode = kw.pop("mode", "create")
+        return write_dataset_to(dest, mode, lambda local: fn(source, local, mode="create", **kw),
+                                cli=kw.get("cli", False))
+    return convert_anywhere
+
+
+@_url_destination
 def convert_to_directory(
     source: Any,
     dest,

@@ -1,0 +1,827 @@
+"""The node-local cache of remote stores: a partial local replica per store
+version, shared by every process on the node.
+
+Layout of a cache directory::
+
+    lock          flock: the cache's state lock (short sections, no I/O wait)
+    state         mapped: tick counter, bytes present, one watermark per slot
+    slots.lock    byte k: a POSIX lock held by the live process in slot k
+    stores/<key>/ a replica: meta, index, data (sparse, at their own
+                  offsets), lock, cache.state (presence bitmaps, region
+                  access ticks), index.fetch and data.fetch (fetch locks),
+                  source.json (the URL and versions, for people)
+
+A replica IS a store directory: ``meta`` is the server's, complete and
+checked at open; ``index`` and ``data`` have their full sizes with holes
+where nothing was fetched. The native engine opens it as any store and reads
+cached records through its mappings, exactly as it reads a local store.
+Nothing reads a record before `Replica.ensure` made it present and checked.
+
+Presence. ``index`` and ``data`` are tracked in blocks (512 B to 64 KiB,
+chosen per store from its sizes, so a random record costs a few percent of
+overfetch and a bitmap stays small): bit b set = block b holds the server's
+bytes. A process fetches a block's bytes, writes them at their offset, and
+only then sets the bit (under the lock), so a killed process never leaves a
+block marked present that is not; a power loss can (the bitmap may reach the
+disk before the data), which the next check catches: every record's
+checksum is checked on its first read by each process, and a record that
+fails is dropped from the cache and fetched again (then, if the server's
+bytes fail too, `CorruptStoreError`).
+
+Each byte is fetched once per node: a fetcher holds POSIX byte-range locks
+on the blocks it fetches (``*.fetch``, byte b = block b); another process
+that needs them waits for those locks (never while holding its own), then
+finds the blocks present. Locks of a process that dies are released by the
+kernel, and its unmarked blocks are simply fetched again.
+
+Eviction (``cache_limit``). ``data`` is evicted in regions of 64 blocks,
+least recently used first (a global tick stamped on every region a read
+touches), by clearing their bits and punching holes (``fallocate``), under
+the lock and the region's fetch locks. It never drops what a reader uses:
+a read stamps its regions with its tick under the lock before it looks at
+their bits, and each process publishes in its slot two watermarks: the
+tick of its oldest gather in flight, and that of the oldest of its last
+`PIN_CALLS` prefetches (which the loader reads next; a prefetch also stamps
+its regions' ``ptime``). Only regions last read before every live
+process's oldest gather, and last prefetched before every oldest kept
+prefetch, are evicted; a slot whose process died is ignored.
+When everything is in use, the cache grows past its limit instead of
+waiting: eviction only ever slows reads, never blocks them. The index is
+never evicted (at most 32 B per record). Only replicas are ever evicted:
+nothing in the cache is the only copy of anything.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import mmap
+import os
+import shutil
+import struct
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from .errors import CorruptStoreError, InvalidArgumentError
+
+__all__ = ["Cache", "Replica", "Layout", "parse_limit"]
+
+_MAGIC = 0x31454843584C  # "LXCHE1"
+_GLOBAL_SIZE = 4096 + 1024 * 16
+_STATE_MAGIC = 0x31415453584C  # "LXSTA1"
+SLOTS = 1024
+_NONE = np.uint64(2**64 - 1)
+#: Prefetch calls a process keeps protected from eviction (the loader reads
+#: each prefetched step within this many later prefetches).
+PIN_CALLS = 128
+#: Fetch planning: blocks closer than MAX_GAP bytes are fetched in one
+#: request (the gap's bytes are read and dropped), up to REQUEST_MAX bytes.
+MAX_GAP = 4 << 10
+REQUEST_MAX = 8 << 20
+#: A process waits this long for another's fetch of the same blocks, then
+#: fetches them itself.
+FETCH_WAIT_S = 120.0
+#: Without a cache_limit: keep this share of the file system free (at least 1 GiB).
+FREE_RESERVE = 0.05
+_REGION_BLOCKS = 64  # data blocks per eviction region: one u64 of bitmap
+
+_ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("stored", "<u8"), ("raw", "<u8"),
+                         ("checksum", "<u4"), ("codec", "u1"), ("reserved", "u1"),
+                         ("aux", "<u2")])
+assert _ENTRY_DTYPE.itemsize == 32
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_limit(limit: Any) -> Optional[int]:
+    """`cache_limit` as bytes: an int, or a string such as ``"200GiB"``,
+    ``"500MB"``; None for no fixed limit."""
+    if limit is None:
+        return None
+    if isinstance(limit, (int, np.integer)) and not isinstance(limit, bool):
+        if limit <= 0:
+            raise InvalidArgumentError(f"cache_limit must be positive, got {limit}")
+        return int(limit)
+    if isinstance(limit, str):
+        text = limit.strip().lower().replace(" ", "")
+        num = text.rstrip("kmgtib")
+        unit = text[len(num):]
+        try:
+            value = float(num)
+        except ValueError:
+            value = -1.0
+        if unit in _UNITS and value > 0:
+            return int(value * _UNITS[unit])
+    raise InvalidArgumentError(f"cache_limit must be a positive number of bytes or a size such "
+                               f"as '200GiB', got {limit!r}")
+
+
+def _log2_floor(x: float) -> int:
+    return max(0, int(x).bit_length() - 1) if x >= 1 else 0
+
+
+def _log2_ceil(x: int) -> int:
+    return (int(x) - 1).bit_length() if x > 1 else 0
+
+
+class Layout:
+    """What a replica's geometry depends on: the store's shape (from its
+    meta) and the blocks chosen for it."""
+
+    def __init__(self, record_count: int, data_size: int, fixed: int):
+        self.record_count = record_count
+        self.data_size = data_size
+        self.fixed = fixed
+        self.entry = 4 if fixed else 32
+        self.index_size = record_count * self.entry
+        avg = data_size / record_count if record_count else 0
+        # Data blocks: about an eighth of a record (overfetch of a random
+        # record ~ one block), >= 512 B, and at most 2**27 of them.
+        self.dshift = min(24, max(9, _log2_floor(avg / 8), _log2_ceil(-(-data_size // 2**27))))
+        # Index blocks: also <= an eighth of a record, and ~4096 of them at most.
+        want = min(self.index_size / 4096, avg / 8) if record_count else 0
+        self.ishift = min(16, max(9, _log2_floor(want)))
+        self.dblocks = -(-data_size >> self.dshift) if data_size else 0
+        self.iblocks = -(-self.index_size >> self.ishift) if self.index_size else 0
+        self.regions = -(-self.dblocks // _REGION_BLOCKS)
+
+
+_STATE_HEADER = struct.Struct("<QQQQQQQQQQ")  # magic, version, count, data, fixed, ishift,
+#                                               dshift, iblocks, regions, evictions
+_EVICTIONS_AT = 9 * 8
+
+
+class _ReplicaState:
+    """The mapped ``cache.state`` of one replica (any process's view)."""
+
+    def __init__(self, path: str, layout: Optional[Layout] = None):
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
+            if size < 4096:
+                raise CorruptStoreError(f"{path}: cache state is truncated")
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        head = _STATE_HEADER.unpack_from(self.mm, 0)
+        if head[0] != _STATE_MAGIC or head[1] != 1:
+            raise CorruptStoreError(f"{path}: not a loaderx cache state")
+        count, data, fixed = head[2], head[3], head[4]
+        self.layout = layout or Layout(count, data, fixed)
+        lay = self.layout
+        if (lay.record_count, lay.data_size, lay.fixed, lay.ishift, lay.dshift, lay.iblocks,
+                lay.regions) != head[2:9] or size < _state_size(lay):
+            raise CorruptStoreError(f"{path}: cache state disagrees with its store")
+        ibytes, dwords = _bitmap_sizes(lay)
+        self.header = np.frombuffer(self.mm, np.uint64, 10, 0)
+        self.ibits = np.frombuffer(self.mm, np.uint8, ibytes, 4096)
+        self.dwords = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes)
+        self.dbits = self.dwords.view(np.uint8)
+        self.atime = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes + dwords * 8)
+        self.ptime = np.frombuffer(self.mm, np.uint64, dwords, 4096 + ibytes + dwords * 16)
+
+    @property
+    def evictions(self) -> int:
+        return int(self.header[9])
+
+
+def _bitmap_sizes(lay: Layout) -> tuple[int, int]:
+    ibytes = -(-lay.iblocks // 64) * 8
+    return ibytes, lay.regions
+
+
+def _state_size(lay: Layout) -> int:
+    ibytes, dwords = _bitmap_sizes(lay)
+    return 4096 + ibytes + dwords * 24
+
+
+def _create_state(path: str, lay: Layout) -> None:
+    with open(path, "wb") as f:
+        f.write(_STATE_HEADER.pack(_STATE_MAGIC, 1, lay.record_count, lay.data_size, lay.fixed,
+                                   lay.ishift, lay.dshift, lay.iblocks, lay.regions, 0))
+        f.truncate(_state_size(lay))
+
+
+def _popcount64(words: np.ndarray) -> np.ndarray:
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words).astype(np.int64)
+    return np.unpackbits(words.view(np.uint8)).reshape(-1, 64).sum(1).astype(np.int64)
+
+
+def _bits_get(bits: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    return ((bits[blocks >> 3] >> (blocks & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+def _bits_set(bits: np.ndarray, blocks: np.ndarray) -> int:
+    """Sets the bits of `blocks` (unique); returns how many were clear."""
+    if not len(blocks):
+        return 0
+    new = int((~_bits_get(bits, blocks)).sum())
+    np.bitwise_or.at(bits, blocks >> 3, (1 << (blocks & 7)).astype(np.uint8))
+    return new
+
+
+def _bits_clear(bits: np.ndarray, blocks: np.ndarray) -> None:
+    if len(blocks):
+        np.bitwise_and.at(bits, blocks >> 3, (~(1 << (blocks & 7))).astype(np.uint8))
+
+
+def _runs(blocks: np.ndarray) -> list:
+    """Sorted unique blocks as ``[(first, end), ...]`` runs of consecutive ones."""
+    if not len(blocks):
+        return []
+    cut = np.flatnonzero(np.diff(blocks) != 1) + 1
+    firsts = np.concatenate(([blocks[0]], blocks[cut]))
+    lasts = np.concatenate((blocks[cut - 1], [blocks[-1]]))
+    return list(zip(firsts.tolist(), (lasts + 1).tolist()))
+
+
+def _spans(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The sorted unique union of the block ranges ``[first[i], last[i]]``."""
+    if not len(first):
+        return np.zeros(0, np.int64)
+    lengths = last - first + 1
+    total = int(lengths.sum())
+    starts = np.repeat(first - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return np.unique(starts + np.arange(total, dtype=np.int64))
+
+
+_libc: Any = None
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    """Frees a byte range of a file (it reads as zeros); best effort."""
+    global _libc
+    if length <= 0:
+        return
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                        ctypes.c_int64]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        if _libc.fallocate(fd, 0x02 | 0x01, offset, length) == 0:
+            return
+    # No hole punching here: zero the range instead (same reads, space kept).
+    zero = bytes(min(length, 1 << 20))
+    done = 0
+    while done < length:
+        n = min(len(zero), length - done)
+        os.pwrite(fd, zero[:n], offset + done)
+        done += n
+
+
+def _more_descriptors() -> None:
+    """Raises this process's soft limit of open files to its hard limit (a
+    replica holds a few descriptors, and a dataset may have thousands of
+    shards); best effort."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _file_id(path: str) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _lockf(fd: int, start: int, length: int, wait: bool) -> bool:
+    """An exclusive POSIX lock on bytes [start, start+length) of `fd`."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), length, start, 0)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _unlockf(fd: int, start: int, length: int) -> None:
+    fcntl.lockf(fd, fcntl.LOCK_UN, length, start, 0)
+
+
+#: Bumped in every forked child: what a process holds is rebuilt there
+#: (cheaper to check on every read than a getpid call).
+_FORKS = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+class _Guard:
+    """The cache's state lock as a context manager: this process's threads
+    (a reentrant lock), then other processes (``flock``)."""
+
+    def __init__(self, proc: "_Proc"):
+        self.proc = proc
+
+    def __enter__(self) -> "_Proc":
+        p = self.proc
+        p.tlock.acquire()
+        if p.depth == 0:
+            try:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_EX)
+            except BaseException:
+                p.tlock.release()
+                raise
+        p.depth += 1
+        return p
+
+    def __exit__(self, *exc) -> None:
+        p = self.proc
+        p.depth -= 1
+        try:
+            if p.depth == 0:
+                fcntl.flock(p.lock_fd, fcntl.LOCK_UN)
+        finally:
+            p.tlock.release()
+
+
+class _Proc:
+    """What one process holds in a cache (rebuilt in a forked child)."""
+
+    def __init__(self, cache: "Cache"):
+        self.pid = os.getpid()
+        self.forks = _FORKS[0]
+        self.tlock = threading.RLock()
+        self.lock_fd = os.open(os.path.join(cache.root, "lock"),
+                               os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self.slots_fd = os.open(os.path.join(cache.root, "slots.lock"),
+                                os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self.slot = -1
+        for k in range(SLOTS):
+            if _lockf(self.slots_fd, k, 1, wait=False):
+                self.slot = k
+                break
+        if self.slot < 0:
+            raise InvalidArgumentError(f"{cache.root}: more than {SLOTS} processes share this "
+                                       "cache directory")
+        self.active: dict = {}  # tick -> calls using it
+        self.pins: deque = deque()  # ticks of the last PIN_CALLS prefetches
+        self.replicas: dict = {}  # key -> Replica
+        self.depth = 0  # nesting of locked()
+        self.warned = False
+        self.guard = _Guard(self)
+
+
+class Cache:
+    """One cache directory, as this process uses it. `Cache.get(root)`."""
+
+    _instances: dict = {}
+    _instances_lock = threading.Lock()
+
+    @classmethod
+    def get(cls, root: str, limit: Optional[int] = None) -> "Cache":
+        """The cache at `root` (made if missing); one object per directory
+        and process, made again if the directory was replaced (deleted and
+        made anew) since."""
+        root = os.path.realpath(os.path.expanduser(root))
+        with cls._instances_lock:
+            c = cls._instances.get(root)
+            if c is None or not c._current():
+                c = cls(root)
+                cls._instances[root] = c
+        if limit is not None:
+            c.limit = limit
+        return c
+
+    def __init__(self, root: str):
+        _more_descriptors()
+        self.root = root
+        self.limit: Optional[int] = None
+        self.stores = os.path.join(root, "stores")
+        os.makedirs(self.stores, exist_ok=True)
+        self._proc: Optional[_Proc] = None
+        self._proc_lock = threading.Lock()
+        state = os.path.join(root, "state")
+        with self._flock():
+            if not os.path.exists(state) or os.path.getsize(state) < _GLOBAL_SIZE:
+                tmp = f"{state}.{uuid.uuid4().hex[:8]}"
+                with open(tmp, "wb") as f:
+                    f.write(struct.pack("<QQQQ", _MAGIC, 1, 0, 0))
+                    f.write(b"\xff" * (_GLOBAL_SIZE - 4096))
+                    f.truncate(_GLOBAL_SIZE)
+                    f.flush()
+                os.replace(tmp, state)
+        fd = os.open(state, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self._mm = mmap.mmap(fd, _GLOBAL_SIZE)
+        finally:
+            os.close(fd)
+        head = np.frombuffer(self._mm, np.uint64, 4, 0)
+        if int(head[0]) != _MAGIC or int(head[1]) != 1:
+            raise CorruptStoreError(f"{root}: not a loaderx cache directory (remove it)")
+        self._head = head  # [magic, version, tick, used bytes]
+        self._state_id = _file_id(state)
+        # Per slot: the oldest read in flight, the oldest prefetch kept.
+        self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
+
+    def _current(self) -> bool:
+        """Whether the directory still holds the state this object maps."""
+        return _file_id(os.path.join(self.root, "state")) == self._state_id
+
+    @contextlib.contextmanager
+    def _flock(self) -> Iterator[None]:
+        """The state lock for one-off use before _Proc exists."""
+        fd = os.open(os.path.join(self.root, "lock"),
+                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def proc(self) -> _Proc:
+        p = self._proc
+        if p is not None and p.forks != _FORKS[0]:
+            # A forked child: the parent's locks, slot and descriptors are not
+            # its own (a thread of the parent may have held the lock at fork).
+            self._proc_lock = threading.Lock()
+            self._proc = p = None
+        if p is None:
+            with self._proc_lock:
+                p = self._proc
+                if p is None:
+                    p = self._proc = _Proc(self)
+                    self._watermarks[p.slot] = _NONE
+        return p
+
+    def locked(self) -> _Guard:
+        """The cache's state lock (this process's threads, then other
+        processes); ``with cache.locked() as proc:``."""
+        return self.proc().guard
+
+    # -- reads in use (eviction watermarks)
+    def begin(self, p: _Proc, pin: bool) -> int:
+        """A new read (under the lock): its tick. A read in flight is
+        protected until `end`; a prefetch (``pin``) until PIN_CALLS later
+        prefetches of this process (the loader reads it before then)."""
+        tick = int(self._head[2]) + 1
+        self._head[2] = tick
+        if pin:
+            p.pins.append(tick)
+            while len(p.pins) > PIN_CALLS:
+                p.pins.popleft()
+        else:
+            p.active[tick] = 1
+        self._publish(p)
+        return tick
+
+    def end(self, tick: int) -> None:
+        p = self.proc()
+        with p.tlock:
+            p.active.pop(tick, None)
+            self._publish(p)
+
+    def _publish(self, p: _Proc) -> None:
+        self._watermarks[p.slot, 0] = np.uint64(min(p.active)) if p.active else _NONE
+        self._watermarks[p.slot, 1] = np.uint64(p.pins[0]) if p.pins else _NONE
+
+    def _min_watermarks(self, p: _Proc) -> tuple[int, int]:
+        """The oldest read in flight and the oldest prefetch kept, over every
+        live process (under the lock)."""
+        live = np.flatnonzero((self._watermarks != _NONE).any(axis=1)).tolist()
+        low = [int(_NONE), int(_NONE)]
+        for k in live:
+            if k != p.slot and _lockf(p.slots_fd, k, 1, wait=False):
+                _unlockf(p.slots_fd, k, 1)  # its process is gone
+                self._watermarks[k] = _NONE
+                continue
+            low = [min(low[0], int(self._watermarks[k, 0])),
+                   min(low[1], int(self._watermarks[k, 1]))]
+        return low[0], low[1]
+
+    # -- accounting and eviction
+    def add_used(self, nbytes: int) -> None:
+        self._head[3] = np.uint64(max(0, int(self._head[3]) + nbytes))
+
+    def used(self) -> int:
+        return int(self._head[3])
+
+    def _effective_limit(self, used: int) -> int:
+        if self.limit is not None:
+            return self.limit
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        reserve = max(1 << 30, int(FREE_RESERVE * st.f_blocks * st.f_frsize))
+        return max(0, used + free - reserve)
+
+    def maybe_evict(self, p: _Proc) -> None:
+        """Evicts least recently used regions until the cache is under 90% of
+        its limit (under the lock); what is in use stays, past the limit."""
+        limit = self._effective_limit(self.used())
+        if self.used() <= limit:
+            return
+        replicas = self._all_replicas(p)
+        used = sum(r.present_bytes() for r in replicas)
+        self._head[3] = np.uint64(used)
+        if used <= limit:
+            return
+        target = int(limit * 0.9)
+        reading, pinned = (np.uint64(w) for w in self._min_watermarks(p))
+        cands = []
+        for k, r in enumerate(replicas):
+            st = r.state
+            present = np.flatnonzero((st.dwords != 0) & (st.atime < reading)
+                                     & (st.ptime < pinned))
+            if len(present):
+                cands.append((st.atime[present], np.full(len(present), k), present))
+        if cands:
+            times = np.concatenate([c[0] for c in cands])
+            which = np.concatenate([c[1] for c in cands])
+            regions = np.concatenate([c[2] for c in cands])
+            for j in np.argsort(times, kind="stable").tolist():
+                if used <= target:
+                    break
+                used -= replicas[int(which[j])].evict_region(p, int(regions[j]))
+        self._head[3] = np.uint64(used)
+        if used > limit and not p.warned:
+            p.warned = True
+            warnings.warn(f"loaderx cache {self.root} holds {used} bytes, over its limit of "
+                          f"{limit}: every cached range is being read (raise cache_limit)",
+                          RuntimeWarning, stacklevel=4)
+
+    def _all_replicas(self, p: _Proc) -> list:
+        out = []
+        for name in os.listdir(self.stores):
+            if name.startswith("."):
+                continue
+            r = p.replicas.get(name)
+            if r is None:
+                try:
+                    r = Replica(self, name)
+                except (OSError, CorruptStoreError):
+                    continue
+                p.replicas[name] = r
+            out.append(r)
+        return out
+
+    # -- replicas
+    def replica(self, key: str, recheck: bool = False) -> "Replica":
+        """This process's view of replica `key`; with `recheck` (at an open),
+        made again if the replica was deleted and made anew meanwhile."""
+        p = self.proc()
+        r = p.replicas.get(key)
+        if r is None or (recheck and not r.current()):
+            with p.tlock:
+                r = p.replicas.get(key)
+                if r is None or (recheck and not r.current()):
+                    r = p.replicas[key] = Replica(self, key)
+        return r
+
+    def has_replica(self, key: str) -> bool:
+        d = os.path.join(self.stores, key)
+        return os.path.isfile(os.path.join(d, "meta")) and os.path.isfile(
+            os.path.join(d, "cache.state"))
+
+    def materialize(self, key: str, meta: bytes, layout: Layout, source: dict,
+                    check: Callable[[str], None]) -> str:
+        """The replica directory `key`, made if missing: ``meta`` as given,
+        ``index`` and ``data`` sparse at their full sizes, an empty state.
+        `check(dir)` validates it (a native open) before it is published."""
+        d = os.path.join(self.stores, key)
+        if self.has_replica(key):
+            return d
+        tmp = os.path.join(self.stores, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(tmp)
+        try:
+            for name, size in (("index", layout.index_size), ("data", layout.data_size),
+                               ("lock", 0), ("index.fetch", 0), ("data.fetch", 0)):
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.truncate(size)
+            _create_state(os.path.join(tmp, "cache.state"), layout)
+            with open(os.path.join(tmp, "source.json"), "w", encoding="utf-8") as f:
+                json.dump(source, f, indent=2)
+            with open(os.path.join(tmp, "meta"), "wb") as f:
+                f.write(meta)
+            check(tmp)
+            try:
+                os.rename(tmp, d)
+            except OSError:
+                if not self.has_replica(key):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return d
+
+
+class Replica:
+    """One replica as this process sees it: its state, fetch locks, and the
+    records it has checked."""
+
+    def __init__(self, cache: Cache, key: str):
+        self.cache = cache
+        self.key = key
+        self.dir = os.path.join(cache.stores, key)
+        self.state = _ReplicaState(os.path.join(self.dir, "cache.state"))
+        self._state_id = _file_id(os.path.join(self.dir, "cache.state"))
+        self.layout = self.state.layout
+        lay = self.layout
+        self._fds: dict = {}
+        self.fetch_tlock = {"index": threading.RLock(), "data": threading.RLock()}
+        self._entries = None
+        if not lay.fixed and lay.record_count:
+            self._entries = np.memmap(os.path.join(self.dir, "index"), _ENTRY_DTYPE, "r",
+                                      shape=(lay.record_count,))
+        self._checked = np.zeros(-(-lay.record_count // 8), np.uint8)
+        self._checked_at = self.state.evictions
+        self.fetched = 0  # bytes this process fetched for this replica
+
+    def current(self) -> bool:
+        return _file_id(os.path.join(self.dir, "cache.state")) == self._state_id
+
+    def fd(self, name: str) -> int:
+        """A descriptor of one of the replica's files, kept open: closing any
+        descriptor of a file drops this process's POSIX locks on it."""
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = self._fds.setdefault(name, os.open(os.path.join(self.dir, name),
+                                                    os.O_RDWR | getattr(os, "O_CLOEXEC", 0)))
+        return fd
+
+    def present_bytes(self) -> int:
+        lay = self.layout
+        d = int(_popcount64(self.state.dwords).sum()) << lay.dshift
+        i = int(_popcount64(self.state.ibits.view(np.uint64)).sum()) << lay.ishift
+        return d + i
+
+    # -- locations
+    def index_blocks(self, u: np.ndarray) -> np.ndarray:
+        return np.unique((u.astype(np.int64) * self.layout.entry) >> self.layout.ishift)
+
+    def ranges(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Data byte ranges ``[starts, ends)`` of records `u` (their index
+        blocks must be present)."""
+        lay = self.layout
+        if lay.fixed:
+            s = u.astype(np.int64) * lay.fixed
+            return s, s + lay.fixed
+        assert self._entries is not None  # the table layout maps its entries
+        e = self._entries[u.astype(np.int64)]
+        s = e["offset"].astype(np.int64)
+        end = s + e["aux"].astype(np.int64) + e["stored"].astype(np.int64)
+        # A damaged entry must not send us fetching outside the data: it is
+        # clamped here and fails its check.
+        return np.minimum(s, lay.data_size), np.minimum(np.maximum(end, s), lay.data_size)
+
+    def data_blocks(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        keep = ends > starts
+        sh = self.layout.dshift
+        return _spans(starts[keep] >> sh, (ends[keep] - 1) >> sh)
+
+    # -- presence
+    def missing(self, which: str, blocks: np.ndarray) -> np.ndarray:
+        bits = self.state.ibits if which == "index" else self.state.dbits
+        return blocks[~_bits_get(bits, blocks)] if len(blocks) else blocks
+
+    def fetch(self, which: str, blocks: np.ndarray, download: Callable) -> None:
+        """Makes `blocks` (sorted, unique) of `which` present: fetches the
+        missing ones this process gets the fetch locks of, waits for the rest
+        (fetched by others), and fetches what they left."""
+        if not len(blocks):
+            return
+        fd = self.fd(which + ".fetch")
+        with self.fetch_tlock[which]:
+            todo = self.missing(which, blocks)
+            if not len(todo):
+                return
+            mine: list = []
+            theirs: list = []
+            for b0, b1 in _runs(todo):
+                (mine if _lockf(fd, b0, b1 - b0, wait=False) else theirs).append((b0, b1))
+            try:
+                self._download(which, mine, download)
+            finally:
+                for b0, b1 in mine:
+                    _unlockf(fd, b0, b1 - b0)
+            for b0, b1 in theirs:
+                got = self._wait_lock(fd, b0, b1)
+                try:
+                    rest = self.missing(which, np.arange(b0, b1, dtype=np.int64))
+                    self._download(which, _runs(rest), download)
+                finally:
+                    if got:
+                        _unlockf(fd, b0, b1 - b0)
+
+    def _wait_lock(self, fd: int, b0: int, b1: int) -> bool:
+        deadline = time.monotonic() + FETCH_WAIT_S
+        delay = 0.001
+        while True:
+            if _lockf(fd, b0, b1 - b0, wait=False):
+                return True
+            if time.monotonic() > deadline:
+                return False  # a stuck fetcher: fetch them ourselves (same bytes)
+            time.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+    def _download(self, which: str, runs: list, download: Callable) -> None:
+        if not runs:
+            return
+        lay = self.layout
+        sh = lay.ishift if which == "index" else lay.dshift
+        size = lay.index_size if which == "index" else lay.data_size
+        starts: list = []
+        ends: list = []
+        keeps: list = []
+        for b0, b1 in runs:  # sorted: merge close runs, split long ones
+            lo, hi = b0 << sh, min(b1 << sh, size)
+            if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= REQUEST_MAX:
+                ends[-1] = hi
+                keeps[-1].append((lo, hi))
+                continue
+            while hi - lo > REQUEST_MAX:
+                starts.append(lo)
+                ends.append(lo + REQUEST_MAX)
+                keeps.append([(lo, lo + REQUEST_MAX)])
+                lo += REQUEST_MAX
+            starts.append(lo)
+            ends.append(hi)
+            keeps.append([(lo, hi)])
+        self.fetched += download(which, starts, ends, keeps)
+        blocks = np.concatenate([np.arange(b0, b1, dtype=np.int64) for b0, b1 in runs])
+        with self.cache.locked() as p:
+            bits = self.state.ibits if which == "index" else self.state.dbits
+            new = _bits_set(bits, blocks)
+            self.cache.add_used(new << sh)
+            if which == "data":
+                self.cache.maybe_evict(p)
+
+    def drop(self, records: np.ndarray) -> None:
+        """Forgets records `records` (they failed their check): their data
+        and index blocks become missing, and every process checks its records
+        again."""
+        starts, ends = self.ranges(records)
+        dblocks = self.data_blocks(starts, ends)
+        iblocks = self.index_blocks(records)
+        with self.cache.locked():
+            _bits_clear(self.state.dbits, dblocks)
+            _bits_clear(self.state.ibits, iblocks)
+            self.state.header[9] += np.uint64(1)
+
+    def evict_region(self, p: _Proc, r: int) -> int:
+        """Drops region `r` unless a fetch holds part of it (under the cache
+        lock); returns the bytes freed."""
+        lay = self.layout
+        b0 = r * _REGION_BLOCKS
+        fd = self.fd("data.fetch")
+        if not self.fetch_tlock["data"].acquire(blocking=False):
+            return 0
+        try:
+            if not _lockf(fd, b0, _REGION_BLOCKS, wait=False):
+                return 0
+            try:
+                count = int(_popcount64(self.state.dwords[r:r + 1])[0])
+                self.state.dwords[r] = 0
+                self.state.header[9] += np.uint64(1)
+                lo = b0 << lay.dshift
+                _punch(self.fd("data"), lo, min(lay.data_size, lo + (_REGION_BLOCKS << lay.dshift))
+                       - lo)
+            finally:
+                _unlockf(fd, b0, _REGION_BLOCKS)
+        finally:
+            self.fetch_tlock["data"].release()
+        return count << lay.dshift
+
+    # -- the read protocol
+    def stamp(self, p: _Proc, regions: np.ndarray, pin: bool) -> int:
+        """Starts a read of `regions` (under the lock): its tick, stamped on them."""
+        tick = self.cache.begin(p, pin)
+        if len(regions):
+            self.state.atime[regions] = np.uint64(tick)
+            if pin:
+                self.state.ptime[regions] = np.uint64(tick)
+        return tick
+
+    def unchecked(self, u: np.ndarray) -> np.ndarray:
+        """Records of `u` this process has not checked since the last eviction
+        (any eviction: a record checked before it may have been refetched)."""
+        ev = self.state.evictions
+        if ev != self._checked_at:
+            self._checked[:] = 0
+            self._checked_at = ev
+        return u[~_bits_get(self._checked, u.astype(np.int64))]
+
+    def mark_checked(self, u: np.ndarray) -> None:
+        if len(u):
+            np.bitwise_or.at(self._checked, u >> 3, (1 << (u & 7)).astype(np.uint8))

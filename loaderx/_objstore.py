@@ -1,0 +1,619 @@
+"""Object storage for remote datasets: URLs, the client (obstore), retries,
+error mapping, and a transport that survives ``fork()``.
+
+URLs: ``s3://bucket/key``, ``gs://bucket/key``, ``az://container/key``
+(also ``azure://``, ``abfs://``, ``abfss://``), and ``https://`` or
+``http://`` (read-only: any server that honours ``Range:``). Credentials and
+endpoints come from each cloud's standard environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_REGION``, ``AWS_ALLOW_HTTP=true`` for a local
+server, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_ACCOUNT_NAME``,
+instance roles...) and from `storage_options`: obstore configuration keys
+(``endpoint``, ``region``, ``access_key_id``...), plus ``client_options`` and
+``retry_config`` dicts passed to obstore as they are. With ``AWS_PROFILE`` set
+(and boto3 installed) S3 credentials come from that profile.
+
+The client is obstore (Rust ``object_store``: one API for S3, GCS, Azure and
+HTTP, concurrent ranged GETs with the GIL released; see docs/remote.md for
+the choice). Its Tokio runtime does not survive ``fork()``: a child of a
+process that used it hangs on its first request. So a process whose obstore
+runtime belongs to an ancestor (a torch worker forked by a loader that
+opened a remote dataset) sends its requests to a helper process of its own,
+started as a fresh interpreter (``python -c ...``), which runs
+the same functions and writes fetched ranges straight into the cache files;
+only small messages cross the pipe.
+
+Faults. obstore retries a request on 5xx, 429/SlowDown, connection errors
+and timeouts with jittered exponential backoff (``RETRY_CONFIG``); what still
+fails (a body cut off mid-way, a retry budget spent) is retried here as a
+whole, ``ATTEMPTS`` times with jittered backoff. A hard failure is never
+retried and raises at once, naming the URL: `RemoteNotFoundError`
+(``FileNotFoundError``: no such key or bucket), `RemotePermissionError`
+(``PermissionError``: access denied, bad credentials), `RemoteChangedError`
+(the object is no longer the version that was opened), and, once the
+retries are spent, `RemoteIOError` (an ``OSError``: unreachable, timeouts).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import random
+import struct
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from .errors import (
+    InvalidArgumentError,
+    RemoteChangedError,
+    RemoteIOError,
+    RemoteNotFoundError,
+    RemotePermissionError,
+)
+
+__all__ = ["is_url", "join", "Options", "head", "get", "get_ranges_into", "put", "list_keys",
+           "delete", "MissingRemoteDependencyError"]
+
+_SCHEMES = ("s3", "gs", "az", "azure", "abfs", "abfss", "http", "https")
+_WRITABLE = ("s3", "gs", "az", "azure", "abfs", "abfss")
+
+#: Whole-operation retries on top of obstore's per-request ones.
+ATTEMPTS = 4
+#: Backoff between them: BACKOFF_S * 2**k, up to BACKOFF_MAX_S, times a random 0.5..1.
+BACKOFF_S = 0.2
+BACKOFF_MAX_S = 5.0
+#: obstore's own per-request settings (a user's client_options/retry_config win).
+CLIENT_OPTIONS = {"connect_timeout": "5s", "timeout": "60s"}
+RETRY_CONFIG = {
+    "max_retries": 3,
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
+                "base": 2},
+    "retry_timeout": timedelta(seconds=60),
+}
+#: Ranged GETs in flight at once, per fetch.
+REQUESTS_IN_FLIGHT = 64
+
+
+class MissingRemoteDependencyError(ImportError):
+    """Remote datasets need obstore: ``pip install 'loaderx[remote]'``."""
+
+
+# ----------------------------------------------------------------- URLs
+
+def is_url(path: Any) -> bool:
+    """Whether `path` is a URL of a scheme loaderx reads (not a local path)."""
+    if not isinstance(path, str):
+        return False
+    head, sep, _ = path.partition("://")
+    return bool(sep) and head.lower() in _SCHEMES
+
+
+def scheme(url: str) -> str:
+    return url.partition("://")[0].lower()
+
+
+def split(url: str) -> tuple[str, str]:
+    """``(root, key)``: ``s3://bucket/a/b`` -> ``("s3://bucket", "a/b")``."""
+    sch, _, rest = url.partition("://")
+    netloc, _, key = rest.partition("/")
+    if not netloc:
+        raise InvalidArgumentError(f"{url}: a URL needs a bucket, container or host")
+    return f"{sch.lower()}://{netloc}", key.strip("/")
+
+
+def join(url: str, *parts: str) -> str:
+    """`url` with path parts appended (``/`` separated, no ``..``)."""
+    out = url.rstrip("/")
+    for p in parts:
+        p = p.replace("\\", "/").strip("/")
+        if p and p != ".":
+            out = f"{out}/{p}"
+    return out
+
+
+def writable(url: str) -> bool:
+    return scheme(url) in _WRITABLE
+
+
+# ----------------------------------------------------------------- options
+
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout",
+                "proxy_url", "proxy_ca_certificate", "proxy_excludes", "user_agent",
+                "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only",
+                "default_headers", "root_certificate")
+
+
+class Options:
+    """Normalized, hashable and picklable `storage_options`."""
+
+    def __init__(self, storage_options: Optional[dict] = None):
+        so = dict(storage_options or {})
+        for k in so:
+            if not isinstance(k, str):
+                raise InvalidArgumentError(f"storage_options keys must be strings, not {k!r}")
+        self.client_options = dict(so.pop("client_options", None) or {})
+        self.retry_config = dict(so.pop("retry_config", None) or {})
+        for k in list(so):  # HTTP client settings given at the top level
+            if k.lower() in _CLIENT_KEYS:
+                self.client_options.setdefault(k.lower(), so.pop(k))
+        self.config = so
+        self._key = repr((sorted(self.config.items()), sorted(self.client_options.items()),
+                          sorted((k, repr(v)) for k, v in self.retry_config.items())))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Options) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self):
+        so = dict(self.config)
+        if self.client_options:
+            so["client_options"] = self.client_options
+        if self.retry_config:
+            so["retry_config"] = self.retry_config
+        return (Options, (so,))
+
+
+# ----------------------------------------------------------------- the client
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+#: The process whose obstore runtime this interpreter uses (set on first use).
+_RUNTIME_PID: Optional[int] = None
+
+
+def _obstore():
+    try:
+        import obstore
+        import obstore.store  # noqa: F401
+    except ImportError:
+        raise MissingRemoteDependencyError(
+            "remote datasets (s3://, gs://, az://, https://) need obstore: "
+            "pip install 'loaderx[remote]'") from None
+    return obstore
+
+
+def _client(root: str, opts: Options):
+    global _RUNTIME_PID
+    key = (root, opts)
+    c = _CLIENTS.get(key)
+    if c is not None:
+        return c
+    obs = _obstore()
+    with _CLIENTS_LOCK:
+        c = _CLIENTS.get(key)
+        if c is not None:
+            return c
+        _RUNTIME_PID = os.getpid()
+        sch = scheme(root)
+        client_options: dict = dict(CLIENT_OPTIONS)
+        # Client options given at all replace those obstore reads from the
+        # environment: carry its plain-http switch over.
+        if sch == "http" or _env_true("AWS_ALLOW_HTTP") or _env_true("AZURE_ALLOW_HTTP") or \
+                str(opts.config.get("endpoint", opts.config.get("aws_endpoint", "")))\
+                .startswith("http://"):
+            client_options["allow_http"] = True
+        client_options.update(opts.client_options)
+        retry = dict(RETRY_CONFIG)
+        retry.update(opts.retry_config)
+        kwargs: dict = {}
+        if sch == "s3" and os.environ.get("AWS_PROFILE") and not _has_s3_keys(opts):
+            kwargs["credential_provider"] = _profile_provider()
+        config = dict(opts.config) if sch not in ("http", "https") else None
+        try:
+            c = obs.store.from_url(root, config=config or None, client_options=client_options,
+                                   retry_config=retry, **{k: v for k, v in kwargs.items() if v})
+        except BaseException as e:  # a bad key or value (obstore may panic on one)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidArgumentError(f"{root}: cannot make an object-store client from "
+                                       f"storage_options: {_first_line(e)}") from None
+        _CLIENTS[key] = c
+        return c
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def _has_s3_keys(opts: Options) -> bool:
+    return bool(os.environ.get("AWS_ACCESS_KEY_ID")) or any(
+        k.lower() in ("access_key_id", "aws_access_key_id") for k in opts.config)
+
+
+def _profile_provider():
+    try:
+        from obstore.auth.boto3 import Boto3CredentialProvider
+        return Boto3CredentialProvider()
+    except Exception:  # no boto3: obstore's own environment chain
+        return None
+
+
+def _forget_clients() -> None:
+    _CLIENTS.clear()
+
+
+# ----------------------------------------------------------------- errors
+
+def _classify(e: BaseException) -> str:
+    """``hard`` (never retried), ``changed``, or ``retry``."""
+    name = type(e).__name__
+    if isinstance(e, (FileNotFoundError, PermissionError)) or name in (
+            "NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError",
+            "NotSupportedError", "UnknownConfigurationKeyError", "AlreadyExistsError"):
+        return "hard"
+    if name in ("PreconditionError", "NotModifiedError"):
+        return "changed"
+    return "retry"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:400] if text else type(e).__name__
+
+
+def _mapped(e: BaseException, url: str, what: str) -> Exception:
+    """A loaderx error naming `url` for an obstore (or OS) error."""
+    name = type(e).__name__
+    msg = f"{url}: {what} failed: {_first_line(e)}"
+    if isinstance(e, FileNotFoundError) or name == "NotFoundError":
+        return RemoteNotFoundError(f"{url}: no such object (or bucket): {_first_line(e)}", path=url)
+    if isinstance(e, PermissionError) or name in ("PermissionDeniedError", "UnauthenticatedError"):
+        return RemotePermissionError(f"{url}: access denied: {_first_line(e)}", path=url)
+    if name in ("PreconditionError", "NotModifiedError"):
+        return RemoteChangedError(f"{url}: the object changed on the server since it was opened "
+                                  "(reopen the dataset to read the new version)", path=url)
+    if name == "AlreadyExistsError":
+        from .dataset import DestinationExistsError
+        return DestinationExistsError(f"{url}: already exists", path=url)
+    if name == "NotSupportedError":
+        return RemoteIOError(f"{url}: {what} is not supported by this service: {_first_line(e)}",
+                             path=url)
+    return RemoteIOError(msg, path=url)
+
+
+def _retrying(url: str, what: str, fn: Callable[[], Any]) -> Any:
+    """`fn()` retried on transient failures; hard ones raise at once."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return fn()
+        except (RemoteChangedError, RemoteNotFoundError, RemotePermissionError):
+            raise
+        except Exception as e:
+            kind = _classify(e)
+            if kind != "retry" or attempt == ATTEMPTS - 1:
+                raise _mapped(e, url, what) from None
+        time.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0))
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------- the operations
+# Each takes (url, opts, ...) and returns plain, picklable values, so the
+# helper process of a forked child runs exactly these functions.
+
+def _meta(m: Any) -> dict:
+    return {"size": int(m["size"]), "etag": m.get("e_tag"), "version": m.get("version")}
+
+
+def _check_etag(url: str, got: Optional[str], etag: Optional[str]) -> None:
+    # A server that ignores If-Match still names the version it sent.
+    if etag is not None and got is not None and got != etag:
+        raise RemoteChangedError(f"{url}: the object changed on the server since it was opened "
+                                 "(reopen the dataset to read the new version)", path=url)
+
+
+def _head(url: str, opts: Options) -> dict:
+    root, key = split(url)
+    obs = _obstore()
+    return _retrying(url, "HEAD", lambda: _meta(obs.head(_client(root, opts), key)))
+
+
+def _get(url: str, opts: Options, etag: Optional[str] = None,
+         byte_range: Optional[tuple] = None) -> tuple[bytes, dict]:
+    root, key = split(url)
+    obs = _obstore()
+    options: dict = {}
+    if etag is not None:
+        options["if_match"] = etag
+    if byte_range is not None:
+        options["range"] = byte_range
+
+    def once():
+        r = obs.get(_client(root, opts), key, options=options or None)
+        data = bytes(r.bytes())
+        meta = _meta(r.meta)
+        _check_etag(url, meta["etag"], etag)
+        if byte_range is not None and len(data) != byte_range[1] - byte_range[0]:
+            raise RemoteIOError(f"{url}: asked for {byte_range[1] - byte_range[0]} bytes at "
+                                f"{byte_range[0]}, got {len(data)}", path=url)
+        return data, meta
+    return _retrying(url, "GET", once)
+
+
+class _Files:
+    """Write descriptors of cache files, by path (a few, reused)."""
+
+    def __init__(self):
+        self._fds: dict = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        st = os.stat(path)  # the file now at `path`, not one deleted since
+        key = (path, st.st_dev, st.st_ino)
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is None:
+                if len(self._fds) >= 64:
+                    for old in list(self._fds.values()):
+                        os.close(old)
+                    self._fds.clear()
+                fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fds[key] = fd
+            return fd
+
+
+_FILES = _Files()
+_LOOP: Optional[asyncio.AbstractEventLoop] = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """One event loop thread per process for concurrent ranged GETs."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="loaderx-remote", daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
+def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequence[int],
+                     path: str, keep: Optional[Sequence[Sequence[tuple]]] = None,
+                     etag: Optional[str] = None) -> int:
+    """Fetches object bytes ``[starts[i], ends[i])``, many requests in
+    flight, and writes them at the same offsets of the file `path` (only the
+    sub-ranges ``keep[i]`` of request i when given: the bytes between them
+    are on disk already or another fetcher's). With `etag`, every request
+    asks for that version (If-Match) and `RemoteChangedError` says it is
+    gone. Returns the bytes fetched."""
+    root, key = split(url)
+    obs = _obstore()
+    starts = [int(s) for s in starts]
+    ends = [int(e) for e in ends]
+    if not starts:
+        return 0
+    fd = _FILES.fd(path)
+    client = _client(root, opts)
+
+    async def one(i: int, gate: asyncio.Semaphore) -> None:
+        options: dict = {"range": (starts[i], ends[i])}
+        if etag is not None:
+            options["if_match"] = etag
+        async with gate:
+            for attempt in range(ATTEMPTS):
+                try:
+                    r = await obs.get_async(client, key, options=options)
+                    buf = await r.bytes_async()
+                    _check_etag(url, r.meta.get("e_tag"), etag)
+                    break
+                except RemoteChangedError:
+                    raise
+                except Exception as e:
+                    if _classify(e) != "retry" or attempt == ATTEMPTS - 1:
+                        raise _mapped(e, url, "ranged GET") from None
+                await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt)
+                                    * random.uniform(0.5, 1.0))
+        view = memoryview(buf)
+        want = ends[i] - starts[i]
+        if len(view) != want:
+            raise RemoteIOError(f"{url}: asked for {want} bytes at {starts[i]}, got {len(view)} "
+                                "(the object is shorter than its store says)", path=url)
+        for lo, hi in (keep[i] if keep is not None else ((starts[i], ends[i]),)):
+            os.pwrite(fd, view[lo - starts[i]:hi - starts[i]], lo)
+
+    async def run() -> None:
+        gate = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        tasks = [asyncio.ensure_future(one(i, gate)) for i in range(len(starts))]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+    asyncio.run_coroutine_threadsafe(run(), _loop()).result()
+    return sum(e - s for s, e in zip(starts, ends))
+
+
+def _put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
+    """Uploads `source` (bytes, or a local file path) to `url`. `mode`:
+    None (overwrite), ``"create"`` (fails if it exists) or ``{"e_tag": E}``
+    (only if the object is still version E)."""
+    root, key = split(url)
+    obs = _obstore()
+
+    def once():
+        src = source if isinstance(source, (bytes, bytearray, memoryview)) else _path_obj(source)
+        r = obs.put(_client(root, opts), key, src, mode=mode)
+        return {"etag": r.get("e_tag"), "version": r.get("version")}
+    return _retrying(url, "PUT", once)
+
+
+def _path_obj(p: str):
+    from pathlib import Path
+    return Path(p)
+
+
+def _list_keys(url: str, opts: Options, limit: Optional[int] = None) -> list:
+    """Keys under the prefix `url` (relative to it) with their sizes; the
+    first `limit` only when given."""
+    root, key = split(url)
+    obs = _obstore()
+    prefix = key + "/" if key else ""
+
+    def once():
+        out: list = []
+        for batch in obs.list(_client(root, opts), prefix or None, chunk_size=limit or 1000):
+            for m in batch:
+                out.append((m["path"][len(prefix):], int(m["size"])))
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+        return out
+    return _retrying(url, "LIST", once)
+
+
+def _delete(url: str, opts: Options) -> None:
+    root, key = split(url)
+    obs = _obstore()
+    _retrying(url, "DELETE", lambda: obs.delete(_client(root, opts), key))
+
+
+_OPS: dict = {"head": _head, "get": _get, "get_ranges_into": _get_ranges_into, "put": _put,
+        "list_keys": _list_keys, "delete": _delete}
+
+
+# ----------------------------------------------------------------- transport
+
+class _Helper:
+    """A helper process (a fresh interpreter running `_serve`) that runs the
+    operations for a process whose obstore runtime is an ancestor's."""
+
+    def __init__(self):
+        env = dict(os.environ)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.pid = os.getpid()
+        self.proc = subprocess.Popen([sys.executable, "-c",
+                                      "from loaderx._objstore import _serve; _serve()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     close_fds=True)
+        self.lock = threading.Lock()
+
+    def call(self, op: str, args: tuple) -> Any:
+        with self.lock:
+            if self.proc.poll() is not None:
+                raise RemoteIOError(f"the loaderx object-store helper process exited "
+                                    f"({self.proc.returncode})")
+            _send(self.proc.stdin, (op, args))
+            got = _recv(self.proc.stdout)
+        if got is None:
+            raise RemoteIOError("the loaderx object-store helper process died")
+        status, value = got
+        if status == "err":
+            raise value
+        return value
+
+
+def _send(f: Any, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(struct.pack("<Q", len(data)) + data)
+    f.flush()
+
+
+def _recv(f: Any) -> Any:
+    head = f.read(8)
+    if len(head) < 8:
+        return None
+    (n,) = struct.unpack("<Q", head)
+    return pickle.loads(f.read(n))
+
+
+_HELPER: Optional[_Helper] = None
+_HELPER_LOCK = threading.Lock()
+
+
+def _call(op: str, *args: Any) -> Any:
+    """Runs operation `op` here, or in this process's helper when the
+    obstore runtime here is a forked copy of an ancestor's."""
+    global _HELPER
+    if _RUNTIME_PID is None or _RUNTIME_PID == os.getpid():
+        return _OPS[op](*args)
+    with _HELPER_LOCK:
+        if _HELPER is None or _HELPER.pid != os.getpid():
+            _HELPER = _Helper()
+        helper = _HELPER
+    return helper.call(op, args)
+
+
+def _after_fork_in_child() -> None:
+    global _HELPER, _LOOP, _CLIENTS_LOCK, _LOOP_LOCK, _HELPER_LOCK, _FILES
+    # The parent's helper, loop thread and locks are not ours; the clients
+    # belong to a runtime that does not exist here (never used again).
+    _HELPER = None
+    _LOOP = None
+    _CLIENTS_LOCK = threading.Lock()
+    _LOOP_LOCK = threading.Lock()
+    _HELPER_LOCK = threading.Lock()
+    _FILES = _Files()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def head(url: str, opts: Options) -> dict:
+    """``{size, etag, version}`` of the object at `url`."""
+    return _call("head", url, opts)
+
+
+def get(url: str, opts: Options, etag: Optional[str] = None,
+        byte_range: Optional[tuple] = None) -> tuple[bytes, dict]:
+    """The object's bytes (or ``byte_range`` of them) and its metadata;
+    `RemoteChangedError` when `etag` is given and no longer matches."""
+    return _call("get", url, opts, etag, byte_range)
+
+
+def get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequence[int],
+                    path: str, keep: Optional[Sequence[Sequence[tuple]]] = None,
+                    etag: Optional[str] = None) -> int:
+    """Bytes ``[starts[i], ends[i])`` of the object written at the same
+    offsets of the local file `path` (see `_get_ranges_into`)."""
+    return _call("get_ranges_into", url, opts, list(starts), list(ends), path,
+                 None if keep is None else [list(k) for k in keep], etag)
+
+
+def put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
+    return _call("put", url, opts, source, mode)
+
+
+def list_keys(url: str, opts: Options, limit: Optional[int] = None) -> list:
+    return _call("list_keys", url, opts, limit)
+
+
+def delete(url: str, opts: Options) -> None:
+    _call("delete", url, opts)
+
+
+def delete_many(urls: Iterable[str], opts: Options) -> None:
+    for u in urls:
+        try:
+            delete(u, opts)
+        except RemoteNotFoundError:
+            pass
+
+
+def _serve() -> None:
+    """The helper process: runs operations from stdin until it closes."""
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write to the reply pipe
+    while True:
+        msg = _recv(inp)
+        if msg is None:
+            return
+        op, args = msg
+        try:
+            reply = ("ok", _OPS[op](*args))
+        except BaseException as e:  # sent back and raised in the caller
+            try:
+                pickle.dumps(e)
+                reply = ("err", e)
+            except Exception:
+                reply = ("err", RemoteIOError(f"{type(e).__name__}: {e}"))
+        _send(out, reply)
+
+

@@ -1,0 +1,702 @@
+"""Remote datasets: stores and dataset directories in object storage
+(``s3://``, ``gs://``, ``az://``, ``https://``), read through a node-local
+cache. docs/remote.md is the user's guide; this module is the glue between
+a store object and its cached replica.
+
+Opening ``s3://bucket/ds/col/part-00000`` fetches the store's ``meta``
+(checked like any store's) and the versions (ETags) of its ``index`` and
+``data``, then opens the cache's replica of exactly that version as a
+normal store (loaderx._cache): O(1), no index download. Reads go through
+`Binding.begin`, which makes the records' bytes present and checked before
+the native engine reads them, and keeps them from eviction while it does.
+
+Versions: every range read asks for the version the store was opened at
+(If-Match), so a store replaced on the server raises `RemoteChangedError`
+instead of mixing versions; reopening reads the new one (a new replica).
+loaderx's writers never change an uploaded store: they add new ones and
+write a new manifest last.
+
+Settings of an open, in order of precedence: the arguments
+(``cache_dir=``, ``cache_limit=``, ``storage_options=``) of `open_dataset`,
+`open_store`, ``ShardSet``; then `configure()`; then the environment
+(``LOADERX_CACHE_DIR``, ``LOADERX_CACHE_LIMIT``); then ``~/.cache/loaderx``
+with no fixed limit (the cache keeps 5% of its file system free).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import hashlib
+import os
+import struct
+import threading
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from . import _objstore
+from ._cache import Cache, Layout, parse_limit
+from ._objstore import Options, is_url, join
+from .errors import (
+    CorruptStoreError,
+    NotAStoreError,
+    ReadOnlyError,
+    RemoteChangedError,
+    RemoteNotFoundError,
+    ZrecordError,
+)
+
+__all__ = ["configure", "is_url", "Config"]
+
+_HEADER = struct.Struct("<QIIB3xiQQQQQ")  # magic .. fixed_size (format.Header's head)
+_COMMIT = struct.Struct("<QQQQQQQQ")
+_MAGIC = 0x0145524F5453584C
+_PAGE = 4096
+#: Records checked per chunk by verify().
+_VERIFY_CHUNK_BYTES = 64 << 20
+
+
+class Config:
+    """Where and how remote stores are cached and reached (picklable)."""
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_limit: Any = None,
+                 storage_options: Any = None):
+        d = cache_dir if cache_dir is not None else _DEFAULTS.get("cache_dir")
+        if d is None:
+            d = os.environ.get("LOADERX_CACHE_DIR") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                  ".cache"), "loaderx")
+        self.cache_dir = os.path.abspath(os.path.expanduser(os.fspath(d)))
+        limit = cache_limit if cache_limit is not None else _DEFAULTS.get("cache_limit")
+        if limit is None:
+            limit = os.environ.get("LOADERX_CACHE_LIMIT") or None
+        self.cache_limit = parse_limit(limit)
+        if isinstance(storage_options, Options):
+            self.options = storage_options
+        else:
+            so = storage_options if storage_options is not None else _DEFAULTS.get(
+                "storage_options")
+            if so is not None and not isinstance(so, dict):
+                raise TypeError(f"storage_options must be a dict, not {type(so).__name__}")
+            self.options = Options(so)
+
+    def cache(self) -> Cache:
+        return Cache.get(self.cache_dir, self.cache_limit)
+
+    def __reduce__(self):
+        return (Config, (self.cache_dir, self.cache_limit, self.options))
+
+    def __repr__(self) -> str:
+        return f"Config(cache_dir={self.cache_dir!r}, cache_limit={self.cache_limit})"
+
+
+_DEFAULTS: dict = {}
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("loaderx_remote", default=None)
+
+
+def configure(*, cache_dir: Optional[str] = None, cache_limit: Any = None,
+              storage_options: Optional[dict] = None) -> None:
+    """Process-wide defaults for remote opens that do not pass their own
+    (``DenseStore("s3://...")``, pickled stores reopened elsewhere keep
+    theirs). Arguments left None keep their current default."""
+    if cache_limit is not None:
+        parse_limit(cache_limit)
+    for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit),
+                 ("storage_options", storage_options)):
+        if v is not None:
+            _DEFAULTS[k] = v
+
+
+def config(cache_dir: Any = None, cache_limit: Any = None,
+           storage_options: Any = None) -> Config:
+    """The settings of one open: the arguments, else the enclosing `using`,
+    else the defaults."""
+    outer = _CURRENT.get()
+    if outer is not None and cache_dir is None and cache_limit is None and storage_options is None:
+        return outer
+    if outer is not None:
+        cache_dir = outer.cache_dir if cache_dir is None else cache_dir
+        cache_limit = outer.cache_limit if cache_limit is None else cache_limit
+        storage_options = outer.options if storage_options is None else storage_options
+    return Config(cache_dir, cache_limit, storage_options)
+
+
+@contextlib.contextmanager
+def using(cfg: Config) -> Iterator[Config]:
+    """Opens of URLs inside use `cfg` (stores a dataset or ShardSet opens)."""
+    token = _CURRENT.set(cfg)
+    try:
+        yield cfg
+    finally:
+        _CURRENT.reset(token)
+
+
+# ----------------------------------------------------------------- a thread pool
+
+_POOL: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_POOL_PID = -1
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for concurrent network work (opens of many shards, fetches
+    for many shards); rebuilt in a forked child."""
+    global _POOL, _POOL_PID, _POOL_LOCK
+    if _POOL_PID != os.getpid():
+        _POOL_LOCK = threading.Lock()
+        _POOL, _POOL_PID = None, os.getpid()
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="loaderx-remote")
+        return _POOL
+
+
+def map_concurrently(fn: Callable, items: Sequence) -> list:
+    """``[fn(x) for x in items]``, run on the pool when there are several;
+    the first error is raised once all have finished."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    ctx = contextvars.copy_context()
+    futures = [pool().submit(ctx.copy().run, fn, x) for x in items]
+    concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
+# ----------------------------------------------------------------- opening a store
+
+class Binding:
+    """A store object's link to the replica of the version it opened."""
+
+    def __init__(self, url: str, cfg: Config, key: str, etags: dict, layout: Layout):
+        self.url = url
+        self.cfg = cfg
+        self.key = key
+        self.etags = etags
+        self.layout = layout
+        self.cache = cfg.cache()
+        self.local_dir = os.path.join(self.cache.stores, key)
+
+    def __reduce__(self):
+        return (_rebind, (self.url, self.cfg, {"key": self.key, "etags": self.etags}))
+
+    def replica(self):
+        return self.cache.replica(self.key)
+
+    # -- reads
+    def begin(self, indices: np.ndarray, check: Callable, pin: bool = False) -> int:
+        """Makes records `indices` present and checked and protects them from
+        eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
+        protected for the process's next prefetches instead)."""
+        # Kept lean: a warm batch takes this path only (no sort, one lock).
+        r = self.replica()
+        lay = r.layout
+        u = np.asarray(indices)
+        u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+        if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
+            u = u[(u >= 0) & (u < lay.record_count)]  # the native read names the bad index
+        if not lay.fixed and len(r.unchecked(u)):
+            self._fetch_index(r, np.unique(u))
+        starts, ends = r.ranges(u)
+        rsh = lay.dshift + 6
+        regions = np.concatenate([starts >> rsh, (np.maximum(ends, starts + 1) - 1) >> rsh])
+        with self.cache.locked() as p:
+            tick = r.stamp(p, regions, pin)
+            todo = r.unchecked(u)
+        if not len(todo):
+            return tick
+        todo = np.unique(todo)
+        try:
+            blocks = r.data_blocks(starts, ends)
+            jobs = [lambda: r.fetch("data", blocks, self._downloader(r))]
+            if lay.fixed:  # the checksums live in the index: fetched alongside the data
+                jobs.append(lambda: self._fetch_index(r, todo))
+            map_concurrently(lambda job: job(), jobs)
+            self._check(r, todo, check)
+        except BaseException:
+            self.end(tick)
+            raise
+        return tick
+
+    def nbytes(self, indices: np.ndarray) -> int:
+        """Stored bytes of records `indices` (see Store.prefetch_size)."""
+        r = self.replica()
+        lay = r.layout
+        u = np.asarray(indices).astype(np.int64)
+        if lay.fixed:
+            return int(len(u) * lay.fixed)
+        mean = lay.data_size / max(1, lay.record_count)
+        known = ~np.isin(u, r.unchecked(u))
+        checked = u[known]
+        starts, ends = r.ranges(checked)
+        return int((ends - starts).sum() + round((len(u) - len(checked)) * mean))
+
+    def end(self, tick: int) -> None:
+        """The read of `begin` is over (a no-op for a prefetch's tick)."""
+        self.cache.end(tick)
+
+    def _fetch_index(self, r, u: np.ndarray) -> None:
+        r.fetch("index", r.index_blocks(u), self._downloader(r))
+
+    def _downloader(self, r) -> Callable:
+        def download(which: str, starts: list, ends: list, keeps: list) -> int:
+            return _objstore.get_ranges_into(join(self.url, which), self.cfg.options, starts,
+                                             ends, os.path.join(r.dir, which), keeps,
+                                             self.etags.get(which))
+        return download
+
+    def _check(self, r, todo: np.ndarray, check: Callable) -> None:
+        bad = check(todo)
+        if len(bad):
+            mask = np.ones(len(todo), bool)
+            mask[bad] = False
+            r.mark_checked(todo[mask])
+            # Torn or tampered cache bytes: drop them, fetch again, check again.
+            todo = todo[bad]
+            r.drop(todo)
+            self._fetch_index(r, todo)
+            starts, ends = r.ranges(todo)
+            r.fetch("data", r.data_blocks(starts, ends), self._downloader(r))
+            bad = check(todo)
+            if len(bad):
+                r.drop(todo[bad])
+                self._server_damaged(int(todo[bad][0]))
+        r.mark_checked(todo)
+
+    def _server_damaged(self, record: int):
+        for which in ("meta", "index", "data"):
+            got = _objstore.head(join(self.url, which), self.cfg.options)
+            want = self.etags.get(which)
+            if want is not None and got["etag"] != want:
+                raise RemoteChangedError(f"{join(self.url, which)}: the object changed on the "
+                                         "server since it was opened (reopen the dataset to read "
+                                         "the new version)", path=self.url)
+        raise CorruptStoreError(f"{self.url}: record {record} fails its checksum as the server "
+                                "holds it (the store's bytes on the server are damaged; run "
+                                "loaderx verify)", path=self.url)
+
+    def verify_all(self, check: Callable) -> None:
+        """Fetches (through the cache) and checks every record."""
+        lay = self.layout
+        per = max(1, _VERIFY_CHUNK_BYTES // max(1, lay.data_size // max(1, lay.record_count)))
+        for start in range(0, lay.record_count, per):
+            idx = np.arange(start, min(start + per, lay.record_count), dtype=np.uint64)
+            self.end(self.begin(idx, check))
+
+    def all_index(self) -> None:
+        """Makes the whole record table present (a token window index needs
+        every record's size)."""
+        r = self.replica()
+        if r.layout.iblocks:
+            r.fetch("index", np.arange(r.layout.iblocks, dtype=np.int64), self._downloader(r))
+
+
+def _rebind(url: str, cfg: Config, pins: dict) -> "Binding":
+    return bind(url, cfg, pins)
+
+
+_BOUND: contextvars.ContextVar = contextvars.ContextVar("loaderx_bound", default=None)
+
+
+@contextlib.contextmanager
+def opening(bound: Any) -> Iterator[None]:
+    """Store constructors inside open these bindings (a `Binding`, or a dict
+    ``{url: Binding}``) for their URLs instead of opening them again."""
+    if isinstance(bound, Binding):
+        bound = {bound.url: bound}
+    token = _BOUND.set(bound)
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def bind_for_open(url: str) -> Binding:
+    b = (_BOUND.get() or {}).get(url.rstrip("/"))
+    return b if b is not None else bind(url)
+
+
+def _parse_meta(url: str, meta: bytes) -> Layout:
+    if len(meta) < 2 * _PAGE or _HEADER.unpack_from(meta, 0)[0] != _MAGIC:
+        raise NotAStoreError(f"{url} holds no loaderx store (its meta has no loaderx header)",
+                             path=url)
+    fixed = _HEADER.unpack_from(meta, 0)[9]
+    count, data_size, _live, durable, *_ = _COMMIT.unpack_from(meta, _PAGE)
+    if durable != count:
+        raise CorruptStoreError(
+            f"{url}: this store was uploaded while a writer had it open ({count - durable} "
+            "records since its last sync); open and close it locally, then upload it again",
+            path=url)
+    return Layout(int(count), int(data_size), int(fixed))
+
+
+def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) -> Binding:
+    """Opens the remote store at `url`: its replica in the cache (made if
+    missing) for the version on the server now, or for `pins` (the version
+    a parent process opened: `RemoteChangedError` if it is gone)."""
+    cfg = cfg or config()
+    url = url.rstrip("/")
+    cache = cfg.cache()
+    if pins is not None and cache.has_replica(pins["key"]):
+        return Binding(url, cfg, pins["key"], pins["etags"],
+                       cache.replica(pins["key"], recheck=True).layout)
+    opts = cfg.options
+
+    def meta_get():
+        return _objstore.get(join(url, "meta"), opts)
+
+    def head(which):
+        return _objstore.head(join(url, which), opts)
+    try:
+        got = map_concurrently(lambda f: f(), [meta_get, lambda: head("index"),
+                                                lambda: head("data")])
+    except RemoteNotFoundError:
+        raise RemoteNotFoundError(f"{url}: no loaderx store here (no meta, index and data "
+                                  "objects under this prefix)", path=url) from None
+    (meta, meta_info), index_info, data_info = got
+    layout = _parse_meta(url, meta)
+    etags = {"meta": meta_info["etag"], "index": index_info["etag"], "data": data_info["etag"]}
+    if index_info["size"] < layout.index_size or data_info["size"] < layout.data_size:
+        raise CorruptStoreError(f"{url}: the store's index or data on the server is shorter than "
+                                "its meta says (an incomplete upload?)", path=url)
+    key = hashlib.sha256("\n".join([url, hashlib.sha256(meta).hexdigest(), str(etags["index"]),
+                                    str(etags["data"]), str(index_info["size"]),
+                                    str(data_info["size"])]).encode()).hexdigest()[:32]
+    if pins is not None and pins["key"] != key:
+        raise RemoteChangedError(f"{url}: the store changed on the server since it was opened "
+                                 "(reopen the dataset to read the new version)", path=url)
+
+    def check(local: str) -> None:
+        from ._store import stored_kind
+        try:
+            stored_kind(local)
+        except ZrecordError as e:
+            raise type(e)(f"{url}: {str(e).replace(local, '').lstrip(': ')}", path=url) from None
+    cache.materialize(key, meta, layout, {"url": url, "etags": etags}, check)
+    cache.replica(key, recheck=True)
+    return Binding(url, cfg, key, etags, layout)
+
+
+# ----------------------------------------------------------------- datasets and writes
+
+def read_bytes(url: str, cfg: Optional[Config] = None) -> tuple[bytes, Optional[str]]:
+    """The object at `url` and its ETag."""
+    cfg = cfg or config()
+    data, info = _objstore.get(url, cfg.options)
+    return data, info["etag"]
+
+
+def exists(url: str, cfg: Optional[Config] = None) -> bool:
+    cfg = cfg or config()
+    try:
+        _objstore.head(url, cfg.options)
+        return True
+    except RemoteNotFoundError:
+        return False
+
+
+def manifest_text(url: str, cfg: Optional[Config] = None) -> bytes:
+    """The bytes of the dataset manifest under `url`; errors name what is
+    there instead (a single store, nothing)."""
+    from .dataset import MANIFEST_NAME
+    cfg = cfg or config()
+    try:
+        return read_bytes(join(url, MANIFEST_NAME), cfg)[0]
+    except RemoteNotFoundError:
+        if exists(join(url, "meta"), cfg):
+            raise NotAStoreError(f"{url} is a single store, not a dataset directory; open it with "
+                                 "loaderx.open_store", path=url) from None
+        raise RemoteNotFoundError(f"{url}: no loaderx dataset here (no {MANIFEST_NAME})",
+                                  path=url) from None
+
+
+# ----------------------------------------------------------------- writes
+# A dataset is written locally (in <cache_dir>/uploads, which eviction never
+# touches), uploaded, and published by its manifest, written last: a reader
+# never sees a partial dataset. Uploaded stores are never changed in place:
+# an append adds parts under new names in the dataset's generation and a new
+# manifest; an overwrite uploads a new generation directory, publishes its
+# manifest, then deletes the old generation. The manifest is written with a
+# conditional put (create-only, or
+# only-if-unchanged since it was read): two writers never lose each other's
+# shards, and a service without conditional writes refuses an append.
+
+_SKIP_FILES = ("lock", "journal", ".loaderx-owner")
+
+
+def _skipped(name: str) -> bool:
+    return name in _SKIP_FILES or name.startswith("windows") or ".tmp" in name
+
+
+def _files_under(root: str) -> list:
+    """(relative key, local path) of every file a dataset or store needs."""
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".loaderx-"))
+        for name in sorted(files):
+            if not _skipped(name):
+                path = os.path.join(dirpath, name)
+                out.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+    return out
+
+
+def _upload(pairs: list, url: str, cfg: Config) -> None:
+    """Uploads [(key, local path)] under `url`, concurrently; every store's
+    meta after its index and data (a store is published by its meta)."""
+    last = [p for p in pairs if p[0].rsplit("/", 1)[-1] in ("meta", "loaderx.json")]
+    first = [p for p in pairs if p not in last]
+    for batch in (first, last):
+        map_concurrently(lambda p: _objstore.put(join(url, p[0]), cfg.options, p[1]), batch)
+
+
+def _refuse_read_only(url: str) -> None:
+    if not _objstore.writable(url):
+        raise ReadOnlyError(f"{url}: {_objstore.scheme(url)}:// is read-only; write to s3://, "
+                            "gs:// or az://", path=url)
+
+
+def _staging(cfg: Config) -> str:
+    import uuid
+    d = os.path.join(cfg.cache_dir, "uploads", uuid.uuid4().hex)
+    os.makedirs(d)
+    return d
+
+
+def _occupied(url: str, cfg: Config) -> bool:
+    """Whether any object lives under the prefix `url`."""
+    try:
+        return bool(_objstore.list_keys(url, cfg.options, limit=1))
+    except RemoteNotFoundError:
+        return False
+
+
+def _exists_error(url: str, mode_hint: str) -> Exception:
+    from .dataset import DestinationExistsError
+    return DestinationExistsError(f"{url} already exists; pass {mode_hint}", path=url)
+
+
+def write_store_to(url: str, mode: str, build: Callable[[str], Any],
+                   cfg: Optional[Config] = None) -> Any:
+    """A single store for `url`: `build(local_dir)` writes and closes it
+    locally, then it is uploaded (its meta last) and opened from `url`.
+    ``mode="append"`` is refused (append to a dataset instead)."""
+    from .dataset import _MODES
+    cfg = cfg or config()
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    _refuse_read_only(url)
+    url = url.rstrip("/")
+    if mode == "append":
+        raise ReadOnlyError(f"{url}: a remote store cannot be appended to in place; write a "
+                            "dataset (loaderx.convert) and append parts to it", path=url)
+    if mode == "create" and _occupied(url, cfg):
+        raise _exists_error(url, 'mode="overwrite" to replace it')
+    if mode == "overwrite" and _occupied(url, cfg) and not exists(join(url, "meta"), cfg):
+        raise _exists_error(url, "another destination (it holds something that is not a "
+                                 "loaderx store; remove it yourself)")
+    local = _staging(cfg)
+    try:
+        path = os.path.join(local, "store")
+        build(path)
+        _upload(_files_under(path), url, cfg)
+    finally:
+        import shutil
+        shutil.rmtree(local, ignore_errors=True)
+    from .dataset import open_store
+    return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
+                      storage_options=cfg.options)
+
+
+class Target:
+    """A dataset destination in object storage, from the existence check to
+    the published manifest (or nothing, on abort)."""
+
+    def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
+        from .dataset import MANIFEST_NAME, _MODES, _checked_manifest
+        self.cfg = cfg or config()
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        _refuse_read_only(url)
+        self.url = url.rstrip("/")
+        self.old: Optional[dict] = None
+        self.old_etag: Optional[str] = None
+        if _occupied(self.url, self.cfg):
+            try:
+                text, self.old_etag = read_bytes(join(self.url, MANIFEST_NAME), self.cfg)
+                self.old = _checked_manifest(self.url, text)
+            except RemoteNotFoundError:
+                self.old = None
+            if mode == "create":
+                raise _exists_error(self.url, "--append or --overwrite" if cli
+                                    else 'mode="append" or mode="overwrite"')
+            if self.old is None:
+                raise _exists_error(self.url, "another destination (it holds something that "
+                                              "is not a loaderx dataset; remove it yourself)")
+            if mode == "append" and "splits" in self.old:
+                from .converters import ConvertError
+                raise ConvertError(f"{self.url} holds splits; append to one split's directory")
+        elif mode == "append":
+            mode = "create"  # nothing there yet: as a local append would
+        self.mode = mode
+        self.uploaded: list = []
+
+    def upload(self, local_root: str, fresh: dict) -> dict:
+        """Uploads the local dataset directory `local_root` (its manifest
+        `fresh`) where this write puts it, and returns the manifest to
+        publish. Every write's objects have names of their own, so two
+        writers never touch each other's: a create or overwrite puts the
+        dataset in a new generation directory (``gen-<random>``), an append
+        puts its parts in the dataset's generation under new names."""
+        import random
+
+        from .dataset import MANIFEST_NAME
+        uid = "".join(random.choice("0123456789") for _ in range(12))
+        move, manifest = _relocation(fresh, self.old if self.mode == "append" else None, uid)
+        if self.mode == "append":
+            assert self.old is not None  # an append to nothing became a create
+            manifest = _appended(self.url, self.old, manifest)
+        pairs = [(move(key), path) for key, path in _files_under(local_root)
+                 if key != MANIFEST_NAME]
+        self.uploaded += [join(self.url, k) for k, _ in pairs]
+        _upload(pairs, self.url, self.cfg)
+        return manifest
+
+    def publish(self, manifest: dict) -> dict:
+        """Writes `manifest` (from `upload`) with a conditional put; an
+        overwrite then deletes the old dataset's objects."""
+        import json
+
+        from .dataset import MANIFEST_NAME
+        body = (json.dumps(manifest, indent=2) + "\n").encode()
+        put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
+        try:
+            _objstore.put(join(self.url, MANIFEST_NAME), self.cfg.options, body, put_mode)
+        except Exception as e:
+            raise _commit_error(self.url, e, self.mode) from None
+        self.uploaded = []  # published: the manifest names them now
+        if self.mode == "overwrite" and self.old is not None:
+            _objstore.delete_many(_named_objects(self.url, self.old, self.cfg), self.cfg.options)
+        return manifest
+
+    def abort(self) -> None:
+        """Deletes what this write uploaded and did not publish."""
+        uploaded, self.uploaded = self.uploaded, []
+        _objstore.delete_many(uploaded, self.cfg.options)
+
+
+def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
+                     cfg: Optional[Config] = None, cli: bool = False) -> dict:
+    """A dataset for `url`: `build(local_dir)` converts into a new local
+    directory and returns its manifest; the dataset is then uploaded and
+    published per `mode` (see above). Returns the manifest written."""
+    import shutil
+    target = Target(url, mode, cfg, cli)
+    local = _staging(target.cfg)
+    try:
+        root = os.path.join(local, "ds")
+        fresh = build(root)
+        if target.mode == "append" and target.old is not None:
+            _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
+        return target.publish(target.upload(root, fresh))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+        target.abort()
+
+
+def _commit_error(url: str, e: Exception, mode: str) -> Exception:
+    from .dataset import DestinationExistsError
+    from .errors import LockedError
+    if isinstance(e, RemoteChangedError):
+        return LockedError(f"{url}: another writer changed this dataset's manifest while this "
+                           f"{mode} ran; nothing was published (run it again)", path=url)
+    if isinstance(e, DestinationExistsError):
+        return LockedError(f"{url}: another writer created this dataset while this conversion "
+                           "ran; nothing was published", path=url)
+    if "not supported" in str(e).lower() or "notimplemented" in str(e).lower():
+        return ReadOnlyError(f"{url}: this service has no conditional writes, so an {mode} could "
+                             "lose another writer's shards; refused (nothing was published)",
+                             path=url)
+    return e
+
+
+def _relocation(fresh: dict, old: Optional[dict], uid: str) -> tuple:
+    """``(key map, manifest)`` for uploading the local dataset `fresh`: to a
+    new generation directory ``gen-<uid>``, or (an append to `old`) as parts
+    named ``<uid>-part-NNNNN`` in `old`'s generation (or, for a version 1
+    dataset, beside its parts)."""
+    import copy
+    own = fresh.get("generation")
+
+    def inner(key: str) -> str:  # the key below fresh's own generation directory
+        head, sep, rest = key.partition("/")
+        return rest if own is not None and head == own and sep else key
+    if old is None:
+        gen = f"gen-{uid}"
+
+        def move(key: str) -> str:
+            return f"{gen}/{inner(key)}"
+    else:
+        base = old.get("generation")
+
+        def move(key: str) -> str:
+            folder, _, name = inner(key).rpartition("/")
+            up, _, part = folder.rpartition("/")
+            part = f"{up}/{uid}-{part}" if up else f"{uid}-{part}"
+            return f"{base}/{part}/{name}" if base else f"{part}/{name}"
+    m = copy.deepcopy(fresh)
+    if old is None and own is not None:
+        m["generation"] = gen
+    if "splits" in m:
+        m["splits"] = {k: move(f"{v}/x").rpartition("/")[0] for k, v in m["splits"].items()}
+    else:
+        for col in m["columns"].values():
+            for sh in col["shards"]:
+                sh["path"] = move(f"{sh['path']}/meta").rpartition("/")[0]
+    return move, m
+
+
+def _appended(url: str, old: dict, fresh: dict) -> dict:
+    """The manifest of `old` with the shards of `fresh` added, after the
+    checks a local append makes."""
+    import copy
+    from .converters import ConvertError
+    from .errors import IdentityError
+    if list(fresh["columns"]) != list(old["columns"]):
+        raise ConvertError(f"{url}: appending columns {list(fresh['columns'])} to a dataset with "
+                           f"columns {list(old['columns'])}; they must be the same")
+    m = copy.deepcopy(old)
+    for name, col in fresh["columns"].items():
+        have = m["columns"][name]
+        for key in ("kind", "dtype", "item_shape"):
+            if have.get(key) != col.get(key):
+                raise IdentityError(f"{url}: column {name!r} holds {key}={have.get(key)}, the new "
+                                    f"data has {key}={col.get(key)}", path=url)
+        have["shards"] += col["shards"]
+    m["rows"] = old["rows"] + fresh["rows"]
+    m["appended"] = list(old.get("appended", [])) + [fresh.get("source", {})]
+    m["updated"] = fresh.get("updated", m.get("updated"))
+    return m
+
+
+def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
+    """Every object of the dataset a manifest describes (an overwrite's old
+    data): its generation directory, or (version 1) the stores it names."""
+    from .dataset import MANIFEST_NAME, _checked_manifest
+    gen = manifest.get("generation")
+    if gen is not None:
+        prefix = join(url, gen)
+        return [join(prefix, k) for k, _ in _objstore.list_keys(prefix, cfg.options)]
+    out = []
+    if "splits" in manifest:
+        for sub in manifest["splits"].values():
+            try:
+                text, _ = read_bytes(join(url, sub, MANIFEST_NAME), cfg)
+            except RemoteNotFoundError:
+                continue
+            out += _named_objects(join(url, sub), _checked_manifest(url, text), cfg)
+            out.append(join(url, sub, MANIFEST_NAME))
+        return out
+    for col in manifest["columns"].values():
+        for sh in col["shards"]:
+            out += [join(url, sh["path"], f) for f in ("meta", "index", "data")]
+    return out

