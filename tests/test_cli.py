@@ -167,6 +167,22 @@ def test_demo_runs_and_checks_its_options():
     assert out.returncode == 2
 
 
+# ``loaderx demo``: ``--seed -1`` stopped with numpy's bare "expected non-negative
+# integer", ``--workers 0`` only after building the stores.
+@pytest.mark.parametrize("args, words", [
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+])
+def test_demo_refuses_bad_seed_and_workers_before_building(args, words, capsys):
+    from loaderx import _demo
+
+    with pytest.raises(SystemExit) as exit_info:
+        _demo.run(["--records", "50", "--steps", "1", *args])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and words in captured.err
+    assert "built" not in captured.out  # refused before writing any store
+
+
 def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz):
     src, _ = npz
     assert run("convert", src, tmp_path / "ds", "-q").returncode == 0
