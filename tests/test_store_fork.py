@@ -6,6 +6,11 @@ The hole this closes: a child forked while the parent's delete (or compact)
 held `meta` exclusively got no lock at all (the old Python fork handler's
 non-blocking lock attempt failed), so the parent's next delete saw no other
 handle and moved records under the child's reads.
+
+Also: a forked child's inherited handle is another open handle (the parent's
+delete and compact are refused with `BusyError` while the child has it open),
+a child that never writes does not keep the parent's writer lock once the
+parent closes the store, and a child cannot write through the parent's handle.
 """
 from __future__ import annotations
 
@@ -90,3 +95,86 @@ def test_a_child_forked_during_the_parents_delete_holds_its_own_lock(tmp_path):
             store.delete([0])  # the child is gone: exclusive again
     finally:
         store.close()
+
+
+def _fork(child) -> tuple[int, int, int]:
+    """Forks; the child runs child(read_fd, write_fd) and exits with its
+    result. Returns (pid, parent's read end, parent's write end)."""
+    to_child, from_parent = os.pipe()
+    to_parent, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(from_parent)
+            os.close(to_parent)
+            code = child(to_child, from_child)
+        finally:
+            os._exit(code)
+    os.close(to_child)
+    os.close(from_child)
+    return pid, to_parent, from_parent
+
+
+def _wait(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_childs_handle_blocks_the_parents_delete_and_compact(tmp_path):
+    """Before the fix the child shared the parent's lock on meta, so the
+    parent's delete saw no other handle and moved records while the child
+    read: a raw store returned torn rows to the child."""
+    store = DenseStore(tmp_path / "s", np.int64, (8,), codec="raw")
+    store.append(_rows(range(100)))
+
+    def child(rfd, wfd):
+        ok = (store[np.arange(100)] == _rows(range(100))).all()
+        os.write(wfd, b"r")
+        os.read(rfd, 1)  # the parent tried to delete
+        ok = ok and (store[np.arange(100)] == _rows(range(100))).all()
+        store.close()  # gives the store back to the parent
+        os.write(wfd, b"c")
+        os.read(rfd, 1)
+        return 0 if ok else 3
+
+    pid, rfd, wfd = _fork(child)
+    try:
+        assert os.read(rfd, 1) == b"r"
+        for mutate in (lambda: store.delete([0, 5]), store.compact):
+            with pytest.raises(BusyError, match="another handle has this store open"):
+                mutate()
+        assert (store[np.arange(100)] == _rows(range(100))).all()
+        os.write(wfd, b"d")
+        assert os.read(rfd, 1) == b"c"
+        store.delete([0])  # the child closed its copy: exclusive again
+        assert store[[0]].tolist() == _rows([99]).tolist()
+    finally:
+        os.write(wfd, b"x")
+        assert _wait(pid) == 0
+    store.close()
+
+
+def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
+    """Before the fix the child's copy of the lock file kept the writer lock
+    after the parent closed the store: reopening it to append raised
+    LockedError until the child (a torch worker, a pool) exited."""
+    path = tmp_path / "s"
+    store = DenseStore(path, np.int64, (8,))
+    store.append(_rows(range(10)))  # takes the writer lock
+
+    def child(rfd, wfd):
+        os.write(wfd, b"r")  # past the fork handler
+        return 0 if os.read(rfd, 1) == b"x" else 3
+
+    pid, rfd, wfd = _fork(child)
+    try:
+        assert os.read(rfd, 1) == b"r"
+        store.close()
+        with DenseStore(path) as again:
+            assert again.append(_rows([10])) == 10
+        with DenseStore(path) as again:
+            assert (again[:] == _rows(range(11))).all()
+    finally:
+        os.write(wfd, b"x")
+        assert _wait(pid) == 0
