@@ -15,6 +15,7 @@ import pytest
 
 import loaderx
 from loaderx import DenseStore, RaggedStore
+from loaderx import __main__ as cli
 from loaderx.__main__ import main
 
 ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
@@ -158,6 +159,13 @@ def test_train_dict_and_dict_conversion(tmp_path):
     assert report["columns"]["t"]["dictionary_bytes"] > 0
     out = run("train-dict", tmp_path / "ds", "--column", "nope", "-o", tmp_path / "x.dict")
     assert out.returncode == 1 and "no column 'nope'" in out.stderr
+
+
+def test_cli_train_dict_refuses_a_damaged_npy(tmp_path, capsys):
+    (tmp_path / "bad.npy").write_bytes(b"garbage" * 20)
+    assert cli.main(["train-dict", str(tmp_path / "bad.npy"), "-o", str(tmp_path / "d")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.npy: not a readable .npy array" in err[0]
 
 
 def test_demo_runs_and_checks_its_options():

@@ -10,9 +10,16 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+import loaderx
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _convert(src, dest, **kw):
+    return loaderx.convert(src, dest, progress="off", **kw)
 
 
 _SLOW_SOURCE = '''
@@ -98,3 +105,27 @@ def test_convert_workers_stop_when_the_converting_process_is_killed(tmp_path):
             except ProcessLookupError:
                 pass
         parent.wait()
+
+
+def test_more_workers_than_cores_run_a_core_s_worth_at_a_time(tmp_path, monkeypatch):
+    """workers=N started N interpreters at once whatever the cores (20 for
+    workers=10**6 on 20 rows). They now run one per usable core at a time,
+    and every task still becomes its shard."""
+    from loaderx.converters import _run
+
+    monkeypatch.setattr(_run, "_cores", lambda: 1)
+    real = _run.subprocess.Popen
+    started: list = []
+
+    def popen(*args, **kw):
+        assert all(p.poll() is not None for p in started), "two workers ran at once"
+        started.append(real(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(_run.subprocess, "Popen", popen)
+    x = np.arange(30, dtype=np.int64).reshape(10, 3)
+    np.save(tmp_path / "x.npy", x)
+    _convert(tmp_path / "x.npy", tmp_path / "out", workers=3)
+    assert len(started) == 3
+    col = loaderx.open_dataset(tmp_path / "out")["x"]
+    assert col[np.arange(10)].tolist() == x.tolist()
