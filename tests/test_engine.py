@@ -42,7 +42,7 @@ import time
 import numpy as np
 import pytest
 
-from loaderx import errors
+from loaderx import TokenWindows, errors
 from loaderx._lib import lib
 from loaderx.errors import (
     BusyError,
@@ -1405,6 +1405,94 @@ def test_bad_dictionary_arguments(tmp_path):
         train_dict([b"x"] * 3, tier="fast")
     with pytest.raises(ValueError):
         train_dict(json_records(100), tier="nope")
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None, True, 2**40])
+def test_threads_argument_is_checked_by_every_gather(tmp_path, bad):
+    """Before the fix, ``threads=-1`` raised cffi's "can't convert negative
+    number to unsigned", ``threads=1.5`` "an integer is required" (neither
+    naming `threads`), and ``threads=True`` ran with one thread."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs, \
+            DenseStore(tmp_path / "d", np.int32, ()) as ds, \
+            Zrecord(tmp_path / "z", create=True) as z:
+        rs.append([np.arange(9, dtype=np.int32)])
+        ds.append(np.arange(3, dtype=np.int32))
+        z.append([b"x"])
+        tw = TokenWindows(rs, 4)
+        calls = [lambda: ds.gather([0], threads=bad), lambda: rs.gather([0], threads=bad),
+                 lambda: rs.gather_packed([0], threads=bad), lambda: z.gather([0], threads=bad),
+                 lambda: tw.gather([0], threads=bad), lambda: tw.segments.gather([0], threads=bad)]
+        for call in calls:
+            with pytest.raises((TypeError, ValueError), match="threads"):
+                call()
+        assert ds.gather([2], threads=np.int64(1)).tolist() == [2]
+
+
+def test_zrecord_append_takes_any_bytes_like_record(tmp_path):
+    """Before the fix, a non-contiguous memoryview record raised "memoryview:
+    casts are restricted to C-contiguous views", an object array "Cannot change
+    data-type for array of references", and ``z.append(b"abc")`` said
+    "record 0 is a int"; none named the record or the mistake."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        strided = memoryview(np.arange(16, dtype=np.int16).reshape(4, 4))[::2]
+        z.append([strided])
+        assert z[0] == np.arange(16, dtype=np.int16).reshape(4, 4)[::2].tobytes()
+        z.append_packed(memoryview(b"abcdef")[::2], [0, 1, 3])
+        assert z[1:] == [b"a", b"ce"]
+        with pytest.raises(TypeError, match="record 1 .*object"):
+            z.append([b"ok", np.array([b"a", None], dtype=object)])
+        with pytest.raises(TypeError, match="data .*object"):
+            z.append_packed(np.array([b"a"], dtype=object), [0, 1])
+        with pytest.raises(TypeError, match="iterable of records"):
+            z.append(b"abc")
+        assert len(z) == 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.zeros((3, 2), np.uint8, order="F"),
+    lambda: np.zeros((3, 4), np.uint8)[:, :2],
+    lambda: np.zeros(8, np.int32)[::2],
+    lambda: memoryview(bytearray(12))[::2],
+])
+def test_gather_into_refuses_a_buffer_it_cannot_fill_in_place(tmp_path, make):
+    """Before the fix, a Fortran-order or sliced 2-D `out` was filled through a
+    temporary copy: gather_into returned the sizes but the caller's buffer
+    stayed zero. Strided int32 arrays and memoryviews raised raw numpy errors."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        z.append([b"abcdef"])
+        out = make()
+        with pytest.raises(SizeMismatchError, match="out must be C-contiguous"):
+            z.gather_into([0], out)
+        assert not bytes(np.asarray(out).tobytes()).strip(b"\0")
+        with pytest.raises(TypeError, match="out .*list"):
+            z.gather_into([0], [0] * 8)
+
+
+def test_gather_into_offsets_past_the_buffer_do_not_wrap(tmp_path):
+    """Before the fix, an offset near 2**64 wrapped the end past zero, passed
+    the fit check, and numpy raised "could not broadcast ... into shape (0,)"."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        z.append([b"abcdef", b"x"])
+        for offset in (2**64 - 2, 2**64 - 1, 11):
+            with pytest.raises(SizeMismatchError, match="does not fit the 10-byte buffer"):
+                z.gather_into([1, 0], bytearray(10), np.array([0, offset], np.uint64))
+        with pytest.raises(SizeMismatchError, match="does not fit"):
+            z.gather_into([0], bytearray(10), [2**63])
+
+
+def test_append_from_inside_the_records_of_an_append_raises(tmp_path):
+    """Before the fix, a records iterator that appended to the same store
+    (a callback writing a side record, say) hung forever on the append lock
+    its own caller held."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        def records():
+            yield b"a"
+            z.append([b"inner"])
+            yield b"b"
+        with pytest.raises(LockedError, match="append called while producing the records"):
+            z.append(records())
+        assert z.append([b"c"]) == 0  # the store is usable afterwards, nothing half-written
+        assert z[:] == [b"c"]
 
 
 # ----------------------------------------------------------------- 9. ABI
