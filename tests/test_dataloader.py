@@ -525,6 +525,32 @@ def test_positions_past_the_record_range_are_refused(store):
         np.testing.assert_array_equal(next(loader)["x"], first)
 
 
+def test_tampered_loader_states_are_refused_and_change_nothing(tmp_path):
+    """Before the fix, step=2**64+5 left a loader with a transform blocked
+    forever, and without one it silently went on from its old step;
+    DataLoader(step=2**64-1) was accepted and the first next() failed."""
+    with DenseStore(tmp_path / "x", np.int64, ()) as ds:
+        ds.append(np.arange(100))
+        for transform in (None, lambda b: b):
+            loader = DataLoader({"x": ds}, batch_size=10, seed=1, transform=transform)
+            first = next(loader)["x"]
+            good = loader.state_dict()
+            for step in (2**64 + 5, 2**64 - 1):
+                with pytest.raises(ValueError, match="step"):
+                    loader.load_state_dict(dict(good, step=step))
+            for step in ("3", -1):
+                with pytest.raises(TypeError, match="step"):
+                    loader.load_state_dict(dict(good, step=step))
+            assert loader.step == 1
+            second = next(loader)["x"]
+            loader.load_state_dict(dict(good, step=0, position=0))
+            assert np.array_equal(next(loader)["x"], first)
+            assert np.array_equal(next(loader)["x"], second)
+            loader.close()
+        with pytest.raises(ValueError, match="step"):
+            DataLoader({"x": ds}, batch_size=10, step=2**64 - 1)
+
+
 # -- errors ---------------------------------------------------------------------------
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
 import numpy as np
 import pytest
-from _helpers import WAIT_S, counting_store, within
+from _helpers import ROOT, WAIT_S, counting_store, within
 
 from loaderx import DataLoader
 from loaderx.errors import ClosedError
@@ -225,3 +228,45 @@ def test_close_never_waits_for_a_call_count_an_interrupt_cut_short(store):
     gc.collect()
     assert native.handle is None  # freed once nothing can call it any more
     np.testing.assert_array_equal(first, reference(store, 1, batch_size=4, seed=1)[0])
+
+
+def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "bytes"])
+def test_closing_a_store_under_a_running_loader_raises_closed(tmp_path, kind):
+    """Before the fix, closing a Zrecord or RaggedStore stream of a running
+    DataLoader segfaulted the process (only DenseStore streams were retained)."""
+    code = f"""
+    import numpy as np
+    from loaderx.zrecord import DenseStore, RaggedStore, Zrecord
+    from loaderx.dataloader import DataLoader
+    from loaderx.errors import ClosedError
+    p = {str(tmp_path / "s")!r}
+    if {kind!r} == "dense":
+        s = DenseStore(p, np.int64, ()); s.append(np.arange(5000))
+    elif {kind!r} == "ragged":
+        s = RaggedStore(p, np.int64); s.append([np.arange(k % 9) for k in range(5000)])
+    else:
+        s = Zrecord(p, create=True); s.append([bytes(k % 9) for k in range(5000)])
+    for attempt in range(20):
+        loader = DataLoader({{"x": s}}, batch_size=64, workers=2, prefetch=4)
+        next(loader)
+        s.close()
+        try:
+            for _ in range(200):
+                next(loader)
+            raise SystemExit("no error after close")
+        except ClosedError:
+            pass
+        except RuntimeError as e:
+            assert isinstance(e.__cause__, ClosedError), e
+        loader.close()
+        s = type(s)(p) if {kind!r} != "bytes" else Zrecord(p)
+    print("ok")
+    """
+    out = run_child(code)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]

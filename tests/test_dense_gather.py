@@ -134,3 +134,11 @@ def test_malformed_index_keys_name_the_indices(tmp_path):
             ds[[2**64]]
         with pytest.raises(RecordIndexError, match=str(-2**63 - 1)):
             ds[[5, -2**63 - 1]]
+
+
+def test_negative_indices_of_narrow_integer_types_wrap(tmp_path):
+    """Before the fix, a negative index in an int8 array raised OverflowError."""
+    with DenseStore(tmp_path / "d", np.int64, ()) as ds:
+        ds.append(np.arange(200))
+        assert ds[np.array([-1, -128, 5], np.int8)].tolist() == [199, 72, 5]
+        assert ds[np.array([-1], np.int16)].tolist() == [199]

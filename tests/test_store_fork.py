@@ -14,14 +14,15 @@ parent closes the store, and a child cannot write through the parent's handle.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 
 import numpy as np
 import pytest
 
-from loaderx import DenseStore
-from loaderx.errors import BusyError
+from loaderx import DenseStore, Zrecord
+from loaderx.errors import BusyError, LockedError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
 
@@ -178,3 +179,36 @@ def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
     finally:
         os.write(wfd, b"x")
         assert _wait(pid) == 0
+
+
+def _child_append(path, queue):
+    try:
+        _child_append.store.append([b"from the child"])
+        _child_append.store.sync()
+        queue.put("appended")
+    except LockedError as e:
+        queue.put(f"locked: {e}")
+    queue.put(_child_append.store[0])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_cannot_write_through_the_parents_handle(tmp_path):
+    """Before the fix, fork() handed the writer lock to the child: its append
+    and sync succeeded, then the parent overwrote them and they vanished."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True)
+    z.append([b"parent 0"])
+    _child_append.store = z
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_child_append, args=(str(path), queue))
+    p.start()
+    first = queue.get(timeout=60)
+    read = queue.get(timeout=60)
+    p.join(60)
+    assert first.startswith("locked") and "forked child" in first, first
+    assert read == b"parent 0"  # reads work in the child
+    z.append([b"parent 1"])
+    z.close()
+    with Zrecord(path) as z:
+        assert z[:] == [b"parent 0", b"parent 1"]

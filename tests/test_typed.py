@@ -26,6 +26,7 @@ import loaderx.zrecord as zrecord
 from loaderx.errors import (
     ArgumentTypeError,
     ClosedError,
+    CorruptStoreError,
     DictionaryError,
     IdentityError,
     InvalidArgumentError,
@@ -594,6 +595,23 @@ def test_gather_packed_rejects_mismatched_trailing_dims(tmp_path):
         values, row_splits = rs.gather_packed([1])
         assert values.shape == (4, 5)
         assert row_splits.tolist() == [0, 4]
+
+
+def test_hostile_ragged_shape_is_refused_at_read(tmp_path):
+    """A ragged record whose stored shape is (0, 2**64 - 1): before the fix,
+    numpy's ValueError escaped the read."""
+    path = tmp_path / "r"
+    with RaggedStore(path, np.int32) as rs:
+        rs.append([np.zeros((0, 3), np.int32)])
+    # Patch the aux shape words in place: [ndim=2, 0, 3] -> [2, 0, 2**64-1].
+    data = bytearray((path / "data").read_bytes())
+    words = np.array([2, 0, 3], "<u8").tobytes()
+    at = data.index(words)
+    data[at + 16:at + 24] = (2**64 - 1).to_bytes(8, "little")
+    (path / "data").write_bytes(data)
+    with RaggedStore(path) as rs:
+        with pytest.raises(CorruptStoreError, match="record 0"):
+            rs[0]
 
 
 def test_ragged_append_one_pass_generator(tmp_path):
