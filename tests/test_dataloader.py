@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from _helpers import counting_store, within
 
-from loaderx import DenseStore, RaggedStore
+from loaderx import DenseStore, RaggedStore, Zrecord
 from loaderx.dataloader import DataLoader
 from loaderx.errors import ClosedError, LoaderClosedError
 from loaderx.zsampler import Sampler
@@ -451,6 +451,19 @@ def test_resume_beyond_many_epochs_is_immediate():
         start = time.perf_counter()
         np.testing.assert_array_equal(indices_of(next(loader)), expected_indices(step, 16, seed=4))
         assert time.perf_counter() - start < 1.0
+
+
+def test_epochs_and_stop_after(tmp_path):
+    with DenseStore(tmp_path / "x", np.int64, ()) as x:
+        x.append(np.arange(100, dtype=np.int64))
+        with DataLoader({"x": x}, 8, seed=0, workers=1, shard=(1, 2), stop_after=30) as loader:
+            # 100 // 16: each cycle serves 6 whole batches and drops 4 records.
+            assert loader.steps_per_epoch == 6
+            assert [loader.epoch_of(s) for s in (0, 5, 6, 11, 12, 13)] == [0, 0, 1, 1, 2, 2]
+            taken = list(loader)
+            assert len(taken) == 30 and loader.step == 30
+        with DataLoader({"x": x}, 8, step=25, stop_after=30, workers=1) as loader:
+            assert len(list(loader)) == 5
 
 
 @pytest.mark.parametrize(
@@ -1099,6 +1112,31 @@ def test_ring_and_python_streams_together(dense_pair):
             np.testing.assert_array_equal(batch["y"], expected * 7 + 3)
             np.testing.assert_array_equal(batch["x"][:, 0], expected)
             assert [list(r) for r in batch["r"]] == [list(ragged_rows(LENGTH)[i]) for i in expected]
+
+
+# Ragged and byte stores are built by the native ring: no Python thread.
+def test_ragged_and_bytes_stores_are_built_without_python_threads(tmp_path):
+    rs = RaggedStore(tmp_path / "r", np.int32)
+    rs.append([np.arange(i % 7, dtype=np.int32) + i for i in range(300)])
+    z = Zrecord(tmp_path / "z", create=True)
+    z.append([bytes([i % 256]) * (i % 9) for i in range(300)])
+    ids = DenseStore(tmp_path / "i", np.int64, ())
+    ids.append(np.arange(300, dtype=np.int64))
+    with DataLoader({"tok": rs, "raw": z, "id": ids}, 16, seed=4, workers=2) as loader:
+        for _ in range(20):
+            b = next(loader)
+            assert worker_threads() == []
+            for t, r, i in zip(b["tok"], b["raw"], b["id"].tolist()):
+                np.testing.assert_array_equal(t, rs[i])
+                assert r == z[i]
+    with DataLoader({"tok": rs, "id": ids}, 16, seed=4, workers=1, ragged="packed") as loader:
+        b = next(loader)
+        values, splits = b["tok"]
+        assert splits[0] == 0 and len(splits) == 17
+        for k, i in enumerate(b["id"].tolist()):
+            np.testing.assert_array_equal(values[splits[k]:splits[k + 1]], rs[i])
+    for s in (rs, z, ids):
+        s.close()
 
 
 # -- ownership of the memory the ring writes --------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from _helpers import ROOT, WAIT_S, counting_store, within
 
-from loaderx import DataLoader
+from loaderx import DataLoader, DenseStore
 from loaderx.errors import ClosedError
 
 
@@ -270,3 +270,28 @@ def test_closing_a_store_under_a_running_loader_raises_closed(tmp_path, kind):
     """
     out = run_child(code)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_drops_an_inherited_loader_without_hanging(tmp_path):
+    """A forked child inherits a running loader's memory but not its threads:
+    using it raises, and closing or dropping it returns at once (it used to
+    wait forever for the parent's threads)."""
+    with DenseStore(tmp_path / "x", np.int64, ()) as x:
+        x.append(np.arange(100, dtype=np.int64))
+        loader = DataLoader({"x": x}, 8, workers=2, transform=lambda b: b)
+        next(loader)
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                next(loader)
+            except RuntimeError as e:
+                code = 0 if "another process" in str(e) else 2
+            loader.close()
+            del loader
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert next(loader)["x"].shape == (8,)  # the parent's loader still works
+        loader.close()
