@@ -31,9 +31,9 @@ def _rows(ids) -> np.ndarray:
     return np.asarray(ids, np.int64)[:, None] * 1000 + np.arange(8, dtype=np.int64)
 
 
-def _fork_reader(store) -> tuple[int, int, int]:
-    """Forks a child that reads `store` once, reports, waits for a byte and
-    exits 0 if every read was consistent."""
+def _fork(child) -> tuple[int, int, int]:
+    """Forks; the child runs child(read_fd, write_fd) and exits with its
+    result. Returns (pid, parent's read end, parent's write end)."""
     to_child, from_parent = os.pipe()
     to_parent, from_child = os.pipe()
     pid = os.fork()
@@ -42,21 +42,37 @@ def _fork_reader(store) -> tuple[int, int, int]:
         try:
             os.close(from_parent)
             os.close(to_parent)
-            n = len(store)
-            got = store[np.arange(n)]
-            ok = bool((got[:, 1:] - got[:, :1] == np.arange(1, 8)).all())
-            os.write(from_child, b"r")
-            os.read(to_child, 1)
-            code = 0 if ok else 3
-        except BaseException:  # noqa: BLE001 - shown, and reported by the exit code
-            import traceback
-
-            traceback.print_exc()
+            code = child(to_child, from_child)
         finally:
             os._exit(code)
     os.close(to_child)
     os.close(from_child)
     return pid, to_parent, from_parent
+
+
+def _wait(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _fork_reader(store) -> tuple[int, int, int]:
+    """Forks a child that reads `store` once, reports, waits for a byte and
+    exits 0 if every read was consistent."""
+    def child(rfd, wfd):
+        try:
+            n = len(store)
+            got = store[np.arange(n)]
+            ok = bool((got[:, 1:] - got[:, :1] == np.arange(1, 8)).all())
+            os.write(wfd, b"r")
+            os.read(rfd, 1)
+            return 0 if ok else 3
+        except BaseException:  # noqa: BLE001 - shown, and reported by the exit code
+            import traceback
+
+            traceback.print_exc()
+            return 1
+
+    return _fork(child)
 
 
 def test_a_child_forked_during_the_parents_delete_holds_its_own_lock(tmp_path):
@@ -96,30 +112,6 @@ def test_a_child_forked_during_the_parents_delete_holds_its_own_lock(tmp_path):
             store.delete([0])  # the child is gone: exclusive again
     finally:
         store.close()
-
-
-def _fork(child) -> tuple[int, int, int]:
-    """Forks; the child runs child(read_fd, write_fd) and exits with its
-    result. Returns (pid, parent's read end, parent's write end)."""
-    to_child, from_parent = os.pipe()
-    to_parent, from_child = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(from_parent)
-            os.close(to_parent)
-            code = child(to_child, from_child)
-        finally:
-            os._exit(code)
-    os.close(to_child)
-    os.close(from_child)
-    return pid, to_parent, from_parent
-
-
-def _wait(pid: int) -> int:
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def test_a_forked_childs_handle_blocks_the_parents_delete_and_compact(tmp_path):
