@@ -33,6 +33,19 @@ def identity(batch):
     return batch
 
 
+def assert_storm_lost_nothing(got, after_return, want, count):
+    """`got`: (step, batch) pairs a storm of interrupts let through;
+    `after_return`: steps whose next() returned their batch, the interrupt
+    landing in the caller right after (before ``batch = ...`` stored it: no
+    library can hand that batch over again). Every other step arrived, in
+    order, exact: a next() an interrupt cut short delivered nothing."""
+    steps = [step for step, _ in got]
+    assert len(got) == count
+    assert sorted(steps + after_return) == list(range(count + len(after_return)))
+    for step, batch in got:
+        np.testing.assert_array_equal(batch, want[step], err_msg=f"step {step}")
+
+
 def reference(ds, count, **kwargs):
     with DataLoader({"x": ds}, workers=1, **kwargs) as loader:
         return [next(loader)["x"].copy() for _ in range(count)]
@@ -169,12 +182,15 @@ def test_interrupts_storming_next_lose_no_batch(store, transform):
     lock released from under a worker ("release unlocked lock" in a worker,
     then a hang); without one, the first gave KeyError for good."""
     count = 300
-    want = reference(store, count, batch_size=4, seed=9)
+    want = reference(store, count + 100, batch_size=4, seed=9)
     inside = [False]
+
+    landed = [None]
 
     def handler(signum, frame):
         if inside[0]:
             inside[0] = False
+            landed[0] = frame.f_code.co_filename if frame is not None else None
             raise Interrupted
 
     previous = signal.signal(signal.SIGUSR1, handler)
@@ -185,27 +201,31 @@ def test_interrupts_storming_next_lose_no_batch(store, transform):
             os.kill(os.getpid(), signal.SIGUSR1)
 
     kicker = threading.Thread(target=storm, daemon=True)
-    got = []
+    got, after_return = [], []
     try:
         with DataLoader({"x": store}, 4, seed=9, workers=2, transform=transform) as loader:
             kicker.start()
             deadline = time.monotonic() + 4 * WAIT_S
             while len(got) < count and time.monotonic() < deadline:
+                step = loader.step
                 try:
                     inside[0] = True
                     batch = next(loader)
                     inside[0] = False
-                    got.append(batch["x"].copy())
+                    got.append((step, batch["x"].copy()))
                 except Interrupted:
-                    pass
+                    inside[0] = False
+                    assert loader.step in (step, step + 1)
+                    if loader.step == step + 1:
+                        # Delivered: only the caller may have lost it.
+                        assert landed[0] == __file__, f"step {step} lost in {landed[0]}"
+                        after_return.append(step)
     finally:
         inside[0] = False
         done.set()
         kicker.join()
         signal.signal(signal.SIGUSR1, previous)
-    assert len(got) == count
-    for step, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
+    assert_storm_lost_nothing(got, after_return, want, count)
 
 
 def test_close_never_waits_for_a_call_count_an_interrupt_cut_short(store):
