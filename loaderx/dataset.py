@@ -25,6 +25,7 @@ from ._store import Store, stored_kind
 from .errors import (
     BusyError,
     CorruptStoreError,
+    DestinationExistsError,
     NotAStoreError,
     StoreNotFoundError,
     ZrecordError,
@@ -50,10 +51,6 @@ _KINDS = ("dense", "ragged", "bytes")
 #: Opens of a dataset that another process replaces faster than this many
 #: times in a row give up with BusyError.
 _OPEN_ATTEMPTS = 50
-
-
-class DestinationExistsError(ZrecordError, FileExistsError):
-    """A writer in ``mode="create"`` found data at its destination."""
 
 
 def _store_files(path: str) -> bool:

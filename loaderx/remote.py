@@ -39,7 +39,11 @@ from . import _objstore
 from ._cache import Cache, Layout, parse_limit
 from ._objstore import Options, is_url, join
 from .errors import (
+    ConvertError,
     CorruptStoreError,
+    DestinationExistsError,
+    IdentityError,
+    LockedError,
     NotAStoreError,
     ReadOnlyError,
     RemoteChangedError,
@@ -471,7 +475,6 @@ def _occupied(url: str, cfg: Config) -> bool:
 
 
 def _exists_error(url: str, mode_hint: str) -> Exception:
-    from .dataset import DestinationExistsError
     return DestinationExistsError(f"{url} already exists; pass {mode_hint}", path=url)
 
 
@@ -533,7 +536,6 @@ class Target:
                 raise _exists_error(self.url, "another destination (it holds something that "
                                               "is not a loaderx dataset; remove it yourself)")
             if mode == "append" and "splits" in self.old:
-                from .converters import ConvertError
                 raise ConvertError(f"{self.url} holds splits; append to one split's directory")
         elif mode == "append":
             mode = "create"  # nothing there yet: as a local append would
@@ -604,8 +606,6 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
 
 
 def _commit_error(url: str, e: Exception, mode: str) -> Exception:
-    from .dataset import DestinationExistsError
-    from .errors import LockedError
     if isinstance(e, RemoteChangedError):
         return LockedError(f"{url}: another writer changed this dataset's manifest while this "
                            f"{mode} ran; nothing was published (run it again)", path=url)
@@ -659,8 +659,6 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
     """The manifest of `old` with the shards of `fresh` added, after the
     checks a local append makes."""
     import copy
-    from .converters import ConvertError
-    from .errors import IdentityError
     if list(fresh["columns"]) != list(old["columns"]):
         raise ConvertError(f"{url}: appending columns {list(fresh['columns'])} to a dataset with "
                            f"columns {list(old['columns'])}; they must be the same")

@@ -37,6 +37,7 @@ from .errors import (
     CorruptStoreError,
     DictionaryError,
     IdentityError,
+    LoaderxError,
     LockedError,
     NotAStoreError,
     RecordIndexError,
@@ -47,7 +48,7 @@ from .errors import (
 from .ragged import RaggedStore
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "train_dict", "ZrecordError",
+    "Zrecord", "DenseStore", "RaggedStore", "train_dict", "ZrecordError", "LoaderxError",
     "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "LockedError",
     "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
     "SizeMismatchError", "DictionaryError",
