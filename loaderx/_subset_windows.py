@@ -18,6 +18,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from ._checks import check_out, is_int
 from ._store import normalize_indices
 
 __all__ = ["SubsetWindows"]
@@ -38,8 +39,7 @@ class SubsetWindows:
         dtype = np.dtype(base.dtype)
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
             raise TypeError(f"token documents must hold integers, not {dtype}")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-                or seq_len < 1:
+        if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
         if separator is not None and not np.can_cast(np.min_scalar_type(separator), dtype):
             raise ValueError(f"separator must be a token id of {dtype}, got {separator!r}")
@@ -98,8 +98,8 @@ class SubsetWindows:
             tokens = np.empty((len(idx), width), self._dtype)
         if segments is None:
             segments = np.empty((len(idx), width), np.int32)
-        _check(tokens, (len(idx), width), self._dtype)
-        _check(segments, (len(idx), width), np.dtype(np.int32))
+        check_out(tokens, (len(idx), width), self._dtype, holds="the windows hold")
+        check_out(segments, (len(idx), width), np.dtype(np.int32), holds="segments are")
         if not len(idx):
             return tokens, segments
         starts = self._starts
@@ -127,7 +127,7 @@ class SubsetWindows:
         return tokens, segments
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -141,15 +141,6 @@ class SubsetWindows:
 
 def _rebuild(view: Any, seq_len: int, separator: Optional[int]) -> SubsetWindows:
     return SubsetWindows(view, seq_len, separator=separator)
-
-
-def _check(arr: np.ndarray, shape: tuple, dtype: np.dtype) -> None:
-    from .errors import SizeMismatchError
-
-    if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype \
-            or not arr.flags.c_contiguous or not arr.flags.writeable:
-        raise SizeMismatchError(f"out must be a writable C-contiguous {dtype} array of shape "
-                                f"{shape}")
 
 
 class _Segments:
@@ -177,6 +168,6 @@ class _Segments:
         return self._windows._fill(idx, None, out)[1]
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _objstore
 from ._cache import Cache, Layout, parse_limit
+from ._checks import check_mode
 from ._objstore import Options, is_url, join
 from .errors import (
     ConvertError,
@@ -483,10 +484,8 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     """A single store for `url`: `build(local_dir)` writes and closes it
     locally, then it is uploaded (its meta last) and opened from `url`.
     ``mode="append"`` is refused (append to a dataset instead)."""
-    from .dataset import _MODES
     cfg = cfg or config()
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    check_mode(mode)
     _refuse_read_only(url)
     url = url.rstrip("/")
     if mode == "append":
@@ -515,10 +514,9 @@ class Target:
     the published manifest (or nothing, on abort)."""
 
     def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
-        from .dataset import MANIFEST_NAME, _MODES, _checked_manifest
+        from .dataset import MANIFEST_NAME, checked_manifest
         self.cfg = cfg or config()
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        check_mode(mode)
         _refuse_read_only(url)
         self.url = url.rstrip("/")
         self.old: Optional[dict] = None
@@ -526,7 +524,7 @@ class Target:
         if _occupied(self.url, self.cfg):
             try:
                 text, self.old_etag = read_bytes(join(self.url, MANIFEST_NAME), self.cfg)
-                self.old = _checked_manifest(self.url, text)
+                self.old = checked_manifest(self.url, text)
             except RemoteNotFoundError:
                 self.old = None
             if mode == "create":
@@ -679,7 +677,7 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
 def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
     """Every object of the dataset a manifest describes (an overwrite's old
     data): its generation directory, or (version 1) the stores it names."""
-    from .dataset import MANIFEST_NAME, _checked_manifest
+    from .dataset import MANIFEST_NAME, checked_manifest
     gen = manifest.get("generation")
     if gen is not None:
         prefix = join(url, gen)
@@ -691,7 +689,7 @@ def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
                 text, _ = read_bytes(join(url, sub, MANIFEST_NAME), cfg)
             except RemoteNotFoundError:
                 continue
-            out += _named_objects(join(url, sub), _checked_manifest(url, text), cfg)
+            out += _named_objects(join(url, sub), checked_manifest(url, text), cfg)
             out.append(join(url, sub, MANIFEST_NAME))
         return out
     for col in manifest["columns"].values():

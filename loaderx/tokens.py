@@ -59,6 +59,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from . import _buffers
+from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
 from ._records import parts_array
 from ._store import check_threads, normalize_indices
@@ -98,7 +99,7 @@ class TokenWindows:
         seq_len = _check_seq_len(seq_len)
         if separator is not None:
             info = np.iinfo(dtype)
-            if isinstance(separator, bool) or not isinstance(separator, (int, np.integer)) \
+            if not is_int(separator) \
                     or not info.min <= separator <= info.max:
                 raise ValueError(f"separator must be a token id of {dtype}, got {separator!r}")
         if len(store) == 0:
@@ -214,7 +215,7 @@ class TokenWindows:
         del handles
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -265,8 +266,7 @@ def _flat_parts(store: Any) -> List[Tuple[Any, int]]:
 
 
 def _check_seq_len(seq_len: Any) -> int:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-            or not 1 <= seq_len < 2**62:
+    if not is_int(seq_len) or not 1 <= seq_len < 2**62:
         raise ValueError(f"seq_len must be an int from 1 to 2**62 - 1, got {seq_len!r}")
     return int(seq_len)
 
@@ -325,7 +325,7 @@ class ArrayTokenWindows:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -385,7 +385,7 @@ class _ArraySegments:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -425,7 +425,7 @@ class TokenSegments:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -442,15 +442,10 @@ def _segments_of(windows: TokenWindows) -> TokenSegments:
 
 
 def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """`out` checked as a DenseStore checks it, or a new pooled array."""
     if out is None:
         return _buffers.empty(shape, dtype)
-    if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != shape:
-        raise SizeMismatchError(f"out must be a {dtype} array of shape {shape}, got "
-                                f"{getattr(out, 'dtype', type(out).__name__)}"
-                                f"{getattr(out, 'shape', '')}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise SizeMismatchError("out must be C-contiguous and writable")
-    return out
+    return check_out(out, shape, dtype, holds="the windows hold")
 
 
 # ----------------------------------------------------------------- the index
