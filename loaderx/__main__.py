@@ -213,11 +213,11 @@ def _dataset_report(path: str) -> dict:
 
 def _scalar_columns(opened: dict) -> dict:
     """The columns a `loaderx select` predicate can name, with their SQL types."""
-    from .subset import _info
+    from .subset import column_info
 
     out = {}
     for name, col in opened.items():
-        info = _info(name, col)
+        info = column_info(name, col)
         if not info.type:
             continue
         entry: dict = {"type": info.type, "dtype": str(info.dtype), "nullable": info.nullable}

@@ -20,6 +20,7 @@ import numpy as np
 
 from ._checks import check_out, is_int
 from ._store import normalize_indices
+from ._token_index import index_of
 
 __all__ = ["SubsetWindows"]
 
@@ -30,8 +31,6 @@ class SubsetWindows:
     kind = "dense"
 
     def __init__(self, view: Any, seq_len: int, *, separator: Optional[int] = None):
-        from .tokens import _index_of
-
         base = view.base
         if getattr(base, "kind", None) != "ragged":
             raise TypeError(f"TokenWindows reads documents of a ragged token column; this view "
@@ -49,7 +48,7 @@ class SubsetWindows:
         self._seq_len = int(seq_len)
         self._separator = None if separator is None else int(separator)
         self._dtype = dtype
-        whole = np.asarray(_index_of(base, dtype.itemsize, None), dtype=np.int64)
+        whole = np.asarray(index_of(base, dtype.itemsize, None), dtype=np.int64)
         self._lengths = np.diff(whole)[view.rows]
         gap = 1 if separator is not None else 0
         starts = np.zeros(len(view) + 1, np.int64)

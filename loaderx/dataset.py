@@ -21,7 +21,6 @@ import numpy as np
 
 from . import _locks, _objstore
 from ._checks import KINDS, check_mode, drop_source_rows
-from ._store import Store, stored_kind
 from .errors import (
     BusyError,
     CorruptStoreError,
@@ -30,7 +29,7 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
-from .zrecord import DenseStore, RaggedStore, Zrecord
+from .zrecord import DenseStore, RaggedStore, open_store
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
            "labels", "DestinationExistsError", "MANIFEST_NAME"]
@@ -191,32 +190,6 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
 def _chain(head, rest):
     yield from head
     yield from rest
-
-
-def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
-    """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
-
-    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
-    store is read through the node-local cache in `cache_dir`, bounded by
-    `cache_limit`, with `storage_options` for the object store (see
-    docs/remote.md); they are ignored for a local path."""
-    if _objstore.is_url(path):
-        from . import remote
-        cfg = remote.config(cache_dir, cache_limit, storage_options)
-        with remote.using(cfg):
-            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
-                return _open_store(path)
-    return _open_store(path)
-
-
-def _open_store(path) -> Store:
-    kind = stored_kind(path)
-    if kind == "dense":
-        return DenseStore(path)
-    if kind == "ragged":
-        return RaggedStore(path)
-    return Zrecord(path)
 
 
 # ----------------------------------------------------------------- dataset directories

@@ -39,6 +39,8 @@ from . import _objstore
 from ._cache import Cache, Layout, parse_limit
 from ._checks import check_mode
 from ._objstore import Options, is_url, join
+from ._store import stored_kind
+from .dataset import MANIFEST_NAME, checked_manifest
 from .errors import (
     ConvertError,
     CorruptStoreError,
@@ -51,6 +53,7 @@ from .errors import (
     RemoteNotFoundError,
     ZrecordError,
 )
+from .zrecord import open_store
 
 __all__ = ["configure", "is_url", "Config"]
 
@@ -372,7 +375,6 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
                                  "(reopen the dataset to read the new version)", path=url)
 
     def check(local: str) -> None:
-        from ._store import stored_kind
         try:
             stored_kind(local)
         except ZrecordError as e:
@@ -403,7 +405,6 @@ def exists(url: str, cfg: Optional[Config] = None) -> bool:
 def manifest_text(url: str, cfg: Optional[Config] = None) -> bytes:
     """The bytes of the dataset manifest under `url`; errors name what is
     there instead (a single store, nothing)."""
-    from .dataset import MANIFEST_NAME
     cfg = cfg or config()
     try:
         return read_bytes(join(url, MANIFEST_NAME), cfg)[0]
@@ -504,7 +505,6 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     finally:
         import shutil
         shutil.rmtree(local, ignore_errors=True)
-    from .dataset import open_store
     return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
                       storage_options=cfg.options)
 
@@ -514,7 +514,6 @@ class Target:
     the published manifest (or nothing, on abort)."""
 
     def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
-        from .dataset import MANIFEST_NAME, checked_manifest
         self.cfg = cfg or config()
         check_mode(mode)
         _refuse_read_only(url)
@@ -549,7 +548,6 @@ class Target:
         puts its parts in the dataset's generation under new names."""
         import random
 
-        from .dataset import MANIFEST_NAME
         uid = "".join(random.choice("0123456789") for _ in range(12))
         move, manifest = _relocation(fresh, self.old if self.mode == "append" else None, uid)
         if self.mode == "append":
@@ -566,7 +564,6 @@ class Target:
         overwrite then deletes the old dataset's objects."""
         import json
 
-        from .dataset import MANIFEST_NAME
         body = (json.dumps(manifest, indent=2) + "\n").encode()
         put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
         try:
@@ -677,7 +674,6 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
 def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
     """Every object of the dataset a manifest describes (an overwrite's old
     data): its generation directory, or (version 1) the stores it names."""
-    from .dataset import MANIFEST_NAME, checked_manifest
     gen = manifest.get("generation")
     if gen is not None:
         prefix = join(url, gen)

@@ -30,14 +30,13 @@ from ._lib import check
 from ._store import normalize_indices
 from .errors import ClosedError, IdentityError, ZrecordMemoryError
 from .streams import NativePart
+from .zrecord import open_store
 
 __all__ = ["ShardSet"]
 
 def _open(shard: Any) -> tuple[Any, bool]:
     """An open store for `shard` (a path or a store) and whether we opened it."""
     if isinstance(shard, (str, os.PathLike)):
-        from .dataset import open_store
-
         return open_store(shard), True
     if not is_stream(shard):
         raise TypeError(

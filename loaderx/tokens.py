@@ -63,6 +63,8 @@ from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
 from ._records import parts_array
 from ._store import check_threads, normalize_indices
+from ._subset_windows import SubsetWindows
+from ._token_index import index_of
 from .errors import IdentityError, SizeMismatchError
 
 __all__ = ["TokenWindows", "ArrayTokenWindows"]
@@ -75,7 +77,6 @@ class TokenWindows:
     def __new__(cls, store: Any, seq_len: int, *, separator: Optional[int] = None):
         if getattr(store, "selection", None) is not None and cls is TokenWindows:
             # Documents a `loaderx.select` view selects: windows over those alone.
-            from ._subset_windows import SubsetWindows
             return SubsetWindows(store, seq_len, separator=separator)
         return super().__new__(cls)
 
@@ -116,7 +117,7 @@ class TokenWindows:
         epoch = ffi.new("uint64_t *")
         check(lib.lx_windows_epoch(self._parts, len(self._part_list), epoch), self.path,
               "token windows")
-        self._prefix = _index_of(store, dtype.itemsize, self._separator)
+        self._prefix = index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
         self._len = (total - 1) // self._seq_len if total else 0
         sep = 0 if self._separator is None else self._separator & ((1 << (8 * dtype.itemsize)) - 1)
@@ -446,34 +447,3 @@ def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray
     if out is None:
         return _buffers.empty(shape, dtype)
     return check_out(out, shape, dtype, holds="the windows hold")
-
-
-# ----------------------------------------------------------------- the index
-
-def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
-    """The prefix sums of `store`'s documents (a ShardSet's: its shards' put
-    together, a separator between shards too)."""
-    shards = getattr(store, "shards", None)
-    if shards is None:
-        return _store_index(store, itemsize, separator)
-    pieces, offset = [], 0
-    nonempty = [s for s in shards if len(s)]
-    for k, shard in enumerate(nonempty):
-        p = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
-        pieces.append(p[:-1] + offset)
-        offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
-    pieces.append(np.array([offset], np.uint64))
-    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64)
-
-
-def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
-    """One store's prefix sums, natively: from its windows.idx where that is
-    valid (copied in, checked), the record table for the rest."""
-    docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
-    if getattr(store, "is_remote", False):
-        store._remote.all_index()  # every document's size, in the cache's replica
-    prefix = np.empty(docs + 1, np.uint64)
-    check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
-                               ffi.cast("uint64_t *", prefix.ctypes.data), docs),
-          store.path, "token window index")
-    return prefix
