@@ -51,7 +51,8 @@ from .errors import (
 from .ragged import RaggedStore
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict", "ZrecordError", "LoaderxError",
+    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict",
+    "LoaderxError", "ZrecordError",
     "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "LockedError",
     "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
     "SizeMismatchError", "DictionaryError",
