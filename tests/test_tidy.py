@@ -321,18 +321,23 @@ def imported(module, is_package, node, modules):
     return out
 
 
-def import_edges():
-    """(importer, target, at module level?, line) of every loaderx -> loaderx import."""
+def module_imports():
+    """(module, path, import node, at module level?, source, name, target) of
+    every loaderx -> loaderx import in loaderx/ (see `imported`)."""
     modules = loaderx_modules()
-    edges = []
     for module, path in modules.items():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         for node, top in import_nodes(tree):
-            for _, _, target in imported(module, path.endswith("__init__.py"), node, modules):
-                if target != module:
-                    edges.append((module, target, top, node.lineno))
-    return edges
+            for source, name, target in imported(module, path.endswith("__init__.py"), node,
+                                                 modules):
+                yield module, path, node, top, source, name, target
+
+
+def import_edges():
+    """(importer, target, at module level?, line) of every loaderx -> loaderx import."""
+    return [(module, target, top, node.lineno)
+            for module, _, node, top, _, _, target in module_imports() if target != module]
 
 
 def is_private_module(module):
@@ -347,20 +352,14 @@ def package_of(module, modules):
 def private_name_imports():
     modules = loaderx_modules()
     found = []
-    for module, path in modules.items():
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        for node, _ in import_nodes(tree):
-            for source, name, target in imported(module, path.endswith("__init__.py"), node,
-                                                 modules):
-                if name is None or not name.startswith("_") or name.startswith("__") \
-                        or target != source:
-                    continue  # not an underscore name, or a (private) module
-                if is_private_module(source) \
-                        and package_of(source, modules) == package_of(module, modules):
-                    continue  # a private module's internals, shared within its package
-                found.append(f"{rel(path)}:{node.lineno}: imports {name} from {source}, "
-                             "which is private to it")
+    for module, path, node, _, source, name, target in module_imports():
+        if name is None or not name.startswith("_") or name.startswith("__") or target != source:
+            continue  # not an underscore name, or a (private) module
+        if is_private_module(source) \
+                and package_of(source, modules) == package_of(module, modules):
+            continue  # a private module's internals, shared within its package
+        found.append(f"{rel(path)}:{node.lineno}: imports {name} from {source}, "
+                     "which is private to it")
     return found
 
 
