@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mmap
 import os
 import re
 import shutil
@@ -21,15 +20,16 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import _locks, _objstore
-from ._store import Store, stored_kind
+from ._checks import KINDS, check_mode, drop_source_rows
 from .errors import (
     BusyError,
     CorruptStoreError,
+    DestinationExistsError,
     NotAStoreError,
     StoreNotFoundError,
     ZrecordError,
 )
-from .zrecord import DenseStore, RaggedStore, Zrecord
+from .zrecord import DenseStore, RaggedStore, open_store
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
            "labels", "DestinationExistsError", "MANIFEST_NAME"]
@@ -45,36 +45,28 @@ MANIFEST_FORMAT = "loaderx-dataset"
 MANIFEST_VERSION = 2
 #: The name of a generation directory.
 GENERATION_RE = re.compile(r"gen-[0-9]{6,}")
-_MODES = ("create", "append", "overwrite")
-_KINDS = ("dense", "ragged", "bytes")
 #: Opens of a dataset that another process replaces faster than this many
 #: times in a row give up with BusyError.
 _OPEN_ATTEMPTS = 50
-
-
-class DestinationExistsError(ZrecordError, FileExistsError):
-    """A writer in ``mode="create"`` found data at its destination."""
 
 
 def _store_files(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "meta"))
 
 
-def prepare_store_path(path, mode: str, flag_style: str = "python") -> bool:
+def prepare_store_path(path, mode: str) -> bool:
     """Apply `mode` to a store destination before a writer opens it. Returns
     True when the writer appends to an existing store. ``overwrite`` removes
     an existing store (never a directory that holds anything else)."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    check_mode(mode)
     p = os.fspath(path)
     if not os.path.lexists(p) or (os.path.isdir(p) and not os.listdir(p)):
         return False
     if mode == "append":
         return True
     if mode == "create":
-        hint = ("--append or --overwrite" if flag_style == "cli"
-                else 'mode="append" to add to it or mode="overwrite" to replace it')
-        raise DestinationExistsError(f"{p} already exists; pass {hint}", path=p)
+        raise DestinationExistsError(f"{p} already exists; pass mode=\"append\" to add to it "
+                                     "or mode=\"overwrite\" to replace it", path=p)
     if not (os.path.isdir(p) and _store_files(p)):
         raise DestinationExistsError(f"{p} exists and is not a loaderx store; refusing to "
                                      "overwrite it (remove it yourself)", path=p)
@@ -130,12 +122,11 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
         step = max(1, chunk_bytes // row_bytes)
         n = array.shape[0]
-        release = _page_releaser(array)
         for start in range(0, n, step):
             store.append(np.ascontiguousarray(array[start:start + step]))
             # A memory-mapped source keeps every page it touched mapped (and
             # counted in RSS) until unmapped; drop the chunk's pages once copied.
-            release(start, min(start + step, n))
+            drop_source_rows(array, start, min(start + step, n))
             if progress is not None:
                 progress(min(start + step, n), n)
     except BaseException:
@@ -162,29 +153,6 @@ def _own_dictionary(path, array: np.ndarray, size: int | None, appending: bool) 
         warnings.warn(f"{os.fspath(path)}: no dictionary ({e}); the store uses plain zstd",
                       stacklevel=3)
         return "zstd", None
-
-
-def _page_releaser(array: np.ndarray):
-    """A function (start_row, stop_row) that unmaps the pages of those rows of a
-    C-contiguous np.memmap source (MADV_DONTNEED: file-backed pages are simply
-    re-read if touched again); a no-op for anything else."""
-    mm = getattr(array, "_mmap", None)
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") \
-            or not array.flags.c_contiguous:
-        return lambda start, stop: None
-    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
-    data = array.ctypes.data
-    row_bytes = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
-    page = mmap.PAGESIZE
-
-    def release(start: int, stop: int) -> None:
-        lo = data - base + start * row_bytes
-        hi = data - base + stop * row_bytes
-        lo = (lo // page) * page
-        hi = (hi // page) * page
-        if hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    return release
 
 
 def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
@@ -224,32 +192,6 @@ def _chain(head, rest):
     yield from rest
 
 
-def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
-    """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
-
-    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
-    store is read through the node-local cache in `cache_dir`, bounded by
-    `cache_limit`, with `storage_options` for the object store (see
-    docs/remote.md); they are ignored for a local path."""
-    if _objstore.is_url(path):
-        from . import remote
-        cfg = remote.config(cache_dir, cache_limit, storage_options)
-        with remote.using(cfg):
-            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
-                return _open_store(path)
-    return _open_store(path)
-
-
-def _open_store(path) -> Store:
-    kind = stored_kind(path)
-    if kind == "dense":
-        return DenseStore(path)
-    if kind == "ragged":
-        return RaggedStore(path)
-    return Zrecord(path)
-
-
 # ----------------------------------------------------------------- dataset directories
 
 def _manifest_error(path: str, what: str) -> CorruptStoreError:
@@ -262,7 +204,7 @@ def read_manifest(path, *, storage_options=None) -> dict:
     p = os.fspath(path)
     if _objstore.is_url(p):
         from . import remote
-        return _checked_manifest(p, remote.manifest_text(p, remote.config(
+        return checked_manifest(p, remote.manifest_text(p, remote.config(
             storage_options=storage_options)))
     file = os.path.join(p, MANIFEST_NAME)
     if not os.path.isfile(file):
@@ -278,10 +220,10 @@ def read_manifest(path, *, storage_options=None) -> dict:
     except FileNotFoundError:  # replaced by a rename just now
         raise StoreNotFoundError(f"{p}: {MANIFEST_NAME} disappeared while being read", path=p) \
             from None
-    return _checked_manifest(p, text)
+    return checked_manifest(p, text)
 
 
-def _checked_manifest(p: str, text: bytes) -> dict:
+def checked_manifest(p: str, text: bytes) -> dict:
     """`text` (a manifest file's bytes) parsed and checked."""
     try:
         manifest = json.loads(text.decode("utf-8"))
@@ -352,7 +294,7 @@ def _check_column_type(p: str, name: str, col: dict) -> None:
     """A column's kind, dtype, item_shape and codec are of the types the
     converters write (they are compared with each part's at open)."""
     kind, dtype, shape = col.get("kind"), col.get("dtype"), col.get("item_shape")
-    if kind not in _KINDS:
+    if kind not in KINDS:
         raise _manifest_error(p, f"column {name!r} has unknown kind {kind!r}")
     if kind != "bytes" and not isinstance(dtype, str):
         raise _manifest_error(p, f"column {name!r} has no dtype")

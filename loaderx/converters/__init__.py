@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import _objstore
+from .._checks import check_level
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import (
@@ -194,10 +195,8 @@ def convert_to_directory(
     for label, names in (("columns", columns), ("skip_columns", skip_columns)):
         if isinstance(names, (str, bytes)):
             raise TypeError(f"{label} must be a list of column names, not the string {names!r}")
-    if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
-        # zstd reads 0 as "the default"; a store records the level it used,
-        # so 0 is refused rather than stored as 3 behind the caller's back.
-        raise ValueError(f"level must be a non-zero int zstd level or None, got {level!r}")
+    check_level(level)  # the stores' own check (0 refused), before anything is written
+    level = None if level is None else int(level)
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):

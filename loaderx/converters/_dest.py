@@ -54,16 +54,16 @@ import stat
 import uuid
 
 from .. import _locks
+from .._checks import check_mode
 from ..dataset import (
     GENERATION_RE,
     MANIFEST_FORMAT,
     MANIFEST_NAME,
     MANIFEST_VERSION,
-    DestinationExistsError,
     check_inside,
     read_manifest,
 )
-from ..errors import CorruptStoreError, IdentityError
+from ..errors import CorruptStoreError, DestinationExistsError, IdentityError
 from ._columns import ColumnSpec, ConvertError, Flags
 
 __all__ = ["Destination", "safe_name", "spec_entry", "write_json", "sweep_siblings"]
@@ -319,8 +319,7 @@ class Destination:
     ``commit_splits(dirs)``) or ``abort()``."""
 
     def __init__(self, dest, mode: str, flags: Flags):
-        if mode not in ("create", "append", "overwrite"):
-            raise ValueError(f"mode must be 'create', 'append' or 'overwrite', got {mode!r}")
+        check_mode(mode)
         self.dest = os.path.abspath(os.fspath(dest))
         self.flags = flags
         self.existing: dict | None = None
