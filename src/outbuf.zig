@@ -476,7 +476,10 @@ fn spillOver(p: *Pool, out: *[idle_count_max]Idle) usize {
 fn mapBlock(capacity: usize) ?[*]u8 {
     const huge = can_map and capacity >= huge_page_bytes;
     const alignment = if (huge) huge_page_bytes else page_bytes;
-    const slack = alignment - page_bytes;
+    // A mapping starts on a page, so sliding to the alignment takes at most
+    // alignment - page_bytes; malloc memory (no mappings) starts anywhere and
+    // may need a whole `alignment` more.
+    const slack = if (can_map) alignment - page_bytes else alignment;
     // One page in front for the header, and room to slide to the alignment.
     const len = std.math.add(usize, capacity, page_bytes + slack) catch return null;
     const base = reserve(len) orelse return null;
