@@ -98,11 +98,14 @@ fn headerOf(ptr: [*]u8) *Header {
     // A heap buffer has no pool; a block's data is page aligned (2 MiB from
     // 2 MiB, where blocks are mappings), its header in the page in front.
     switch (h.kind) {
-        @backingInt(Kind.heap) => assert(h.pool == null and h.base + header_bytes == @intFromPtr(ptr)),
+        @backingInt(Kind.heap) => {
+            assert(h.pool == null and h.base + header_bytes == @intFromPtr(ptr));
+        },
         @backingInt(Kind.block) => {
             assert(h.base < @intFromPtr(ptr) and h.capacity < h.len);
             assert(!can_map or @intFromPtr(ptr) % page_bytes == 0);
         },
+        // Only allocHeap and mapBlock write headers, with one of the two kinds.
         else => unreachable,
     }
     return h;
