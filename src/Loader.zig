@@ -1107,7 +1107,9 @@ fn indicesOf(
         const n: usize = @intCast(after[k] - before[k]);
         start[k] = at;
         if (n > 0) {
-            const from = l.sourcePosition(k, step, base, cursors[k], before[k]);
+            // Cursors only in a CYCLIC mixture: indicesAt passes none otherwise.
+            const cursor: mixture.Cursor = if (l.hasCursors()) cursors[k] else .{};
+            const from = l.sourcePosition(k, step, base, cursor, before[k]);
             sampler.fillFrom(s.length, l.mode, s.seed, from, work.filled[at..][0..n]);
         }
         at += n;
@@ -1462,6 +1464,41 @@ test "shards and a mixture: every record from its source's own sequence" {
     // 3:1 over 128 records: 96 and 32.
     try testing.expectEqual(@as(u64, 96), per_source[0]);
     try testing.expectEqual(@as(u64, 32), per_source[1]);
+}
+
+test "indicesAt of a SEQUENTIAL or IID mixture (no cursors) is what the ring builds" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 30, 1);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 20, 1000);
+    defer b.close();
+    const sources = [_]Source{
+        .{ .length = 30, .seed = 1, .weight = 2 },
+        .{ .length = 20, .seed = 2, .weight = 1 },
+    };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+    for ([_]sampler.Mode{ .sequential, .iid }) |mode| {
+        var config = testConfig(6, 2, 1, 0);
+        config.mode = @backingInt(mode);
+        const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+        defer l.destroy();
+        var indices: [6]u64 = undefined;
+        var origin: [6]u16 = undefined;
+        var ahead: [6]u64 = undefined;
+        var ahead_origin: [6]u16 = undefined;
+        var t: Taken = .{};
+        for (0..5) |step| {
+            try l.indicesAt(step, &ahead, &ahead_origin);
+            try take(l, step, 0, &t, &indices, &origin);
+            defer t.free();
+            try testing.expectEqualSlices(u64, &ahead, &indices);
+            try testing.expectEqualSlices(u16, &ahead_origin, &origin);
+        }
+    }
 }
 
 test "a CYCLIC mixture repeats no record of a source in a step; a reset with cursors continues" {
