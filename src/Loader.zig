@@ -398,6 +398,7 @@ fn checkSpecs(l: *Loader, specs: ?[*]const windows.Spec) Error!void {
                     .{ k, l.sources[k].length, c, spec.windowCount() },
                 );
             }
+            assert(c * k_count + k < l.specs.len);
             l.specs[c * k_count + k] = spec;
         }
     }
@@ -454,11 +455,16 @@ fn layout(l: *Loader, parts: []const Part) Error!void {
         part.* = p.part;
         rows.* = p.rows;
     }
+    // Every part placed once, each range filled exactly to the next's start.
+    assert(l.range_start[c_count * k_count] == parts.len);
+    assert(l.col_start[0] == 0 and l.col_start[c_count] == parts.len);
+    for (fill, l.range_start[1..]) |f, next| assert(f == next);
 }
 
 /// The parts of one (column, source), sorted: from 0, no two at one start,
 /// and a part with rows ends where the next begins, or before it.
 fn checkRange(range: []const Placed, c: usize, k: usize) Error!void {
+    assert(range.len >= 1);
     if (range[0].part.first != 0) {
         return invalid("the first part of column {d}, source {d} must start at 0", .{ c, k });
     }
@@ -534,6 +540,7 @@ pub fn create(
     errdefer for (l.parts) |p| p.store.leave();
     try l.startThreads();
     for (l.parts) |p| p.store.hold();
+    assert(l.threads.len == config.threads and l.parts.len == parts.len);
     return l;
 }
 
@@ -560,6 +567,8 @@ fn allocate(
     l.work = gpa.alloc(Work, l.config.threads) catch return error.OutOfMemory;
     @memset(l.work, .{});
     for (l.work) |*w| try l.initWork(w);
+    assert(l.slots.len == window and l.results.len == window * columns.len);
+    assert(l.work.len == l.config.threads);
 }
 
 /// A private copy of every column's `out` buffer list.
@@ -572,6 +581,7 @@ fn copyOuts(l: *Loader, columns: []const Column) Error!void {
         if (col.kind == @backingInt(ColumnKind.variable)) l.variable_count += 1;
     }
     l.out_start[columns.len] = total;
+    assert(l.variable_count <= columns.len);
     l.outs = l.gpa.alloc([*]u8, total) catch return error.OutOfMemory;
     for (columns, 0..) |col, c| {
         if (col.out_count == 0) continue;
@@ -662,6 +672,7 @@ pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Erro
     if (step != l.next_release) {
         return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_release });
     }
+    assert(l.next_claim <= l.next_release);
     const slot = &l.slots[l.slotOf(step)];
     if (slot.state != .free) {
         return invalid(
@@ -683,6 +694,7 @@ pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Erro
         l.step_done.broadcast(io);
     }
     l.next_release = step + 1;
+    l.invariants();
     l.work_ready.broadcast(io);
 }
 
@@ -702,6 +714,7 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
+    defer l.invariants(); // runs first, under the mutex
     const k = l.slotOf(step);
     const slot = &l.slots[k];
     while (true) {
@@ -715,6 +728,9 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
         }
         l.step_done.waitUncancelable(io, &l.mutex);
     }
+    // Built (claimed), or failed by `submit` (released).
+    assert(slot.step == step and slot.state == .done);
+    assert(step >= l.config.step and step < @max(l.next_claim, l.next_release));
     slot.state = .free;
     // Its slot is free: an ungated ring builds the step `window` later now.
     l.work_ready.signal(io);
@@ -733,6 +749,10 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
 fn handOver(l: *Loader, slot: *const Slot, results: []Result, out: Handout) void {
     assert(slot.state == .free and slot.failure == null);
     const batch: usize = @intCast(l.config.batch_size);
+    // A built step's arrays (slotBuffers) and one result per column.
+    assert(slot.indices.len == batch and slot.sources.len == batch);
+    assert(slot.sizes.len == 2 * batch * l.variable_count);
+    assert(results.len == l.columns.len);
     if (out.indices) |p| @memcpy(p[0..batch], slot.indices);
     if (out.sources) |p| @memcpy(p[0..batch], slot.sources);
     if (out.sizes) |p| @memcpy(p[0 .. 2 * batch * l.variable_count], slot.sizes);
@@ -771,6 +791,7 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
         if (l.closed) return l.generation;
         l.step_done.waitUncancelable(io, &l.mutex);
     }
+    assert(l.running == 0);
     for (l.slots) |*slot| {
         assert(slot.state != .running);
         slot.state = .free;
@@ -786,6 +807,7 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
         @memcpy(l.cursors[0..cursors.len], cursors);
         l.normalizeCursors(position);
     }
+    l.invariants();
     l.work_ready.broadcast(io);
     return l.generation;
 }
@@ -825,7 +847,44 @@ fn closeAndWake(l: *Loader) void {
 }
 
 fn slotOf(l: *const Loader, step: u64) usize {
+    assert(l.slots.len == l.config.window);
     return @intCast(step % l.config.window);
+}
+
+/// The ring's bookkeeping, checked under the mutex after each change (Debug
+/// and ReleaseSafe; one pass over the slots): `running` counts the running
+/// slots, every busy slot sits at its step's place and holds a step between
+/// the base and the claims (submitted ones between the claims and the
+/// releases of a gated ring), and a slot holds buffers only once built.
+fn invariants(l: *const Loader) void {
+    if (!std.debug.runtime_safety) return;
+    assert(l.running <= l.config.threads);
+    assert(l.next_claim >= l.config.step);
+    if (l.config.gated == 1) {
+        assert(l.next_claim <= l.next_release);
+    } else {
+        assert(l.next_release == l.config.step);
+    }
+    var running: u32 = 0;
+    for (l.slots, 0..) |slot, k| {
+        const results = l.results[k * l.columns.len ..][0..l.columns.len];
+        switch (slot.state) {
+            .free => continue,
+            .submitted => {
+                assert(l.config.gated == 1);
+                assert(slot.step >= l.next_claim and slot.step < l.next_release);
+            },
+            .running => {
+                running += 1;
+                assert(slot.step < l.next_claim);
+            },
+            .done => assert(slot.step < @max(l.next_claim, l.next_release)),
+        }
+        if (slot.state != .done) for (results) |r| assert(r.buffer == null);
+        assert(slot.step >= l.config.step);
+        assert(l.slotOf(slot.step) == k);
+    }
+    assert(running == l.running);
 }
 
 /// The slot of `next_claim` when a worker may build it now, skipping steps
@@ -834,6 +893,7 @@ fn claimable(l: *Loader) ?*Slot {
     while (true) {
         const slot = &l.slots[l.slotOf(l.next_claim)];
         if (l.config.gated == 0) return if (slot.state == .free) slot else null;
+        assert(l.next_claim <= l.next_release);
         if (l.next_claim >= l.next_release) return null;
         if (slot.step == l.next_claim and slot.state == .submitted) return slot;
         // Released but not for building: failed by `submit` (still done, or
@@ -866,7 +926,9 @@ fn workerMain(l: *Loader, worker_index: usize) void {
             .sizes = slot.sizes,
         };
         l.next_claim += 1;
+        assert(l.running < l.config.threads);
         l.running += 1;
+        l.invariants();
         const base = .{ l.config.step, l.config.position };
         l.mutex.unlock(io);
         const n = l.columns.len;
@@ -875,7 +937,9 @@ fn workerMain(l: *Loader, worker_index: usize) void {
         const result = l.build(step, base, slot, work, results[0..n], &failed_column);
         l.mutex.lockUncancelable(io);
         l.finish(slot, k, result, failed_column, results[0..n]);
+        assert(l.running > 0);
         l.running -= 1;
+        l.invariants();
         l.step_done.broadcast(io);
     }
 }
@@ -890,6 +954,8 @@ fn finish(
     results: []Result,
 ) void {
     assert(slot.state == .running);
+    assert(slot == &l.slots[k] and l.slotOf(slot.step) == k);
+    assert(results.len == l.columns.len);
     slot.state = .done;
     slot.failure = null;
     const mine = l.results[k * l.columns.len ..][0..l.columns.len];
@@ -911,6 +977,7 @@ fn finish(
 /// (before the ring's first step), OutOfMemory.
 pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!void {
     assert(indices.len == l.config.batch_size);
+    assert(sources == null or sources.?.len == l.config.batch_size);
     const n = l.sources.len;
     const cursors = l.gpa.alloc(mixture.Cursor, if (l.hasCursors()) n else 0) catch
         return error.OutOfMemory;
@@ -943,6 +1010,9 @@ fn build(
     results: []Result,
     failed_column: *u32,
 ) Error!void {
+    assert(slot.state == .running and slot.step == step);
+    assert(results.len == l.columns.len);
+    for (results) |r| assert(r.buffer == null);
     failed_column.* = @intCast(l.columns.len);
     try l.slotBuffers(slot);
     assert(step >= base[0]);
@@ -964,6 +1034,7 @@ fn build(
         const dest = try l.denseDest(c, step, &results[c]);
         try l.buildColumn(c, kind, dest, work);
     }
+    assert(variable == l.variable_count);
 }
 
 /// The slot's index, source and size arrays, allocated at its first build.
@@ -978,16 +1049,20 @@ fn slotBuffers(l: *Loader, slot: *Slot) Error!void {
     slot.sizes = gpa.alloc(u64, 2 * batch * l.variable_count) catch return error.OutOfMemory;
     slot.sources = sources;
     slot.indices = indices;
+    assert(slot.indices.len == batch and slot.sources.len == batch);
 }
 
 /// Where dense column `c` of `step` is built: the caller's `out` buffer of
 /// the step, or a new pool buffer that `result` owns from now on.
 fn denseDest(l: *Loader, c: usize, step: u64, result: *Result) Error![*]u8 {
+    assert(result.buffer == null);
+    assert(l.columns[c].kind != @backingInt(ColumnKind.variable));
     const outs = l.outs[l.out_start[c]..l.out_start[c + 1]];
     if (outs.len > 0) return outs[@intCast(step % outs.len)];
     const size: usize = @intCast(l.columns[c].record_size * l.config.batch_size);
     const buf = outbuf.allocExact(&outbuf.default_pool, size) orelse
         return diag.fail(error.OutOfMemory, "no memory for a batch of {d} bytes", .{size});
+    assert(outbuf.capacityOf(buf) >= size);
     result.* = .{ .buffer = buf, .len = size };
     return buf;
 }
@@ -1005,6 +1080,9 @@ fn indicesOf(
     const c = l.config;
     const batch: u64 = c.batch_size;
     const global: u64 = c.batch_size * c.world;
+    assert(step >= base.step);
+    assert(work.indices.len == batch and work.sources.len == batch);
+    defer l.checkIndices(work);
     if (l.sources.len == 1) {
         const s = l.sources[0];
         const first = sampler.positionAt(l.mode, s.length, global, base.step, base.position, step);
@@ -1012,6 +1090,8 @@ fn indicesOf(
         @memset(work.sources, 0);
         return;
     }
+    assert(cursors.len == l.sources.len or !l.hasCursors());
+    assert(work.filled.len == global and work.origins.len == batch);
     // The mixed stream runs G positions per step, whatever the mode.
     const first: u128 = base.position + @as(u128, step - base.step) * global;
     mixture.compose(&l.mix, c.seed, first, global, c.rank * batch, work.slots, work.origins);
@@ -1027,15 +1107,29 @@ fn indicesOf(
         const n: usize = @intCast(after[k] - before[k]);
         start[k] = at;
         if (n > 0) {
-            const from = l.sourcePosition(k, step, base, cursors[k], before[k]);
+            // Cursors only in a CYCLIC mixture: indicesAt passes none otherwise.
+            const cursor: mixture.Cursor = if (l.hasCursors()) cursors[k] else .{};
+            const from = l.sourcePosition(k, step, base, cursor, before[k]);
             sampler.fillFrom(s.length, l.mode, s.seed, from, work.filled[at..][0..n]);
         }
         at += n;
     }
+    // The sources' shares of the step add up to the step.
+    assert(at == global);
     for (work.origins, work.indices, work.sources) |o, *index, *source| {
+        assert(o.source < l.sources.len);
+        assert(o.position >= before[o.source] and o.position < after[o.source]);
         const within: usize = @intCast(o.position - before[o.source]);
         index.* = work.filled[start[o.source] + within];
         source.* = o.source;
+    }
+}
+
+/// Every index of a step names a record of its source (the reads trust it).
+fn checkIndices(l: *const Loader, work: *const Work) void {
+    if (!std.debug.runtime_safety) return;
+    for (work.indices, work.sources) |index, source| {
+        assert(source < l.sources.len and index < l.sources[source].length);
     }
 }
 
@@ -1050,6 +1144,7 @@ fn sourcePosition(
     cursor: mixture.Cursor,
     before: u128,
 ) sampler.Position {
+    assert(k < l.sources.len);
     if (!l.hasCursors()) return before;
     const global = l.config.batch_size * l.config.world;
     const place = l.mix.cursorAt(k, global, l.cycle_steps[k], base, cursor, step);
@@ -1066,6 +1161,7 @@ fn buildColumn(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work)
     const reads = try l.readsOf(c, snaps, work);
     const batch: usize = @intCast(l.config.batch_size);
     const size: usize = @intCast(l.columns[c].record_size);
+    assert(reads.indices.len == batch and reads.of.?.len == batch);
     try store_read.gatherReads(reads, .{
         .base = dest,
         .len = size * batch,
@@ -1076,6 +1172,8 @@ fn buildColumn(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work)
 /// A variable column into one new buffer (owned by `result`), with each
 /// record's payload and aux sizes in `sizes`.
 fn buildVariable(l: *Loader, c: usize, sizes: []u64, work: *Work, result: *Result) Error!void {
+    assert(result.buffer == null);
+    assert(sizes.len == 2 * l.config.batch_size);
     const parts = l.parts[l.col_start[c]..l.col_start[c + 1]];
     const snaps = try store_parts.begin(l.gpa, parts, &work.parts);
     defer store_parts.end(parts);
@@ -1088,6 +1186,7 @@ fn buildVariable(l: *Loader, c: usize, sizes: []u64, work: *Work, result: *Resul
         sizes[0..batch],
         sizes[batch..][0..batch],
     );
+    assert(reads.indices.len == batch);
     result.* = .{ .buffer = if (buf.len > 0) buf.ptr else null, .len = buf.len };
 }
 
@@ -1095,6 +1194,7 @@ fn buildVariable(l: *Loader, c: usize, sizes: []u64, work: *Work, result: *Resul
 /// corpus, gathered into their rows.
 fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work) Error!void {
     const k_count = l.sources.len;
+    var rows_total: usize = 0;
     for (0..k_count) |k| {
         var n: usize = 0;
         for (work.sources, work.indices, 0..) |source, index, row| {
@@ -1103,6 +1203,7 @@ fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work
             work.picked[n] = index;
             n += 1;
         }
+        rows_total += n;
         if (n == 0) continue;
         const r = c * k_count + k;
         const parts = l.parts[l.range_start[r]..l.range_start[r + 1]];
@@ -1120,6 +1221,8 @@ fn buildWindows(l: *Loader, c: usize, kind: ColumnKind, dest: [*]u8, work: *Work
             &work.win,
         );
     }
+    // Every record of the step belongs to one source.
+    assert(rows_total == work.indices.len);
 }
 
 /// Column c's reads of the step in `work`: each record's part (among the
@@ -1137,11 +1240,14 @@ fn readsOf(
     sc.local.resize(l.gpa, work.indices.len) catch return error.OutOfMemory;
     for (work.indices, work.sources, sc.of.items, sc.local.items) |index, source, *of, *local| {
         const r = c * k_count + source;
+        assert(source < k_count);
         const lo = l.range_start[r] - col_first;
         const hi = l.range_start[r + 1] - col_first;
+        assert(lo < hi and hi <= snaps.len);
         const at = l.find(col_first + lo, col_first + hi, snaps[lo..hi], index) orelse
             return diag.fail(error.OutOfRange, "source {d}: index {d} is out of range " ++
                 "(a store of this column is shorter than the source)", .{ source, index });
+        assert(at.part < hi - lo and at.local < snaps[lo + at.part].count);
         of.* = @intCast(lo + at.part);
         local.* = at.local;
     }
@@ -1157,6 +1263,7 @@ fn find(
     snaps: []const store_read.Snapshot,
     index: u64,
 ) ?struct { part: usize, local: u64 } {
+    assert(lo < hi and snaps.len == hi - lo);
     const parts = l.parts[lo..hi];
     // The last part starting at or before `index` (the parts are sorted).
     var i: usize = 0;
@@ -1165,6 +1272,7 @@ fn find(
         const mid = (i + end) / 2;
         if (parts[mid].first <= index) i = mid else end = mid;
     }
+    assert(i < parts.len and (i + 1 == parts.len or parts[i + 1].first > index));
     if (index < parts[i].first) return null;
     const offset = index - parts[i].first;
     const rows = l.rows[lo + i] orelse {
@@ -1356,6 +1464,41 @@ test "shards and a mixture: every record from its source's own sequence" {
     // 3:1 over 128 records: 96 and 32.
     try testing.expectEqual(@as(u64, 96), per_source[0]);
     try testing.expectEqual(@as(u64, 32), per_source[1]);
+}
+
+test "indicesAt of a SEQUENTIAL or IID mixture (no cursors) is what the ring builds" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const a = try testStore(&tmp, "a", 30, 1);
+    defer a.close();
+    const b = try testStore(&tmp, "b", 20, 1000);
+    defer b.close();
+    const sources = [_]Source{
+        .{ .length = 30, .seed = 1, .weight = 2 },
+        .{ .length = 20, .seed = 2, .weight = 1 },
+    };
+    const parts = [_]Part{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+    for ([_]sampler.Mode{ .sequential, .iid }) |mode| {
+        var config = testConfig(6, 2, 1, 0);
+        config.mode = @backingInt(mode);
+        const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+        defer l.destroy();
+        var indices: [6]u64 = undefined;
+        var origin: [6]u16 = undefined;
+        var ahead: [6]u64 = undefined;
+        var ahead_origin: [6]u16 = undefined;
+        var t: Taken = .{};
+        for (0..5) |step| {
+            try l.indicesAt(step, &ahead, &ahead_origin);
+            try take(l, step, 0, &t, &indices, &origin);
+            defer t.free();
+            try testing.expectEqualSlices(u64, &ahead, &indices);
+            try testing.expectEqualSlices(u16, &ahead_origin, &origin);
+        }
+    }
 }
 
 test "a CYCLIC mixture repeats no record of a source in a step; a reset with cursors continues" {

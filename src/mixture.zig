@@ -90,6 +90,7 @@ pub const Mixture = struct {
     }
 
     fn share(m: *const Mixture, lo: usize, hi: usize, n: u128, out: []u128) void {
+        assert(lo < hi and hi <= m.count);
         if (hi - lo == 1) {
             out[lo] = n;
             return;
@@ -168,6 +169,7 @@ pub const Mixture = struct {
             const middle = low + (high - low) / 2;
             if (m.windowMax(k, middle * global) <= length) low = middle else high = middle;
         }
+        assert(m.windowMax(k, low * global) <= length);
         return @intCast(@min(low, std.math.maxInt(u64)));
     }
 
@@ -187,6 +189,7 @@ pub const Mixture = struct {
             const middle = low + (high - low) / 2;
             if (m.fits(k, first, before, middle, global, room)) low = middle else high = middle;
         }
+        assert(low == 0 or m.fits(k, first, before, low, global, room));
         return low;
     }
 
@@ -267,6 +270,7 @@ pub const Mixture = struct {
         const first = base.position + @as(u128, steps) * global;
         if (steps < base_cursor.steps_left) {
             const taken = m.countOf(k, first) - m.countOf(k, base.position);
+            assert(base_cursor.steps_left - steps >= 1);
             return .{
                 .cycle = base_cursor.cycle,
                 .offset = @as(u128, base_cursor.offset) + taken,
@@ -278,6 +282,7 @@ pub const Mixture = struct {
         const whole_cycles: u128 = @as(u128, cycles) * steps_per_cycle;
         const steps_before = base_cursor.steps_left + whole_cycles;
         const cycle_start = base.position + steps_before * global;
+        assert(cycle_start <= first);
         return .{
             .cycle = @as(u128, base_cursor.cycle) + 1 + cycles,
             .offset = m.countOf(k, first) - m.countOf(k, cycle_start),

@@ -95,6 +95,19 @@ const Header = extern struct {
 fn headerOf(ptr: [*]u8) *Header {
     const h: *Header = @ptrCast(@alignCast(ptr - header_bytes));
     assert(h.magic == header_magic);
+    // A heap buffer has no pool; a block's data is page aligned (2 MiB from
+    // 2 MiB, where blocks are mappings), its header in the page in front.
+    switch (h.kind) {
+        @backingInt(Kind.heap) => {
+            assert(h.pool == null and h.base + header_bytes == @intFromPtr(ptr));
+        },
+        @backingInt(Kind.block) => {
+            assert(h.base < @intFromPtr(ptr) and h.capacity < h.len);
+            assert(!can_map or @intFromPtr(ptr) % page_bytes == 0);
+        },
+        // Only allocHeap and mapBlock write headers, with one of the two kinds.
+        else => unreachable,
+    }
     return h;
 }
 
@@ -171,7 +184,32 @@ pub const Pool = struct {
     }
 
     fn unlock(p: *Pool) void {
+        p.invariants();
         p.lock_word.store(0, .release);
+    }
+
+    /// The idle list's bookkeeping, checked at every unlock (Debug and
+    /// ReleaseSafe; at most idle_count_max entries): `idle_bytes` is the sum
+    /// of the idle capacities and within the cap, the list runs oldest
+    /// return first, every entry is a block of this pool, and a released
+    /// pool keeps nothing idle and is referenced by its blocks out only.
+    fn invariants(p: *const Pool) void {
+        if (!std.debug.runtime_safety) return;
+        assert(p.idle_len <= idle_count_max);
+        assert(p.idle_bytes <= p.max_idle_bytes and p.min_bytes >= 1);
+        assert(!p.released or p.idle_len == 0);
+        assert(p.released or p.refs >= 1);
+        var bytes: usize = 0;
+        var previous: u64 = 0;
+        for (p.idle[0..p.idle_len]) |b| {
+            const h = headerOf(b.data);
+            assert(h.kind == @backingInt(Kind.block) and h.pool == p);
+            assert(h.capacity == b.capacity);
+            assert(b.returned_at >= previous and b.returned_at <= p.checkouts());
+            previous = b.returned_at;
+            bytes += b.capacity;
+        }
+        assert(bytes == p.idle_bytes);
     }
 
     fn checkouts(p: *const Pool) u64 {
@@ -190,6 +228,7 @@ pub var live: std.atomic.Value(i64) = .init(0);
 pub fn create(max_idle_bytes: usize, min_bytes: usize) ?*Pool {
     const p = std.heap.c_allocator.create(Pool) catch return null;
     p.* = .{ .max_idle_bytes = max_idle_bytes, .min_bytes = @max(1, min_bytes), .heap = true };
+    p.invariants();
     return p;
 }
 
@@ -210,6 +249,7 @@ pub fn release(p: *Pool) void {
         p.unmapped += spill_len;
         p.idle_len = 0;
         p.idle_bytes = 0;
+        assert(p.refs >= 1);
         p.refs -= 1;
         last = p.refs == 0;
     }
@@ -259,12 +299,15 @@ pub fn alloc(size: usize) ?[*]u8 {
 pub fn allocExact(p: *Pool, size: usize) ?[*]u8 {
     const capacity = std.mem.alignForward(usize, size, page_bytes);
     if (capacity < size) return null;
+    assert(capacity % page_bytes == 0 and capacity - size < page_bytes);
     return allocIn(p, size, capacity);
 }
 
 fn allocIn(p: *Pool, size: usize, capacity: usize) ?[*]u8 {
     assert(capacity >= size);
     const data = allocBuffer(p, size, capacity) orelse return null;
+    // Whatever served it (malloc, an idle block, a new one), it holds `size`.
+    assert(headerOf(data).capacity >= size);
     _ = live.fetchAdd(1, .monotonic);
     return data;
 }
@@ -274,6 +317,7 @@ fn allocBuffer(p: *Pool, size: usize, capacity: usize) ?[*]u8 {
     if (take(p, size)) |data| return data;
     const data = mapBlock(capacity) orelse return null;
     const h = headerOf(data);
+    assert(h.kind == @backingInt(Kind.block) and h.pool == null and h.capacity == capacity);
     h.pool = p;
     p.lock();
     p.created += 1;
@@ -286,7 +330,8 @@ fn allocBuffer(p: *Pool, size: usize, capacity: usize) ?[*]u8 {
 pub fn free(ptr: ?[*]u8) void {
     const data = ptr orelse return;
     const h = headerOf(data);
-    _ = live.fetchSub(1, .monotonic);
+    const out = live.fetchSub(1, .monotonic);
+    assert(out > 0); // a buffer given back twice, or never handed out
     switch (@as(Kind, @fromBackingInt(h.kind))) {
         .heap => std.c.free(@ptrFromInt(h.base)),
         .block => giveBack(h.pool.?, data),
@@ -311,6 +356,7 @@ fn allocHeap(size: usize) ?[*]u8 {
         .base = @intFromPtr(base),
         .len = total,
     };
+    assert(headerOf(data) == h);
     return data;
 }
 
@@ -319,7 +365,10 @@ fn allocHeap(size: usize) ?[*]u8 {
 fn withSlack(size: usize) ?usize {
     const padded = std.math.add(usize, size, size / 8) catch return null;
     if (padded > std.math.maxInt(usize) - (64 << 10)) return null;
-    return std.mem.alignForward(usize, padded, 64 << 10);
+    const capacity = std.mem.alignForward(usize, padded, 64 << 10);
+    // 64 KiB steps, never less than asked.
+    assert(capacity >= size and capacity % (64 << 10) == 0);
+    return capacity;
 }
 
 /// The data of the smallest idle block of `p` holding `size` bytes (at most
@@ -337,13 +386,15 @@ fn take(p: *Pool, size: usize) ?[*]u8 {
         if (best == null or b.capacity < p.idle[best.?].capacity) best = i;
     }
     const at = best orelse return null;
+    assert(at < p.idle_len and p.idle_bytes >= p.idle[at].capacity);
     const data = p.idle[at].data;
     p.idle_bytes -= p.idle[at].capacity;
     std.mem.copyForwards(Idle, p.idle[at .. p.idle_len - 1], p.idle[at + 1 .. p.idle_len]);
     p.idle_len -= 1;
     p.reused += 1;
     p.refs += 1;
-    assert(headerOf(data).capacity >= size);
+    const capacity = headerOf(data).capacity;
+    assert(capacity >= size and capacity / 2 <= size);
     return data;
 }
 
@@ -351,6 +402,7 @@ fn take(p: *Pool, size: usize) ?[*]u8 {
 /// block itself when it alone is over the cap, or its pool was released).
 fn giveBack(p: *Pool, data: [*]u8) void {
     const capacity = headerOf(data).capacity;
+    assert(headerOf(data).pool == p);
     var spill: [idle_count_max + 1]Idle = undefined;
     var spill_len: usize = 0;
     var last = false;
@@ -377,8 +429,11 @@ fn giveBack(p: *Pool, data: [*]u8) void {
             p.idle_bytes += capacity;
             spill_len += spillOver(p, spill[spill_len..][0..idle_count_max]);
         }
+        // The owner's reference (until released) and this block's.
+        assert(p.refs >= @as(u64, if (p.released) 1 else 2));
         p.refs -= 1;
         last = p.refs == 0;
+        assert(!last or (p.released and p.heap));
     }
     for (spill[0..spill_len]) |b| unmapBlock(b.data);
     if (last) std.heap.c_allocator.destroy(p);
@@ -400,6 +455,7 @@ fn spillOver(p: *Pool, out: *[idle_count_max]Idle) usize {
         std.mem.copyForwards(Idle, p.idle[0 .. p.idle_len - 1], p.idle[1..p.idle_len]);
         p.idle_len -= 1;
     }
+    assert(p.idle_bytes <= p.max_idle_bytes);
     p.unmapped += n;
     return n;
 }
@@ -409,13 +465,19 @@ fn spillOver(p: *Pool, out: *[idle_count_max]Idle) usize {
 fn mapBlock(capacity: usize) ?[*]u8 {
     const huge = can_map and capacity >= huge_page_bytes;
     const alignment = if (huge) huge_page_bytes else page_bytes;
-    const slack = alignment - page_bytes;
+    // A mapping starts on a page, so sliding to the alignment takes at most
+    // alignment - page_bytes; malloc memory (no mappings) starts anywhere and
+    // may need a whole `alignment` more.
+    const slack = if (can_map) alignment - page_bytes else alignment;
     // One page in front for the header, and room to slide to the alignment.
     const len = std.math.add(usize, capacity, page_bytes + slack) catch return null;
     const base = reserve(len) orelse return null;
     const data = std.mem.alignForward(usize, base + page_bytes, alignment);
     const start = data - page_bytes;
     const end = data + std.mem.alignForward(usize, capacity, page_bytes);
+    // The block, header page included, lies inside what was reserved.
+    assert(data % alignment == 0 and start >= base and data + capacity <= base + len);
+    assert(!can_map or end <= base + len);
     if (can_map) {
         // Give back the slack on either side; the block is [start, end).
         if (start > base) unreserve(base, start - base);
@@ -439,6 +501,7 @@ fn unmapBlock(data: [*]u8) void {
     assert(h.kind == @backingInt(Kind.block));
     const base = h.base;
     const len = h.len;
+    assert(!can_map or (base % page_bytes == 0 and len % page_bytes == 0));
     h.magic = 0;
     unreserve(base, len);
 }

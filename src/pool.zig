@@ -38,6 +38,7 @@ fn initLocked() void {
     threaded.async_limit = .nothing;
     threaded.concurrent_limit = .nothing;
     owner_pid = currentPid();
+    assert(lanes_usable >= 1 and lanes_usable <= lanes_max);
 }
 
 /// The library's Io; usable from any thread.
@@ -66,7 +67,9 @@ pub fn io() Io {
 pub fn lanes() usize {
     _ = io();
     const limit = lanes_limit.load(.monotonic);
-    return if (limit == 0) lanes_usable else @min(limit, lanes_usable);
+    const n = if (limit == 0) lanes_usable else @min(limit, lanes_usable);
+    assert(n >= 1 and n <= lanes_max);
+    return n;
 }
 
 /// 0 removes the limit.
@@ -93,6 +96,11 @@ pub fn plan(count: usize, worth_lanes: bool, cap: usize, blocks_per_lane: usize)
     const blocks = if (n == 1) 1 else @min(count, n * blocks_per_lane);
     // blocks >= 1 (count >= 1 and n >= 1), so the division cannot fail.
     const block_size = std.math.divCeil(usize, count, blocks) catch unreachable;
+    // Lanes within the job, the cap and lanes_max; the blocks (the smallest
+    // size that makes at most `blocks` of them) cover the job.
+    assert(n >= 1 and n <= count and n <= lanes_max and (cap == 0 or n <= cap));
+    assert(block_size >= 1 and block_size <= count);
+    assert(block_size * blocks >= count and (block_size - 1) * blocks < count);
     return .{ .lanes = n, .block_size = block_size };
 }
 
@@ -142,6 +150,8 @@ fn workerMain() void {
             const gen: u32 = @truncate(c >> 32);
             const lane: u32 = @truncate(c);
             if (gen != seen or lane == lane_closed or lane >= job.lanes) break;
+            // Lane 0 is the caller's; the counter starts at 1.
+            assert(lane >= 1 and job.lanes <= lanes_max);
             if (job.claim.cmpxchgWeak(c, c + 1, .acq_rel, .acquire)) |cur| {
                 c = cur;
                 continue;
@@ -155,6 +165,7 @@ fn workerMain() void {
 }
 
 fn ensureWorkers(want: usize) void {
+    assert(want < lanes_max);
     const pid = currentPid();
     if (workers_pid != pid) {
         // First use, or a forked child: the parent's workers do not exist here.
@@ -182,6 +193,7 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     defer pool_busy.store(false, .release);
     const the_io = io();
     const lanes_wanted: u32 = @intCast(@min(lane_count, lanes_usable, lanes_max));
+    assert(lanes_wanted >= 1);
     ensureWorkers(lanes_wanted - 1);
 
     job.ctx = @ptrCast(ctx);
@@ -199,6 +211,10 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     var c = job.claim.load(.acquire);
     const closed = (@as(u64, gen) << 32) | lane_closed;
     while (job.claim.cmpxchgWeak(c, closed, .acq_rel, .acquire)) |cur| c = cur;
+    // Only this call closes its generation; workers hand out lanes 1.. up to
+    // lanes_wanted - 1 (the counter stops at lanes_wanted).
+    assert(@as(u32, @truncate(c >> 32)) == gen);
+    assert(@as(u32, @truncate(c)) >= 1 and @as(u32, @truncate(c)) <= lanes_wanted);
     const claimed: u32 = @as(u32, @truncate(c)) - 1;
     // The other lanes are usually a block or two from done: spin briefly, as
     // a futex sleep would add a wake-up (tens of µs on a virtual CPU) to a job
@@ -206,6 +222,7 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     var spins: u32 = 0;
     while (true) : (spins +|= 1) {
         const f = job.finished.load(.acquire);
+        assert(f <= claimed); // a lane finishes only once it was claimed
         if (f >= claimed) break;
         if (spins < spin_limit) {
             std.atomic.spinLoopHint();

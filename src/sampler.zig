@@ -108,6 +108,7 @@ pub fn fillSteps(
 /// CYCLIC: the whole global batches of `global` records one cycle of `length`
 /// serves (0 when `global > length`, which callers refuse).
 pub fn batchesPerCycle(length: u64, global: u128) u64 {
+    assert(global >= 1);
     return @intCast(length / global);
 }
 
@@ -135,11 +136,15 @@ pub fn positionAt(
     const base = split(base_position, length);
     // Whole batches left in the base's cycle: the rest of it, (length - offset) / G.
     const left: u64 = @intCast((length - base.offset) / global);
-    if (steps < left) return base_position + @as(Position, steps) * global;
-    const per_cycle = batchesPerCycle(length, global);
-    const later = steps - left;
-    const cycle = base.cycle + 1 + later / per_cycle;
-    return cycle * length + @as(Position, later % per_cycle) * global;
+    const at = if (steps < left) base_position + @as(Position, steps) * global else next_cycles: {
+        const per_cycle = batchesPerCycle(length, global);
+        const later = steps - left;
+        const cycle = base.cycle + 1 + later / per_cycle;
+        break :next_cycles cycle * length + @as(Position, later % per_cycle) * global;
+    };
+    // A CYCLIC step never straddles two cycles.
+    assert(split(at, length).offset + global <= length);
+    return at;
 }
 
 /// Fills `out` with the indices at global positions [position_first,
@@ -209,6 +214,7 @@ fn split(p: Position, length: u64) Split {
         remainder = @intCast(dividend % length);
         quotient |= @as(Position, quotient_digit) << (64 * limb);
     }
+    assert(remainder < length and quotient * length + remainder == p);
     return .{ .cycle = quotient, .offset = remainder };
 }
 
@@ -298,7 +304,10 @@ fn draw(keys: IidKeys, position_low: u64, length: u64, threshold: u64) u64 {
     while (true) : (attempt += 1) {
         const product = @as(u128, keys.word(position_low, attempt)) * length;
         // product >> 64 < length: the high half of a 64-bit word times length.
-        if (@as(u64, @truncate(product)) >= threshold) return @intCast(product >> 64);
+        if (@as(u64, @truncate(product)) >= threshold) {
+            assert(product >> 64 < length);
+            return @intCast(product >> 64);
+        }
     }
 }
 
@@ -598,6 +607,7 @@ fn permuteRun(feistel: *const Feistel, length: u64, offset: u64, out: []u64) voi
 fn walk(feistel: *const Feistel, length: u64, first: u64) u64 {
     var value = first;
     while (value >= length) value = feistel.permute(value);
+    assert(value < length);
     return value;
 }
 

@@ -162,11 +162,17 @@ const GatherJob = struct {
         const size: usize = @intCast(job.fixed);
         const idx = job.reads.indices;
         const span: usize = @intCast(@min(job.fixed, prefetch_span_max));
+        // checkFixed proved them before any byte was written: the block's
+        // rows fit the destination, and every record below the count lies
+        // inside the committed data.
+        assert(start < stop and stop <= idx.len and stop * size <= job.dest.len);
+        assert(job.reads.snaps[0].count * job.fixed <= job.reads.snaps[0].data_size);
         const ahead = @min(stop, start + prefetch_distance);
         for (start..ahead) |i| prefetchSpan(data + @as(usize, @intCast(idx[i])) * size, span);
         for (start..stop) |i| {
             const next = i + prefetch_distance;
             if (next < stop) prefetchSpan(data + @as(usize, @intCast(idx[next])) * size, span);
+            assert(idx[i] < job.reads.snaps[0].count);
             const src = data + @as(usize, @intCast(idx[i])) * size;
             codec.copy(job.dest.base[i * size ..][0..size], src[0..size]);
         }

@@ -440,6 +440,7 @@ const LaneCache = struct {
         sl.doc = std.math.maxInt(u64);
         sl.buf.resize(gpa, len) catch return null;
         sl.len = len;
+        assert(sl.buf.items.len >= sl.len);
         return sl;
     }
 
@@ -658,6 +659,8 @@ const Job = struct {
     fail_kind: FailKind = .doc,
 
     fn work(job: *Job, lane: usize) void {
+        // One lane cache per lane; blocks of at least one window.
+        assert(lane < job.caches.len and job.block_size >= 1);
         var lease: ?codec.DPool.Lease = null;
         defer if (lease) |l| codec.DPool.release(l);
         const cache = &job.caches[lane];
