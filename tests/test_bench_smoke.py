@@ -189,6 +189,33 @@ def test_loader_overhead_probe_runs(tmp_path):
     assert all(r["wall_us"] > 0 and r["cpu_us"] >= 0 for r in rows)
 
 
+def test_prefetch_hook_probe_runs_and_only_the_flagged_store_is_prefetched(tmp_path):
+    """The hook-cost diagnostic runs; the loader calls prefetch once per step
+    for the store flagged remote, never for the local one."""
+    import probe_prefetch_hook
+
+    from loaderx import DataLoader, DenseStore
+
+    plain, hooked = probe_prefetch_hook.run(1, 20, 2000, tmp_path)
+    assert plain > 0 and hooked > 0
+    calls = []
+
+    class Counted(probe_prefetch_hook.Hooked):
+        def prefetch(self, indices, *, wait=True):
+            calls.append(len(indices))
+            super().prefetch(indices, wait=wait)
+
+    class Local(DenseStore):
+        def prefetch(self, indices, *, wait=True):
+            calls.append(-1)
+
+    for cls in (Counted, Local):
+        with cls(tmp_path / "x") as store, DataLoader({"x": store}, 16, workers=1) as loader:
+            for _ in range(5):
+                next(loader)
+    assert calls and set(calls) == {16}
+
+
 def test_small_records_probe_runs(tmp_path):
     """The fresh-vs-one-process diagnostic runs both settings on both plans."""
     import probe_small_records
