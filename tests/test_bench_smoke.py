@@ -216,6 +216,21 @@ def test_prefetch_hook_probe_runs_and_only_the_flagged_store_is_prefetched(tmp_p
     assert calls and set(calls) == {16}
 
 
+def test_count_hops_counts_loaderx_calls_only(tmp_path):
+    """The hop counter sees the loaderx functions a read enters, nothing else."""
+    import count_hops
+
+    from loaderx import DenseStore
+
+    with DenseStore(tmp_path / "x", "float32", (2,)) as ds:
+        ds.append([[1, 2], [3, 4]])
+        count, seen = count_hops.hops(lambda: ds[[1, 0]])
+    assert count == sum(seen.values()) >= 1
+    assert "dense.py:__getitem__" in seen
+    assert all(name.split(":")[0].endswith(".py") for name in seen)
+    assert count_hops.hops(lambda: sorted([3, 1]))[0] == 0
+
+
 def test_small_records_probe_runs(tmp_path):
     """The fresh-vs-one-process diagnostic runs both settings on both plans."""
     import probe_small_records
