@@ -223,7 +223,7 @@ def test_count_hops_counts_loaderx_calls_only(tmp_path):
     from loaderx import DenseStore
 
     with DenseStore(tmp_path / "x", "float32", (2,)) as ds:
-        ds.append([[1, 2], [3, 4]])
+        ds.append(np.array([[1, 2], [3, 4]], dtype=np.float32))
         count, seen = count_hops.hops(lambda: ds[[1, 0]])
     assert count == sum(seen.values()) >= 1
     assert "dense.py:__getitem__" in seen
