@@ -139,7 +139,7 @@ def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray
 
 def pack_records(col: Column, records: List[Any], indices: np.ndarray) -> Any:
     """A list of ragged records as ``(values, row_splits)``; the records must
-    share their trailing dimensions (as for ``RaggedStore.gather_packed``)."""
+    share their trailing dimensions (as for ``RaggedStore.gather(indices, packed=True)``)."""
     arrays = [np.asarray(record) for record in records]
     try:
         trailing = _records._common_trailing(indices, [a.shape for a in arrays])

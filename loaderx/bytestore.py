@@ -5,8 +5,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import _records, identity
-from ._store import U64, Store, check_threads, chunks_of, packed_chunks, pointers, row_splits
+from . import identity
+from ._store import U64, Store, chunks_of, deprecated, packed_chunks, pointers, row_splits
 from .errors import IdentityError, SizeMismatchError
 
 
@@ -121,34 +121,23 @@ class Zrecord(Store):
         splits = row_splits(offsets, len(flat), "offsets")
         return self._append_chunks(packed_chunks(flat, splits[:-1], np.diff(splits)))
 
-    def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
-        """Records `indices` as a list of bytes, in request order."""
-        if out is not None:
-            raise TypeError("Zrecord.gather returns bytes; "
-                            "use gather_into(indices, buffer) to fill a buffer")
-        idx, _ = self._indices(indices)
-        return self._read(idx, threads)
-
-    def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
-        buf, sizes, _ = self._gather_alloc(idx, check_threads(threads))
-        return _records.to_bytes(buf, sizes)
-
     def gather_into(self, indices, out, offsets=None) -> np.ndarray:
-        """Read records into the caller's writable, C-contiguous buffer `out`
-        (bytes-like or array), back to back from offset 0 or at byte `offsets[i]` (non-negative
-        integers). Returns the records' sizes (uint64), from the same snapshot
-        as the bytes. Nothing is allocated per record."""
-        idx, _ = self._indices(indices)
-        dest = _writable_bytes(out)
-        if offsets is not None:
-            offsets = _checked_offsets(offsets, len(idx))
-        buf, sizes, _ = self._gather_alloc(idx)
+        """Deprecated: ``gather(indices, out=buffer, packed=True)`` reads the
+        records back to back into `out` and returns ``(values, row_splits)``.
+        Reads records into the caller's writable, C-contiguous buffer `out`
+        back to back, or each at byte ``offsets[i]`` (non-negative integers).
+        Returns the records' sizes (uint64), from the same snapshot as the
+        bytes."""
+        deprecated("Zrecord.gather_into(indices, out)",
+                   "gather(indices, out=out, packed=True), which returns (values, row_splits)")
         if offsets is None:
-            starts = np.zeros(len(idx), dtype=U64)
-            if len(idx) > 1:
-                np.cumsum(sizes[:-1], out=starts[1:])
-        else:
-            starts = offsets
+            _, splits = self.gather(indices, out=out, packed=True)
+            return np.diff(splits).astype(U64)
+        dest = _writable_bytes(out)
+        idx, _ = self._indices(indices)
+        values, splits = self.gather(idx, packed=True)
+        sizes = np.diff(splits).astype(U64)
+        starts = _checked_offsets(offsets, len(sizes))
         room = U64(dest.nbytes)
         # (room - start, not start + size: that wraps past 2**64 for a huge offset)
         too_big = (starts > room) | (sizes > room - np.minimum(starts, room))
@@ -157,18 +146,9 @@ class Zrecord(Store):
             raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes "
                                     f"at offset {int(starts[i])}) does not fit the "
                                     f"{dest.nbytes}-byte buffer", path=self._path)
-        if offsets is None:
-            dest[:buf.nbytes] = buf  # back to back: one copy
-            return sizes
-        src = np.cumsum(sizes) - sizes
-        for a, s, n in zip(starts.tolist(), src.tolist(), sizes.tolist()):
-            dest[a:a + n] = buf[s:s + n]
+        for a, s, n in zip(starts.tolist(), splits[:-1].tolist(), sizes.tolist()):
+            dest[a:a + n] = values[s:s + n]
         return sizes
-
-    def __getitem__(self, key):
-        idx, scalar = self._indices(key)
-        out = self._read(idx)
-        return out[0] if scalar else out
 
 
 def _checked_offsets(offsets, n: int) -> np.ndarray:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 
@@ -150,20 +151,24 @@ class DenseStore(Store):
                 yield ptrs, sizes, None, None, (part, buf)
         return self._append_chunks(chunks())
 
-    def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0) -> np.ndarray:
+    def gather(self, indices, out: np.ndarray | None = None, *, packed: bool = False,
+               threads: int = 0) -> Any:
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
         when given (C-contiguous, writable, exact dtype and shape). `threads`
-        caps the native threads (0: every usable core)."""
+        caps the native threads (0: every usable core). ``packed=True``: the
+        same batch as ``(values, row_splits)``, as a ragged store gives it
+        (``Store.gather``); values is the batch itself, reshaped."""
         if type(threads) is not int or not 0 <= threads <= THREADS_MAX:  # (hot path: the
             threads = check_threads(threads)  # common case without a call; it raises the rest)
+        result = None
         if type(indices) is np.ndarray and indices.ndim == 1:
+            idx = indices
             result = self._gather(indices, out, threads, exact=False)
-            if result is not None:
-                return result
-        idx, _ = self._indices(indices)
-        result = self._gather(idx, out, threads)
-        assert result is not None  # exact: an out-of-range index raises instead
-        return result
+        if result is None:
+            idx, _ = self._indices(indices)
+            result = self._gather(idx, out, threads)
+            assert result is not None  # exact: an out-of-range index raises instead
+        return _records.dense_packed(result, idx) if packed else result
 
     def _check_out(self, out, shape: tuple) -> np.ndarray:
         if not isinstance(out, np.ndarray):
