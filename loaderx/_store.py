@@ -460,6 +460,14 @@ class Store:
     def _indices(self, key) -> tuple[np.ndarray, bool]:
         return normalize_indices(key, len(self))
 
+    @classmethod
+    def open(cls, path):
+        """The existing store at `path`, opened (`StoreNotFoundError` when
+        there is none; nothing is created). ``Cls(path)`` is the same call.
+        Its kind must be this class's (`IdentityError` otherwise;
+        ``loaderx.open_store`` opens any kind)."""
+        return cls(path)
+
     def gather(self, indices, out=None, *, packed: bool = False, threads: int = 0) -> Any:
         """The one read verb of every store kind: records `indices` (an int
         array, list, slice or bool mask; negatives wrap) in request order.

@@ -6,6 +6,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import identity
+from ._writer import prepare_store
 from ._store import U64, Store, chunks_of, deprecated, packed_chunks, pointers, row_splits
 from .errors import IdentityError, SizeMismatchError
 
@@ -71,9 +72,11 @@ def _writable_bytes(out) -> np.ndarray:
 class Zrecord(Store):
     """Raw byte records (pre-encoded images, opaque payloads).
 
-    ``Zrecord(path, create=True)`` makes the store if the path holds none (and
-    opens it if it does); without ``create`` a missing store raises
-    `FileNotFoundError` and nothing is created. Records in: any bytes-like;
+    ``Zrecord.create(path, mode=...)`` makes a store, ``Zrecord.open(path)``
+    opens one (a missing store raises `FileNotFoundError` and nothing is
+    created). ``Zrecord(path)`` is ``open(path)``; ``Zrecord(path,
+    create=True)`` is ``create(path, mode="append")``: it makes the store if
+    the path holds none and opens it if it does. Records in: any bytes-like;
     out: ``bytes`` (``z[i]``) or a list of bytes (``z[list]``, slices).
     `codec` (default ``"zstd"`` when creating) and `level`, when given for an
     existing store, must match it (`IdentityError` otherwise).
@@ -82,6 +85,15 @@ class Zrecord(Store):
     kind = "bytes"
     dtype = np.dtype(np.uint8)
     item_shape = None
+
+    @classmethod
+    def create(cls, path, *, codec: str | None = None, level: int | None = None,
+               dict_bytes: bytes | None = None, mode: str = "create") -> "Zrecord":
+        """A new byte store at `path`; `mode`, `codec`, `level` and
+        `dict_bytes` as for `DenseStore.create`. ``Zrecord(path,
+        create=True)`` is ``create(path, mode="append")``."""
+        prepare_store(path, mode)
+        return cls(path, create=True, codec=codec, level=level, dict_bytes=dict_bytes)
 
     def __init__(self, path, *, create: bool = False, codec: str | None = None,
                  level: int | None = None, dict_bytes: bytes | None = None):

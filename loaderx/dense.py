@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _buffers, _records, identity
 from ._lib import check, ffi, lib
+from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
                      check_threads)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
@@ -39,8 +40,11 @@ def _item_shape(item_shape) -> tuple:
 class DenseStore(Store):
     """Fixed ``(dtype, item_shape)`` records.
 
-    ``DenseStore(path, dtype, item_shape)`` creates the store (or opens it and
-    checks the identity matches); ``DenseStore(path)`` opens an existing one.
+    ``DenseStore.create(path, dtype, item_shape, mode=...)`` makes a store,
+    ``DenseStore.open(path)`` opens one. The constructor is sugar for one of
+    them: ``DenseStore(path)`` is ``open(path)``, ``DenseStore(path, dtype,
+    item_shape)`` is ``create(path, dtype, item_shape, mode="append")`` (it
+    opens an existing store after checking its identity matches).
     ``append(array)`` takes ``(B, *item_shape)`` of exactly ``dtype``. Reads:
     ``ds[i]`` → one record; ``ds[i, j]``, ``ds[a:b]``, ``ds[int_array]``,
     ``ds[bool_mask]`` → stacked ``(B, *item_shape)``. ``gather(idx, out=buf)``
@@ -49,6 +53,21 @@ class DenseStore(Store):
     """
 
     kind = "dense"
+
+    @classmethod
+    def create(cls, path, dtype, item_shape=(), *, codec: str | None = None,
+               level: int | None = None, dict_bytes: bytes | None = None,
+               mode: str = "create") -> "DenseStore":
+        """A new store of ``(dtype, item_shape)`` records at `path` (``()``:
+        scalars). `mode` as for every writer (``loaderx._writer``):
+        ``"create"`` refuses an existing one (`DestinationExistsError`),
+        ``"append"`` opens it (its dtype, item shape and codec must match),
+        ``"overwrite"`` replaces it. `codec` ``"raw"``, ``"zstd"`` (default)
+        or ``"zstd_dict"`` with `dict_bytes`; `level` None is the codec's
+        default. ``DenseStore(path, dtype, item_shape)`` is
+        ``create(..., mode="append")``."""
+        prepare_store(path, mode)
+        return cls(path, dtype, item_shape, codec=codec, level=level, dict_bytes=dict_bytes)
 
     def __init__(self, path, dtype=None, item_shape=None, *, codec: str | None = None,
                  level: int | None = None, dict_bytes: bytes | None = None):

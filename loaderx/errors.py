@@ -32,6 +32,11 @@ class CorruptStoreError(ZrecordError):
     """The store is damaged: truncated files, checksum mismatch, a bad record."""
 
 
+class DestinationExistsError(ZrecordError, FileExistsError):
+    """A writer in ``mode="create"`` found data at its destination (or
+    ``mode="overwrite"`` found something that is not loaderx's)."""
+
+
 class NewerFormatError(ZrecordError):
     """The store was written by a newer on-disk format; upgrade loaderx."""
 

@@ -6,6 +6,7 @@ from typing import Iterable
 import numpy as np
 
 from . import identity
+from ._writer import prepare_store
 from ._store import Store, chunks_of, deprecated, packed_chunks, pointers
 from ._store import row_splits as _row_splits
 from .errors import IdentityError
@@ -40,10 +41,25 @@ class RaggedStore(Store):
     default) means `TOKEN_FRAME_SIZE` (4 KiB) for integer dtypes (token
     documents) and 0 for the rest; 0 stores every record as one frame.
     ``rs[i]`` returns whole records either way.
+
+    ``RaggedStore.create(path, dtype, mode=...)`` makes a store,
+    ``RaggedStore.open(path)`` opens one; ``RaggedStore(path)`` is ``open``,
+    ``RaggedStore(path, dtype)`` is ``create(path, dtype, mode="append")``.
     """
 
     kind = "ragged"
     item_shape = None
+
+    @classmethod
+    def create(cls, path, dtype, *, codec: str | None = None, level: int | None = None,
+               dict_bytes: bytes | None = None, frame_size: int | None = None,
+               mode: str = "create") -> "RaggedStore":
+        """A new store of `dtype` records at `path`; `mode`, `codec`, `level`
+        and `dict_bytes` as for `DenseStore.create`, `frame_size` as above.
+        ``RaggedStore(path, dtype)`` is ``create(..., mode="append")``."""
+        prepare_store(path, mode)
+        return cls(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes,
+                   frame_size=frame_size)
 
     def __init__(self, path, dtype=None, *, codec: str | None = None, level: int | None = None,
                  dict_bytes: bytes | None = None, frame_size: int | None = None):
