@@ -144,7 +144,7 @@ def pack_records(col: Column, records: List[Any], indices: np.ndarray) -> Any:
     try:
         trailing = _records._common_trailing(indices, [a.shape for a in arrays])
     except ValueError as exc:
-        raise ValueError(f"stream {col.name!r} (ragged='packed'): {exc}") from None
+        raise ValueError(f"stream {col.name!r} (packed=True): {exc}") from None
     row_splits = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.shape[0] for a in arrays], out=row_splits[1:])
     values = np.concatenate(arrays) if arrays else np.empty((0,) + trailing, col.dtype)
