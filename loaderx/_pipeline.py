@@ -118,11 +118,9 @@ def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np
                     packed: bool) -> Any:
     """A variable column's batch from the ring's buffer and sizes."""
     n = len(indices)
-    raw, aux = sizes[:n], sizes[n:]
-    if col.kind == "bytes":
-        return _records.to_bytes(buf, raw)
-    ragged = _records.Ragged(buf, raw, aux, col.dtype, indices, col.path)
-    return ragged.to_packed(indices) if packed else ragged.to_list()
+    # (A byte stream's batch stays a list of bytes in the loader, packed or not.)
+    return _records.variable_batch(col.kind, col.dtype, buf, sizes[:n], sizes[n:], indices,
+                                   col.path, None, packed and col.kind != "bytes")
 
 
 def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],

@@ -147,9 +147,9 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
                 else len(record)
             if size >= _DICT_SAMPLE_BYTES:
                 break
-        return [np.ascontiguousarray(r).tobytes() if not isinstance(r, (bytes, bytearray,
-                                                                         memoryview))
-                else bytes(r) for r in sample]
+        return [np.ascontiguousarray(np.asarray(r, dtype=dtype)).tobytes()
+                if not isinstance(r, (bytes, bytearray, memoryview)) else bytes(r)
+                for r in sample]
 
     def chunks():
         rest = _chain(sample, records)
