@@ -80,7 +80,7 @@ def codec_of(codec: Any, dict: Any = None, *, cli: bool = False) -> str:
     deprecated ``dict=True`` of `convert` (``codec="zstd_dict"``)."""
     if dict is not None:
         if not cli:
-            deprecated("convert(dict=True)", 'convert(codec="zstd_dict")', stacklevel=4)
+            deprecated("convert(dict=True)", 'convert(codec="zstd_dict")', stacklevel=5)
         if dict and codec == "zstd":  # (with codec="raw" it never did anything)
             codec = "zstd_dict"
     if codec not in CODECS:

@@ -123,8 +123,9 @@ def test_shardsets_views_and_columns_read_the_same_way(tmp_path, stores):
 
 def test_old_names_are_deprecated_aliases(stores):
     d, r, z = stores
-    with pytest.warns(DeprecationWarning, match=r"gather\(indices, packed=True\)"):
+    with pytest.warns(DeprecationWarning, match=r"gather\(indices, packed=True\)") as caught:
         values, splits = r.gather_packed(IDX)
+    assert caught[0].filename == __file__  # it points at the caller's line
     assert splits.tolist() == r.gather(IDX, packed=True)[1].tolist()
     with ShardSet([r]) as one, pytest.warns(DeprecationWarning, match="packed=True"):
         assert one.gather_packed(IDX)[1].tolist() == splits.tolist()

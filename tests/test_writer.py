@@ -94,8 +94,9 @@ def test_from_iterator_trains_on_its_first_records_and_writes_them_all(tmp_path)
 
 
 def test_dict_true_is_deprecated_for_codec_zstd_dict(tmp_path):
-    with pytest.warns(DeprecationWarning, match='codec="zstd_dict"'):
+    with pytest.warns(DeprecationWarning, match='codec="zstd_dict"') as caught:
         old = loaderx.convert({"x": ROWS}, tmp_path / "old", dict=True, progress=False)
+    assert caught[0].filename == __file__  # it points at the caller's line
     new = loaderx.convert({"x": ROWS}, tmp_path / "new", codec="zstd_dict", progress=False)
     assert old["x"].codec == new["x"].codec == "zstd_dict"
     assert old["x"].dictionary() == new["x"].dictionary()
