@@ -700,6 +700,14 @@ def _dict_bytes(dict_bytes: Any, path: str) -> bytes:
                                 f"not {type(dict_bytes).__name__}", path=path) from None
 
 
+def check_new_store(path: Any, codec: str | None, level: int | None, dict_bytes: Any) -> None:
+    """The codec arguments of a store about to be created, checked before a
+    writer's ``mode="overwrite"`` removes what is there (nothing stored is
+    lost to a bad argument)."""
+    p = os.fspath(path)
+    _check_codec_args(p, True, codec, level, _dict_bytes(dict_bytes, p))
+
+
 def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,
                       dict_bytes: bytes) -> None:
     if codec is not None and (not isinstance(codec, str) or codec not in _lib.CODECS):

@@ -7,7 +7,8 @@ import numpy as np
 
 from . import identity
 from ._writer import prepare_store
-from ._store import U64, Store, chunks_of, deprecated, packed_chunks, pointers, row_splits
+from ._store import (U64, Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers,
+                     row_splits)
 from .errors import IdentityError, SizeMismatchError
 
 
@@ -92,6 +93,7 @@ class Zrecord(Store):
         """A new byte store at `path`; `mode`, `codec`, `level` and
         `dict_bytes` as for `DenseStore.create`. ``Zrecord(path,
         create=True)`` is ``create(path, mode="append")``."""
+        check_new_store(path, codec, level, dict_bytes)
         prepare_store(path, mode)
         return cls(path, create=True, codec=codec, level=level, dict_bytes=dict_bytes)
 

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Sized
 
 import numpy as np
 
-from . import _locks, _objstore, _writer
-from ._store import Store, stored_kind
+from . import _locks, _objstore, _writer, identity
+from ._store import Store, check_new_store, stored_kind
 from ._writer import is_store_dir
 from .errors import (
     BusyError,
@@ -170,29 +170,33 @@ def _chain(head, rest):
     yield from rest
 
 
-def _write_store(path, cls: type, identity: tuple, chunks: Iterator[tuple[Any, int]],
+def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]],
                  total: int | None, unit: str, sample: Callable[[], Any], *, codec: str,
                  level: int | None, dict_bytes: bytes | None, dict_size: int | None, progress,
                  mode: str) -> Any:
     """The one writer of a single store (`from_numpy`, `from_iterator`):
-    `cls(path, *identity, ...)` created under `mode` with `codec`, then
+    `cls(path, *ident, ...)` created under `mode` with `codec`, then
     every ``(records, count)`` of `chunks` appended, `progress` counting
     `count` of `total` in `unit`. ``sample()`` gives what a ``zstd_dict``
     dictionary is trained on when none is given."""
     if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
         from . import remote
         return remote.write_store_to(path, mode, lambda local: _write_store(
-            local, cls, identity, chunks, total, unit, sample, codec=codec, level=level,
+            local, cls, ident, chunks, total, unit, sample, codec=codec, level=level,
             dict_bytes=dict_bytes, dict_size=dict_size, progress=progress,
             mode="create").close())
     codec = _writer.codec_of(codec)
     if dict_size is not None and (codec != "zstd_dict" or dict_bytes is not None):
         raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
                          "codec='zstd_dict' without dict_bytes=")
+    # Every argument is checked before "overwrite" may remove the store there.
+    identity.check_dtype(ident[0])
+    check_new_store(path, "zstd" if codec == "zstd_dict" and dict_bytes is None else codec,
+                    level, dict_bytes)
     appending = _writer.prepare_store(path, mode)
     if codec == "zstd_dict" and dict_bytes is None:
         codec, dict_bytes = _own_dictionary(path, cls, sample, dict_size, appending)
-    store = cls(path, *identity, codec=codec, level=level, dict_bytes=dict_bytes)
+    store = cls(path, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
     from .converters._progress import make_progress
     try:
         with make_progress(progress, total, os.path.basename(os.fspath(path)), unit) as bar:

@@ -11,7 +11,7 @@ from . import _buffers, _records, identity
 from ._lib import check, ffi, lib
 from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
-                     check_threads)
+                     check_new_store, check_threads)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
@@ -66,6 +66,11 @@ class DenseStore(Store):
         or ``"zstd_dict"`` with `dict_bytes`; `level` None is the codec's
         default. ``DenseStore(path, dtype, item_shape)`` is
         ``create(..., mode="append")``."""
+        if dtype is None:
+            raise TypeError("DenseStore.create needs a dtype")
+        identity.check_shape(_item_shape(item_shape), identity.check_dtype(dtype).itemsize,
+                             "item_shape")
+        check_new_store(path, codec, level, dict_bytes)
         prepare_store(path, mode)
         return cls(path, dtype, item_shape, codec=codec, level=level, dict_bytes=dict_bytes)
 

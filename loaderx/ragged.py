@@ -7,7 +7,7 @@ import numpy as np
 
 from . import identity
 from ._writer import prepare_store
-from ._store import Store, chunks_of, deprecated, packed_chunks, pointers
+from ._store import Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers
 from ._store import row_splits as _row_splits
 from .errors import IdentityError
 
@@ -57,6 +57,10 @@ class RaggedStore(Store):
         """A new store of `dtype` records at `path`; `mode`, `codec`, `level`
         and `dict_bytes` as for `DenseStore.create`, `frame_size` as above.
         ``RaggedStore(path, dtype)`` is ``create(..., mode="append")``."""
+        if dtype is None:
+            raise TypeError("RaggedStore.create needs a dtype")
+        _frame_size(frame_size, identity.check_dtype(dtype), codec)
+        check_new_store(path, codec, level, dict_bytes)
         prepare_store(path, mode)
         return cls(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes,
                    frame_size=frame_size)

@@ -124,3 +124,11 @@ def test_create_takes_the_codec_vocabulary(tmp_path):
                         dict_bytes=loaderx.train_dict(texts, "fast")) as z:
         z.append(texts)
         assert (z.codec, z.level) == ("zstd_dict", 19) and z[7] == texts[7]
+
+
+def test_create_needs_the_identity(tmp_path):
+    with pytest.raises(TypeError, match="dtype"):
+        RaggedStore.create(tmp_path / "r", None)
+    with pytest.raises(TypeError, match="dtype"):
+        DenseStore.create(tmp_path / "d", None, (3,))
+    assert not (tmp_path / "r").exists() and not (tmp_path / "d").exists()

@@ -127,3 +127,15 @@ def test_convert_to_directory_takes_exactly_converts_options(tmp_path):
     with pytest.raises(TypeError, match="convert_to_directory: .*'compression'"):
         convert_to_directory({"x": ROWS[:10]}, tmp_path / "e", compression="zstd")
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("bad", [dict(level=0), dict(codec="zstd", dict_bytes=b"x" * 300),
+                                 dict(level="high")])
+def test_a_bad_argument_never_costs_the_store_an_overwrite_would_replace(tmp_path, bad):
+    loaderx.from_numpy(tmp_path / "s", ROWS[:10]).close()
+    with pytest.raises((ValueError, TypeError)):
+        loaderx.from_numpy(tmp_path / "s", ROWS[:20], mode="overwrite", **bad)
+    with pytest.raises((ValueError, TypeError)):
+        loaderx.DenseStore.create(tmp_path / "s", np.uint8, (92,), mode="overwrite", **bad)
+    with loaderx.DenseStore.open(tmp_path / "s") as s:
+        assert len(s) == 10
