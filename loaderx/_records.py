@@ -143,7 +143,7 @@ def variable_batch(kind: str, dtype: np.dtype, buf: np.ndarray, raw: np.ndarray,
     return _packed_into(out, values, kind, path), row_splits
 
 
-def dense_packed(batch: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def dense_packed(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A dense batch ``(B, n, *t)`` in the packed form of ragged records:
     ``((B * n, *t), row_splits)`` with record i at rows ``[i*n, (i+1)*n)``;
     the values are the batch itself (a view, no copy)."""

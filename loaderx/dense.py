@@ -186,13 +186,12 @@ class DenseStore(Store):
             threads = check_threads(threads)  # common case without a call; it raises the rest)
         result = None
         if type(indices) is np.ndarray and indices.ndim == 1:
-            idx = indices
             result = self._gather(indices, out, threads, exact=False)
         if result is None:
             idx, _ = self._indices(indices)
             result = self._gather(idx, out, threads)
             assert result is not None  # exact: an out-of-range index raises instead
-        return _records.dense_packed(result, idx) if packed else result
+        return _records.dense_packed(result) if packed else result
 
     def _check_out(self, out, shape: tuple) -> np.ndarray:
         if not isinstance(out, np.ndarray):

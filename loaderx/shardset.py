@@ -259,7 +259,7 @@ class ShardSet:
         idx, _ = normalize_indices(indices, self._len)
         if self._kind == "dense":
             batch = self._gather_dense(idx, out, threads)
-            return _records.dense_packed(batch, idx) if packed else batch
+            return _records.dense_packed(batch) if packed else batch
         buf, raw, aux = self._read(idx, threads)
         return _records.variable_batch(self._kind, self._dtype, buf, raw, aux, idx, None, out,
                                        packed)
