@@ -364,12 +364,13 @@ _LOOP_LOCK = threading.Lock()
 
 
 def _loop() -> asyncio.AbstractEventLoop:
-    """One event loop thread per process for concurrent ranged GETs."""
+    """One event loop thread per process for concurrent ranged GETs
+    (``loaderx-net-loop``, kept for the process like remote.pool())."""
     global _LOOP
     with _LOOP_LOCK:
         if _LOOP is None:
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="loaderx-remote", daemon=True).start()
+            threading.Thread(target=loop.run_forever, name="loaderx-net-loop", daemon=True).start()
             _LOOP = loop
         return _LOOP
 

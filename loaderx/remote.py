@@ -141,14 +141,16 @@ _POOL_LOCK = threading.Lock()
 
 def pool() -> concurrent.futures.ThreadPoolExecutor:
     """Threads for concurrent network work (opens of many shards, fetches
-    for many shards); rebuilt in a forked child."""
+    for many shards); rebuilt in a forked child. Process-wide and kept, like
+    an HTTP client's connection pool: named ``loaderx-net_N``, they are not
+    a loader's threads (a closed DataLoader leaves none of those)."""
     global _POOL, _POOL_PID, _POOL_LOCK
     if _POOL_PID != os.getpid():
         _POOL_LOCK = threading.Lock()
         _POOL, _POOL_PID = None, os.getpid()
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="loaderx-remote")
+            _POOL = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="loaderx-net")
         return _POOL
 
 

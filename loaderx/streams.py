@@ -50,6 +50,12 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     for. ``indices`` is the loader's array: copy it to keep it. With
     ``DataLoader(prefetch_bytes=N)`` the hooks of the steps prefetched and
     not yet delivered stay within about N bytes (see ``prefetch_size``).
+    A stream whose ``is_remote`` attribute is ``False`` is not prefetched
+    by the loader: loaderx's own local stores, views and token windows
+    have a ``prefetch`` for callers, but the native ring reads their
+    records itself, cold ones at the device's queue depth, and a Python
+    call per step cost more than it saved (2.4x fewer steps per second on
+    warm 200-byte records, measured in docs/performance.md).
 
 ``prefetch_size(indices: np.ndarray) -> int``
     The bytes a ``prefetch(indices)`` call fetches (e.g. the records'
@@ -215,6 +221,9 @@ def is_int(value: Any) -> bool:
 
 
 def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:
-    """The stream's ``prefetch`` hook, or None."""
+    """The stream's ``prefetch`` hook the loader calls, or None (none for a
+    stream that says it is local: ``is_remote`` False, see above)."""
     hook = getattr(stream, "prefetch", None)
-    return hook if callable(hook) else None
+    if not callable(hook) or getattr(stream, "is_remote", None) is False:
+        return None
+    return hook

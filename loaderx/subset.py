@@ -223,6 +223,11 @@ class View:
         if callable(hook):
             hook(self._mapped(indices))
 
+    @property
+    def is_remote(self) -> bool:
+        """The base column's records are remote (fetched by ``prefetch``)."""
+        return bool(getattr(self._base, "is_remote", False))
+
     def prefetch_size(self, indices) -> int:
         """The bytes ``prefetch(indices)`` brings in (the loader's
         ``prefetch_bytes`` budget), as the base column counts them."""

@@ -51,3 +51,14 @@ def assert_generated_current(step: str, printed: str, committed: str, tmp_path) 
     with open(os.path.join(ROOT, committed)) as f:
         assert fresh == f.read(), f"{committed} is stale: run `python -m ziglang build " \
             f"{step.removesuffix('-print')}`"
+
+
+def loader_threads():
+    """The threads loaderx's loaders run (``loaderx-worker-N``,
+    ``loaderx-prefetch``, ...): a closed DataLoader leaves none. The
+    process-wide network threads of remote stores (``loaderx-net*``) stay,
+    like an HTTP client's pool, and are not counted."""
+    import threading
+
+    return [t for t in threading.enumerate()
+            if t.name.startswith("loaderx-") and not t.name.startswith("loaderx-net")]

@@ -13,10 +13,11 @@ import pytest
 from loaderx import (ArrayStream, DataLoader, DenseStore, Mixture, NativePart, RaggedStore,
                      ShardSet, Stream, TokenWindows)
 from loaderx.zsampler import Sampler
+from _helpers import loader_threads
 
 
 def worker_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("loaderx-")]
+    return loader_threads()
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +113,7 @@ def test_native_parts_with_rows_read_the_records_they_name(store):
         seen = []
         for _ in range(11):
             batch = next(loader)
-            assert [t for t in threading.enumerate() if t.name.startswith("loaderx-")] == []
+            assert loader_threads() == []
             seen.extend(batch["x"][:, 0].tolist())
     want = [int(rows[i % 43]) for i in range(88)]
     assert seen == want
