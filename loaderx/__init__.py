@@ -14,6 +14,7 @@ The public names, re-exported here from the modules that own them::
     from loaderx.columns import Column
     from loaderx.dataloader import DataLoader
     from loaderx.streams import Stream, NativePart, ArrayStream
+    from loaderx.errors import LoaderxError, CorruptStoreError, ...  # every exception
 """
 __version__ = "3.0.0"
 
@@ -21,15 +22,23 @@ from .converters import convert
 from .dataloader import DataLoader
 from .dataset import from_iterator, from_numpy, labels, open_dataset, open_store, pad
 from .errors import (
+    ArgumentTypeError,
     BusyError,
     ClosedError,
-    LoaderClosedError,
+    ConvertError,
     CorruptStoreError,
+    DestinationExistsError,
     DictionaryError,
     HandleFailedError,
     IdentityError,
+    InvalidArgumentError,
+    LoaderClosedError,
+    LoaderxError,
     LockedError,
+    MissingDependencyError,
+    MissingRemoteDependencyError,
     NewerFormatError,
+    NoSpaceError,
     NotAStoreError,
     ReadOnlyError,
     RecordIndexError,
@@ -37,8 +46,11 @@ from .errors import (
     RemoteIOError,
     RemoteNotFoundError,
     RemotePermissionError,
+    SizeMismatchError,
     StoreNotFoundError,
     ZrecordError,
+    ZrecordIOError,
+    ZrecordMemoryError,
 )
 from .columns import Column
 from .mixture import Mixture
@@ -54,8 +66,12 @@ __all__ = [
     "Sampler", "DataLoader", "Stream", "NativePart", "ArrayStream",
     "from_numpy", "from_iterator", "open_store", "open_dataset", "labels", "convert", "pad",
     "select", "View", "Column",
-    "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "NewerFormatError",
-    "LockedError", "BusyError", "ClosedError", "LoaderClosedError", "RecordIndexError",
-    "IdentityError", "DictionaryError", "ReadOnlyError", "HandleFailedError",
+    # every exception loaderx raises (loaderx.errors; ZrecordError is LoaderxError)
+    "LoaderxError", "ZrecordError", "StoreNotFoundError", "NotAStoreError", "CorruptStoreError",
+    "NewerFormatError", "LockedError", "BusyError", "ClosedError", "LoaderClosedError",
+    "RecordIndexError", "IdentityError", "SizeMismatchError", "DictionaryError",
+    "InvalidArgumentError", "ArgumentTypeError", "ReadOnlyError", "NoSpaceError",
+    "ZrecordIOError", "HandleFailedError", "ZrecordMemoryError", "DestinationExistsError",
+    "ConvertError", "MissingDependencyError", "MissingRemoteDependencyError",
     "RemoteIOError", "RemoteNotFoundError", "RemotePermissionError", "RemoteChangedError",
 ]

@@ -213,11 +213,11 @@ def _dataset_report(path: str) -> dict:
 
 def _scalar_columns(opened: dict) -> dict:
     """The columns a `loaderx select` predicate can name, with their SQL types."""
-    from .subset import _info
+    from .subset import column_info
 
     out = {}
     for name, col in opened.items():
-        info = _info(name, col)
+        info = column_info(name, col)
         if not info.type:
             continue
         entry: dict = {"type": info.type, "dtype": str(info.dtype), "nullable": info.nullable}
@@ -857,7 +857,7 @@ def main(argv=None) -> int:
         args = argparse.Namespace(cmd="demo", fn=cmd_demo, rest=argv[1:])
     else:
         args = _parser().parse_args(argv)
-    from .errors import ZrecordError
+    from .errors import LoaderxError
 
     try:
         with warnings.catch_warnings():
@@ -868,7 +868,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"loaderx {args.cmd}: interrupted", file=sys.stderr)
         return 130
-    except (ZrecordError, OSError, ValueError, TypeError, KeyError) as e:
+    except (LoaderxError, OSError, ValueError, TypeError, KeyError) as e:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1

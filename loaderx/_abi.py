@@ -6,7 +6,6 @@ Python shares with the library. loaderx/_lib.py loads the library with them."""
 CDEF = """
 typedef struct lx_store lx_store;
 typedef struct lx_loader lx_loader;
-typedef struct lx_pool lx_pool;
 typedef struct {
     uint32_t codec;
     int32_t level;
@@ -121,12 +120,9 @@ int lx_gather_alloc(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uin
 int lx_prefetch(const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint32_t);
 void lx_free_buffer(uint8_t *);
 void lx_free_buffer_at(uint8_t **);
-int lx_pool_new(uint64_t, uint64_t, lx_pool **);
-void lx_pool_release(lx_pool *);
-int lx_pool_alloc(lx_pool *, uint64_t, uint8_t **);
-void lx_pool_configure(lx_pool *, uint64_t, uint64_t);
-void lx_pool_trim(lx_pool *);
-void lx_pool_stats(lx_pool *, lx_pool_stats_t *);
+int lx_pool_alloc(uint64_t, uint8_t **);
+void lx_pool_configure(uint64_t, uint64_t);
+void lx_pool_stats(lx_pool_stats_t *);
 int lx_delete(lx_store *, const uint64_t *, uint64_t, lx_move_t *, uint64_t *);
 int lx_compact(lx_store *);
 int lx_stats(lx_store *, lx_stats_t *);

@@ -30,7 +30,7 @@ for any numpy array.
 
 Bounds: buffers in use belong to their arrays, like any numpy allocation.
 Idle blocks (handed back, not yet reused) are capped at ``max_idle_bytes``
-(default 256 MiB) per pool: a block handed back beyond the cap pushes the
+(default 256 MiB): a block handed back beyond the cap pushes the
 least recently returned idle blocks out, unmapped at once; so is a block left
 idle while ``STALE_CHECKOUTS`` other blocks were handed out.
 ``POOL.configure(max_idle_bytes=0)`` keeps nothing. Requests smaller than
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from . import _abi
-from ._lib import check, ffi, lib
+from ._lib import ffi, lib
 
 PAGE_BYTES = mmap.PAGESIZE
 HUGE_PAGE_BYTES = 2 << 20
@@ -112,22 +112,18 @@ def array(slot: Any, nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 
 class BufferPool:
-    """A pool of output blocks; see the module docstring. ``BufferPool()``
-    makes a pool of its own (released when this object is collected, its
-    blocks as their arrays go); :data:`POOL` is the library's."""
+    """The library's output pool (see the module docstring); :data:`POOL` is
+    the one instance. There is no pool of one's own: the library serves every
+    buffer it hands out from this one, so a second pool would only split the
+    idle memory and its cap (the native tests make isolated pools inside
+    ``src/outbuf.zig``)."""
 
     def __init__(self, max_idle_bytes: int = MAX_IDLE_BYTES_DEFAULT,
-                 min_bytes: int = MIN_BYTES_DEFAULT, *, _default: bool = False):
+                 min_bytes: int = MIN_BYTES_DEFAULT):
         _check_bounds(max_idle_bytes, min_bytes)
         self._max_idle_bytes = max_idle_bytes
         self._min_bytes = max(1, min_bytes)
-        if _default:
-            self._handle = ffi.NULL  # the library's own pool
-        else:
-            out = ffi.new("lx_pool **")
-            check(lib.lx_pool_new(max_idle_bytes, self._min_bytes, out), None, "BufferPool")
-            self._handle = ffi.gc(out[0], lib.lx_pool_release)
-        lib.lx_pool_configure(self._handle, self._max_idle_bytes, self._min_bytes)
+        lib.lx_pool_configure(self._max_idle_bytes, self._min_bytes)
 
     @property
     def min_bytes(self) -> int:
@@ -147,7 +143,7 @@ class BufferPool:
             self._max_idle_bytes = max_idle_bytes
         if min_bytes is not None:
             self._min_bytes = max(1, min_bytes)
-        lib.lx_pool_configure(self._handle, self._max_idle_bytes, self._min_bytes)
+        lib.lx_pool_configure(self._max_idle_bytes, self._min_bytes)
 
     def empty(self, shape: Any, dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array like ``np.empty(shape, dtype)``,
@@ -159,20 +155,16 @@ class BufferPool:
         if nbytes < self._min_bytes or dt.hasobject:
             return np.empty(shape, dtype=dt)
         slot = owner()
-        rc = lib.lx_pool_alloc(self._handle, nbytes, slot)
+        rc = lib.lx_pool_alloc(nbytes, slot)
         if rc != 0:
             raise MemoryError(f"cannot allocate {nbytes} bytes for a batch")
         return array(slot, nbytes, shape, dt)
-
-    def trim(self) -> None:
-        """Unmap every idle block now."""
-        lib.lx_pool_trim(self._handle)
 
     def stats(self) -> dict:
         """``{idle_bytes, idle_blocks, outstanding, created, reused,
         returned, unmapped, max_idle_bytes, min_bytes}``."""
         out = ffi.new("lx_pool_stats_t *")
-        lib.lx_pool_stats(self._handle, out)
+        lib.lx_pool_stats(out)
         st = {name: int(getattr(out, name)) for name in (
             "created", "reused", "returned", "unmapped", "idle_bytes", "idle_blocks",
             "max_idle_bytes", "min_bytes")}
@@ -189,7 +181,7 @@ def _check_bounds(max_idle_bytes: Any, min_bytes: Any) -> None:
 
 #: The pool behind every store's default output arrays, variable-size reads
 #: and the DataLoader's batches.
-POOL = BufferPool(_default=True)
+POOL = BufferPool()
 
 
 def empty(shape: Any, dtype: Any) -> np.ndarray:

@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from ._checks import is_int
 from .errors import CorruptStoreError, InvalidArgumentError
 
 __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
@@ -108,7 +109,7 @@ def parse_limit(limit: Any) -> Optional[int]:
     ``"500MB"``; None for no fixed limit."""
     if limit is None:
         return None
-    if isinstance(limit, (int, np.integer)) and not isinstance(limit, bool):
+    if is_int(limit):
         if limit <= 0:
             raise InvalidArgumentError(f"cache_limit must be positive, got {limit}")
         return int(limit)

@@ -65,12 +65,12 @@ if not os.path.isfile(LIBRARY_PATH):
 lib = ffi.dlopen(LIBRARY_PATH)
 
 
-def error_for(rc: int, path: str | None = None, what: str | None = None) -> errors.ZrecordError:
+def error_for(rc: int, path: str | None = None, what: str | None = None) -> errors.LoaderxError:
     """The exception for native result `rc`, with the thread's detail message."""
     detail = ffi.string(lib.lx_last_error()).decode("utf-8", "replace")
     if not detail:
         detail = ffi.string(lib.lx_strerror(rc)).decode()
-    cls = _CLASS_BY_CODE.get(rc, errors.ZrecordError)
+    cls = _CLASS_BY_CODE.get(rc, errors.LoaderxError)
     message = ": ".join(p for p in (what, detail) if p)
     if path is not None:
         message = f"{path}: {message}"

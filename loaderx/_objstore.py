@@ -49,7 +49,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from .errors import (
+    DestinationExistsError,
     InvalidArgumentError,
+    MissingRemoteDependencyError,
     RemoteChangedError,
     RemoteIOError,
     RemoteNotFoundError,
@@ -77,10 +79,6 @@ RETRY_CONFIG = {
 }
 #: Ranged GETs in flight at once, per fetch.
 REQUESTS_IN_FLIGHT = 64
-
-
-class MissingRemoteDependencyError(ImportError):
-    """Remote datasets need obstore: ``pip install 'loaderx[remote]'``."""
 
 
 # ----------------------------------------------------------------- URLs
@@ -270,7 +268,6 @@ def _mapped(e: BaseException, url: str, what: str) -> Exception:
         return RemoteChangedError(f"{url}: the object changed on the server since it was opened "
                                   "(reopen the dataset to read the new version)", path=url)
     if name == "AlreadyExistsError":
-        from .dataset import DestinationExistsError
         return DestinationExistsError(f"{url}: already exists", path=url)
     if name == "NotSupportedError":
         return RemoteIOError(f"{url}: {what} is not supported by this service: {_first_line(e)}",

@@ -159,8 +159,7 @@ def _packed_into(out: Any, values: np.ndarray, kind: str, path: str | None) -> n
     of `out`. Bytes go into any writable, C-contiguous buffer; ragged values
     into an array of their dtype and trailing shape with enough rows."""
     if kind == "bytes":
-        from .bytestore import _writable_bytes
-        dest = _writable_bytes(out)
+        dest = writable_bytes(out)
         if dest.nbytes < values.nbytes:
             raise SizeMismatchError(f"{path}: the records hold {values.nbytes} bytes, out only "
                                     f"{dest.nbytes}", path=path)
@@ -180,6 +179,37 @@ def _packed_into(out: Any, values: np.ndarray, kind: str, path: str | None) -> n
         raise SizeMismatchError("out is read-only", path=path)
     dest = out[:len(values)]
     dest[...] = values
+    return dest
+
+
+def byte_view(mv: memoryview) -> np.ndarray:
+    """A C-contiguous memoryview's memory as a flat uint8 array (no copy)."""
+    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+                         dtype=np.uint8)
+
+
+def writable_bytes(out) -> np.ndarray:
+    """The caller's `out` as a writable uint8 view of the same memory."""
+    if isinstance(out, np.ndarray):
+        if out.dtype.hasobject:
+            raise TypeError(f"out is an array of Python objects ({out.dtype}), not a buffer")
+        contiguous = out.flags.c_contiguous
+    else:
+        try:
+            mv = memoryview(out)
+        except TypeError:
+            raise TypeError(f"out must be a writable bytes-like object or array, "
+                            f"not {type(out).__name__}") from None
+        contiguous = mv.c_contiguous
+    if not contiguous:
+        # A reshape of it would be a copy: the records would never reach `out`.
+        raise SizeMismatchError("out must be C-contiguous (records are written back to back)")
+    if isinstance(out, np.ndarray):
+        dest = out.reshape(-1).view(np.uint8)
+    else:
+        dest = byte_view(mv)
+    if not dest.flags.writeable:
+        raise ValueError("out is read-only")
     return dest
 
 

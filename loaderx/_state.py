@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._lib import check, ffi, lib
-from .streams import is_int
+from ._checks import is_int
 
 #: Version of the dict written by ``DataLoader.state_dict()``.
 STATE_VERSION = 3

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from . import _lib, _objstore, _records, identity
+from ._checks import check_level, is_int
 from ._lib import check, ffi, lib
 from .streams import NativePart
 from .errors import (
@@ -50,7 +51,6 @@ _T_U64 = ffi.typeof("uint64_t[]")
 _T_U8 = ffi.typeof("uint8_t[]")
 #: The largest `threads` cap a gather takes (the native argument is a uint32).
 THREADS_MAX = 2**32 - 1
-_INT_MAX = 2**31 - 1  # the native `level` is a C int
 
 
 def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
@@ -77,7 +77,7 @@ def check_threads(threads: Any) -> int:
     """A gather's `threads` cap: an int from 0 (every usable core) to THREADS_MAX."""
     if type(threads) is int and 0 <= threads <= THREADS_MAX:
         return threads
-    if not isinstance(threads, (int, np.integer)) or isinstance(threads, (bool, np.bool_)):
+    if not is_int(threads):
         raise ArgumentTypeError(f"threads must be an int (0: every usable core), "
                                 f"not {type(threads).__name__}")
     if not 0 <= int(threads) <= THREADS_MAX:
@@ -88,7 +88,7 @@ def check_threads(threads: Any) -> int:
 
 def normalize_indices(key: Any, n: int) -> tuple[np.ndarray, bool]:
     """Turns a read/delete key into (uint64 indices, is_scalar)."""
-    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+    if is_int(key):
         i = int(key)
         if i < 0:
             i += n
@@ -713,15 +713,7 @@ def _check_codec_args(path: str, create: bool, codec: str | None, level: int | N
     if codec is not None and (not isinstance(codec, str) or codec not in _lib.CODECS):
         raise InvalidArgumentError(f"{path}: unknown codec {codec!r}; "
                                    f"choose one of {sorted(_lib.CODECS)}", path=path)
-    if level is not None and (not isinstance(level, (int, np.integer))
-                              or isinstance(level, (bool, np.bool_))):
-        raise ArgumentTypeError(f"{path}: level must be an int, not {type(level).__name__}",
-                                path=path)
-    if level is not None and not -_INT_MAX - 1 <= level <= _INT_MAX:
-        raise InvalidArgumentError(f"{path}: zstd level {level} is out of range", path=path)
-    if level == 0:  # zstd's "default" is no level of its own; None asks for the default
-        raise InvalidArgumentError(f"{path}: level 0 is not a zstd level; pass level=None "
-                                   "for the default (3)", path=path)
+    check_level(level, path)
     if not create:
         return
     if codec == "zstd_dict" and not dict_bytes:

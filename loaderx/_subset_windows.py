@@ -18,7 +18,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from ._checks import check_out, is_int
 from ._store import normalize_indices
+from ._token_index import index_of
 
 __all__ = ["SubsetWindows"]
 
@@ -29,8 +31,6 @@ class SubsetWindows:
     kind = "dense"
 
     def __init__(self, view: Any, seq_len: int, *, separator: Optional[int] = None):
-        from .tokens import _index_of
-
         base = view.base
         if getattr(base, "kind", None) != "ragged":
             raise TypeError(f"TokenWindows reads documents of a ragged token column; this view "
@@ -38,8 +38,7 @@ class SubsetWindows:
         dtype = np.dtype(base.dtype)
         if dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8):
             raise TypeError(f"token documents must hold integers, not {dtype}")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-                or seq_len < 1:
+        if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
         if separator is not None and not np.can_cast(np.min_scalar_type(separator), dtype):
             raise ValueError(f"separator must be a token id of {dtype}, got {separator!r}")
@@ -49,7 +48,7 @@ class SubsetWindows:
         self._seq_len = int(seq_len)
         self._separator = None if separator is None else int(separator)
         self._dtype = dtype
-        whole = np.asarray(_index_of(base, dtype.itemsize, None), dtype=np.int64)
+        whole = np.asarray(index_of(base, dtype.itemsize, None), dtype=np.int64)
         self._lengths = np.diff(whole)[view.rows]
         gap = 1 if separator is not None else 0
         starts = np.zeros(len(view) + 1, np.int64)
@@ -98,8 +97,8 @@ class SubsetWindows:
             tokens = np.empty((len(idx), width), self._dtype)
         if segments is None:
             segments = np.empty((len(idx), width), np.int32)
-        _check(tokens, (len(idx), width), self._dtype)
-        _check(segments, (len(idx), width), np.dtype(np.int32))
+        check_out(tokens, (len(idx), width), self._dtype, holds="the windows hold")
+        check_out(segments, (len(idx), width), np.dtype(np.int32), holds="segments are")
         if not len(idx):
             return tokens, segments
         starts = self._starts
@@ -127,7 +126,7 @@ class SubsetWindows:
         return tokens, segments
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -141,15 +140,6 @@ class SubsetWindows:
 
 def _rebuild(view: Any, seq_len: int, separator: Optional[int]) -> SubsetWindows:
     return SubsetWindows(view, seq_len, separator=separator)
-
-
-def _check(arr: np.ndarray, shape: tuple, dtype: np.dtype) -> None:
-    from .errors import SizeMismatchError
-
-    if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype \
-            or not arr.flags.c_contiguous or not arr.flags.writeable:
-        raise SizeMismatchError(f"out must be a writable C-contiguous {dtype} array of shape "
-                                f"{shape}")
 
 
 class _Segments:
@@ -177,6 +167,6 @@ class _Segments:
         return self._windows._fill(idx, None, out)[1]
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got

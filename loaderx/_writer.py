@@ -24,20 +24,14 @@ import os
 import shutil
 from typing import Any, Callable
 
+from ._checks import check_mode
 from ._store import deprecated
 from .errors import DestinationExistsError
 
-__all__ = ["MODES", "CODECS", "check_mode", "check_destination", "prepare_store", "codec_of",
-           "is_store_dir"]
+__all__ = ["CODECS", "check_destination", "prepare_store", "codec_of", "is_store_dir"]
 
-MODES = ("create", "append", "overwrite")
+#: The codecs every writer names (``mode`` words: `loaderx._checks.WRITE_MODES`).
 CODECS = ("raw", "zstd", "zstd_dict")
-
-
-def check_mode(mode: Any) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return mode
 
 
 def is_store_dir(path: str) -> bool:

@@ -6,6 +6,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from . import identity
+from ._records import byte_view, writable_bytes
 from ._writer import prepare_store
 from ._store import (U64, Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers,
                      row_splits)
@@ -36,38 +37,7 @@ def _flat_bytes(obj) -> np.ndarray:
     """The bytes of a bytes-like object (copied when it is not contiguous) as
     a uint8 array; TypeError when it is not bytes-like."""
     mv = memoryview(obj)
-    return _byte_view(mv if mv.c_contiguous else memoryview(mv.tobytes()))
-
-
-def _byte_view(mv: memoryview) -> np.ndarray:
-    """A C-contiguous memoryview's memory as a flat uint8 array (no copy)."""
-    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
-                         dtype=np.uint8)
-
-
-def _writable_bytes(out) -> np.ndarray:
-    """The caller's `out` as a writable uint8 view of the same memory."""
-    if isinstance(out, np.ndarray):
-        if out.dtype.hasobject:
-            raise TypeError(f"out is an array of Python objects ({out.dtype}), not a buffer")
-        contiguous = out.flags.c_contiguous
-    else:
-        try:
-            mv = memoryview(out)
-        except TypeError:
-            raise TypeError(f"out must be a writable bytes-like object or array, "
-                            f"not {type(out).__name__}") from None
-        contiguous = mv.c_contiguous
-    if not contiguous:
-        # A reshape of it would be a copy: the records would never reach `out`.
-        raise SizeMismatchError("out must be C-contiguous (records are written back to back)")
-    if isinstance(out, np.ndarray):
-        dest = out.reshape(-1).view(np.uint8)
-    else:
-        dest = _byte_view(mv)
-    if not dest.flags.writeable:
-        raise ValueError("out is read-only")
-    return dest
+    return byte_view(mv if mv.c_contiguous else memoryview(mv.tobytes()))
 
 
 class Zrecord(Store):
@@ -147,7 +117,7 @@ class Zrecord(Store):
         if offsets is None:
             _, splits = self.gather(indices, out=out, packed=True)
             return np.diff(splits).astype(U64)
-        dest = _writable_bytes(out)
+        dest = writable_bytes(out)
         idx, _ = self._indices(indices)
         values, splits = self.gather(idx, packed=True)
         sizes = np.diff(splits).astype(U64)

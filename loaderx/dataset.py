@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import mmap
 import os
 import re
 import stat
@@ -21,7 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Sized
 import numpy as np
 
 from . import _locks, _objstore, _writer, identity
-from ._store import Store, check_new_store, stored_kind
+from ._checks import KINDS, drop_source_rows
+from ._store import check_new_store
 from ._writer import is_store_dir
 from .errors import (
     BusyError,
@@ -31,7 +31,7 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
-from .zrecord import DenseStore, RaggedStore, Zrecord
+from .zrecord import DenseStore, RaggedStore, open_store
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
            "labels", "DestinationExistsError", "MANIFEST_NAME"]
@@ -47,12 +47,10 @@ MANIFEST_FORMAT = "loaderx-dataset"
 MANIFEST_VERSION = 2
 #: The name of a generation directory.
 GENERATION_RE = re.compile(r"gen-[0-9]{6,}")
-_MODES = _writer.MODES
 #: A dictionary trained by a writer sees at most this many bytes of records.
 _DICT_SAMPLE_BYTES = 16 << 20
 #: Records per append of `from_iterator` (each append is atomic).
 _ITERATOR_CHUNK_RECORDS = 16384
-_KINDS = ("dense", "ragged", "bytes")
 #: Opens of a dataset that another process replaces faster than this many
 #: times in a row give up with BusyError.
 _OPEN_ATTEMPTS = 50
@@ -100,13 +98,12 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     n = array.shape[0]
 
     def chunks():
-        release = _page_releaser(array)
         for start in range(0, n, step):
             stop = min(start + step, n)
             yield np.ascontiguousarray(array[start:stop]), stop - start
             # A memory-mapped source keeps every page it touched mapped (and
             # counted in RSS) until unmapped; drop the chunk's pages once copied.
-            release(start, stop)
+            drop_source_rows(array, start, stop)
 
     return _write_store(path, DenseStore, (array.dtype, array.shape[1:]), chunks(), n, "rows",
                         lambda: array, codec=codec, level=level, dict_bytes=dict_bytes,
@@ -230,57 +227,6 @@ def _own_dictionary(path, cls: type, sample: Callable[[], Any], size: int | None
         return "zstd", None
 
 
-def _page_releaser(array: np.ndarray):
-    """A function (start_row, stop_row) that unmaps the pages of those rows of a
-    C-contiguous np.memmap source (MADV_DONTNEED: file-backed pages are simply
-    re-read if touched again); a no-op for anything else."""
-    mm = getattr(array, "_mmap", None)
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") \
-            or not array.flags.c_contiguous:
-        return lambda start, stop: None
-    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
-    data = array.ctypes.data
-    row_bytes = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
-    page = mmap.PAGESIZE
-
-    def release(start: int, stop: int) -> None:
-        lo = data - base + start * row_bytes
-        hi = data - base + stop * row_bytes
-        lo = (lo // page) * page
-        hi = (hi // page) * page
-        if hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    return release
-
-
-def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
-    """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
-
-    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
-    store is read through the node-local cache in `cache_dir`, bounded by
-    `cache_limit`, with `storage_options` for the object store (see
-    docs/remote.md); they are ignored for a local path."""
-    if _objstore.is_url(path):
-        from . import remote
-        cfg = remote.config(cache_dir, cache_limit, storage_options)
-        with remote.using(cfg):
-            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
-                return _open_store(path)
-    return _open_store(path)
-
-
-def _open_store(path) -> Store:
-    kind = stored_kind(path)
-    if kind == "dense":
-        return DenseStore(path)
-    if kind == "ragged":
-        return RaggedStore(path)
-    return Zrecord(path)
-
-
-# ----------------------------------------------------------------- dataset directories
-
 def _manifest_error(path: str, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"{path}: {MANIFEST_NAME} {what}", path=path)
 
@@ -291,7 +237,7 @@ def read_manifest(path, *, storage_options=None) -> dict:
     p = os.fspath(path)
     if _objstore.is_url(p):
         from . import remote
-        return _checked_manifest(p, remote.manifest_text(p, remote.config(
+        return checked_manifest(p, remote.manifest_text(p, remote.config(
             storage_options=storage_options)))
     file = os.path.join(p, MANIFEST_NAME)
     if not os.path.isfile(file):
@@ -307,10 +253,10 @@ def read_manifest(path, *, storage_options=None) -> dict:
     except FileNotFoundError:  # replaced by a rename just now
         raise StoreNotFoundError(f"{p}: {MANIFEST_NAME} disappeared while being read", path=p) \
             from None
-    return _checked_manifest(p, text)
+    return checked_manifest(p, text)
 
 
-def _checked_manifest(p: str, text: bytes) -> dict:
+def checked_manifest(p: str, text: bytes) -> dict:
     """`text` (a manifest file's bytes) parsed and checked."""
     try:
         manifest = json.loads(text.decode("utf-8"))
@@ -381,7 +327,7 @@ def _check_column_type(p: str, name: str, col: dict) -> None:
     """A column's kind, dtype, item_shape and codec are of the types the
     converters write (they are compared with each part's at open)."""
     kind, dtype, shape = col.get("kind"), col.get("dtype"), col.get("item_shape")
-    if kind not in _KINDS:
+    if kind not in KINDS:
         raise _manifest_error(p, f"column {name!r} has unknown kind {kind!r}")
     if kind != "bytes" and not isinstance(dtype, str):
         raise _manifest_error(p, f"column {name!r} has no dtype")

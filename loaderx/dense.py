@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import _buffers, _records, identity
+from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
 from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
@@ -32,7 +33,7 @@ def _item_shape(item_shape) -> tuple:
     dims = item_shape if isinstance(item_shape, tuple) \
         else tuple(np.atleast_1d(item_shape).tolist())
     for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, (bool, np.bool_)) or d < 0:
+        if not is_int(d) or d < 0:
             raise ValueError(f"item_shape {dims} must hold non-negative integers")
     return tuple(int(d) for d in dims)
 
@@ -193,21 +194,6 @@ class DenseStore(Store):
             assert result is not None  # exact: an out-of-range index raises instead
         return _records.dense_packed(result) if packed else result
 
-    def _check_out(self, out, shape: tuple) -> np.ndarray:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-        if out.dtype != self._dtype:
-            raise IdentityError(f"out has dtype {out.dtype}, store holds {self._dtype}",
-                                path=self._path)
-        if out.shape != shape:
-            raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}",
-                                    path=self._path)
-        if not out.flags.c_contiguous:
-            raise SizeMismatchError("out must be C-contiguous", path=self._path)
-        if not out.flags.writeable:
-            raise SizeMismatchError("out is read-only", path=self._path)
-        return out
-
     def _pooled_batch(self, shape: tuple) -> np.ndarray:
         """The output of a large read without ``out=``: pooled library memory
         (loaderx._buffers), so repeated batches reuse pages that are already
@@ -244,7 +230,8 @@ class DenseStore(Store):
             out = (_empty(shape, self._dtype) if n * self._record_bytes < _buffers.POOL.min_bytes
                    else self._pooled_batch(shape))
         elif type(out) is not np.ndarray or out.dtype is not self._dtype or out.shape != shape:
-            out = self._check_out(out, shape)  # raises unless the dtype is equal, not identical
+            # raises unless the dtype is equal, not identical
+            out = check_out(out, shape, self._dtype, path=self._path)
         if not n:
             return out
         h = self._handle  # held for the call: keeps the handle's memory alive
@@ -259,7 +246,7 @@ class DenseStore(Store):
             # (Zero-size records: the native call still checks the indices.)
             op = _from_buffer(_T_U8, out if self._record_bytes else _DUMMY, True)
         except ValueError:  # not C-contiguous or read-only: the precise message
-            self._check_out(out, shape)
+            check_out(out, shape, self._dtype, path=self._path)
             raise
         if self._remote is None:
             rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes, _NULL, 0,

@@ -3,11 +3,26 @@
 Every native result code maps to exactly one class (see ``_lib.ERROR_CLASSES``).
 Where a standard exception says the same thing, the class also derives from it,
 so ``except FileNotFoundError`` / ``IndexError`` / ``TypeError`` work as usual.
+
+Every exception loaderx raises on purpose is defined here and exported from the
+package top level (``loaderx.CorruptStoreError``...; tests/test_tidy.py checks
+both), so one ``except loaderx.LoaderxError`` catches them all and each can be
+caught by name without knowing which module raised it.
+
+Why the base is ``LoaderxError``, with ``ZrecordError`` the same class under its
+old name: errors come from every layer (stores, dataset directories, the loader,
+conversion, object storage), not only from the ``Zrecord`` byte store, and the
+package is loaderx, so the base is named after the package as users expect
+(``except loaderx.LoaderxError``). ``ZrecordError`` is what the original loaderx
+design card and ``from loaderx.zrecord import ..., ZrecordError`` promise, so it
+stays, forever, as an alias (``ZrecordError is LoaderxError``: catching either
+catches the same errors, and ``isinstance`` agrees). New code should write
+``LoaderxError``. The ``Zrecord*`` subclasses keep their names.
 """
 from __future__ import annotations
 
 
-class ZrecordError(Exception):
+class LoaderxError(Exception):
     """Base of every loaderx error. ``.code`` is the native result code (or
     None for errors raised in Python), ``.path`` the store's path when known."""
 
@@ -20,28 +35,28 @@ class ZrecordError(Exception):
         return str(self.args[0]) if self.args else ""
 
 
-class StoreNotFoundError(ZrecordError, FileNotFoundError):
+#: The base's name in the original loaderx (the design card's ``loaderx.zrecord``
+#: exports it): the same class, kept for code written against it.
+ZrecordError = LoaderxError
+
+
+class StoreNotFoundError(LoaderxError, FileNotFoundError):
     """No store at the path (and create was not asked for)."""
 
 
-class NotAStoreError(ZrecordError, ValueError):
+class NotAStoreError(LoaderxError, ValueError):
     """The path holds something that is not a loaderx store."""
 
 
-class CorruptStoreError(ZrecordError):
+class CorruptStoreError(LoaderxError):
     """The store is damaged: truncated files, checksum mismatch, a bad record."""
 
 
-class DestinationExistsError(ZrecordError, FileExistsError):
-    """A writer in ``mode="create"`` found data at its destination (or
-    ``mode="overwrite"`` found something that is not loaderx's)."""
-
-
-class NewerFormatError(ZrecordError):
+class NewerFormatError(LoaderxError):
     """The store was written by a newer on-disk format; upgrade loaderx."""
 
 
-class LockedError(ZrecordError):
+class LockedError(LoaderxError):
     """Another handle (in this or another process) holds the writer lock."""
 
 
@@ -49,7 +64,7 @@ class BusyError(LockedError):
     """delete/compact need exclusive access and another handle or a gather has it."""
 
 
-class ClosedError(ZrecordError, ValueError):
+class ClosedError(LoaderxError, ValueError):
     """The store (or loader) has been closed."""
 
 
@@ -58,39 +73,39 @@ class LoaderClosedError(ClosedError, RuntimeError):
     before it was a ``ClosedError``)."""
 
 
-class RecordIndexError(ZrecordError, IndexError):
+class RecordIndexError(LoaderxError, IndexError):
     """A record index is out of range."""
 
 
-class IdentityError(ZrecordError, TypeError):
+class IdentityError(LoaderxError, TypeError):
     """Data or an existing store does not match the store's dtype/shape/kind."""
 
 
-class SizeMismatchError(ZrecordError, ValueError):
+class SizeMismatchError(LoaderxError, ValueError):
     """A destination buffer or a record has the wrong size."""
 
 
-class DictionaryError(ZrecordError, ValueError):
+class DictionaryError(LoaderxError, ValueError):
     """A zstd dictionary is missing, unexpected or invalid."""
 
 
-class InvalidArgumentError(ZrecordError, ValueError):
+class InvalidArgumentError(LoaderxError, ValueError):
     """An argument the native core refused (codec, level, ...)."""
 
 
-class ArgumentTypeError(ZrecordError, TypeError):
+class ArgumentTypeError(LoaderxError, TypeError):
     """An argument of the wrong type (raised in Python, no native code)."""
 
 
-class ReadOnlyError(ZrecordError, PermissionError):
+class ReadOnlyError(LoaderxError, PermissionError):
     """The store cannot be written."""
 
 
-class NoSpaceError(ZrecordError, OSError):
+class NoSpaceError(LoaderxError, OSError):
     """The disk is full; nothing partial was committed."""
 
 
-class ZrecordIOError(ZrecordError, OSError):
+class ZrecordIOError(LoaderxError, OSError):
     """An operating-system I/O error."""
 
 
@@ -119,5 +134,23 @@ class RemoteChangedError(RemoteIOError):
     was opened; reads never mix versions, so reopen it to read the new one."""
 
 
-class ZrecordMemoryError(ZrecordError, MemoryError):
+class ZrecordMemoryError(LoaderxError, MemoryError):
     """The native core ran out of memory."""
+
+
+class DestinationExistsError(LoaderxError, FileExistsError):
+    """A write found something at its destination and was not asked to
+    append or overwrite it (``mode="append"`` / ``"overwrite"``)."""
+
+
+class ConvertError(LoaderxError, ValueError):
+    """A source that cannot be converted as asked; the message says why and what to do."""
+
+
+class MissingDependencyError(LoaderxError, ImportError):
+    """An optional dependency is not installed; the message names the extra
+    to install (``pip install 'loaderx[convert]'``...)."""
+
+
+class MissingRemoteDependencyError(MissingDependencyError):
+    """Remote datasets need obstore: ``pip install 'loaderx[remote]'``."""

@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 
 from . import _abi
+from ._checks import is_int
 from .errors import CorruptStoreError
 
 #: The msgpack identity's version (format-2 stores).
@@ -58,7 +59,7 @@ def check_shape(shape: Any, itemsize: int, what: str) -> tuple:
     if len(dims) > NDIM_MAX:
         raise ValueError(f"{what} has {len(dims)} dimensions; at most {NDIM_MAX} are supported")
     for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, (bool, np.bool_)):
+        if not is_int(d):
             raise ValueError(f"{what} {dims} holds a non-integer dimension")
         if not 0 <= int(d) <= _SIZE_MAX:
             raise ValueError(f"{what} {dims} has a dimension out of range")

@@ -44,21 +44,18 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from .streams import as_stream, empty_note
+from .streams import check_streams
 
 __all__ = ["Mixture"]
 
-_KINDS = ("dense", "ragged", "bytes")
 #: Largest sum of the integer weights the native loader takes.
 _WEIGHT_TOTAL_MAX = 1 << 40
 _DENOMINATOR_MAX = 10**6
 
 
 def _signature(stream: Any) -> tuple:
-    kind = getattr(stream, "kind", None)
-    if kind not in _KINDS or not callable(getattr(stream, "gather", None)):
-        raise TypeError(f"not a loaderx stream (needs gather() and a kind in {_KINDS}): "
-                        f"{type(stream).__name__}")
+    """What two sources' streams of one name must share (checked streams)."""
+    kind = stream.kind
     dtype = np.dtype(getattr(stream, "dtype", np.uint8))
     shape: Any = getattr(stream, "item_shape", None)
     return (kind, dtype, None if kind != "dense" else tuple(shape))
@@ -120,7 +117,7 @@ class Mixture:
                     not isinstance(w, numbers.Integral) and not math.isfinite(w)):
                 raise ValueError(f"weight of source {name!r} must be a positive number, got {w!r}")
         self._sources: Dict[str, Dict[str, Any]] = {
-            name: _check_source(name, sources[name]) for name in names}
+            name: check_streams(sources[name], source=name) for name in names}
         self._check_compatible()
         self._names = names
         self._integers = integer_weights([weights[n] for n in names])
@@ -170,29 +167,6 @@ class Mixture:
     def __repr__(self) -> str:
         parts = ", ".join(f"{n!r}: {self._weights[n]:.4g}" for n in self._names)
         return f"Mixture({{{parts}}}, streams={self.columns})"
-
-
-def _check_source(name: str, streams: Any) -> Dict[str, Any]:
-    if not isinstance(streams, Mapping) or not streams:
-        raise TypeError(f"source {name!r} must be a non-empty dict of stream name -> stream")
-    out = {}
-    lengths = {}
-    for column, stream in streams.items():
-        if not isinstance(column, str):
-            raise TypeError(f"source {name!r}: stream names must be str, got {column!r}")
-        stream = as_stream(stream)  # a numpy array is a stream of its rows
-        try:
-            _signature(stream)
-        except TypeError as e:
-            raise TypeError(f"source {name!r}, stream {column!r}: {e}") from None
-        lengths[column] = len(stream)
-        out[column] = stream
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"source {name!r}: its streams must have the same length, got {lengths}")
-    if next(iter(lengths.values())) == 0:
-        first = next(iter(out.values()))
-        raise ValueError(f"source {name!r} is empty (len 0): nothing to load{empty_note(first)}")
-    return out
 
 
 def _describe(signature: tuple) -> str:

@@ -6,6 +6,7 @@ from typing import Iterable
 import numpy as np
 
 from . import identity
+from ._checks import is_int
 from ._writer import prepare_store
 from ._store import Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers
 from ._store import row_splits as _row_splits
@@ -213,7 +214,7 @@ def _frame_size(frame_size, dtype: np.dtype, codec: str | None) -> int:
         return 0
     if frame_size is None:
         return TOKEN_FRAME_SIZE if dtype.kind in "iu" else 0
-    if isinstance(frame_size, bool) or not isinstance(frame_size, (int, np.integer)) \
+    if not is_int(frame_size) \
             or not (frame_size == 0 or 64 <= frame_size <= 1 << 30):
         raise ValueError(f"frame_size must be 0 or 64 to 2**30 bytes, got {frame_size!r}")
     return int(frame_size)

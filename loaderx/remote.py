@@ -37,15 +37,23 @@ import numpy as np
 
 from . import _objstore
 from ._cache import Cache, Layout, parse_limit
+from ._checks import check_mode
 from ._objstore import Options, is_url, join
+from ._store import stored_kind
+from .dataset import MANIFEST_NAME, checked_manifest
 from .errors import (
+    ConvertError,
     CorruptStoreError,
+    DestinationExistsError,
+    IdentityError,
+    LockedError,
     NotAStoreError,
     ReadOnlyError,
     RemoteChangedError,
     RemoteNotFoundError,
     ZrecordError,
 )
+from .zrecord import open_store
 
 __all__ = ["configure", "is_url", "Config"]
 
@@ -369,7 +377,6 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
                                  "(reopen the dataset to read the new version)", path=url)
 
     def check(local: str) -> None:
-        from ._store import stored_kind
         try:
             stored_kind(local)
         except ZrecordError as e:
@@ -400,7 +407,6 @@ def exists(url: str, cfg: Optional[Config] = None) -> bool:
 def manifest_text(url: str, cfg: Optional[Config] = None) -> bytes:
     """The bytes of the dataset manifest under `url`; errors name what is
     there instead (a single store, nothing)."""
-    from .dataset import MANIFEST_NAME
     cfg = cfg or config()
     try:
         return read_bytes(join(url, MANIFEST_NAME), cfg)[0]
@@ -473,7 +479,6 @@ def _occupied(url: str, cfg: Config) -> bool:
 
 
 def _exists_error(url: str, mode_hint: str) -> Exception:
-    from .dataset import DestinationExistsError
     return DestinationExistsError(f"{url} already exists; pass {mode_hint}", path=url)
 
 
@@ -482,10 +487,8 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     """A single store for `url`: `build(local_dir)` writes and closes it
     locally, then it is uploaded (its meta last) and opened from `url`.
     ``mode="append"`` is refused (append to a dataset instead)."""
-    from .dataset import _MODES
     cfg = cfg or config()
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    check_mode(mode)
     _refuse_read_only(url)
     url = url.rstrip("/")
     if mode == "append":
@@ -504,7 +507,6 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     finally:
         import shutil
         shutil.rmtree(local, ignore_errors=True)
-    from .dataset import open_store
     return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
                       storage_options=cfg.options)
 
@@ -514,10 +516,8 @@ class Target:
     the published manifest (or nothing, on abort)."""
 
     def __init__(self, url: str, mode: str, cfg: Optional[Config] = None, cli: bool = False):
-        from .dataset import MANIFEST_NAME, _MODES, _checked_manifest
         self.cfg = cfg or config()
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        check_mode(mode)
         _refuse_read_only(url)
         self.url = url.rstrip("/")
         self.old: Optional[dict] = None
@@ -525,7 +525,7 @@ class Target:
         if _occupied(self.url, self.cfg):
             try:
                 text, self.old_etag = read_bytes(join(self.url, MANIFEST_NAME), self.cfg)
-                self.old = _checked_manifest(self.url, text)
+                self.old = checked_manifest(self.url, text)
             except RemoteNotFoundError:
                 self.old = None
             if mode == "create":
@@ -535,7 +535,6 @@ class Target:
                 raise _exists_error(self.url, "another destination (it holds something that "
                                               "is not a loaderx dataset; remove it yourself)")
             if mode == "append" and "splits" in self.old:
-                from .converters import ConvertError
                 raise ConvertError(f"{self.url} holds splits; append to one split's directory")
         elif mode == "append":
             mode = "create"  # nothing there yet: as a local append would
@@ -551,7 +550,6 @@ class Target:
         puts its parts in the dataset's generation under new names."""
         import random
 
-        from .dataset import MANIFEST_NAME
         uid = "".join(random.choice("0123456789") for _ in range(12))
         move, manifest = _relocation(fresh, self.old if self.mode == "append" else None, uid)
         if self.mode == "append":
@@ -568,7 +566,6 @@ class Target:
         overwrite then deletes the old dataset's objects."""
         import json
 
-        from .dataset import MANIFEST_NAME
         body = (json.dumps(manifest, indent=2) + "\n").encode()
         put_mode: Any = "create" if self.old is None else {"e_tag": self.old_etag}
         try:
@@ -606,8 +603,6 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
 
 
 def _commit_error(url: str, e: Exception, mode: str) -> Exception:
-    from .dataset import DestinationExistsError
-    from .errors import LockedError
     if isinstance(e, RemoteChangedError):
         return LockedError(f"{url}: another writer changed this dataset's manifest while this "
                            f"{mode} ran; nothing was published (run it again)", path=url)
@@ -661,8 +656,6 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
     """The manifest of `old` with the shards of `fresh` added, after the
     checks a local append makes."""
     import copy
-    from .converters import ConvertError
-    from .errors import IdentityError
     if list(fresh["columns"]) != list(old["columns"]):
         raise ConvertError(f"{url}: appending columns {list(fresh['columns'])} to a dataset with "
                            f"columns {list(old['columns'])}; they must be the same")
@@ -683,7 +676,6 @@ def _appended(url: str, old: dict, fresh: dict) -> dict:
 def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
     """Every object of the dataset a manifest describes (an overwrite's old
     data): its generation directory, or (version 1) the stores it names."""
-    from .dataset import MANIFEST_NAME, _checked_manifest
     gen = manifest.get("generation")
     if gen is not None:
         prefix = join(url, gen)
@@ -695,7 +687,7 @@ def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
                 text, _ = read_bytes(join(url, sub, MANIFEST_NAME), cfg)
             except RemoteNotFoundError:
                 continue
-            out += _named_objects(join(url, sub), _checked_manifest(url, text), cfg)
+            out += _named_objects(join(url, sub), checked_manifest(url, text), cfg)
             out.append(join(url, sub, MANIFEST_NAME))
         return out
     for col in manifest["columns"].values():

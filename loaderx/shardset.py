@@ -25,24 +25,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _buffers, _records
+from ._checks import check_out, is_stream
 from ._lib import check
 from ._store import deprecated, normalize_indices
-from .errors import ClosedError, IdentityError, SizeMismatchError, ZrecordMemoryError
+from .errors import ClosedError, IdentityError, ZrecordMemoryError
 from .streams import NativePart
+from .zrecord import open_store
 
 __all__ = ["ShardSet"]
-
-_KINDS = ("dense", "ragged", "bytes")
-
 
 def _open(shard: Any) -> tuple[Any, bool]:
     """An open store for `shard` (a path or a store) and whether we opened it."""
     if isinstance(shard, (str, os.PathLike)):
-        from .dataset import open_store
-
         return open_store(shard), True
-    kind = getattr(shard, "kind", None)
-    if kind not in _KINDS or not callable(getattr(shard, "gather", None)):
+    if not is_stream(shard):
         raise TypeError(
             f"a shard must be a store path or an open DenseStore, RaggedStore or "
             f"Zrecord, not {type(shard).__name__}"
@@ -71,20 +67,6 @@ def _check_identities(stores: Sequence[Any]) -> None:
                     f"{_name(store, position)} has {field}={theirs}; every shard must hold "
                     "the same kind, dtype and item_shape"
                 )
-
-
-def _check_out(out: Any, shape: tuple, dtype: np.dtype) -> None:
-    """The checks a DenseStore makes of a caller's `out=` array."""
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-    if out.dtype != dtype:
-        raise IdentityError(f"out has dtype {out.dtype}, the shards hold {dtype}")
-    if out.shape != shape:
-        raise SizeMismatchError(f"out has shape {out.shape}, the batch needs {shape}")
-    if not out.flags.c_contiguous:
-        raise SizeMismatchError("out must be C-contiguous")
-    if not out.flags.writeable:
-        raise SizeMismatchError("out is read-only")
 
 
 class ShardSet:
@@ -283,7 +265,7 @@ class ShardSet:
                 raise ZrecordMemoryError(f"ShardSet: a batch of shape {shape} "
                                          "does not fit in memory") from None
         else:
-            _check_out(out, shape, self._dtype)
+            check_out(out, shape, self._dtype, holds="the shards hold")
         if len(idx) and self._part_list:
             tokens = self._remote_begin(idx)
             try:

@@ -70,16 +70,14 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
 """
 from __future__ import annotations
 
-import numbers
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple,
                     runtime_checkable)
 
 import numpy as np
 
-__all__ = ["Stream", "NativePart", "ArrayStream", "KINDS"]
+from ._checks import KINDS, is_int, is_stream  # noqa: F401 (is_int: streams.is_int, older name)
 
-#: The kinds of records a stream holds.
-KINDS = ("dense", "ragged", "bytes")
+__all__ = ["Stream", "NativePart", "ArrayStream", "KINDS"]
 
 
 @runtime_checkable
@@ -142,38 +140,37 @@ def as_stream(value: Any) -> Any:
     return ArrayStream(value) if isinstance(value, np.ndarray) else value
 
 
-def is_stream(value: Any) -> bool:
-    """Has the members the loader needs (``gather()`` and a known ``kind``)."""
-    return getattr(value, "kind", None) in KINDS and callable(getattr(value, "gather", None))
-
-
-def check_streams(streams: Any) -> Dict[str, Any]:
-    """A loader's streams mapping, checked: non-empty, string names, streams
-    (numpy arrays wrapped) of one non-zero length."""
+def check_streams(streams: Any, source: Optional[str] = None) -> Dict[str, Any]:
+    """A loader's streams mapping (or a `Mixture` source's, named `source`),
+    checked: non-empty, string names, streams (numpy arrays wrapped) of one
+    non-zero length. The one check of a dict of streams, so a loader and a
+    mixture refuse the same input with the same words."""
+    owner = "streams" if source is None else f"source {source!r}"
+    where = "" if source is None else f"source {source!r}: "
     if not isinstance(streams, Mapping):
         raise TypeError(
-            f"streams must be a dict of name -> store, got {type(streams).__name__}"
+            f"{owner} must be a dict of name -> store, got {type(streams).__name__}"
         )
     if not streams:
-        raise ValueError("streams is empty: give at least one name -> store")
+        raise ValueError(f"{owner} is empty: give at least one name -> store")
     checked = {}
     for name, stream in streams.items():
         if not isinstance(name, str):
-            raise TypeError(f"stream names must be str, got {name!r}")
+            raise TypeError(f"{where}stream names must be str, got {name!r}")
         stream = as_stream(stream)
         if not is_stream(stream):
             raise TypeError(
-                f"stream {name!r} is not a loaderx store (needs gather() and a kind in "
+                f"{where}stream {name!r} is not a loaderx store (needs gather() and a kind in "
                 f"{KINDS}): got {type(stream).__name__}"
             )
         checked[name] = stream
     lengths = {name: len(stream) for name, stream in checked.items()}
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"streams must all have the same length, got {lengths}")
-    for name, length in lengths.items():
-        if length == 0:
-            raise ValueError(f"stream {name!r} is empty (len 0): nothing to load"
-                             f"{empty_note(checked[name])}")
+        raise ValueError(f"{where}streams must all have the same length, got {lengths}")
+    first, length = next(iter(lengths.items()))
+    if length == 0:
+        empty = f"stream {first!r}" if source is None else owner
+        raise ValueError(f"{empty} is empty (len 0): nothing to load{empty_note(checked[first])}")
     return checked
 
 
@@ -213,11 +210,6 @@ def prefetch_sizer(stream: Any) -> Optional[Callable[[np.ndarray], int]]:
         record = int(np.dtype(stream.dtype).itemsize * np.prod(shape, dtype=np.int64))
         return lambda indices: record * len(indices)
     return None
-
-
-def is_int(value: Any) -> bool:
-    """True for Python and numpy integers, but not for ``bool``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:

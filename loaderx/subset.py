@@ -419,11 +419,13 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
 def _infos(bases: Dict[str, Any]) -> Dict[str, _sql.ColumnInfo]:
     infos = {}
     for name, base in bases.items():
-        infos[name] = _info(name, base)
+        infos[name] = column_info(name, base)
     return infos
 
 
-def _info(name: str, base: Any) -> _sql.ColumnInfo:
+def column_info(name: str, base: Any) -> _sql.ColumnInfo:
+    """What a predicate can know of column `name` (its SQL type, dtype, nulls,
+    categories); `loaderx info` lists the same."""
     dtype = np.dtype(getattr(base, "dtype", np.uint8))
     if isinstance(base, Column) and base.text:
         return _sql.ColumnInfo(name, "string", dtype, nullable=base.valid is not None,

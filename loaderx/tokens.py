@@ -59,9 +59,12 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from . import _buffers
+from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
 from ._records import parts_array
 from ._store import check_threads, normalize_indices
+from ._subset_windows import SubsetWindows
+from ._token_index import index_of
 from .errors import IdentityError, SizeMismatchError
 
 __all__ = ["TokenWindows", "ArrayTokenWindows"]
@@ -74,7 +77,6 @@ class TokenWindows:
     def __new__(cls, store: Any, seq_len: int, *, separator: Optional[int] = None):
         if getattr(store, "selection", None) is not None and cls is TokenWindows:
             # Documents a `loaderx.select` view selects: windows over those alone.
-            from ._subset_windows import SubsetWindows
             return SubsetWindows(store, seq_len, separator=separator)
         return super().__new__(cls)
 
@@ -98,7 +100,7 @@ class TokenWindows:
         seq_len = _check_seq_len(seq_len)
         if separator is not None:
             info = np.iinfo(dtype)
-            if isinstance(separator, bool) or not isinstance(separator, (int, np.integer)) \
+            if not is_int(separator) \
                     or not info.min <= separator <= info.max:
                 raise ValueError(f"separator must be a token id of {dtype}, got {separator!r}")
         if len(store) == 0:
@@ -115,7 +117,7 @@ class TokenWindows:
         epoch = ffi.new("uint64_t *")
         check(lib.lx_windows_epoch(self._parts, len(self._part_list), epoch), self.path,
               "token windows")
-        self._prefix = _index_of(store, dtype.itemsize, self._separator)
+        self._prefix = index_of(store, dtype.itemsize, self._separator)
         total = int(self._prefix[-1])
         self._len = (total - 1) // self._seq_len if total else 0
         sep = 0 if self._separator is None else self._separator & ((1 << (8 * dtype.itemsize)) - 1)
@@ -214,7 +216,7 @@ class TokenWindows:
         del handles
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -265,8 +267,7 @@ def _flat_parts(store: Any) -> List[Tuple[Any, int]]:
 
 
 def _check_seq_len(seq_len: Any) -> int:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) \
-            or not 1 <= seq_len < 2**62:
+    if not is_int(seq_len) or not 1 <= seq_len < 2**62:
         raise ValueError(f"seq_len must be an int from 1 to 2**62 - 1, got {seq_len!r}")
     return int(seq_len)
 
@@ -325,7 +326,7 @@ class ArrayTokenWindows:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -385,7 +386,7 @@ class _ArraySegments:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -425,7 +426,7 @@ class TokenSegments:
         return out
 
     def __getitem__(self, key):
-        scalar = isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+        scalar = is_int(key)
         got = self.gather([key] if scalar else key)
         return got[0] if scalar else got
 
@@ -442,43 +443,7 @@ def _segments_of(windows: TokenWindows) -> TokenSegments:
 
 
 def _out(out: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """`out` checked as a DenseStore checks it, or a new pooled array."""
     if out is None:
         return _buffers.empty(shape, dtype)
-    if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != shape:
-        raise SizeMismatchError(f"out must be a {dtype} array of shape {shape}, got "
-                                f"{getattr(out, 'dtype', type(out).__name__)}"
-                                f"{getattr(out, 'shape', '')}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise SizeMismatchError("out must be C-contiguous and writable")
-    return out
-
-
-# ----------------------------------------------------------------- the index
-
-def _index_of(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
-    """The prefix sums of `store`'s documents (a ShardSet's: its shards' put
-    together, a separator between shards too)."""
-    shards = getattr(store, "shards", None)
-    if shards is None:
-        return _store_index(store, itemsize, separator)
-    pieces, offset = [], 0
-    nonempty = [s for s in shards if len(s)]
-    for k, shard in enumerate(nonempty):
-        p = _store_index(shard, itemsize, separator if shard.kind == "ragged" else None)
-        pieces.append(p[:-1] + offset)
-        offset += int(p[-1]) + (1 if separator is not None and k + 1 < len(nonempty) else 0)
-    pieces.append(np.array([offset], np.uint64))
-    return np.ascontiguousarray(np.concatenate(pieces), dtype=np.uint64)
-
-
-def _store_index(store: Any, itemsize: int, separator: Optional[int]) -> np.ndarray:
-    """One store's prefix sums, natively: from its windows.idx where that is
-    valid (copied in, checked), the record table for the rest."""
-    docs = len(store) if store.kind == "ragged" else 1  # a store of token ids: one document
-    if getattr(store, "is_remote", False):
-        store._remote.all_index()  # every document's size, in the cache's replica
-    prefix = np.empty(docs + 1, np.uint64)
-    check(lib.lx_windows_index(store._h(), itemsize, separator is not None,
-                               ffi.cast("uint64_t *", prefix.ctypes.data), docs),
-          store.path, "token window index")
-    return prefix
+    return check_out(out, shape, dtype, holds="the windows hold")

@@ -21,13 +21,16 @@ Common contract
 * ``delete(key)`` follows the original swap-last rule and returns its moves.
 * The type identity (kind, dtype, item shape) is stored inside the store as a
   versioned native struct (src/format.zig; msgpack in format-2 stores, still
-  read) and checked at every open; `loaderx.dataset.open_store` reopens the
+  read) and checked at every open; `open_store` (here, also exported as
+  ``loaderx.dataset.open_store`` and ``loaderx.open_store``) reopens the
   right class from it.
 * A store pickles as a reference (class and path); unpickling reopens it
   read-only, so torch worker processes and ``multiprocessing`` spawn work.
 """
 from __future__ import annotations
 
+from . import _objstore
+from ._store import Store, stored_kind
 from .bytestore import Zrecord
 from .dense import DenseStore
 from .dictionary import train_dict
@@ -37,6 +40,7 @@ from .errors import (
     CorruptStoreError,
     DictionaryError,
     IdentityError,
+    LoaderxError,
     LockedError,
     NotAStoreError,
     RecordIndexError,
@@ -47,8 +51,35 @@ from .errors import (
 from .ragged import RaggedStore
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "train_dict", "ZrecordError",
+    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict",
+    "LoaderxError", "ZrecordError",
     "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "LockedError",
     "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
     "SizeMismatchError", "DictionaryError",
 ]
+
+
+def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
+    """Open an existing store as the class its persisted identity names
+    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
+
+    `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
+    store is read through the node-local cache in `cache_dir`, bounded by
+    `cache_limit`, with `storage_options` for the object store (see
+    docs/remote.md); they are ignored for a local path."""
+    if _objstore.is_url(path):
+        from . import remote
+        cfg = remote.config(cache_dir, cache_limit, storage_options)
+        with remote.using(cfg):
+            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
+                return _open_store(path)
+    return _open_store(path)
+
+
+def _open_store(path) -> Store:
+    kind = stored_kind(path)
+    if kind == "dense":
+        return DenseStore(path)
+    if kind == "ragged":
+        return RaggedStore(path)
+    return Zrecord(path)

@@ -648,7 +648,7 @@ pub export fn lx_prefetch(
 
 /// Frees a buffer the library handed out (lx_pool_alloc, lx_gather_alloc,
 /// lx_loader_wait; null is ignored). Any thread; a large one goes back to
-/// its pool for reuse.
+/// the output pool for reuse.
 pub export fn lx_free_buffer(buf: ?[*]u8) void {
     outbuf.free(buf);
 }
@@ -664,57 +664,40 @@ pub export fn lx_free_buffer_at(at: ?*?[*]u8) void {
 
 // ---------------------------------------------------------------- output pool
 
-/// lx_pool: a pool of output buffers (see src/outbuf.zig); null names the
-/// library's default pool, which serves every buffer it hands out itself.
-pub const Pool = outbuf.Pool;
 /// lx_pool_stats_t.
 pub const PoolStats = outbuf.Stats;
 
-/// A new pool keeping at most `max_idle_bytes` of returned buffers for reuse;
-/// requests below `min_bytes` are plain malloc. The caller releases it with
-/// lx_pool_release. Errors: out_of_memory.
-pub export fn lx_pool_new(max_idle_bytes: u64, min_bytes: u64, out: ?*?*Pool) c_int {
+// The library has one output pool (src/outbuf.zig), which serves every buffer
+// it hands out; these calls reach it. There is no call to make another: the
+// library never needed one, only tests did (the native tests make pools of
+// their own inside outbuf.zig).
+
+/// Writes to `*out` a buffer of at least `size` bytes from the output pool:
+/// page aligned from the pool's min_bytes on (2 MiB aligned from 2 MiB),
+/// uninitialised. The caller frees it with lx_free_buffer. Any thread.
+/// Errors: out_of_memory.
+pub export fn lx_pool_alloc(size: u64, out: ?*?[*]u8) c_int {
     diag.clear();
     const o = out orelse return invalid("out is null", .{});
-    o.* = outbuf.create(@intCast(max_idle_bytes), @intCast(min_bytes)) orelse
-        return @backingInt(Result.out_of_memory);
-    return 0;
-}
-
-/// Lets go of a pool from lx_pool_new: its idle buffers are unmapped now,
-/// the ones still out when they are freed, and the pool with the last.
-pub export fn lx_pool_release(p: ?*Pool) void {
-    if (p) |owned| outbuf.release(owned);
-}
-
-/// Writes to `*out` a buffer of at least `size` bytes from pool `p` (null:
-/// the default pool): page aligned from the pool's min_bytes on (2 MiB
-/// aligned from 2 MiB), uninitialised. The caller frees it with
-/// lx_free_buffer. Any thread. Errors: out_of_memory.
-pub export fn lx_pool_alloc(p: ?*Pool, size: u64, out: ?*?[*]u8) c_int {
-    diag.clear();
-    const o = out orelse return invalid("out is null", .{});
-    o.* = outbuf.allocExact(p orelse &outbuf.default_pool, @intCast(size)) orelse {
+    o.* = outbuf.allocExact(&outbuf.default_pool, @intCast(size)) orelse {
         diag.set("no memory for {d} bytes", .{size});
         return @backingInt(Result.out_of_memory);
     };
     return 0;
 }
 
-/// Sets a pool's bounds (null: the default pool); idle buffers over a
-/// lowered `max_idle_bytes` are unmapped now (0 keeps none).
-pub export fn lx_pool_configure(p: ?*Pool, max_idle_bytes: u64, min_bytes: u64) void {
-    outbuf.configure(p orelse &outbuf.default_pool, @intCast(max_idle_bytes), @intCast(min_bytes));
+/// Sets the output pool's bounds: at most `max_idle_bytes` of returned
+/// buffers kept for reuse (idle buffers over a lowered cap are unmapped now;
+/// 0 keeps none), requests below `min_bytes` plain malloc.
+pub export fn lx_pool_configure(max_idle_bytes: u64, min_bytes: u64) void {
+    outbuf.configure(&outbuf.default_pool, @intCast(max_idle_bytes), @intCast(min_bytes));
 }
 
-/// Unmaps every idle buffer of a pool (null: the default pool) now.
-pub export fn lx_pool_trim(p: ?*Pool) void {
-    outbuf.trim(p orelse &outbuf.default_pool);
-}
-
-/// A pool's counters (null: the default pool).
-pub export fn lx_pool_stats(p: ?*Pool, out: *PoolStats) void {
-    out.* = outbuf.stats(p orelse &outbuf.default_pool);
+/// The output pool's counters (buffers created, reused, returned, unmapped;
+/// idle bytes and blocks; the bounds): how a caller sees that batches reuse
+/// memory instead of faulting in fresh pages.
+pub export fn lx_pool_stats(out: *PoolStats) void {
+    out.* = outbuf.stats(&outbuf.default_pool);
 }
 
 /// One record's move in a delete: the survivor at index `from` is now at `to`.

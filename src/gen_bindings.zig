@@ -18,7 +18,6 @@ const outbuf = @import("outbuf.zig");
 const named = .{
     .{ Store, "lx_store" },
     .{ Loader, "lx_loader" },
-    .{ capi.Pool, "lx_pool" },
     .{ capi.PoolStats, "lx_pool_stats_t" },
     .{ capi.Info, "lx_info_t" },
     .{ Store.Stats, "lx_stats_t" },
@@ -102,8 +101,7 @@ fn structDef(comptime T: type) []const u8 {
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\n" ++
-        "typedef struct lx_loader lx_loader;\n" ++
-        "typedef struct lx_pool lx_pool;\n";
+        "typedef struct lx_loader lx_loader;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
         capi.Part,         capi.LoaderConfig, capi.Cursor,

@@ -122,8 +122,9 @@ pub const Stats = extern struct {
     }
 };
 
-/// A pool of blocks (lx_pool). The default pool lives for the process; others
-/// are freed once their owner released them and their last block came back.
+/// A pool of blocks. The library's one pool, `default_pool`, lives for the
+/// process and serves every buffer it hands out; the tests below make pools
+/// of their own (`create`), freed once released and their last block is back.
 pub const Pool = struct {
     lock_word: std.atomic.Value(i64) = .init(0),
     /// 1 + the pid of the process the idle list belongs to (under the lock).
@@ -184,7 +185,8 @@ pub var default_pool: Pool = .{};
 /// native tests check that nothing leaks).
 pub var live: std.atomic.Value(i64) = .init(0);
 
-/// A new pool (freed by `release` and its last block's return), or null.
+/// A new pool (freed by `release` and its last block's return), or null:
+/// the native tests' isolated pools (the C ABI reaches `default_pool` only).
 pub fn create(max_idle_bytes: usize, min_bytes: usize) ?*Pool {
     const p = std.heap.c_allocator.create(Pool) catch return null;
     p.* = .{ .max_idle_bytes = max_idle_bytes, .min_bytes = @max(1, min_bytes), .heap = true };
@@ -225,22 +227,6 @@ pub fn configure(p: *Pool, max_idle_bytes: usize, min_bytes: usize) void {
         p.max_idle_bytes = max_idle_bytes;
         p.min_bytes = @max(1, min_bytes);
         spill_len = spillOver(p, &spill);
-    }
-    for (spill[0..spill_len]) |b| unmapBlock(b.data);
-}
-
-/// Unmaps every idle block of `p` now.
-pub fn trim(p: *Pool) void {
-    var spill: [idle_count_max]Idle = undefined;
-    var spill_len: usize = 0;
-    {
-        p.lock();
-        defer p.unlock();
-        spill_len = p.idle_len;
-        @memcpy(spill[0..spill_len], p.idle[0..p.idle_len]);
-        p.unmapped += spill_len;
-        p.idle_len = 0;
-        p.idle_bytes = 0;
     }
     for (spill[0..spill_len]) |b| unmapBlock(b.data);
 }

@@ -3,7 +3,7 @@ gathers and verifies hostile stores one after another, and a driver that feeds
 workers case numbers, notices a worker's death (a crash) or silence (a hang),
 blames the case in flight, and starts a fresh worker for the rest.
 
-The invariants each case is held to are stated in tests/test_fuzz_corpus.py.
+The invariants each case is held to are stated in tests/test_corruption_corpus.py.
 
     python tests/_fuzz.py repro SEED I [DIR]   # one case in this process, files kept in DIR
 """

@@ -1,4 +1,4 @@
-"""The seeded fuzz corpus of hostile stores (tests/test_fuzz_corpus.py).
+"""The seeded fuzz corpus of hostile stores (tests/test_corruption_corpus.py).
 
 `build_bases` writes six small stores with loaderx: DenseStore raw (the
 fixed-width layout), DenseStore zstd, RaggedStore 1-D (raw), RaggedStore n-D

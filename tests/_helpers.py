@@ -62,3 +62,39 @@ def loader_threads():
 
     return [t for t in threading.enumerate()
             if t.name.startswith("loaderx-") and not t.name.startswith("loaderx-net")]
+
+
+#: How long `within` waits before it calls a call a hang.
+WAIT_S = 10.0
+
+
+def within(fn, seconds=WAIT_S):
+    """fn() on a daemon thread: its result, or its exception re-raised; fails
+    (instead of hanging the suite) when it does not return in time."""
+    import threading
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: B036 - re-raised on the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} did not return within {seconds} s (a hang)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def counting_store(tmp_path, count: int = 200):
+    """Yields a dense store whose record i is i (int64), `count` records, and
+    closes it afterwards (the body of the loader tests' `store` fixtures)."""
+    from loaderx import DenseStore
+
+    with DenseStore(tmp_path / "x", np.int64, ()) as ds:
+        ds.append(np.arange(count, dtype=np.int64))
+        yield ds

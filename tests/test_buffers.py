@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from loaderx import _buffers
-from loaderx._buffers import HUGE_PAGE_BYTES, PAGE_BYTES, BufferPool
+from loaderx._buffers import HUGE_PAGE_BYTES, PAGE_BYTES, POOL
 from loaderx._lib import ffi
 from loaderx.zrecord import DenseStore
 
@@ -29,15 +29,42 @@ def address(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
 
 
-def pool_of(max_idle_bytes: int = 64 << 20) -> BufferPool:
-    """A pool that takes every request (min_bytes=1), apart from the library's."""
-    return BufferPool(max_idle_bytes=max_idle_bytes, min_bytes=1)
+class Pool:
+    """The library's one pool (`_buffers.POOL`) as a test sees it: emptied of
+    idle blocks when the test starts, with counters from that moment on."""
+
+    def __init__(self, max_idle_bytes: int, min_bytes: int):
+        gc.collect()  # earlier tests' arrays come back now, not during the test
+        POOL.configure(max_idle_bytes=0)  # keeps nothing: no idle block left over
+        POOL.configure(max_idle_bytes=max_idle_bytes, min_bytes=min_bytes)
+        self._start = POOL.stats()
+
+    def empty(self, shape, dtype):
+        return POOL.empty(shape, dtype)
+
+    def configure(self, **bounds):
+        POOL.configure(**bounds)
+
+    def stats(self) -> dict:
+        st = POOL.stats()
+        for name in ("created", "reused", "returned", "unmapped", "outstanding"):
+            st[name] -= self._start[name]
+        return st
+
+
+@pytest.fixture
+def pool_of():
+    """`pool_of(max_idle_bytes=..., min_bytes=1)`: the one pool, taking every
+    request by default; its default bounds come back after the test."""
+    yield lambda max_idle_bytes=64 << 20, min_bytes=1: Pool(max_idle_bytes, min_bytes)
+    POOL.configure(max_idle_bytes=_buffers.MAX_IDLE_BYTES_DEFAULT,
+                   min_bytes=_buffers.MIN_BYTES_DEFAULT)
 
 
 # ----------------------------------------------------------------- the contract
 
 
-def test_empty_gives_a_writable_array_of_the_asked_shape_and_dtype():
+def test_empty_gives_a_writable_array_of_the_asked_shape_and_dtype(pool_of):
     pool = pool_of()
     a = pool.empty((3, 5, 7), np.float32)
     assert a.shape == (3, 5, 7) and a.dtype == np.float32
@@ -48,7 +75,7 @@ def test_empty_gives_a_writable_array_of_the_asked_shape_and_dtype():
     assert pool.stats()["outstanding"] == 1
 
 
-def test_a_held_array_keeps_its_block():
+def test_a_held_array_keeps_its_block(pool_of):
     pool = pool_of()
     a = pool.empty((PAGE_BYTES,), np.uint8)
     a[:] = 7
@@ -60,7 +87,7 @@ def test_a_held_array_keeps_its_block():
 
 
 @pytest.mark.parametrize("holder", ["slice", "memoryview", "cffi", "frombuffer", "reshape"])
-def test_any_view_keeps_the_block_out_of_the_pool(holder):
+def test_any_view_keeps_the_block_out_of_the_pool(holder, pool_of):
     pool = pool_of()
     a = pool.empty((4, PAGE_BYTES), np.uint8)
     a[:] = 1
@@ -89,7 +116,7 @@ def test_any_view_keeps_the_block_out_of_the_pool(holder):
     assert address(again) == start
 
 
-def test_dropped_arrays_are_reused_most_recent_first():
+def test_dropped_arrays_are_reused_most_recent_first(pool_of):
     pool = pool_of()
     a = pool.empty((2, PAGE_BYTES), np.uint8)
     b = pool.empty((2, PAGE_BYTES), np.uint8)
@@ -106,7 +133,7 @@ def test_dropped_arrays_are_reused_most_recent_first():
     assert pool.stats()["reused"] == 2 and pool.stats()["created"] == 2
 
 
-def test_blocks_of_another_size_are_not_used():
+def test_blocks_of_another_size_are_not_used(pool_of):
     pool = pool_of()
     a = pool.empty((PAGE_BYTES,), np.uint8)
     del a
@@ -116,7 +143,7 @@ def test_blocks_of_another_size_are_not_used():
     assert int(b.sum()) == 5 * 3 * PAGE_BYTES
 
 
-def test_sizes_round_up_to_pages_and_share_a_class():
+def test_sizes_round_up_to_pages_and_share_a_class(pool_of):
     pool = pool_of()
     a = pool.empty((PAGE_BYTES + 1,), np.uint8)
     start = address(a)
@@ -125,18 +152,19 @@ def test_sizes_round_up_to_pages_and_share_a_class():
     assert address(b) == start
 
 
-def test_small_and_object_requests_are_plain_numpy():
-    pool = BufferPool(min_bytes=1 << 20)
+def test_small_and_object_requests_are_plain_numpy(pool_of):
+    pool = pool_of(min_bytes=1 << 20)
     small = pool.empty((1000,), np.float64)
     assert small.flags.owndata
-    obj = pool_of().empty((PAGE_BYTES,), object)
-    assert obj.flags.owndata and obj.dtype == object
     assert pool.stats()["created"] == 0
-    zero = pool_of().empty((0, 5), np.int32)
+    pool.configure(min_bytes=1)
+    obj = pool.empty((PAGE_BYTES,), object)
+    assert obj.flags.owndata and obj.dtype == object
+    zero = pool.empty((0, 5), np.int32)
     assert zero.shape == (0, 5)
 
 
-def test_cap_on_idle_bytes_is_honoured():
+def test_cap_on_idle_bytes_is_honoured(pool_of):
     cap = 3 * PAGE_BYTES
     pool = pool_of(max_idle_bytes=cap)
     arrays = [pool.empty((PAGE_BYTES,), np.uint8) for _ in range(5)]
@@ -160,7 +188,7 @@ def test_cap_on_idle_bytes_is_honoured():
     assert pool.stats()["idle_blocks"] == 0
 
 
-def test_evicts_the_least_recently_returned_first():
+def test_evicts_the_least_recently_returned_first(pool_of):
     pool = pool_of(max_idle_bytes=2 * PAGE_BYTES)
     a = pool.empty((PAGE_BYTES,), np.uint8)
     b = pool.empty((PAGE_BYTES,), np.uint8)
@@ -172,7 +200,7 @@ def test_evicts_the_least_recently_returned_first():
     assert {address(x), address(y)} == keep
 
 
-def test_a_block_left_idle_goes_stale_and_is_unmapped():
+def test_a_block_left_idle_goes_stale_and_is_unmapped(pool_of):
     pool = pool_of()
     odd = pool.empty((5 * PAGE_BYTES,), np.uint8)  # a one-off shape
     del odd
@@ -186,24 +214,24 @@ def test_a_block_left_idle_goes_stale_and_is_unmapped():
     assert st["idle_blocks"] == 1 and st["idle_bytes"] == PAGE_BYTES and st["unmapped"] == 1
 
 
-def test_trim_unmaps_idle_blocks():
+def test_a_zero_cap_unmaps_every_idle_block(pool_of):
     pool = pool_of()
     arrays = [pool.empty((PAGE_BYTES,), np.uint8) for _ in range(3)]
     del arrays
-    pool.trim()
+    pool.configure(max_idle_bytes=0)
     st = pool.stats()
     assert st["idle_blocks"] == 0 and st["idle_bytes"] == 0 and st["unmapped"] == 3
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "big"])
-def test_configure_refuses_bad_values(value):
+def test_configure_refuses_bad_values(value, pool_of):
     with pytest.raises(ValueError, match="must be a non-negative int"):
-        pool_of().configure(max_idle_bytes=value)
+        POOL.configure(max_idle_bytes=value)
     with pytest.raises(ValueError, match="min_bytes"):
-        BufferPool(min_bytes=value)
+        POOL.configure(min_bytes=value)
 
 
-def test_large_blocks_start_on_a_huge_page():
+def test_large_blocks_start_on_a_huge_page(pool_of):
     pool = pool_of()
     a = pool.empty((3 * HUGE_PAGE_BYTES // 8,), np.int64)
     assert address(a) % HUGE_PAGE_BYTES == 0
@@ -214,7 +242,7 @@ def test_large_blocks_start_on_a_huge_page():
 # ----------------------------------------------------------------- threads and fork
 
 
-def _churn(pool: BufferPool, token: int, rounds: int, handoff: queue.Queue, errors: list) -> None:
+def _churn(pool: Pool, token: int, rounds: int, handoff: queue.Queue, errors: list) -> None:
     try:
         rng = np.random.default_rng(token)
         kept = []
@@ -238,7 +266,7 @@ def _churn(pool: BufferPool, token: int, rounds: int, handoff: queue.Queue, erro
         errors.append(repr(exc))
 
 
-def test_threads_never_share_a_block_and_the_cap_holds():
+def test_threads_never_share_a_block_and_the_cap_holds(pool_of):
     cap = 8 * PAGE_BYTES
     pool = pool_of(max_idle_bytes=cap)
     handoff: queue.Queue = queue.Queue()
@@ -279,7 +307,7 @@ def test_threads_never_share_a_block_and_the_cap_holds():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_pool_works_in_a_forked_child():
+def test_pool_works_in_a_forked_child(pool_of):
     pool = pool_of()
     a = pool.empty((2, PAGE_BYTES), np.uint8)
     a[:] = 4

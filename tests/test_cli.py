@@ -15,6 +15,7 @@ import pytest
 
 import loaderx
 from loaderx import DenseStore, RaggedStore
+from loaderx import __main__ as cli
 from loaderx.__main__ import main
 
 ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
@@ -160,11 +161,34 @@ def test_train_dict_and_dict_conversion(tmp_path):
     assert out.returncode == 1 and "no column 'nope'" in out.stderr
 
 
+def test_cli_train_dict_refuses_a_damaged_npy(tmp_path, capsys):
+    (tmp_path / "bad.npy").write_bytes(b"garbage" * 20)
+    assert cli.main(["train-dict", str(tmp_path / "bad.npy"), "-o", str(tmp_path / "d")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.npy: not a readable .npy array" in err[0]
+
+
 def test_demo_runs_and_checks_its_options():
     out = run("demo", "--records", "500", "--steps", "5")
     assert out.returncode == 0, out.stderr
     out = run("demo", "--records", "0")
     assert out.returncode == 2
+
+
+# ``loaderx demo``: ``--seed -1`` stopped with numpy's bare "expected non-negative
+# integer", ``--workers 0`` only after building the stores.
+@pytest.mark.parametrize("args, words", [
+    (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--workers", "0"], "--workers must be >= 1, got 0"),
+])
+def test_demo_refuses_bad_seed_and_workers_before_building(args, words, capsys):
+    from loaderx import _demo
+
+    with pytest.raises(SystemExit) as exit_info:
+        _demo.run(["--records", "50", "--steps", "1", *args])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and words in captured.err
+    assert "built" not in captured.out  # refused before writing any store
 
 
 def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz):

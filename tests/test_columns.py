@@ -37,6 +37,10 @@ def _cli(*args):
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+def _convert(src, dest, **kw):
+    return loaderx.convert(src, dest, progress="off", **kw)
+
+
 def _iris_like() -> pd.DataFrame:
     n = 40
     df = pd.DataFrame({
@@ -124,6 +128,23 @@ def test_fill_null_instead_of_a_mask(tmp_path):
     assert cli["count"][3] == 7 and cli["ok"][5] and "ok.valid" not in cli
     out = _cli("convert", tmp_path / "iris.parquet", tmp_path / "bad", "--fill-null", "count")
     assert out.returncode == 2 and "expected COL=VALUE" in out.stderr
+
+
+def test_a_null_deep_in_a_nested_column_is_filled_and_named(tmp_path):
+    rows = [[[1.0, 2.0]] * 3 for _ in range(10)]
+    rows[7] = [[1.0, 2.0], [3.0, None]]
+    table = pa.table({"a": pa.array(rows, pa.list_(pa.list_(pa.float64(), 2)))})
+    pq.write_table(table, tmp_path / "n.parquet", row_group_size=4)
+    out = _convert(tmp_path / "n.parquet", tmp_path / "out")
+    got = out["a"][7]
+    assert got.shape == (2, 2) and got[1, 0] == 3.0 and np.isnan(got[1, 1])  # a float: NaN
+    ints = pa.table({"a": pa.array([[1, 2]] * 7 + [[3, None]] + [[4]] * 2, pa.list_(pa.int32()))})
+    pq.write_table(ints, tmp_path / "i.parquet", row_group_size=4)
+    with pytest.warns(UserWarning, match=r"1 null values inside lists \(the first in row 7\) are stored as 0"):
+        out = _convert(tmp_path / "i.parquet", tmp_path / "iout")
+    assert_same(out["a"][7], np.array([3, 0], np.int32))
+    out = _convert(tmp_path / "i.parquet", tmp_path / "f", fill_null={"a": -1})
+    assert_same(out["a"][7], np.array([3, -1], np.int32))
 
 
 def test_flags_in_messages_are_shell_quoted(tmp_path):

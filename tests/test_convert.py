@@ -6,6 +6,12 @@ order, with the source. Also: the column-type mapping and its refusals (named
 column, named flag), scalar columns, create/append/overwrite, worker
 processes giving one ShardSet per column, failures leaving nothing behind,
 and bounded memory on a file larger than the memory allowed.
+
+Hostile and careless inputs (damaged .npy/.npz, tar, Parquet and image files,
+duplicate column names, split names and manifests that point outside the
+destination) give a clear error naming the input: never a raw library
+exception, a silently shortened dataset, a write outside the destination or
+a broken dataset left behind.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 
 import numpy as np
 import pytest
 from _helpers import assert_same
 
 import loaderx
+from loaderx import __main__ as cli
 from loaderx import DataLoader, DenseStore, ShardSet, open_dataset
 from loaderx.converters import ConvertError
 from loaderx.dataset import DestinationExistsError, from_iterator, from_numpy, read_manifest
@@ -35,6 +43,15 @@ Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extr
 
 def _leftovers(parent) -> list:
     return [n for n in os.listdir(parent) if ".loaderx-" in n or n.startswith("loaderx.json.")]
+
+
+def _convert(src, dest, **kw):
+    return loaderx.convert(src, dest, progress="off", **kw)
+
+
+def _nothing_left(parent, name: str = "out") -> None:
+    assert not os.path.exists(os.path.join(parent, name))
+    assert [n for n in os.listdir(parent) if "loaderx-partial" in n] == []
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -88,6 +105,55 @@ def test_negative_dimensions_in_npy_and_npz_headers_are_refused(tmp_path, shape)
         with pytest.raises(ConvertError, match=f"{src}.*negative dimensions"):
             loaderx.convert(tmp_path / src, tmp_path / "out", allow_tiny_records=True)
         assert not (tmp_path / "out").exists()
+
+
+def _npy_bytes(array: np.ndarray, **kw) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, **kw)
+    return buf.getvalue()
+
+
+def test_damaged_npy_and_npz_files_are_named(tmp_path):
+    good = _npy_bytes(np.arange(800.0).reshape(100, 8))
+    header = np.lib.format.MAGIC_LEN + 2 + 118  # magic, length, padded header
+    cases = {
+        "empty.npy": (b"", "not a readable .npy array"),
+        "garbage.npy": (b"hello world" * 20, "not a readable .npy array.*magic"),
+        "short-header.npy": (good[:40], "not a readable .npy array"),
+        "truncated.npy": (
+            good[: header + 100],
+            r"the header says float64\[100, 8\] \(6,400 bytes\) but only 100 bytes",
+        ),
+        "garbage.npz": (b"hello world" * 20, "not a readable .npz archive"),
+        "objects.npy": (
+            _npy_bytes(np.array([{"a": 1}, None], dtype=object), allow_pickle=True),
+            "the array holds Python objects.*never unpickles",
+        ),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConvertError, match=f"{name}: {message}"):
+            _convert(tmp_path / name, tmp_path / "out")
+        _nothing_left(tmp_path)
+    # An .npz member whose header promises more rows than it holds.
+    short = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        short, {"descr": "<f8", "fortran_order": False, "shape": (100, 8)}
+    )
+    short.write(np.zeros((50, 8)).tobytes())
+    for method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        with zipfile.ZipFile(tmp_path / "short.npz", "w", method) as z:
+            z.writestr("a.npy", short.getvalue())
+        with pytest.raises(ConvertError, match="short.npz: array 'a': .*truncated"):
+            _convert(tmp_path / "short.npz", tmp_path / "out")
+    # A damaged compressed member is found while reading, by name.
+    np.savez_compressed(tmp_path / "c.npz", a=np.random.default_rng(0).random((500, 8)))
+    data = bytearray((tmp_path / "c.npz").read_bytes())
+    data[2000:2100] = bytes(b ^ 0x33 for b in data[2000:2100])
+    (tmp_path / "c.npz").write_bytes(bytes(data))
+    with pytest.raises(ConvertError, match="c.npz: array 'a': not a readable"):
+        _convert(tmp_path / "c.npz", tmp_path / "out")
+    _nothing_left(tmp_path)
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
@@ -234,6 +300,37 @@ def test_failed_conversion_leaves_nothing(tmp_path):
     assert _leftovers(tmp_path / "ok") == []
 
 
+def test_bad_levels_and_batch_sizes_are_clear_errors(tmp_path, capsys):
+    x = {"x": np.arange(160.0).reshape(20, 8)}
+    with pytest.raises(ValueError, match="level must be a non-zero int zstd level"):
+        _convert(x, tmp_path / "out", level=0)
+    with pytest.raises(ConvertError, match="^column 'x': zstd level 99 is out of range$"):
+        _convert(x, tmp_path / "out", level=99)
+    _nothing_left(tmp_path)
+    np.save(tmp_path / "x.npy", x["x"])
+    for value in ("inf", "nan", "1e-9", "abc"):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["convert", str(tmp_path / "x.npy"), str(tmp_path / "out"),
+                      "--batch-mib", value])
+        assert stop.value.code == 2
+        assert "argument --batch-mib" in capsys.readouterr().err
+    _nothing_left(tmp_path)
+
+
+def test_a_failed_conversion_does_not_log_done(tmp_path, capsys):
+    """Log-mode progress said "done in X s" after a conversion that failed."""
+    arrays = [np.zeros(i + 1, np.float64 if i < 70 else np.float32) for i in range(80)]
+    _tar_files(tmp_path / "npy.tar", [(f"k{i:02d}.npy", _npy_bytes(a)) for i, a in enumerate(arrays)])
+    with pytest.raises(ConvertError, match="k70.npy"):
+        loaderx.convert(tmp_path / "npy.tar", tmp_path / "out", progress="log")
+    err = capsys.readouterr().err
+    assert "convert: stopped" in err and "done" not in err
+    good = [(f"k{i:02d}.npy", _npy_bytes(a)) for i, a in enumerate(arrays[:70])]
+    _tar_files(tmp_path / "good.tar", good)
+    loaderx.convert(tmp_path / "good.tar", tmp_path / "out", progress="log")
+    assert "done in" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------- Arrow
 
 
@@ -342,6 +439,33 @@ def test_unmappable_column_names_the_skip_flag(tmp_path):
     ds["ok"].close()
 
 
+def test_duplicate_column_names_never_give_a_broken_dataset(tmp_path):
+    x = {"x": np.arange(160.0).reshape(20, 8)}
+    with pytest.raises(ConvertError, match=r"columns names \['x'\] more than once"):
+        _convert(x, tmp_path / "out", columns=["x", "x"])
+    with pytest.raises(TypeError, match="a list of column names, not the string 'x'"):
+        _convert(x, tmp_path / "out", columns="x")
+    with pytest.raises(ConvertError, match="two arrays are named '1'"):
+        _convert({1: np.zeros((3, 8)), "1": np.ones((3, 8))}, tmp_path / "out")
+    table = pa.Table.from_arrays([pa.array(np.zeros(10)), pa.array(np.ones(10))], ["a", "a"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    with pytest.raises(ConvertError, match=r"the source has the columns \['a'\] more than once"):
+        _convert(tmp_path / "dup.parquet", tmp_path / "out", allow_tiny_records=True)
+    _nothing_left(tmp_path)
+
+
+def test_a_damaged_parquet_page_is_named(tmp_path):
+    rows = np.arange(2000 * 16, dtype=np.float64).reshape(2000, 16)
+    pq.write_table(pa.table({"a": list(rows)}), tmp_path / "p.parquet", row_group_size=500)
+    data = bytearray((tmp_path / "p.parquet").read_bytes())
+    mid = len(data) // 4
+    data[mid : mid + 2000] = bytes(b ^ 0xA5 for b in data[mid : mid + 2000])
+    (tmp_path / "p.parquet").write_bytes(bytes(data))
+    with pytest.raises(ConvertError, match=r"p.parquet: cannot read rows from \d+"):
+        _convert(tmp_path / "p.parquet", tmp_path / "out")
+    _nothing_left(tmp_path)
+
+
 # ----------------------------------------------------------------- Hugging Face
 
 
@@ -423,6 +547,27 @@ def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
     assert _leftovers(tmp_path) == []
 
 
+def test_split_names_never_write_outside_the_destination(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets is part of the test extra")
+    part = datasets.Dataset.from_dict({"x": np.zeros((4, 16), np.float32).tolist()})
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    out = _convert(datasets.DatasetDict({"../evil": part, "train": part}), parent / "d")
+    assert sorted(os.listdir(parent)) == ["d"]
+    assert sorted(out) == ["../evil", "train"] and len(out["../evil"]["x"]) == 4
+    for split in out.values():
+        split["x"].close()
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "dataset_dict.json").write_text("{bad")
+    with pytest.raises(ConvertError, match="dataset_dict.json: not valid JSON"):
+        _convert(tmp_path / "hf", tmp_path / "out")
+    (tmp_path / "hf" / "dataset_dict.json").unlink()
+    (tmp_path / "hf" / "dataset_info.json").write_text("{}")
+    (tmp_path / "hf" / "state.json").write_text('{"_data_files": [{"name": 1}]}')
+    with pytest.raises(ConvertError, match="state.json: '_data_files' is not a list"):
+        _convert(tmp_path / "hf", tmp_path / "out")
+
+
 # ----------------------------------------------------------------- image folders
 
 
@@ -455,6 +600,23 @@ def test_image_folder_dense_ragged_encoded(tmp_path):
     assert ds["image"].kind == "bytes" and ds["image"][12] == (root / "dog" / "99.png").read_bytes()
     for v in ds.values():
         v.close()
+
+
+def _image(path, mode: str, size=(8, 8), fmt=None) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.new(mode, size).save(path, format=fmt)
+
+
+def test_oversized_and_deep_images_are_refused_by_name(tmp_path):
+    _image(tmp_path / "bomb" / "a" / "0.png", "1", size=(20000, 20000))
+    with pytest.raises(ConvertError, match="0.png: not a readable image.*decompression bomb"):
+        _convert(tmp_path / "bomb", tmp_path / "out")
+    # Float and 32-bit images mixed: converting to 8-bit RGB would clip them.
+    _image(tmp_path / "deep" / "a" / "0.tif", "F", fmt="TIFF")
+    _image(tmp_path / "deep" / "a" / "1.tif", "I", fmt="TIFF")
+    with pytest.raises(ConvertError, match=r"modes \['F', 'I'\].*would lose values"):
+        _convert(tmp_path / "deep", tmp_path / "out")
+    _nothing_left(tmp_path)
 
 
 # ----------------------------------------------------------------- WebDataset
@@ -517,6 +679,51 @@ def test_webdataset_columns_by_extension_and_workers(tmp_path):
         v.close()
 
 
+def _tar_files(path, members, mode="w") -> None:
+    with tarfile.open(path, mode) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_a_truncated_or_damaged_tar_is_refused_not_shortened(tmp_path):
+    samples = [(f"k{i:03d}.txt", b"text %d " % i * 20) for i in range(100)]
+    _tar_files(tmp_path / "good.tar", samples)
+    assert len(_convert(tmp_path / "good.tar", tmp_path / "ok")["txt"]) == 100
+    data = (tmp_path / "good.tar").read_bytes()
+    with tarfile.open(tmp_path / "good.tar") as tf:
+        boundary = tf.getmembers()[40].offset
+    damaged = bytearray(data)
+    damaged[boundary : boundary + 512] = b"\x07" * 512
+    for name, content, why in (
+        ("half.tar", data[: len(data) // 2 + 100], "truncated header"),
+        ("boundary.tar", data[:boundary], "empty header"),
+        ("garbled.tar", bytes(damaged), "invalid header"),
+    ):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ConvertError, match=f"{name}: the archive ends after .*{why}"):
+            _convert(tmp_path / name, tmp_path / "out")
+        _nothing_left(tmp_path)
+    _tar_files(tmp_path / "good.tar.gz", samples, "w:gz")
+    gz = (tmp_path / "good.tar.gz").read_bytes()
+    (tmp_path / "half.tar.gz").write_bytes(gz[: len(gz) // 2])
+    with pytest.raises(ConvertError, match="half.tar.gz: .*truncated"):
+        _convert(tmp_path / "half.tar.gz", tmp_path / "out")
+    _nothing_left(tmp_path)
+
+
+def test_webdataset_members_that_do_not_fit_are_named(tmp_path):
+    _tar_files(tmp_path / "cls.tar", [("k0.cls", b"1"), ("k1.cls", b"2"), ("k2.cls", b"9" * 30)])
+    with pytest.raises(ConvertError, match=r"cls.tar:k2.cls: holds b'9+', not an integer"):
+        _convert(tmp_path / "cls.tar", tmp_path / "out", allow_tiny_records=True)
+    arrays = [np.zeros(i + 1, np.float64 if i < 70 else np.float32) for i in range(80)]
+    _tar_files(tmp_path / "npy.tar", [(f"k{i:02d}.npy", _npy_bytes(a)) for i, a in enumerate(arrays)])
+    with pytest.raises(ConvertError, match="npy.tar:k70.npy: array has dtype float32 but the"):
+        _convert(tmp_path / "npy.tar", tmp_path / "out")
+    _nothing_left(tmp_path)
+
+
 # ----------------------------------------------------------------- dataset directories
 
 
@@ -549,6 +756,24 @@ def test_open_dataset_checks(tmp_path):
     (tmp_path / "bad" / "loaderx.json").write_text(json.dumps(m))
     with pytest.raises(CorruptStoreError, match="outside the directory"):
         open_dataset(tmp_path / "bad")
+
+
+def test_manifests_naming_splits_outside_or_nesting_deep_are_refused(tmp_path):
+    _convert({"x": np.zeros((4, 8))}, tmp_path / "inner")["x"].close()
+    (tmp_path / "d").mkdir()
+    base = {"format": "loaderx-dataset", "version": 1}
+    for sub in ("../inner", str(tmp_path / "inner"), ".", 5):
+        (tmp_path / "d" / "loaderx.json").write_text(json.dumps({**base, "splits": {"t": sub}}))
+        with pytest.raises(CorruptStoreError, match="split 't' names .*not a directory inside"):
+            loaderx.open_dataset(tmp_path / "d")
+    for version in (0, -3):
+        manifest = {**base, "version": version, "splits": {"t": "t"}}
+        (tmp_path / "d" / "loaderx.json").write_text(json.dumps(manifest))
+        with pytest.raises(CorruptStoreError, match=f"version {version}"):
+            loaderx.open_dataset(tmp_path / "d")
+    (tmp_path / "d" / "loaderx.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(CorruptStoreError, match="not valid JSON"):
+        loaderx.open_dataset(tmp_path / "d")
 
 
 def test_missing_optional_dependency_names_the_extra(tmp_path):
@@ -790,6 +1015,20 @@ def test_tar_images_past_the_probe_that_do_not_fit_make_the_column_ragged(tmp_pa
     assert read_manifest(tmp_path / "d")["columns"]["image"]["image_mode"] == "per-image"
     for v in ds.values():
         v.close()
+
+
+def test_deep_images_after_the_probe_are_not_clipped(tmp_path):
+    gray = [(f"k{i:03d}.png", _encoded("L")) for i in range(70)]
+    _tar_files(tmp_path / "w.tar", gray + [("k999.png", _encoded("I;16"))])
+    with pytest.raises(ConvertError, match="k999.png: the image has the Pillow mode 'I;16'"):
+        _convert(tmp_path / "w.tar", tmp_path / "out")
+    _nothing_left(tmp_path)
+
+
+def _encoded(mode: str) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, (8, 8)).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 # ----------------------------------------------------------------- image modes

@@ -20,7 +20,9 @@ import weakref
 
 import numpy as np
 import pytest
+from _helpers import counting_store, within
 
+from loaderx import DenseStore, RaggedStore, Zrecord
 from loaderx.dataloader import DataLoader
 from loaderx.errors import ClosedError, LoaderClosedError
 from loaderx.zsampler import Sampler
@@ -168,6 +170,16 @@ def consume_in_thread(loader):
     consumer = threading.Thread(target=consume)
     consumer.start()
     return consumer, outcome
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A dense store whose record i is i (int64), 200 records."""
+    yield from counting_store(tmp_path)
+
+
+def identity(batch):
+    return batch
 
 
 def jitter(batch):
@@ -441,6 +453,19 @@ def test_resume_beyond_many_epochs_is_immediate():
         assert time.perf_counter() - start < 1.0
 
 
+def test_epochs_and_stop_after(tmp_path):
+    with DenseStore(tmp_path / "x", np.int64, ()) as x:
+        x.append(np.arange(100, dtype=np.int64))
+        with DataLoader({"x": x}, 8, seed=0, workers=1, shard=(1, 2), stop_after=30) as loader:
+            # 100 // 16: each cycle serves 6 whole batches and drops 4 records.
+            assert loader.steps_per_epoch == 6
+            assert [loader.epoch_of(s) for s in (0, 5, 6, 11, 12, 13)] == [0, 0, 1, 1, 2, 2]
+            taken = list(loader)
+            assert len(taken) == 30 and loader.step == 30
+        with DataLoader({"x": x}, 8, step=25, stop_after=30, workers=1) as loader:
+            assert len(list(loader)) == 5
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -494,6 +519,51 @@ def test_state_with_wrong_types_is_refused(field, value):
             loader.load_state_dict([("version", 1)])
 
 
+def test_positions_past_the_record_range_are_refused(store):
+    """step * global batch past 2**64 raised cffi's "int too big to convert"
+    at the first next(); a state with batch_size <= 0 or a position near
+    2**64 was accepted (and then failed, or made a state_dict() that
+    load_state_dict() refused)."""
+    with pytest.raises(ValueError, match="step .* batch_size .* world"):
+        DataLoader({"x": store}, 16, step=2**62)
+    with DataLoader({"x": store}, 10, seed=2, workers=1) as loader:
+        first = next(loader)["x"].copy()
+        state = loader.state_dict()
+        for bad in (0, -5):
+            with pytest.raises(ValueError, match="batch_size"):
+                loader.load_state_dict(dict(state, batch_size=bad))
+        with pytest.raises(ValueError, match="position"):
+            loader.load_state_dict(dict(state, position=2**64 - 5))
+        loader.load_state_dict(json.loads(json.dumps(dict(state, step=0, position=0))))
+        np.testing.assert_array_equal(next(loader)["x"], first)
+
+
+def test_tampered_loader_states_are_refused_and_change_nothing(tmp_path):
+    """Before the fix, step=2**64+5 left a loader with a transform blocked
+    forever, and without one it silently went on from its old step;
+    DataLoader(step=2**64-1) was accepted and the first next() failed."""
+    with DenseStore(tmp_path / "x", np.int64, ()) as ds:
+        ds.append(np.arange(100))
+        for transform in (None, lambda b: b):
+            loader = DataLoader({"x": ds}, batch_size=10, seed=1, transform=transform)
+            first = next(loader)["x"]
+            good = loader.state_dict()
+            for step in (2**64 + 5, 2**64 - 1):
+                with pytest.raises(ValueError, match="step"):
+                    loader.load_state_dict(dict(good, step=step))
+            for step in ("3", -1):
+                with pytest.raises(TypeError, match="step"):
+                    loader.load_state_dict(dict(good, step=step))
+            assert loader.step == 1
+            second = next(loader)["x"]
+            loader.load_state_dict(dict(good, step=0, position=0))
+            assert np.array_equal(next(loader)["x"], first)
+            assert np.array_equal(next(loader)["x"], second)
+            loader.close()
+        with pytest.raises(ValueError, match="step"):
+            DataLoader({"x": ds}, batch_size=10, step=2**64 - 1)
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
@@ -543,6 +613,70 @@ def test_gather_error_surfaces_at_its_step():
     frames = [frame.name for frame in traceback.extract_tb(excinfo.value.__traceback__)]
     assert "gather" in frames
     loader.close()
+
+
+@pytest.mark.parametrize("transform", [None, identity])
+def test_a_ring_that_cannot_start_keeps_raising_its_error(tmp_path, transform):
+    """A store closed before the first batch: the first next() raised
+    ClosedError, the second an empty AssertionError (no transform) or blocked
+    forever (with one)."""
+    ds = DenseStore(tmp_path / "x", np.int64, ())
+    ds.append(np.arange(10, dtype=np.int64))
+    loader = DataLoader({"x": ds}, 4, workers=1, transform=transform)
+    ds.close()
+    try:
+        for _ in range(2):
+            with pytest.raises(ClosedError, match="closed"):
+                within(lambda: next(loader))
+    finally:
+        loader.close()
+
+
+def raise_stop_iteration(batch):
+    raise StopIteration
+
+
+class ExhaustedStream:
+    """A Python stream whose gather leaks a StopIteration."""
+
+    kind = "dense"
+    dtype = np.dtype(np.int64)
+    item_shape = ()
+
+    def __len__(self):
+        return 10
+
+    def gather(self, indices, out=None):
+        return next(iter(()))
+
+
+@pytest.mark.parametrize("where", ["transform", "stream"])
+def test_stop_iteration_from_user_code_is_an_error_not_the_end(store, where):
+    """A StopIteration escaping a transform or a stream's gather ended a
+    ``for batch in loader`` loop silently, as if the data had run out."""
+    if where == "transform":
+        loader = DataLoader({"x": store}, 4, workers=1, transform=raise_stop_iteration)
+    else:
+        loader = DataLoader({"x": ExhaustedStream()}, 4, workers=1)
+    with loader, pytest.raises(RuntimeError, match="StopIteration.*step 0") as info:
+        for _ in loader:
+            pass
+    assert isinstance(info.value.__cause__, StopIteration)
+
+
+@pytest.mark.parametrize("transform", [None, identity])
+def test_a_batch_that_cannot_be_packed_stops_the_loader_at_its_step(tmp_path, transform):
+    """Records without common trailing dimensions under ragged="packed": with
+    no transform, the failing step raised ValueError and the next next()
+    silently went on with the step after it."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        rs.append([np.zeros((2, 3), np.int32), np.zeros((1, 4), np.int32)])
+        with DataLoader({"r": rs}, 2, mode="sequential", workers=1, ragged="packed",
+                        transform=transform) as loader:
+            with pytest.raises(ValueError, match="trailing dimensions"):
+                next(loader)
+            with pytest.raises(RuntimeError, match="stopped after an error at step 0"):
+                next(loader)
 
 
 # -- shutdown -------------------------------------------------------------------------
@@ -743,6 +877,19 @@ def test_real_stores_of_unequal_length_are_refused(tmp_path):
             DataLoader({"a": a, "b": b})
         with pytest.raises(ValueError, match="stream 'c' is empty"):
             DataLoader({"c": c})
+
+
+def test_epoch_of_checks_its_step(store):
+    """epoch_of("x") raised int()'s "invalid literal", epoch_of(2.7) and
+    epoch_of(-5) answered."""
+    with DataLoader({"x": store}, 10, workers=1) as loader:
+        assert loader.epoch_of(20) == 1
+        with pytest.raises(TypeError, match="step must be an int"):
+            loader.epoch_of(2.7)
+        with pytest.raises(TypeError, match="step must be an int"):
+            loader.epoch_of("x")
+        with pytest.raises(ValueError, match="step must be >= 0, got -5"):
+            loader.epoch_of(-5)
 
 
 # -- framework hand-off ---------------------------------------------------------------
@@ -967,6 +1114,31 @@ def test_ring_and_python_streams_together(dense_pair):
             assert [list(r) for r in batch["r"]] == [list(ragged_rows(LENGTH)[i]) for i in expected]
 
 
+# Ragged and byte stores are built by the native ring: no Python thread.
+def test_ragged_and_bytes_stores_are_built_without_python_threads(tmp_path):
+    rs = RaggedStore(tmp_path / "r", np.int32)
+    rs.append([np.arange(i % 7, dtype=np.int32) + i for i in range(300)])
+    z = Zrecord(tmp_path / "z", create=True)
+    z.append([bytes([i % 256]) * (i % 9) for i in range(300)])
+    ids = DenseStore(tmp_path / "i", np.int64, ())
+    ids.append(np.arange(300, dtype=np.int64))
+    with DataLoader({"tok": rs, "raw": z, "id": ids}, 16, seed=4, workers=2) as loader:
+        for _ in range(20):
+            b = next(loader)
+            assert worker_threads() == []
+            for t, r, i in zip(b["tok"], b["raw"], b["id"].tolist()):
+                np.testing.assert_array_equal(t, rs[i])
+                assert r == z[i]
+    with DataLoader({"tok": rs, "id": ids}, 16, seed=4, workers=1, ragged="packed") as loader:
+        b = next(loader)
+        values, splits = b["tok"]
+        assert splits[0] == 0 and len(splits) == 17
+        for k, i in enumerate(b["id"].tolist()):
+            np.testing.assert_array_equal(values[splits[k]:splits[k + 1]], rs[i])
+    for s in (rs, z, ids):
+        s.close()
+
+
 # -- ownership of the memory the ring writes --------------------------------------------
 
 # A child process, so that a crash is a test failure and not a dead pytest. It
@@ -1074,9 +1246,13 @@ class Interrupted(BaseException):
 inside = [False]
 
 
+landed = [None]
+
+
 def handler(signum, frame):
     if inside[0]:
         inside[0] = False
+        landed[0] = frame.f_code.co_filename if frame is not None else None
         raise Interrupted
 
 
@@ -1090,25 +1266,34 @@ def storm():
 
 
 kicker = threading.Thread(target=storm, daemon=True)
-got, interrupts = [], 0
+got, interrupts, after_return = [], 0, []
 with DataLoader({"x": store}, 4, seed=9, workers=2) as loader:
     kicker.start()
     deadline = time.monotonic() + 120
-    while len(got) < count and time.monotonic() < deadline:
+    while len(got) < count - len(after_return) and time.monotonic() < deadline:
+        step = loader.step
         try:
             inside[0] = True
             batch = next(loader)
             inside[0] = False
-            got.append(batch["x"][:, ::4096].copy())
+            got.append((step, batch["x"][:, ::4096].copy()))
         except Interrupted:
+            inside[0] = False
             interrupts += 1
+            assert loader.step in (step, step + 1)
+            if loader.step == step + 1:
+                # next() returned the batch and the interrupt landed in this
+                # script before it was stored: the caller lost it, not the loader.
+                assert landed[0] == "<string>", f"step {step} lost in {landed[0]}"
+                after_return.append(step)
 inside[0] = False
 done.set()
 kicker.join()
-assert len(got) == count, len(got)
-for step, (g, w) in enumerate(zip(got, want)):
-    assert (g == w).all(), f"step {step}"
-print(f"ok interrupts={interrupts}")
+steps = [step for step, _ in got]
+assert sorted(steps + after_return) == list(range(count)), (steps, after_return)
+for step, g in got:
+    assert (g == want[step]).all(), f"step {step}"
+print(f"ok interrupts={interrupts} lost_by_the_caller={len(after_return)}")
 """
 
 

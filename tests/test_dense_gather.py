@@ -106,3 +106,39 @@ def test_lanes_and_inline_batches_agree(tmp_path):
         idx = np.random.default_rng(9).integers(0, 4000, 3000)  # 600 KB: several lanes
         np.testing.assert_array_equal(ds[idx], ref[idx])
         np.testing.assert_array_equal(ds.gather(idx, threads=1), ref[idx])
+
+
+@pytest.mark.parametrize("dtype", [">i8", ">u8"])
+def test_byte_swapped_index_arrays_read_the_records_they_name(tmp_path, dtype):
+    """Before the fix, a big-endian int64/uint64 index array took the unchecked
+    fast path with its bytes read as native: index 2**56 (out of range)
+    silently returned record 1, and in-range indices only worked by a detour."""
+    with DenseStore(tmp_path / "d", np.int64, ()) as ds:
+        ds.append(np.arange(10, dtype=np.int64))
+        assert ds[np.array([3, 9], dtype)].tolist() == [3, 9]
+        assert ds.gather(np.array([2], dtype)).tolist() == [2]
+        with pytest.raises(RecordIndexError, match=str(2**56)):
+            ds[np.array([2**56], dtype)]
+        with pytest.raises(RecordIndexError, match=str(2**56)):
+            ds.gather(np.array([2**56], dtype), out=np.empty(1, np.int64))
+
+
+def test_malformed_index_keys_name_the_indices(tmp_path):
+    """Before the fix, ``ds[1, [2]]`` raised numpy's "inhomogeneous shape"
+    ValueError and ``ds[[2**64]]`` said the indices were "not object"."""
+    with DenseStore(tmp_path / "d", np.int64, ()) as ds:
+        ds.append(np.arange(10, dtype=np.int64))
+        with pytest.raises(TypeError, match="record indices"):
+            ds[1, [2]]
+        with pytest.raises(RecordIndexError, match=str(2**64)):
+            ds[[2**64]]
+        with pytest.raises(RecordIndexError, match=str(-2**63 - 1)):
+            ds[[5, -2**63 - 1]]
+
+
+def test_negative_indices_of_narrow_integer_types_wrap(tmp_path):
+    """Before the fix, a negative index in an int8 array raised OverflowError."""
+    with DenseStore(tmp_path / "d", np.int64, ()) as ds:
+        ds.append(np.arange(200))
+        assert ds[np.array([-1, -128, 5], np.int8)].tolist() == [199, 72, 5]
+        assert ds[np.array([-1], np.int16)].tolist() == [199]

@@ -41,6 +41,10 @@ def _column_dir(path, column: str) -> str:
 
 # ----------------------------------------------------------------- overwrite vs readers
 
+def _convert(src, dest, **kw):
+    return loaderx.convert(src, dest, progress="off", **kw)
+
+
 _WRITER = """
 import os, sys, time
 import numpy as np
@@ -190,6 +194,91 @@ def test_ray_task_directories_of_a_killed_driver_are_swept(tmp_path):
         assert live.is_dir()
     finally:
         os.close(owner)
+
+
+def test_a_killed_conversion_s_leftovers_are_swept_by_the_next_one(tmp_path):
+    """A convert killed outright left its staging directory (a full copy of
+    the data) behind, and each retry left another. The next conversion to the
+    same destination removes staging directories no live process owns, keeps
+    those a live one does, and removes an interrupted overwrite's old copy
+    only once the destination is back."""
+    import subprocess
+    import sys
+    import time
+
+    from loaderx.converters._dest import Destination
+
+    np.save(tmp_path / "x.npy", np.arange(12).reshape(4, 3))
+    child = (
+        "import os, sys\n"
+        "from loaderx.converters import _dest, _columns\n"
+        "d = _dest.Destination(sys.argv[1], 'create', _columns.Flags())\n"
+        "d.begin([])\n"
+        "open(os.path.join(d.staging, 'data'), 'w').write('x' * 1000)\n"
+        "os._exit(9)  # killed: no abort, no cleanup\n"
+    )
+    for _ in range(2):  # the second run already sweeps the first one's
+        subprocess.run([sys.executable, "-c", child, str(tmp_path / "out")], check=False)
+    killed = [n for n in os.listdir(tmp_path) if "loaderx-partial" in n]
+    assert len(killed) == 1
+    _convert(tmp_path / "x.npy", tmp_path / "other")  # another destination: touches nothing
+    assert (tmp_path / killed[0]).is_dir()
+    fresh = tmp_path / ".out.loaderx-partial-fresh"  # unowned, just made: kept
+    stale = tmp_path / ".out.loaderx-partial-stale"  # unowned, old: removed
+    fresh.mkdir()
+    stale.mkdir()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    old = tmp_path / ".out.loaderx-old-abc"  # an overwrite's old copy
+    old.mkdir()
+    live = Destination(tmp_path / "out", "create", loaderx.converters._columns.Flags())
+    live.begin([])  # a conversion still running in this process; it swept already
+    assert not (tmp_path / killed[0]).exists() and not stale.exists()
+    _convert(tmp_path / "x.npy", tmp_path / "out")
+    left = sorted(n for n in os.listdir(tmp_path) if n.startswith(".out."))
+    assert left == sorted([os.path.basename(live.staging), fresh.name, old.name])
+    # (out was missing: the old copy may be all there is of it, so it stayed)
+    _convert(tmp_path / "x.npy", tmp_path / "out", mode="overwrite")
+    assert not old.exists()
+    live.abort()
+    assert loaderx.open_dataset(tmp_path / "out")["x"][[3]].tolist() == [[9, 10, 11]]
+
+
+def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
+    """Two appends at once each wrote a manifest without the other's parts
+    (the later one silently dropped the earlier one's rows), and a create
+    finishing after another create of the same path replaced it. An append or
+    overwrite now holds the dataset's lock (a second one gets LockedError), a
+    create never replaces what appeared meanwhile, and parts a killed append
+    moved in without a manifest entry are removed by the next append."""
+    from loaderx.converters._columns import Flags
+    from loaderx._locks import lock_dataset
+    from loaderx.converters._dest import Destination
+    from loaderx.dataset import DestinationExistsError
+    from loaderx.errors import LockedError
+
+    x = np.arange(12).reshape(4, 3)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    _convert(tmp_path / "x.npy", out)
+    held = lock_dataset(str(out))  # an append or overwrite still running
+    for mode in ("append", "overwrite"):
+        with pytest.raises(LockedError, match="another conversion is writing to this dataset"):
+            _convert(tmp_path / "x.npy", out, mode=mode)
+    os.close(held)
+    orphan = out / "gen-000001" / "x" / "part-00007"  # an append killed before its manifest
+    orphan.mkdir()
+    (orphan / "data").write_bytes(b"x" * 100)
+    _convert(tmp_path / "x.npy", out, mode="append")
+    assert not orphan.exists()
+    assert sorted(os.listdir(out / "gen-000001" / "x")) == ["part-00000", "part-00001"]
+    assert loaderx.open_dataset(out)["x"][np.arange(8)].tolist() == x.tolist() * 2
+    late = Destination(tmp_path / "new", "create", Flags())
+    late.begin([])  # a create that started before the one below finished
+    _convert(tmp_path / "x.npy", tmp_path / "new")
+    with pytest.raises(DestinationExistsError, match="appeared while this conversion ran"):
+        late.commit([], {}, [], {})
+    late.abort()
+    assert loaderx.open_dataset(tmp_path / "new")["x"][np.arange(4)].tolist() == x.tolist()
 
 
 # ----------------------------------------------------------------- layouts an overwrite replaces

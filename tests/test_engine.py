@@ -14,7 +14,9 @@ Python API (``loaderx.zrecord.Zrecord`` and ``loaderx.errors``).
    openable store holding an exact prefix of what was appended, ending on an
    append-call boundary (calls larger than one native append included).
 6. Readers on two handles never see a torn or foreign record while one thread
-   appends; a multi-chunk append call becomes visible all at once.
+   appends; a multi-chunk append call becomes visible all at once; close()
+   racing calls on other threads never crashes; ragged reads never stitch
+   records across a concurrent delete.
 7. Writer lock (LockedError) and exclusive delete/compact (BusyError), in one
    process and across processes.
 8. Bad input and damaged stores (meta, commit, data, index, single records,
@@ -42,13 +44,14 @@ import time
 import numpy as np
 import pytest
 
-from loaderx import errors
+from loaderx import TokenWindows, errors
 from loaderx._lib import lib
 from loaderx.errors import (
     BusyError,
     ClosedError,
     CorruptStoreError,
     DictionaryError,
+    InvalidArgumentError,
     LockedError,
     NewerFormatError,
     NotAStoreError,
@@ -61,7 +64,7 @@ from _lxformat import COMMIT_OFFSET, LOC, flip, patch, record_loc, restore, snap
 from _lxlayout import SEED_COMMIT as COMMIT_CHECKSUM_SEED
 from _lxlayout import SEED_HEADER as HEADER_CHECKSUM_SEED
 from _xxhash import xxh64
-from _helpers import swap_last_order
+from _helpers import expected_moves, swap_last_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -560,6 +563,29 @@ def test_delete_swap_last_and_compact(tmp_path, codec):
     z.close()
 
 
+def test_delete_follows_the_original_order_and_returns_its_moves(tmp_path):
+    """Before the fix the store filled each hole with the highest survivor:
+    deleting {2, 3} from ten records gave [0,1,9,8,...] where the original
+    loaderx gives [0,1,8,9,4,5,6,7]; delete returned nothing."""
+    for codec, path in (("raw", tmp_path / "dense_raw"), ("zstd", tmp_path / "dense_zstd")):
+        with DenseStore(path, np.int64, (), codec=codec) as ds:
+            ds.append(np.arange(10))
+            moves = ds.delete([3, 2])
+            assert ds[:].tolist() == [0, 1, 8, 9, 4, 5, 6, 7]
+            assert moves.tolist() == [[8, 2], [9, 3]]
+    rng = np.random.default_rng(5)
+    with Zrecord(tmp_path / "z", create=True) as z:
+        model = [bytes([i % 256, i // 256]) for i in range(500)]
+        z.append(model)
+        for _ in range(30):
+            key = rng.integers(0, len(model), rng.integers(1, 20)).tolist()
+            order = swap_last_order(len(model), key)
+            moves = z.delete(key)
+            assert moves.tolist() == expected_moves(order)
+            model = [model[p] for p in order]
+            assert z[:] == model
+
+
 # ----------------------------------------------------------------- 4. interrupted compact
 
 def _compact_records(n: int, seed: int) -> list[bytes]:
@@ -877,6 +903,106 @@ def test_a_multi_chunk_append_becomes_visible_at_once(tmp_path):
     other.verify()
     other.close()
     w.close()
+
+
+RACE = """
+import random, sys, threading, numpy as np
+from loaderx.zrecord import DenseStore, RaggedStore, Zrecord
+from loaderx.errors import ClosedError, BusyError
+kind, op, path, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rng = random.Random(1)
+
+def make(i):
+    p = f"{path}/{i}"
+    if kind == "dense":
+        s = DenseStore(p, np.float32, (64,)); s.append(np.ones((200, 64), np.float32))
+    elif kind == "ragged":
+        s = RaggedStore(p, np.int32); s.append([np.arange(k % 50, dtype=np.int32) for k in range(200)])
+    else:
+        s = Zrecord(p, create=True); s.append([bytes(k % 50) for k in range(200)])
+    return s
+
+def call(s):
+    if op == "gather":
+        s[np.arange(100)]
+    elif op == "append":
+        s.append(np.ones((4, 64), np.float32) if kind == "dense" else [np.arange(3, dtype=np.int32)] * 4
+                 if kind == "ragged" else [b"abc"] * 4)
+    else:
+        s.delete([len(s) - 1])
+
+outcomes = {"ok": 0, "closed": 0}
+for i in range(rounds):
+    s = make(i)
+    stop = threading.Event()
+    def worker():
+        while not stop.is_set():
+            try:
+                call(s); outcomes["ok"] += 1
+            except ClosedError:
+                outcomes["closed"] += 1
+                return
+            except BusyError:
+                pass
+    t = threading.Thread(target=worker); t.start()
+    threading.Event().wait(rng.random() * 0.002)
+    s.close(); stop.set(); t.join()
+print("ok", outcomes)
+"""
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "bytes"])
+def test_close_races_every_call_without_a_crash(tmp_path, kind):
+    """200 close-vs-call races per store kind and operation. Before the fix,
+    close() freed the native handle at once and the call in flight on the
+    other thread died with SIGSEGV."""
+    for op in ("gather", "append", "delete"):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        out = subprocess.run([sys.executable, "-c", RACE, kind, op, str(tmp_path / op), "200"],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, f"{kind}/{op}: exit {out.returncode}\n{out.stderr[-3000:]}"
+        assert out.stdout.startswith("ok"), out.stdout
+
+
+def test_ragged_reads_never_stitch_records_across_a_delete(tmp_path):
+    """Before the fix a ragged read made three native calls (sizes, shapes,
+    payload) and a delete from another thread between them returned records
+    stitched from two; now one call reads from one snapshot."""
+    path = tmp_path / "r"
+    rs = RaggedStore(path, np.int64)
+    # Record value v is v repeated (v % 13) + 1 times, shaped (k,) or (1, k).
+    recs = [np.full((1, (v % 13) + 1) if v % 2 else (v % 13) + 1, v, np.int64) for v in range(3000)]
+    rs.append(recs)
+    stop = threading.Event()
+    bad: list = []
+
+    def reader():
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            try:
+                got = rs[rng.integers(0, 2000, 64)]
+            except ZrecordError:
+                continue  # a delete ran (BusyError) or the index went out of range
+            for r in got:
+                v = int(r.reshape(-1)[0])
+                want = (1, (v % 13) + 1) if v % 2 else ((v % 13) + 1,)
+                if r.shape != want or not (r == v).all():
+                    bad.append((v, r.shape))
+    t = threading.Thread(target=reader)
+    t.start()
+    deadline = time.monotonic() + 2.0
+    deleted = 0
+    while time.monotonic() < deadline and len(rs) > 2100:
+        try:
+            rs.delete([deleted % 1000])
+            deleted += 1
+        except ZrecordError:
+            pass
+    stop.set()
+    t.join()
+    rs.close()
+    assert deleted > 10
+    assert not bad, bad[:5]
 
 
 # ----------------------------------------------------------------- 7. locking
@@ -1405,6 +1531,149 @@ def test_bad_dictionary_arguments(tmp_path):
         train_dict([b"x"] * 3, tier="fast")
     with pytest.raises(ValueError):
         train_dict(json_records(100), tier="nope")
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None, True, 2**40])
+def test_threads_argument_is_checked_by_every_gather(tmp_path, bad):
+    """Before the fix, ``threads=-1`` raised cffi's "can't convert negative
+    number to unsigned", ``threads=1.5`` "an integer is required" (neither
+    naming `threads`), and ``threads=True`` ran with one thread."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs, \
+            DenseStore(tmp_path / "d", np.int32, ()) as ds, \
+            Zrecord(tmp_path / "z", create=True) as z:
+        rs.append([np.arange(9, dtype=np.int32)])
+        ds.append(np.arange(3, dtype=np.int32))
+        z.append([b"x"])
+        tw = TokenWindows(rs, 4)
+        calls = [lambda: ds.gather([0], threads=bad), lambda: rs.gather([0], threads=bad),
+                 lambda: rs.gather_packed([0], threads=bad), lambda: z.gather([0], threads=bad),
+                 lambda: tw.gather([0], threads=bad), lambda: tw.segments.gather([0], threads=bad)]
+        for call in calls:
+            with pytest.raises((TypeError, ValueError), match="threads"):
+                call()
+        assert ds.gather([2], threads=np.int64(1)).tolist() == [2]
+
+
+def test_zrecord_append_takes_any_bytes_like_record(tmp_path):
+    """Before the fix, a non-contiguous memoryview record raised "memoryview:
+    casts are restricted to C-contiguous views", an object array "Cannot change
+    data-type for array of references", and ``z.append(b"abc")`` said
+    "record 0 is a int"; none named the record or the mistake."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        strided = memoryview(np.arange(16, dtype=np.int16).reshape(4, 4))[::2]
+        z.append([strided])
+        assert z[0] == np.arange(16, dtype=np.int16).reshape(4, 4)[::2].tobytes()
+        z.append_packed(memoryview(b"abcdef")[::2], [0, 1, 3])
+        assert z[1:] == [b"a", b"ce"]
+        with pytest.raises(TypeError, match="record 1 .*object"):
+            z.append([b"ok", np.array([b"a", None], dtype=object)])
+        with pytest.raises(TypeError, match="data .*object"):
+            z.append_packed(np.array([b"a"], dtype=object), [0, 1])
+        with pytest.raises(TypeError, match="iterable of records"):
+            z.append(b"abc")
+        assert len(z) == 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.zeros((3, 2), np.uint8, order="F"),
+    lambda: np.zeros((3, 4), np.uint8)[:, :2],
+    lambda: np.zeros(8, np.int32)[::2],
+    lambda: memoryview(bytearray(12))[::2],
+])
+def test_gather_into_refuses_a_buffer_it_cannot_fill_in_place(tmp_path, make):
+    """Before the fix, a Fortran-order or sliced 2-D `out` was filled through a
+    temporary copy: gather_into returned the sizes but the caller's buffer
+    stayed zero. Strided int32 arrays and memoryviews raised raw numpy errors."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        z.append([b"abcdef"])
+        out = make()
+        with pytest.raises(SizeMismatchError, match="out must be C-contiguous"):
+            z.gather_into([0], out)
+        assert not bytes(np.asarray(out).tobytes()).strip(b"\0")
+        with pytest.raises(TypeError, match="out .*list"):
+            z.gather_into([0], [0] * 8)
+
+
+def test_gather_into_offsets_past_the_buffer_do_not_wrap(tmp_path):
+    """Before the fix, an offset near 2**64 wrapped the end past zero, passed
+    the fit check, and numpy raised "could not broadcast ... into shape (0,)"."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        z.append([b"abcdef", b"x"])
+        for offset in (2**64 - 2, 2**64 - 1, 11):
+            with pytest.raises(SizeMismatchError, match="does not fit the 10-byte buffer"):
+                z.gather_into([1, 0], bytearray(10), np.array([0, offset], np.uint64))
+        with pytest.raises(SizeMismatchError, match="does not fit"):
+            z.gather_into([0], bytearray(10), [2**63])
+
+
+def test_append_from_inside_the_records_of_an_append_raises(tmp_path):
+    """Before the fix, a records iterator that appended to the same store
+    (a callback writing a side record, say) hung forever on the append lock
+    its own caller held."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        def records():
+            yield b"a"
+            z.append([b"inner"])
+            yield b"b"
+        with pytest.raises(LockedError, match="append called while producing the records"):
+            z.append(records())
+        assert z.append([b"c"]) == 0  # the store is usable afterwards, nothing half-written
+        assert z[:] == [b"c"]
+
+
+def test_gather_into_refuses_fractional_offsets(tmp_path):
+    """Before the fix, gather_into(offsets=[0.5]) silently truncated to 0."""
+    with Zrecord(tmp_path / "z", create=True) as z:
+        z.append([b"abc"])
+        with pytest.raises(TypeError, match="integers"):
+            z.gather_into([0], bytearray(8), offsets=[0.5])
+        with pytest.raises(ValueError, match="non-negative"):
+            z.gather_into([0], bytearray(8), offsets=[-1])
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_a_planted_journal_symlink_is_never_followed(tmp_path):
+    """Before the fix, a symlink named `journal` was followed and its target
+    overwritten by the next delete."""
+    path = tmp_path / "s"
+    victim = tmp_path / "precious.txt"
+    victim.write_bytes(b"do not touch")
+    z = Zrecord(path, create=True)
+    z.append([b"a", b"b"])
+    os.symlink(victim, path / "journal")
+    with pytest.raises(ZrecordError, match="symlink"):
+        z.delete([0])
+    assert victim.read_bytes() == b"do not touch"
+    assert z[:] == [b"a", b"b"]
+    z.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_store_files_that_are_symlinks_are_refused(tmp_path):
+    path = tmp_path / "s"
+    with Zrecord(path, create=True) as z:
+        z.append([b"a"])
+    os.rename(path / "data", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", path / "data")
+    with pytest.raises(ZrecordError, match="symlink"):
+        Zrecord(path)
+
+
+def test_a_path_with_a_nul_byte_is_refused(tmp_path):
+    """Before the fix, a path containing NUL was silently cut at the NUL."""
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        Zrecord(str(tmp_path / "a\0b"), create=True)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_creating_a_store_where_no_directory_can_be_made_fails_fast(tmp_path):
+    """Before the fix, creating a store under /proc spun at 100% CPU forever
+    (mkdirat looped between ENOENT and EEXIST)."""
+    t0 = time.monotonic()
+    with pytest.raises(ZrecordError):
+        DenseStore("/proc/loaderx-no-such/store", np.float32, ())
+    assert time.monotonic() - t0 < 10
 
 
 # ----------------------------------------------------------------- 9. ABI

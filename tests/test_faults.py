@@ -19,6 +19,12 @@ a random prefix of later name changes. Each rebuilt store must open, pass
 verify(), keep every record a completed sync/delete/compact covered, and hold
 one of the states the operations could leave (a prefix of the unsynced
 appends, or an interrupted delete/compact either done or not).
+
+Single faults, one test each: a failed delete never rolls back later synced
+appends, a failed fsync fails the handle for good, and the journal a failed
+delete leaves blocks no reader, is replayed without keeping the writer lock,
+is refused when its entries point outside the data, and lets a read-only
+user read the store.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import random
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -36,10 +43,12 @@ from _helpers import swap_last_order
 from loaderx import _abi
 from loaderx._lib import ffi, lib
 from loaderx.errors import (
+    CorruptStoreError,
     HandleFailedError,
     NotAStoreError,
     StoreNotFoundError,
     ZrecordError,
+    ZrecordIOError,
 )
 from loaderx.zrecord import DenseStore, Zrecord
 
@@ -566,3 +575,182 @@ def test_power_loss_never_leaves_a_stale_window_index(tmp_path):
             shutil.rmtree(target)
             losses += 1
     STATS["losses"] += losses
+
+
+# ----------------------------------------------------------------- single faults, journals
+
+def fault_bit(*ops: str) -> int:
+    return sum(1 << _abi.FAULT_OPS[op] for op in ops)
+
+
+@pytest.fixture
+def no_faults():
+    yield
+    lib.lx_debug_fault(0, 0, 0)
+
+
+def test_a_failed_delete_never_rolls_back_later_synced_appends(tmp_path, no_faults):
+    """Before the fix, a delete failing after its journal was complete left
+    the journal behind while the handle kept working: the next append + sync
+    succeeded and the next open replayed the stale journal, so the synced
+    records were gone (and the same handle already showed duplicates)."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([bytes([i]) * 3 for i in range(10)])
+    z.sync()
+    # The first table write after the journal is complete fails.
+    lib.lx_debug_fault(fault_bit("write"), 3, 0)
+    with pytest.raises(ZrecordIOError):
+        z.delete([2])
+    lib.lx_debug_fault(0, 0, 0)
+    with pytest.raises(HandleFailedError, match="reopen"):
+        z.append([b"new"])
+    with pytest.raises(HandleFailedError):
+        z[0]
+    z.close()
+    with Zrecord(path) as z:  # the reopen finishes the delete from its journal
+        order = swap_last_order(10, [2])
+        assert z[:] == [bytes([i]) * 3 for i in order]
+        z.append([b"new"])
+        z.sync()
+        z.verify()
+    with Zrecord(path) as z:
+        assert z[-1] == b"new" and len(z) == 10
+
+
+def test_a_failed_fsync_fails_the_handle_for_good(tmp_path, no_faults):
+    """Before the fix, a failed fsync was forgotten: the next sync() reported
+    success although the kernel may have dropped the pages."""
+    z = Zrecord(tmp_path / "s", create=True)
+    z.append([b"x"])
+    lib.lx_debug_fault(fault_bit("sync"), 1, 0)
+    with pytest.raises(ZrecordIOError, match="can no longer be used") as first:
+        z.sync()
+    assert not isinstance(first.value, HandleFailedError)
+    lib.lx_debug_fault(0, 0, 0)
+    with pytest.raises(HandleFailedError, match="syncing data"):
+        z.sync()
+    with pytest.raises(HandleFailedError):
+        z.append([b"y"])
+    z.close()  # the failure was reported; close releases the handle
+
+
+def test_a_partial_journal_blocks_nobody(tmp_path, no_faults):
+    """Before the fix, a delete that failed while writing its journal left a
+    partial journal, and every other open, even a reader's, got LockedError
+    until the writer closed."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([b"a", b"b", b"c"])
+    lib.lx_debug_fault(fault_bit("write"), 2, 0)  # the journal's header
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    assert z[:] == [b"a", b"b", b"c"]  # nothing was deleted; the handle still works
+    with Zrecord(path) as reader:
+        assert reader[:] == [b"a", b"b", b"c"]
+    z.delete([0])
+    assert z[:] == [b"c", b"b"]
+    z.close()
+
+
+def test_a_reader_replays_a_journal_without_keeping_the_writer_lock(tmp_path, no_faults):
+    """Before the fix, the first reader to open a store with a leftover journal
+    replayed it and then kept the writer lock until it closed."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([b"a", b"b", b"c", b"d"])
+    z.sync()
+    lib.lx_debug_fault(fault_bit("write"), 3, 0)  # the first table write of the delete
+    with pytest.raises(ZrecordIOError):
+        z.delete([1])
+    lib.lx_debug_fault(0, 0, 0)
+    z._handle = None  # drop the failed handle without its close() sync
+    import gc
+    gc.collect()
+    reader = Zrecord(path)
+    assert reader[:] == [b"a", b"d", b"c"]
+    with Zrecord(path) as writer:  # the lock is free while the reader is open
+        writer.append([b"e"])
+    assert reader[:] == [b"a", b"d", b"c", b"e"]
+    reader.close()
+
+
+def test_journal_entries_out_of_bounds_are_refused(tmp_path, no_faults):
+    """Before the fix, journal replay trusted the offsets inside the journal."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([b"a" * 10, b"b" * 10, b"c" * 10])
+    z.sync()
+    lib.lx_debug_fault(fault_bit("write"), 3, 0)
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    z._handle = None
+    import gc
+    gc.collect()
+    journal = bytearray((path / "journal").read_bytes())
+    # Entry 0's loc.offset (header 96 B, then index u64, then offset u64) -> far past the data,
+    # with both checksums recomputed so only the bounds check can catch it.
+    from _xxhash import xxh64
+    journal[104:112] = (10**9).to_bytes(8, "little")
+    entries = bytes(journal[96:])
+    journal[80:88] = xxh64(entries, 0).to_bytes(8, "little")
+    journal[88:96] = xxh64(bytes(journal[:88]), 0x4C5B).to_bytes(8, "little")
+    (path / "journal").write_bytes(journal)
+    with pytest.raises(CorruptStoreError, match="journal"):
+        Zrecord(path)
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """A read-only bind mount of a directory (skipped where mounting is not
+    permitted): what a user without write permission sees."""
+    mounts = []
+
+    def view(src):
+        dst = tmp_path / f"ro{len(mounts)}"
+        dst.mkdir()
+        for cmd in (["mount", "--bind", str(src), str(dst)], ["mount", "-o", "remount,bind,ro", str(dst)]):
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True)
+            except FileNotFoundError:
+                pytest.skip("no mount command")
+            if done.returncode != 0:
+                pytest.skip(f"cannot make a read-only bind mount here: {done.stderr.strip()}")
+            mounts.append(dst) if cmd[1] == "--bind" else None
+        return dst
+    yield view
+    for dst in mounts:
+        subprocess.run(["umount", str(dst)], capture_output=True)
+
+
+def test_a_read_only_user_reads_a_store_with_a_leftover_journal(tmp_path, read_only_view, no_faults):
+    """Before the fix a read-only user got ReadOnlyError even for an empty
+    journal; a partial journal (the delete never began) is now ignored, and a
+    live one asks for one writable open."""
+    path = tmp_path / "s"
+    z = Zrecord(path, create=True, codec="raw")
+    z.append([b"a", b"b", b"c"])
+    lib.lx_debug_fault(fault_bit("write"), 2, 0)  # the journal's header: a partial journal
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    z.close()
+    (path / "journal").write_bytes(b"")  # an empty one, too
+    ro = read_only_view(path)
+    with Zrecord(ro) as reader:
+        assert reader[:] == [b"a", b"b", b"c"]
+        with pytest.raises(ZrecordError):
+            reader.append([b"d"])
+    # A live journal (a delete failed after it was complete).
+    z = Zrecord(path)
+    lib.lx_debug_fault(fault_bit("write"), 3, 0)
+    with pytest.raises(ZrecordIOError):
+        z.delete([0])
+    lib.lx_debug_fault(0, 0, 0)
+    z.close()
+    with pytest.raises(ZrecordError, match="write permission"):
+        Zrecord(read_only_view(path))
+    with Zrecord(path) as writer:
+        assert writer[:] == [b"c", b"b"]

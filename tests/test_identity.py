@@ -4,10 +4,14 @@ dtype, shape and records, and what is stored is checked at open."""
 import os
 import sys
 
+import msgpack
 import numpy as np
 import pytest
+from _lxformat import pack_identity, rewrite_identity
 
 import loaderx
+from loaderx import DenseStore, open_store
+from loaderx.errors import CorruptStoreError, NewerFormatError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
 import format2_stores  # noqa: E402
@@ -135,3 +139,107 @@ def test_lx_open_refuses_a_bad_identity_and_creates_nothing(tmp_path, case):
     spec.descr, spec.descr_size = keep["descr"], 5
     spec.name, spec.name_size = keep["name"], 7
     assert _open_raw(tmp_path / "s", spec, 12)[0] == 0
+
+
+def test_every_ml_dtypes_scalar_type_round_trips(tmp_path):
+    """float8_e5m2 saves its descr as '<f1', which numpy cannot parse back: the
+    store was created, then refused as corrupt on open. Every ml_dtypes type
+    now reopens as itself, values bit-exact."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import loaderx
+
+    for name in ("bfloat16", "float8_e5m2", "float8_e4m3fn", "int4"):
+        a = np.arange(8).astype(getattr(ml_dtypes, name)).reshape(4, 2)
+        loaderx.from_numpy(tmp_path / name, a)
+        with loaderx.open_store(tmp_path / name) as s:
+            b = s[np.arange(4)]
+            assert b.dtype == a.dtype and b.tobytes() == a.tobytes()
+
+
+HOSTILE = {
+    "object dtype": {"kind": "dense", "v": 1, "dtype": {"descr": "|O", "name": "object"}, "item_shape": []},
+    "object field": {"kind": "dense", "v": 1, "dtype": {"descr": [["a", "<i4"], ["b", "|O"]], "name": "x"},
+                     "item_shape": []},
+    "negative shape": {"kind": "dense", "v": 1, "dtype": {"descr": "<f4", "name": "float32"},
+                       "item_shape": [-3]},
+    "huge shape": {"kind": "dense", "v": 1, "dtype": {"descr": "<f4", "name": "float32"},
+                   "item_shape": [2**62, 2**62]},
+    "overflowing shape": {"kind": "dense", "v": 1, "dtype": {"descr": "<f8", "name": "float64"},
+                          "item_shape": [2**40, 2**30]},
+    "unknown kind": {"kind": "tensorstore", "v": 1},
+    "not a map": [1, 2, 3],
+    "newer identity": {"kind": "dense", "v": 99},
+    "string shape": {"kind": "dense", "v": 1, "dtype": {"descr": "<f4", "name": "float32"},
+                     "item_shape": ["3"]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_format2_identities_are_refused_at_open(tmp_path, name):
+    """Before the fix, an object dtype passed the open (the check ran only at
+    create) and a gather then wrote file bytes into an object array: a
+    segfault; bad shapes raised plain ValueError from numpy. (Format-2
+    stores keep their identity as msgpack, which Python checks.)"""
+    path = tmp_path / "s"
+    with DenseStore(path, np.float32, ()) as ds:
+        ds.append(np.arange(4, dtype=np.float32))
+    rewrite_identity(path, msgpack.packb(HOSTILE[name]), format_version=2)
+    for opener in (DenseStore, open_store):
+        with pytest.raises(CorruptStoreError, match="identity"):
+            opener(path)
+
+
+HOSTILE_NATIVE = {
+    "object dtype": dict(descr=b"'|O'", name=b"object", itemsize=8),
+    "object field": dict(descr=b"[('a', '<i4'), ('b', '|O')]", itemsize=12),
+    "huge shape": dict(item_shape=(2**62, 2**62)),
+    "overflowing shape": dict(item_shape=(2**40, 2**30), itemsize=8),
+    "unknown kind": dict(kind=7),
+    "unknown flag": dict(flags=4),
+    "descr not a literal": dict(descr=b"[[[("),
+    "descr a call": dict(descr=b"__import__('os').getcwd()"),
+    "descr a dict": dict(descr=b"{'a': 1}"),
+    "descr not ASCII": dict(descr="'\u00e9'".encode()),
+    "itemsize disagrees with the descr": dict(descr=b"'<f4'", itemsize=8),
+    "named 'object' by flag": dict(descr=b"'|V8'", name=b"object", itemsize=8, flags=1),
+    "size disagrees with its texts": dict(descr_size=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_NATIVE))
+def test_hostile_native_identities_are_refused_at_open(tmp_path, name):
+    """The native identity (format.zig) is checked by the library at open
+    (its fields) and by identity.py (the dtype its text names): a forged one
+    with valid checksums is refused with a message naming the identity."""
+    path = tmp_path / "s"
+    with DenseStore(path, np.float32, (), codec="zstd") as ds:
+        ds.append(np.arange(4, dtype=np.float32))
+    fields = dict(HOSTILE_NATIVE[name])
+    rewrite_identity(path, pack_identity(fields.pop("kind", "dense"), fields.pop("descr", b"'<f4'"),
+                                         fields.pop("name", b"float32"), **fields))
+    for opener in (DenseStore, open_store):
+        with pytest.raises(CorruptStoreError, match="identity"):
+            opener(path)
+
+
+def test_a_newer_native_identity_is_refused_as_newer(tmp_path):
+    path = tmp_path / "s"
+    with DenseStore(path, np.float32, (3,)) as ds:
+        ds.append(np.zeros((2, 3), np.float32))
+    rewrite_identity(path, pack_identity("dense", item_shape=(3,), version=2))
+    with pytest.raises(NewerFormatError, match="identity has version 2"):
+        open_store(path)
+
+
+def test_a_fixed_width_store_must_agree_with_its_identity(tmp_path):
+    """A raw dense store's records are found by arithmetic on the width the
+    header names: an identity of another record size is refused at open."""
+    path = tmp_path / "s"
+    with DenseStore(path, np.float32, (3,), codec="raw") as ds:
+        ds.append(np.zeros((2, 3), np.float32))
+    rewrite_identity(path, pack_identity("dense", item_shape=(4,)))
+    with pytest.raises(CorruptStoreError, match="differs from the store's fixed width"):
+        open_store(path)
+    rewrite_identity(path, pack_identity("ragged"))
+    with pytest.raises(CorruptStoreError, match="not a dense one"):
+        open_store(path)

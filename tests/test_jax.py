@@ -35,6 +35,10 @@ REPO = os.path.dirname(os.path.dirname(CHECKS))
 TIMEOUT_S = 180
 
 
+def _has(module):
+    return importlib.util.find_spec(module) is not None
+
+
 def child_env(device_count):
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
@@ -101,3 +105,58 @@ def test_two_jax_processes_build_the_single_process_global_batch(tmp_path):
         # This process's two devices hold its own rows of the global array.
         own = [index * BATCH_SIZE, index * BATCH_SIZE + half]
         assert report["row_starts"].tolist() == [own] * STEPS
+
+
+JAX_CHILD = r"""
+import sys
+import ml_dtypes
+import numpy as np
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import loaderx
+import loaderx.jax as lxjax
+from _jax_checks import expect_error as refused
+
+root = sys.argv[1]
+rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+assert len(jax.devices()) == 4
+
+def first_batch(name, array, batch_size=8):
+    loaderx.from_numpy(f"{root}/{name}", array).close()
+    store = loaderx.open_store(f"{root}/{name}")
+    with loaderx.DataLoader({"x": store}, batch_size, mode="sequential", workers=1) as loader:
+        return next(lxjax.global_batches(loader, rows))["x"]
+
+
+bf = (np.arange(16, dtype=np.float32) / 8).astype(ml_dtypes.bfloat16)
+x = first_batch("bf", bf)
+assert x.dtype == jax.numpy.bfloat16 and x.sharding == rows
+assert np.asarray(x).astype(np.float32).tolist() == (np.arange(8) / 8).tolist()
+
+big = np.arange(16, dtype=">i4") * 3
+x = first_batch("big", big)
+assert x.dtype == np.int32 and np.asarray(x).tolist() == list(range(0, 24, 3))
+
+refused(TypeError, ["batch['x']", "float128"],
+        lambda: lxjax.global_batch({"x": np.zeros(8, np.longdouble)}, rows))
+refused(ValueError, ["batch['x']", "(6, 2)", "batch_size"],
+        lambda: lxjax.global_batch({"x": np.zeros((6, 2), np.float32)}, rows))
+print("ok")
+"""
+
+
+# In a child process with 4 CPU devices: bfloat16 leaves were refused although
+# JAX has the type; a big-endian store's batches and a float128 leaf raised JAX's
+# bare "Dtype >i4 is not a valid JAX array type" naming no leaf; a batch whose
+# rows do not split over the devices raised JAX's IndivisibleError naming no leaf.
+@pytest.mark.skipif(not (_has("jax") and _has("ml_dtypes")),
+                    reason="jax is not installed (pip install 'loaderx[jax]')")
+def test_jax_dtypes_byte_order_and_indivisible_batches(tmp_path):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    tests = os.path.join(REPO, "tests")  # for _jax_checks
+    env["PYTHONPATH"] = os.pathsep.join([REPO, tests] + [p for p in [env.get("PYTHONPATH")] if p])
+    result = subprocess.run([sys.executable, "-c", JAX_CHILD, str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stderr[-3000:]

@@ -11,6 +11,12 @@ restoring that state. The parent proves:
   global batch size;
 * every rank gets the same number of full-size batches;
 * every rank resumes exactly from its own state_dict.
+
+Elastic resume: ranks spawned as processes go world 4 -> 2 -> 8 with the same
+global batch, and the union of every later global step equals the
+uninterrupted single-process run; with a changed global batch CYCLIC finishes
+the cycle it stopped in from the same offset, drops its rest and repeats no
+record within the cycle.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import traceback
 import numpy as np
 import pytest
 
+from loaderx import DenseStore, Sampler
 from loaderx.dataloader import DataLoader
 
 # Divisible by no global batch below (32 and 64): CYCLIC cycles of 18 and 9
@@ -254,3 +261,78 @@ def test_torch_distributed_gloo(tmp_path):
     gathered = payloads[0]
     assert payloads[1] is None
     check_ranks(gathered, world, store_path)
+
+
+def _rank_run(args):
+    path, rank, world, batch, state, steps = args
+    with DenseStore(path) as x:
+        with DataLoader({"x": x}, batch, seed=11, shard=(rank, world), workers=1) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            out = [next(loader)["x"].copy() for _ in range(steps)]
+            return out, loader.state_dict()
+
+
+def run_ranks(pool, path, world, batch, state, steps):
+    results = pool.map(_rank_run, [(path, r, world, batch, state, steps) for r in range(world)])
+    union = [np.concatenate([res[0][s] for res in results]) for s in range(steps)]
+    return union, results[0][1]
+
+
+def test_elastic_resume_across_world_sizes(tmp_path):
+    """World 4 -> 2 -> 8 with the same global batch (32): every global step
+    after a restore equals the uninterrupted run's."""
+    path = str(tmp_path / "x")
+    with DenseStore(path, np.int64, ()) as x:
+        x.append(np.arange(1000, dtype=np.int64))
+    with DenseStore(path) as x, DataLoader({"x": x}, 32, seed=11, workers=1) as one:
+        reference = [next(one)["x"].copy() for _ in range(30)]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        got, state = run_ranks(pool, path, 4, 8, None, 10)
+        got2, state = run_ranks(pool, path, 2, 16, state, 10)
+        got3, _ = run_ranks(pool, path, 8, 4, state, 10)
+    for step, union in enumerate(got + got2 + got3):
+        np.testing.assert_array_equal(union, reference[step], err_msg=f"global step {step}")
+
+
+def test_changed_global_batch_finishes_the_cycle_then_drops_its_rest(tmp_path):
+    """CYCLIC, elastic: a state saved under one global batch and restored
+    under another continues inside the same cycle from the same offset,
+    serves the whole new batches the cycle's rest holds, drops the remainder
+    and goes on with whole cycles: no record repeats within a cycle."""
+    length = 97
+
+    def permutation(cycle):
+        return Sampler(length, length, "cyclic", seed=2).at(cycle)
+
+    with DenseStore(tmp_path / "x", np.int64, ()) as x:
+        x.append(np.arange(length, dtype=np.int64))
+        with DataLoader({"x": x}, 5, seed=2, workers=1) as a:
+            first = [next(a)["x"].copy() for _ in range(13)]
+            state = a.state_dict()
+        assert state["position"] == 65  # cycle 0, offset 13 * 5
+        # Global batch 9, as 3 ranks of 3.
+        ranks = [DataLoader({"x": x}, 3, seed=2, shard=(r, 3), workers=1) for r in range(3)]
+        try:
+            for loader in ranks:
+                loader.load_state_dict(state)
+            rest = [np.concatenate([next(loader)["x"] for loader in ranks]) for _ in range(14)]
+            assert [ranks[0].epoch_of(s) for s in (13, 15, 16, 25, 26)] == [0, 0, 1, 1, 2]
+            assert ranks[0].state_dict()["position"] == 2 * length + 9
+        finally:
+            for loader in ranks:
+                loader.close()
+        # (97 - 65) // 9 = 3 more batches of cycle 0; its last 5 records are dropped.
+        cycle0 = np.concatenate(first + rest[:3])
+        np.testing.assert_array_equal(cycle0, permutation(0)[:92])
+        assert len(set(cycle0.tolist())) == 92
+        # Then whole cycles of 97 // 9 = 10 batches.
+        np.testing.assert_array_equal(np.concatenate(rest[3:13]), permutation(1)[:90])
+        np.testing.assert_array_equal(rest[13], permutation(2)[:9])
+        # A global batch larger than the cycle's rest starts the next cycle at once.
+        with DataLoader({"x": x}, 40, seed=2, workers=1) as big:
+            big.load_state_dict(state)
+            np.testing.assert_array_equal(next(big)["x"], permutation(1)[:40])
+            np.testing.assert_array_equal(next(big)["x"], permutation(1)[40:80])
+            np.testing.assert_array_equal(next(big)["x"], permutation(2)[:40])

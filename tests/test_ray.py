@@ -6,6 +6,7 @@ read_dataset gives every row back as a ray.data.Dataset."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -21,6 +22,10 @@ pa = pytest.importorskip("pyarrow", reason="Ray Data needs pyarrow")
 import loaderx.ray as lray  # noqa: E402
 
 ROWS = 600
+
+
+def _has(module):
+    return importlib.util.find_spec(module) is not None
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +214,55 @@ def test_write_dataset_to_a_url_uploads_from_the_tasks_and_reads_back(local_ray,
             col.close()
     finally:
         s3.stop()
+
+
+# read_dataset with an unknown column or batch_rows=0 gave a Dataset that failed
+# only when it ran, inside a Ray task (no Ray is started here: the checks run in
+# the driver first); write_dataset of something that is not a Ray dataset raised a
+# bare AttributeError.
+@pytest.mark.skipif(not (_has("ray") and _has("pyarrow")),
+                    reason="Ray is not installed (pip install 'loaderx[ray]')")
+def test_ray_arguments_are_checked_in_the_driver(tmp_path):
+    import loaderx.ray as lxray
+
+    loaderx.convert({"x": np.zeros((10, 4), np.float32), "y": np.zeros((10, 4), np.int32)},
+                    str(tmp_path / "ds"))
+    with pytest.raises(KeyError, match=r"no column 'z'; the dataset has \['x', 'y'\]"):
+        lxray.read_dataset(tmp_path / "ds", columns=["x", "z"])
+    with pytest.raises(TypeError, match="columns must be a list"):
+        lxray.read_dataset(tmp_path / "ds", columns="x")
+    with pytest.raises(ValueError, match="batch_rows must be a positive int, got 0"):
+        lxray.read_dataset(tmp_path / "ds", batch_rows=0)
+    with pytest.raises(TypeError, match="takes a ray.data.Dataset, got ndarray"):
+        lxray.write_dataset(np.arange(3), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# A write task whose later blocks had another Arrow type than its first block cast
+# them silently (2**40 became 0 in an int32 column, 0.5 became 0) and dropped a
+# column only later blocks had.
+@pytest.mark.skipif(not (_has("ray") and _has("pyarrow")),
+                    reason="Ray is not installed (pip install 'loaderx[ray]')")
+def test_ray_write_task_refuses_blocks_unlike_its_first():
+    import pyarrow as pa
+
+    from loaderx.converters import ConvertError
+    from loaderx.converters._columns import Flags, arrow_spec
+    from loaderx.converters._source import Options
+    from loaderx.ray import _BlocksSource
+
+    options = Options(columns=None, skip_columns=[], flags=Flags())
+    first = pa.table({"v": pa.array(np.arange(3, dtype=np.int32))})
+    specs = [arrow_spec(pa, "v", first.schema.field("v").type, options.flags)]
+    later = {
+        "int64": (pa.table({"v": pa.array([2**40, 1, 2], pa.int64())}), "Arrow type int64"),
+        "double": (pa.table({"v": pa.array([0.5, 1.5, 2.5])}), "Arrow type double"),
+        "extra": (pa.table({"v": first["v"], "w": pa.array([1, 2, 3])}), "['v', 'w']"),
+    }
+    for name, (table, words) in later.items():
+        source = _BlocksSource(iter([first, table]), options, 5)
+        with pytest.raises(ConvertError, match="Ray write task 5") as info:
+            list(source.read(None, specs, 1 << 20))
+        assert words in str(info.value), name
+    same = _BlocksSource(iter([first, first]), options, 5).read(None, specs, 1 << 20)
+    assert [b.columns["v"].tolist() for b in same] == [[0, 1, 2], [0, 1, 2]]

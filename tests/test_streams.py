@@ -126,6 +126,35 @@ def test_rows_past_the_store_fail_their_step(store):
             next(loader)
 
 
+class PythonRagged:
+    """A ragged stream that is a plain Python object (no native parts)."""
+
+    kind = "ragged"
+    dtype = np.dtype(np.int32)
+    item_shape = None
+
+    def __len__(self):
+        return 50
+
+    def gather(self, indices, out=None):
+        return [np.full(i % 3, i, np.int32) for i in np.asarray(indices)]
+
+
+def test_packed_ragged_output_for_python_streams_too(tmp_path):
+    """ragged="packed" gave (values, row_splits) for stores but still a list
+    for a ragged stream that is a Python object."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        rs.append([np.full(i % 3, i, np.int32) for i in range(50)])
+        with DataLoader({"r": rs, "p": PythonRagged()}, 6, workers=1,
+                        ragged="packed") as loader:
+            for _ in range(3):
+                batch = next(loader)
+                values, splits = batch["p"]
+                assert values.dtype == np.int32 and splits.dtype == np.int64
+                np.testing.assert_array_equal(values, batch["r"][0])
+                np.testing.assert_array_equal(splits, batch["r"][1])
+
+
 # ----------------------------------------------------------------- prefetch
 
 

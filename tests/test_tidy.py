@@ -14,7 +14,32 @@ checked mechanically (as TigerBeetle's tidy does).
 - streams are recognised by the stream protocol (loaderx/streams.py:
   ``native_parts()``, ``native_windows()``, ``prefetch``...), never by a
   private ``__loaderx_*__`` dunder (loaderx/ and tests/) nor by a type-name
-  test such as ``type(x).__name__ == "..."`` (loaderx/).
+  test such as ``type(x).__name__ == "..."`` (loaderx/);
+- a private name stays private: no module imports an underscore name
+  (``_x``, not a dunder) from a public module (one whose own name has no
+  leading underscore: ``dataset``, ``tokens``, ``subset``...; its ``_x`` are
+  its own internals), nor from a private module of another package
+  (``loaderx/converters/`` never imports ``loaderx._store._x``). A private
+  module (``_ring``, ``converters/_columns``) shares its underscore names with
+  the modules of its own package only. Importing a private *module* is
+  allowed, also from a sub-package: ``loaderx._lib`` (the one owner of the
+  native library), ``loaderx._store`` (the store base) and the other core
+  ``_modules`` are the core's internals that its sub-packages build on.
+  (Checked over every ``from X import Y`` in loaderx/, inside functions too.);
+- no import cycles among loaderx modules: the module-level imports (what runs
+  at import) form no cycle, and neither do all imports, the ones inside
+  functions included, so a function-level import never hides a cycle. Two
+  kinds of edge are left out of the second graph: a function-level import of
+  ``loaderx.remote`` (object storage: it needs the optional obstore, and it
+  builds on the core, so the core calls up into it only when a path is a
+  URL), and an import of an ancestor package (``from .. import
+  __version__``: Python has imported the package before any of its modules).
+  ``if TYPE_CHECKING:`` imports are not imports at run time and are skipped;
+- every exception class loaderx defines (a class deriving, directly or
+  through other loaderx classes, from an ``...Error``, ``...Exception`` or
+  ``...Warning`` base) is importable from the ``loaderx`` package, so users
+  catch it by name; `INTERNAL_EXCEPTIONS` lists the ones that never leave
+  loaderx, with the reason.
 
 Each test lists every violation as `file:line: what`, so one run shows them all.
 Run as a script (`python tests/test_tidy.py`) it prints the counts and the largest
@@ -232,6 +257,237 @@ def test_python_never_touches_the_library_s_descriptors():
              for path in python_files()
              for number, line in enumerate(read_lines(path), 1) if "/proc/self/fd" in line]
     assert not found, report("reaches into /proc/self/fd", found)
+
+
+# --- imports and exceptions ---------------------------------------------------------------
+
+#: Exceptions loaderx defines that never reach a caller, and why.
+INTERNAL_EXCEPTIONS = {
+    "NeedsDuckDB": "loaderx/_sql.py's signal that a predicate needs DuckDB; "
+                   "loaderx.select catches every one",
+}
+
+
+def module_name(path):
+    """`loaderx/x/y.py` -> `loaderx.x.y` (a package's __init__: the package)."""
+    name = os.path.splitext(rel(path))[0].replace(os.sep, ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def loaderx_modules():
+    return {module_name(path): path for path in python_files()}
+
+
+def is_type_checking(node):
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def import_nodes(tree):
+    """(import node, at module level?) of a module, `if TYPE_CHECKING:` blocks left out."""
+    found = []
+
+    def visit(node, top):
+        for child in ast.iter_child_nodes(node):
+            if is_type_checking(child):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, top))
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                       ast.ClassDef))
+            visit(child, top and not inner)
+
+    visit(tree, True)
+    return found
+
+
+def imported(module, is_package, node, modules):
+    """(source module, imported name or None, target module) of each name an
+    import brings in; the target is the loaderx module it makes a dependency on
+    (the name itself when it is a module). Non-loaderx imports are skipped."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None, a.name) for a in node.names if a.name in modules]
+    if node.level:
+        parts = module.split(".") if is_package else module.split(".")[:-1]
+        parts = parts[: len(parts) - (node.level - 1)]
+        source = ".".join(parts + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    if source not in modules:
+        return []
+    out = []
+    for alias in node.names:
+        full = f"{source}.{alias.name}"
+        out.append((source, alias.name, full if full in modules else source))
+    return out
+
+
+def module_imports():
+    """(module, path, import node, at module level?, source, name, target) of
+    every loaderx -> loaderx import in loaderx/ (see `imported`)."""
+    modules = loaderx_modules()
+    for module, path in modules.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node, top in import_nodes(tree):
+            for source, name, target in imported(module, path.endswith("__init__.py"), node,
+                                                 modules):
+                yield module, path, node, top, source, name, target
+
+
+def import_edges():
+    """(importer, target, at module level?, line) of every loaderx -> loaderx import."""
+    return [(module, target, top, node.lineno)
+            for module, _, node, top, _, _, target in module_imports() if target != module]
+
+
+def is_private_module(module):
+    return module.rsplit(".", 1)[-1].startswith("_")
+
+
+def package_of(module, modules):
+    path = modules[module]
+    return module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+
+
+def private_name_imports():
+    modules = loaderx_modules()
+    found = []
+    for module, path, node, _, source, name, target in module_imports():
+        if name is None or not name.startswith("_") or name.startswith("__") or target != source:
+            continue  # not an underscore name, or a (private) module
+        if is_private_module(source) \
+                and package_of(source, modules) == package_of(module, modules):
+            continue  # a private module's internals, shared within its package
+        found.append(f"{rel(path)}:{node.lineno}: imports {name} from {source}, "
+                     "which is private to it")
+    return found
+
+
+def cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def connect(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def describe_cycles(found, edges):
+    lines = []
+    for component in found:
+        inside = sorted({(a, b, line) for a, b, _, line in edges
+                         if a in component and b in component})
+        lines.append(" <-> ".join(component) + ": " + ", ".join(
+            f"{a}:{line} -> {b}" for a, b, line in inside))
+    return lines
+
+
+def lazy_edge_allowed(importer, target, top):
+    if target == importer.split(".")[0] or importer.startswith(target + "."):
+        return True  # an ancestor package: imported before any of its modules
+    return not top and target == "loaderx.remote"
+
+
+def exception_classes():
+    """(file, line, name) of every exception class defined in loaderx/."""
+    classes = []
+    for path in python_files():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+                classes.append((rel(path), node.lineno, node.name, bases))
+    known = set()
+    changed = True
+    while changed:  # close over loaderx classes that derive from loaderx exceptions
+        changed = False
+        for _, _, name, bases in classes:
+            if name not in known and any(b in known or b.endswith(("Error", "Exception",
+                                                                    "Warning"))
+                                         for b in bases):
+                known.add(name)
+                changed = True
+    return [(path, line, name) for path, line, name, _ in classes if name in known]
+
+
+def test_no_private_name_is_imported_from_another_module_s_internals():
+    found = private_name_imports()
+    assert not found, report("imports of another module's private names", found)
+
+
+def test_module_level_imports_form_no_cycle():
+    edges = [e for e in import_edges() if e[2]]
+    found = describe_cycles(cycles((a, b) for a, b, _, _ in edges), edges)
+    assert not found, report("import cycles at module level", found)
+
+
+def test_no_function_level_import_hides_a_cycle():
+    edges = [e for e in import_edges() if not lazy_edge_allowed(e[0], e[1], e[2])]
+    found = describe_cycles(cycles((a, b) for a, b, _, _ in edges), edges)
+    assert not found, report("import cycles (function-level imports included)", found)
+
+
+def test_the_import_scanners():
+    modules = {"loaderx": "loaderx/__init__.py", "loaderx.a": "loaderx/a.py",
+               "loaderx._b": "loaderx/_b.py", "loaderx.sub": "loaderx/sub/__init__.py"}
+    tree = ast.parse("from . import a\nfrom ._b import _x, y\nimport numpy\n"
+                     "def f():\n    from .a import z\n"
+                     "if TYPE_CHECKING:\n    from .sub import T\n")
+    found = [(imported("loaderx.c", False, node, modules), top)
+             for node, top in import_nodes(tree)]
+    assert found == [([("loaderx", "a", "loaderx.a")], True),
+                     ([("loaderx._b", "_x", "loaderx._b"), ("loaderx._b", "y", "loaderx._b")],
+                      True),
+                     ([], True),
+                     ([("loaderx.a", "z", "loaderx.a")], False)]
+    assert cycles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) == [["a", "b", "c"]]
+    assert cycles([("a", "b"), ("b", "c")]) == []
+    assert lazy_edge_allowed("loaderx.converters._dest", "loaderx", False)
+    assert lazy_edge_allowed("loaderx._store", "loaderx.remote", False)
+    assert not lazy_edge_allowed("loaderx._store", "loaderx.remote", True)
+    assert not lazy_edge_allowed("loaderx.shardset", "loaderx.dataset", False)
+
+
+def test_every_exception_is_exported_from_the_package():
+    import loaderx
+
+    classes = exception_classes()
+    names = {name for _, _, name in classes}
+    assert {"CorruptStoreError", "ConvertError", "RemoteIOError"} <= names  # the scan works
+    found = [f"{path}:{line}: {name} is not importable from loaderx"
+             for path, line, name in classes
+             if name not in INTERNAL_EXCEPTIONS and not hasattr(loaderx, name)]
+    assert not found, report("exceptions users cannot catch by name", found)
+    missing = [name for name in loaderx.__all__ if not hasattr(loaderx, name)]
+    assert not missing, f"loaderx.__all__ names what loaderx lacks: {missing}"
+    assert set(INTERNAL_EXCEPTIONS) <= names, "INTERNAL_EXCEPTIONS names a class that is gone"
 
 
 #: The old private stream dunders (split so this file does not match itself).

@@ -170,6 +170,14 @@ def test_bad_corpora_are_refused(tmp_path):
             TokenWindows(rs, 4, separator=1 << 20)
 
 
+def test_token_windows_seq_len_past_uint64(tmp_path):
+    """Before the fix, ``seq_len=2**70`` raised cffi's "int too big to convert"."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        rs.append([np.arange(9, dtype=np.int32)])
+        with pytest.raises(ValueError, match="seq_len"):
+            TokenWindows(rs, 2**70)
+
+
 def test_windows_in_the_loader_mixture_and_shards(tmp_path):
     docs_a, docs_b = make_docs(6, 200), make_docs(7, 150)
     a = RaggedStore(tmp_path / "a", np.int32)

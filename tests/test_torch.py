@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib.util
 import multiprocessing
 import os
 import pickle
@@ -25,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
 
+import loaderx  # noqa: E402
 import loaderx.torch as lxtorch  # noqa: E402
 from loaderx import DataLoader, DenseStore, RaggedStore  # noqa: E402
 
@@ -34,6 +36,10 @@ LENGTH = 240
 BATCH_SIZE = 8
 SEED = 7
 PROCESS_TIMEOUT_S = 120
+
+
+def _has(module):
+    return importlib.util.find_spec(module) is not None
 
 
 def dense_records(length=LENGTH):
@@ -144,6 +150,44 @@ def test_to_torch_keeps_structure_and_passes_other_values():
     assert out["tuple"][0].dtype == torch.int8 and out["tuple"][1:] == ("text", 3, None)
     assert out["other"][0] is strings and out["other"][1] is records
     assert out["other"][2] is objects and out["other"][3] is tensor
+
+
+# An ``ml_dtypes`` array (a bfloat16 store's batches, the float8 types) passed
+# through ``to_torch`` as a numpy array instead of becoming a tensor of torch's
+# matching dtype.
+@pytest.mark.skipif(not (_has("torch") and _has("ml_dtypes")),
+                    reason="needs torch and ml_dtypes (pip install 'loaderx[torch,jax]')")
+def test_to_torch_converts_ml_dtypes_arrays_to_torch_dtypes(tmp_path):
+    import ml_dtypes
+    import torch
+
+    import loaderx.torch as lxtorch
+
+    values = np.array([0, 1.5, -2, 0.25, 3, -0.5], np.float32)
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        array = values.astype(getattr(ml_dtypes, name))
+        tensor = lxtorch.to_torch(array)
+        assert isinstance(tensor, torch.Tensor) and tensor.dtype == getattr(torch, name), name
+        assert tensor.data_ptr() == array.ctypes.data  # zero-copy, as numeric arrays
+        assert tensor.float().tolist() == values.tolist()
+        flipped = lxtorch.to_torch(array.reshape(2, 3)[::-1, ::2])  # copied, then converted
+        assert flipped.float().tolist() == values.reshape(2, 3)[::-1, ::2].tolist()
+
+    # End to end: a bfloat16 store read through the IterableDataset.
+    records = (np.arange(24, dtype=np.float32).reshape(12, 2) / 4).astype(ml_dtypes.bfloat16)
+    loaderx.from_numpy(str(tmp_path / "bf"), records).close()
+
+    def make_loader(rank, world):
+        return DataLoader({"x": DenseStore(str(tmp_path / "bf"))}, 4, seed=0,
+                          shard=(rank, world), mode="sequential", workers=1)
+
+    dataset = lxtorch.IterableDataset(make_loader)
+    try:
+        batch = next(iter(dataset))
+    finally:
+        dataset.close()
+    assert batch["x"].dtype == torch.bfloat16
+    assert batch["x"].float().tolist() == records[:4].astype(np.float32).tolist()
 
 
 # -- iteration ---------------------------------------------------------------------------

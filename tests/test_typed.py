@@ -24,9 +24,12 @@ import loaderx.dense
 import loaderx.ragged
 import loaderx.zrecord as zrecord
 from loaderx.errors import (
+    ArgumentTypeError,
     ClosedError,
+    CorruptStoreError,
     DictionaryError,
     IdentityError,
+    InvalidArgumentError,
     RecordIndexError,
     ZrecordError,
 )
@@ -43,6 +46,9 @@ DTYPES = {
 }
 ITEM_SHAPES = ((), (7,), (3, 4, 5))
 ZSTD_DICT_MAGIC = bytes.fromhex("37a430ec")
+
+
+_TEXTS = [f'{{"id": {i}, "text": "record number {i}"}}'.encode() for i in range(400)]
 
 
 # ----------------------------------------------------------------- helpers
@@ -591,6 +597,23 @@ def test_gather_packed_rejects_mismatched_trailing_dims(tmp_path):
         assert row_splits.tolist() == [0, 4]
 
 
+def test_hostile_ragged_shape_is_refused_at_read(tmp_path):
+    """A ragged record whose stored shape is (0, 2**64 - 1): before the fix,
+    numpy's ValueError escaped the read."""
+    path = tmp_path / "r"
+    with RaggedStore(path, np.int32) as rs:
+        rs.append([np.zeros((0, 3), np.int32)])
+    # Patch the aux shape words in place: [ndim=2, 0, 3] -> [2, 0, 2**64-1].
+    data = bytearray((path / "data").read_bytes())
+    words = np.array([2, 0, 3], "<u8").tobytes()
+    at = data.index(words)
+    data[at + 16:at + 24] = (2**64 - 1).to_bytes(8, "little")
+    (path / "data").write_bytes(data)
+    with RaggedStore(path) as rs:
+        with pytest.raises(CorruptStoreError, match="record 0"):
+            rs[0]
+
+
 def test_ragged_append_one_pass_generator(tmp_path):
     with RaggedStore(tmp_path / "g", np.int64) as rs:
         consumed = []
@@ -649,6 +672,37 @@ def test_ragged_append_is_atomic_per_call(tmp_path):
         with pytest.raises(IdentityError):
             rs.append(good + [np.zeros(1, np.int64)])
         assert len(rs) == 3
+
+
+def test_ragged_append_refuses_floats_for_an_integer_store(tmp_path):
+    """Before the fix, ``rs.append([[1.5, 2.7]])`` on an int32 store stored
+    ``[1, 2]``: the fractions were truncated silently."""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        for record in ([1.5, 2.7], np.float64(3.9), [np.float32(1.0)], [1 + 2j]):
+            with pytest.raises(TypeError, match="record 0 .*float|record 0 .*complex"):
+                rs.append([record])
+        assert len(rs) == 0
+        rs.append([[1, 2], 3, [True]])  # Python ints and bools still convert
+        assert [r.tolist() for r in rs[:]] == [[1, 2], 3, [1]]
+        with pytest.raises(OverflowError, match="record 1"):
+            rs.append([[1], [2**40]])
+        assert len(rs) == 3
+    with RaggedStore(tmp_path / "c", np.float32) as rf:
+        with pytest.raises(TypeError, match="record 0 .*complex"):
+            rf.append([[1 + 2j]])
+
+
+def test_ragged_append_refuses_one_flat_array(tmp_path):
+    """``rs.append(tokens)`` with one 1-D array stored one 0-d record per token,
+    silently: a document appended without its brackets. It is refused, naming
+    the fix; nothing is stored. (0-d records in a list stay allowed.)"""
+    with RaggedStore(tmp_path / "r", np.int32) as rs:
+        for records in (np.arange(5, dtype=np.int32), np.arange(5.0)):
+            with pytest.raises(TypeError, match=r"5 scalar records; pass \[array\]"):
+                rs.append(records)
+        assert len(rs) == 0
+        rs.append([np.arange(5, dtype=np.int32), np.int32(7)])
+        assert rs[0].tolist() == [0, 1, 2, 3, 4] and rs[1].shape == ()
 
 
 # ----------------------------------------------------------------- 4. identity
@@ -807,6 +861,26 @@ def test_compression_level_is_selectable(tmp_path):
 def test_unknown_codec(tmp_path):
     with pytest.raises(ValueError, match="lz4"):
         DenseStore(tmp_path / "d", np.uint8, (4,), codec="lz4")
+    assert not (tmp_path / "d").exists()
+
+
+def test_codec_and_level_of_the_wrong_kind_are_named(tmp_path):
+    """Before the fix, ``codec=["zstd"]`` raised "unhashable type: 'list'" and
+    ``level=2**40`` cffi's "integer 1099511627776 does not fit 'int'"."""
+    with pytest.raises(InvalidArgumentError, match="codec"):
+        DenseStore(tmp_path / "a", np.int8, (), codec=["zstd"])
+    with pytest.raises(InvalidArgumentError, match="level 1099511627776"):
+        DenseStore(tmp_path / "b", np.int8, (), level=2**40)
+    with pytest.raises(ValueError, match="tier"):
+        train_dict(_TEXTS, [])
+
+
+def test_level_zero_is_refused_before_anything_is_created(tmp_path):
+    """level=0 passed the argument check, the store was created at zstd's
+    default (3), then the reopen check refused 0 != 3 and left the new store
+    behind."""
+    with pytest.raises(InvalidArgumentError, match="level 0 is not a zstd level"):
+        DenseStore(tmp_path / "d", np.uint8, (4,), level=0)
     assert not (tmp_path / "d").exists()
 
 
@@ -972,3 +1046,47 @@ def test_train_dict_on_a_few_bytes_is_a_clear_error_not_a_crash():
     # Eight one-byte samples once crashed zstd's trainer inside the library.
     with pytest.raises(DictionaryError, match="too small"):
         train_dict([bytes([i]) for i in range(8)], tier="fast")
+
+
+@pytest.fixture(scope="module")
+def dictionary():
+    return train_dict(_TEXTS, "fast")
+
+
+@pytest.mark.parametrize("bad, kind", [
+    ("abc", ArgumentTypeError), (5, ArgumentTypeError), ([1, 2], ArgumentTypeError),
+])
+def test_dict_bytes_must_be_bytes_like(tmp_path, bad, kind):
+    """Before the fix, ``dict_bytes="abc"`` raised "string argument without an
+    encoding" and ``dict_bytes=5`` was read as five zero bytes ("not a zstd
+    dictionary")."""
+    with pytest.raises(kind, match="dict_bytes"):
+        Zrecord(tmp_path / "z", create=True, codec="zstd_dict", dict_bytes=bad)
+
+
+def test_dict_bytes_as_a_numpy_array(tmp_path, dictionary):
+    """Before the fix, a numpy array of the dictionary's bytes raised numpy's
+    "truth value of an array ... is ambiguous"."""
+    arr = np.frombuffer(dictionary, np.uint8)
+    with Zrecord(tmp_path / "z", create=True, codec="zstd_dict", dict_bytes=arr) as z:
+        z.append(_TEXTS[:5])
+        assert z.dictionary() == dictionary
+    with Zrecord(tmp_path / "z", dict_bytes=arr) as z:  # reopen: the same dictionary
+        assert z[4] == _TEXTS[4]
+
+
+def test_train_dict_refuses_an_absurd_size():
+    """Before the fix, ``size=2**40`` raised a bare MemoryError with no
+    message (and a size just under physical memory was zero-filled first)."""
+    with pytest.raises(ValueError, match="size"):
+        train_dict(_TEXTS, size=2**40)
+
+
+def test_numpy_ints_are_ints_for_level_and_dictionary_size(tmp_path):
+    """level= and train_dict(size=) take numpy integers, as threads= and seq_len do."""
+    rng = np.random.default_rng(0)
+    with DenseStore(tmp_path / "d", np.uint8, (64,), level=np.int64(5)) as ds:
+        assert ds.level == 5 and type(ds.level) is int
+        ds.append(rng.integers(0, 4, (300, 64), dtype=np.uint8))
+        d = train_dict(ds, size=np.int32(1024))
+        assert 0 < len(d) <= 1024

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .. import _objstore
-from .._writer import check_mode, codec_of
+from .._checks import check_level, check_mode
+from .._writer import codec_of
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import (
@@ -187,10 +188,8 @@ def _convert(source: Any, dest, job: dict) -> dict:
     for label, names in (("columns", columns), ("skip_columns", skip_columns)):
         if isinstance(names, (str, bytes)):
             raise TypeError(f"{label} must be a list of column names, not the string {names!r}")
-    if level is not None and (not isinstance(level, int) or isinstance(level, bool) or not level):
-        # zstd reads 0 as "the default"; a store records the level it used,
-        # so 0 is refused rather than stored as 3 behind the caller's back.
-        raise ValueError(f"level must be a non-zero int zstd level or None, got {level!r}")
+    check_level(level)  # the stores' own check (0 refused), before anything is written
+    level = None if level is None else int(level)
     if job["dict_size"] is not None and job["codec"] != "zstd_dict":
         raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
                          "codec='zstd_dict'")
@@ -217,7 +216,7 @@ def _convert(source: Any, dest, job: dict) -> dict:
         item_shape=job["item_shape"],
         fill_null={**(fill_null or {})},
     )
-    job = {**job, "workers": workers or 1}
+    job = {**job, "workers": workers or 1, "level": level}
     splits = _splits(source)
     if splits is not None:
         return _convert_splits(splits, dest, job["mode"], options, job)

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ZrecordError
+from ..errors import ConvertError, MissingDependencyError
 
 __all__ = [
     "ColumnSpec",
@@ -68,14 +68,6 @@ __all__ = [
     "PER_IMAGE",
     "require",
 ]
-
-
-class ConvertError(ZrecordError, ValueError):
-    """A source that cannot be converted as asked; the message says why and what to do."""
-
-
-class MissingDependencyError(ZrecordError, ImportError):
-    """An optional dependency of a converter is not installed."""
 
 
 def require(module: str, extra: str, what: str):

@@ -60,11 +60,10 @@ from ..dataset import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
     MANIFEST_VERSION,
-    DestinationExistsError,
     check_inside,
     read_manifest,
 )
-from ..errors import CorruptStoreError, IdentityError
+from ..errors import CorruptStoreError, DestinationExistsError, IdentityError
 from ._columns import ColumnSpec, ConvertError, Flags
 
 __all__ = ["Destination", "safe_name", "spec_entry", "write_json", "sweep_siblings"]

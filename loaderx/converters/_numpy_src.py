@@ -8,7 +8,6 @@ compressed ``.npz`` members by streaming decompression.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import tokenize
 import zipfile
@@ -17,6 +16,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from .._checks import drop_source_rows
 from ._columns import ColumnSpec, ConvertError
 from ._source import (
     Batch,
@@ -154,27 +154,8 @@ class _Rows:
             out = self.member.read(start * scale, stop * scale)
         else:
             out = np.array(self.array[start * scale : stop * scale])
-            _release(self.array, start * scale, stop * scale)
+            drop_source_rows(self.array, start * scale, stop * scale)
         return out.reshape((stop - start,) + self.shape[1:])
-
-
-def _release(array, start: int, stop: int) -> None:
-    """Drop the pages of rows start..stop of a C-contiguous np.memmap, so a big
-    file read once does not stay resident (they are re-read if touched again)."""
-    mm = getattr(array, "_mmap", None)
-    if (
-        mm is None
-        or not hasattr(mmap, "MADV_DONTNEED")
-        or not array.flags.c_contiguous
-        or stop <= start
-    ):
-        return
-    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
-    row = array.strides[0] if array.ndim and array.shape[0] > 1 else array.nbytes
-    lo = (array.ctypes.data - base + start * row) // mmap.PAGESIZE * mmap.PAGESIZE
-    hi = (array.ctypes.data - base + stop * row) // mmap.PAGESIZE * mmap.PAGESIZE
-    if hi > lo:
-        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _array_columns(arrays: dict, length: int | None) -> dict:

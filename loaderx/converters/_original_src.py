@@ -41,6 +41,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .._checks import KINDS
 from ..errors import CorruptStoreError, DictionaryError
 from ._columns import ColumnSpec, ConvertError, Packed
 from ._source import Batch, Options, Source, row_tasks, rows_per_batch
@@ -138,7 +139,7 @@ def _read_schema(path: str) -> tuple[dict | None, str | None]:
         return None, f"holds a {type(raw).__name__}, not a map"
     raw = {_text(k): _text(v) for k, v in raw.items()}
     kind = raw.get("kind", raw.get("type"))
-    if kind not in ("dense", "ragged", "bytes"):
+    if kind not in KINDS:  # the original's kinds are loaderx's
         return None, f"kind is {kind!r}, not 'dense' or 'ragged'"
     if kind == "bytes":
         return {"kind": "bytes"}, None

@@ -1,34 +1,30 @@
-"""Loader v2: weighted mixtures, elastic resume, ragged streams through the
-native ring, epochs.
+"""Tests of `loaderx.Mixture` (weighted mixtures of sources) through the
+DataLoader:
 
-- Mixture proportions: cumulative per-source counts stay within
-  ceil(log2 K) records of weight x records at every step (10,000 steps).
-- Mixture determinism: batches are a pure function of (seed, step) whatever
-  the threads and prefetch; restoring at each of 200 steps continues exactly.
-- Elastic resume: ranks spawned as processes go world 4 -> 2 -> 8 with the
-  same global batch, and the union of every later global step equals the
-  uninterrupted single-process run; with a changed global batch CYCLIC
-  finishes the cycle it stopped in from the same offset, drops its rest and
-  repeats no record within the cycle.
+- proportions: cumulative per-source counts stay within ceil(log2 K)
+  records of weight x records at every step (10,000 steps);
+- determinism: batches are a pure function of (seed, step) whatever the
+  threads and prefetch; restoring at each of 200 steps continues exactly;
 - CYCLIC mixtures: no step repeats a record of a source, and no source
-  repeats one within its cycle, also across an elastic resume.
-- Ragged and byte stores are built by the native ring: no Python thread.
+  repeats one within its cycle, also across an elastic resume;
+- refusals: mismatched sources and streams, named; a stream named
+  ``source``; weights of any real type.
 """
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
-import threading
 
 import numpy as np
 import pytest
+from _helpers import counting_store
 
-from loaderx import DataLoader, DenseStore, Mixture, RaggedStore, Sampler, ShardSet, Zrecord
+from loaderx import DataLoader, DenseStore, Mixture, RaggedStore, ShardSet
 
 
-def worker_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
+@pytest.fixture
+def store(tmp_path):
+    """A dense store whose record i is i (int64), 200 records."""
+    yield from counting_store(tmp_path)
 
 
 def make_sources(tmp_path, sizes=(500, 300, 200)):
@@ -48,8 +44,6 @@ def close_all(sources):
         for s in streams.values():
             s.close()
 
-
-# ----------------------------------------------------------------- mixtures
 
 def test_mixture_proportions_stay_within_the_bound(tmp_path):
     sources = make_sources(tmp_path)
@@ -131,85 +125,6 @@ def test_mixtures_refuse_mismatches_naming_source_and_stream(tmp_path):
     assert mix.weights == {"s0": 0.7, "s1": 0.3}
     close_all(sources)
 
-
-# ----------------------------------------------------------------- elastic resume
-
-def _rank_run(args):
-    path, rank, world, batch, state, steps = args
-    with DenseStore(path) as x:
-        with DataLoader({"x": x}, batch, seed=11, shard=(rank, world), workers=1) as loader:
-            if state is not None:
-                loader.load_state_dict(state)
-            out = [next(loader)["x"].copy() for _ in range(steps)]
-            return out, loader.state_dict()
-
-
-def run_ranks(pool, path, world, batch, state, steps):
-    results = pool.map(_rank_run, [(path, r, world, batch, state, steps) for r in range(world)])
-    union = [np.concatenate([res[0][s] for res in results]) for s in range(steps)]
-    return union, results[0][1]
-
-
-def test_elastic_resume_across_world_sizes(tmp_path):
-    """World 4 -> 2 -> 8 with the same global batch (32): every global step
-    after a restore equals the uninterrupted run's."""
-    path = str(tmp_path / "x")
-    with DenseStore(path, np.int64, ()) as x:
-        x.append(np.arange(1000, dtype=np.int64))
-    with DenseStore(path) as x, DataLoader({"x": x}, 32, seed=11, workers=1) as one:
-        reference = [next(one)["x"].copy() for _ in range(30)]
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(8) as pool:
-        got, state = run_ranks(pool, path, 4, 8, None, 10)
-        got2, state = run_ranks(pool, path, 2, 16, state, 10)
-        got3, _ = run_ranks(pool, path, 8, 4, state, 10)
-    for step, union in enumerate(got + got2 + got3):
-        np.testing.assert_array_equal(union, reference[step], err_msg=f"global step {step}")
-
-
-def test_changed_global_batch_finishes_the_cycle_then_drops_its_rest(tmp_path):
-    """CYCLIC, elastic: a state saved under one global batch and restored
-    under another continues inside the same cycle from the same offset,
-    serves the whole new batches the cycle's rest holds, drops the remainder
-    and goes on with whole cycles: no record repeats within a cycle."""
-    length = 97
-
-    def permutation(cycle):
-        return Sampler(length, length, "cyclic", seed=2).at(cycle)
-
-    with DenseStore(tmp_path / "x", np.int64, ()) as x:
-        x.append(np.arange(length, dtype=np.int64))
-        with DataLoader({"x": x}, 5, seed=2, workers=1) as a:
-            first = [next(a)["x"].copy() for _ in range(13)]
-            state = a.state_dict()
-        assert state["position"] == 65  # cycle 0, offset 13 * 5
-        # Global batch 9, as 3 ranks of 3.
-        ranks = [DataLoader({"x": x}, 3, seed=2, shard=(r, 3), workers=1) for r in range(3)]
-        try:
-            for loader in ranks:
-                loader.load_state_dict(state)
-            rest = [np.concatenate([next(loader)["x"] for loader in ranks]) for _ in range(14)]
-            assert [ranks[0].epoch_of(s) for s in (13, 15, 16, 25, 26)] == [0, 0, 1, 1, 2]
-            assert ranks[0].state_dict()["position"] == 2 * length + 9
-        finally:
-            for loader in ranks:
-                loader.close()
-        # (97 - 65) // 9 = 3 more batches of cycle 0; its last 5 records are dropped.
-        cycle0 = np.concatenate(first + rest[:3])
-        np.testing.assert_array_equal(cycle0, permutation(0)[:92])
-        assert len(set(cycle0.tolist())) == 92
-        # Then whole cycles of 97 // 9 = 10 batches.
-        np.testing.assert_array_equal(np.concatenate(rest[3:13]), permutation(1)[:90])
-        np.testing.assert_array_equal(rest[13], permutation(2)[:9])
-        # A global batch larger than the cycle's rest starts the next cycle at once.
-        with DataLoader({"x": x}, 40, seed=2, workers=1) as big:
-            big.load_state_dict(state)
-            np.testing.assert_array_equal(next(big)["x"], permutation(1)[:40])
-            np.testing.assert_array_equal(next(big)["x"], permutation(1)[40:80])
-            np.testing.assert_array_equal(next(big)["x"], permutation(2)[:40])
-
-
-# ----------------------------------------------------------------- CYCLIC mixtures
 
 def _mixture_sources(tmp_path, sizes):
     """Source k holds 1000 * k + i at record i."""
@@ -321,32 +236,6 @@ def test_cyclic_mixture_seeks_far_at_once(tmp_path):
     close_all(sources)
 
 
-# ----------------------------------------------------------------- ragged through the ring
-
-def test_ragged_and_bytes_stores_are_built_without_python_threads(tmp_path):
-    rs = RaggedStore(tmp_path / "r", np.int32)
-    rs.append([np.arange(i % 7, dtype=np.int32) + i for i in range(300)])
-    z = Zrecord(tmp_path / "z", create=True)
-    z.append([bytes([i % 256]) * (i % 9) for i in range(300)])
-    ids = DenseStore(tmp_path / "i", np.int64, ())
-    ids.append(np.arange(300, dtype=np.int64))
-    with DataLoader({"tok": rs, "raw": z, "id": ids}, 16, seed=4, workers=2) as loader:
-        for _ in range(20):
-            b = next(loader)
-            assert worker_threads() == []
-            for t, r, i in zip(b["tok"], b["raw"], b["id"].tolist()):
-                np.testing.assert_array_equal(t, rs[i])
-                assert r == z[i]
-    with DataLoader({"tok": rs, "id": ids}, 16, seed=4, workers=1, ragged="packed") as loader:
-        b = next(loader)
-        values, splits = b["tok"]
-        assert splits[0] == 0 and len(splits) == 17
-        for k, i in enumerate(b["id"].tolist()):
-            np.testing.assert_array_equal(values[splits[k]:splits[k + 1]], rs[i])
-    for s in (rs, z, ids):
-        s.close()
-
-
 def test_shard_sets_of_ragged_records_in_a_mixture(tmp_path):
     parts = []
     for k in range(3):
@@ -366,41 +255,18 @@ def test_shard_sets_of_ragged_records_in_a_mixture(tmp_path):
         s.close()
 
 
-# ----------------------------------------------------------------- epochs
-
-def test_epochs_and_stop_after(tmp_path):
-    with DenseStore(tmp_path / "x", np.int64, ()) as x:
-        x.append(np.arange(100, dtype=np.int64))
-        with DataLoader({"x": x}, 8, seed=0, workers=1, shard=(1, 2), stop_after=30) as loader:
-            # 100 // 16: each cycle serves 6 whole batches and drops 4 records.
-            assert loader.steps_per_epoch == 6
-            assert [loader.epoch_of(s) for s in (0, 5, 6, 11, 12, 13)] == [0, 0, 1, 1, 2, 2]
-            taken = list(loader)
-            assert len(taken) == 30 and loader.step == 30
-        with DataLoader({"x": x}, 8, step=25, stop_after=30, workers=1) as loader:
-            assert len(list(loader)) == 5
+def test_a_mixture_refuses_a_stream_named_source(tmp_path, store):
+    """The loader adds batch["source"]: a stream of that name was silently
+    replaced by the source ids."""
+    with pytest.raises(ValueError, match="'source' is reserved"):
+        Mixture({"a": {"source": store}, "b": {"source": store}}, {"a": 1, "b": 1})
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
-def test_a_forked_child_drops_an_inherited_loader_without_hanging(tmp_path):
-    """A forked child inherits a running loader's memory but not its threads:
-    using it raises, and closing or dropping it returns at once (it used to
-    wait forever for the parent's threads)."""
-    with DenseStore(tmp_path / "x", np.int64, ()) as x:
-        x.append(np.arange(100, dtype=np.int64))
-        loader = DataLoader({"x": x}, 8, workers=2, transform=lambda b: b)
-        next(loader)
-        pid = os.fork()
-        if pid == 0:  # the child
-            code = 1
-            try:
-                next(loader)
-            except RuntimeError as e:
-                code = 0 if "another process" in str(e) else 2
-            loader.close()
-            del loader
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.WEXITSTATUS(status) == 0
-        assert next(loader)["x"].shape == (8,)  # the parent's loader still works
-        loader.close()
+def test_mixture_weights_of_any_real_type(store):
+    """A numpy float32 weight raised Fraction's "argument should be a string
+    or a Rational instance"; an int too large for a float raised OverflowError."""
+    sources = {"a": {"x": store}, "b": {"x": store}}
+    assert Mixture(sources, {"a": np.float32(0.7), "b": np.float32(0.3)}).integer_weights == [7, 3]
+    assert Mixture(sources, {"a": 10**400, "b": 10**400}).integer_weights == [1, 1]
+    with pytest.raises(ValueError, match="too uneven"):
+        Mixture(sources, {"a": 10**400, "b": 1})
