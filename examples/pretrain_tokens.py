@@ -27,7 +27,7 @@ VOCAB, SEQ_LEN, BATCH = 256, 32, 8
 def build_corpus(path: str, seed: int, docs: int) -> RaggedStore:
     """Documents of token ids: random walks over the vocabulary (learnable)."""
     rng = np.random.default_rng(seed)
-    store = RaggedStore(path, np.int32)
+    store = RaggedStore.create(path, np.int32)
     records = []
     for n in rng.integers(8, 200, docs):
         steps = rng.integers(-2, 3, n)

@@ -415,9 +415,8 @@ def cmd_convert(args) -> int:
     manifest = convert_to_directory(
         args.src,
         args.dst,
-        codec=args.codec,
+        codec="zstd_dict" if args.dict else args.codec,
         level=args.level,
-        dict=args.dict,
         columns=_names(args.columns),
         skip_columns=_names(args.skip_columns),
         workers=args.workers,
@@ -781,13 +780,14 @@ def _convert_parser(sub, quiet) -> None:
     )
     p.add_argument("src")
     p.add_argument("dst")
-    p.add_argument("--codec", default="zstd", choices=["raw", "zstd"])
+    p.add_argument(
+        "--codec", default="zstd", choices=["raw", "zstd", "zstd_dict"],
+        help="zstd_dict: train a zstd dictionary per column (small records)",
+    )
     p.add_argument(
         "--level", type=int, default=None, help="zstd level (default 3; 19 with a dictionary)"
     )
-    p.add_argument(
-        "--dict", action="store_true", help="train a zstd dictionary per column (small records)"
-    )
+    p.add_argument("--dict", action="store_true", help="the same as --codec zstd_dict")
     p.add_argument("--columns", help="comma-separated columns to convert (default: all)")
     p.add_argument("--skip-columns", help="comma-separated columns to leave out")
     p.add_argument(

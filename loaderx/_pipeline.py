@@ -118,11 +118,9 @@ def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np
                     packed: bool) -> Any:
     """A variable column's batch from the ring's buffer and sizes."""
     n = len(indices)
-    raw, aux = sizes[:n], sizes[n:]
-    if col.kind == "bytes":
-        return _records.to_bytes(buf, raw)
-    ragged = _records.Ragged(buf, raw, aux, col.dtype, indices, col.path)
-    return ragged.to_packed(indices) if packed else ragged.to_list()
+    # (A byte stream's batch stays a list of bytes in the loader, packed or not.)
+    return _records.variable_batch(col.kind, col.dtype, buf, sizes[:n], sizes[n:], indices,
+                                   col.path, None, packed and col.kind != "bytes")
 
 
 def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],
@@ -139,12 +137,12 @@ def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray
 
 def pack_records(col: Column, records: List[Any], indices: np.ndarray) -> Any:
     """A list of ragged records as ``(values, row_splits)``; the records must
-    share their trailing dimensions (as for ``RaggedStore.gather_packed``)."""
+    share their trailing dimensions (as for ``RaggedStore.gather(indices, packed=True)``)."""
     arrays = [np.asarray(record) for record in records]
     try:
         trailing = _records._common_trailing(indices, [a.shape for a in arrays])
     except ValueError as exc:
-        raise ValueError(f"stream {col.name!r} (ragged='packed'): {exc}") from None
+        raise ValueError(f"stream {col.name!r} (packed=True): {exc}") from None
     row_splits = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.shape[0] for a in arrays], out=row_splits[1:])
     values = np.concatenate(arrays) if arrays else np.empty((0,) + trailing, col.dtype)

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _buffers, identity
 from ._lib import check, ffi, lib
-from .errors import CorruptStoreError
+from .errors import CorruptStoreError, IdentityError, SizeMismatchError
 
 _U64 = np.uint64
 _T_U64 = ffi.typeof("uint64_t[]")
@@ -121,6 +121,98 @@ class Ragged:
         return self.values.reshape((int(row_splits[-1]),) + trailing), row_splits
 
 
+def variable_batch(kind: str, dtype: np.dtype, buf: np.ndarray, raw: np.ndarray, aux: np.ndarray,
+                   idx: np.ndarray, path: str | None, out: Any, packed: bool) -> Any:
+    """The one result of a variable read (bytes or ragged records) for every
+    reader: a list (bytes, or arrays of their own shapes) or, with `packed`,
+    ``(values, row_splits)``, the values copied into `out` when given."""
+    if not packed:
+        if out is not None:
+            raise TypeError(f"out= takes the {kind} records packed: pass packed=True, which "
+                            "returns (values, row_splits) with values in out")
+        return to_bytes(buf, raw) if kind == "bytes" \
+            else Ragged(buf, raw, aux, dtype, idx, path).to_list()
+    if kind == "bytes":
+        values = buf[:int(raw.sum())]
+        row_splits = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(raw, out=row_splits[1:])
+    else:
+        values, row_splits = Ragged(buf, raw, aux, dtype, idx, path).to_packed(idx)
+    if out is None:
+        return values, row_splits
+    return _packed_into(out, values, kind, path), row_splits
+
+
+def dense_packed(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A dense batch ``(B, n, *t)`` in the packed form of ragged records:
+    ``((B * n, *t), row_splits)`` with record i at rows ``[i*n, (i+1)*n)``;
+    the values are the batch itself (a view, no copy)."""
+    if batch.ndim < 2:
+        raise ValueError("the records are scalars; packed=True needs records with a first axis")
+    n = batch.shape[1]
+    row_splits = np.arange(len(batch) + 1, dtype=np.int64) * n
+    return batch.reshape((len(batch) * n,) + batch.shape[2:]), row_splits
+
+
+def _packed_into(out: Any, values: np.ndarray, kind: str, path: str | None) -> np.ndarray:
+    """`values` copied into the front of the caller's `out`; returns that part
+    of `out`. Bytes go into any writable, C-contiguous buffer; ragged values
+    into an array of their dtype and trailing shape with enough rows."""
+    if kind == "bytes":
+        dest = writable_bytes(out)
+        if dest.nbytes < values.nbytes:
+            raise SizeMismatchError(f"{path}: the records hold {values.nbytes} bytes, out only "
+                                    f"{dest.nbytes}", path=path)
+        dest[:values.nbytes] = values
+        return dest[:values.nbytes]
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.dtype != values.dtype:
+        raise IdentityError(f"out has dtype {out.dtype}, the records {values.dtype}", path=path)
+    if out.shape[1:] != values.shape[1:] or out.ndim != values.ndim \
+            or out.shape[0] < values.shape[0]:
+        raise SizeMismatchError(f"out has shape {out.shape}; the records need at least "
+                                f"{values.shape}", path=path)
+    if not out.flags.c_contiguous:
+        raise SizeMismatchError("out must be C-contiguous", path=path)
+    if not out.flags.writeable:
+        raise SizeMismatchError("out is read-only", path=path)
+    dest = out[:len(values)]
+    dest[...] = values
+    return dest
+
+
+def byte_view(mv: memoryview) -> np.ndarray:
+    """A C-contiguous memoryview's memory as a flat uint8 array (no copy)."""
+    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+                         dtype=np.uint8)
+
+
+def writable_bytes(out) -> np.ndarray:
+    """The caller's `out` as a writable uint8 view of the same memory."""
+    if isinstance(out, np.ndarray):
+        if out.dtype.hasobject:
+            raise TypeError(f"out is an array of Python objects ({out.dtype}), not a buffer")
+        contiguous = out.flags.c_contiguous
+    else:
+        try:
+            mv = memoryview(out)
+        except TypeError:
+            raise TypeError(f"out must be a writable bytes-like object or array, "
+                            f"not {type(out).__name__}") from None
+        contiguous = mv.c_contiguous
+    if not contiguous:
+        # A reshape of it would be a copy: the records would never reach `out`.
+        raise SizeMismatchError("out must be C-contiguous (records are written back to back)")
+    if isinstance(out, np.ndarray):
+        dest = out.reshape(-1).view(np.uint8)
+    else:
+        dest = byte_view(mv)
+    if not dest.flags.writeable:
+        raise ValueError("out is read-only")
+    return dest
+
+
 def _shapes(idx: np.ndarray, raw: np.ndarray, aux: np.ndarray, aux_bytes: np.ndarray, item: int,
             path: str | None) -> list[tuple]:
     """Each record's shape from its aux bytes, checked before anything is sized by it."""
@@ -155,7 +247,7 @@ def _common_trailing(idx: np.ndarray, shapes: list[tuple]) -> tuple:
     trailing = None
     for i, s in enumerate(shapes):
         if len(s) == 0:
-            raise ValueError(f"record {int(idx[i])} is a scalar; gather_packed needs records "
+            raise ValueError(f"record {int(idx[i])} is a scalar; packed=True needs records "
                              "with a first axis")
         if trailing is None:
             trailing = s[1:]

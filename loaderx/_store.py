@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+import warnings
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -50,6 +51,12 @@ _T_U64 = ffi.typeof("uint64_t[]")
 _T_U8 = ffi.typeof("uint8_t[]")
 #: The largest `threads` cap a gather takes (the native argument is a uint32).
 THREADS_MAX = 2**32 - 1
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warns that the spelling `old` is deprecated in favour of `new` (still
+    working; docs/migrating.md lists what the original loaderx spelled)."""
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=stacklevel)
 
 
 # ----------------------------------------------------------------- marshalling
@@ -256,10 +263,7 @@ class Store:
     """Shared machinery of `Zrecord`, `DenseStore` and `RaggedStore`."""
 
     kind: str = ""
-
-    if TYPE_CHECKING:
-        # Every store kind reads records by index (its own result type).
-        def __getitem__(self, key: Any) -> Any: ...
+    dtype: Any = None
 
     def __init__(self, path, *, create: bool, codec: str | None, level: int | None,
                  dict_bytes: bytes | None, ident: identity.Identity | None, fixed_size: int = 0,
@@ -455,6 +459,46 @@ class Store:
 
     def _indices(self, key) -> tuple[np.ndarray, bool]:
         return normalize_indices(key, len(self))
+
+    @classmethod
+    def open(cls, path):
+        """The existing store at `path`, opened (`StoreNotFoundError` when
+        there is none; nothing is created). ``Cls(path)`` is the same call.
+        Its kind must be this class's (`IdentityError` otherwise;
+        ``loaderx.open_store`` opens any kind)."""
+        return cls(path)
+
+    def gather(self, indices, out=None, *, packed: bool = False, threads: int = 0) -> Any:
+        """The one read verb of every store kind: records `indices` (an int
+        array, list, slice or bool mask; negatives wrap) in request order.
+
+        * a `DenseStore`: one ``(B, *item_shape)`` array;
+        * a `RaggedStore`: a list of arrays; a `Zrecord`: a list of bytes.
+
+        ``packed=True`` gives ``(values, row_splits)`` instead: the records
+        concatenated along their first axis (bytes: back to back, uint8) and
+        int64 offsets of length B+1, record i being
+        ``values[row_splits[i]:row_splits[i + 1]]`` (the form
+        ``append_packed`` takes). ``out=`` is where the values go: the
+        ``(B, *item_shape)`` array of a dense batch, or (with
+        ``packed=True``) a buffer at least as large as a variable batch's
+        values, whose filled front is returned. `threads` caps the native
+        threads (0: every usable core). ``store[key]`` is ``gather(key)``,
+        with one record (not a list) for an int key."""
+        idx, _ = self._indices(indices)
+        return self._batch(idx, out, packed, threads)
+
+    def _batch(self, idx: np.ndarray, out: Any, packed: bool, threads: int = 0) -> Any:
+        """A variable batch (bytes, ragged) of normalized indices `idx`: one
+        native read on one snapshot, decoded by the readers' one function."""
+        buf, raw, aux = self._gather_alloc(idx, check_threads(threads))
+        return _records.variable_batch(self.kind, self.dtype, buf, raw, aux, idx, self._path,
+                                       out, packed)
+
+    def __getitem__(self, key: Any) -> Any:
+        idx, scalar = self._indices(key)
+        got = self._batch(idx, None, False)
+        return got[0] if scalar else got
 
     def delete(self, key) -> np.ndarray:
         """Delete records (int, slice, index array or mask; duplicates allowed).
@@ -654,6 +698,14 @@ def _dict_bytes(dict_bytes: Any, path: str) -> bytes:
     except TypeError:
         raise ArgumentTypeError(f"{path}: dict_bytes must be bytes-like (from train_dict), "
                                 f"not {type(dict_bytes).__name__}", path=path) from None
+
+
+def check_new_store(path: Any, codec: str | None, level: int | None, dict_bytes: Any) -> None:
+    """The codec arguments of a store about to be created, checked before a
+    writer's ``mode="overwrite"`` removes what is there (nothing stored is
+    lost to a bad argument)."""
+    p = os.fspath(path)
+    _check_codec_args(p, True, codec, level, _dict_bytes(dict_bytes, p))
 
 
 def _check_codec_args(path: str, create: bool, codec: str | None, level: int | None,

@@ -106,7 +106,7 @@ class SubsetWindows:
         last = np.searchsorted(starts, idx * self._seq_len + width - 1, side="right") - 1
         last = np.minimum(last, len(self._lengths) - 1)
         docs = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
-        values, splits = self._view.gather_packed(docs)
+        values, splits = self._view.gather(docs, packed=True)
         where = {int(d): k for k, d in enumerate(docs.tolist())}
         for row, (w, a, b) in enumerate(zip(idx.tolist(), first.tolist(), last.tolist())):
             lo = w * self._seq_len

@@ -5,8 +5,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import _records, identity
-from ._store import U64, Store, check_threads, chunks_of, packed_chunks, pointers, row_splits
+from . import identity
+from ._records import byte_view, writable_bytes
+from ._writer import prepare_store
+from ._store import (U64, Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers,
+                     row_splits)
 from .errors import IdentityError, SizeMismatchError
 
 
@@ -34,46 +37,17 @@ def _flat_bytes(obj) -> np.ndarray:
     """The bytes of a bytes-like object (copied when it is not contiguous) as
     a uint8 array; TypeError when it is not bytes-like."""
     mv = memoryview(obj)
-    return _byte_view(mv if mv.c_contiguous else memoryview(mv.tobytes()))
-
-
-def _byte_view(mv: memoryview) -> np.ndarray:
-    """A C-contiguous memoryview's memory as a flat uint8 array (no copy)."""
-    return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
-                         dtype=np.uint8)
-
-
-def _writable_bytes(out) -> np.ndarray:
-    """The caller's `out` as a writable uint8 view of the same memory."""
-    if isinstance(out, np.ndarray):
-        if out.dtype.hasobject:
-            raise TypeError(f"out is an array of Python objects ({out.dtype}), not a buffer")
-        contiguous = out.flags.c_contiguous
-    else:
-        try:
-            mv = memoryview(out)
-        except TypeError:
-            raise TypeError(f"out must be a writable bytes-like object or array, "
-                            f"not {type(out).__name__}") from None
-        contiguous = mv.c_contiguous
-    if not contiguous:
-        # A reshape of it would be a copy: the records would never reach `out`.
-        raise SizeMismatchError("out must be C-contiguous (records are written back to back)")
-    if isinstance(out, np.ndarray):
-        dest = out.reshape(-1).view(np.uint8)
-    else:
-        dest = _byte_view(mv)
-    if not dest.flags.writeable:
-        raise ValueError("out is read-only")
-    return dest
+    return byte_view(mv if mv.c_contiguous else memoryview(mv.tobytes()))
 
 
 class Zrecord(Store):
     """Raw byte records (pre-encoded images, opaque payloads).
 
-    ``Zrecord(path, create=True)`` makes the store if the path holds none (and
-    opens it if it does); without ``create`` a missing store raises
-    `FileNotFoundError` and nothing is created. Records in: any bytes-like;
+    ``Zrecord.create(path, mode=...)`` makes a store, ``Zrecord.open(path)``
+    opens one (a missing store raises `FileNotFoundError` and nothing is
+    created). ``Zrecord(path)`` is ``open(path)``; ``Zrecord(path,
+    create=True)`` is ``create(path, mode="append")``: it makes the store if
+    the path holds none and opens it if it does. Records in: any bytes-like;
     out: ``bytes`` (``z[i]``) or a list of bytes (``z[list]``, slices).
     `codec` (default ``"zstd"`` when creating) and `level`, when given for an
     existing store, must match it (`IdentityError` otherwise).
@@ -82,6 +56,16 @@ class Zrecord(Store):
     kind = "bytes"
     dtype = np.dtype(np.uint8)
     item_shape = None
+
+    @classmethod
+    def create(cls, path, *, codec: str | None = None, level: int | None = None,
+               dict_bytes: bytes | None = None, mode: str = "create") -> "Zrecord":
+        """A new byte store at `path`; `mode`, `codec`, `level` and
+        `dict_bytes` as for `DenseStore.create`. ``Zrecord(path,
+        create=True)`` is ``create(path, mode="append")``."""
+        check_new_store(path, codec, level, dict_bytes)
+        prepare_store(path, mode)
+        return cls(path, create=True, codec=codec, level=level, dict_bytes=dict_bytes)
 
     def __init__(self, path, *, create: bool = False, codec: str | None = None,
                  level: int | None = None, dict_bytes: bytes | None = None):
@@ -121,34 +105,23 @@ class Zrecord(Store):
         splits = row_splits(offsets, len(flat), "offsets")
         return self._append_chunks(packed_chunks(flat, splits[:-1], np.diff(splits)))
 
-    def gather(self, indices, out=None, *, threads: int = 0) -> list[bytes]:
-        """Records `indices` as a list of bytes, in request order."""
-        if out is not None:
-            raise TypeError("Zrecord.gather returns bytes; "
-                            "use gather_into(indices, buffer) to fill a buffer")
-        idx, _ = self._indices(indices)
-        return self._read(idx, threads)
-
-    def _read(self, idx: np.ndarray, threads: int = 0) -> list[bytes]:
-        buf, sizes, _ = self._gather_alloc(idx, check_threads(threads))
-        return _records.to_bytes(buf, sizes)
-
     def gather_into(self, indices, out, offsets=None) -> np.ndarray:
-        """Read records into the caller's writable, C-contiguous buffer `out`
-        (bytes-like or array), back to back from offset 0 or at byte `offsets[i]` (non-negative
-        integers). Returns the records' sizes (uint64), from the same snapshot
-        as the bytes. Nothing is allocated per record."""
-        idx, _ = self._indices(indices)
-        dest = _writable_bytes(out)
-        if offsets is not None:
-            offsets = _checked_offsets(offsets, len(idx))
-        buf, sizes, _ = self._gather_alloc(idx)
+        """Deprecated: ``gather(indices, out=buffer, packed=True)`` reads the
+        records back to back into `out` and returns ``(values, row_splits)``.
+        Reads records into the caller's writable, C-contiguous buffer `out`
+        back to back, or each at byte ``offsets[i]`` (non-negative integers).
+        Returns the records' sizes (uint64), from the same snapshot as the
+        bytes."""
+        deprecated("Zrecord.gather_into(indices, out)",
+                   "gather(indices, out=out, packed=True), which returns (values, row_splits)")
         if offsets is None:
-            starts = np.zeros(len(idx), dtype=U64)
-            if len(idx) > 1:
-                np.cumsum(sizes[:-1], out=starts[1:])
-        else:
-            starts = offsets
+            _, splits = self.gather(indices, out=out, packed=True)
+            return np.diff(splits).astype(U64)
+        dest = writable_bytes(out)
+        idx, _ = self._indices(indices)
+        values, splits = self.gather(idx, packed=True)
+        sizes = np.diff(splits).astype(U64)
+        starts = _checked_offsets(offsets, len(sizes))
         room = U64(dest.nbytes)
         # (room - start, not start + size: that wraps past 2**64 for a huge offset)
         too_big = (starts > room) | (sizes > room - np.minimum(starts, room))
@@ -157,18 +130,9 @@ class Zrecord(Store):
             raise SizeMismatchError(f"{self._path}: record {int(idx[i])} ({int(sizes[i])} bytes "
                                     f"at offset {int(starts[i])}) does not fit the "
                                     f"{dest.nbytes}-byte buffer", path=self._path)
-        if offsets is None:
-            dest[:buf.nbytes] = buf  # back to back: one copy
-            return sizes
-        src = np.cumsum(sizes) - sizes
-        for a, s, n in zip(starts.tolist(), src.tolist(), sizes.tolist()):
-            dest[a:a + n] = buf[s:s + n]
+        for a, s, n in zip(starts.tolist(), splits[:-1].tolist(), sizes.tolist()):
+            dest[a:a + n] = values[s:s + n]
         return sizes
-
-    def __getitem__(self, key):
-        idx, scalar = self._indices(key)
-        out = self._read(idx)
-        return out[0] if scalar else out
 
 
 def _checked_offsets(offsets, n: int) -> np.ndarray:

@@ -109,12 +109,16 @@ class Column:
         return len(self._stream)
 
     # -- reads
-    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> Any:
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, packed: bool = False,
+               threads: int = 0) -> Any:
         """Records `indices`: what the store gives for dense columns (codes
         of a categorical, values of a nullable column: see ``.valid``); a
-        list for the others, ``str`` items for text, None for a null."""
-        if self.kind == "dense":
-            return self._stream.gather(indices, out=out, threads=threads)
+        list for the others, ``str`` items for text, None for a null.
+        ``packed=True`` gives the stored values packed, as the store does
+        (``(values, row_splits)``: UTF-8 bytes for text; nulls are where
+        ``.valid`` is False)."""
+        if self.kind == "dense" or packed:
+            return self._stream.gather(indices, out=out, packed=packed, threads=threads)
         if out is not None:
             raise TypeError(f"out= applies to dense columns; {self._name!r} holds {self.kind} "
                             "records")

@@ -43,7 +43,7 @@ Order and determinism
 Output
     Dense streams give ``(batch_size, *item_shape)`` C-contiguous arrays
     (``torch.from_numpy``, ``np.from_dlpack``, ``jax.device_put`` take them
-    without a copy); ragged streams a list of arrays (``ragged="packed"``:
+    without a copy); ragged streams a list of arrays (``packed=True``:
     ``(values, row_splits)``); byte streams a list of bytes; a mixture adds
     ``batch["source"]`` (int16, ids of ``loader.sources``). The
     ``transform`` (collate) runs on the worker threads and may return
@@ -121,6 +121,7 @@ import numpy as np
 from loaderx import _state
 from loaderx._loader import build_ring, check_int, check_options, plan_of
 from loaderx._ring import Ring
+from loaderx._store import deprecated
 from loaderx.errors import LoaderClosedError
 from loaderx.zsampler import Sampler
 
@@ -152,8 +153,10 @@ class DataLoader:
         step: the first step to deliver, as if the loader had run from step 0
             (O(1): nothing is replayed).
         out: recycled output buffers for dense streams (see the module docs).
-        ragged: ``"list"`` (a list of arrays per batch) or ``"packed"``
-            (``(values, row_splits)``) for ragged streams.
+        packed: False: a ragged stream's batch is a list of arrays (a bytes
+            stream's a list of bytes); True: ``(values, row_splits)``, as
+            ``store.gather(indices, packed=True)`` gives it.
+        ragged: deprecated; ``ragged="packed"`` is ``packed=True``.
         stop_after: end iteration when ``step`` reaches this step; None: endless.
     """
 
@@ -171,9 +174,18 @@ class DataLoader:
         shard: Optional[Sequence[int]] = None,
         step: int = 0,
         out: Optional[Mapping[str, Sequence[np.ndarray]]] = None,
-        ragged: str = "list",
+        packed: bool = False,
         stop_after: Optional[int] = None,
+        ragged: Optional[str] = None,
     ) -> None:
+        if type(packed) is not bool:
+            raise TypeError(f"packed must be True or False, got {packed!r}")
+        if ragged is None:
+            ragged = "packed" if packed else "list"
+        else:
+            deprecated(f"DataLoader(ragged={ragged!r})", f"DataLoader(packed={ragged == 'packed'})")
+            if packed and ragged != "packed":
+                raise ValueError(f"packed=True and ragged={ragged!r} disagree; pass packed only")
         self._ring: Optional[Ring] = None
         self._failure: Optional[Tuple[int, BaseException]] = None
         self._options = check_options(workers, prefetch, prefetch_bytes, stop_after, transform,

@@ -10,17 +10,19 @@ default) refuses an existing destination, ``mode="append"`` adds to it and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
-import shutil
 import stat
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator, Sized
 
 import numpy as np
 
-from . import _locks, _objstore
-from ._checks import KINDS, check_mode, drop_source_rows
+from . import _locks, _objstore, _writer, identity
+from ._checks import KINDS, drop_source_rows
+from ._store import check_new_store
+from ._writer import is_store_dir
 from .errors import (
     BusyError,
     CorruptStoreError,
@@ -45,46 +47,32 @@ MANIFEST_FORMAT = "loaderx-dataset"
 MANIFEST_VERSION = 2
 #: The name of a generation directory.
 GENERATION_RE = re.compile(r"gen-[0-9]{6,}")
+#: A dictionary trained by a writer sees at most this many bytes of records.
+_DICT_SAMPLE_BYTES = 16 << 20
+#: Records per append of `from_iterator` (each append is atomic).
+_ITERATOR_CHUNK_RECORDS = 16384
 #: Opens of a dataset that another process replaces faster than this many
 #: times in a row give up with BusyError.
 _OPEN_ATTEMPTS = 50
 
 
 def _store_files(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "meta"))
-
-
-def prepare_store_path(path, mode: str) -> bool:
-    """Apply `mode` to a store destination before a writer opens it. Returns
-    True when the writer appends to an existing store. ``overwrite`` removes
-    an existing store (never a directory that holds anything else)."""
-    check_mode(mode)
-    p = os.fspath(path)
-    if not os.path.lexists(p) or (os.path.isdir(p) and not os.listdir(p)):
-        return False
-    if mode == "append":
-        return True
-    if mode == "create":
-        raise DestinationExistsError(f"{p} already exists; pass mode=\"append\" to add to it "
-                                     "or mode=\"overwrite\" to replace it", path=p)
-    if not (os.path.isdir(p) and _store_files(p)):
-        raise DestinationExistsError(f"{p} exists and is not a loaderx store; refusing to "
-                                     "overwrite it (remove it yourself)", path=p)
-    shutil.rmtree(p)
-    return False
+    return is_store_dir(path)
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
                dict_bytes: bytes | None = None, dict_size: int | None = None,
                chunk_bytes: int = 64 << 20, progress=None, mode: str = "create") -> DenseStore:
     """Stream `array` (rows are records; an ``np.load(..., mmap_mode="r")``
-    array or a path to a ``.npy`` file) into a new DenseStore in chunks of about
+    array or a path to a ``.npy`` file) into a DenseStore in chunks of about
     `chunk_bytes`, so memory stays bounded whatever the array's size. Returns
-    the open store. `progress(done_rows, total_rows)` is called after each chunk.
-    `mode`: ``"create"`` (an existing store at `path` is an error),
-    ``"append"`` or ``"overwrite"``. A URL `path` (``s3://``, ``gs://``,
-    ``az://``) builds the store locally, uploads it and returns it opened from
-    there (read-only; ``"append"`` is refused: append to a dataset instead).
+    the open store. `mode`, `codec`, `dict_size` and `progress` (counted in
+    rows) are the writers' one vocabulary (`loaderx._writer`): ``mode=
+    "create"`` refuses an existing store, ``"append"`` adds to it,
+    ``"overwrite"`` replaces it. Each chunk is one atomic append. A URL
+    `path` (``s3://``, ``gs://``, ``az://``) builds the store locally,
+    uploads it and returns it opened from there (read-only; ``"append"`` is
+    refused: append to a dataset instead).
 
     ``codec="zstd_dict"`` without `dict_bytes` trains the dictionary here, as
     the original loaderx did: from up to 16 MiB of rows drawn at random with a
@@ -94,11 +82,6 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     warning. `level` None is the codec's default: 3, or 19 for ``zstd_dict``.
     Appending to an existing ``zstd_dict`` store reuses its dictionary.
     """
-    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
-        from . import remote
-        return remote.write_store_to(path, mode, lambda local: from_numpy(
-            local, array, codec=codec, level=level, dict_bytes=dict_bytes,
-            chunk_bytes=chunk_bytes, progress=progress).close())
     if isinstance(array, (str, os.PathLike)):
         array = np.load(array, mmap_mode="r")
     if not isinstance(array, np.ndarray):
@@ -110,65 +93,35 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if array.dtype.hasobject:
         raise TypeError(f"dtype {array.dtype} holds Python objects, which cannot be stored")
-    appending = prepare_store_path(path, mode)
-    if dict_size is not None and (codec != "zstd_dict" or dict_bytes is not None):
-        raise ValueError("dict_size= sizes the dictionary from_numpy trains, which it does for "
-                         "codec='zstd_dict' without dict_bytes=")
-    if codec == "zstd_dict" and dict_bytes is None:
-        codec, dict_bytes = _own_dictionary(path, array, dict_size, appending)
-    store = DenseStore(path, array.dtype, array.shape[1:], codec=codec, level=level,
-                       dict_bytes=dict_bytes)
-    try:
-        row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
-        step = max(1, chunk_bytes // row_bytes)
-        n = array.shape[0]
+    row_bytes = max(1, array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64)))
+    step = max(1, chunk_bytes // row_bytes)
+    n = array.shape[0]
+
+    def chunks():
         for start in range(0, n, step):
-            store.append(np.ascontiguousarray(array[start:start + step]))
+            stop = min(start + step, n)
+            yield np.ascontiguousarray(array[start:stop]), stop - start
             # A memory-mapped source keeps every page it touched mapped (and
             # counted in RSS) until unmapped; drop the chunk's pages once copied.
-            drop_source_rows(array, start, min(start + step, n))
-            if progress is not None:
-                progress(min(start + step, n), n)
-    except BaseException:
-        store.close()
-        raise
-    return store
+            drop_source_rows(array, start, stop)
 
-
-def _own_dictionary(path, array: np.ndarray, size: int | None, appending: bool) -> tuple:
-    """(codec, dictionary) for a zstd_dict store from_numpy writes: an existing
-    store's own, else one trained on a bounded, seeded sample of `array`'s rows."""
-    import warnings
-
-    from .dictionary import train_dict
-    from .errors import DictionaryError
-
-    if appending:
-        with DenseStore(path) as existing:
-            if existing.codec == "zstd_dict":
-                return "zstd_dict", existing.dictionary()
-    try:
-        return "zstd_dict", train_dict(array, "balanced", size=size)
-    except DictionaryError as e:
-        warnings.warn(f"{os.fspath(path)}: no dictionary ({e}); the store uses plain zstd",
-                      stacklevel=3)
-        return "zstd", None
+    return _write_store(path, DenseStore, (array.dtype, array.shape[1:]), chunks(), n, "rows",
+                        lambda: array, codec=codec, level=level, dict_bytes=dict_bytes,
+                        dict_size=dict_size, progress=progress, mode=mode)
 
 
 def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
                   level: int | None = None, dict_bytes: bytes | None = None,
+                  dict_size: int | None = None, progress=None,
                   mode: str = "create") -> RaggedStore:
     """Build a RaggedStore from an iterable of arrays (one pass). With
     ``dtype=None`` the first record's dtype is used. Returns the open store.
-    `mode` as in `from_numpy`."""
-    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
-        from . import remote
-        return remote.write_store_to(path, mode, lambda local: from_iterator(
-            local, iterable, dtype=dtype, codec=codec, level=level,
-            dict_bytes=dict_bytes).close())
-    prepare_store_path(path, mode)
+    `mode`, `codec`, `dict_bytes`, `dict_size` and `progress` (counted in
+    records; the total is ``len(iterable)`` when it has one) as in
+    `from_numpy`; ``codec="zstd_dict"`` without `dict_bytes` trains the
+    dictionary on the first records (up to 16 MiB), which are then written."""
     it = iter(iterable)
-    first = []
+    first: list = []
     if dtype is None:
         try:
             head = next(it)
@@ -178,13 +131,35 @@ def from_iterator(path, iterable: Iterable, *, dtype=None, codec: str = "zstd",
             else np.frombuffer(head, np.uint8)
         dtype = head.dtype
         first = [head]
-    store = RaggedStore(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes)
-    try:
-        store.append(_chain(first, it))
-    except BaseException:
-        store.close()
-        raise
-    return store
+    records = _chain(first, it)
+    sample: list = []
+
+    def training_sample() -> list:
+        # The first records, kept to be written after the dictionary is trained.
+        size = 0
+        for record in records:
+            sample.append(record)
+            size += np.asarray(record).nbytes if not isinstance(record, (bytes, bytearray,
+                                                                         memoryview)) \
+                else len(record)
+            if size >= _DICT_SAMPLE_BYTES:
+                break
+        return [np.ascontiguousarray(np.asarray(r, dtype=dtype)).tobytes()
+                if not isinstance(r, (bytes, bytearray, memoryview)) else bytes(r)
+                for r in sample]
+
+    def chunks():
+        rest = _chain(sample, records)
+        while True:
+            chunk = list(itertools.islice(rest, _ITERATOR_CHUNK_RECORDS))
+            if not chunk:
+                return
+            yield chunk, len(chunk)
+
+    total = len(iterable) if isinstance(iterable, Sized) else None
+    return _write_store(path, RaggedStore, (dtype,), chunks(), total, "records",
+                        training_sample, codec=codec, level=level, dict_bytes=dict_bytes,
+                        dict_size=dict_size, progress=progress, mode=mode)
 
 
 def _chain(head, rest):
@@ -192,7 +167,65 @@ def _chain(head, rest):
     yield from rest
 
 
-# ----------------------------------------------------------------- dataset directories
+def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]],
+                 total: int | None, unit: str, sample: Callable[[], Any], *, codec: str,
+                 level: int | None, dict_bytes: bytes | None, dict_size: int | None, progress,
+                 mode: str) -> Any:
+    """The one writer of a single store (`from_numpy`, `from_iterator`):
+    `cls(path, *ident, ...)` created under `mode` with `codec`, then
+    every ``(records, count)`` of `chunks` appended, `progress` counting
+    `count` of `total` in `unit`. ``sample()`` gives what a ``zstd_dict``
+    dictionary is trained on when none is given."""
+    if _objstore.is_url(path):  # built locally, then uploaded (loaderx.remote)
+        from . import remote
+        return remote.write_store_to(path, mode, lambda local: _write_store(
+            local, cls, ident, chunks, total, unit, sample, codec=codec, level=level,
+            dict_bytes=dict_bytes, dict_size=dict_size, progress=progress,
+            mode="create").close())
+    codec = _writer.codec_of(codec)
+    if dict_size is not None and (codec != "zstd_dict" or dict_bytes is not None):
+        raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
+                         "codec='zstd_dict' without dict_bytes=")
+    # Every argument is checked before "overwrite" may remove the store there.
+    identity.check_dtype(ident[0])
+    check_new_store(path, "zstd" if codec == "zstd_dict" and dict_bytes is None else codec,
+                    level, dict_bytes)
+    appending = _writer.prepare_store(path, mode)
+    if codec == "zstd_dict" and dict_bytes is None:
+        codec, dict_bytes = _own_dictionary(path, cls, sample, dict_size, appending)
+    store = cls(path, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
+    from .converters._progress import make_progress
+    try:
+        with make_progress(progress, total, os.path.basename(os.fspath(path)), unit) as bar:
+            for records, count in chunks:
+                store.append(records)
+                bar.update(count)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _own_dictionary(path, cls: type, sample: Callable[[], Any], size: int | None,
+                    appending: bool) -> tuple:
+    """(codec, dictionary) for a zstd_dict store a writer makes: an existing
+    store's own, else one trained on ``sample()`` (a bounded, seeded sample)."""
+    import warnings
+
+    from .dictionary import train_dict
+    from .errors import DictionaryError
+
+    if appending:
+        with cls(path) as existing:
+            if existing.codec == "zstd_dict":
+                return "zstd_dict", existing.dictionary()
+    try:
+        return "zstd_dict", train_dict(sample(), "balanced", size=size)
+    except DictionaryError as e:
+        warnings.warn(f"{os.fspath(path)}: no dictionary ({e}); the store uses plain zstd",
+                      stacklevel=4)
+        return "zstd", None
+
 
 def _manifest_error(path: str, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"{path}: {MANIFEST_NAME} {what}", path=path)

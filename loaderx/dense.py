@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 
 from . import _buffers, _records, identity
 from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
+from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
-                     check_threads)
+                     check_new_store, check_threads)
 from .errors import CorruptStoreError, IdentityError, SizeMismatchError, ZrecordMemoryError
 
 
@@ -39,8 +41,11 @@ def _item_shape(item_shape) -> tuple:
 class DenseStore(Store):
     """Fixed ``(dtype, item_shape)`` records.
 
-    ``DenseStore(path, dtype, item_shape)`` creates the store (or opens it and
-    checks the identity matches); ``DenseStore(path)`` opens an existing one.
+    ``DenseStore.create(path, dtype, item_shape, mode=...)`` makes a store,
+    ``DenseStore.open(path)`` opens one. The constructor is sugar for one of
+    them: ``DenseStore(path)`` is ``open(path)``, ``DenseStore(path, dtype,
+    item_shape)`` is ``create(path, dtype, item_shape, mode="append")`` (it
+    opens an existing store after checking its identity matches).
     ``append(array)`` takes ``(B, *item_shape)`` of exactly ``dtype``. Reads:
     ``ds[i]`` → one record; ``ds[i, j]``, ``ds[a:b]``, ``ds[int_array]``,
     ``ds[bool_mask]`` → stacked ``(B, *item_shape)``. ``gather(idx, out=buf)``
@@ -49,6 +54,26 @@ class DenseStore(Store):
     """
 
     kind = "dense"
+
+    @classmethod
+    def create(cls, path, dtype, item_shape=(), *, codec: str | None = None,
+               level: int | None = None, dict_bytes: bytes | None = None,
+               mode: str = "create") -> "DenseStore":
+        """A new store of ``(dtype, item_shape)`` records at `path` (``()``:
+        scalars). `mode` as for every writer (``loaderx._writer``):
+        ``"create"`` refuses an existing one (`DestinationExistsError`),
+        ``"append"`` opens it (its dtype, item shape and codec must match),
+        ``"overwrite"`` replaces it. `codec` ``"raw"``, ``"zstd"`` (default)
+        or ``"zstd_dict"`` with `dict_bytes`; `level` None is the codec's
+        default. ``DenseStore(path, dtype, item_shape)`` is
+        ``create(..., mode="append")``."""
+        if dtype is None:
+            raise TypeError("DenseStore.create needs a dtype")
+        identity.check_shape(_item_shape(item_shape), identity.check_dtype(dtype).itemsize,
+                             "item_shape")
+        check_new_store(path, codec, level, dict_bytes)
+        prepare_store(path, mode)
+        return cls(path, dtype, item_shape, codec=codec, level=level, dict_bytes=dict_bytes)
 
     def __init__(self, path, dtype=None, item_shape=None, *, codec: str | None = None,
                  level: int | None = None, dict_bytes: bytes | None = None):
@@ -151,20 +176,23 @@ class DenseStore(Store):
                 yield ptrs, sizes, None, None, (part, buf)
         return self._append_chunks(chunks())
 
-    def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0) -> np.ndarray:
+    def gather(self, indices, out: np.ndarray | None = None, *, packed: bool = False,
+               threads: int = 0) -> Any:
         """Records `indices` stacked as ``(B, *item_shape)``, written into `out`
         when given (C-contiguous, writable, exact dtype and shape). `threads`
-        caps the native threads (0: every usable core)."""
+        caps the native threads (0: every usable core). ``packed=True``: the
+        same batch as ``(values, row_splits)``, as a ragged store gives it
+        (``Store.gather``); values is the batch itself, reshaped."""
         if type(threads) is not int or not 0 <= threads <= THREADS_MAX:  # (hot path: the
             threads = check_threads(threads)  # common case without a call; it raises the rest)
+        result = None
         if type(indices) is np.ndarray and indices.ndim == 1:
             result = self._gather(indices, out, threads, exact=False)
-            if result is not None:
-                return result
-        idx, _ = self._indices(indices)
-        result = self._gather(idx, out, threads)
-        assert result is not None  # exact: an out-of-range index raises instead
-        return result
+        if result is None:
+            idx, _ = self._indices(indices)
+            result = self._gather(idx, out, threads)
+            assert result is not None  # exact: an out-of-range index raises instead
+        return _records.dense_packed(result) if packed else result
 
     def _pooled_batch(self, shape: tuple) -> np.ndarray:
         """The output of a large read without ``out=``: pooled library memory

@@ -5,9 +5,10 @@ from typing import Iterable
 
 import numpy as np
 
-from . import _records, identity
+from . import identity
 from ._checks import is_int
-from ._store import Store, check_threads, chunks_of, packed_chunks, pointers
+from ._writer import prepare_store
+from ._store import Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers
 from ._store import row_splits as _row_splits
 from .errors import IdentityError
 
@@ -27,9 +28,10 @@ TOKEN_FRAME_SIZE = 4 << 10
 
 class RaggedStore(Store):
     """One dtype; every record keeps its own shape (any rank, including ``()``
-    and zero-length). Reads return a list of arrays in request order;
-    ``gather_packed`` returns ``(values, row_splits)`` for records sharing
-    their trailing dimensions — one flat buffer, no Python object per record.
+    and zero-length). ``gather`` (and ``rs[...]``) returns a list of arrays in
+    request order; ``gather(idx, packed=True)`` returns ``(values,
+    row_splits)`` for records sharing their trailing dimensions — one flat
+    buffer, no Python object per record.
     A batch's sizes, shapes and bytes come from one native call on one
     snapshot of the store, so no record is ever stitched from two.
 
@@ -40,10 +42,29 @@ class RaggedStore(Store):
     default) means `TOKEN_FRAME_SIZE` (4 KiB) for integer dtypes (token
     documents) and 0 for the rest; 0 stores every record as one frame.
     ``rs[i]`` returns whole records either way.
+
+    ``RaggedStore.create(path, dtype, mode=...)`` makes a store,
+    ``RaggedStore.open(path)`` opens one; ``RaggedStore(path)`` is ``open``,
+    ``RaggedStore(path, dtype)`` is ``create(path, dtype, mode="append")``.
     """
 
     kind = "ragged"
     item_shape = None
+
+    @classmethod
+    def create(cls, path, dtype, *, codec: str | None = None, level: int | None = None,
+               dict_bytes: bytes | None = None, frame_size: int | None = None,
+               mode: str = "create") -> "RaggedStore":
+        """A new store of `dtype` records at `path`; `mode`, `codec`, `level`
+        and `dict_bytes` as for `DenseStore.create`, `frame_size` as above.
+        ``RaggedStore(path, dtype)`` is ``create(..., mode="append")``."""
+        if dtype is None:
+            raise TypeError("RaggedStore.create needs a dtype")
+        _frame_size(frame_size, identity.check_dtype(dtype), codec)
+        check_new_store(path, codec, level, dict_bytes)
+        prepare_store(path, mode)
+        return cls(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes,
+                   frame_size=frame_size)
 
     def __init__(self, path, dtype=None, *, codec: str | None = None, level: int | None = None,
                  dict_bytes: bytes | None = None, frame_size: int | None = None):
@@ -150,12 +171,8 @@ class RaggedStore(Store):
                     yield ptrs, sizes, None, None, (chunk, keep)
         return self._append_chunks(chunks())
 
-    def _read(self, idx: np.ndarray, threads: int = 0) -> list[np.ndarray]:
-        buf, raw, aux = self._gather_alloc(idx, check_threads(threads))
-        return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_list()
-
     def append_packed(self, values, row_splits) -> int:
-        """Append records given packed, the form `gather_packed` returns:
+        """Append records given packed, the form ``gather(indices, packed=True)`` returns:
         record i is ``values[row_splits[i]:row_splits[i + 1]]``, of shape
         ``(n_i, *values.shape[1:])``. One native append with no Python object
         per record (the way to write a tokenized corpus: one flat token array
@@ -183,25 +200,10 @@ class RaggedStore(Store):
                                                  splits[:-1] * row_bytes, counts * row_bytes,
                                                  aux))
 
-    def gather(self, indices, out=None, *, threads: int = 0) -> list[np.ndarray]:
-        """Records `indices` as a list of arrays, in request order."""
-        if out is not None:
-            raise TypeError("RaggedStore.gather returns a list; out= applies to DenseStore only")
-        idx, _ = self._indices(indices)
-        return self._read(idx, threads)
-
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, row_splits)``: the records concatenated along their first
-        axis, and int64 row offsets (length B+1). Records must share their
-        trailing dimensions (all 1-D, or all ``(n, *t)`` with the same ``t``)."""
-        idx, _ = self._indices(indices)
-        buf, raw, aux = self._gather_alloc(idx, check_threads(threads))
-        return _records.Ragged(buf, raw, aux, self._dtype, idx, self._path).to_packed(idx)
-
-    def __getitem__(self, key):
-        idx, scalar = self._indices(key)
-        out = self._read(idx)
-        return out[0] if scalar else out
+        """Deprecated spelling of ``gather(indices, packed=True)``."""
+        deprecated("RaggedStore.gather_packed(indices)", "gather(indices, packed=True)")
+        return self.gather(indices, packed=True, threads=threads)
 
 
 def _frame_size(frame_size, dtype: np.dtype, codec: str | None) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 from . import _buffers, _records
 from ._checks import check_out, is_stream
 from ._lib import check
-from ._store import normalize_indices
+from ._store import deprecated, normalize_indices
 from .errors import ClosedError, IdentityError, ZrecordMemoryError
 from .streams import NativePart
 from .zrecord import open_store
@@ -78,9 +78,8 @@ class ShardSet:
     with an ``IdentityError`` naming both shards and both values.
 
     Reads: ``parts[i]``, ``parts[a:b]``, ``parts[int_array]``,
-    ``parts[bool_mask]``, ``parts.gather(idx, out=None)`` and, for ragged
-    shards, ``parts.gather_packed(idx)`` return what one store of that kind
-    returns. ``len(parts) == sum(parts.lengths)``.
+    ``parts[bool_mask]`` and ``parts.gather(idx, out=None, packed=False)``
+    return what one store of that kind returns. ``len(parts) == sum(parts.lengths)``.
     """
 
     def __init__(self, shards: Sequence[Any], *, cache_dir=None, cache_limit=None,
@@ -232,19 +231,20 @@ class ShardSet:
         self._check_open()
         return [NativePart(handle, first, None) for handle, first in self._part_list]
 
-    def gather(self, indices, out: np.ndarray | None = None, *, threads: int = 0):
-        """Records `indices` in request order: a ``(B, *item_shape)`` array for
-        dense shards (written into `out` when given), else a list."""
+    def gather(self, indices, out: np.ndarray | None = None, *, packed: bool = False,
+               threads: int = 0):
+        """Records `indices` in request order, as one store of the shards'
+        kind gives them (``Store.gather``): a ``(B, *item_shape)`` array for
+        dense shards (written into `out` when given), else a list;
+        ``packed=True`` gives ``(values, row_splits)``."""
         self._check_open()
         idx, _ = normalize_indices(indices, self._len)
         if self._kind == "dense":
-            return self._gather_dense(idx, out, threads)
-        if out is not None:
-            raise TypeError(f"out= applies to dense shards only; these hold {self._kind} records")
+            batch = self._gather_dense(idx, out, threads)
+            return _records.dense_packed(batch) if packed else batch
         buf, raw, aux = self._read(idx, threads)
-        if self._kind == "bytes":
-            return _records.to_bytes(buf, raw)
-        return _records.Ragged(buf, raw, aux, self._dtype, idx, None).to_list()
+        return _records.variable_batch(self._kind, self._dtype, buf, raw, aux, idx, None, out,
+                                       packed)
 
     def _read(self, idx: np.ndarray, threads: int):
         if not self._part_list:  # every shard is empty: so is idx
@@ -290,15 +290,9 @@ class ShardSet:
             _records.prefetch(self._parts, len(self._part_list), idx, wait, None)
 
     def gather_packed(self, indices, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """``(values, row_splits)`` for ragged shards, as ``RaggedStore.gather_packed``."""
-        self._check_open()
-        if self._kind != "ragged":
-            raise TypeError(
-                f"gather_packed applies to ragged shards; these hold {self._kind} records"
-            )
-        idx, _ = normalize_indices(indices, self._len)
-        buf, raw, aux = self._read(idx, threads)
-        return _records.Ragged(buf, raw, aux, self._dtype, idx, None).to_packed(idx)
+        """Deprecated spelling of ``gather(indices, packed=True)``."""
+        deprecated("ShardSet.gather_packed(indices)", "gather(indices, packed=True)")
+        return self.gather(indices, packed=True, threads=threads)
 
     def __getitem__(self, key):
         self._check_open()

@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _sql
 from ._lib import usable_cores
-from ._store import normalize_indices
+from ._store import deprecated, normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
 from .streams import NativePart, native_parts
 
@@ -196,21 +196,23 @@ class View:
         idx, _ = normalize_indices(indices, len(self))
         return rows[idx]
 
-    def gather(self, indices, out: Optional[np.ndarray] = None, *, threads: int = 0) -> Any:
+    def gather(self, indices, out: Optional[np.ndarray] = None, *, packed: bool = False,
+               threads: int = 0) -> Any:
         """Records `indices` of this view: the base column's records
-        ``rows[indices]``, in one gather of the base."""
+        ``rows[indices]``, in one gather of the base (``out=`` and
+        ``packed=`` as the base takes them, see ``Store.gather``)."""
         mapped = self._mapped(indices)
-        kw = {"threads": threads} if threads else {}
-        if self.kind == "dense":
-            return self._base.gather(mapped, out=out, **kw)
+        kw: Dict[str, Any] = {"threads": threads} if threads else {}
+        if packed:
+            kw["packed"] = True
         if out is not None:
-            raise TypeError(f"out= applies to dense columns; {self._name!r} holds {self.kind} "
-                            "records")
+            kw["out"] = out
         return self._base.gather(mapped, **kw)
 
     def gather_packed(self, indices, *, threads: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-        """``(values, row_splits)`` of a ragged column's records."""
-        return self._base.gather_packed(self._mapped(indices), threads=threads)
+        """Deprecated spelling of ``gather(indices, packed=True)``."""
+        deprecated("View.gather_packed(indices)", "gather(indices, packed=True)")
+        return self.gather(indices, packed=True, threads=threads)
 
     def prefetch(self, indices) -> None:
         """The stream protocol's ``prefetch``: the base column's records

@@ -584,7 +584,7 @@ class LoaderxDense(StoreBackend):
 
 
 class LoaderxRagged(StoreBackend):
-    """loaderx RaggedStore: `rs[indices]` (list) or `rs.gather_packed(indices)` (packed)."""
+    """loaderx RaggedStore: `rs[indices]` (list) or `rs.gather(indices, packed=True)` (packed)."""
 
     def __init__(self, name: str, source: Source, form: str, codec: str):
         super().__init__(name, source, form, group="loaderx", codec=codec)
@@ -601,7 +601,7 @@ class LoaderxRagged(StoreBackend):
 
     def fetch(self, indices: np.ndarray) -> Any:
         if self.form == "packed":
-            return self.store.gather_packed(indices)
+            return self.store.gather(indices, packed=True)
         return self.store[indices]
 
     def close(self) -> None:

@@ -231,7 +231,7 @@ def _open(kind: str, path: str):
 
 
 def _fetch(store, kind: str, indices: np.ndarray):
-    return store[indices] if KINDS[kind][2] == "dense" else store.gather_packed(indices)
+    return store[indices] if KINDS[kind][2] == "dense" else store.gather(indices, packed=True)
 
 
 class _NumpyView:

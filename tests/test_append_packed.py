@@ -1,5 +1,5 @@
 """`RaggedStore.append_packed` and `Zrecord.append_packed`: records given as
-one flat buffer plus offsets (the form `gather_packed` and Arrow use) store
+one flat buffer plus offsets (the form `gather(idx, packed=True)` returns and Arrow uses) store
 exactly what the per-record `append` stores, in as many chunks as it takes,
 as one atomic append; bad offsets or dtypes raise and store nothing."""
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_ragged_packed_equals_per_record_append(tmp_path, codec, trailing):
         got = a[1:]
         for i, record in enumerate(records):
             assert_same(got[i], record)
-        assert_same(a.gather_packed(np.arange(1, 301))[0], b.gather_packed(np.arange(300))[0])
+        assert_same(a.gather(np.arange(1, 301), packed=True)[0], b.gather(np.arange(300), packed=True)[0])
         a.verify()
         b.verify()
 

@@ -152,7 +152,7 @@ def test_cold_gathers_of_every_kind_return_the_stored_values(tmp_path, codec):
         rs.prefetch(idx[50:])
         for got, i in zip(rs[idx], idx):
             np.testing.assert_array_equal(got, ragged[i])
-        values, splits = rs.gather_packed(idx)
+        values, splits = rs.gather(idx, packed=True)
         np.testing.assert_array_equal(values, np.concatenate([ragged[i] for i in idx]))
         assert splits[-1] == len(values)
 

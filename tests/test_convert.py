@@ -373,7 +373,7 @@ def _check_table(ds: dict, d: dict, rows=slice(None)) -> None:
     assert_same(ds["fixed"][:], d["fixed"][rows])
     for got, want in zip(ds["lists"][:], d["lists"][rows]):
         assert_same(got, want)
-    values, splits = ds["pairs"].gather_packed(np.arange(len(ds["pairs"])))
+    values, splits = ds["pairs"].gather(np.arange(len(ds["pairs"])), packed=True)
     assert_same(values, np.concatenate(d["pairs"][rows]).reshape(-1, 2))
     assert ds["text"][:] == list(d["text"][rows])  # strings read back as str
     assert ds["blob"][:] == d["blob"][rows]

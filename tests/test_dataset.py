@@ -356,7 +356,7 @@ def test_pad_a_ragged_batch(tmp_path):
         padded, lengths = pad(rs[idx], max_len=24)
         assert padded.shape == (16, 24)
         assert padded.dtype == np.int32
-        values, splits = rs.gather_packed(idx)
+        values, splits = rs.gather(idx, packed=True)
         assert lengths.tolist() == np.diff(splits).tolist()
         for row, n, i in zip(padded, lengths, idx):
             assert_same(row[:n], recs[i])

@@ -38,7 +38,7 @@ def test_dict_size_caps_the_dictionary(tmp_path):
     x = _rows()
     with from_numpy(tmp_path / "s", x, codec="zstd_dict", dict_size=1024) as s:
         assert 0 < len(s.dictionary()) <= 1024
-    with pytest.raises(ValueError, match="dict_size= sizes the dictionary from_numpy trains"):
+    with pytest.raises(ValueError, match="dict_size= sizes the dictionary a writer trains"):
         from_numpy(tmp_path / "t", x, codec="zstd", dict_size=1024)
     with pytest.raises(ValueError, match="size must be an int from 256"):
         from_numpy(tmp_path / "u", x, codec="zstd_dict", dict_size=10)

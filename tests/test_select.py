@@ -175,7 +175,7 @@ def test_views_read_the_selected_records_of_every_column(data):
         sub["vec"][len(rows)]
     for got, want in zip(sub["tokens"][:5], [docs[r] for r in rows[:5]]):
         assert_same(got, want)
-    values, splits = sub["tokens"].gather_packed([0, 1])
+    values, splits = sub["tokens"].gather([0, 1], packed=True)
     assert_same(values, np.concatenate([docs[rows[0]], docs[rows[1]]]))
     names = df.name.to_numpy(dtype=object)[rows]
     assert sub["name"][:] == [None if pd.isna(n) else n for n in names]  # str, None for a null

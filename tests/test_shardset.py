@@ -92,8 +92,8 @@ def test_gathers_equal_the_single_store(split_sets, count):
         assert isinstance(got, list) and len(got) == len(idx)
         for g, i in zip(got, expected_rows):
             assert_same(g, ragged[i])
-        values, splits = sr.gather_packed(idx)
-        wvalues, wsplits = wr.gather_packed(idx)
+        values, splits = sr.gather(idx, packed=True)
+        wvalues, wsplits = wr.gather(idx, packed=True)
         assert_same(values, wvalues)
         assert_same(splits, wsplits)
         assert sz.gather(idx) == [blobs[i] for i in expected_rows]
@@ -135,8 +135,8 @@ def test_errors_like_a_store(split_sets, count):
         sd.gather([1, 2], out=np.zeros((3, 3, 4), np.int32))
     with pytest.raises(SizeMismatchError):
         sd.gather([1, 2], out=np.zeros((2, 4, 3), np.int32).transpose(0, 2, 1))
-    with pytest.raises(TypeError):
-        sd.gather_packed([1])
+    values, splits = sd.gather([1, 0], packed=True)  # a dense batch, packed
+    assert values.shape == (6, 4) and splits.tolist() == [0, 3, 6]
     with pytest.raises(TypeError):
         sr.gather([1], out=np.zeros(1))
 

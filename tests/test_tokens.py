@@ -258,7 +258,7 @@ def test_long_documents_are_stored_in_frames_and_read_whole(tmp_path):
         rs.append(docs)
         for i, d in enumerate(docs):
             np.testing.assert_array_equal(rs[i], d)
-        values, splits = rs.gather_packed([5, 2, 4])
+        values, splits = rs.gather([5, 2, 4], packed=True)
         np.testing.assert_array_equal(values, np.concatenate([docs[5], docs[2], docs[4]]))
         rs.verify()
     with RaggedStore(tmp_path / "t") as rs:

@@ -492,13 +492,13 @@ def test_gather_packed_equals_concatenated_list(big_ragged):
         assert len(listed) == len(idx)
         for got, i in zip(listed, idx):
             assert_same(got, records[i])
-        values, row_splits = rs.gather_packed(idx)
+        values, row_splits = rs.gather(idx, packed=True)
         assert values.dtype == np.int32
         assert row_splits.dtype == np.int64
         expected = np.concatenate(listed) if listed else np.zeros(0, np.int32)
         assert_same(values, expected)
         assert_same(row_splits, np.concatenate([[0], np.cumsum(lengths[idx])]).astype(np.int64))
-    values, row_splits = rs.gather_packed(slice(1000, 1010))
+    values, row_splits = rs.gather(slice(1000, 1010), packed=True)
     assert_same(values, np.concatenate(records[1000:1010]))
     assert row_splits[-1] == lengths[1000:1010].sum()
 
@@ -541,7 +541,7 @@ def test_ragged_batch_read_makes_few_native_calls(big_ragged, count_native):
     assert count_native.calls.count("lx_gather_alloc") == 1, count_native.calls
     assert len(count_native.calls) <= 3, count_native.calls
     count_native.calls.clear()
-    rs.gather_packed(idx)
+    rs.gather(idx, packed=True)
     assert len(count_native.calls) <= 4, count_native.calls
     for got, i in zip(batch, idx):
         assert_same(got, records[i])
@@ -574,7 +574,7 @@ def test_gather_packed_shared_trailing_dims(tmp_path):
             np.ones((4, 3), np.float32)]
     with RaggedStore(tmp_path / "r", np.float32) as rs:
         rs.append(recs)
-        values, row_splits = rs.gather_packed([2, 0, 1, 0])
+        values, row_splits = rs.gather([2, 0, 1, 0], packed=True)
         assert_same(values, np.concatenate([recs[2], recs[0], recs[1], recs[0]]))
         assert row_splits.tolist() == [0, 4, 6, 6, 8]
 
@@ -585,14 +585,14 @@ def test_gather_packed_rejects_mismatched_trailing_dims(tmp_path):
     with RaggedStore(tmp_path / "r", np.int32) as rs:
         rs.append(recs)
         with pytest.raises(ValueError, match=r"\(4, 5\)") as e:
-            rs.gather_packed([0, 1])
+            rs.gather([0, 1], packed=True)
         assert "3" in str(e.value)
         with pytest.raises(ValueError, match=r"\(7,\)|\(2, 3\)"):
-            rs.gather_packed([0, 2])
+            rs.gather([0, 2], packed=True)
         with pytest.raises(ValueError, match="scalar"):
-            rs.gather_packed([2, 3])
+            rs.gather([2, 3], packed=True)
         # Each alone is fine.
-        values, row_splits = rs.gather_packed([1])
+        values, row_splits = rs.gather([1], packed=True)
         assert values.shape == (4, 5)
         assert row_splits.tolist() == [0, 4]
 
@@ -957,7 +957,7 @@ def test_context_manager_and_closed_use(tmp_path, kind):
         "enter": lambda: s.__enter__(),
     }
     if kind == "ragged":
-        calls["gather_packed"] = lambda: s.gather_packed([0])
+        calls["gather_packed"] = lambda: s.gather([0], packed=True)
     for name, call in calls.items():
         with pytest.raises(ClosedError) as e:
             call()

@@ -29,6 +29,7 @@ when needed: ``pip install 'loaderx[convert]'`` brings pyarrow and Pillow.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import shutil
 from collections.abc import Mapping
@@ -37,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .. import _objstore
-from .._checks import check_level
+from .._checks import check_level, check_mode
+from .._writer import codec_of
 from ..dataset import MANIFEST_NAME, open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
 from ._columns import (
@@ -71,7 +73,6 @@ __all__ = [
 
 _TINY_RECORD_BYTES = 64
 _DICT_SAMPLE_BYTES = 16 << 20
-_CODECS = ("raw", "zstd")
 
 
 def convert(
@@ -80,7 +81,7 @@ def convert(
     *,
     codec: str = "zstd",
     level: int | None = None,
-    dict: bool = False,
+    dict_size: int | None = None,
     columns: list | None = None,
     workers: int | None = None,
     mode: str = "create",
@@ -95,17 +96,23 @@ def convert(
     dtype=None,
     item_shape=None,
     fill_null: dict | None = None,
+    dict: bool | None = None,
 ) -> dict:
     """Convert `source` into the dataset directory `dest`; returns
     ``open_dataset(dest)`` (``{split: {...}}`` for a DatasetDict).
 
+    `mode`, `codec`, `level`, `dict_size` and `progress` are the writers'
+    one vocabulary (``loaderx._writer``, the same as `from_numpy`'s).
+
     Args:
-        codec: ``"zstd"`` or ``"raw"`` for every column; dense columns whose
-            records are under 64 bytes are always stored raw (compressing them
-            cannot pay, and a raw dense store needs only 4 bytes of index per record).
-        level: zstd level (None: 3, and 19 for zstd_dict columns). dict: train
-            one zstd dictionary per column on a sample of its first records
-            (``zstd_dict``), for small records.
+        codec: ``"zstd"``, ``"raw"`` or ``"zstd_dict"`` for every column;
+            dense columns whose records are under 64 bytes are always stored
+            raw (compressing them cannot pay, and a raw dense store needs
+            only 4 bytes of index per record). ``"zstd_dict"`` trains one
+            zstd dictionary per column on a sample of its first records (for
+            small records); a column zstd cannot train one for stays ``zstd``.
+        level: zstd level (None: 3, and 19 for zstd_dict columns).
+        dict_size: the most bytes of each trained dictionary (default 128 KiB).
         columns / skip_columns: names to convert / to leave out.
         workers: processes; each writes one shard store per column.
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
@@ -113,7 +120,9 @@ def convert(
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
         allow_tiny_records: accepted for compatibility (scalar columns need no flag).
         batch_bytes: about this many bytes are read and written at a time.
-        progress: None (a bar on a terminal), True, False, "bar", "log", "off".
+        progress: None (a bar on a terminal), True, False, "bar", "log",
+            "off", or a callable ``progress(done, total)`` (in the source's
+            unit: rows, or bytes of tar and image files).
         keys: keep a ``key`` column of where each row came from: a tar
             sample's ``__key__``, an image's path under the folder.
         image_column: WebDataset: the column of every sample's image, whatever
@@ -122,81 +131,68 @@ def convert(
         dtype / item_shape: what the records of a store written by the original
             loaderx are, where its schema.msgpack cannot be read.
         fill_null: ``{column: value}``: its nulls become `value`, with no ``<column>.valid`` mask.
+        dict: deprecated; ``dict=True`` is ``codec="zstd_dict"``.
     """
-    convert_to_directory(
-        source,
-        dest,
-        codec=codec,
-        level=level,
-        dict=dict,
-        columns=columns,
-        workers=workers,
-        mode=mode,
-        skip_columns=skip_columns,
-        keep_encoded=keep_encoded,
-        row_length=row_length,
-        batch_bytes=batch_bytes,
-        progress=progress,
-        keys=keys,
-        image_column=image_column,
-        dtype=dtype,
-        item_shape=item_shape,
-        fill_null=fill_null,
-    )
+    _convert(source, dest, _job(locals()))
     return open_dataset(dest)
 
 
+def convert_to_directory(source: Any, dest, **options) -> dict:
+    """`convert` without opening the result: returns the manifest written.
+    It takes exactly `convert`'s options (checked against its signature)."""
+    cli = bool(options.pop("cli", False))
+    try:
+        bound = _CONVERT_SIGNATURE.bind(source, dest, **options)
+    except TypeError as e:
+        raise TypeError(f"convert_to_directory: {e}") from None
+    bound.apply_defaults()
+    return _convert(source, dest, _job(bound.arguments, cli=cli))
+
+
+_CONVERT_SIGNATURE = inspect.signature(convert)
+
+
+def _job(args: Mapping, cli: bool = False) -> dict:
+    """`convert`'s arguments checked, as one dict (the job every part of a
+    conversion reads)."""
+    job = {k: v for k, v in args.items() if k not in ("source", "dest")}
+    job["codec"] = codec_of(job["codec"], job.pop("dict"), cli=cli)
+    job["cli"] = cli
+    return job
+
+
 def _url_destination(fn):
-    """`fn(source, dest, ...)` that also takes a URL `dest`: the dataset is
+    """`fn(source, dest, job)` that also takes a URL `dest`: the dataset is
     built in a new local directory, uploaded, then published (loaderx.remote)."""
 
     @functools.wraps(fn)
-    def convert_anywhere(source, dest, **kw):
+    def convert_anywhere(source, dest, job):
         if not _objstore.is_url(dest):
-            return fn(source, dest, **kw)
+            return fn(source, dest, job)
         from ..remote import write_dataset_to
 
-        mode = kw.pop("mode", "create")
-        return write_dataset_to(dest, mode, lambda local: fn(source, local, mode="create", **kw),
-                                cli=kw.get("cli", False))
+        return write_dataset_to(dest, job["mode"],
+                                lambda local: fn(source, local, {**job, "mode": "create"}),
+                                cli=job["cli"])
     return convert_anywhere
 
 
 @_url_destination
-def convert_to_directory(
-    source: Any,
-    dest,
-    *,
-    codec: str = "zstd",
-    level: int | None = None,
-    dict: bool = False,
-    columns=None,
-    workers=None,
-    mode: str = "create",
-    skip_columns=None,
-    keep_encoded: bool = False,
-    row_length=None,
-    allow_tiny_records: bool = False,
-    batch_bytes: int = 16 << 20,
-    progress=None,
-    keys: bool = True,
-    image_column: str | None = "image",
-    cli: bool = False,
-    dtype=None,
-    item_shape=None,
-    fill_null: dict | None = None,
-) -> dict:
-    """`convert` without opening the result: returns the manifest written."""
-    flags = Flags(cli=cli)
-    if codec not in _CODECS:
-        raise ConvertError(
-            f"codec must be one of {_CODECS} (add dict=True for zstd_dict), got {codec!r}"
-        )
+def _convert(source: Any, dest, job: dict) -> dict:
+    """The one conversion `convert` and `convert_to_directory` run; returns
+    the manifest written."""
+    flags = Flags(cli=job["cli"])
+    columns, skip_columns = job["columns"], job["skip_columns"]
+    level, workers, row_length = job["level"], job["workers"], job["row_length"]
+    batch_bytes, image_column, fill_null = job["batch_bytes"], job["image_column"], job["fill_null"]
     for label, names in (("columns", columns), ("skip_columns", skip_columns)):
         if isinstance(names, (str, bytes)):
             raise TypeError(f"{label} must be a list of column names, not the string {names!r}")
     check_level(level)  # the stores' own check (0 refused), before anything is written
     level = None if level is None else int(level)
+    if job["dict_size"] is not None and job["codec"] != "zstd_dict":
+        raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
+                         "codec='zstd_dict'")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive int or None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
@@ -207,30 +203,24 @@ def convert_to_directory(
         raise ValueError(f"image_column must be a column name or None, got {image_column!r}")
     if fill_null is not None and not isinstance(fill_null, Mapping):
         raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
+    check_mode(job["mode"])
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
-        keep_encoded=keep_encoded,
+        keep_encoded=job["keep_encoded"],
         row_length=row_length,
         flags=flags,
-        keys=bool(keys),
+        keys=bool(job["keys"]),
         image_column=image_column,
-        dtype=dtype,
-        item_shape=item_shape,
+        dtype=job["dtype"],
+        item_shape=job["item_shape"],
         fill_null={**(fill_null or {})},
     )
-    job = {
-        "codec": codec,
-        "level": level,
-        "dict": dict,
-        "workers": workers or 1,
-        "batch_bytes": batch_bytes,
-        "progress": progress,
-    }
+    job = {**job, "workers": workers or 1, "level": level}
     splits = _splits(source)
     if splits is not None:
-        return _convert_splits(splits, dest, mode, options, job)
-    return _convert_one(open_source(source, options), dest, mode, options, job)
+        return _convert_splits(splits, dest, job["mode"], options, job)
+    return _convert_one(open_source(source, options), dest, job["mode"], options, job)
 
 
 # ----------------------------------------------------------------- sources
@@ -353,7 +343,8 @@ def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
     }
 
 
-def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) -> dict:
+def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict,
+                 size: int | None) -> dict:
     from ..zrecord import train_dict
 
     wanted = [s for s in specs if codecs[s.name] != "raw"]
@@ -363,7 +354,7 @@ def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict) ->
     dicts = {}
     for s in wanted:
         try:
-            dicts[s.name] = train_dict(samples[s.name], tier="balanced")
+            dicts[s.name] = train_dict(samples[s.name], tier="balanced", size=size)
             codecs[s.name] = "zstd_dict"
         except DictionaryError as e:
             user_warning(f"column {s.name!r}: no dictionary ({e}); using plain zstd")
@@ -376,9 +367,10 @@ def _convert_one(source: Source, dest, mode: str, options: Options, job: dict) -
     if target.mode == "append":
         specs = _merge_categories(specs, target.existing or {}, target.dest)
     tasks = source.tasks(job["workers"])
-    codecs = column_codecs(specs, job["codec"])
-    if job["dict"]:
-        dicts = _train_dicts(source, tasks[0], specs, codecs)
+    # zstd_dict columns start as zstd: each becomes zstd_dict once its dictionary is trained.
+    codecs = column_codecs(specs, "zstd" if job["codec"] == "zstd_dict" else job["codec"])
+    if job["codec"] == "zstd_dict":
+        dicts = _train_dicts(source, tasks[0], specs, codecs, job["dict_size"])
     else:
         dicts = source.dictionaries(codecs)  # a source's own (an original loaderx store's)
     # A place for every column's validity mask; a mask is made only when its

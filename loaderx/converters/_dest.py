@@ -54,7 +54,7 @@ import stat
 import uuid
 
 from .. import _locks
-from .._checks import check_mode
+from .._writer import check_destination
 from ..dataset import (
     GENERATION_RE,
     MANIFEST_FORMAT,
@@ -319,26 +319,11 @@ class Destination:
     ``commit_splits(dirs)``) or ``abort()``."""
 
     def __init__(self, dest, mode: str, flags: Flags):
-        check_mode(mode)
         self.dest = os.path.abspath(os.fspath(dest))
         self.flags = flags
         self.existing: dict | None = None
-        exists = os.path.lexists(self.dest) and not (
-            os.path.isdir(self.dest) and not os.listdir(self.dest)
-        )
-        if exists and mode == "create":
-            hint = "--append or --overwrite" if flags.cli else 'mode="append" or mode="overwrite"'
-            raise DestinationExistsError(f"{self.dest} already exists; pass {hint}", path=self.dest)
-        if (
-            exists
-            and mode == "overwrite"
-            and not (os.path.isdir(self.dest) and _is_loaderx(self.dest))
-        ):
-            raise DestinationExistsError(
-                f"{self.dest} exists and is not a loaderx dataset or store; "
-                "refusing to overwrite it (remove it yourself)",
-                path=self.dest,
-            )
+        exists = check_destination(self.dest, mode, ours=_is_loaderx,
+                                   what="loaderx dataset or store", cli=flags.cli)
         if exists and mode == "append":
             self.existing = read_manifest(self.dest)
             if "splits" in self.existing:

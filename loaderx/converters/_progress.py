@@ -2,8 +2,10 @@
 terminal, plain periodic log lines otherwise, nothing when quiet.
 
 ``make_progress(mode, total, desc, unit)`` with `mode` one of ``"bar"``,
-``"log"``, ``"off"``, or ``None`` for "a bar if stderr is a terminal, else
-nothing" (what a library call does by default). Log lines go to stderr every
+``"log"``, ``"off"``, ``None`` for "a bar if stderr is a terminal, else
+nothing" (what a library call does by default), or a callable
+``progress(done, total)`` called after each update (the writers' one
+meaning of ``progress=``, see ``loaderx._writer``). Log lines go to stderr every
 ``LOADERX_LOG_INTERVAL`` seconds (default 10) and once at the end.
 """
 
@@ -13,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any, Callable
 
 __all__ = ["make_progress", "Progress", "resolve_mode", "Ticker"]
 
@@ -36,7 +39,8 @@ def resolve_mode(mode) -> str:
     if mode is False:
         return "off"
     if mode not in _MODES:
-        raise ValueError(f"progress must be one of {_MODES}, True, False or None, got {mode!r}")
+        raise ValueError(f"progress must be one of {_MODES}, True, False, None or a callable "
+                         f"progress(done, total), got {mode!r}")
     return mode
 
 
@@ -59,6 +63,7 @@ class Progress:
     def __init__(self, mode: str, total: float | None, desc: str, unit: str):
         self.mode, self.total, self.desc, self.unit = mode, total, desc, unit
         self.done = 0.0
+        self.report: Callable[[Any, Any], Any] | None = None  # a caller's progress(done, total)
         self.records = 0
         self.nbytes = 0
         self._t0 = time.monotonic()
@@ -84,6 +89,9 @@ class Progress:
         self.done += n
         self.records += records
         self.nbytes += nbytes
+        if self.report is not None:
+            done = int(self.done) if float(self.done).is_integer() else self.done
+            self.report(done, self.total)
         if self._bar is not None:
             extra = self._extra()
             if extra:
@@ -156,6 +164,10 @@ class Progress:
 
 
 def make_progress(mode, total: float | None, desc: str, unit: str = "rows") -> Progress:
+    if callable(mode):
+        progress = Progress("off", total, desc, unit)
+        progress.report = mode
+        return progress
     return Progress(resolve_mode(mode), total, desc, unit)
 
 

@@ -1,0 +1,82 @@
+"""The one vocabulary of loaderx's writers, shared by every way of writing
+data: a store's ``create`` (`DenseStore.create`, `RaggedStore.create`,
+`Zrecord.create`), `loaderx.from_numpy` / `loaderx.from_iterator` (one
+store) and `loaderx.convert` (a dataset directory).
+
+* ``mode``: ``"create"`` refuses a destination that holds anything (an
+  empty directory is fine); ``"append"`` adds to what is there, or creates
+  it when nothing is; ``"overwrite"`` replaces a loaderx store or dataset
+  (never a directory that holds anything else).
+* ``codec``: ``"raw"``, ``"zstd"`` or ``"zstd_dict"``; a writer given
+  ``"zstd_dict"`` without ``dict_bytes=`` trains the dictionary itself, at
+  most ``dict_size`` bytes (`train_dict`'s "balanced" tier).
+* ``progress``: None (a bar when stderr is a terminal, else nothing), True
+  (a bar, or log lines when not on a terminal), False, ``"bar"``,
+  ``"log"``, ``"off"``, or a callable ``progress(done, total)`` called as
+  work completes (in the writer's unit: rows, records or source bytes).
+
+Old spellings keep working with a DeprecationWarning naming the new one
+(`convert(dict=True)` → ``codec="zstd_dict"``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Callable
+
+from ._checks import check_mode
+from ._store import deprecated
+from .errors import DestinationExistsError
+
+__all__ = ["CODECS", "check_destination", "prepare_store", "codec_of", "is_store_dir"]
+
+#: The codecs every writer names (``mode`` words: `loaderx._checks.WRITE_MODES`).
+CODECS = ("raw", "zstd", "zstd_dict")
+
+
+def is_store_dir(path: str) -> bool:
+    """Whether `path` is a directory holding a loaderx store."""
+    return os.path.isfile(os.path.join(path, "meta"))
+
+
+def check_destination(path, mode: str, *, ours: Callable[[str], bool], what: str,
+                      cli: bool = False) -> bool:
+    """The mode rule, applied before a writer touches `path`. Returns True
+    when `path` holds data that the writer appends to or overwrites; raises
+    `DestinationExistsError` where the mode forbids writing."""
+    check_mode(mode)
+    p = os.fspath(path)
+    if not os.path.lexists(p) or (os.path.isdir(p) and not os.listdir(p)):
+        return False
+    if mode == "create":
+        hint = ("--append or --overwrite" if cli
+                else 'mode="append" or mode="overwrite" (to add to it or to replace it)')
+        raise DestinationExistsError(f"{p} already exists; pass {hint}", path=p)
+    if mode == "overwrite" and not (os.path.isdir(p) and ours(p)):
+        raise DestinationExistsError(f"{p} exists and is not a {what}; refusing to overwrite it "
+                                     "(remove it yourself)", path=p)
+    return True
+
+
+def prepare_store(path, mode: str) -> bool:
+    """`check_destination` for a single store: ``overwrite`` removes the
+    existing store. Returns True when the writer appends to an existing one."""
+    if not check_destination(path, mode, ours=is_store_dir, what="loaderx store"):
+        return False
+    if mode == "overwrite":
+        shutil.rmtree(os.fspath(path))
+        return False
+    return True
+
+
+def codec_of(codec: Any, dict: Any = None, *, cli: bool = False) -> str:
+    """The codec a writer uses, from the one vocabulary (`CODECS`) and the
+    deprecated ``dict=True`` of `convert` (``codec="zstd_dict"``)."""
+    if dict is not None:
+        if not cli:
+            deprecated("convert(dict=True)", 'convert(codec="zstd_dict")', stacklevel=5)
+        if dict and codec == "zstd":  # (with codec="raw" it never did anything)
+            codec = "zstd_dict"
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
+    return codec

@@ -1,0 +1,141 @@
+"""One writer vocabulary (loaderx._writer) for every way of writing data:
+``mode``, ``codec`` (with its dictionary), ``progress``; `convert` and
+`convert_to_directory` share one signature, `from_numpy` and `from_iterator`
+one implementation; old spellings warn."""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import loaderx
+from loaderx.converters import convert_to_directory
+from loaderx.errors import DestinationExistsError
+
+ROWS = np.frombuffer(b'{"user": 12, "tags": ["a", "b"], "ok": true}  ' * 4000,
+                     np.uint8).reshape(-1, 92)  # (convert stores rows under 64 B raw)
+DOCS = [np.frombuffer(f'{{"id": {i}, "text": "document {i % 17}"}}'.encode(), np.uint8)
+        for i in range(3000)]
+
+
+def _writers(tmp_path):
+    """Each writer as ``write(name, **options) -> something to close``."""
+    return {
+        "from_numpy": lambda name, **kw: loaderx.from_numpy(tmp_path / name, ROWS[:100], **kw),
+        "from_iterator": lambda name, **kw: loaderx.from_iterator(tmp_path / name, DOCS[:100],
+                                                                  **kw),
+        "convert": lambda name, **kw: loaderx.convert({"x": ROWS[:100]}, tmp_path / name,
+                                                      **kw)["x"],
+    }
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "from_iterator", "convert"])
+def test_every_writer_follows_the_same_mode_words(tmp_path, writer):
+    write = _writers(tmp_path)[writer]
+    write("w", progress=False).close()
+    with pytest.raises(DestinationExistsError, match='mode="append" or mode="overwrite"'):
+        write("w", progress=False)
+    got = write("w", mode="append", progress=False)
+    assert len(got) == 200
+    got.close()
+    got = write("w", mode="overwrite", progress=False)
+    assert len(got) == 100
+    got.close()
+    with pytest.raises(ValueError, match="mode must be one of"):
+        write("v", mode="replace", progress=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("mine")
+    with pytest.raises(DestinationExistsError, match="refusing to overwrite"):
+        write("other", mode="overwrite", progress=False)
+    assert (tmp_path / "other" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "from_iterator", "convert"])
+def test_every_writer_takes_the_same_codecs(tmp_path, writer):
+    write = _writers(tmp_path)[writer]
+    with pytest.raises(ValueError, match=r"codec must be one of \('raw', 'zstd', 'zstd_dict'\)"):
+        write("bad", codec="lz4", progress=False)
+    with write("zd", codec="zstd_dict", dict_size=1024, progress=False) as s:
+        # Trained by the writer itself; level 19 is zstd_dict's default.
+        assert (s.codec, s.level) == ("zstd_dict", 19)
+        assert 0 < len(s.dictionary()) <= 1024
+        assert bytes(s[5]) == (ROWS[5].tobytes() if writer != "from_iterator"
+                               else DOCS[5].tobytes())
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "from_iterator", "convert"])
+def test_progress_is_one_thing_for_every_writer(tmp_path, writer):
+    write = _writers(tmp_path)[writer]
+    calls = []
+    write("p", progress=lambda done, total: calls.append((done, total))).close()
+    assert calls and calls[-1] == (100, 100)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    for quiet in (False, "off", None):
+        write(f"q{quiet}", progress=quiet).close()
+    with pytest.raises(ValueError, match="or a callable"):
+        write("bad", progress="loud")
+
+
+def test_from_iterator_counts_records_without_a_length(tmp_path):
+    calls = []
+    loaderx.from_iterator(tmp_path / "g", (d for d in DOCS[:40]),
+                          progress=lambda done, total: calls.append((done, total))).close()
+    assert calls == [(40, None)]
+
+
+def test_from_iterator_trains_on_its_first_records_and_writes_them_all(tmp_path):
+    with loaderx.from_iterator(tmp_path / "r", iter(DOCS), codec="zstd_dict") as rs:
+        assert rs.codec == "zstd_dict" and len(rs) == len(DOCS)
+        assert [a.tobytes() for a in rs[[0, 1, 2999]]] == [DOCS[i].tobytes()
+                                                           for i in (0, 1, 2999)]
+
+
+def test_dict_true_is_deprecated_for_codec_zstd_dict(tmp_path):
+    with pytest.warns(DeprecationWarning, match='codec="zstd_dict"') as caught:
+        old = loaderx.convert({"x": ROWS}, tmp_path / "old", dict=True, progress=False)
+    assert caught[0].filename == __file__  # it points at the caller's line
+    new = loaderx.convert({"x": ROWS}, tmp_path / "new", codec="zstd_dict", progress=False)
+    assert old["x"].codec == new["x"].codec == "zstd_dict"
+    assert old["x"].dictionary() == new["x"].dictionary()
+    old["x"].close()
+    new["x"].close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new spelling is silent
+        loaderx.convert({"x": ROWS}, tmp_path / "plain", progress=False)["x"].close()
+
+
+def test_the_cli_dict_flag_is_codec_zstd_dict(tmp_path):
+    from loaderx.__main__ import main
+
+    np.save(tmp_path / "x.npy", ROWS)
+    assert main(["convert", str(tmp_path / "x.npy"), str(tmp_path / "a"), "--dict", "-q"]) == 0
+    assert main(["convert", str(tmp_path / "x.npy"), str(tmp_path / "b"), "--codec",
+                 "zstd_dict", "-q"]) == 0
+    for name in ("a", "b"):
+        manifest = json.loads((tmp_path / name / "loaderx.json").read_text())
+        assert manifest["columns"]["x"]["codec"] == "zstd_dict"
+
+
+def test_convert_to_directory_takes_exactly_converts_options(tmp_path):
+    manifest = convert_to_directory({"x": ROWS[:10]}, tmp_path / "d", codec="raw",
+                                    progress=False)
+    assert manifest["rows"] == 10 and manifest["columns"]["x"]["codec"] == "raw"
+    assert os.path.isfile(tmp_path / "d" / "loaderx.json")
+    with pytest.raises(TypeError, match="convert_to_directory: .*'compression'"):
+        convert_to_directory({"x": ROWS[:10]}, tmp_path / "e", compression="zstd")
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("bad", [dict(level=0), dict(codec="zstd", dict_bytes=b"x" * 300),
+                                 dict(level="high")])
+def test_a_bad_argument_never_costs_the_store_an_overwrite_would_replace(tmp_path, bad):
+    loaderx.from_numpy(tmp_path / "s", ROWS[:10]).close()
+    with pytest.raises((ValueError, TypeError)):
+        loaderx.from_numpy(tmp_path / "s", ROWS[:20], mode="overwrite", **bad)
+    with pytest.raises((ValueError, TypeError)):
+        loaderx.DenseStore.create(tmp_path / "s", np.uint8, (92,), mode="overwrite", **bad)
+    with loaderx.DenseStore.open(tmp_path / "s") as s:
+        assert len(s) == 10
