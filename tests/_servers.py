@@ -23,6 +23,15 @@ class _Threaded(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):
+        """A client that went away, or the upstream server stopped at the end
+        of the run under a proxied request, is not a test failure (the client
+        sees it); the default prints a traceback to stderr."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 def start(server) -> str:
     threading.Thread(target=server.serve_forever, daemon=True).start()
