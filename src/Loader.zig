@@ -1060,7 +1060,8 @@ fn denseDest(l: *Loader, c: usize, step: u64, result: *Result) Error![*]u8 {
     const outs = l.outs[l.out_start[c]..l.out_start[c + 1]];
     if (outs.len > 0) return outs[@intCast(step % outs.len)];
     const size: usize = @intCast(l.columns[c].record_size * l.config.batch_size);
-    const buf = outbuf.allocExact(&outbuf.default_pool, size) orelse
+    // Built here, dropped by the consumer's thread: a pool block from 64 KiB.
+    const buf = outbuf.allocExactCrossThread(&outbuf.default_pool, size) orelse
         return diag.fail(error.OutOfMemory, "no memory for a batch of {d} bytes", .{size});
     assert(outbuf.capacityOf(buf) >= size);
     result.* = .{ .buffer = buf, .len = size };

@@ -297,23 +297,47 @@ pub fn alloc(size: usize) ?[*]u8 {
 /// A buffer of `size` bytes from `p`, sized exactly (rounded up to pages when
 /// it is a block): dense batches, whose next request has the same size.
 pub fn allocExact(p: *Pool, size: usize) ?[*]u8 {
+    return allocExactFrom(p, size, @atomicLoad(usize, &p.min_bytes, .monotonic));
+}
+
+/// Buffers written on one thread and freed on another (the loader ring's
+/// dense steps: a ring thread builds them, the consumer drops them) are pool
+/// blocks from this size on, whatever the pool's `min_bytes`: glibc serves
+/// such a malloc from the writing thread's arena, and the free from another
+/// thread lets that arena trim and fault the memory in again (17-24 faults
+/// per 256 KiB token-window batch in a fresh process, against 0.1 when the
+/// consumer allocated them; bench.py tokens).
+pub const cross_thread_min: usize = 64 << 10;
+
+/// `allocExact` for a buffer another thread will free (see `cross_thread_min`).
+pub fn allocExactCrossThread(p: *Pool, size: usize) ?[*]u8 {
+    const min = @min(@atomicLoad(usize, &p.min_bytes, .monotonic), cross_thread_min);
+    return allocExactFrom(p, size, min);
+}
+
+fn allocExactFrom(p: *Pool, size: usize, min: usize) ?[*]u8 {
     const capacity = std.mem.alignForward(usize, size, page_bytes);
     if (capacity < size) return null;
     assert(capacity % page_bytes == 0 and capacity - size < page_bytes);
-    return allocIn(p, size, capacity);
+    return allocInFrom(p, size, capacity, min);
 }
 
 fn allocIn(p: *Pool, size: usize, capacity: usize) ?[*]u8 {
+    return allocInFrom(p, size, capacity, @atomicLoad(usize, &p.min_bytes, .monotonic));
+}
+
+fn allocInFrom(p: *Pool, size: usize, capacity: usize, min: usize) ?[*]u8 {
     assert(capacity >= size);
-    const data = allocBuffer(p, size, capacity) orelse return null;
+    const data = allocBuffer(p, size, capacity, min) orelse return null;
     // Whatever served it (malloc, an idle block, a new one), it holds `size`.
     assert(headerOf(data).capacity >= size);
     _ = live.fetchAdd(1, .monotonic);
     return data;
 }
 
-fn allocBuffer(p: *Pool, size: usize, capacity: usize) ?[*]u8 {
-    if (size < @atomicLoad(usize, &p.min_bytes, .monotonic)) return allocHeap(size);
+/// A heap buffer below `min` bytes, else a block (idle or new) of `capacity`.
+fn allocBuffer(p: *Pool, size: usize, capacity: usize, min: usize) ?[*]u8 {
+    if (size < min) return allocHeap(size);
     if (take(p, size)) |data| return data;
     const data = mapBlock(capacity) orelse return null;
     const h = headerOf(data);
@@ -574,6 +598,23 @@ test "large buffers are reused when they fit, small ones are plain malloc" {
     free(null);
     const st = stats(p);
     try testing.expectEqual(st.created + st.reused, st.returned);
+}
+
+test "buffers another thread frees are blocks from 64 KiB, below the pool's min_bytes" {
+    const p = create(64 << 20, reuse_min).?;
+    defer release(p);
+    const ring = allocExactCrossThread(p, cross_thread_min).?;
+    try testing.expectEqual(@backingInt(Kind.block), headerOf(ring).kind);
+    const same_size = allocExact(p, cross_thread_min).?;
+    try testing.expectEqual(@backingInt(Kind.heap), headerOf(same_size).kind);
+    const small = allocExactCrossThread(p, cross_thread_min - 1).?;
+    try testing.expectEqual(@backingInt(Kind.heap), headerOf(small).kind);
+    free(small);
+    free(same_size);
+    free(ring);
+    // Handed back, the block serves the next step of the same size.
+    try testing.expectEqual(ring, allocExactCrossThread(p, cross_thread_min).?);
+    free(ring);
 }
 
 test "blocks are page aligned, 2 MiB aligned from 2 MiB, and their pages are ours" {
