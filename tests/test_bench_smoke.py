@@ -231,6 +231,24 @@ def test_count_hops_counts_loaderx_calls_only(tmp_path):
     assert count_hops.hops(lambda: sorted([3, 1]))[0] == 0
 
 
+def test_bench_compare_takes_loaderx_rows_medians(tmp_path):
+    """Before/after compares loaderx's own rows only, medians per side."""
+    import json
+
+    import bench_compare
+
+    def report(path, mine, theirs):
+        rows = [{"name": "loaderx raw", "group": "loaderx", "status": "ok", "gather_mib_s": mine},
+                {"name": "npy", "group": "numpy", "status": "ok", "gather_mib_s": theirs},
+                {"name": "loaderx zstd", "group": "loaderx", "status": "missing", "gather_mib_s": 0}]
+        path.write_text(json.dumps({"sections": [{"key": "dense-12KiB", "rows": rows}]}))
+        return str(path)
+
+    after = [report(tmp_path / f"a{i}.json", v, 1.0) for i, v in enumerate([30.0, 10.0, 20.0])]
+    before = [report(tmp_path / f"b{i}.json", v, 5.0) for i, v in enumerate([10.0, 10.0])]
+    assert bench_compare.compare(after, before) == [("dense-12KiB", "loaderx raw", 20.0, 10.0, 2.0)]
+
+
 def test_small_records_probe_runs(tmp_path):
     """The fresh-vs-one-process diagnostic runs both settings on both plans."""
     import probe_small_records
