@@ -1211,7 +1211,8 @@ def run_script(script, *args, timeout=300):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root)
+    # The repository (loaderx) and tests/ (the scripts' shared helpers).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]))
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
@@ -1228,8 +1229,8 @@ def test_close_racing_a_blocked_next_never_frees_a_batch_the_ring_writes(tmp_pat
 
 
 INTERRUPT_STORM = r"""
-import os, signal, sys, threading, time
-import numpy as np
+import sys
+from _storm import storm_next
 from loaderx import DataLoader, DenseStore, _buffers
 
 path, count = sys.argv[1], int(sys.argv[2])
@@ -1237,62 +1238,10 @@ _buffers.POOL.configure(max_idle_bytes=0)
 store = DenseStore(path)
 with DataLoader({"x": store}, 4, seed=9, workers=1) as reference:
     want = [next(reference)["x"][:, ::4096].copy() for _ in range(count)]
-
-
-class Interrupted(BaseException):
-    pass
-
-
-inside = [False]
-
-
-landed = [None]
-
-
-def handler(signum, frame):
-    if inside[0]:
-        inside[0] = False
-        landed[0] = frame.f_code.co_filename if frame is not None else None
-        raise Interrupted
-
-
-signal.signal(signal.SIGUSR1, handler)
-done = threading.Event()
-
-
-def storm():
-    while not done.wait(0.0002):
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-
-kicker = threading.Thread(target=storm, daemon=True)
-got, interrupts, after_return = [], 0, []
 with DataLoader({"x": store}, 4, seed=9, workers=2) as loader:
-    kicker.start()
-    deadline = time.monotonic() + 120
-    armed = True
-    while len(got) < count - len(after_return) and time.monotonic() < deadline:
-        step = loader.step
-        try:
-            # After an interrupt, one call runs unarmed: an interrupted take
-            # rebuilds its step, which takes longer than the storm's period
-            # here, so a storm at every call would never let one finish.
-            inside[0], armed = armed, True
-            batch = next(loader)
-            inside[0] = False
-            got.append((step, batch["x"][:, ::4096].copy()))
-        except Interrupted:
-            inside[0], armed = False, False
-            interrupts += 1
-            assert loader.step in (step, step + 1)
-            if loader.step == step + 1:
-                # next() returned the batch and the interrupt landed in this
-                # script before it was stored: the caller lost it, not the loader.
-                assert landed[0] == "<string>", f"step {step} lost in {landed[0]}"
-                after_return.append(step)
-inside[0] = False
-done.set()
-kicker.join()
+    got, after_return, interrupts = storm_next(
+        loader, count, lambda batch: batch["x"][:, ::4096].copy(), period_s=0.0002,
+        deadline_s=120, unarm_after_interrupt=True)
 steps = [step for step, _ in got]
 assert sorted(steps + after_return) == list(range(count)), (steps, after_return)
 for step, g in got:
