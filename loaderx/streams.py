@@ -54,8 +54,8 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     by the loader: loaderx's own local stores, views and token windows
     have a ``prefetch`` for callers, but the native ring reads their
     records itself, cold ones at the device's queue depth, and a Python
-    call per step cost more than it saved (2.4x fewer steps per second on
-    warm 200-byte records, measured in docs/performance.md).
+    call per step cost more than it saved (4-9x fewer steps per second on
+    warm 200-byte records, raw or zstd: scripts/probe_prefetch_hook.py).
 
 ``prefetch_size(indices: np.ndarray) -> int``
     The bytes a ``prefetch(indices)`` call fetches (e.g. the records'

@@ -210,7 +210,7 @@ def test_prefetch_hook_probe_runs_and_only_the_flagged_store_is_prefetched(tmp_p
             calls.append(-1)
 
     for cls in (Counted, Local):
-        with cls(tmp_path / "x") as store, DataLoader({"x": store}, 16, workers=1) as loader:
+        with cls(tmp_path / "raw") as store, DataLoader({"x": store}, 16, workers=1) as loader:
             for _ in range(5):
                 next(loader)
     assert calls and set(calls) == {16}
