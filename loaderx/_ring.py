@@ -150,7 +150,9 @@ class Ring:
         # Native calls in flight (shutdown counts as one while it stops the
         # ring): the last to leave a closed ring frees it.
         self.users = 0
-        weakref.finalize(self, self.native.free)
+        # Not at interpreter exit: a daemon thread may still be leaving a
+        # native call then, and the process's memory goes anyway.
+        weakref.finalize(self, self.native.free).atexit = False
         _LIVE.add(self)
 
     @property
