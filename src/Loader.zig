@@ -1321,6 +1321,14 @@ fn testStoreFrom(
     return s;
 }
 
+/// One dense column read from two sources: store `a` is source 0, `b` source 1.
+fn twoSourceParts(a: *Store, b: *Store) [2]Part {
+    return .{
+        .{ .store = a, .first = 0, .source = 0, .column = 0 },
+        .{ .store = b, .first = 0, .source = 1, .column = 0 },
+    };
+}
+
 fn dense8() [1]Column {
     return .{.{ .kind = @backingInt(ColumnKind.dense), .record_size = 8 }};
 }
@@ -1478,10 +1486,7 @@ test "indicesAt of a SEQUENTIAL or IID mixture (no cursors) is what the ring bui
         .{ .length = 30, .seed = 1, .weight = 2 },
         .{ .length = 20, .seed = 2, .weight = 1 },
     };
-    const parts = [_]Part{
-        .{ .store = a, .first = 0, .source = 0, .column = 0 },
-        .{ .store = b, .first = 0, .source = 1, .column = 0 },
-    };
+    const parts = twoSourceParts(a, b);
     for ([_]sampler.Mode{ .sequential, .iid }) |mode| {
         var config = testConfig(6, 2, 1, 0);
         config.mode = @backingInt(mode);
@@ -1514,10 +1519,7 @@ test "a CYCLIC mixture repeats no record of a source in a step; a reset with cur
         .{ .length = 23, .seed = 1, .weight = 3 },
         .{ .length = 17, .seed = 2, .weight = 2 },
     };
-    const parts = [_]Part{
-        .{ .store = a, .first = 0, .source = 0, .column = 0 },
-        .{ .store = b, .first = 0, .source = 1, .column = 0 },
-    };
+    const parts = twoSourceParts(a, b);
     const config = testConfig(10, 2, 1, 0);
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
