@@ -523,8 +523,9 @@ class Store:
 
     def prefetch(self, indices, *, wait: bool = True) -> None:
         """Make the records at `indices` ready to read (the stream protocol's
-        `prefetch`, loaderx.Stream: the loader calls it with each step's
-        indices a few steps ahead). A remote store fetches them into the
+        `prefetch`, loaderx.Stream: a DataLoader calls it with each step's
+        indices a few steps ahead for a remote store; a local one says
+        ``is_remote`` False and its ring reads it directly). A remote store fetches them into the
         node-local cache, checks them and keeps them there for the reads that
         follow (docs/remote.md). A local store brings them into memory: it
         reads only what the page cache misses, explicitly and all at once
