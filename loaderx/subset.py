@@ -41,6 +41,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import tempfile
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -57,6 +61,13 @@ __all__ = ["select", "View", "Selection"]
 #: Selections of up to this many records pickle as their index array;
 #: larger ones as the dataset path and predicate (when they have both).
 PICKLE_ROWS_MAX = 1 << 20
+
+#: A DataLoader reads a view of small fixed-size records from a compact
+#: private copy of them (see `View.native_parts`) when the copy takes at most
+#: this many bytes (0: never). Records larger than COMPACT_RECORD_MAX bytes
+#: span cache lines and pages of their own, so scattering costs them little.
+COMPACT_BYTES_MAX = 256 << 20
+COMPACT_RECORD_MAX = 4096
 _ENGINES = (None, "arrow", "duckdb")
 
 
@@ -139,6 +150,8 @@ class View:
         self._name = name
         self._owned = owned
         self._u64: Optional[np.ndarray] = None
+        self._compact: Any = None  # the compact copy: None (not decided), False (none) or a store
+        self._compact_lock = threading.Lock()
 
     # -- identity
     @property
@@ -258,6 +271,9 @@ class View:
         return self._native_parts
 
     def _native_parts(self) -> List[NativePart]:
+        compact = self._compact_copy()
+        if compact is not None:
+            return compact.native_parts()
         base = native_parts(self._base)
         assert base is not None  # checked by the property
         if self._u64 is None:
@@ -275,6 +291,57 @@ class View:
                 out.append(NativePart(part.handle, a, np.ascontiguousarray(local)))
         return out
 
+    def _compact_copy(self) -> Any:
+        """The selected records as one raw store of their own, made once per
+        view for the DataLoader's native reads, or None where it does not
+        pay. A view's records are scattered over its base: a 10% subset of
+        2 M records of 72 B spans ten times the memory a dataset of its size
+        does, and random batches of it miss caches and the TLB ten times as
+        often (the loader ran at 0.56x such a dataset; 0.94x for the same
+        view when its records were contiguous). So a local dense base with
+        records of at most COMPACT_RECORD_MAX bytes, when the copy takes at
+        most COMPACT_BYTES_MAX bytes and half the base's records, is copied
+        (decoded, raw) into a private store in shared memory (/dev/shm where
+        there is one) that is unlinked once open: the memory goes with the
+        view. Records of a store never change once written (appends add
+        records; an overwrite replaces the whole store under a new handle),
+        so the copy holds exactly what the base holds."""
+        if self._compact is None:
+            with self._compact_lock:
+                if self._compact is None:
+                    self._compact = self._build_compact() or False
+        return self._compact or None
+
+    def _build_compact(self) -> Any:
+        from .dense import DenseStore
+        from .shardset import ShardSet
+
+        base, rows = self._base, self._selection.rows
+        if not isinstance(base, (DenseStore, ShardSet)) or base.kind != "dense" or base.is_remote:
+            return None
+        record = int(base.dtype.itemsize * int(np.prod(base.item_shape, dtype=np.int64)))
+        if not (0 < record <= COMPACT_RECORD_MAX and 2 * len(rows) <= len(base)
+                and 0 < len(rows) * record <= COMPACT_BYTES_MAX):
+            return None
+        where = tempfile.mkdtemp(prefix="loaderx-view-",
+                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        path = os.path.join(where, "records")
+        try:
+            with DenseStore(path, base.dtype, base.item_shape, codec="raw") as copy:
+                step = max(1, (16 << 20) // record)
+                for start in range(0, len(rows), step):
+                    copy.append(base.gather(rows[start:start + step]))
+            store = DenseStore(path)
+        except OSError:
+            return None  # no room for it: the view is read from its base
+        finally:
+            if os.name == "posix":  # an open store's mappings outlive its files
+                shutil.rmtree(where, ignore_errors=True)
+        if os.name != "posix":
+            weakref.finalize(store, shutil.rmtree, where, True)
+        assert len(store) == len(rows)
+        return store
+
     def __getattr__(self, attr: str) -> Any:
         # What the column says about its records (categories, text, path,
         # codec, ...) is the column's. Read protocols are never the base's:
@@ -285,7 +352,12 @@ class View:
         return getattr(self._base, attr)
 
     def close(self) -> None:
-        """Closes the column if `select` opened it (from a path); else nothing."""
+        """Closes the column if `select` opened it (from a path), and the
+        view's compact copy if the DataLoader made one."""
+        with self._compact_lock:
+            if self._compact:
+                self._compact.close()
+            self._compact = None
         if self._owned:
             self._base.close()
 

@@ -274,7 +274,8 @@ def test_duckdb_subqueries_and_errors(data):
             loaderx.select(ds, where, engine="duckdb")
 
 
-def test_native_parts_map_each_shard_to_its_selected_records(data):
+def test_native_parts_map_each_shard_to_its_selected_records(data, monkeypatch):
+    monkeypatch.setattr(lselect, "COMPACT_BYTES_MAX", 0)  # the mapped path, not a compact copy
     _, df, ds, _, _ = data
     assert len(ds["id"].shards) == 2  # a ShardSet: two workers
     sub = loaderx.select(ds, "label = 3")
@@ -291,6 +292,48 @@ def test_native_parts_map_each_shard_to_its_selected_records(data):
     assert_same(np.concatenate(got), df.id.to_numpy()[rows])
     # Text is decoded by Python: no native parts (a native read gives bytes).
     assert not hasattr(sub["name"], "native_parts") and hasattr(sub["lang"], "native_parts")
+
+
+def test_loader_reads_a_small_subset_of_small_records_from_a_compact_copy(data, monkeypatch):
+    _, df, ds, vec, _ = data
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    sub = loaderx.select(ds, "label = 3")
+    rows = sub["vec"].rows
+    copy = sub["vec"]._compact_copy()
+    # One raw store of exactly the selected records, its files already gone.
+    assert copy is not None and copy.codec == "raw" and len(copy) == len(rows)
+    assert sub["vec"].native_parts() == copy.native_parts()
+    assert_same(copy.gather(np.arange(len(rows))), vec[rows])
+    if before or os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) == before
+    assert sub["vec"]._compact_copy() is copy  # made once per view
+    # The loader's batches are the same records with and without the copy.
+    with loaderx.DataLoader({"id": sub["id"], "vec": sub["vec"]}, 16, seed=9) as loader:
+        compact = [next(loader) for _ in range(6)]
+    monkeypatch.setattr(lselect, "COMPACT_BYTES_MAX", 0)
+    mapped = loaderx.select(ds, "label = 3")
+    assert mapped["vec"]._compact_copy() is None
+    with loaderx.DataLoader({"id": mapped["id"], "vec": mapped["vec"]}, 16, seed=9) as loader:
+        for want in compact:
+            got = next(loader)
+            assert_same(got["id"], want["id"])
+            assert_same(got["vec"], want["vec"])
+    # Closing the view closes its copy; a later loader makes a new one.
+    sub["vec"].close()
+    assert copy.closed
+    with loaderx.DataLoader({"vec": sub["vec"]}, 16, seed=9) as loader:
+        assert_same(next(loader)["vec"], compact[0]["vec"])
+
+
+def test_no_compact_copy_where_it_would_not_pay(data, monkeypatch):
+    _, _, ds, _, _ = data
+    half = loaderx.select(ds, "label < 6")  # 60% of the records: little to gain
+    assert half["vec"]._compact_copy() is None
+    sub = loaderx.select(ds, "label = 3")
+    assert sub["lang"]._compact_copy() is None  # a categorical column: its codes' own reads
+    monkeypatch.setattr(lselect, "COMPACT_RECORD_MAX", 8)  # vec records are 16 B
+    assert loaderx.select(ds, "label = 3")["vec"]._compact_copy() is None
+    assert loaderx.select(ds, "label = 3")["id"]._compact_copy() is not None  # 8 B
 
 
 def _drain(loader, steps):
