@@ -303,9 +303,9 @@ class View:
         most COMPACT_BYTES_MAX bytes and half the base's records, is copied
         (decoded, raw) into a private store in shared memory (/dev/shm where
         there is one) that is unlinked once open: the memory goes with the
-        view. Records of a store never change once written (appends add
-        records; an overwrite replaces the whole store under a new handle),
-        so the copy holds exactly what the base holds."""
+        view. The copy holds the records the view selected when it was made;
+        like the view's rows (docs/select.md), it does not follow a later
+        `delete` or `compact` of the store."""
         if self._compact is None:
             with self._compact_lock:
                 if self._compact is None:

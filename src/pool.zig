@@ -124,8 +124,63 @@ const Job = struct {
 };
 
 const lane_closed: u32 = std.math.maxInt(u32);
-/// Pause iterations (~30-140 cycles each) a thread polls before it sleeps.
-const spin_limit: u32 = 4000;
+
+/// How long a waiting thread polls before it sleeps on its futex. Measured in
+/// time, not in pause instructions: a pause takes ~10-40 cycles on recent
+/// Intel parts and ~65-140 on AMD and older Intel, so the old count of 4,000
+/// polled for 20-40 us on this Xeon and, by those latencies, ~100 us on an
+/// EPYC (not measured: no EPYC here). A worker that
+/// sleeps costs the next gather its wake-up (a 256 x 12 KiB gather: 152 us
+/// after a 20 us gap, 215-240 us after 80 us or more on a 2-vCPU KVM guest),
+/// so the window spans the Python work a caller does between back-to-back
+/// gathers (a remote batch's cache bookkeeping, a user's loop) and not much
+/// more: polling longer took CPU from a caller's own threads (numpy matmul
+/// between gathers, +5% at 100 us, +47% at 500 us). scripts/probe_pool_gap.py.
+const poll_ns: u64 = 100 * std.time.ns_per_us;
+
+/// Monotonic nanoseconds, 0 when unknown. Through libc, which reads the
+/// vDSO: std.os.linux.clock_gettime made a syscall per call from inside a
+/// shared library (0.5 us per gather measured).
+pub fn monotonicNs() u64 {
+    if (builtin.os.tag != .linux) return 0;
+    var ts: std.c.timespec = undefined;
+    if (std.c.clock_gettime(.MONOTONIC, &ts) != 0) return 0;
+    return @as(u64, @intCast(ts.sec)) * std.time.ns_per_s + @as(u64, @intCast(ts.nsec));
+}
+
+/// Polls for `poll_ns`, then tells its thread to sleep. Where the clock is
+/// unknown (it reads 0) a count of pauses bounds the poll instead.
+const Poll = struct {
+    start: u64,
+    spins: u32 = 0,
+    expired: bool = false,
+
+    const check_every: u32 = 64;
+    const spins_without_clock: u32 = 4000;
+
+    fn init() Poll {
+        return .{ .start = monotonicNs() };
+    }
+
+    /// Pauses once and returns true while the window lasts; false after.
+    fn again(p: *Poll) bool {
+        if (p.expired) return false;
+        p.spins +|= 1;
+        if (p.spins % check_every == 0) {
+            const now = monotonicNs();
+            const over = if (now == 0 or p.start == 0)
+                p.spins >= spins_without_clock
+            else
+                now -% p.start >= poll_ns;
+            if (over) {
+                p.expired = true;
+                return false;
+            }
+        }
+        std.atomic.spinLoopHint();
+        return true;
+    }
+};
 var job: Job = .{};
 var pool_busy: std.atomic.Value(bool) = .init(false);
 var workers_started: usize = 0;
@@ -135,13 +190,9 @@ fn workerMain() void {
     const the_io = io();
     var seen = job.generation.load(.acquire);
     while (true) {
-        var spins: u32 = 0;
-        while (job.generation.load(.acquire) == seen) : (spins +|= 1) {
-            if (spins < spin_limit) {
-                std.atomic.spinLoopHint();
-            } else {
-                the_io.futexWaitUncancelable(u32, &job.generation.raw, seen);
-            }
+        var poll: Poll = .init();
+        while (job.generation.load(.acquire) == seen) {
+            if (!poll.again()) the_io.futexWaitUncancelable(u32, &job.generation.raw, seen);
         }
         seen = job.generation.load(.acquire);
         // Claim a lane of generation `seen`, if it still has one to give.
@@ -219,17 +270,23 @@ pub fn run(lane_count: usize, ctx: anytype, comptime work: fn (@TypeOf(ctx), usi
     // The other lanes are usually a block or two from done: spin briefly, as
     // a futex sleep would add a wake-up (tens of µs on a virtual CPU) to a job
     // that may itself be only ~100 µs long.
-    var spins: u32 = 0;
-    while (true) : (spins +|= 1) {
+    var poll: Poll = .init();
+    while (true) {
         const f = job.finished.load(.acquire);
         assert(f <= claimed); // a lane finishes only once it was claimed
         if (f >= claimed) break;
-        if (spins < spin_limit) {
-            std.atomic.spinLoopHint();
-        } else {
-            the_io.futexWaitUncancelable(u32, &job.finished.raw, f);
-        }
+        if (!poll.again()) the_io.futexWaitUncancelable(u32, &job.finished.raw, f);
     }
+}
+
+test "a poll lasts its window, then stays over" {
+    var p: Poll = .init();
+    var polls: u64 = 0;
+    while (p.again()) polls += 1;
+    try std.testing.expect(polls >= Poll.check_every - 1);
+    try std.testing.expect(!p.again());
+    const now = monotonicNs();
+    if (now != 0 and p.start != 0) try std.testing.expect(now - p.start >= poll_ns);
 }
 
 test "run executes every lane's share exactly once" {

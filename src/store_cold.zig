@@ -65,14 +65,10 @@ fn slowNs(records: usize, raw_bytes: u64, decoded_bytes: u64) u64 {
     return 2_000_000 + @as(u64, records) * 20_000 + raw_bytes * 4 + decoded_bytes * 20;
 }
 
-/// Monotonic nanoseconds, 0 when unknown. Through libc, which reads the
-/// vDSO: std.os.linux.clock_gettime made a syscall per call from inside a
-/// shared library (0.5 us per gather measured).
+/// Monotonic nanoseconds, 0 when unknown (the pool's clock).
 pub fn now() u64 {
     if (!enabled) return 0;
-    var ts: std.c.timespec = undefined;
-    if (std.c.clock_gettime(.MONOTONIC, &ts) != 0) return 0;
-    return @as(u64, @intCast(ts.sec)) * std.time.ns_per_s + @as(u64, @intCast(ts.nsec));
+    return pool.monotonicNs();
 }
 
 fn isCold(s: *const Store) bool {

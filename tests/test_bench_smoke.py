@@ -249,6 +249,19 @@ def test_bench_compare_takes_loaderx_rows_medians(tmp_path):
     assert bench_compare.compare(after, before) == [("dense-12KiB", "loaderx raw", 20.0, 10.0, 2.0)]
 
 
+def test_pool_gap_probe_runs(tmp_path):
+    """The pool-polling diagnostic times every gap and every matmul size."""
+    import probe_pool_gap
+
+    import loaderx
+
+    path = str(tmp_path / "gap")
+    loaderx.from_numpy(path, np.zeros((300, 12288), np.uint8), codec="raw").close()
+    figures = probe_pool_gap.measure(path, 3)
+    assert len(figures) == len(probe_pool_gap.GAPS_US) + 2 * len(probe_pool_gap.MATMUL_SIZES)
+    assert all(v > 0 for v in figures.values())
+
+
 def test_small_records_probe_runs(tmp_path):
     """The fresh-vs-one-process diagnostic runs both settings on both plans."""
     import probe_small_records
