@@ -245,6 +245,7 @@ def _loader_rate(loader, seconds: float, check) -> tuple[float, int]:
 
 def _loader_section(ctx, size: SelectSize) -> Section:
     import loaderx
+    import loaderx.subset as lselect
 
     directory = ctx.workdir / "select-loader"
     directory.mkdir(parents=True, exist_ok=True)
@@ -261,6 +262,8 @@ def _loader_section(ctx, size: SelectSize) -> Section:
     rows = {
         "subset": _row("loaderx DataLoader over a 10% subset (views)", "loaderx"),
         "same": _row("loaderx DataLoader over a dataset of the same size", "baseline"),
+        "mapped": _row("loaderx DataLoader over the subset, no compact copy", "context",
+                       "the views' rows read in place in the base (COMPACT_BYTES_MAX = 0)"),
     }
 
     def checker(x_all, y_all):
@@ -270,12 +273,19 @@ def _loader_section(ctx, size: SelectSize) -> Section:
                 raise ValidationError("a batch's x does not belong to its y")
         return check
 
-    streams = {"subset": (subset, checker(big_x, big_y)), "same": (same, checker(same_x, same_y))}
+    streams = {"subset": (subset, checker(big_x, big_y)), "same": (same, checker(same_x, same_y)),
+               "mapped": (loaderx.select(big, keep), checker(big_x, big_y))}
     for r in range(ctx.repeat):
-        for key in (("subset", "same") if r % 2 == 0 else ("same", "subset")):
+        for key in (("subset", "same", "mapped") if r % 2 == 0 else ("mapped", "same", "subset")):
             data, check = streams[key]
-            loader = loaderx.DataLoader({"x": data["x"], "y": data["y"]}, BATCH_SIZE,
-                                        seed=r, workers=ctx.threads)
+            # The compact copy is made (or not) when a loader first reads a view.
+            compact, lselect.COMPACT_BYTES_MAX = lselect.COMPACT_BYTES_MAX, (
+                0 if key == "mapped" else lselect.COMPACT_BYTES_MAX)
+            try:
+                loader = loaderx.DataLoader({"x": data["x"], "y": data["y"]}, BATCH_SIZE,
+                                            seed=r, workers=ctx.threads)
+            finally:
+                lselect.COMPACT_BYTES_MAX = compact
             try:
                 per_s, count = _loader_rate(loader, size.loader_seconds, check)
             except ValidationError as exc:
@@ -286,7 +296,8 @@ def _loader_section(ctx, size: SelectSize) -> Section:
             rows[key].records_s.append(per_s * BATCH_SIZE)
             rows[key].gather_mibs.append(per_s * BATCH_SIZE * (VEC * 4 + 8) / MIB)
             rows[key].batches_timed = count
-    for col in list(big.values()) + list(same.values()):
+    copied = bool(subset["x"]._compact)  # made by the first loader over the views
+    for col in [*big.values(), *same.values(), *subset.values(), *streams["mapped"][0].values()]:
         col.close()
     named = {r.name: r for r in rows.values()}
     target = Target("loader over a 10% subset >= 0.9x a dataset of the same size",
@@ -297,7 +308,8 @@ def _loader_section(ctx, size: SelectSize) -> Section:
              f" vs {m:,} records, batch {BATCH_SIZE}, {ctx.threads} threads")
     lines = [f"== {title} ==",
              "  views are read " + ("natively (the ring reads their rows)" if native else
-                                    "on the loader's Python threads")]
+                                    "on the loader's Python threads")
+             + ("; from a compact raw copy of the selected records" if copied else "")]
     width = max(len(r.name) for r in rows.values())
     for row in rows.values():
         if not row.ok:
