@@ -209,9 +209,9 @@ def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> No
     os.replace(tmp, path)
 
 
-def _upload(local: Path, url: str, options: dict) -> None:
+def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> None:
     """Uploads the tree `local` under `url` as loaderx's upload does (every
-    store's meta and the manifest last), in parts of UPLOAD_PART."""
+    store's meta and the manifest last), in multipart parts of `part` bytes."""
     import obstore
     from obstore.store import from_url
 
@@ -231,7 +231,7 @@ def _upload(local: Path, url: str, options: dict) -> None:
                   key=lambda p: p[0] == "loaderx.json")
     for batch in ([p for p in pairs if p not in last], last):
         for key, path in batch:
-            obstore.put(store, f"{prefix}/{key}", Path(path), chunk_size=UPLOAD_PART,
+            obstore.put(store, f"{prefix}/{key}", Path(path), chunk_size=part,
                         max_concurrency=4)
 
 
