@@ -7,19 +7,19 @@ port bound to 127.0.0.1) at --size small/default, moto's S3 at --size tiny
 DenseStore of uint8 records of 12 KiB (record i holds a pattern of i, so
 every read is validated against the pattern before any timing).
 
-SeaweedFS is set up to price a ranged GET like an object store does, i.e.
-not by the object's size or how it was uploaded (UPLOAD_PART says how).
-scripts/probe_weed_ranges.py, a 1 GiB object, 12 KiB GETs at 1 / 8 / 64 in
-flight, and 64 MiB GETs at 1 / 4 in flight (2 vCPUs, load average 1.7-3.3
-from other jobs, so the server's CPU per GET is the steadier figure):
+SeaweedFS is set up so that a ranged GET costs the server the same whatever
+the object's size and however it was uploaded, as on S3 (UPLOAD_PART says
+how). scripts/probe_weed_ranges.py, one 1 GiB object uploaded by _upload:
+12 KiB GETs at 1 / 8 / 64 in flight (GETs/s, and the server's CPU per GET,
+the steadier figure on a shared machine) and 64 MiB GETs at 1 / 4 in flight
+(2 vCPUs, load average 1.2-1.5 from other jobs):
   before (weed mini's defaults, obstore's 5 MiB parts: 409 chunks):
-    458 / 854 / 858 GETs/s, 1.78 / 1.37 / 1.52 ms server CPU a GET;
-    344 / 379 MB/s
+    499 / 1161 / 1140 GETs/s, 1.93 / 1.29 / 1.38 ms;  435 / 513 MB/s
   now (-filer.maxMB=64, 64 MiB parts: 16 chunks):
-    788 / 1232 / 1660 GETs/s, 0.98 / 0.60 / 0.45 ms server CPU a GET;
-    341 / 393 MB/s
-The probe's own client (0.3 ms of CPU a GET) shares the two cores, so the
-rates are the machine's, not the server's limit.
+    773 / 2147 / 2722 GETs/s, 1.10 / 0.54 / 0.42 ms;  419 / 539 MB/s
+The probe's client (0.3 ms of CPU a GET) shares the two cores, so these
+rates are the machine's, not the server's limit; with load average 2-3 the
+same runs gave 458 / 854 / 858 before and 788 / 1232 / 1660 now.
 
 Rows and targets:
   cold    loaderx (a fresh cache per round; prefetch of the next 4 steps on a
@@ -96,16 +96,21 @@ def _free_port() -> int:
 
 
 # SeaweedFS keeps an object as a list of chunks (one per multipart part, cut
-# further at -filer.maxMB, 4 by default) and its S3 gateway looks the whole
-# list up (gRPC from the filer, which gunzips and decodes it) on every GET:
-# a ranged GET of a 1 GiB object uploaded in obstore's 5 MiB parts (410
-# chunks) cost 1.4 ms of server CPU, of a 64 MiB object 0.5 ms
-# (scripts/probe_weed_ranges.py). S3's cost of a GET does not depend on how
+# further at -filer.maxMB, 4 by default), stored inline in the filer's entry,
+# and its S3 gateway fetches that entry (gRPC from the filer, which gunzips
+# and decodes the whole list) on every GET: ~2 us of server CPU a chunk on
+# top of ~0.4 ms a GET. A ranged GET of a 1 GiB object in obstore's 5 MiB
+# parts (409 chunks) cost 1.3-1.9 ms (the 12 GB object of --size default, by
+# the same rate, ~10 ms), a GET of a 64 MB shard as the peers read ~0.5 ms
+# (scripts/probe_weed_ranges.py). On S3 a GET's cost does not depend on how
 # the object was uploaded, so every object the bench writes goes up in 64 MiB
-# parts (UPLOAD_PART; Lance: LANCE_INITIAL_UPLOAD_SIZE) and the filer keeps
-# a part as one chunk (-filer.maxMB=64, as deployments that hold large
-# objects raise it). Streaming uploads its 64 MB shards itself (boto3's 8 MiB
-# parts: 8 chunks, which cost nothing measurable).
+# parts (Lance's writer: LANCE_INITIAL_UPLOAD_SIZE) and the filer keeps a part
+# as one chunk: -filer.maxMB=64, SeaweedFS's own chunk-size knob, which its
+# docs leave to the deployment ("flexible according to the hardware or the
+# requirements"; the wiki's "Data Structure for Large Files"). Streaming
+# uploads its 64 MB shards itself (boto3's 8 MiB parts: 8 chunks, which cost
+# nothing measurable). A 12 GB object still holds ~190 chunks (~0.8 ms a GET,
+# not measured).
 UPLOAD_PART = 64 << 20
 
 

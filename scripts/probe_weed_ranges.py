@@ -21,16 +21,35 @@ whatever machine runs it, the probe's client sharing its cores: compare
 configurations within one run, and read the server's CPU per request, which
 load from other processes moves much less.
 
-What it found (SeaweedFS 4.48, `weed mini`, 2 vCPUs, load average 1.5-3 from
-other jobs): the volume server alone serves a 12 KiB range of a 4 MiB chunk
-in 0.09 ms of CPU, so nothing reads whole chunks. The cost is the S3
-gateway's entry lookup: every GET fetches the object's entry from the filer
-(gRPC), which gunzips and decodes its whole chunk list, and the gateway
-decodes it again. A GET cost 0.5 ms of server CPU on a 64 MiB object and 1.4
-ms on a 1 GiB one in 5 MiB parts (410 chunks of at most 4 MiB), i.e. ~2 us a
-chunk; CPU-bound on two cores, that is the ~1,200 GETs/s ceiling whatever
-the concurrency (and 200-350/s with other jobs running). See
-bench_remote.UPLOAD_PART for the setting the bench took.
+What it found (SeaweedFS 4.48, `weed mini`, 2 vCPUs, load average 1.2-3
+from other jobs). Nothing reads whole chunks: the volume server alone
+serves a 12 KiB range of a 4 MiB chunk in 0.09 ms of CPU (6,800/s), the
+filer's HTTP API one of a 64 MiB object in 0.17 ms but of a 1 GiB one (410
+chunks) in 0.74 ms. The cost is the entry
+lookup: every S3 GET fetches the object's entry from the filer (gRPC), which
+gunzips and decodes its whole chunk list (CPU profile of the server, -debug:
+leveldb2 FindEntry, gunzip and protobuf decoding take most of it), and the
+gateway decodes it again. So a GET costs ~0.4 ms plus ~2 us per chunk of the
+object: 1.3-1.9 ms on a 1 GiB object in obstore's 5 MiB parts (409 chunks),
+0.5 ms on a 64 MiB object. CPU-bound on two cores next to the client, that
+is the ~1,150 GETs/s ceiling whatever the concurrency (200-350/s with other
+jobs running, on the bench's 1.2 GB object of ~470 chunks).
+
+Configurations (12 KiB GETs at 8 / 64 in flight, server ms of CPU a GET;
+64 MiB GETs at 1 / 4 in flight), one quiet-ish run:
+  before            409 chunks  1161 / 1140 GETs/s  1.29 / 1.38 ms  435 / 513 MB/s
+  bench-5mib-parts  205 chunks  1408 / 1379         1.03 / 1.12     411 / 484
+  bench              16 chunks  2147 / 2722         0.54 / 0.42     419 / 539
+  bench-s3cache      16 chunks  2266 / 2876         0.52 / 0.41     413 / 527
+  server             16 chunks  2198 / 2655         0.53 / 0.44     428 / 552
+(-filer.maxMB=8 or 16 with 5 or 16 MiB parts fell in between, by their
+chunk counts). The chunk cache (-s3.cacheCapacityMB) and `weed server` with
+its components named instead of `weed mini` change nothing; `weed server`
+and 64 MiB parts without -s3.concurrentUploadLimitMB and GOMEMLIMIT hold
+4-5 GB after the upload. The volume server's -readMode (for volumes on other
+servers) and -index (the needle map: a lookup in memory here) act on the
+0.09 ms part and were not tried. bench_remote.UPLOAD_PART says what the bench
+took.
 """
 from __future__ import annotations
 
