@@ -200,7 +200,7 @@ async def _big(store, data: np.ndarray, inflight: int, count: int) -> dict:
                 raise AssertionError(f"large range at {start} differs")
     t = time.perf_counter()
     await asyncio.gather(*(one(s) for s in starts))
-    return {"mb_s": count * size / 1e6 / (time.perf_counter() - t)}
+    return {"mb_s": count * size / 1e6 / (time.perf_counter() - t), "mib": size >> 20}
 
 
 def probe(name: str, mib: int, seconds: float, workdir: Path, log, part_mib=None,
@@ -253,7 +253,7 @@ def _line(r: dict) -> str:
     return (f"{r['config']}: {r['chunks']} chunks ({r['part_mib']} MiB parts, upload "
             f"{r['upload_s']} s), server RSS {r['rss_after_upload_mib']} MiB after the upload, "
             f"{r['server_rss_mib']} MiB at the end\n  12 KiB GETs, in flight {small}\n"
-            f"  64 MiB GETs, in flight {big}")
+            f"  {r['big_1']['mib']} MiB GETs, in flight {big}")
 
 
 def main() -> None:
