@@ -1,6 +1,6 @@
 """How many small ranged GETs/s the remote layer's SeaweedFS serves, per configuration.
 
-    python scripts/probe_weed_ranges.py [--config NAME ...] [--mib 1024] [--seconds 3]
+    python scripts/probe_weed_ranges.py [--config NAME ...] [--mib 1024] [--seconds 2]
 
 Starts the bench's S3 server (bench_remote.Server) with one configuration at a
 time, uploads one object of random bytes with the bench's own upload
@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -203,10 +204,21 @@ async def _big(store, data: np.ndarray, inflight: int, count: int) -> dict:
     return {"mb_s": count * size / 1e6 / (time.perf_counter() - t), "mib": size >> 20}
 
 
+@functools.lru_cache(maxsize=1)
+def _data(mib: int) -> np.ndarray:
+    """The object's bytes: 64 MiB of random bytes, each copy shifted by its
+    index (nothing compresses them, and a reply from the wrong offset differs)."""
+    block = min(mib, 64) << 20
+    base = np.frombuffer(np.random.default_rng(1).bytes(block), np.uint8)
+    data = np.tile(base, -(-(mib << 20) // block)).reshape(-1, block)
+    data += np.arange(len(data), dtype=np.uint8)[:, None]
+    return data.reshape(-1)[:mib << 20]
+
+
 def probe(name: str, mib: int, seconds: float, workdir: Path, log, part_mib=None,
-          big_count: int = 8) -> dict:
+          big_count: int = 6) -> dict:
     """One configuration's figures (a dict; see _line)."""
-    data = np.random.default_rng(1).integers(0, 256, mib << 20, dtype=np.uint8)
+    data = _data(mib)
     source = workdir / f"{name}-source"
     source.mkdir(parents=True)
     data.tofile(source / KEY.rsplit("/", 1)[1])
@@ -260,7 +272,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", nargs="*", default=["before", "bench"], choices=list(CONFIGS))
     ap.add_argument("--mib", type=int, default=1024, help="size of the object (MiB)")
-    ap.add_argument("--seconds", type=float, default=3.0, help="per small-GET measurement")
+    ap.add_argument("--seconds", type=float, default=2.0, help="per small-GET measurement")
     ap.add_argument("--part-mib", type=int, default=None,
                     help="multipart part size of the upload in MiB (default: the configuration's)")
     ap.add_argument("--workdir", help="where the servers' data go (default: the system's temp)")
