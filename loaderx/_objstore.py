@@ -428,16 +428,38 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
     return sum(e - s for s, e in zip(starts, ends))
 
 
+#: Multipart uploads: parts of at least PART_MIN bytes (obstore's default of
+#: 5 MiB would stop a file at 48.8 GiB on S3, which takes at most PARTS_MAX
+#: parts; and some servers price every later GET of an object by its part
+#: count, see scripts/bench_remote.py), and at most PARTS_MAX parts, with
+#: at most UPLOAD_BUFFER bytes of parts in flight.
+PART_MIN = 16 << 20
+PARTS_MAX = 10_000
+UPLOAD_BUFFER = 256 << 20
+
+
+def part_plan(nbytes: int) -> tuple[int, int]:
+    """(part size, parts in flight) of a multipart upload of `nbytes`: whole
+    MiB, at most PARTS_MAX - 1 parts (one spare), at most UPLOAD_BUFFER
+    bytes in flight, at least 2 parts at a time."""
+    per = -(-max(0, nbytes) // (PARTS_MAX - 1))
+    part = max(PART_MIN, -(-per // (1 << 20)) << 20)
+    return part, max(2, min(12, UPLOAD_BUFFER // part))
+
+
 def _put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
     """Uploads `source` (bytes, or a local file path) to `url`. `mode`:
     None (overwrite), ``"create"`` (fails if it exists) or ``{"e_tag": E}``
     (only if the object is still version E)."""
     root, key = split(url)
     obs = _obstore()
+    inline = isinstance(source, (bytes, bytearray, memoryview))
+    part, in_flight = part_plan(len(source) if inline else os.path.getsize(source))
 
     def once():
-        src = source if isinstance(source, (bytes, bytearray, memoryview)) else _path_obj(source)
-        r = obs.put(_client(root, opts), key, src, mode=mode)
+        src = source if inline else _path_obj(source)
+        r = obs.put(_client(root, opts), key, src, mode=mode, chunk_size=part,
+                    max_concurrency=in_flight)
         return {"etag": r.get("e_tag"), "version": r.get("version")}
     return _retrying(url, "PUT", once)
 

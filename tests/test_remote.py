@@ -376,6 +376,26 @@ def test_a_cache_limit_below_one_batch_overflows_instead_of_deadlocking(tmp_path
         opened(url, tmp_path / "cache", s3, cache_limit="lots")
 
 
+def test_uploads_use_parts_s3_takes_at_any_size(tmp_path, s3):
+    from loaderx import _objstore
+
+    mib, gib = 1 << 20, 1 << 30
+    # obstore's default 5 MiB parts stop a file at 48.8 GiB (S3: 10,000 parts).
+    for nbytes in (0, 1, 5 * mib, 48 * gib, 49 * gib, 156 * gib, 1 << 40, 5 << 40):
+        part, in_flight = _objstore.part_plan(nbytes)
+        assert part >= _objstore.PART_MIN and part % mib == 0
+        assert -(-nbytes // part) < _objstore.PARTS_MAX
+        assert 2 <= in_flight <= 12 and (in_flight == 2 or part * in_flight <= 256 * mib)
+    # The plan reaches the server: 40 MiB go up in three 16 MiB parts (a
+    # multipart object's ETag ends in its part count).
+    path = tmp_path / "big"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 40 * mib, np.uint8).tobytes())
+    url = f"s3://{s3.bucket}/parts/big"
+    _objstore.put(url, _objstore.Options(s3.options()), str(path))
+    head = s3.client().head_object(Bucket=s3.bucket, Key="parts/big")
+    assert head["ContentLength"] == 40 * mib and head["ETag"].strip('"').endswith("-3")
+
+
 def test_limit_parsing():
     assert _cache.parse_limit("200GiB") == 200 << 30
     assert _cache.parse_limit("1.5 MB") == 1_500_000
