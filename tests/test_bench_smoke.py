@@ -262,6 +262,16 @@ def test_pool_gap_probe_runs(tmp_path):
     assert all(v > 0 for v in figures.values())
 
 
+def test_remote_warm_probe_runs(tmp_path):
+    """The warm-remote diagnostic reads every batch back exactly and times
+    both paths and the bookkeeping it names."""
+    import probe_remote_warm
+
+    figures = probe_remote_warm.run(600, 1, 5, tmp_path)
+    assert figures["gather remote (us)"] > 0 and figures["loader local (steps/s)"] > 0
+    assert {"Binding.begin (us, median)", "View.prefetch (us, median)"} <= set(figures)
+
+
 def test_small_records_probe_runs(tmp_path):
     """The fresh-vs-one-process diagnostic runs both settings on both plans."""
     import probe_small_records

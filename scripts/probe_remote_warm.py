@@ -1,0 +1,124 @@
+"""Where a warm remote batch spends the time a local one does not.
+
+    python scripts/probe_remote_warm.py [--records 20000] [--rounds 5]
+
+A diagnostic for the remote layer's warm row (issue 26): a raw DenseStore of
+12 KiB records served by a Range-honouring HTTP server on loopback
+(tests/_servers.py), its cache filled with 20 random batches of 256; then,
+in alternating rounds against the same store opened locally:
+
+* ``ds.gather(idx)`` of those batches (what bench_remote's warm row times),
+  with the remote bookkeeping (``Binding.begin``/``end``: the cache's lock,
+  region stamps, checked-record bits) timed on its own;
+* a DataLoader (2 workers) over a `select` view of the cached records, with
+  the prefetch hook the loader calls per step for a remote stream (on its
+  prefetch thread, before the native ring may read the step) timed on its
+  own.
+
+Prints medians and remote/local ratios. The server is not in the timed
+path (every record is in the cache).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import loaderx  # noqa: E402
+from loaderx import remote  # noqa: E402
+
+REC = 12 << 10
+BATCH = 256
+
+
+def _timed(cls, name: str, into: dict) -> None:
+    original = getattr(cls, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into[f"{cls.__name__}.{name}"].append(time.perf_counter_ns() - t0)
+    setattr(cls, name, timed)
+
+
+def run(records: int, rounds: int, steps: int, tmp: Path) -> dict:
+    """{figure: value}: us per gather and steps/s, remote and local, with ratios."""
+    import _servers
+
+    rows = np.random.default_rng(0).integers(0, 256, size=(records, REC), dtype=np.uint8)
+    loaderx.from_numpy(str(tmp / "ds" / "x"), rows, codec="raw").close()
+    server, base = _servers.range_server(str(tmp))
+    times: dict = collections.defaultdict(list)
+    try:
+        col = loaderx.open_store(f"{base}/ds/x", cache_dir=str(tmp / "cache"))
+        local = loaderx.DenseStore(str(tmp / "ds" / "x"))
+        rng = np.random.default_rng(1)
+        batches = [np.sort(rng.choice(records, BATCH, replace=False)) for _ in range(20)]
+        for b in batches:
+            assert np.array_equal(col.gather(b), rows[b])
+            local.gather(b)
+        cached = np.unique(np.concatenate(batches))
+        for cls, name in ((remote.Binding, "begin"), (remote.Binding, "end"),
+                          (loaderx.subset.View, "prefetch")):
+            _timed(cls, name, times)
+        gather: dict = {"remote": [], "local": []}
+        loader: dict = {"remote": [], "local": []}
+        for r in range(rounds):
+            for key, store in (("remote", col), ("local", local)):
+                for b in batches:
+                    t0 = time.perf_counter_ns()
+                    store.gather(b)
+                    gather[key].append(time.perf_counter_ns() - t0)
+                view = loaderx.select({"x": store}, cached)["x"]
+                with loaderx.DataLoader({"x": view}, BATCH, seed=r, workers=2) as it:
+                    for _ in range(10):
+                        next(it)
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        next(it)
+                    loader[key].append(steps / (time.perf_counter() - t0))
+        col.close()
+        local.close()
+    finally:
+        server.shutdown()
+    out = {
+        "gather remote (us)": statistics.median(gather["remote"]) / 1e3,
+        "gather local (us)": statistics.median(gather["local"]) / 1e3,
+        "loader remote (steps/s)": statistics.median(loader["remote"]),
+        "loader local (steps/s)": statistics.median(loader["local"]),
+    }
+    out["gather remote/local (speed)"] = out["gather local (us)"] / out["gather remote (us)"]
+    out["loader remote/local (speed)"] = (out["loader remote (steps/s)"]
+                                          / out["loader local (steps/s)"])
+    for name, values in times.items():
+        out[f"{name} (us, median)"] = statistics.median(values) / 1e3
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=400)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = run(args.records, args.rounds, args.steps, Path(tmp))
+    for name, value in figures.items():
+        print(f"{name:40s} {value:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
