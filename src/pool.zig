@@ -127,9 +127,10 @@ const lane_closed: u32 = std.math.maxInt(u32);
 
 /// How long a waiting thread polls before it sleeps on its futex. Measured in
 /// time, not in pause instructions: a pause takes ~10-40 cycles on recent
-/// Intel parts and ~65-140 on AMD and older Intel, so the old count of 4,000
-/// polled for 20-40 us on this Xeon and, by those latencies, ~100 us on an
-/// EPYC (not measured: no EPYC here). A worker that
+/// Intel parts and ~65-140 on AMD and older Intel, and varies on a virtual
+/// CPU: the old count of 4,000 polled for 20-40 us on this Xeon in one run
+/// and over 80 us in a later one (by those latencies ~100 us on an EPYC; not
+/// measured). A worker that
 /// sleeps costs the next gather its wake-up (a 256 x 12 KiB gather: 152 us
 /// after a 20 us gap, 215-240 us after 80 us or more on a 2-vCPU KVM guest),
 /// so the window spans the Python work a caller does between back-to-back
