@@ -319,7 +319,8 @@ class View:
         base, rows = self._base, self._selection.rows
         if not isinstance(base, (DenseStore, ShardSet)) or base.kind != "dense" or base.is_remote:
             return None
-        record = int(base.dtype.itemsize * int(np.prod(base.item_shape, dtype=np.int64)))
+        shape = tuple(base.item_shape or ())  # dense: a tuple (() for scalars)
+        record = int(base.dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
         if not (0 < record <= COMPACT_RECORD_MAX and 2 * len(rows) <= len(base)
                 and 0 < len(rows) * record <= COMPACT_BYTES_MAX):
             return None
@@ -327,7 +328,7 @@ class View:
                                  dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         path = os.path.join(where, "records")
         try:
-            with DenseStore(path, base.dtype, base.item_shape, codec="raw") as copy:
+            with DenseStore(path, base.dtype, shape, codec="raw") as copy:
                 step = max(1, (16 << 20) // record)
                 for start in range(0, len(rows), step):
                     copy.append(base.gather(rows[start:start + step]))
