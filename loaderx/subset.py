@@ -139,6 +139,22 @@ def _reselect(source: str, where: str, engine: Optional[str], fingerprint: str) 
 
 # ----------------------------------------------------------------- views
 
+def _room_for(nbytes: int) -> Optional[str]:
+    """Where a view's compact copy of `nbytes` goes: shared memory
+    (/dev/shm) when it has room to spare, else the temporary directory,
+    else nowhere (None). Room to spare is twice the copy plus 64 MiB: other
+    programs share /dev/shm (torch's worker processes pass tensors through
+    it, and a container's is often 64 MiB), and a copy must never fill it."""
+    for where in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            continue
+        if os.path.isdir(where) and free >= 2 * nbytes + (64 << 20):
+            return where
+    return None
+
+
 class View:
     """One column of a `select` result: the column's records at
     ``rows`` (see the module docs). Reads like the column: ``len``,
@@ -324,8 +340,13 @@ class View:
         if not (0 < record <= COMPACT_RECORD_MAX and 2 * len(rows) <= len(base)
                 and 0 < len(rows) * record <= COMPACT_BYTES_MAX):
             return None
-        where = tempfile.mkdtemp(prefix="loaderx-view-",
-                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        room = _room_for(len(rows) * record)
+        if room is None:
+            return None  # no room for it: the view is read from its base
+        try:
+            where = tempfile.mkdtemp(prefix="loaderx-view-", dir=room)
+        except OSError:
+            return None
         path = os.path.join(where, "records")
         try:
             with DenseStore(path, base.dtype, shape, codec="raw") as copy:

@@ -331,6 +331,12 @@ def test_no_compact_copy_where_it_would_not_pay(data, monkeypatch):
     assert half["vec"]._compact_copy() is None
     sub = loaderx.select(ds, "label = 3")
     assert sub["lang"]._compact_copy() is None  # a categorical column: its codes' own reads
+    # No room to spare in shared memory or the temporary directory: none.
+    real = lselect.shutil.disk_usage
+    monkeypatch.setattr(lselect.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=(64 << 20) + 1000))
+    assert loaderx.select(ds, "label = 3")["vec"]._compact_copy() is None
+    monkeypatch.setattr(lselect.shutil, "disk_usage", real)
     monkeypatch.setattr(lselect, "COMPACT_RECORD_MAX", 8)  # vec records are 16 B
     assert loaderx.select(ds, "label = 3")["vec"]._compact_copy() is None
     assert loaderx.select(ds, "label = 3")["id"]._compact_copy() is not None  # 8 B
