@@ -1,10 +1,11 @@
 """Where a warm remote batch spends the time a local one does not.
 
-    python scripts/probe_remote_warm.py [--records 20000] [--rounds 5]
+    python scripts/probe_remote_warm.py [--records 20000] [--rounds 5] [--codecs zstd,raw]
 
-A diagnostic for the remote layer's warm row (issue 26): a raw DenseStore of
-12 KiB records served by a Range-honouring HTTP server on loopback
-(tests/_servers.py), its cache filled with 20 random batches of 256; then,
+A diagnostic for the remote layer's warm row (issue 26): a DenseStore of
+12 KiB records, with the default codec (zstd) and raw (the best case),
+served by a Range-honouring HTTP server on loopback (tests/_servers.py),
+its cache filled with 20 random batches of 256; then,
 in alternating rounds against the same store opened locally:
 
 * ``ds.gather(idx)`` of those batches (what bench_remote's warm row times),
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -42,24 +44,58 @@ REC = 12 << 10
 BATCH = 256
 
 
-def _timed(cls, name: str, into: dict) -> None:
-    original = getattr(cls, name)
+@contextlib.contextmanager
+def _timed(methods: list, into: dict):
+    """Times every call of `methods` ((class, name) pairs) into `into`,
+    restoring the originals on the way out (the smoke test runs this probe
+    inside the test process)."""
+    originals = [(cls, name, cls.__dict__[name]) for cls, name in methods]
 
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter_ns()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            into[f"{cls.__name__}.{name}"].append(time.perf_counter_ns() - t0)
-    setattr(cls, name, timed)
+    def wrap(cls, name, original):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                into[f"{cls.__name__}.{name}"].append(time.perf_counter_ns() - t0)
+        return timed
+    try:
+        for cls, name, original in originals:
+            setattr(cls, name, wrap(cls, name, original))
+        yield
+    finally:
+        for cls, name, original in originals:
+            setattr(cls, name, original)
 
 
-def run(records: int, rounds: int, steps: int, tmp: Path) -> dict:
-    """{figure: value}: us per gather and steps/s, remote and local, with ratios."""
+def _rounds(rounds: int, steps: int, col, local, batches: list, cached: np.ndarray,
+            gather: dict, loader: dict) -> None:
+    """Alternating rounds: the batches' gathers, then a DataLoader over a
+    view of the cached records, from the cache and from the local copy."""
+    for r in range(rounds):
+        for key, store in (("remote", col), ("local", local)):
+            for b in batches:
+                t0 = time.perf_counter_ns()
+                store.gather(b)
+                gather[key].append(time.perf_counter_ns() - t0)
+            view = loaderx.select({"x": store}, cached)["x"]
+            with loaderx.DataLoader({"x": view}, BATCH, seed=r, workers=2) as it:
+                for _ in range(10):
+                    next(it)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    next(it)
+                loader[key].append(steps / (time.perf_counter() - t0))
+
+
+def run(records: int, rounds: int, steps: int, tmp: Path, codec: str = "zstd") -> dict:
+    """{figure: value}: us per gather and steps/s, remote and local, with
+    ratios, for a store of `codec` (zstd: the default; raw: the best case).
+    Values of 4 bits a byte, so zstd has something to do (about 2x)."""
     import _servers
 
-    rows = np.random.default_rng(0).integers(0, 256, size=(records, REC), dtype=np.uint8)
-    loaderx.from_numpy(str(tmp / "ds" / "x"), rows, codec="raw").close()
+    rows = np.random.default_rng(0).integers(0, 16, size=(records, REC), dtype=np.uint8)
+    loaderx.from_numpy(str(tmp / "ds" / "x"), rows, codec=codec).close()
     server, base = _servers.range_server(str(tmp))
     times: dict = collections.defaultdict(list)
     try:
@@ -71,25 +107,12 @@ def run(records: int, rounds: int, steps: int, tmp: Path) -> dict:
             assert np.array_equal(col.gather(b), rows[b])
             local.gather(b)
         cached = np.unique(np.concatenate(batches))
-        for cls, name in ((remote.Binding, "begin"), (remote.Binding, "end"),
-                          (loaderx.subset.View, "prefetch")):
-            _timed(cls, name, times)
         gather: dict = {"remote": [], "local": []}
         loader: dict = {"remote": [], "local": []}
-        for r in range(rounds):
-            for key, store in (("remote", col), ("local", local)):
-                for b in batches:
-                    t0 = time.perf_counter_ns()
-                    store.gather(b)
-                    gather[key].append(time.perf_counter_ns() - t0)
-                view = loaderx.select({"x": store}, cached)["x"]
-                with loaderx.DataLoader({"x": view}, BATCH, seed=r, workers=2) as it:
-                    for _ in range(10):
-                        next(it)
-                    t0 = time.perf_counter()
-                    for _ in range(steps):
-                        next(it)
-                    loader[key].append(steps / (time.perf_counter() - t0))
+        methods = [(remote.Binding, "begin"), (remote.Binding, "end"),
+                   (loaderx.subset.View, "prefetch")]
+        with _timed(methods, times):
+            _rounds(rounds, steps, col, local, batches, cached, gather, loader)
         col.close()
         local.close()
     finally:
@@ -113,11 +136,15 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--codecs", default="zstd,raw",
+                    help="store codecs, comma-separated (zstd: the default; raw: the best case)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = run(args.records, args.rounds, args.steps, Path(tmp))
-    for name, value in figures.items():
-        print(f"{name:40s} {value:10.2f}")
+    for codec in args.codecs.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = run(args.records, args.rounds, args.steps, Path(tmp), codec)
+        print(f"== codec {codec}")
+        for name, value in figures.items():
+            print(f"{name:40s} {value:10.2f}")
 
 
 if __name__ == "__main__":
