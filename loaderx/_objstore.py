@@ -438,23 +438,24 @@ PARTS_MAX = 10_000
 UPLOAD_BUFFER = 256 << 20
 
 
-def part_plan(nbytes: int) -> tuple[int, int]:
+def part_plan(nbytes: int, part_min: int = PART_MIN) -> tuple[int, int]:
     """(part size, parts in flight) of a multipart upload of `nbytes`: whole
-    MiB, at most PARTS_MAX - 1 parts (one spare), at most UPLOAD_BUFFER
-    bytes in flight, at least 2 parts at a time."""
+    MiB, at least `part_min`, at most PARTS_MAX - 1 parts (one spare), at
+    most UPLOAD_BUFFER bytes in flight, at least 2 parts at a time."""
     per = -(-max(0, nbytes) // (PARTS_MAX - 1))
-    part = max(PART_MIN, -(-per // (1 << 20)) << 20)
+    part = max(part_min, -(-per // (1 << 20)) << 20)
     return part, max(2, min(12, UPLOAD_BUFFER // part))
 
 
-def _put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
+def _put(url: str, opts: Options, source: Any, mode: Any = None,
+         part_min: int = PART_MIN) -> dict:
     """Uploads `source` (bytes, or a local file path) to `url`. `mode`:
     None (overwrite), ``"create"`` (fails if it exists) or ``{"e_tag": E}``
-    (only if the object is still version E)."""
+    (only if the object is still version E). Parts: `part_plan`."""
     root, key = split(url)
     obs = _obstore()
     inline = isinstance(source, (bytes, bytearray, memoryview))
-    part, in_flight = part_plan(len(source) if inline else os.path.getsize(source))
+    part, in_flight = part_plan(len(source) if inline else os.path.getsize(source), part_min)
 
     def once():
         src = source if inline else _path_obj(source)
@@ -597,8 +598,9 @@ def get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequen
                  None if keep is None else [list(k) for k in keep], etag)
 
 
-def put(url: str, opts: Options, source: Any, mode: Any = None) -> dict:
-    return _call("put", url, opts, source, mode)
+def put(url: str, opts: Options, source: Any, mode: Any = None,
+        part_min: int = PART_MIN) -> dict:
+    return _call("put", url, opts, source, mode, part_min)
 
 
 def list_keys(url: str, opts: Options, limit: Optional[int] = None) -> list:

@@ -448,13 +448,15 @@ def _files_under(root: str) -> list:
     return out
 
 
-def _upload(pairs: list, url: str, cfg: Config) -> None:
+def _upload(pairs: list, url: str, cfg: Config, part_min: int = _objstore.PART_MIN) -> None:
     """Uploads [(key, local path)] under `url`, concurrently; every store's
-    meta after its index and data (a store is published by its meta)."""
+    meta after its index and data (a store is published by its meta); files
+    in multipart parts of at least `part_min` bytes (`_objstore.part_plan`)."""
     last = [p for p in pairs if p[0].rsplit("/", 1)[-1] in ("meta", "loaderx.json")]
     first = [p for p in pairs if p not in last]
     for batch in (first, last):
-        map_concurrently(lambda p: _objstore.put(join(url, p[0]), cfg.options, p[1]), batch)
+        map_concurrently(lambda p: _objstore.put(join(url, p[0]), cfg.options, p[1],
+                                                 part_min=part_min), batch)
 
 
 def _refuse_read_only(url: str) -> None:

@@ -242,11 +242,8 @@ def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> No
 
 
 def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> None:
-    """Uploads the tree `local` under `url` as loaderx's upload does (every
-    store's meta and the manifest last), in multipart parts of `part` bytes."""
-    import obstore
-    from obstore.store import from_url
-
+    """Uploads the tree `local` under `url` with loaderx's own upload (every
+    store's meta and the manifest last), in parts of `part` bytes."""
     from loaderx import _objstore, remote
 
     opts = _objstore.Options(options)
@@ -254,17 +251,7 @@ def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> No
     if remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
             _objstore.join(url, "meta"), cfg):
         return
-    bucket, prefix = url.split("://", 1)[1].split("/", 1)
-    config = dict(options)
-    client_options = {"allow_http": config.pop("allow_http", True), "timeout": "300s"}
-    store = from_url(f"s3://{bucket}", config=config, client_options=client_options)
-    pairs = remote._files_under(str(local))
-    last = sorted((p for p in pairs if p[0].rsplit("/", 1)[-1] in ("meta", "loaderx.json")),
-                  key=lambda p: p[0] == "loaderx.json")
-    for batch in ([p for p in pairs if p not in last], last):
-        for key, path in batch:
-            obstore.put(store, f"{prefix}/{key}", Path(path), chunk_size=part,
-                        max_concurrency=4)
+    remote._upload(remote._files_under(str(local)), url, cfg, part_min=part)
 
 
 # ----------------------------------------------------------------------------- readers
