@@ -525,9 +525,9 @@ class Store:
         """Make the records at `indices` ready to read (the stream protocol's
         `prefetch`, loaderx.Stream: a DataLoader calls it with each step's
         indices a few steps ahead for a remote store; a local one says
-        ``is_remote`` False and its ring reads it directly). A remote store fetches them into the
-        node-local cache, checks them and keeps them there for the reads that
-        follow (docs/remote.md). A local store brings them into memory: it
+        ``is_remote`` False and its ring reads it directly). A remote store
+        fetches them into the node-local cache, checks them and keeps them
+        there for the reads that follow (docs/remote.md). A local store brings them into memory: it
         reads only what the page cache misses, explicitly and all at once
         (one queue of reads of the records' exact byte ranges), and only once
         reads have found the store cold, or on a probe every 32nd call; on a

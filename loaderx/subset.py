@@ -348,6 +348,7 @@ class View:
         except OSError:
             return None
         path = os.path.join(where, "records")
+        store = None
         try:
             with DenseStore(path, base.dtype, shape, codec="raw") as copy:
                 step = max(1, (16 << 20) // record)
@@ -355,13 +356,15 @@ class View:
                     copy.append(base.gather(rows[start:start + step]))
             store = DenseStore(path)
         except OSError:
-            return None  # no room for it: the view is read from its base
+            pass  # no room after all: the view is read from its base
         finally:
-            if os.name == "posix":  # an open store's mappings outlive its files
+            # On every way out (an error, Ctrl-C) the files go; on POSIX also
+            # on success: an open store's mappings outlive its files.
+            if store is None or os.name == "posix":
                 shutil.rmtree(where, ignore_errors=True)
-        if os.name != "posix":
+        if store is not None and os.name != "posix":
             weakref.finalize(store, shutil.rmtree, where, True)
-        assert len(store) == len(rows)
+        assert store is None or len(store) == len(rows)
         return store
 
     def __getattr__(self, attr: str) -> Any:

@@ -325,6 +325,12 @@ def test_loader_reads_a_small_subset_of_small_records_from_a_compact_copy(data, 
         assert_same(next(loader)["vec"], compact[0]["vec"])
 
 
+def _fails_with(exc):
+    def gather(*args, **kwargs):
+        raise exc
+    return gather
+
+
 def test_no_compact_copy_where_it_would_not_pay(data, monkeypatch):
     _, _, ds, _, _ = data
     half = loaderx.select(ds, "label < 6")  # 60% of the records: little to gain
@@ -337,6 +343,20 @@ def test_no_compact_copy_where_it_would_not_pay(data, monkeypatch):
                         lambda p: real(p)._replace(free=(64 << 20) + 1000))
     assert loaderx.select(ds, "label = 3")["vec"]._compact_copy() is None
     monkeypatch.setattr(lselect.shutil, "disk_usage", real)
+    # A copy cut short (no space mid-way, or Ctrl-C) leaves no files behind.
+    made = []
+    real_mkdtemp = lselect.tempfile.mkdtemp
+    monkeypatch.setattr(lselect.tempfile, "mkdtemp",
+                        lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    view = loaderx.select(ds, "label = 3")["vec"]
+    monkeypatch.setattr(type(view.base), "gather", _fails_with(OSError(28, "No space left")))
+    assert view._compact_copy() is None and made and not os.path.exists(made[-1])
+    view = loaderx.select(ds, "label = 3")["vec"]
+    monkeypatch.setattr(type(view.base), "gather", _fails_with(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        view._compact_copy()
+    assert not os.path.exists(made[-1])
+    monkeypatch.undo()
     monkeypatch.setattr(lselect, "COMPACT_RECORD_MAX", 8)  # vec records are 16 B
     assert loaderx.select(ds, "label = 3")["vec"]._compact_copy() is None
     assert loaderx.select(ds, "label = 3")["id"]._compact_copy() is not None  # 8 B
