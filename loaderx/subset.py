@@ -321,7 +321,11 @@ class View:
         there is one) that is unlinked once open: the memory goes with the
         view. The copy holds the records the view selected when it was made;
         like the view's rows (docs/select.md), it does not follow a later
-        `delete` or `compact` of the store."""
+        `delete` or `compact` of the store. Any thread may ask (one builds it,
+        under a lock); the copy is a store like any other, so a loader that
+        reads it holds its own reference and `close()` of the view while a
+        loader runs only drops the view's; a forked child shares the
+        parent's (read-only) mapping; a pickled view makes its own."""
         if self._compact is None:
             with self._compact_lock:
                 if self._compact is None:
