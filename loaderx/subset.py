@@ -322,10 +322,11 @@ class View:
         view. The copy holds the records the view selected when it was made;
         like the view's rows (docs/select.md), it does not follow a later
         `delete` or `compact` of the store. Any thread may ask (one builds it,
-        under a lock); the copy is a store like any other, so a loader that
-        reads it holds its own reference and `close()` of the view while a
-        loader runs only drops the view's; a forked child shares the
-        parent's (read-only) mapping; a pickled view makes its own."""
+        under a lock). Nothing closes it: the view and every loader reading
+        it hold its handle, and the last to let go frees it (`close()` of the
+        view only lets go, so a running loader keeps reading). A forked
+        child shares the parent's (read-only) mapping; a pickled view makes
+        its own."""
         if self._compact is None:
             with self._compact_lock:
                 if self._compact is None:
@@ -381,11 +382,12 @@ class View:
         return getattr(self._base, attr)
 
     def close(self) -> None:
-        """Closes the column if `select` opened it (from a path), and the
-        view's compact copy if the DataLoader made one."""
+        """Closes the column if `select` opened it (from a path), and lets go
+        of the view's compact copy if a DataLoader made one: a loader still
+        reading it keeps it (its native parts hold the handle) and it is
+        freed with the last of them, as a view that does not own its column
+        never stopped a running loader."""
         with self._compact_lock:
-            if self._compact:
-                self._compact.close()
             self._compact = None
         if self._owned:
             self._base.close()
