@@ -77,8 +77,6 @@ RETRY_CONFIG = {
                 "base": 2},
     "retry_timeout": timedelta(seconds=60),
 }
-#: Ranged GETs in flight at once, per fetch.
-REQUESTS_IN_FLIGHT = 64
 
 
 # ----------------------------------------------------------------- URLs
@@ -372,15 +370,52 @@ def _loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
+#: obstore's get_ranges reads ranges closer than this as one request (object_store's
+#: coalescing), gap included; ranges in one call are kept further apart than this,
+#: so nothing is fetched that the caller did not ask for.
+COALESCE_GAP = 1 << 20
+#: Ranges per get_ranges call, and calls in flight at once (object_store runs up
+#: to 10 of a call's requests at once).
+RANGES_PER_CALL = 16
+CALLS_IN_FLIGHT = 16
+
+
+def _calls(starts: Sequence[int], ends: Sequence[int]) -> list:
+    """Request numbers in groups for one get_ranges call each: at most
+    RANGES_PER_CALL, sorted, each range more than COALESCE_GAP past the one
+    before it in its group (first fit)."""
+    done: list = []
+    open_: list = []
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        for g in open_:
+            if starts[i] - ends[g[-1]] > COALESCE_GAP:
+                g.append(i)
+                if len(g) == RANGES_PER_CALL:
+                    open_.remove(g)
+                    done.append(g)
+                break
+        else:
+            open_.append([i])
+    return done + open_
+
+
 def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequence[int],
                      path: str, keep: Optional[Sequence[Sequence[tuple]]] = None,
                      etag: Optional[str] = None) -> int:
     """Fetches object bytes ``[starts[i], ends[i])``, many requests in
     flight, and writes them at the same offsets of the file `path` (only the
     sub-ranges ``keep[i]`` of request i when given: the bytes between them
-    are on disk already or another fetcher's). With `etag`, every request
-    asks for that version (If-Match) and `RemoteChangedError` says it is
-    gone. Returns the bytes fetched."""
+    are on disk already or another fetcher's). With `etag`, the object must
+    still be that version once the bytes are in (a HEAD after the GETs;
+    `RemoteChangedError` says it is gone, and the caller marks nothing
+    present): a store's bytes are never mixed from two versions, and a
+    version replaced and put back in between is caught by the records'
+    checksums. Returns the bytes fetched.
+
+    The GETs go out as obstore ``get_ranges`` calls of up to RANGES_PER_CALL
+    ranges each (one awaitable per call: a third of the client's CPU per
+    request of one ``get`` per range, which is what a client sharing its
+    cores with the training step runs out of first)."""
     root, key = split(url)
     obs = _obstore()
     starts = [int(s) for s in starts]
@@ -390,41 +425,45 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
     fd = _FILES.fd(path)
     client = _client(root, opts)
 
-    async def one(i: int, gate: asyncio.Semaphore) -> None:
-        options: dict = {"range": (starts[i], ends[i])}
-        if etag is not None:
-            options["if_match"] = etag
+    async def call(group: list, gate: asyncio.Semaphore) -> None:
+        s = [starts[i] for i in group]
+        e = [ends[i] for i in group]
         async with gate:
             for attempt in range(ATTEMPTS):
                 try:
-                    r = await obs.get_async(client, key, options=options)
-                    buf = await r.bytes_async()
-                    _check_etag(url, r.meta.get("e_tag"), etag)
+                    bufs = await obs.get_ranges_async(client, key, starts=s, ends=e)
                     break
-                except RemoteChangedError:
-                    raise
-                except Exception as e:
-                    if _classify(e) != "retry" or attempt == ATTEMPTS - 1:
-                        raise _mapped(e, url, "ranged GET") from None
+                except Exception as err:
+                    if _classify(err) != "retry" or attempt == ATTEMPTS - 1:
+                        raise _mapped(err, url, "ranged GET") from None
                 await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt)
                                     * random.uniform(0.5, 1.0))
-        view = memoryview(buf)
-        want = ends[i] - starts[i]
-        if len(view) != want:
-            raise RemoteIOError(f"{url}: asked for {want} bytes at {starts[i]}, got {len(view)} "
-                                "(the object is shorter than its store says)", path=url)
-        for lo, hi in (keep[i] if keep is not None else ((starts[i], ends[i]),)):
-            os.pwrite(fd, view[lo - starts[i]:hi - starts[i]], lo)
+        for i, buf in zip(group, bufs):
+            view = memoryview(buf)
+            want = ends[i] - starts[i]
+            if len(view) != want:
+                raise RemoteIOError(f"{url}: asked for {want} bytes at {starts[i]}, got "
+                                    f"{len(view)} (the object is shorter than its store says)",
+                                    path=url)
+            for lo, hi in (keep[i] if keep is not None else ((starts[i], ends[i]),)):
+                os.pwrite(fd, view[lo - starts[i]:hi - starts[i]], lo)
 
     async def run() -> None:
-        gate = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
-        tasks = [asyncio.ensure_future(one(i, gate)) for i in range(len(starts))]
+        gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
+        tasks = [asyncio.ensure_future(call(g, gate)) for g in _calls(starts, ends)]
         try:
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
-    asyncio.run_coroutine_threadsafe(run(), _loop()).result()
+    try:
+        asyncio.run_coroutine_threadsafe(run(), _loop()).result()
+    except (RemoteIOError, RemoteNotFoundError):
+        if etag is not None:  # an object replaced by a shorter one, or deleted: say so
+            _check_etag(url, _head(url, opts)["etag"], etag)
+        raise
+    if etag is not None:
+        _check_etag(url, _head(url, opts)["etag"], etag)
     return sum(e - s for s, e in zip(starts, ends))
 
 

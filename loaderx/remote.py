@@ -10,8 +10,9 @@ normal store (loaderx._cache): O(1), no index download. Reads go through
 `Binding.begin`, which makes the records' bytes present and checked before
 the native engine reads them, and keeps them from eviction while it does.
 
-Versions: every range read asks for the version the store was opened at
-(If-Match), so a store replaced on the server raises `RemoteChangedError`
+Versions: every fetch checks, once its bytes are in and before they count
+as present, that the object is still the version the store was opened at
+(its ETag), so a store replaced on the server raises `RemoteChangedError`
 instead of mixing versions; reopening reads the new one (a new replica).
 loaderx's writers never change an uploaded store: they add new ones and
 write a new manifest last.

@@ -805,3 +805,41 @@ def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3
     assert cache.used() <= limit
     assert_same(store[step], dense[step])  # fetched again
     store.close()
+
+
+def test_fetch_calls_keep_their_ranges_apart_and_cover_each_once():
+    from loaderx import _objstore
+
+    rng = np.random.default_rng(11)
+    gap, per = _objstore.COALESCE_GAP, _objstore.RANGES_PER_CALL
+    for n in (1, 5, 40, 300):
+        starts = np.sort(rng.choice(64 * gap // 4096, n, replace=False)) * 4096
+        ends = starts + rng.integers(1, 4096, n)
+        starts, ends = starts.tolist()[::-1], ends.tolist()[::-1]  # any order in
+        groups = _objstore._calls(starts, ends)
+        assert sorted(i for g in groups for i in g) == list(range(n))
+        for g in groups:
+            assert 1 <= len(g) <= per
+            assert all(starts[b] - ends[a] > gap for a, b in zip(g, g[1:]))
+
+
+def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3, proxy):
+    # Records 128 KiB apart: every gap is more than the cache's 4 KiB merge
+    # gap, and all lie within obstore's 1 MiB coalescing distance, which
+    # would fetch the gaps too if they went out in one get_ranges call.
+    base, faults = proxy
+    rec = 64 << 10
+    arr = np.random.default_rng(3).integers(0, 256, (48, rec), np.uint8)
+    loaderx.from_numpy(str(tmp_path / "s"), arr, codec="raw").close()
+    url = s3.upload_dir(str(tmp_path / "s"), "spaced/s")
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "c"),
+                               storage_options=s3.options(base))
+    try:
+        faults.reset_counts()
+        idx = np.arange(0, 48, 3)
+        assert_same(store[idx], arr[idx])
+        data_get = lambda m, p: m == "GET" and p.endswith("/data")  # noqa: E731
+        assert faults.count(data_get) == len(idx)
+        assert len(idx) * rec <= faults.body_bytes(data_get) <= len(idx) * rec * 1.1
+    finally:
+        store.close()
