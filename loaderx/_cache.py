@@ -71,6 +71,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from ._checks import is_int
+from ._lib import check, ffi, lib
 from .errors import CorruptStoreError, InvalidArgumentError
 
 __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
@@ -647,6 +648,7 @@ class Replica:
                                       shape=(lay.record_count,))
         self._checked = np.zeros(-(-lay.record_count // 8), np.uint8)
         self._checked_at = self.state.evictions
+        self._native: Optional[tuple] = None  # cdata of the arrays above (touch)
         self.fetched = 0  # bytes this process fetched for this replica
 
     def current(self) -> bool:
@@ -805,22 +807,44 @@ class Replica:
         return count << lay.dshift
 
     # -- the read protocol
-    def stamp(self, p: _Proc, regions: np.ndarray, pin: bool) -> int:
-        """Starts a read of `regions` (under the lock): its tick, stamped on them."""
-        tick = self.cache.begin(p, pin)
-        if len(regions):
-            self.state.atime[regions] = np.uint64(tick)
-            if pin:
-                self.state.ptime[regions] = np.uint64(tick)
-        return tick
+    def touch(self, u: np.ndarray, tick: int, pin: bool) -> np.ndarray:
+        """Starts a read of records `u` (int64; those outside the store are
+        skipped) under the lock, natively (src/replica.zig): stamps their
+        regions' ``atime`` with its `tick` (and ``ptime`` for a prefetch,
+        `pin`), and returns those of them this process has not checked, as
+        `unchecked` does. A table layout's index entries of `u` must be
+        present."""
+        self._reset_checked()
+        c = self._native
+        if c is None:
+            st, lay = self.state, self.layout
+            # Arrays that live as long as the replica: their pointers once.
+            c = self._native = (
+                ffi.from_buffer("uint64_t[]", st.atime), ffi.from_buffer("uint64_t[]", st.ptime),
+                ffi.from_buffer("uint8_t[]", self._checked),
+                ffi.NULL if self._entries is None else ffi.from_buffer("uint8_t[]", self._entries),
+                len(st.atime))
+        lay = self.layout
+        out = np.empty(len(u), np.int64)
+        n = ffi.new("uint64_t *")
+        # int64 records as the uint64 the ABI takes: a negative one is out of range.
+        check(lib.lx_replica_touch(ffi.from_buffer("uint64_t[]", u), len(u), lay.record_count,
+                                   lay.fixed, c[3], lay.data_size, lay.dshift + 6, c[0],
+                                   c[1] if pin else ffi.NULL, c[4], tick, c[2],
+                                   ffi.from_buffer("uint64_t[]", out), n),
+              self.dir, "cache bookkeeping")
+        return out[:n[0]]
 
-    def unchecked(self, u: np.ndarray) -> np.ndarray:
-        """Records of `u` this process has not checked since the last eviction
-        (any eviction: a record checked before it may have been refetched)."""
+    def _reset_checked(self) -> None:
         ev = self.state.evictions
         if ev != self._checked_at:
             self._checked[:] = 0
             self._checked_at = ev
+
+    def unchecked(self, u: np.ndarray) -> np.ndarray:
+        """Records of `u` this process has not checked since the last eviction
+        (any eviction: a record checked before it may have been refetched)."""
+        self._reset_checked()
         return u[~_bits_get(self._checked, u.astype(np.int64))]
 
     def mark_checked(self, u: np.ndarray) -> None:

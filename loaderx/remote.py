@@ -199,25 +199,25 @@ class Binding:
         """Makes records `indices` present and checked and protects them from
         eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
         protected for the process's next prefetches instead)."""
-        # Kept lean: a warm batch takes this path only (no sort, one lock).
+        # Kept lean: a warm batch takes this path only (one lock, one native
+        # call that stamps the records' regions and lists the unchecked).
         r = self.replica()
         lay = r.layout
         u = np.asarray(indices)
         u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
-        if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
-            u = u[(u >= 0) & (u < lay.record_count)]  # the native read names the bad index
-        if not lay.fixed and len(r.unchecked(u)):
-            self._fetch_index(r, np.unique(u))
-        starts, ends = r.ranges(u)
-        rsh = lay.dshift + 6
-        regions = np.concatenate([starts >> rsh, (np.maximum(ends, starts + 1) - 1) >> rsh])
+        if not lay.fixed:
+            # The records' index entries first (their places in the data).
+            u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
+            if len(r.unchecked(u)):
+                self._fetch_index(r, np.unique(u))
         with self.cache.locked() as p:
-            tick = r.stamp(p, regions, pin)
-            todo = r.unchecked(u)
+            tick = self.cache.begin(p, pin)
+            todo = r.touch(u, tick, pin)
         if not len(todo):
             return tick
         todo = np.unique(todo)
         try:
+            starts, ends = r.ranges(todo)
             blocks = r.data_blocks(starts, ends)
             jobs = [lambda: r.fetch("data", blocks, self._downloader(r))]
             if lay.fixed:  # the checksums live in the index: fetched alongside the data

@@ -79,6 +79,7 @@ const Loader = @import("Loader.zig");
 const store_maintain = @import("store_maintain.zig");
 const store_parts = @import("store_parts.zig");
 const windows = @import("windows.zig");
+const replica = @import("replica.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -797,6 +798,61 @@ pub export fn lx_verify_records(
     return 0;
 }
 
+/// The warm part of a read through a remote store's node-local cache
+/// (src/replica.zig, loaderx/_cache.py; the caller holds the cache's lock):
+/// stamps the cache regions (2^region_shift bytes of data) of `records[0..count]`
+/// with `tick` in `atime[0..regions]` and, when `ptime` is not null, in
+/// `ptime[0..regions]`; writes the records whose bit in `checked` (one bit
+/// per record) is clear to `unchecked` (room for `count`), and their number
+/// to `*unchecked_count`. The layout is `fixed` bytes a record, or, with
+/// `fixed` 0, the 32-byte index entries at `entries` (`record_count` of
+/// them). Records outside `[0, record_count)` are skipped. Errors: invalid
+/// (a null pointer, arrays that do not match the layout).
+pub export fn lx_replica_touch(
+    records: ?[*]const u64,
+    count: u64,
+    record_count: u64,
+    fixed: u64,
+    entries: ?[*]const u8,
+    data_size: u64,
+    region_shift: u32,
+    atime: ?[*]u64,
+    ptime: ?[*]u64,
+    regions: u64,
+    tick: u64,
+    checked: ?[*]const u8,
+    unchecked: ?[*]u64,
+    unchecked_count: *u64,
+) c_int {
+    diag.clear();
+    unchecked_count.* = 0;
+    if (count == 0) return 0;
+    if (region_shift > 63) return invalid("region_shift {d} is over 63", .{region_shift});
+    const recs = records orelse return invalid("records is null", .{});
+    const at = atime orelse return invalid("atime is null", .{});
+    const bits = checked orelse return invalid("checked is null", .{});
+    const out = unchecked orelse return invalid("unchecked is null", .{});
+    if (fixed == 0 and entries == null) return invalid("entries is null (a table layout)", .{});
+    const lay = replica.Layout{
+        .record_count = record_count,
+        .fixed = fixed,
+        .entries = if (fixed == 0) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
+        .data_size = data_size,
+        .region_shift = @intCast(region_shift),
+    };
+    const n = replica.touch(
+        lay,
+        recs[0..@intCast(count)],
+        at[0..@intCast(regions)],
+        if (ptime) |p| p[0..@intCast(regions)] else null,
+        tick,
+        bits[0..@intCast((record_count + 7) / 8)],
+        out[0..@intCast(count)],
+    ) catch return invalid("{d} records over {d} regions of 2^{d} bytes: a region lies beyond the cache state's arrays", .{ record_count, regions, region_shift });
+    unchecked_count.* = n;
+    return 0;
+}
+
 /// Trains a zstd dictionary of at most `cap` bytes into `out` from `count`
 /// samples laid end to end at `samples` with sizes `sizes`; writes its size to
 /// `*out_len`. Errors: bad_dictionary (training failed: too few or too uniform
@@ -1342,6 +1398,7 @@ pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: *u64) c_int {
 
 test {
     _ = Loader;
+    _ = replica;
     _ = fsio;
     _ = store_maintain;
     _ = mixture;

@@ -843,3 +843,47 @@ def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3
         assert len(idx) * rec <= faults.body_bytes(data_get) <= len(idx) * rec * 1.1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("column", ["raw", "rag"])
+def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
+        tmp_path, s3, url, column):
+    # The native bookkeeping of a read (src/replica.zig) against the layout
+    # in numpy: a raw dense store's fixed records, a ragged store's entries.
+    ds = opened(url, tmp_path / "cache", s3, columns=[column])
+    store = ds[column].shards[0] if hasattr(ds[column], "shards") else ds[column]
+    try:
+        r = store._remote.replica()
+        lay = r.layout
+        rng = np.random.default_rng(5)
+        warm = rng.choice(lay.record_count, 40, replace=False)
+        store[np.sort(warm)]  # fetched and checked (entries too)
+        atime, ptime = r.state.atime, r.state.ptime
+        for pin in (False, True):
+            before_a, before_p = atime.copy(), ptime.copy()
+            u = np.concatenate([warm[:25], [-1, lay.record_count]]).astype(np.int64)
+            with r.cache.locked() as p:
+                tick = r.cache.begin(p, pin)
+                todo = r.touch(u, tick, pin)
+            r.cache.end(tick)
+            assert len(todo) == 0  # every record of u in range was checked
+            s, e = r.ranges(warm[:25].astype(np.int64))
+            rsh = lay.dshift + 6
+            regions = np.unique(np.concatenate([s >> rsh, (np.maximum(e, s + 1) - 1) >> rsh]))
+            want_a = before_a.copy()
+            want_a[regions] = tick
+            assert (atime == want_a).all()
+            want_p = before_p.copy()
+            if pin:
+                want_p[regions] = tick
+            assert (ptime == want_p).all()
+        # A record this process has not checked is listed, in batch order.
+        fresh = np.setdiff1d(np.arange(lay.record_count), warm)[:3].astype(np.int64)
+        u = np.concatenate([fresh[::-1], warm[:2]]).astype(np.int64)
+        with r.cache.locked() as p:
+            tick = r.cache.begin(p, False)
+            todo = r.touch(u if lay.fixed else warm[:2].astype(np.int64), tick, False)
+        r.cache.end(tick)
+        assert todo.tolist() == (fresh[::-1].tolist() if lay.fixed else [])
+    finally:
+        store.close()
