@@ -10,7 +10,10 @@ in alternating rounds against the same store opened locally:
 
 * ``ds.gather(idx)`` of those batches (what bench_remote's warm row times),
   with the remote bookkeeping (``Binding.begin``/``end``: the cache's lock,
-  region stamps, checked-record bits) timed on its own;
+  region stamps, checked-record bits) timed on its own, and the same
+  gathers of the cache's replica opened as a plain local store (the same
+  file without the bookkeeping: the local copy is another file, which the
+  page cache may hold differently);
 * a DataLoader (2 workers) over a `select` view of the cached records, with
   the prefetch hook the loader calls per step for a remote stream (on its
   prefetch thread, before the native ring may read the step) timed on its
@@ -68,16 +71,19 @@ def _timed(methods: list, into: dict):
             setattr(cls, name, original)
 
 
-def _rounds(rounds: int, steps: int, col, local, batches: list, cached: np.ndarray,
+def _rounds(rounds: int, steps: int, col, local, replica, batches: list, cached: np.ndarray,
             gather: dict, loader: dict) -> None:
     """Alternating rounds: the batches' gathers, then a DataLoader over a
-    view of the cached records, from the cache and from the local copy."""
+    view of the cached records, from the cache and from the local copy; and
+    the gathers of the cache's replica opened as a local store."""
     for r in range(rounds):
-        for key, store in (("remote", col), ("local", local)):
+        for key, store in (("remote", col), ("local", local), ("replica", replica)):
             for b in batches:
                 t0 = time.perf_counter_ns()
                 store.gather(b)
                 gather[key].append(time.perf_counter_ns() - t0)
+            if key == "replica":
+                continue
             view = loaderx.select({"x": store}, cached)["x"]
             with loaderx.DataLoader({"x": view}, BATCH, seed=r, workers=2) as it:
                 for _ in range(10):
@@ -107,12 +113,16 @@ def run(records: int, rounds: int, steps: int, tmp: Path, codec: str = "zstd") -
             assert np.array_equal(col.gather(b), rows[b])
             local.gather(b)
         cached = np.unique(np.concatenate(batches))
-        gather: dict = {"remote": [], "local": []}
+        # The same cached bytes read as a plain local store: the remote path
+        # without its bookkeeping, from the same file.
+        replica = loaderx.DenseStore(col._remote.local_dir)
+        gather: dict = {"remote": [], "local": [], "replica": []}
         loader: dict = {"remote": [], "local": []}
         methods = [(remote.Binding, "begin"), (remote.Binding, "end"),
                    (loaderx.subset.View, "prefetch")]
         with _timed(methods, times):
-            _rounds(rounds, steps, col, local, batches, cached, gather, loader)
+            _rounds(rounds, steps, col, local, replica, batches, cached, gather, loader)
+        replica.close()
         col.close()
         local.close()
     finally:
@@ -120,10 +130,14 @@ def run(records: int, rounds: int, steps: int, tmp: Path, codec: str = "zstd") -
     out = {
         "gather remote (us)": statistics.median(gather["remote"]) / 1e3,
         "gather local (us)": statistics.median(gather["local"]) / 1e3,
+        "gather replica as a local store (us)": statistics.median(gather["replica"]) / 1e3,
         "loader remote (steps/s)": statistics.median(loader["remote"]),
         "loader local (steps/s)": statistics.median(loader["local"]),
     }
     out["gather remote/local (speed)"] = out["gather local (us)"] / out["gather remote (us)"]
+    # The bookkeeping alone: the same file, with and without it.
+    out["gather remote/replica (speed)"] = (out["gather replica as a local store (us)"]
+                                            / out["gather remote (us)"])
     out["loader remote/local (speed)"] = (out["loader remote (steps/s)"]
                                           / out["loader local (steps/s)"])
     for name, values in times.items():

@@ -272,6 +272,7 @@ def test_remote_warm_probe_runs(tmp_path):
     begin, prefetch = remote.Binding.begin, subset.View.prefetch
     figures = probe_remote_warm.run(600, 1, 5, tmp_path)
     assert figures["gather remote (us)"] > 0 and figures["loader local (steps/s)"] > 0
+    assert figures["gather replica as a local store (us)"] > 0
     assert {"Binding.begin (us, median)", "View.prefetch (us, median)"} <= set(figures)
     # The timing wrappers are gone afterwards (this runs in the test process).
     assert remote.Binding.begin is begin and subset.View.prefetch is prefetch
