@@ -129,7 +129,7 @@ int lx_stats(lx_store *, lx_stats_t *);
 int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_verify_records(lx_store *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
-int lx_replica_touch(const uint64_t *, uint64_t, uint64_t, uint64_t, const uint8_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint64_t, uint64_t, const uint8_t *, uint64_t *, uint64_t *);
+int lx_replica_begin(int, uint64_t *, uint64_t *, const uint64_t *, uint64_t, uint64_t, uint64_t, const uint8_t *, uint64_t, uint32_t, uint64_t *, uint64_t *, uint64_t, const uint8_t *, uint64_t *, uint64_t *, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
 int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);
 int lx_sampler_fill(uint64_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);

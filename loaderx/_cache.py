@@ -383,6 +383,7 @@ class _Proc:
         self.pins: deque = deque()  # ticks of the last PIN_CALLS prefetches
         self.replicas: dict = {}  # key -> Replica
         self.depth = 0  # nesting of locked()
+        self.clock: Optional[tuple] = None  # Cache.clock's pointers
         self.warned = False
         self.guard = _Guard(self)
 
@@ -475,28 +476,25 @@ class Cache:
         return self.proc().guard
 
     # -- reads in use (eviction watermarks)
-    def begin(self, p: _Proc, pin: bool) -> int:
-        """A new read (under the lock): its tick. A read in flight is
-        protected until `end`; a prefetch (``pin``) until PIN_CALLS later
-        prefetches of this process (the loader reads it before then)."""
-        tick = int(self._head[2]) + 1
-        self._head[2] = tick
-        if pin:
-            p.pins.append(tick)
-            while len(p.pins) > PIN_CALLS:
-                p.pins.popleft()
-        else:
-            p.active[tick] = 1
-        self._publish(p)
-        return tick
+    def clock(self, p: _Proc) -> tuple:
+        """Pointers to the global tick and to this process's two watermarks
+        (reads in flight, prefetches kept), for the native start of a read."""
+        c = p.clock
+        if c is None:
+            head = ffi.from_buffer("uint64_t[]", self._head)
+            marks = ffi.from_buffer("uint64_t[]", self._watermarks)
+            c = p.clock = (head + 2, marks + 2 * p.slot, marks + 2 * p.slot + 1)
+        return c
 
     def end(self, tick: int) -> None:
         p = self.proc()
         with p.tlock:
             p.active.pop(tick, None)
-            self._publish(p)
+            self.publish(p)
 
-    def _publish(self, p: _Proc) -> None:
+    def publish(self, p: _Proc) -> None:
+        """This process's watermarks from its reads in flight and prefetches
+        kept (under ``p.tlock``; raising one needs no cache lock)."""
         self._watermarks[p.slot, 0] = np.uint64(min(p.active)) if p.active else _NONE
         self._watermarks[p.slot, 1] = np.uint64(p.pins[0]) if p.pins else _NONE
 
@@ -807,33 +805,39 @@ class Replica:
         return count << lay.dshift
 
     # -- the read protocol
-    def touch(self, u: np.ndarray, tick: int, pin: bool) -> np.ndarray:
+    def begin_read(self, p: _Proc, u: np.ndarray, pin: bool) -> tuple[int, np.ndarray]:
         """Starts a read of records `u` (int64; those outside the store are
-        skipped) under the lock, natively (src/replica.zig): stamps their
-        regions' ``atime`` with its `tick` (and ``ptime`` for a prefetch,
-        `pin`), and returns those of them this process has not checked, as
-        `unchecked` does. A table layout's index entries of `u` must be
+        skipped), natively (src/replica.zig) and under the cache's lock: its
+        tick, the process's watermark set to it if the slot holds none
+        (reads, or prefetches with `pin`), its regions' ``atime`` (and
+        ``ptime`` with `pin`) stamped with it. Returns the tick and those of
+        `u` this process has not checked, as `unchecked` does. The caller
+        holds ``p.tlock`` and records the tick in ``p.active`` or ``p.pins``
+        before releasing it. A table layout's index entries of `u` must be
         present."""
         self._reset_checked()
         c = self._native
         if c is None:
-            st, lay = self.state, self.layout
+            st = self.state
             # Arrays that live as long as the replica: their pointers once.
             c = self._native = (
                 ffi.from_buffer("uint64_t[]", st.atime), ffi.from_buffer("uint64_t[]", st.ptime),
                 ffi.from_buffer("uint8_t[]", self._checked),
                 ffi.NULL if self._entries is None else ffi.from_buffer("uint8_t[]", self._entries),
                 len(st.atime))
+        clock = self.cache.clock(p)
         lay = self.layout
         out = np.empty(len(u), np.int64)
-        n = ffi.new("uint64_t *")
+        res = ffi.new("uint64_t[2]")  # unchecked count, tick
         # int64 records as the uint64 the ABI takes: a negative one is out of range.
-        check(lib.lx_replica_touch(ffi.from_buffer("uint64_t[]", u), len(u), lay.record_count,
+        check(lib.lx_replica_begin(-1 if p.depth else p.lock_fd, clock[0],
+                                   clock[2] if pin else clock[1],
+                                   ffi.from_buffer("uint64_t[]", u), len(u), lay.record_count,
                                    lay.fixed, c[3], lay.data_size, lay.dshift + 6, c[0],
-                                   c[1] if pin else ffi.NULL, c[4], tick, c[2],
-                                   ffi.from_buffer("uint64_t[]", out), n),
+                                   c[1] if pin else ffi.NULL, c[4], c[2],
+                                   ffi.from_buffer("uint64_t[]", out), res, res + 1),
               self.dir, "cache bookkeeping")
-        return out[:n[0]]
+        return int(res[1]), out[:res[0]]
 
     def _reset_checked(self) -> None:
         ev = self.state.evictions

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _objstore
-from ._cache import Cache, Layout, parse_limit
+from ._cache import PIN_CALLS, Cache, Layout, parse_limit
 from ._checks import check_mode
 from ._objstore import Options, is_url, join
 from ._store import stored_kind
@@ -199,8 +199,9 @@ class Binding:
         """Makes records `indices` present and checked and protects them from
         eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
         protected for the process's next prefetches instead)."""
-        # Kept lean: a warm batch takes this path only (one lock, one native
-        # call that stamps the records' regions and lists the unchecked).
+        # Kept lean: a warm batch takes this path only (one native call takes
+        # the cache's lock, the tick and the watermark, stamps the records'
+        # regions and lists the unchecked).
         r = self.replica()
         lay = r.layout
         u = np.asarray(indices)
@@ -210,9 +211,17 @@ class Binding:
             u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
             if len(r.unchecked(u)):
                 self._fetch_index(r, np.unique(u))
-        with self.cache.locked() as p:
-            tick = self.cache.begin(p, pin)
-            todo = r.touch(u, tick, pin)
+        cache = self.cache
+        p = cache.proc()
+        with p.tlock:  # the tick joins this process's reads before another thread's end()
+            tick, todo = r.begin_read(p, u, pin)
+            if pin:
+                p.pins.append(tick)
+                while len(p.pins) > PIN_CALLS:
+                    p.pins.popleft()
+                cache.publish(p)
+            else:
+                p.active[tick] = 1
         if not len(todo):
             return tick
         todo = np.unique(todo)

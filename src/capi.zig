@@ -154,6 +154,11 @@ fn invalid(comptime fmt: []const u8, args: anytype) c_int {
     return @backingInt(Result.invalid);
 }
 
+fn io(comptime fmt: []const u8, args: anytype) c_int {
+    diag.set(fmt, args);
+    return @backingInt(Result.io);
+}
+
 /// Counts a call on `h` in (the caller defers h.leave()); a result code when
 /// the handle is closed.
 fn enter(h: *Store) ?c_int {
@@ -798,17 +803,23 @@ pub export fn lx_verify_records(
     return 0;
 }
 
-/// The warm part of a read through a remote store's node-local cache
-/// (src/replica.zig, loaderx/_cache.py; the caller holds the cache's lock):
-/// stamps the cache regions (2^region_shift bytes of data) of `records[0..count]`
-/// with `tick` in `atime[0..regions]` and, when `ptime` is not null, in
-/// `ptime[0..regions]`; writes the records whose bit in `checked` (one bit
-/// per record) is clear to `unchecked` (room for `count`), and their number
-/// to `*unchecked_count`. The layout is `fixed` bytes a record, or, with
-/// `fixed` 0, the 32-byte index entries at `entries` (`record_count` of
-/// them). Records outside `[0, record_count)` are skipped. Errors: invalid
-/// (a null pointer, arrays that do not match the layout).
-pub export fn lx_replica_touch(
+/// Starts a read through a remote store's node-local cache (src/replica.zig,
+/// loaderx/_cache.py): takes the cache's lock (flock on `lock_fd`; -1 when
+/// the caller holds it), writes the next tick (`*tick` + 1) to `*tick` and
+/// `*out_tick`, sets `*watermark` to it if it holds none (all ones), and
+/// stamps the cache regions (2^region_shift bytes of data) of
+/// `records[0..count]` with it in `atime[0..regions]` and, when `ptime` is
+/// not null, in `ptime[0..regions]`; then releases the lock. Writes the
+/// records whose bit in `checked` (one bit per record) is clear to
+/// `unchecked` (room for `count`), and their number to `*unchecked_count`.
+/// The layout is `fixed` bytes a record, or, with `fixed` 0, the 32-byte
+/// index entries at `entries` (`record_count` of them). Records outside
+/// `[0, record_count)` are skipped. Errors: invalid (a null pointer, arrays
+/// that do not match the layout; not on Windows), io (the lock).
+pub export fn lx_replica_begin(
+    lock_fd: c_int,
+    tick: *u64,
+    watermark: *u64,
     records: ?[*]const u64,
     count: u64,
     record_count: u64,
@@ -819,36 +830,40 @@ pub export fn lx_replica_touch(
     atime: ?[*]u64,
     ptime: ?[*]u64,
     regions: u64,
-    tick: u64,
     checked: ?[*]const u8,
     unchecked: ?[*]u64,
     unchecked_count: *u64,
+    out_tick: *u64,
 ) c_int {
     diag.clear();
     unchecked_count.* = 0;
-    if (count == 0) return 0;
     if (region_shift > 63) return invalid("region_shift {d} is over 63", .{region_shift});
-    const recs = records orelse return invalid("records is null", .{});
     const at = atime orelse return invalid("atime is null", .{});
     const bits = checked orelse return invalid("checked is null", .{});
-    const out = unchecked orelse return invalid("unchecked is null", .{});
-    if (fixed == 0 and entries == null) return invalid("entries is null (a table layout)", .{});
+    if (count != 0 and (records == null or unchecked == null)) return invalid("records or unchecked is null", .{});
+    if (fixed == 0 and record_count != 0 and entries == null) return invalid("entries is null (a table layout)", .{});
     const lay = replica.Layout{
         .record_count = record_count,
         .fixed = fixed,
-        .entries = if (fixed == 0) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
+        .entries = if (fixed == 0 and record_count != 0) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
         .data_size = data_size,
         .region_shift = @intCast(region_shift),
     };
-    const n = replica.touch(
+    var n: usize = 0;
+    out_tick.* = replica.begin(
+        .{ .lock_fd = if (lock_fd < 0) null else lock_fd, .tick = tick, .watermark = watermark },
         lay,
-        recs[0..@intCast(count)],
+        if (count != 0) records.?[0..@intCast(count)] else &.{},
         at[0..@intCast(regions)],
         if (ptime) |p| p[0..@intCast(regions)] else null,
-        tick,
         bits[0..@intCast((record_count + 7) / 8)],
-        out[0..@intCast(count)],
-    ) catch return invalid("{d} records over {d} regions of 2^{d} bytes: a region lies beyond the cache state's arrays", .{ record_count, regions, region_shift });
+        if (count != 0) unchecked.?[0..@intCast(count)] else &.{},
+        &n,
+    ) catch |e| return switch (e) {
+        error.InvalidArgument => invalid("{d} records over {d} regions of 2^{d} bytes: a region lies beyond the cache state's arrays", .{ record_count, regions, region_shift }),
+        error.Unsupported => invalid("the node-local cache needs flock (not on Windows)", .{}),
+        error.LockFailed => io("the cache's lock file (descriptor {d}) could not be locked", .{lock_fd}),
+    };
     unchecked_count.* = n;
     return 0;
 }

@@ -10,6 +10,7 @@
 //! lock around the call; the arrays are the cache's shared state file and
 //! the replica's own bitmap, which Python sized for the store.
 const std = @import("std");
+const builtin = @import("builtin");
 
 /// A store's record layout, as the cache sees it.
 pub const Layout = struct {
@@ -40,7 +41,54 @@ fn span(lay: Layout, record: u64) [2]u64 {
 
 pub const entry_size = 32;
 
-pub const Error = error{InvalidArgument};
+pub const Error = error{ InvalidArgument, LockFailed, Unsupported };
+
+/// A watermark slot with no read (or prefetch) in it.
+pub const none: u64 = std.math.maxInt(u64);
+
+/// The read's place in the cache's shared state (the state file's head and
+/// this process's watermark slot, as loaderx/_cache.py maps them).
+pub const Clock = struct {
+    /// The cache's lock file, taken with flock around the read's start; null
+    /// when the caller holds it already.
+    lock_fd: ?c_int,
+    /// The cache's global tick (the state file's head word 2).
+    tick: *u64,
+    /// This process's watermark of reads in flight, or of prefetches kept.
+    watermark: *u64,
+};
+
+/// Starts a read under the cache's lock: the next tick; the process's
+/// watermark set to it when the process has no read (or prefetch) in the
+/// slot yet (otherwise it is already older, and keeps the regions of every
+/// newer tick); then `touch`. Eviction runs under the same lock and keeps
+/// every region stamped at or after the oldest watermark, so the records'
+/// regions are safe from the moment the lock is released. Returns the tick.
+pub fn begin(
+    clock: Clock,
+    lay: Layout,
+    records: []const u64,
+    atime: []u64,
+    ptime: ?[]u64,
+    checked: []const u8,
+    unchecked: []u64,
+    unchecked_count: *usize,
+) Error!u64 {
+    if (clock.lock_fd) |fd| try flock(fd, std.posix.LOCK.EX);
+    defer if (clock.lock_fd) |fd| flock(fd, std.posix.LOCK.UN) catch {};
+    const tick = clock.tick.* + 1;
+    clock.tick.* = tick;
+    if (clock.watermark.* == none) clock.watermark.* = tick;
+    unchecked_count.* = try touch(lay, records, atime, ptime, tick, checked, unchecked);
+    return tick;
+}
+
+fn flock(fd: c_int, op: c_int) Error!void {
+    if (builtin.os.tag == .windows) return error.Unsupported;
+    while (std.c.flock(fd, op) != 0) {
+        if (std.posix.errno(@as(c_int, -1)) != .INTR) return error.LockFailed;
+    }
+}
 
 /// Stamps the regions of `records` with `tick` (in `atime`, and in `ptime`
 /// when given) and writes the records whose `checked` bit is clear to
@@ -118,4 +166,47 @@ test "touch reads a table layout's entries, clamps them, and refuses short array
     try std.testing.expectError(error.InvalidArgument, touch(lay, &.{2}, &short, null, 1, &checked, &out));
     const bad = Layout{ .record_count = 3, .fixed = 0, .entries = entries[0..64], .data_size = 8192, .region_shift = 12 };
     try std.testing.expectError(error.InvalidArgument, touch(bad, &.{0}, &atime, null, 1, &checked, &out));
+}
+
+test "begin takes the next tick and sets the watermark only when the slot is empty" {
+    const lay = Layout{ .record_count = 4, .fixed = 4096, .entries = &.{}, .data_size = 16384, .region_shift = 12 };
+    var atime: [4]u64 = @splat(0);
+    const checked = [_]u8{0b1111};
+    var out: [2]u64 = undefined;
+    var n: usize = 99;
+    var tick: u64 = 41;
+    var mark: u64 = none;
+    const clock = Clock{ .lock_fd = null, .tick = &tick, .watermark = &mark };
+    try std.testing.expectEqual(@as(u64, 42), try begin(clock, lay, &.{ 2, 3 }, &atime, null, &checked, &out, &n));
+    try std.testing.expectEqual(@as(usize, 0), n);
+    try std.testing.expectEqual(@as(u64, 42), mark);
+    try std.testing.expectEqualSlices(u64, &.{ 0, 0, 42, 42 }, &atime);
+    // A second read while the first is in flight: the older watermark stays.
+    try std.testing.expectEqual(@as(u64, 43), try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n));
+    try std.testing.expectEqual(@as(u64, 42), mark);
+    try std.testing.expectEqualSlices(u64, &.{ 43, 0, 42, 42 }, &atime);
+}
+
+test "begin takes and releases the lock file" {
+    if (builtin.os.tag == .windows) return error.SkipZigTest;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var flags: std.posix.O = .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true };
+    _ = &flags;
+    const fd = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
+    try std.testing.expect(fd >= 0);
+    defer _ = std.c.close(fd);
+    const lay = Layout{ .record_count = 1, .fixed = 8, .entries = &.{}, .data_size = 8, .region_shift = 12 };
+    var atime: [1]u64 = @splat(0);
+    const checked = [_]u8{0};
+    var out: [1]u64 = undefined;
+    var n: usize = 0;
+    var tick: u64 = 0;
+    var mark: u64 = none;
+    _ = try begin(.{ .lock_fd = fd, .tick = &tick, .watermark = &mark }, lay, &.{0}, &atime, null, &checked, &out, &n);
+    try std.testing.expectEqual(@as(usize, 1), n);
+    // Released: another descriptor of the file takes it at once.
+    const other = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
+    defer _ = std.c.close(other);
+    try std.testing.expectEqual(@as(c_int, 0), std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB));
 }

@@ -800,7 +800,7 @@ def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3
     assert cache.used() > limit
     with cache.locked() as p:
         p.pins.clear()
-        cache._publish(p)
+        cache.publish(p)
         cache.maybe_evict(p)
     assert cache.used() <= limit
     assert_same(store[step], dense[step])  # fetched again
@@ -848,8 +848,9 @@ def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3
 @pytest.mark.parametrize("column", ["raw", "rag"])
 def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         tmp_path, s3, url, column):
-    # The native bookkeeping of a read (src/replica.zig) against the layout
-    # in numpy: a raw dense store's fixed records, a ragged store's entries.
+    # The native start of a read (src/replica.zig: the lock, the tick, the
+    # watermark, the stamps, the unchecked records) against the layout in
+    # numpy: a raw dense store's fixed records, a ragged store's entries.
     ds = opened(url, tmp_path / "cache", s3, columns=[column])
     store = ds[column].shards[0] if hasattr(ds[column], "shards") else ds[column]
     try:
@@ -862,10 +863,16 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         for pin in (False, True):
             before_a, before_p = atime.copy(), ptime.copy()
             u = np.concatenate([warm[:25], [-1, lay.record_count]]).astype(np.int64)
-            with r.cache.locked() as p:
-                tick = r.cache.begin(p, pin)
-                todo = r.touch(u, tick, pin)
-            r.cache.end(tick)
+            p = r.cache.proc()
+            mark = r.cache._watermarks[p.slot, int(pin)]
+            assert mark == _cache._NONE  # no read in flight, no prefetch kept
+            last = int(r.cache._head[2])
+            with p.tlock:
+                tick, todo = r.begin_read(p, u, pin)
+            assert tick == last + 1 == int(r.cache._head[2])
+            # The slot held none: the read's tick protects its regions now.
+            assert r.cache._watermarks[p.slot, int(pin)] == tick
+            r.cache._watermarks[p.slot, int(pin)] = _cache._NONE
             assert len(todo) == 0  # every record of u in range was checked
             s, e = r.ranges(warm[:25].astype(np.int64))
             rsh = lay.dshift + 6
@@ -880,10 +887,10 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         # A record this process has not checked is listed, in batch order.
         fresh = np.setdiff1d(np.arange(lay.record_count), warm)[:3].astype(np.int64)
         u = np.concatenate([fresh[::-1], warm[:2]]).astype(np.int64)
-        with r.cache.locked() as p:
-            tick = r.cache.begin(p, False)
-            todo = r.touch(u if lay.fixed else warm[:2].astype(np.int64), tick, False)
-        r.cache.end(tick)
+        p = r.cache.proc()
+        with r.cache.locked():  # the caller holding the lock already: no flock of its own
+            tick, todo = r.begin_read(p, u if lay.fixed else warm[:2].astype(np.int64), False)
+        r.cache._watermarks[p.slot, 0] = _cache._NONE
         assert todo.tolist() == (fresh[::-1].tolist() if lay.fixed else [])
     finally:
         store.close()
