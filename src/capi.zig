@@ -840,12 +840,14 @@ pub export fn lx_replica_begin(
     if (region_shift > 63) return invalid("region_shift {d} is over 63", .{region_shift});
     const at = atime orelse return invalid("atime is null", .{});
     const bits = checked orelse return invalid("checked is null", .{});
-    if (count != 0 and (records == null or unchecked == null)) return invalid("records or unchecked is null", .{});
-    if (fixed == 0 and record_count != 0 and entries == null) return invalid("entries is null (a table layout)", .{});
+    if (count != 0 and (records == null or unchecked == null))
+        return invalid("records or unchecked is null", .{});
+    const table = fixed == 0 and record_count != 0;
+    if (table and entries == null) return invalid("entries is null (a table layout)", .{});
     const lay = replica.Layout{
         .record_count = record_count,
         .fixed = fixed,
-        .entries = if (fixed == 0 and record_count != 0) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
+        .entries = if (table) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
         .data_size = data_size,
         .region_shift = @intCast(region_shift),
     };
@@ -860,9 +862,12 @@ pub export fn lx_replica_begin(
         if (count != 0) unchecked.?[0..@intCast(count)] else &.{},
         &n,
     ) catch |e| return switch (e) {
-        error.InvalidArgument => invalid("{d} records over {d} regions of 2^{d} bytes: a region lies beyond the cache state's arrays", .{ record_count, regions, region_shift }),
+        error.InvalidArgument => invalid(
+            "{d} records over {d} regions of 2^{d} bytes: a region lies beyond the state's arrays",
+            .{ record_count, regions, region_shift },
+        ),
         error.Unsupported => invalid("the node-local cache needs flock (not on Windows)", .{}),
-        error.LockFailed => io("the cache's lock file (descriptor {d}) could not be locked", .{lock_fd}),
+        error.LockFailed => io("the cache's lock file (fd {d}) could not be locked", .{lock_fd}),
     };
     unchecked_count.* = n;
     return 0;

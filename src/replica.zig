@@ -93,7 +93,8 @@ fn flock(fd: c_int, op: c_int) Error!void {
 /// Stamps the regions of `records` with `tick` (in `atime`, and in `ptime`
 /// when given) and writes the records whose `checked` bit is clear to
 /// `unchecked`, in batch order; returns their number. Records outside the
-/// store (a negative index seen as a u64 among them) are skipped (the read that follows names them). A region beyond
+/// store (a negative index seen as a u64 among them) are skipped (the read
+/// that follows names them). A region beyond
 /// `atime` is an InvalidArgument: the arrays do not match the layout.
 pub fn touch(
     lay: Layout,
@@ -105,7 +106,8 @@ pub fn touch(
     unchecked: []u64,
 ) Error!usize {
     std.debug.assert(unchecked.len >= records.len);
-    if (lay.fixed == 0 and lay.entries.len < lay.record_count * entry_size) return error.InvalidArgument;
+    if (lay.fixed == 0 and lay.entries.len < lay.record_count * entry_size)
+        return error.InvalidArgument;
     if (checked.len * 8 < lay.record_count) return error.InvalidArgument;
     var n: usize = 0;
     for (records) |record| {
@@ -129,7 +131,13 @@ pub fn touch(
 
 test "touch stamps the first and last region of each record and lists the unchecked" {
     // Records of 3000 B, regions of 4 KiB: record 1 spans regions 0 and 1.
-    const lay = Layout{ .record_count = 10, .fixed = 3000, .entries = &.{}, .data_size = 30000, .region_shift = 12 };
+    const lay = Layout{
+        .record_count = 10,
+        .fixed = 3000,
+        .entries = &.{},
+        .data_size = 30000,
+        .region_shift = 12,
+    };
     var atime: [8]u64 = @splat(0);
     var checked = [_]u8{ 0b0000_0010, 0 }; // record 1 checked
     var out: [4]u64 = undefined;
@@ -153,7 +161,13 @@ test "touch reads a table layout's entries, clamps them, and refuses short array
     put(&entries, 0, 0, 100, 0);
     put(&entries, 1, 5000, 90, 10); // 5000..5100: region 1 (4 KiB regions)
     put(&entries, 2, 1 << 40, 1 << 62, 0); // damaged: clamped to the data's end
-    const lay = Layout{ .record_count = 3, .fixed = 0, .entries = &entries, .data_size = 8192, .region_shift = 12 };
+    const lay = Layout{
+        .record_count = 3,
+        .fixed = 0,
+        .entries = &entries,
+        .data_size = 8192,
+        .region_shift = 12,
+    };
     var atime = [_]u64{ 0, 0, 0 };
     var ptime = [_]u64{ 0, 0, 0 };
     const checked = [_]u8{0};
@@ -163,13 +177,27 @@ test "touch reads a table layout's entries, clamps them, and refuses short array
     try std.testing.expectEqualSlices(u64, &.{ 0, 3, 3 }, &atime);
     try std.testing.expectEqualSlices(u64, &.{ 0, 3, 3 }, &ptime);
     var short = [_]u64{0};
-    try std.testing.expectError(error.InvalidArgument, touch(lay, &.{2}, &short, null, 1, &checked, &out));
-    const bad = Layout{ .record_count = 3, .fixed = 0, .entries = entries[0..64], .data_size = 8192, .region_shift = 12 };
-    try std.testing.expectError(error.InvalidArgument, touch(bad, &.{0}, &atime, null, 1, &checked, &out));
+    const too_short = touch(lay, &.{2}, &short, null, 1, &checked, &out);
+    try std.testing.expectError(error.InvalidArgument, too_short);
+    const bad = Layout{
+        .record_count = 3,
+        .fixed = 0,
+        .entries = entries[0..64],
+        .data_size = 8192,
+        .region_shift = 12,
+    };
+    const no_entries = touch(bad, &.{0}, &atime, null, 1, &checked, &out);
+    try std.testing.expectError(error.InvalidArgument, no_entries);
 }
 
 test "begin takes the next tick and sets the watermark only when the slot is empty" {
-    const lay = Layout{ .record_count = 4, .fixed = 4096, .entries = &.{}, .data_size = 16384, .region_shift = 12 };
+    const lay = Layout{
+        .record_count = 4,
+        .fixed = 4096,
+        .entries = &.{},
+        .data_size = 16384,
+        .region_shift = 12,
+    };
     var atime: [4]u64 = @splat(0);
     const checked = [_]u8{0b1111};
     var out: [2]u64 = undefined;
@@ -177,12 +205,14 @@ test "begin takes the next tick and sets the watermark only when the slot is emp
     var tick: u64 = 41;
     var mark: u64 = none;
     const clock = Clock{ .lock_fd = null, .tick = &tick, .watermark = &mark };
-    try std.testing.expectEqual(@as(u64, 42), try begin(clock, lay, &.{ 2, 3 }, &atime, null, &checked, &out, &n));
+    const first = try begin(clock, lay, &.{ 2, 3 }, &atime, null, &checked, &out, &n);
+    try std.testing.expectEqual(@as(u64, 42), first);
     try std.testing.expectEqual(@as(usize, 0), n);
     try std.testing.expectEqual(@as(u64, 42), mark);
     try std.testing.expectEqualSlices(u64, &.{ 0, 0, 42, 42 }, &atime);
     // A second read while the first is in flight: the older watermark stays.
-    try std.testing.expectEqual(@as(u64, 43), try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n));
+    const second = try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n);
+    try std.testing.expectEqual(@as(u64, 43), second);
     try std.testing.expectEqual(@as(u64, 42), mark);
     try std.testing.expectEqualSlices(u64, &.{ 43, 0, 42, 42 }, &atime);
 }
@@ -196,17 +226,25 @@ test "begin takes and releases the lock file" {
     const fd = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
     try std.testing.expect(fd >= 0);
     defer _ = std.c.close(fd);
-    const lay = Layout{ .record_count = 1, .fixed = 8, .entries = &.{}, .data_size = 8, .region_shift = 12 };
+    const lay = Layout{
+        .record_count = 1,
+        .fixed = 8,
+        .entries = &.{},
+        .data_size = 8,
+        .region_shift = 12,
+    };
     var atime: [1]u64 = @splat(0);
     const checked = [_]u8{0};
     var out: [1]u64 = undefined;
     var n: usize = 0;
     var tick: u64 = 0;
     var mark: u64 = none;
-    _ = try begin(.{ .lock_fd = fd, .tick = &tick, .watermark = &mark }, lay, &.{0}, &atime, null, &checked, &out, &n);
+    const clock = Clock{ .lock_fd = fd, .tick = &tick, .watermark = &mark };
+    _ = try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n);
     try std.testing.expectEqual(@as(usize, 1), n);
     // Released: another descriptor of the file takes it at once.
     const other = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
     defer _ = std.c.close(other);
-    try std.testing.expectEqual(@as(c_int, 0), std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB));
+    const taken = std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB);
+    try std.testing.expectEqual(@as(c_int, 0), taken);
 }
