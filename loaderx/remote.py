@@ -208,7 +208,8 @@ class Binding:
         u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
         if not lay.fixed:
             # The records' index entries first (their places in the data).
-            u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
+            if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
+                u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
             if len(r.unchecked(u)):
                 self._fetch_index(r, np.unique(u))
         cache = self.cache

@@ -814,8 +814,12 @@ pub export fn lx_verify_records(
 /// `unchecked` (room for `count`), and their number to `*unchecked_count`.
 /// The layout is `fixed` bytes a record, or, with `fixed` 0, the 32-byte
 /// index entries at `entries` (`record_count` of them). Records outside
-/// `[0, record_count)` are skipped. Errors: invalid (a null pointer, arrays
-/// that do not match the layout; not on Windows), io (the lock).
+/// `[0, record_count)` are skipped. Any thread may call it; the flock
+/// orders it against other processes, but calls for the same `watermark`
+/// must not overlap (loaderx holds the process's thread lock around the
+/// call and its record of the tick). The library keeps none of the
+/// pointers. Errors: invalid (a null pointer, arrays that do not match the
+/// layout; not on Windows), io (the lock).
 pub export fn lx_replica_begin(
     lock_fd: c_int,
     tick: *u64,
