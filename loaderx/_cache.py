@@ -38,11 +38,15 @@ Eviction (``cache_limit``). ``data`` is evicted in regions of 64 blocks,
 least recently used first (a global tick stamped on every region a read
 touches), by clearing their bits and punching holes (``fallocate``), under
 the lock and the region's fetch locks. It never drops what a reader uses:
-a read stamps its regions with its tick under the lock before it looks at
-their bits, and each process publishes in its slot two watermarks: the
-tick of its oldest gather in flight, and that of the oldest of its last
-`PIN_CALLS` prefetches (which the loader reads next; a prefetch also stamps
-its regions' ``ptime``). Only regions last read before every live
+each process publishes in its slot two watermarks, the tick of its oldest
+gather in flight and that of the oldest of its last `PIN_CALLS` prefetches
+(which the loader reads next; a prefetch also stamps its regions'
+``ptime``), and a read stamps its regions with its tick before it looks at
+their bits. A read takes no lock for it (src/replica.zig: the watermark
+and the stamps come before the read of the cache's eviction sequence,
+which an eviction makes odd before it reads any of them; a read that meets
+an eviction waits for it, one that follows an eviction checks its records
+again). Only regions last read before every live
 process's oldest gather, and last prefetched before every oldest kept
 prefetch, are evicted; a slot whose process died is ignored.
 When everything is in use, the cache grows past its limit instead of
@@ -65,7 +69,6 @@ import threading
 import time
 import uuid
 import warnings
-from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -78,12 +81,13 @@ __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
 
 _MAGIC = 0x31454843584C  # "LXCHE1"
 _GLOBAL_SIZE = 4096 + 1024 * 16
+_VERSION = 2
 _STATE_MAGIC = 0x31415453584C  # "LXSTA1"
 SLOTS = 1024
 _NONE = np.uint64(2**64 - 1)
 #: Prefetch calls a process keeps protected from eviction (the loader reads
-#: each prefetched step within this many later prefetches).
-PIN_CALLS = 128
+#: each prefetched step within this many later prefetches; src/replica.zig).
+PIN_CALLS = len(ffi.new("lx_reads_t *").pins)
 #: Fetch planning: blocks closer than MAX_GAP bytes are fetched in one
 #: request (the gap's bytes are read and dropped), up to REQUEST_MAX bytes.
 MAX_GAP = 4 << 10
@@ -379,11 +383,18 @@ class _Proc:
         if self.slot < 0:
             raise InvalidArgumentError(f"{cache.root}: more than {SLOTS} processes share this "
                                        "cache directory")
-        self.active: dict = {}  # tick -> calls using it
-        self.pins: deque = deque()  # ticks of the last PIN_CALLS prefetches
+        # Its reads in flight and kept prefetches, and where it publishes
+        # them (src/replica.zig; under tlock).
+        self.reads = ffi.new("lx_reads_t *")
+        head = ffi.from_buffer("uint64_t[]", cache._head)
+        marks = ffi.from_buffer("uint64_t[]", cache._watermarks)
+        self.reads.tick = head + 2
+        self.reads.seq = head + 4
+        self.reads.marks = marks + 2 * self.slot
+        self.reads.lock_fd = self.lock_fd
+        self._keep = (head, marks)
         self.replicas: dict = {}  # key -> Replica
         self.depth = 0  # nesting of locked()
-        self.clock: Optional[tuple] = None  # Cache.clock's pointers
         self.warned = False
         self.guard = _Guard(self)
 
@@ -422,7 +433,7 @@ class Cache:
             if not os.path.exists(state) or os.path.getsize(state) < _GLOBAL_SIZE:
                 tmp = f"{state}.{uuid.uuid4().hex[:8]}"
                 with open(tmp, "wb") as f:
-                    f.write(struct.pack("<QQQQ", _MAGIC, 1, 0, 0))
+                    f.write(struct.pack("<QQQQQ", _MAGIC, _VERSION, 0, 0, 0))
                     f.write(b"\xff" * (_GLOBAL_SIZE - 4096))
                     f.truncate(_GLOBAL_SIZE)
                     f.flush()
@@ -432,10 +443,18 @@ class Cache:
             self._mm = mmap.mmap(fd, _GLOBAL_SIZE)
         finally:
             os.close(fd)
-        head = np.frombuffer(self._mm, np.uint64, 4, 0)
-        if int(head[0]) != _MAGIC or int(head[1]) != 1:
-            raise CorruptStoreError(f"{root}: not a loaderx cache directory (remove it)")
-        self._head = head  # [magic, version, tick, used bytes]
+        head = np.frombuffer(self._mm, np.uint64, 5, 0)
+        if int(head[0]) != _MAGIC or int(head[1]) not in (1, _VERSION):
+            raise CorruptStoreError(f"{root}: not a loaderx cache directory of this version "
+                                    "(remove it)")
+        if int(head[1]) == 1:
+            # Version 1 locked every read; version 2 reads without the lock
+            # and counts evictions in word 4 (all ones in a version-1 file).
+            with self._flock():
+                if int(head[1]) == 1:
+                    head[4] = 0
+                    head[1] = _VERSION
+        self._head = head  # [magic, version, tick, used bytes, eviction sequence]
         self._state_id = _file_id(state)
         # Per slot: the oldest read in flight, the oldest prefetch kept.
         self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
@@ -476,27 +495,16 @@ class Cache:
         return self.proc().guard
 
     # -- reads in use (eviction watermarks)
-    def clock(self, p: _Proc) -> tuple:
-        """Pointers to the global tick and to this process's two watermarks
-        (reads in flight, prefetches kept), for the native start of a read."""
-        c = p.clock
-        if c is None:
-            head = ffi.from_buffer("uint64_t[]", self._head)
-            marks = ffi.from_buffer("uint64_t[]", self._watermarks)
-            c = p.clock = (head + 2, marks + 2 * p.slot, marks + 2 * p.slot + 1)
-        return c
-
     def end(self, tick: int) -> None:
+        """The read of `tick` (Replica.begin_read) is over."""
         p = self.proc()
         with p.tlock:
-            p.active.pop(tick, None)
-            self.publish(p)
+            lib.lx_replica_end(p.reads, tick)
 
-    def publish(self, p: _Proc) -> None:
-        """This process's watermarks from its reads in flight and prefetches
-        kept (under ``p.tlock``; raising one needs no cache lock)."""
-        self._watermarks[p.slot, 0] = np.uint64(min(p.active)) if p.active else _NONE
-        self._watermarks[p.slot, 1] = np.uint64(p.pins[0]) if p.pins else _NONE
+    def forget_prefetches(self, p: _Proc) -> None:
+        """Drops this process's kept prefetches (under ``p.tlock``)."""
+        p.reads.pins_kept = 0
+        self._watermarks[p.slot, 1] = _NONE
 
     def _min_watermarks(self, p: _Proc) -> tuple[int, int]:
         """The oldest read in flight and the oldest prefetch kept, over every
@@ -539,6 +547,22 @@ class Cache:
         if used <= limit:
             return
         target = int(limit * 0.9)
+        seq = p.reads.seq
+        lib.lx_cache_evicting(seq)  # odd: reads that start now wait (src/replica.zig)
+        try:
+            used = self._evict(p, replicas, used, target)
+        finally:
+            lib.lx_cache_evicting(seq)  # even: every eviction is counted
+        self._head[3] = np.uint64(used)
+        if used > limit and not p.warned:
+            p.warned = True
+            warnings.warn(f"loaderx cache {self.root} holds {used} bytes, over its limit of "
+                          f"{limit}: every cached range is being read (raise cache_limit)",
+                          RuntimeWarning, stacklevel=4)
+
+    def _evict(self, p: _Proc, replicas: list, used: int, target: int) -> int:
+        """Evicts the least recently used regions no read uses until `used`
+        is at most `target` or none is left; returns the new `used`."""
         reading, pinned = (np.uint64(w) for w in self._min_watermarks(p))
         cands = []
         for k, r in enumerate(replicas):
@@ -555,12 +579,7 @@ class Cache:
                 if used <= target:
                     break
                 used -= replicas[int(which[j])].evict_region(p, int(regions[j]))
-        self._head[3] = np.uint64(used)
-        if used > limit and not p.warned:
-            p.warned = True
-            warnings.warn(f"loaderx cache {self.root} holds {used} bytes, over its limit of "
-                          f"{limit}: every cached range is being read (raise cache_limit)",
-                          RuntimeWarning, stacklevel=4)
+        return used
 
     def _all_replicas(self, p: _Proc) -> list:
         out = []
@@ -645,8 +664,22 @@ class Replica:
             self._entries = np.memmap(os.path.join(self.dir, "index"), _ENTRY_DTYPE, "r",
                                       shape=(lay.record_count,))
         self._checked = np.zeros(-(-lay.record_count // 8), np.uint8)
-        self._checked_at = self.state.evictions
-        self._native: Optional[tuple] = None  # cdata of the arrays above (touch)
+        # The replica as the native start of a read sees it (src/replica.zig).
+        st = self.state
+        rep = self._rep = ffi.new("lx_replica_t *")
+        keep = [ffi.from_buffer("uint64_t[]", st.atime), ffi.from_buffer("uint64_t[]", st.ptime),
+                ffi.from_buffer("uint8_t[]", self._checked),
+                ffi.from_buffer("uint64_t[]", st.header)]
+        rep.atime, rep.ptime, rep.checked = keep[0], keep[1], keep[2]
+        rep.evictions = keep[3] + 9
+        rep.regions = len(st.atime)
+        if self._entries is not None:
+            keep.append(ffi.from_buffer("uint8_t[]", self._entries))
+            rep.entries = keep[-1]
+        rep.record_count, rep.fixed, rep.data_size = lay.record_count, lay.fixed, lay.data_size
+        rep.region_shift = lay.dshift + 6
+        rep.checked_at = st.evictions
+        self._keep = keep
         self.fetched = 0  # bytes this process fetched for this replica
 
     def current(self) -> bool:
@@ -807,43 +840,26 @@ class Replica:
     # -- the read protocol
     def begin_read(self, p: _Proc, u: np.ndarray, pin: bool) -> tuple[int, np.ndarray]:
         """Starts a read of records `u` (int64; those outside the store are
-        skipped), natively (src/replica.zig) and under the cache's lock: its
-        tick, the process's watermark set to it if the slot holds none
-        (reads, or prefetches with `pin`), its regions' ``atime`` (and
-        ``ptime`` with `pin`) stamped with it. Returns the tick and those of
-        `u` this process has not checked, as `unchecked` does. The caller
-        holds ``p.tlock`` and records the tick in ``p.active`` or ``p.pins``
-        before releasing it. A table layout's index entries of `u` must be
-        present."""
-        self._reset_checked()
-        c = self._native
-        if c is None:
-            st = self.state
-            # Arrays that live as long as the replica: their pointers once.
-            c = self._native = (
-                ffi.from_buffer("uint64_t[]", st.atime), ffi.from_buffer("uint64_t[]", st.ptime),
-                ffi.from_buffer("uint8_t[]", self._checked),
-                ffi.NULL if self._entries is None else ffi.from_buffer("uint8_t[]", self._entries),
-                len(st.atime))
-        clock = self.cache.clock(p)
-        lay = self.layout
+        skipped), natively (src/replica.zig, no lock unless an eviction
+        runs): its tick, the process's watermarks, its regions' ``atime``
+        (and ``ptime`` with `pin`, a prefetch kept for the next PIN_CALLS
+        prefetches) stamped with it. Returns the tick (for ``Cache.end``; a
+        prefetch's needs none) and those of `u` this process has not
+        checked, as `unchecked` does. The caller holds ``p.tlock``. A table
+        layout's index entries of `u` must be present."""
         out = np.empty(len(u), np.int64)
         res = ffi.new("uint64_t[2]")  # unchecked count, tick
         # int64 records as the uint64 the ABI takes: a negative one is out of range.
-        check(lib.lx_replica_begin(-1 if p.depth else p.lock_fd, clock[0],
-                                   clock[2] if pin else clock[1],
-                                   ffi.from_buffer("uint64_t[]", u), len(u), lay.record_count,
-                                   lay.fixed, c[3], lay.data_size, lay.dshift + 6, c[0],
-                                   c[1] if pin else ffi.NULL, c[4], c[2],
-                                   ffi.from_buffer("uint64_t[]", out), res, res + 1),
-              self.dir, "cache bookkeeping")
+        check(lib.lx_replica_begin(p.reads, self._rep, ffi.from_buffer("uint64_t[]", u), len(u),
+                                   pin, p.depth > 0, ffi.from_buffer("uint64_t[]", out), res,
+                                   res + 1), self.dir, "cache bookkeeping")
         return int(res[1]), out[:res[0]]
 
     def _reset_checked(self) -> None:
         ev = self.state.evictions
-        if ev != self._checked_at:
+        if ev != self._rep.checked_at:
             self._checked[:] = 0
-            self._checked_at = ev
+            self._rep.checked_at = ev
 
     def unchecked(self, u: np.ndarray) -> np.ndarray:
         """Records of `u` this process has not checked since the last eviction

@@ -200,8 +200,8 @@ class Binding:
         eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
         protected for the process's next prefetches instead)."""
         # Kept lean: a warm batch takes this path only (one native call takes
-        # the cache's lock, the tick and the watermark, stamps the records'
-        # regions and lists the unchecked).
+        # the tick, publishes the watermark, stamps the records' regions and
+        # lists the unchecked, without the cache's lock).
         r = self.replica()
         lay = r.layout
         u = np.asarray(indices)
@@ -212,17 +212,9 @@ class Binding:
                 u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
             if len(r.unchecked(u)):
                 self._fetch_index(r, np.unique(u))
-        cache = self.cache
-        p = cache.proc()
-        with p.tlock:  # the tick joins this process's reads before another thread's end()
+        p = self.cache.proc()
+        with p.tlock:  # the process's reads in flight: one thread at a time
             tick, todo = r.begin_read(p, u, pin)
-            if pin:
-                p.pins.append(tick)
-                while len(p.pins) > PIN_CALLS:
-                    p.pins.popleft()
-                cache.publish(p)
-            else:
-                p.active[tick] = 1
         if not len(todo):
             return tick
         todo = np.unique(todo)

@@ -803,77 +803,86 @@ pub export fn lx_verify_records(
     return 0;
 }
 
-/// Starts a read through a remote store's node-local cache (src/replica.zig,
-/// loaderx/_cache.py): takes the cache's lock (flock on `lock_fd`; -1 when
-/// the caller holds it), writes the next tick (`*tick` + 1) to `*tick` and
-/// `*out_tick`, sets `*watermark` to it if it holds none (all ones), and
-/// stamps the cache regions (2^region_shift bytes of data) of
-/// `records[0..count]` with it in `atime[0..regions]` and, when `ptime` is
-/// not null, in `ptime[0..regions]`; then releases the lock. Writes the
-/// records whose bit in `checked` (one bit per record) is clear to
-/// `unchecked` (room for `count`), and their number to `*unchecked_count`.
-/// The layout is `fixed` bytes a record, or, with `fixed` 0, the 32-byte
-/// index entries at `entries` (`record_count` of them). Records outside
-/// `[0, record_count)` are skipped. Any thread may call it; the flock
-/// orders it against other processes, but calls for the same `watermark`
-/// must not overlap (loaderx holds the process's thread lock around the
-/// call and its record of the tick). The library keeps none of the
-/// pointers. Errors: invalid (a null pointer, arrays that do not match the
-/// layout; not on Windows), io (the lock).
+/// One replica of a remote store in the node-local cache (src/replica.zig).
+pub const ReplicaSpec = replica.Replica;
+/// One process's reads through one node-local cache (src/replica.zig).
+pub const Reads = replica.Reads;
+
+/// Starts a read of `records[0..count]` through a remote store's node-local
+/// cache (src/replica.zig has the protocol; loaderx/_cache.py owns the
+/// cache), without its lock unless an eviction runs: the next tick (written
+/// to `*out_tick`), recorded in `reads` among the process's reads in flight
+/// or, with `pin` non-zero, among its kept prefetches; the process's
+/// watermarks; the tick stamped on every cache region the records' bytes
+/// touch (`atime`, and `ptime` with `pin`); then the records this process
+/// has not checked since the replica's last eviction, in batch order, to
+/// `unchecked` (room for `count`) and their number to `*unchecked_count`.
+/// `locked` non-zero: the caller holds the cache's lock. Records outside
+/// the store are skipped. Calls with the same `reads` must not overlap
+/// (loaderx holds the process's thread lock around them); the library
+/// keeps none of the pointers. Errors: invalid (a null pointer, arrays that
+/// do not match the layout), busy (`reads` has 256 reads in flight), io
+/// (the lock; the node-local cache needs flock: not on Windows).
 pub export fn lx_replica_begin(
-    lock_fd: c_int,
-    tick: *u64,
-    watermark: *u64,
+    reads: ?*Reads,
+    rep: ?*ReplicaSpec,
     records: ?[*]const u64,
     count: u64,
-    record_count: u64,
-    fixed: u64,
-    entries: ?[*]const u8,
-    data_size: u64,
-    region_shift: u32,
-    atime: ?[*]u64,
-    ptime: ?[*]u64,
-    regions: u64,
-    checked: ?[*]const u8,
+    pin: u32,
+    locked: u32,
     unchecked: ?[*]u64,
     unchecked_count: *u64,
     out_tick: *u64,
 ) c_int {
     diag.clear();
     unchecked_count.* = 0;
-    if (region_shift > 63) return invalid("region_shift {d} is over 63", .{region_shift});
-    const at = atime orelse return invalid("atime is null", .{});
-    const bits = checked orelse return invalid("checked is null", .{});
+    const p = reads orelse return invalid("reads is null", .{});
+    const r = rep orelse return invalid("the replica is null", .{});
     if (count != 0 and (records == null or unchecked == null))
         return invalid("records or unchecked is null", .{});
-    const table = fixed == 0 and record_count != 0;
-    if (table and entries == null) return invalid("entries is null (a table layout)", .{});
-    const lay = replica.Layout{
-        .record_count = record_count,
-        .fixed = fixed,
-        .entries = if (table) entries.?[0..@intCast(record_count * replica.entry_size)] else &.{},
-        .data_size = data_size,
-        .region_shift = @intCast(region_shift),
-    };
     var n: usize = 0;
     out_tick.* = replica.begin(
-        .{ .lock_fd = if (lock_fd < 0) null else lock_fd, .tick = tick, .watermark = watermark },
-        lay,
+        p,
+        r,
         if (count != 0) records.?[0..@intCast(count)] else &.{},
-        at[0..@intCast(regions)],
-        if (ptime) |p| p[0..@intCast(regions)] else null,
-        bits[0..@intCast((record_count + 7) / 8)],
+        pin != 0,
+        locked != 0,
         if (count != 0) unchecked.?[0..@intCast(count)] else &.{},
         &n,
     ) catch |e| return switch (e) {
         error.InvalidArgument => invalid(
-            "{d} records over {d} regions of 2^{d} bytes: a region lies beyond the state's arrays",
-            .{ record_count, regions, region_shift },
+            "{d} records over {d} regions of 2^{d} bytes: a pointer is null or a region " ++
+                "lies beyond the state's arrays",
+            .{ r.record_count, r.regions, r.region_shift },
         ),
-        error.Unsupported => invalid("the node-local cache needs flock (not on Windows)", .{}),
-        error.LockFailed => io("the cache's lock file (fd {d}) could not be locked", .{lock_fd}),
+        error.Busy => blk: {
+            diag.set("{d} reads in flight in one process through one cache", .{replica.max_reads});
+            break :blk @backingInt(Result.busy);
+        },
+        error.Unsupported => io("the node-local cache needs flock (not on Windows)", .{}),
+        error.LockFailed => io("the cache's lock file (fd {d}) could not be locked", .{p.lock_fd}),
     };
     unchecked_count.* = n;
+    return 0;
+}
+
+/// The read of `tick` through `reads` is over (lx_replica_begin): the
+/// process's watermark rises to its oldest read still in flight. A tick not
+/// in flight (a prefetch's, or one ended already) changes nothing. The same
+/// rule as lx_replica_begin: calls with the same `reads` must not overlap.
+pub export fn lx_replica_end(reads: ?*Reads, tick: u64) c_int {
+    diag.clear();
+    const p = reads orelse return invalid("reads is null", .{});
+    replica.end(p, tick);
+    return 0;
+}
+
+/// An eviction of the node-local cache starts or ends (the caller holds
+/// the cache's lock): moves the cache's eviction sequence `*seq` on by one,
+/// with a full barrier (src/replica.zig).
+pub export fn lx_cache_evicting(seq: ?*u64) c_int {
+    diag.clear();
+    replica.evicting(seq orelse return invalid("seq is null", .{}));
     return 0;
 }
 

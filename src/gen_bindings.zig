@@ -30,6 +30,8 @@ const named = .{
     .{ capi.LoaderPart, "lx_loader_part_t" },
     .{ capi.WindowsSpec, "lx_windows_t" },
     .{ capi.IdentitySpec, "lx_identity_t" },
+    .{ capi.ReplicaSpec, "lx_replica_t" },
+    .{ capi.Reads, "lx_reads_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -107,6 +109,7 @@ const cdef = blk: {
         capi.Part,         capi.LoaderConfig, capi.Cursor,
         capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
         capi.WindowsSpec,  capi.PoolStats,    capi.IdentitySpec,
+        capi.ReplicaSpec,  capi.Reads,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {

@@ -1,14 +1,32 @@
 //! The hot path of a read through the node-local cache of a remote store
-//! (loaderx/_cache.py owns the cache; docs/remote.md): the warm part of
-//! `Binding.begin`, in one pass over a batch instead of a dozen numpy calls.
+//! (loaderx/_cache.py owns the cache; docs/remote.md): the start and the end
+//! of a read, in one native call each and without the cache's lock.
 //!
-//! For each record of the batch it finds the cache regions its bytes touch
-//! (a region is 2^region_shift bytes of the store's data), stamps them with
-//! the read's tick (`atime`, and `ptime` for a prefetch, which eviction
-//! reads to keep what a reader uses), and reports the records this process
-//! has not checked yet (a clear bit in `checked`). Python holds the cache's
-//! lock around the call; the arrays are the cache's shared state file and
-//! the replica's own bitmap, which Python sized for the store.
+//! For each record of a read it finds the cache regions its bytes touch (a
+//! region is 2^region_shift bytes of the store's data), stamps them with the
+//! read's tick (`atime`, and `ptime` for a prefetch, which eviction reads to
+//! keep what a reader uses), and reports the records this process has not
+//! checked since the replica's last eviction (a clear bit in `checked`).
+//!
+//! The protocol that keeps eviction off the regions a read uses, lock-free
+//! on the read side. Eviction runs under the cache's lock (flock) and makes
+//! the cache's eviction sequence odd (`evicting`) before it reads a
+//! watermark or a stamp, and even again once every region it dropped is
+//! counted in its replica's eviction count. A read (`begin`):
+//!   1. takes the next tick and publishes its process's watermark (the
+//!      oldest tick of the process's reads in flight) in the process's slot;
+//!   2. stamps its regions with the tick (never lowering a stamp);
+//!   3. reads the sequence (a read-modify-write: ordered after 1 and 2).
+//! An eviction that makes the sequence odd after 3 sees the watermark and
+//! the stamps of 1 and 2, and keeps the regions. One that made it odd
+//! before 3 either still runs (odd at 3: the read waits for it under the
+//! lock) or is over and counted (even at 3: the eviction count differs
+//! from the one the process's checked bits belong to, so every record is
+//! unchecked, and Python fetches what is missing and checks it). A process
+//! killed while evicting leaves the sequence odd: the next read that sees
+//! it takes the lock, which the dead process no longer holds, and makes it
+//! even. The caller orders its own threads (loaderx holds the process's
+//! thread lock around `begin` and `end`).
 const std = @import("std");
 const builtin = @import("builtin");
 
@@ -35,52 +53,168 @@ fn span(lay: Layout, record: u64) [2]u64 {
     const stored = std.mem.readInt(u64, e[8..16], .little);
     const aux = std.mem.readInt(u16, e[30..32], .little);
     const start = @min(offset, lay.data_size);
-    const end = @min(@max(offset +| stored +| aux, start), lay.data_size);
-    return .{ start, end };
+    const stop = @min(@max(offset +| stored +| aux, start), lay.data_size);
+    return .{ start, stop };
 }
 
 pub const entry_size = 32;
 
-pub const Error = error{ InvalidArgument, LockFailed, Unsupported };
+pub const Error = error{ InvalidArgument, LockFailed, Unsupported, Busy };
 
 /// A watermark slot with no read (or prefetch) in it.
 pub const none: u64 = std.math.maxInt(u64);
 
-/// The read's place in the cache's shared state (the state file's head and
-/// this process's watermark slot, as loaderx/_cache.py maps them).
-pub const Clock = struct {
-    /// The cache's lock file, taken with flock around the read's start; null
-    /// when the caller holds it already.
-    lock_fd: ?c_int,
-    /// The cache's global tick (the state file's head word 2).
-    tick: *u64,
-    /// This process's watermark of reads in flight, or of prefetches kept.
-    watermark: *u64,
+/// Reads one process may have in flight through one cache at once.
+pub const max_reads = 256;
+/// Prefetches a process keeps protected from eviction (the loader reads
+/// each prefetched step within this many later prefetches).
+pub const pin_calls = 128;
+
+/// One replica, as the start of a read through it needs it (C:
+/// lx_replica_t; loaderx/_cache.py fills it once per replica and process).
+pub const Replica = extern struct {
+    record_count: u64,
+    /// Bytes of every record, or 0: a table layout, `entries` holds them.
+    fixed: u64,
+    entries: ?[*]const u8,
+    data_size: u64,
+    region_shift: u32,
+    _reserved: u32,
+    /// The regions' last read and last prefetch ticks (the replica's state file).
+    atime: ?[*]u64,
+    ptime: ?[*]u64,
+    regions: u64,
+    /// One bit per record: checked by this process since `checked_at`.
+    checked: ?[*]u8,
+    /// The replica's eviction count (its state file).
+    evictions: ?*u64,
+    /// The eviction count `checked` belongs to.
+    checked_at: u64,
+
+    fn layout(r: *const Replica) Error!Layout {
+        if (r.region_shift > 63 or r.atime == null or r.ptime == null or r.checked == null or
+            r.evictions == null) return error.InvalidArgument;
+        const table = r.fixed == 0 and r.record_count != 0;
+        if (table and r.entries == null) return error.InvalidArgument;
+        return .{
+            .record_count = r.record_count,
+            .fixed = r.fixed,
+            .entries = if (table) r.entries.?[0..@intCast(r.record_count * entry_size)] else &.{},
+            .data_size = r.data_size,
+            .region_shift = @intCast(r.region_shift),
+        };
+    }
 };
 
-/// Starts a read under the cache's lock: the next tick; the process's
-/// watermark set to it when the process has no read (or prefetch) in the
-/// slot yet (otherwise it is already older, and keeps the regions of every
-/// newer tick); then `touch`. Eviction runs under the same lock and keeps
-/// every region stamped at or after the oldest watermark, so the records'
-/// regions are safe from the moment the lock is released. Returns the tick.
+/// One process's reads through one cache (C: lx_reads_t; one per process,
+/// made again in a forked child).
+pub const Reads = extern struct {
+    /// The cache's global tick (its state file's head word 2).
+    tick: ?*u64,
+    /// The cache's eviction sequence (head word 4): odd while an eviction runs.
+    seq: ?*u64,
+    /// This process's slot: the oldest read in flight, the oldest prefetch kept.
+    marks: ?[*]u64,
+    /// The cache's lock file, for the rare read that meets an eviction.
+    lock_fd: c_int,
+    /// Reads in flight (`active[0..reads]`).
+    reads: u32,
+    /// The prefetches kept, oldest first: `pins[(first + i) % pin_calls]`.
+    pins_first: u32,
+    pins_kept: u32,
+    active: [max_reads]u64,
+    pins: [pin_calls]u64,
+};
+
+/// Starts a read of `records` through replica `r` (see the file's comment):
+/// its tick, recorded among the process's reads in flight (or, with `pin`,
+/// among its kept prefetches, the oldest of which `pin_calls` later
+/// prefetches drop); the watermarks; the stamps; then the records this
+/// process has not checked, in batch order, written to `unchecked` (their
+/// number returned in `unchecked_count`). `locked`: the caller holds the
+/// cache's lock already. Records outside the store are skipped (the read
+/// that follows names them). Returns the tick, for `end`.
 pub fn begin(
-    clock: Clock,
-    lay: Layout,
+    p: *Reads,
+    r: *Replica,
     records: []const u64,
-    atime: []u64,
-    ptime: ?[]u64,
-    checked: []const u8,
+    pin: bool,
+    locked: bool,
     unchecked: []u64,
     unchecked_count: *usize,
 ) Error!u64 {
-    if (clock.lock_fd) |fd| try flock(fd, std.posix.LOCK.EX);
-    defer if (clock.lock_fd) |fd| flock(fd, std.posix.LOCK.UN) catch {};
-    const tick = clock.tick.* + 1;
-    clock.tick.* = tick;
-    if (clock.watermark.* == none) clock.watermark.* = tick;
-    unchecked_count.* = try touch(lay, records, atime, ptime, tick, checked, unchecked);
+    const lay = try r.layout();
+    const tick_word = p.tick orelse return error.InvalidArgument;
+    const seq = p.seq orelse return error.InvalidArgument;
+    const marks = p.marks orelse return error.InvalidArgument;
+    const regions: usize = @intCast(r.regions);
+    if (checkedBytes(lay) > std.math.maxInt(usize)) return error.InvalidArgument;
+    if (!pin and p.reads >= max_reads) return error.Busy;
+    // 1. The tick, and the watermark before any stamp.
+    const tick = @atomicRmw(u64, tick_word, .Add, 1, .seq_cst) +% 1;
+    if (pin) {
+        if (p.pins_kept == pin_calls) {
+            p.pins_first = (p.pins_first + 1) % pin_calls;
+            p.pins_kept -= 1;
+        }
+        p.pins[(p.pins_first + p.pins_kept) % pin_calls] = tick;
+        p.pins_kept += 1;
+        // The oldest kept prefetch: lowered only from `none` (a new tick is
+        // newer than any kept), raised as the oldest is dropped.
+        @atomicStore(u64, &marks[1], p.pins[p.pins_first], .seq_cst);
+    } else {
+        p.active[p.reads] = tick;
+        p.reads += 1;
+        if (@atomicLoad(u64, &marks[0], .seq_cst) == none)
+            @atomicStore(u64, &marks[0], tick, .seq_cst);
+    }
+    errdefer if (!pin) end(p, tick);
+    // 2. The stamps.
+    const atime = r.atime.?[0..regions];
+    const ptime = if (pin) r.ptime.?[0..regions] else null;
+    try stamp(lay, records, atime, ptime, tick);
+    // 3. The sequence, read after 1 and 2.
+    if (@atomicRmw(u64, seq, .Add, 0, .seq_cst) & 1 != 0) {
+        // An eviction runs (or died running): wait for it under the lock.
+        if (!locked) try flock(p.lock_fd, std.posix.LOCK.EX);
+        defer if (!locked) flock(p.lock_fd, std.posix.LOCK.UN) catch {};
+        if (@atomicLoad(u64, seq, .seq_cst) & 1 != 0) _ = @atomicRmw(u64, seq, .Add, 1, .seq_cst);
+    }
+    const checked = r.checked.?[0..@intCast(checkedBytes(lay))];
+    const ev = @atomicLoad(u64, r.evictions.?, .seq_cst);
+    if (ev != r.checked_at) {
+        @memset(checked, 0);
+        r.checked_at = ev;
+    }
+    unchecked_count.* = listUnchecked(lay, records, checked, unchecked);
     return tick;
+}
+
+/// The read of `tick` is over: the process's watermark rises to its oldest
+/// read still in flight (none left: the slot is empty). A tick that is not
+/// in flight (a prefetch's, or one ended already) changes nothing.
+pub fn end(p: *Reads, tick: u64) void {
+    const marks = p.marks orelse return;
+    var i: u32 = 0;
+    while (i < p.reads) : (i += 1) {
+        if (p.active[i] == tick) break;
+    } else return;
+    p.reads -= 1;
+    p.active[i] = p.active[p.reads];
+    var low: u64 = none;
+    for (p.active[0..p.reads]) |t| low = @min(low, t);
+    @atomicStore(u64, &marks[0], low, .seq_cst);
+}
+
+/// An eviction starts or ends (under the cache's lock): the sequence moves
+/// to odd, or back to even, with a full barrier (an eviction's loads of
+/// watermarks and stamps come after its start).
+pub fn evicting(seq: *u64) void {
+    _ = @atomicRmw(u64, seq, .Add, 1, .seq_cst);
+}
+
+fn checkedBytes(lay: Layout) u64 {
+    return (lay.record_count + 7) / 8;
 }
 
 fn flock(fd: c_int, op: c_int) Error!void {
@@ -90,37 +224,42 @@ fn flock(fd: c_int, op: c_int) Error!void {
     }
 }
 
-/// Stamps the regions of `records` with `tick` (in `atime`, and in `ptime`
-/// when given) and writes the records whose `checked` bit is clear to
-/// `unchecked`, in batch order; returns their number. Records outside the
-/// store (a negative index seen as a u64 among them) are skipped (the read
-/// that follows names them). A region beyond
+/// Raises `slot` to `tick` (never lowers it: reads of two processes stamp a
+/// shared region in any order, and the newer must stay).
+fn raise(slot: *u64, tick: u64) void {
+    var cur = @atomicLoad(u64, slot, .monotonic);
+    while (cur < tick) {
+        cur = @cmpxchgWeak(u64, slot, cur, tick, .seq_cst, .monotonic) orelse return;
+    }
+}
+
+/// Stamps every region of `records` with `tick` (in `atime`, and in `ptime`
+/// when given). Records outside the store are skipped. A region beyond
 /// `atime` is an InvalidArgument: the arrays do not match the layout.
-pub fn touch(
-    lay: Layout,
-    records: []const u64,
-    atime: []u64,
-    ptime: ?[]u64,
-    tick: u64,
-    checked: []const u8,
-    unchecked: []u64,
-) Error!usize {
-    std.debug.assert(unchecked.len >= records.len);
-    if (lay.fixed == 0 and lay.entries.len < lay.record_count * entry_size)
-        return error.InvalidArgument;
-    if (checked.len * 8 < lay.record_count) return error.InvalidArgument;
-    var n: usize = 0;
+fn stamp(lay: Layout, records: []const u64, atime: []u64, ptime: ?[]u64, tick: u64) Error!void {
     for (records) |record| {
         if (record >= lay.record_count) continue;
         const s = span(lay, record);
         const first = s[0] >> lay.region_shift;
         const last = (@max(s[1], s[0] + 1) - 1) >> lay.region_shift;
         if (last >= atime.len) return error.InvalidArgument;
-        if (ptime) |p| if (last >= p.len) return error.InvalidArgument;
-        for ([_]u64{ first, last }) |region| {
-            atime[@intCast(region)] = tick;
-            if (ptime) |p| p[@intCast(region)] = tick;
+        // Every region the record's bytes touch: a record of a ragged store
+        // can be many times the mean (a region is ~4-8 mean records).
+        var region = first;
+        while (region <= last) : (region += 1) {
+            raise(&atime[@intCast(region)], tick);
+            if (ptime) |t| raise(&t[@intCast(region)], tick);
         }
+    }
+}
+
+/// Writes the records of `records` (in the store) whose `checked` bit is
+/// clear to `unchecked`, in batch order; returns their number.
+fn listUnchecked(lay: Layout, records: []const u64, checked: []const u8, unchecked: []u64) usize {
+    std.debug.assert(unchecked.len >= records.len);
+    var n: usize = 0;
+    for (records) |record| {
+        if (record >= lay.record_count) continue;
         if (checked[@intCast(record >> 3)] >> @intCast(record & 7) & 1 == 0) {
             unchecked[n] = record;
             n += 1;
@@ -129,26 +268,93 @@ pub fn touch(
     return n;
 }
 
-test "touch stamps the first and last region of each record and lists the unchecked" {
-    // Records of 3000 B, regions of 4 KiB: record 1 spans regions 0 and 1.
-    const lay = Layout{
-        .record_count = 10,
-        .fixed = 3000,
-        .entries = &.{},
-        .data_size = 30000,
-        .region_shift = 12,
+/// A replica of `count` records of `fixed` bytes (or of the table
+/// `entries`), with the state arrays given, for the tests.
+fn testReplica(
+    count: u64,
+    fixed: u64,
+    entries: []const u8,
+    data_size: u64,
+    shift: u32,
+    atime: []u64,
+    ptime: []u64,
+    checked: []u8,
+    evictions: *u64,
+) Replica {
+    return .{
+        .record_count = count,
+        .fixed = fixed,
+        .entries = if (entries.len != 0) entries.ptr else null,
+        .data_size = data_size,
+        .region_shift = shift,
+        ._reserved = 0,
+        .atime = atime.ptr,
+        .ptime = ptime.ptr,
+        .regions = atime.len,
+        .checked = checked.ptr,
+        .evictions = evictions,
+        .checked_at = evictions.*,
     };
+}
+
+fn testReads(tick: *u64, seq: *u64, marks: *[2]u64, lock_fd: c_int) Reads {
+    var p: Reads = undefined;
+    p.tick = tick;
+    p.seq = seq;
+    p.marks = marks;
+    p.lock_fd = lock_fd;
+    p.reads = 0;
+    p.pins_first = 0;
+    p.pins_kept = 0;
+    return p;
+}
+
+test "begin stamps every region of each record and lists the unchecked" {
+    // Records of 3000 B, regions of 4 KiB: record 1 spans regions 0 and 1.
     var atime: [8]u64 = @splat(0);
+    var ptime: [8]u64 = @splat(0);
     var checked = [_]u8{ 0b0000_0010, 0 }; // record 1 checked
+    var ev: u64 = 0;
+    var r = testReplica(10, 3000, &.{}, 30000, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 6;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, -1);
     var out: [4]u64 = undefined;
-    const n = try touch(lay, &.{ 1, 9, std.math.maxInt(u64), 10 }, &atime, null, 7, &checked, &out);
+    var n: usize = 99;
+    const t = try begin(&p, &r, &.{ 1, 9, std.math.maxInt(u64), 10 }, false, true, &out, &n);
+    try std.testing.expectEqual(@as(u64, 7), t);
     try std.testing.expectEqual(@as(usize, 1), n);
     try std.testing.expectEqual(@as(u64, 9), out[0]);
     // 1: bytes 3000..6000 -> regions 0, 1; 9: 27000..30000 -> regions 6, 7.
     try std.testing.expectEqualSlices(u64, &.{ 7, 7, 0, 0, 0, 0, 7, 7 }, &atime);
+    try std.testing.expectEqualSlices(u64, &(@as([8]u64, @splat(0))), &ptime);
 }
 
-test "touch reads a table layout's entries, clamps them, and refuses short arrays" {
+test "begin stamps every region of a record many regions long, never lowering a stamp" {
+    var entries: [2 * entry_size]u8 = @splat(0);
+    const e1 = entries[entry_size..][0..entry_size];
+    std.mem.writeInt(u64, e1[0..8], 100, .little); // record 1: 100..13000, regions 0..3
+    std.mem.writeInt(u64, e1[8..16], 12900, .little);
+    var atime = [_]u64{ 0, 50, 0, 0, 0 };
+    var ptime: [5]u64 = @splat(0);
+    var checked = [_]u8{0b11};
+    var ev: u64 = 0;
+    var r = testReplica(2, 0, &entries, 20000, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 8;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, -1);
+    var out: [1]u64 = undefined;
+    var n: usize = 0;
+    _ = try begin(&p, &r, &.{1}, true, true, &out, &n);
+    try std.testing.expectEqual(@as(usize, 0), n);
+    // Region 1 was stamped by a newer read of another process: it keeps 50.
+    try std.testing.expectEqualSlices(u64, &.{ 9, 50, 9, 9, 0 }, &atime);
+    try std.testing.expectEqualSlices(u64, &.{ 9, 9, 9, 9, 0 }, &ptime);
+}
+
+test "begin reads a table layout's entries, clamps them, and refuses short arrays" {
     var entries: [3 * entry_size]u8 = @splat(0);
     const put = struct {
         fn f(buf: []u8, i: usize, offset: u64, stored: u64, aux: u16) void {
@@ -161,63 +367,69 @@ test "touch reads a table layout's entries, clamps them, and refuses short array
     put(&entries, 0, 0, 100, 0);
     put(&entries, 1, 5000, 90, 10); // 5000..5100: region 1 (4 KiB regions)
     put(&entries, 2, 1 << 40, 1 << 62, 0); // damaged: clamped to the data's end
-    const lay = Layout{
-        .record_count = 3,
-        .fixed = 0,
-        .entries = &entries,
-        .data_size = 8192,
-        .region_shift = 12,
-    };
     var atime = [_]u64{ 0, 0, 0 };
     var ptime = [_]u64{ 0, 0, 0 };
-    const checked = [_]u8{0};
+    var checked = [_]u8{0};
+    var ev: u64 = 0;
+    var r = testReplica(3, 0, &entries, 8192, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 2;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, -1);
     var out: [3]u64 = undefined;
-    const n = try touch(lay, &.{ 1, 2 }, &atime, &ptime, 3, &checked, &out);
+    var n: usize = 0;
+    _ = try begin(&p, &r, &.{ 1, 2 }, true, true, &out, &n);
     try std.testing.expectEqual(@as(usize, 2), n);
     try std.testing.expectEqualSlices(u64, &.{ 0, 3, 3 }, &atime);
     try std.testing.expectEqualSlices(u64, &.{ 0, 3, 3 }, &ptime);
-    var short = [_]u64{0};
-    const too_short = touch(lay, &.{2}, &short, null, 1, &checked, &out);
-    try std.testing.expectError(error.InvalidArgument, too_short);
-    const bad = Layout{
-        .record_count = 3,
-        .fixed = 0,
-        .entries = entries[0..64],
-        .data_size = 8192,
-        .region_shift = 12,
-    };
-    const no_entries = touch(bad, &.{0}, &atime, null, 1, &checked, &out);
-    try std.testing.expectError(error.InvalidArgument, no_entries);
+    r.regions = 1; // the state's arrays shorter than the layout needs
+    try std.testing.expectError(error.InvalidArgument, begin(&p, &r, &.{2}, false, true, &out, &n));
+    try std.testing.expectEqual(@as(u32, 0), p.reads); // the failed read is not in flight
+    r.regions = 3;
+    r.entries = null; // a table layout without its entries
+    try std.testing.expectError(error.InvalidArgument, begin(&p, &r, &.{0}, false, true, &out, &n));
 }
 
-test "begin takes the next tick and sets the watermark only when the slot is empty" {
-    const lay = Layout{
-        .record_count = 4,
-        .fixed = 4096,
-        .entries = &.{},
-        .data_size = 16384,
-        .region_shift = 12,
-    };
+test "the watermarks follow the oldest read in flight and the oldest kept prefetch" {
     var atime: [4]u64 = @splat(0);
-    const checked = [_]u8{0b1111};
+    var ptime: [4]u64 = @splat(0);
+    var checked = [_]u8{0b1111};
+    var ev: u64 = 0;
+    var r = testReplica(4, 4096, &.{}, 16384, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 41;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, -1);
     var out: [2]u64 = undefined;
     var n: usize = 99;
-    var tick: u64 = 41;
-    var mark: u64 = none;
-    const clock = Clock{ .lock_fd = null, .tick = &tick, .watermark = &mark };
-    const first = try begin(clock, lay, &.{ 2, 3 }, &atime, null, &checked, &out, &n);
-    try std.testing.expectEqual(@as(u64, 42), first);
+    const a = try begin(&p, &r, &.{ 2, 3 }, false, true, &out, &n);
+    try std.testing.expectEqual(@as(u64, 42), a);
     try std.testing.expectEqual(@as(usize, 0), n);
-    try std.testing.expectEqual(@as(u64, 42), mark);
-    try std.testing.expectEqualSlices(u64, &.{ 0, 0, 42, 42 }, &atime);
-    // A second read while the first is in flight: the older watermark stays.
-    const second = try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n);
-    try std.testing.expectEqual(@as(u64, 43), second);
-    try std.testing.expectEqual(@as(u64, 42), mark);
-    try std.testing.expectEqualSlices(u64, &.{ 43, 0, 42, 42 }, &atime);
+    try std.testing.expectEqual(@as(u64, 42), marks[0]);
+    const b = try begin(&p, &r, &.{0}, false, true, &out, &n);
+    try std.testing.expectEqual(@as(u64, 42), marks[0]); // the older read keeps it
+    end(&p, a);
+    try std.testing.expectEqual(b, marks[0]); // rises to the read still in flight
+    end(&p, a); // ended already: nothing changes
+    try std.testing.expectEqual(b, marks[0]);
+    end(&p, b);
+    try std.testing.expectEqual(none, marks[0]);
+    // Prefetches: the oldest of the last pin_calls is kept.
+    var first: u64 = 0;
+    for (0..pin_calls + 3) |i| {
+        const t = try begin(&p, &r, &.{1}, true, true, &out, &n);
+        if (i == 0) first = t;
+        end(&p, t); // a prefetch's tick is not a read in flight: no change
+    }
+    try std.testing.expectEqual(first + 3, marks[1]);
+    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(@as(u32, pin_calls), p.pins_kept);
+    // A process with max_reads reads in flight is told so.
+    p.reads = max_reads;
+    try std.testing.expectError(error.Busy, begin(&p, &r, &.{1}, false, true, &out, &n));
 }
 
-test "begin takes and releases the lock file" {
+test "a read after an eviction lists every record; an odd sequence is waited for and fixed" {
     if (builtin.os.tag == .windows) return error.SkipZigTest;
     var tmp = std.testing.tmpDir(.{});
     defer tmp.cleanup();
@@ -226,23 +438,33 @@ test "begin takes and releases the lock file" {
     const fd = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
     try std.testing.expect(fd >= 0);
     defer _ = std.c.close(fd);
-    const lay = Layout{
-        .record_count = 1,
-        .fixed = 8,
-        .entries = &.{},
-        .data_size = 8,
-        .region_shift = 12,
-    };
     var atime: [1]u64 = @splat(0);
-    const checked = [_]u8{0};
+    var ptime: [1]u64 = @splat(0);
+    var checked = [_]u8{0b1};
+    var ev: u64 = 3;
+    var r = testReplica(1, 8, &.{}, 8, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 0;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, fd);
     var out: [1]u64 = undefined;
     var n: usize = 0;
-    var tick: u64 = 0;
-    var mark: u64 = none;
-    const clock = Clock{ .lock_fd = fd, .tick = &tick, .watermark = &mark };
-    _ = try begin(clock, lay, &.{0}, &atime, null, &checked, &out, &n);
+    end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
+    try std.testing.expectEqual(@as(usize, 0), n);
+    // An eviction of this replica since: the checked bits are stale.
+    ev = 4;
+    evicting(&seq);
+    evicting(&seq);
+    end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
     try std.testing.expectEqual(@as(usize, 1), n);
-    // Released: another descriptor of the file takes it at once.
+    try std.testing.expectEqual(@as(u64, 4), r.checked_at);
+    try std.testing.expectEqual(@as(u8, 0), checked[0]);
+    // An evictor that died mid-way left the sequence odd: the read takes
+    // the lock (free: its holder is gone) and makes it even.
+    evicting(&seq);
+    end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
+    try std.testing.expectEqual(@as(u64, 4), seq);
+    // The lock is released: another descriptor of the file takes it at once.
     const other = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
     defer _ = std.c.close(other);
     const taken = std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB);

@@ -352,6 +352,8 @@ def test_cache_limit_is_kept_and_a_prefetched_step_is_never_evicted(tmp_path, s3
             idx = rng.choice(N, 8, replace=False)
             assert_same(store[idx], dense[idx])
             assert cache.used() <= limit + 4 * REC + 8 * (REC + 8192)
+        # Evictions ran, each between an odd and an even eviction sequence.
+        assert int(cache._head[4]) > 0 and int(cache._head[4]) % 2 == 0
         # The prefetched step's records are still there: no fetch to read them.
         before = faults.body_bytes(data_get)
         assert_same(store[step], dense[step])
@@ -799,8 +801,7 @@ def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3
     cache = store._remote.cache
     assert cache.used() > limit
     with cache.locked() as p:
-        p.pins.clear()
-        cache.publish(p)
+        cache.forget_prefetches(p)
         cache.maybe_evict(p)
     assert cache.used() <= limit
     assert_same(store[step], dense[step])  # fetched again
@@ -845,6 +846,87 @@ def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3
         store.close()
 
 
+def test_a_read_meeting_a_dead_evictors_sequence_waits_for_the_lock_and_repairs_it(
+        tmp_path, s3, url, data):
+    # A read takes no lock unless the cache's eviction sequence is odd (an
+    # eviction runs, or died running): then it waits for the lock and, the
+    # holder gone, makes the sequence even. Its records are checked again.
+    import fcntl
+    dense, _ = data
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
+    store = ds["raw"]
+    try:
+        idx = np.array([1, 5, 9])
+        assert_same(store[idx], dense[idx])
+        cache = store._remote.cache
+        r = store._remote.replica()
+        fd = os.open(os.path.join(cache.root, "lock"), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the evictor, holding the lock
+        cache._head[4] += np.uint64(1)  # ... in the middle of an eviction
+        r.state.header[9] += np.uint64(1)  # ... that evicted from this replica
+        threading.Timer(0.3, lambda: os.close(fd)).start()  # then dies
+        t0 = time.monotonic()
+        assert_same(store[idx], dense[idx])
+        assert time.monotonic() - t0 >= 0.25  # it waited for the lock
+        assert int(cache._head[4]) % 2 == 0
+        assert r._rep.checked_at == r.state.evictions  # checked again, after the eviction
+        # With the sequence even again, a read takes no lock: it reads while
+        # another process holds it.
+        fd = os.open(os.path.join(cache.root, "lock"), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            assert_same(store[idx], dense[idx])
+        finally:
+            os.close(fd)
+    finally:
+        store.close()
+
+
+def test_a_version_1_cache_directory_is_upgraded_in_place(tmp_path):
+    import mmap
+    root = str(tmp_path / "cache")
+    _cache.Cache.get(root)
+    with open(os.path.join(root, "state"), "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 0)
+        head = np.frombuffer(mm, np.uint64, 5)
+        head[1], head[4] = 1, np.uint64(2**64 - 1)  # version 1: word 4 unused, all ones
+        del head
+        mm.close()
+    _cache.Cache._instances.clear()
+    c = _cache.Cache.get(root)
+    assert int(c._head[1]) == 2 and int(c._head[4]) == 0
+
+
+def test_a_read_stamps_every_region_of_a_record_many_regions_long(tmp_path, s3):
+    # A ragged store's regions are a few mean records long; one record 2,000
+    # times the mean spans many. Every one is stamped, so eviction keeps the
+    # middle of a long record a reader is reading, not just its two ends.
+    rng = np.random.default_rng(11)
+    recs = [rng.integers(0, 1 << 30, size=30, dtype=np.int32) for _ in range(400)]
+    recs[200] = rng.integers(0, 1 << 30, size=60_000, dtype=np.int32)
+    loaderx.from_iterator(str(tmp_path / "long"), recs, codec="raw").close()
+    url = s3.upload_dir(str(tmp_path / "long"), "long-record")
+    store = loaderx.open_store(url, cache_dir=str(tmp_path / "cache"),
+                               storage_options=s3.options())
+    try:
+        assert np.array_equal(store[200], recs[200])
+        r = store._remote.replica()
+        lay = r.layout
+        s, e = r.ranges(np.array([200], np.int64))
+        rsh = lay.dshift + 6
+        first, last = int(s[0]) >> rsh, (int(e[0]) - 1) >> rsh
+        assert last - first >= 3  # the record spans more than two regions
+        p = r.cache.proc()
+        with p.tlock:
+            tick, todo = r.begin_read(p, np.array([200], np.int64), False)
+        r.cache.end(tick)
+        assert len(todo) == 0
+        assert (r.state.atime[first:last + 1] == tick).all()
+        assert (r.state.atime[:first] < tick).all() and (r.state.atime[last + 1:] < tick).all()
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("column", ["raw", "rag"])
 def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         tmp_path, s3, url, column):
@@ -872,11 +954,15 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
             assert tick == last + 1 == int(r.cache._head[2])
             # The slot held none: the read's tick protects its regions now.
             assert r.cache._watermarks[p.slot, int(pin)] == tick
-            r.cache._watermarks[p.slot, int(pin)] = _cache._NONE
+            if pin:
+                r.cache.forget_prefetches(p)
+            else:
+                r.cache.end(tick)
+            assert r.cache._watermarks[p.slot, int(pin)] == _cache._NONE
             assert len(todo) == 0  # every record of u in range was checked
             s, e = r.ranges(warm[:25].astype(np.int64))
             rsh = lay.dshift + 6
-            regions = np.unique(np.concatenate([s >> rsh, (np.maximum(e, s + 1) - 1) >> rsh]))
+            regions = _cache._spans(s >> rsh, (np.maximum(e, s + 1) - 1) >> rsh)
             want_a = before_a.copy()
             want_a[regions] = tick
             assert (atime == want_a).all()
@@ -890,7 +976,7 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         p = r.cache.proc()
         with r.cache.locked():  # the caller holding the lock already: no flock of its own
             tick, todo = r.begin_read(p, u if lay.fixed else warm[:2].astype(np.int64), False)
-        r.cache._watermarks[p.slot, 0] = _cache._NONE
+        r.cache.end(tick)
         assert todo.tolist() == (fresh[::-1].tolist() if lay.fixed else [])
     finally:
         store.close()
