@@ -45,8 +45,49 @@ fn portableHostQuery() std.Target.Query {
 /// zstd comes from the `zstd` path dependency of build.zig.zon (vendor/zstd,
 /// fetched and verified by scripts/fetch_zstd.py; the package manager serves
 /// a path dependency in place, so it never downloads anything itself).
-fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
+fn addZstd(
+    b: *std.Build,
+    mod: *std.Build.Module,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) void {
     const zstd = b.dependency("zstd", .{});
+    mod.addIncludePath(zstd.path(""));
+    mod.linkLibrary(zstdLib(b, target, optimize));
+}
+
+/// zstd as a static library, one per target and mode (Debug: UBSan on zstd;
+/// every other mode links the ReleaseFast one). The library, the tests of
+/// every mode and the bindings generator link the same few: each is
+/// compiled once per build and found in the cache by the next (zstd is the
+/// slowest thing the build compiles).
+fn zstdLib(
+    b: *std.Build,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) *std.Build.Step.Compile {
+    const mode: std.builtin.OptimizeMode = if (optimize == .debug) .debug else .fast;
+    const Entry = struct {
+        b: *std.Build,
+        query: std.Target.Query,
+        mode: std.builtin.OptimizeMode,
+        lib: *std.Build.Step.Compile,
+    };
+    const Made = struct {
+        var list: [16]Entry = undefined;
+        var len: usize = 0;
+    };
+    for (Made.list[0..Made.len]) |m| {
+        if (m.b == b and m.mode == mode and m.query.eql(target.query)) return m.lib;
+    }
+    const zstd = b.dependency("zstd", .{});
+    const mod = b.createModule(.{
+        .target = target,
+        .optimize = mode,
+        .link_libc = true,
+        .pic = true,
+        .strip = mode != .debug,
+    });
     mod.addIncludePath(zstd.path(""));
     mod.addCSourceFile(.{
         .file = zstd.path("zstd.c"),
@@ -57,6 +98,12 @@ fn addZstd(b: *std.Build, mod: *std.Build.Module) void {
             "-DZSTDERRORLIB_VISIBLE=", "-DZDICTLIB_VISIBLE=",
         },
     });
+    const lib = b.addLibrary(.{ .name = "zstd", .linkage = .static, .root_module = mod });
+    if (Made.len < Made.list.len) {
+        Made.list[Made.len] = .{ .b = b, .query = target.query, .mode = mode, .lib = lib };
+        Made.len += 1;
+    }
+    return lib;
 }
 
 fn createModule(
@@ -81,7 +128,7 @@ fn createModuleAt(
         .pic = true,
         .strip = optimize != .debug,
     });
-    addZstd(b, mod);
+    addZstd(b, mod, target, optimize);
     if (target.result.cpu.arch == .x86_64) addAvx2Unit(b, mod, target, optimize);
     return mod;
 }
@@ -152,10 +199,11 @@ pub fn build(b: *std.Build) void {
         test_step.dependOn(&b.addRunArtifact(t).step);
     }
 
-    // zig build bindings: loaderx/_abi.py, generated from the ABI's own types.
+    // zig build bindings: loaderx/_abi.py, generated from the ABI's own types
+    // (built for the target the tests run on: it links their Debug zstd).
     const gen = b.addExecutable(.{
         .name = "gen_bindings",
-        .root_module = createModuleAt(b, "src/gen_bindings.zig", b.graph.host, .debug),
+        .root_module = createModuleAt(b, "src/gen_bindings.zig", target, .debug),
     });
     const abi = b.addRunArtifact(gen).captureStdOut(.{});
     const update = b.addUpdateSourceFiles();

@@ -47,7 +47,10 @@ def run_python(name, source, args, cwd, extra_env=None):
     missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
     if missing:
         pytest.skip(f"{name} needs {missing}, not installed here")
-    env = dict(os.environ, **(extra_env or {}))
+    # A remote dataset's node-local cache goes where the block runs, not to
+    # the user's ~/.cache/loaderx (unless the block's own env says where).
+    env = dict(os.environ, LOADERX_CACHE_DIR=os.path.join(str(cwd), "loaderx-cache"))
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env,
