@@ -217,6 +217,8 @@ def run_fresh(ctx) -> list[Section]:
     """One section: every record size x backend, each run a fresh process."""
     workloads = []
     for label, dtype, shape, share, planned in SHAPES:
+        if ctx.size.fresh_labels and label not in ctx.size.fresh_labels:
+            continue
         ctx.log(f"fresh {label}: writing .npy and stores")
         prepared = _prepare(ctx, label, dtype, shape, share, planned)
         rows = {

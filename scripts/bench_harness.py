@@ -253,6 +253,10 @@ class Options:
     budget_s: float  # per backend per round; slow backends run fewer planned batches
     min_batches: int = 1
     chunk: int = 1  # batches per latency sample (sampler calls are too short to time one by one)
+    # A full garbage collection before every write and timed pass, so no row pays
+    # for another's garbage (off at --size tiny: in the smoke test's process, which
+    # has torch and jax imported, each took 0.1 s, and tiny timings prove nothing).
+    collect: bool = True
 
 
 def rotated(items: list, shift: int) -> list:
@@ -354,7 +358,8 @@ class Measurement:
         directory = self._store_dir(backend, round_index)
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
-        gc.collect()
+        if self.options.collect:
+            gc.collect()
         # Start every writer from a quiet file system: the previous writer's deleted
         # store (freed blocks, discards) is otherwise paid by whoever syncs next.
         if hasattr(os, "sync"):
@@ -424,7 +429,8 @@ class Measurement:
                 if not row.ok:
                     continue
                 count = self.batch_counts[id(backend)]
-                gc.collect()
+                if self.options.collect:
+                    gc.collect()
                 try:
                     seconds, payload, records, latencies = backend.timed_pass(
                         self.plan.batches[:count], self.plan.batch_bytes[:count], self.options.chunk

@@ -64,6 +64,8 @@ class Size:
     # cold layer (bench_cold): records per workload, the memory cgroup's limit (MiB, 0: none),
     # seconds per run and per fio job (0: fio not run), batch size
     cold: dict = dataclasses.field(default_factory=dict)
+    # dense layer's fresh-process rows: the record sizes run (empty: every one)
+    fresh_labels: tuple = ()
 
 
 SIZES = {
@@ -76,6 +78,7 @@ SIZES = {
         scale_exponents={"dense8": (3, 4), "dense1k": (3, 4), "ragged": (3, 4)}, scale_batches=20,
         cold={"12 KiB": 256, "200 B": 20_000, "cgroup_mib": 0, "seconds": 0.1, "fio_seconds": 0,
               "batch": 32},
+        fresh_labels=("200 B", "12 KiB"),
     ),
     "small": Size(
         dense_mib=16, plan_batches=256, plan_payload_mib=256, dense_batch=256, token_sequences=6000, image_count=48, image_batch=16,
@@ -129,6 +132,7 @@ class Context:
             write_repeat=min(self.size.write_repeat, self.repeat),
             budget_s=self.size.budget_s if budget_s is None else budget_s,
             chunk=chunk,
+            collect=self.size is not SIZES["tiny"],
         )
 
 
