@@ -123,6 +123,8 @@ typedef struct {
     uint32_t reads;
     uint32_t pins_first;
     uint32_t pins_kept;
+    uint32_t lock;
+    uint32_t _reserved;
     uint64_t active[256];
     uint64_t pins[128];
 } lx_reads_t;
@@ -155,6 +157,7 @@ int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_verify_records(lx_store *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
 int lx_replica_begin(lx_reads_t *, lx_replica_t *, const uint64_t *, uint64_t, uint32_t, uint32_t, uint64_t *, uint64_t *, uint64_t *);
+int lx_gather_cached(lx_reads_t *, lx_replica_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, uint32_t, uint32_t *);
 int lx_replica_end(lx_reads_t *, uint64_t);
 int lx_cache_evicting(uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);

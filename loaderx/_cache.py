@@ -384,7 +384,7 @@ class _Proc:
             raise InvalidArgumentError(f"{cache.root}: more than {SLOTS} processes share this "
                                        "cache directory")
         # Its reads in flight and kept prefetches, and where it publishes
-        # them (src/replica.zig; under tlock).
+        # them (src/replica.zig, which locks them).
         self.reads = ffi.new("lx_reads_t *")
         head = ffi.from_buffer("uint64_t[]", cache._head)
         marks = ffi.from_buffer("uint64_t[]", cache._watermarks)
@@ -496,10 +496,9 @@ class Cache:
 
     # -- reads in use (eviction watermarks)
     def end(self, tick: int) -> None:
-        """The read of `tick` (Replica.begin_read) is over."""
-        p = self.proc()
-        with p.tlock:
-            lib.lx_replica_end(p.reads, tick)
+        """The read of `tick` (Replica.begin_read) is over (natively
+        thread-safe: the process's reads have their own lock)."""
+        lib.lx_replica_end(self.proc().reads, tick)
 
     def forget_prefetches(self, p: _Proc) -> None:
         """Drops this process's kept prefetches (under ``p.tlock``)."""

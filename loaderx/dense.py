@@ -251,13 +251,9 @@ class DenseStore(Store):
         if self._remote is None:
             rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes, _NULL, 0,
                                threads)
-        else:  # fetched into the cache and checked first (docs/remote.md)
-            token = self._remote_begin(idx)
-            try:
-                rc = lib.lx_gather(self._parts, 1, ip, n, op, out.nbytes, self._record_bytes,
-                                   _NULL, 0, threads)
-            finally:
-                self._remote_end(token)
+        else:  # through the cache: fetched and checked first (docs/remote.md)
+            rc = self._remote.gather(self._parts, ip, n, op, out.nbytes, self._record_bytes,
+                                     threads, idx, self._check_records)
         del h
         if rc:
             if rc == RC_OUT_OF_RANGE and not exact:

@@ -39,6 +39,7 @@ import numpy as np
 from . import _objstore
 from ._cache import PIN_CALLS, Cache, Layout, parse_limit
 from ._checks import check_mode
+from ._lib import ffi, lib
 from ._objstore import Options, is_url, join
 from ._store import stored_kind
 from .dataset import MANIFEST_NAME, checked_manifest
@@ -230,6 +231,25 @@ class Binding:
             self.end(tick)
             raise
         return tick
+
+    def gather(self, parts, ip, n: int, op, nbytes: int, stride: int, threads: int,
+               idx: np.ndarray, check: Callable) -> int:
+        """A dense gather of records `idx` (``ip``: their uint64 cdata) into
+        ``op`` through the cache; returns lx_gather's result. A warm batch
+        (every record cached and checked) is one native call that starts the
+        read, gathers and ends it; anything else starts it with `begin`."""
+        p = self.cache.proc()
+        r = p.replicas.get(self.key) or self.replica()
+        read = ffi.new("uint32_t *")
+        rc = lib.lx_gather_cached(p.reads, r._rep, parts, 1, ip, n, op, nbytes, stride, threads,
+                                  read)
+        if read[0] or rc:
+            return rc
+        token = self.begin(idx, check)
+        try:
+            return lib.lx_gather(parts, 1, ip, n, op, nbytes, stride, ffi.NULL, 0, threads)
+        finally:
+            self.end(token)
 
     def nbytes(self, indices: np.ndarray) -> int:
         """Stored bytes of records `indices` (see Store.prefetch_size)."""

@@ -866,6 +866,44 @@ pub export fn lx_replica_begin(
     return 0;
 }
 
+/// lx_gather (payloads, records at `stride` bytes) of a remote store's
+/// records through its node-local cache, when every one is there and checked:
+/// the start of the read as lx_replica_begin's, the gather, its end, in one
+/// call. `*read` is 1 when it read them; 0 (a miss: a record this process
+/// has not checked since the replica's last eviction, or an eviction
+/// running) when it read nothing and left nothing in flight: the caller then
+/// starts the read with lx_replica_begin, fetches and checks what is
+/// missing, and gathers. It takes no lock, so any thread may call it at any
+/// time. Errors: those of lx_gather, and invalid for `reads` or `rep`.
+pub export fn lx_gather_cached(
+    reads: ?*Reads,
+    rep: ?*ReplicaSpec,
+    parts: ?[*]const Part,
+    part_count: u32,
+    indices: ?[*]const u64,
+    count: u64,
+    dest: ?[*]u8,
+    dest_len: u64,
+    stride: u64,
+    lanes: u32,
+    read: *u32,
+) c_int {
+    diag.clear();
+    read.* = 0;
+    const p = reads orelse return invalid("reads is null", .{});
+    const r = rep orelse return invalid("the replica is null", .{});
+    if (count != 0 and indices == null) return invalid("indices is null", .{});
+    const records = if (count != 0) indices.?[0..@intCast(count)] else &.{};
+    const tick = (replica.beginWarm(p, r, records) catch return invalid(
+        "{d} records over {d} regions of 2^{d} bytes: a pointer is null or a region " ++
+            "lies beyond the state's arrays",
+        .{ r.record_count, r.regions, r.region_shift },
+    )) orelse return 0;
+    defer replica.end(p, tick);
+    read.* = 1;
+    return lx_gather(parts, part_count, indices, count, dest, dest_len, stride, null, 0, lanes);
+}
+
 /// The read of `tick` through `reads` is over (lx_replica_begin): the
 /// process's watermark rises to its oldest read still in flight. A tick not
 /// in flight (a prefetch's, or one ended already) changes nothing. The same

@@ -122,9 +122,77 @@ pub const Reads = extern struct {
     /// The prefetches kept, oldest first: `pins[(first + i) % pin_calls]`.
     pins_first: u32,
     pins_kept: u32,
+    /// Held around every change of the fields above and `active`/`pins`
+    /// (a spin lock: each holds it for a few instructions).
+    lock: u32,
+    _reserved: u32,
     active: [max_reads]u64,
     pins: [pin_calls]u64,
 };
+
+fn lockReads(p: *Reads) void {
+    while (@cmpxchgWeak(u32, &p.lock, 0, 1, .acquire, .monotonic) != null) {
+        std.Thread.yield() catch {};
+    }
+}
+
+fn unlockReads(p: *Reads) void {
+    @atomicStore(u32, &p.lock, 0, .release);
+}
+
+/// Takes the next tick and records it among the process's reads in flight
+/// (or kept prefetches, with `pin`), publishing the watermark: step 1.
+fn publish(p: *Reads, tick_word: *u64, marks: [*]u64, pin: bool) Error!u64 {
+    lockReads(p);
+    defer unlockReads(p);
+    if (!pin and p.reads >= max_reads) return error.Busy;
+    const tick = @atomicRmw(u64, tick_word, .Add, 1, .seq_cst) +% 1;
+    if (pin) {
+        if (p.pins_kept == pin_calls) {
+            p.pins_first = (p.pins_first + 1) % pin_calls;
+            p.pins_kept -= 1;
+        }
+        p.pins[(p.pins_first + p.pins_kept) % pin_calls] = tick;
+        p.pins_kept += 1;
+        // The oldest kept prefetch: lowered only from `none` (a new tick is
+        // newer than any kept), raised as the oldest is dropped.
+        @atomicStore(u64, &marks[1], p.pins[p.pins_first], .seq_cst);
+    } else {
+        p.active[p.reads] = tick;
+        p.reads += 1;
+        if (@atomicLoad(u64, &marks[0], .seq_cst) == none)
+            @atomicStore(u64, &marks[0], tick, .seq_cst);
+    }
+    return tick;
+}
+
+/// A warm read's start, all or nothing: as `begin` without `pin`, when every
+/// record of `records` in the store is checked and no eviction runs or ran
+/// since the checks; otherwise (a miss) nothing stays in flight and it
+/// returns null, for the caller's full `begin`. Any thread may call it at
+/// any time: it takes no lock but the spin lock of `p`.
+pub fn beginWarm(p: *Reads, r: *Replica, records: []const u64) Error!?u64 {
+    const lay = try r.layout();
+    const tick_word = p.tick orelse return error.InvalidArgument;
+    const seq = p.seq orelse return error.InvalidArgument;
+    const marks = p.marks orelse return error.InvalidArgument;
+    const tick = publish(p, tick_word, marks, false) catch |e| switch (e) {
+        error.Busy => return null,
+        else => return e,
+    };
+    var warm = false;
+    defer if (!warm) end(p, tick);
+    try stamp(lay, records, r.atime.?[0..@intCast(r.regions)], null, tick);
+    if (@atomicRmw(u64, seq, .Add, 0, .seq_cst) & 1 != 0) return null;
+    if (@atomicLoad(u64, r.evictions.?, .seq_cst) != r.checked_at) return null;
+    const checked = r.checked.?[0..@intCast(checkedBytes(lay))];
+    for (records) |record| {
+        if (record >= lay.record_count) continue;
+        if (checked[@intCast(record >> 3)] >> @intCast(record & 7) & 1 == 0) return null;
+    }
+    warm = true;
+    return tick;
+}
 
 /// Starts a read of `records` through replica `r` (see the file's comment):
 /// its tick, recorded among the process's reads in flight (or, with `pin`,
@@ -148,26 +216,8 @@ pub fn begin(
     const seq = p.seq orelse return error.InvalidArgument;
     const marks = p.marks orelse return error.InvalidArgument;
     const regions: usize = @intCast(r.regions);
-    if (checkedBytes(lay) > std.math.maxInt(usize)) return error.InvalidArgument;
-    if (!pin and p.reads >= max_reads) return error.Busy;
     // 1. The tick, and the watermark before any stamp.
-    const tick = @atomicRmw(u64, tick_word, .Add, 1, .seq_cst) +% 1;
-    if (pin) {
-        if (p.pins_kept == pin_calls) {
-            p.pins_first = (p.pins_first + 1) % pin_calls;
-            p.pins_kept -= 1;
-        }
-        p.pins[(p.pins_first + p.pins_kept) % pin_calls] = tick;
-        p.pins_kept += 1;
-        // The oldest kept prefetch: lowered only from `none` (a new tick is
-        // newer than any kept), raised as the oldest is dropped.
-        @atomicStore(u64, &marks[1], p.pins[p.pins_first], .seq_cst);
-    } else {
-        p.active[p.reads] = tick;
-        p.reads += 1;
-        if (@atomicLoad(u64, &marks[0], .seq_cst) == none)
-            @atomicStore(u64, &marks[0], tick, .seq_cst);
-    }
+    const tick = try publish(p, tick_word, marks, pin);
     errdefer if (!pin) end(p, tick);
     // 2. The stamps.
     const atime = r.atime.?[0..regions];
@@ -195,6 +245,8 @@ pub fn begin(
 /// in flight (a prefetch's, or one ended already) changes nothing.
 pub fn end(p: *Reads, tick: u64) void {
     const marks = p.marks orelse return;
+    lockReads(p);
+    defer unlockReads(p);
     var i: u32 = 0;
     while (i < p.reads) : (i += 1) {
         if (p.active[i] == tick) break;
@@ -306,6 +358,7 @@ fn testReads(tick: *u64, seq: *u64, marks: *[2]u64, lock_fd: c_int) Reads {
     p.reads = 0;
     p.pins_first = 0;
     p.pins_kept = 0;
+    p.lock = 0;
     return p;
 }
 
@@ -469,4 +522,37 @@ test "a read after an eviction lists every record; an odd sequence is waited for
     defer _ = std.c.close(other);
     const taken = std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB);
     try std.testing.expectEqual(@as(c_int, 0), taken);
+}
+
+test "a warm read starts only when every record is checked and no eviction ran or runs" {
+    var atime: [4]u64 = @splat(0);
+    var ptime: [4]u64 = @splat(0);
+    var checked = [_]u8{0b0111}; // record 3 unchecked
+    var ev: u64 = 5;
+    var r = testReplica(4, 4096, &.{}, 16384, 12, &atime, &ptime, &checked, &ev);
+    var tick: u64 = 10;
+    var seq: u64 = 0;
+    var marks = [2]u64{ none, none };
+    var p = testReads(&tick, &seq, &marks, -1);
+    const t = (try beginWarm(&p, &r, &.{ 0, 2, 99 })).?; // 99: outside, skipped
+    try std.testing.expectEqual(@as(u64, 11), t);
+    try std.testing.expectEqual(t, marks[0]);
+    try std.testing.expectEqualSlices(u64, &.{ 11, 0, 11, 0 }, &atime);
+    end(&p, t);
+    try std.testing.expectEqual(none, marks[0]);
+    // A miss leaves nothing in flight: an unchecked record, an eviction
+    // running, an eviction since the checks, a full table of reads.
+    try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{ 0, 3 }));
+    evicting(&seq);
+    try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
+    evicting(&seq);
+    ev = 6;
+    try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
+    ev = 5;
+    p.reads = max_reads;
+    try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
+    p.reads = 0;
+    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(@as(u32, 0), p.reads);
+    try std.testing.expectEqual(@as(u8, 0b0111), checked[0]); // a miss resets nothing
 }

@@ -897,6 +897,68 @@ def test_a_version_1_cache_directory_is_upgraded_in_place(tmp_path):
     assert int(c._head[1]) == 2 and int(c._head[4]) == 0
 
 
+def test_a_warm_dense_gather_is_one_native_call_and_a_miss_takes_the_full_start(
+        tmp_path, s3, url, data, monkeypatch):
+    dense, _ = data
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
+    store = ds["raw"]
+    begins = []
+    full = remote.Binding.begin
+    monkeypatch.setattr(remote.Binding, "begin",
+                        lambda self, *a, **k: begins.append(1) or full(self, *a, **k))
+    try:
+        idx = np.array([4, 40, 399, 7])
+        assert_same(store[idx], dense[idx])  # cold: the full start, fetched and checked
+        assert len(begins) == 1
+        for _ in range(3):  # warm: lx_gather_cached alone
+            assert_same(store[idx], dense[idx])
+            assert_same(store.gather(idx[::-1]), dense[idx[::-1]])
+        assert len(begins) == 1
+        assert_same(store[[4, 5]], dense[[4, 5]])  # 5 is not cached: a miss, then the full start
+        assert len(begins) == 2
+        p = store._remote.cache.proc()
+        assert p.reads.reads == 0  # nothing left in flight
+        assert store._remote.cache._watermarks[p.slot, 0] == _cache._NONE
+        with pytest.raises(IndexError):
+            store[np.array([4, N])]
+    finally:
+        store.close()
+
+
+def test_threads_gathering_under_a_tight_cache_limit_read_exact_records(tmp_path, s3, url, data):
+    # Warm gathers (no lock) on four threads while their cold misses fetch
+    # and evict: every batch exact, nothing left in flight.
+    dense, _ = data
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"], cache_limit=60 * REC)
+    store = ds["raw"]
+    errors = []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        hot = rng.choice(N, 6, replace=False)
+        try:
+            for k in range(40):
+                idx = hot if k % 2 else rng.choice(N, 6, replace=False)
+                got = store[idx]
+                if not np.array_equal(got, dense[idx]):
+                    errors.append((seed, k))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors[:3]
+        p = store._remote.cache.proc()
+        assert p.reads.reads == 0
+        assert int(store._remote.cache._head[4]) > 0  # evictions ran meanwhile
+    finally:
+        store.close()
+
+
 def test_a_read_stamps_every_region_of_a_record_many_regions_long(tmp_path, s3):
     # A ragged store's regions are a few mean records long; one record 2,000
     # times the mean spans many. Every one is stamped, so eviction keeps the
