@@ -137,6 +137,31 @@ def _bars(ax, section: dict, per_batch: int, title: str) -> None:
             ax.text(value, position, f" {value:,.0f}", va="center", fontsize=6.5)
 
 
+def _remote_panel(ax, sections: list[dict]) -> None:
+    """The remote layer: payload MiB/s of every row, cold and warm, one bar each."""
+    rows = [(s["key"].split("-", 1)[1], r) for s in sections for r in s["rows"]]
+    names = [
+        f"{phase}: {r['name']}" if r["status"] == "ok" else
+        f"{phase}: {r['name']}\n[{_short(r['status'])}]" for phase, r in rows
+    ]
+    values = [r["gather_mib_s"] or 0.0 if r["status"] == "ok" else 0.0 for _, r in rows]
+    colors = [LOADERX_COLOR if r["group"] == "loaderx" else
+              ("black" if r["group"] == "baseline" else "#1f77b4") for _, r in rows]
+    positions = range(len(rows))
+    ax.barh(positions, values, color=colors)
+    ax.set_yticks(list(positions))
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(0.1, max(values + [10.0]) * 4)
+    ax.set_xlabel("MiB/s of payload (log)")
+    ax.set_title("remote: random batches of 256 x 12 KiB from an S3 server on loopback")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    for position, value in zip(positions, values):
+        if value:
+            ax.text(value, position, f" {value:,.1f}", va="center", fontsize=6.5)
+
+
 def _scale_panel(ax, section: dict) -> None:
     kinds: dict[str, list] = {}
     for row in section["rows"]:
@@ -171,6 +196,9 @@ def _panels(sections: list[dict]) -> list:
         panels.append(("tokens", by_key["tokens"]))
     if "scale-size" in by_key:
         panels.append(("scale", by_key["scale-size"]))
+    remote = [by_key[k] for k in ("remote-cold", "remote-warm") if k in by_key]
+    if remote:
+        panels.append(("remote", remote))
     return panels
 
 
@@ -182,7 +210,7 @@ def draw(sections: list[dict], machine: dict, path: Path) -> None:
 
     panels = _panels(sections)
     if not panels:
-        raise ValueError("nothing to plot: run the dense, loader, tokens or scale layer")
+        raise ValueError("nothing to plot: run the dense, loader, tokens, scale or remote layer")
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.6 * len(panels)), squeeze=False)
     for ax, (kind, payload) in zip(axes[:, 0], panels):
         if kind == "dense":
@@ -196,6 +224,8 @@ def draw(sections: list[dict], machine: dict, path: Path) -> None:
             )
         elif kind == "tokens":
             _bars(ax, payload, 32, "token windows, 32 x 2049 int32 per batch")
+        elif kind == "remote":
+            _remote_panel(ax, payload)
         else:
             _scale_panel(ax, payload)
     revision = machine.get("loaderx", "").rsplit("git ", 1)[-1].rstrip(")")

@@ -391,8 +391,12 @@ def test_plot_draws_a_png(tmp_path):
                 row("loaderx DataLoader (threads)", "loaderx", 1.0, 256000.0),
                 row("litdata workers=0", "litdata", None, status="missing: private venv"),
             ],
-        }
+        },
+        {"key": "remote-cold", "rows": [row("loaderx remote gather (cold)", "loaderx", 20.0),
+                                        row("lance take() (cold)", "lance", 17.0)]},
+        {"key": "remote-warm", "rows": [row("loaderx remote gather (warm)", "loaderx", 1e4)]},
     ]
+    assert [kind for kind, _ in bench_plot._panels(sections)] == ["dense", "loader", "remote"]
     out = tmp_path / "perf.png"
     bench_plot.draw(
         sections, {"cpu": "test CPU", "cores usable": "2 (x)", "loaderx": "0 (git abc)"}, out
