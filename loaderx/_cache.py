@@ -500,10 +500,6 @@ class Cache:
         thread-safe: the process's reads have their own lock)."""
         lib.lx_replica_end(self.proc().reads, tick)
 
-    def forget_prefetches(self, p: _Proc) -> None:
-        """Drops this process's kept prefetches (under ``p.tlock``)."""
-        p.reads.pins_kept = 0
-        self._watermarks[p.slot, 1] = _NONE
 
     def _min_watermarks(self, p: _Proc) -> tuple[int, int]:
         """The oldest read in flight and the oldest prefetch kept, over every

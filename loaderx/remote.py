@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _objstore
-from ._cache import PIN_CALLS, Cache, Layout, parse_limit
+from ._cache import Cache, Layout, parse_limit
 from ._checks import check_mode
 from ._lib import ffi, lib
 from ._objstore import Options, is_url, join

@@ -808,6 +808,11 @@ pub const ReplicaSpec = replica.Replica;
 /// One process's reads through one node-local cache (src/replica.zig).
 pub const Reads = replica.Reads;
 
+fn replicaInvalid(r: *const ReplicaSpec) c_int {
+    return invalid("{d} records over {d} regions of 2^{d} bytes: a pointer is null or a " ++
+        "region lies beyond the state's arrays", .{ r.record_count, r.regions, r.region_shift });
+}
+
 /// Starts a read of `records[0..count]` through a remote store's node-local
 /// cache (src/replica.zig has the protocol; loaderx/_cache.py owns the
 /// cache), without its lock unless an eviction runs: the next tick (written
@@ -818,11 +823,17 @@ pub const Reads = replica.Reads;
 /// has not checked since the replica's last eviction, in batch order, to
 /// `unchecked` (room for `count`) and their number to `*unchecked_count`.
 /// `locked` non-zero: the caller holds the cache's lock. Records outside
-/// the store are skipped. Calls with the same `reads` must not overlap
-/// (loaderx holds the process's thread lock around them); the library
-/// keeps none of the pointers. Errors: invalid (a null pointer, arrays that
-/// do not match the layout), busy (`reads` has 256 reads in flight), io
-/// (the lock; the node-local cache needs flock: not on Windows).
+/// the store are skipped. `reads` has its own lock, but a call that meets an
+/// eviction takes the cache's lock on `reads.lock_fd`, a descriptor all the
+/// process's threads share (flock does not order them): loaderx holds its
+/// process's thread lock around this call and around its own uses of that
+/// descriptor. The library keeps none of the pointers; `reads` and `rep`
+/// (and the arrays they point to) belong to the caller, who keeps them
+/// alive across the call. A read's tick stays in flight until
+/// lx_replica_end; a process that dies releases it with its slot. Errors:
+/// invalid (a null pointer, arrays that do not match the layout), busy
+/// (`reads` has 256 reads in flight), io (the lock; the node-local cache
+/// needs flock: not on Windows).
 pub export fn lx_replica_begin(
     reads: ?*Reads,
     rep: ?*ReplicaSpec,
@@ -850,11 +861,7 @@ pub export fn lx_replica_begin(
         if (count != 0) unchecked.?[0..@intCast(count)] else &.{},
         &n,
     ) catch |e| return switch (e) {
-        error.InvalidArgument => invalid(
-            "{d} records over {d} regions of 2^{d} bytes: a pointer is null or a region " ++
-                "lies beyond the state's arrays",
-            .{ r.record_count, r.regions, r.region_shift },
-        ),
+        error.InvalidArgument => replicaInvalid(r),
         error.Busy => blk: {
             diag.set("{d} reads in flight in one process through one cache", .{replica.max_reads});
             break :blk @backingInt(Result.busy);
@@ -873,8 +880,10 @@ pub export fn lx_replica_begin(
 /// has not checked since the replica's last eviction, or an eviction
 /// running) when it read nothing and left nothing in flight: the caller then
 /// starts the read with lx_replica_begin, fetches and checks what is
-/// missing, and gathers. It takes no lock, so any thread may call it at any
-/// time. Errors: those of lx_gather, and invalid for `reads` or `rep`.
+/// missing, and gathers. It takes no lock but `reads`'s own, so any thread
+/// may call it at any time; `reads`, `rep` and `dest` are the caller's and
+/// only used during the call (as lx_gather's). Errors: those of lx_gather,
+/// and invalid for `reads` or `rep`.
 pub export fn lx_gather_cached(
     reads: ?*Reads,
     rep: ?*ReplicaSpec,
@@ -894,11 +903,8 @@ pub export fn lx_gather_cached(
     const r = rep orelse return invalid("the replica is null", .{});
     if (count != 0 and indices == null) return invalid("indices is null", .{});
     const records = if (count != 0) indices.?[0..@intCast(count)] else &.{};
-    const tick = (replica.beginWarm(p, r, records) catch return invalid(
-        "{d} records over {d} regions of 2^{d} bytes: a pointer is null or a region " ++
-            "lies beyond the state's arrays",
-        .{ r.record_count, r.regions, r.region_shift },
-    )) orelse return 0;
+    const tick = (replica.beginWarm(p, r, records) catch return replicaInvalid(r)) orelse
+        return 0;
     defer replica.end(p, tick);
     read.* = 1;
     return lx_gather(parts, part_count, indices, count, dest, dest_len, stride, null, 0, lanes);
@@ -906,8 +912,8 @@ pub export fn lx_gather_cached(
 
 /// The read of `tick` through `reads` is over (lx_replica_begin): the
 /// process's watermark rises to its oldest read still in flight. A tick not
-/// in flight (a prefetch's, or one ended already) changes nothing. The same
-/// rule as lx_replica_begin: calls with the same `reads` must not overlap.
+/// in flight (a prefetch's, or one ended already) changes nothing. Any
+/// thread may call it at any time (it takes only `reads`'s own lock).
 pub export fn lx_replica_end(reads: ?*Reads, tick: u64) c_int {
     diag.clear();
     const p = reads orelse return invalid("reads is null", .{});

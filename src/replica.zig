@@ -166,32 +166,50 @@ fn publish(p: *Reads, tick_word: *u64, marks: [*]u64, pin: bool) Error!u64 {
     return tick;
 }
 
+/// Steps 1 to 3 of a read (see the file's comment): the tick, recorded and
+/// published; the stamps; then whether the eviction sequence is odd (an
+/// eviction runs, or died running). A read, not a prefetch, is left in
+/// flight only when it returns.
+const Started = struct { tick: u64, lay: Layout, evicting: bool };
+
+fn startRead(p: *Reads, r: *Replica, records: []const u64, pin: bool) Error!Started {
+    const lay = try r.layout();
+    const tick_word = p.tick orelse return error.InvalidArgument;
+    const seq = p.seq orelse return error.InvalidArgument;
+    const marks = p.marks orelse return error.InvalidArgument;
+    const regions: usize = @intCast(r.regions);
+    // 1. The tick, and the watermark before any stamp.
+    const tick = try publish(p, tick_word, marks, pin);
+    errdefer if (!pin) end(p, tick);
+    // 2. The stamps.
+    try stamp(lay, records, r.atime.?[0..regions], if (pin) r.ptime.?[0..regions] else null, tick);
+    // 3. The sequence, read after 1 and 2 (a read-modify-write orders it).
+    const odd = @atomicRmw(u64, seq, .Add, 0, .seq_cst) & 1 != 0;
+    return .{ .tick = tick, .lay = lay, .evicting = odd };
+}
+
+fn isChecked(checked: []const u8, record: u64) bool {
+    return checked[@intCast(record >> 3)] >> @intCast(record & 7) & 1 != 0;
+}
+
 /// A warm read's start, all or nothing: as `begin` without `pin`, when every
 /// record of `records` in the store is checked and no eviction runs or ran
 /// since the checks; otherwise (a miss) nothing stays in flight and it
 /// returns null, for the caller's full `begin`. Any thread may call it at
 /// any time: it takes no lock but the spin lock of `p`.
 pub fn beginWarm(p: *Reads, r: *Replica, records: []const u64) Error!?u64 {
-    const lay = try r.layout();
-    const tick_word = p.tick orelse return error.InvalidArgument;
-    const seq = p.seq orelse return error.InvalidArgument;
-    const marks = p.marks orelse return error.InvalidArgument;
-    const tick = publish(p, tick_word, marks, false) catch |e| switch (e) {
+    const s = startRead(p, r, records, false) catch |e| switch (e) {
         error.Busy => return null,
         else => return e,
     };
-    var warm = false;
-    defer if (!warm) end(p, tick);
-    try stamp(lay, records, r.atime.?[0..@intCast(r.regions)], null, tick);
-    if (@atomicRmw(u64, seq, .Add, 0, .seq_cst) & 1 != 0) return null;
-    if (@atomicLoad(u64, r.evictions.?, .seq_cst) != r.checked_at) return null;
-    const checked = r.checked.?[0..@intCast(checkedBytes(lay))];
-    for (records) |record| {
-        if (record >= lay.record_count) continue;
-        if (checked[@intCast(record >> 3)] >> @intCast(record & 7) & 1 == 0) return null;
+    const checked = r.checked.?[0..@intCast(checkedBytes(s.lay))];
+    if (s.evicting or @atomicLoad(u64, r.evictions.?, .seq_cst) != r.checked_at or
+        listUnchecked(s.lay, records, checked, null) != 0)
+    {
+        end(p, s.tick);
+        return null;
     }
-    warm = true;
-    return tick;
+    return s.tick;
 }
 
 /// Starts a read of `records` through replica `r` (see the file's comment):
@@ -211,33 +229,23 @@ pub fn begin(
     unchecked: []u64,
     unchecked_count: *usize,
 ) Error!u64 {
-    const lay = try r.layout();
-    const tick_word = p.tick orelse return error.InvalidArgument;
-    const seq = p.seq orelse return error.InvalidArgument;
-    const marks = p.marks orelse return error.InvalidArgument;
-    const regions: usize = @intCast(r.regions);
-    // 1. The tick, and the watermark before any stamp.
-    const tick = try publish(p, tick_word, marks, pin);
-    errdefer if (!pin) end(p, tick);
-    // 2. The stamps.
-    const atime = r.atime.?[0..regions];
-    const ptime = if (pin) r.ptime.?[0..regions] else null;
-    try stamp(lay, records, atime, ptime, tick);
-    // 3. The sequence, read after 1 and 2.
-    if (@atomicRmw(u64, seq, .Add, 0, .seq_cst) & 1 != 0) {
+    const s = try startRead(p, r, records, pin);
+    errdefer if (!pin) end(p, s.tick);
+    if (s.evicting) {
         // An eviction runs (or died running): wait for it under the lock.
+        const seq = p.seq.?;
         if (!locked) try flock(p.lock_fd, std.posix.LOCK.EX);
         defer if (!locked) flock(p.lock_fd, std.posix.LOCK.UN) catch {};
         if (@atomicLoad(u64, seq, .seq_cst) & 1 != 0) _ = @atomicRmw(u64, seq, .Add, 1, .seq_cst);
     }
-    const checked = r.checked.?[0..@intCast(checkedBytes(lay))];
+    const checked = r.checked.?[0..@intCast(checkedBytes(s.lay))];
     const ev = @atomicLoad(u64, r.evictions.?, .seq_cst);
     if (ev != r.checked_at) {
         @memset(checked, 0);
         r.checked_at = ev;
     }
-    unchecked_count.* = listUnchecked(lay, records, checked, unchecked);
-    return tick;
+    unchecked_count.* = listUnchecked(s.lay, records, checked, unchecked);
+    return s.tick;
 }
 
 /// The read of `tick` is over: the process's watermark rises to its oldest
@@ -305,15 +313,16 @@ fn stamp(lay: Layout, records: []const u64, atime: []u64, ptime: ?[]u64, tick: u
     }
 }
 
-/// Writes the records of `records` (in the store) whose `checked` bit is
-/// clear to `unchecked`, in batch order; returns their number.
-fn listUnchecked(lay: Layout, records: []const u64, checked: []const u8, unchecked: []u64) usize {
-    std.debug.assert(unchecked.len >= records.len);
+/// The records of `records` (in the store) whose `checked` bit is clear:
+/// written to `unchecked`, in batch order, and counted; with `unchecked`
+/// null, 1 at the first one found (or 0).
+fn listUnchecked(lay: Layout, records: []const u64, checked: []const u8, unchecked: ?[]u64) usize {
+    if (unchecked) |out| std.debug.assert(out.len >= records.len);
     var n: usize = 0;
     for (records) |record| {
-        if (record >= lay.record_count) continue;
-        if (checked[@intCast(record >> 3)] >> @intCast(record & 7) & 1 == 0) {
-            unchecked[n] = record;
+        if (record < lay.record_count and !isChecked(checked, record)) {
+            const out = unchecked orelse return 1;
+            out[n] = record;
             n += 1;
         }
     }
@@ -349,18 +358,25 @@ fn testReplica(
     };
 }
 
-fn testReads(tick: *u64, seq: *u64, marks: *[2]u64, lock_fd: c_int) Reads {
-    var p: Reads = undefined;
-    p.tick = tick;
-    p.seq = seq;
-    p.marks = marks;
-    p.lock_fd = lock_fd;
-    p.reads = 0;
-    p.pins_first = 0;
-    p.pins_kept = 0;
-    p.lock = 0;
-    return p;
-}
+/// The cache's clock words and a process's slot, for the tests.
+const TestClock = struct {
+    tick: u64,
+    seq: u64 = 0,
+    marks: [2]u64 = .{ none, none },
+
+    fn reads(c: *TestClock, lock_fd: c_int) Reads {
+        var p: Reads = undefined;
+        p.tick = &c.tick;
+        p.seq = &c.seq;
+        p.marks = &c.marks;
+        p.lock_fd = lock_fd;
+        p.reads = 0;
+        p.pins_first = 0;
+        p.pins_kept = 0;
+        p.lock = 0;
+        return p;
+    }
+};
 
 test "begin stamps every region of each record and lists the unchecked" {
     // Records of 3000 B, regions of 4 KiB: record 1 spans regions 0 and 1.
@@ -369,10 +385,8 @@ test "begin stamps every region of each record and lists the unchecked" {
     var checked = [_]u8{ 0b0000_0010, 0 }; // record 1 checked
     var ev: u64 = 0;
     var r = testReplica(10, 3000, &.{}, 30000, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 6;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, -1);
+    var c = TestClock{ .tick = 6 };
+    var p = c.reads(-1);
     var out: [4]u64 = undefined;
     var n: usize = 99;
     const t = try begin(&p, &r, &.{ 1, 9, std.math.maxInt(u64), 10 }, false, true, &out, &n);
@@ -394,10 +408,8 @@ test "begin stamps every region of a record many regions long, never lowering a 
     var checked = [_]u8{0b11};
     var ev: u64 = 0;
     var r = testReplica(2, 0, &entries, 20000, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 8;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, -1);
+    var c = TestClock{ .tick = 8 };
+    var p = c.reads(-1);
     var out: [1]u64 = undefined;
     var n: usize = 0;
     _ = try begin(&p, &r, &.{1}, true, true, &out, &n);
@@ -425,10 +437,8 @@ test "begin reads a table layout's entries, clamps them, and refuses short array
     var checked = [_]u8{0};
     var ev: u64 = 0;
     var r = testReplica(3, 0, &entries, 8192, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 2;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, -1);
+    var c = TestClock{ .tick = 2 };
+    var p = c.reads(-1);
     var out: [3]u64 = undefined;
     var n: usize = 0;
     _ = try begin(&p, &r, &.{ 1, 2 }, true, true, &out, &n);
@@ -449,24 +459,22 @@ test "the watermarks follow the oldest read in flight and the oldest kept prefet
     var checked = [_]u8{0b1111};
     var ev: u64 = 0;
     var r = testReplica(4, 4096, &.{}, 16384, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 41;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, -1);
+    var c = TestClock{ .tick = 41 };
+    var p = c.reads(-1);
     var out: [2]u64 = undefined;
     var n: usize = 99;
     const a = try begin(&p, &r, &.{ 2, 3 }, false, true, &out, &n);
     try std.testing.expectEqual(@as(u64, 42), a);
     try std.testing.expectEqual(@as(usize, 0), n);
-    try std.testing.expectEqual(@as(u64, 42), marks[0]);
+    try std.testing.expectEqual(@as(u64, 42), c.marks[0]);
     const b = try begin(&p, &r, &.{0}, false, true, &out, &n);
-    try std.testing.expectEqual(@as(u64, 42), marks[0]); // the older read keeps it
+    try std.testing.expectEqual(@as(u64, 42), c.marks[0]); // the older read keeps it
     end(&p, a);
-    try std.testing.expectEqual(b, marks[0]); // rises to the read still in flight
+    try std.testing.expectEqual(b, c.marks[0]); // rises to the read still in flight
     end(&p, a); // ended already: nothing changes
-    try std.testing.expectEqual(b, marks[0]);
+    try std.testing.expectEqual(b, c.marks[0]);
     end(&p, b);
-    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(none, c.marks[0]);
     // Prefetches: the oldest of the last pin_calls is kept.
     var first: u64 = 0;
     for (0..pin_calls + 3) |i| {
@@ -474,8 +482,8 @@ test "the watermarks follow the oldest read in flight and the oldest kept prefet
         if (i == 0) first = t;
         end(&p, t); // a prefetch's tick is not a read in flight: no change
     }
-    try std.testing.expectEqual(first + 3, marks[1]);
-    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(first + 3, c.marks[1]);
+    try std.testing.expectEqual(none, c.marks[0]);
     try std.testing.expectEqual(@as(u32, pin_calls), p.pins_kept);
     // A process with max_reads reads in flight is told so.
     p.reads = max_reads;
@@ -496,27 +504,25 @@ test "a read after an eviction lists every record; an odd sequence is waited for
     var checked = [_]u8{0b1};
     var ev: u64 = 3;
     var r = testReplica(1, 8, &.{}, 8, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 0;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, fd);
+    var c = TestClock{ .tick = 0 };
+    var p = c.reads(fd);
     var out: [1]u64 = undefined;
     var n: usize = 0;
     end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
     try std.testing.expectEqual(@as(usize, 0), n);
     // An eviction of this replica since: the checked bits are stale.
     ev = 4;
-    evicting(&seq);
-    evicting(&seq);
+    evicting(&c.seq);
+    evicting(&c.seq);
     end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
     try std.testing.expectEqual(@as(usize, 1), n);
     try std.testing.expectEqual(@as(u64, 4), r.checked_at);
     try std.testing.expectEqual(@as(u8, 0), checked[0]);
     // An evictor that died mid-way left the sequence odd: the read takes
     // the lock (free: its holder is gone) and makes it even.
-    evicting(&seq);
+    evicting(&c.seq);
     end(&p, try begin(&p, &r, &.{0}, false, false, &out, &n));
-    try std.testing.expectEqual(@as(u64, 4), seq);
+    try std.testing.expectEqual(@as(u64, 4), c.seq);
     // The lock is released: another descriptor of the file takes it at once.
     const other = std.c.openat(tmp.dir.handle, "lock", flags, @as(std.posix.mode_t, 0o644));
     defer _ = std.c.close(other);
@@ -530,29 +536,27 @@ test "a warm read starts only when every record is checked and no eviction ran o
     var checked = [_]u8{0b0111}; // record 3 unchecked
     var ev: u64 = 5;
     var r = testReplica(4, 4096, &.{}, 16384, 12, &atime, &ptime, &checked, &ev);
-    var tick: u64 = 10;
-    var seq: u64 = 0;
-    var marks = [2]u64{ none, none };
-    var p = testReads(&tick, &seq, &marks, -1);
+    var c = TestClock{ .tick = 10 };
+    var p = c.reads(-1);
     const t = (try beginWarm(&p, &r, &.{ 0, 2, 99 })).?; // 99: outside, skipped
     try std.testing.expectEqual(@as(u64, 11), t);
-    try std.testing.expectEqual(t, marks[0]);
+    try std.testing.expectEqual(t, c.marks[0]);
     try std.testing.expectEqualSlices(u64, &.{ 11, 0, 11, 0 }, &atime);
     end(&p, t);
-    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(none, c.marks[0]);
     // A miss leaves nothing in flight: an unchecked record, an eviction
     // running, an eviction since the checks, a full table of reads.
     try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{ 0, 3 }));
-    evicting(&seq);
+    evicting(&c.seq);
     try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
-    evicting(&seq);
+    evicting(&c.seq);
     ev = 6;
     try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
     ev = 5;
     p.reads = max_reads;
     try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{0}));
     p.reads = 0;
-    try std.testing.expectEqual(none, marks[0]);
+    try std.testing.expectEqual(none, c.marks[0]);
     try std.testing.expectEqual(@as(u32, 0), p.reads);
     try std.testing.expectEqual(@as(u8, 0b0111), checked[0]); // a miss resets nothing
 }

@@ -93,6 +93,12 @@ def proxy(s3):
     server.shutdown()
 
 
+def _forget_prefetches(cache, p):
+    """Drops this process's kept prefetches, as if they were old history."""
+    p.reads.pins_kept = 0
+    cache._watermarks[p.slot, 1] = _cache._NONE
+
+
 def opened(url, cache, s3, endpoint=None, **kw):
     return loaderx.open_dataset(url, cache_dir=str(cache), storage_options=s3.options(endpoint),
                                 **kw)
@@ -801,7 +807,7 @@ def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3
     cache = store._remote.cache
     assert cache.used() > limit
     with cache.locked() as p:
-        cache.forget_prefetches(p)
+        _forget_prefetches(cache, p)
         cache.maybe_evict(p)
     assert cache.used() <= limit
     assert_same(store[step], dense[step])  # fetched again
@@ -1017,7 +1023,7 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
             # The slot held none: the read's tick protects its regions now.
             assert r.cache._watermarks[p.slot, int(pin)] == tick
             if pin:
-                r.cache.forget_prefetches(p)
+                _forget_prefetches(r.cache, p)
             else:
                 r.cache.end(tick)
             assert r.cache._watermarks[p.slot, int(pin)] == _cache._NONE
