@@ -27,7 +27,11 @@ Rows and targets:
           limit: obstore's own concurrent get_ranges of exactly the same byte
           ranges (target >= 0.8x), and the peers reading the same records
           from the same server (bench_remote_peers: MosaicML Streaming and
-          LitData >= 3x, Lance take() >= 10x)
+          LitData >= 3x, Lance take() >= 10x). The server's pages are warm
+          for every reader (it read every copy once) while its data fits
+          in half the memory; beyond (--size default: four copies of
+          12 GB), every reader's run starts with them dropped, so each
+          reads the server's disk alike
   warm    the same batches again from the cache, against the same dataset
           read locally (target >= 0.9x)
   shared  4 processes reading the same batches through one fresh cache fetch
@@ -306,6 +310,39 @@ def _warm_server(endpoint_options: dict, prefixes: list, log) -> None:
     log(f"remote: server warmed ({total / (1 << 20):.0f} MiB read)")
 
 
+def _tree_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def _outgrows_memory(root: Path) -> bool:
+    """Whether the server's data (every copy: loaderx's and the peers') is
+    more than half this machine's memory: then no reader can find its copy
+    in the server's page cache by warming it, and every round reads the
+    server's disk instead (_drop_server_pages)."""
+    return _tree_bytes(root) > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def _drop_server_pages(root: Path) -> None:
+    """Drops the server's files from the page cache (written back first), so
+    that the next reader reads the server's disk as the one before it did:
+    with data larger than memory, which copy the page cache holds would
+    otherwise depend on who read last."""
+    for f in root.rglob("*"):
+        if not f.is_file():
+            continue
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue  # a file the server just removed
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _get_ranges(url: str, options: dict, batches: list) -> list:
     """obstore's own concurrent get_ranges of the batches' record ranges
     (each batch's ranges sorted, in 16 concurrent calls)."""
@@ -421,7 +458,18 @@ def run_remote(ctx) -> list[Section]:
 
         peers = bench_remote_peers.Peers(ctx, server, cache, n, per_round)
         peers.prepare()
-        _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
+        server_dir = cache / f"{kind}-data-{UPLOAD_PART >> 20}m"
+        if kind == "weed" and _outgrows_memory(server_dir):
+            server_state = "server disk cold"
+            ctx.log(f"remote: the server's data ({_tree_bytes(server_dir) / (1 << 30):.1f} GiB) "
+                    "outgrows memory: its pages are dropped before every reader's run")
+
+            def drop() -> None:
+                _drop_server_pages(server_dir)
+        else:
+            server_state = "server warm"
+            drop = None
+            _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
         payload = per_round * BATCH * REC / (1 << 20)
         for r in range(ctx.repeat):
             batches = [rng.choice(n, BATCH, replace=False) for _ in range(per_round)]
@@ -429,6 +477,8 @@ def run_remote(ctx) -> list[Section]:
 
             def loaderx_run(name: str, fn) -> None:
                 shutil.rmtree(fresh, ignore_errors=True)
+                if drop is not None:
+                    drop()
                 col = loaderx.open_dataset(url, cache_dir=str(fresh),
                                            storage_options=server.options)["x"]
                 t = time.perf_counter()
@@ -442,6 +492,8 @@ def run_remote(ctx) -> list[Section]:
                 col.close()
 
             def get_ranges_run() -> None:
+                if drop is not None:
+                    drop()
                 t = time.perf_counter()
                 _get_ranges(url, server.options, batches)
                 rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
@@ -452,7 +504,7 @@ def run_remote(ctx) -> list[Section]:
                 lambda: loaderx_run("loaderx remote gather (cold)",
                                     lambda c: [c.gather(b) for b in batches]),
                 get_ranges_run,
-                lambda: peers.round(batches),
+                lambda: peers.round(batches, drop),
             ]
             # Round-robin: whoever reads a round's records first warms the
             # server's caches for the others, so the order turns every round.
@@ -462,7 +514,7 @@ def run_remote(ctx) -> list[Section]:
         extra_rows = peers.rows
         shared = _shared(ctx, url, server, rng, n, per_round)
         first = _first_batch(ctx, cache, server, big)
-        return _sections(rows, extra_rows, shared, first, ctx)
+        return _sections(rows, extra_rows, shared, first, ctx, server_state)
     except ValidationError as exc:
         for row in rows.values():
             row.status = f"INVALID: {exc}"
@@ -550,7 +602,8 @@ def _first_batch(ctx, cache: Path, server: Server, big: int) -> dict | None:
     return first
 
 
-def _sections(rows: dict, extra_rows: list, shared, first, ctx) -> list[Section]:
+def _sections(rows: dict, extra_rows: list, shared, first, ctx,
+              server_state: str = "server warm") -> list[Section]:
     import bench_layers
 
     cold_rows = [rows[k] for k in ("loaderx remote, prefetch 4 ahead (cold)",
@@ -565,7 +618,7 @@ def _sections(rows: dict, extra_rows: list, shared, first, ctx) -> list[Section]
             targets.append(Target(f"remote cold: loaderx >= {threshold:g}x {peer}", best, names,
                                   threshold))
     cold = bench_layers._section("remote-cold", f"remote: random batches of {BATCH} x 12 KiB, cold "
-                                 "cache (MiB/s of payload)", cold_rows,
+                                 f"cache, {server_state} (MiB/s of payload)", cold_rows,
                                  "obstore get_ranges, same ranges (cold)", targets)
     warm = bench_layers._section(
         "remote-warm", "remote: the same batches from a warm cache vs the local dataset",

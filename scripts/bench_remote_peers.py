@@ -173,12 +173,16 @@ class Peers:
                 continue
             if peer == "litdata":  # optimize() wrote locally: upload its chunks
                 _upload(local, f"s3://bench/{peer}-{self.n}", self.server.options)
+                shutil.rmtree(local, ignore_errors=True)  # read from the bucket only
 
-    def round(self, batches: list) -> None:
-        """One timed round of every peer, each from a fresh cache."""
+    def round(self, batches: list, before=None) -> None:
+        """One timed round of every peer, each from a fresh cache (after
+        `before()`, when given: the server's pages dropped)."""
         for row, python, peer in self.live:
             if not row.ok:
                 continue
+            if before is not None:
+                before()
             cache = self.ctx.workdir / f"{peer}-cache"
             shutil.rmtree(cache, ignore_errors=True)
             job = self._job(peer, batches=[b.tolist() for b in batches], cache=str(cache))
