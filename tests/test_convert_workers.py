@@ -79,7 +79,10 @@ def test_convert_workers_stop_when_the_converting_process_is_killed(tmp_path):
     nobody would ever commit."""
     (tmp_path / "slow_source.py").write_text(_SLOW_SOURCE)
     (tmp_path / "parent.py").write_text(_PARENT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    scratch = tmp_path / "tmp"  # where the conversion keeps its workers' jobs
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]),
+               TMPDIR=str(scratch))
     parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path)],
                               env=env, stdout=subprocess.DEVNULL)
     workers: list[int] = []
@@ -98,6 +101,9 @@ def test_convert_workers_stop_when_the_converting_process_is_killed(tmp_path):
         while any(map(_alive, workers)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(map(_alive, workers)), "workers outlived the killed conversion"
+        # The killed parent removed nothing; its workers removed their jobs
+        # and the work directory.
+        assert [p.name for p in scratch.iterdir()] == []
     finally:
         for pid in [parent.pid] + workers:
             try:

@@ -8,6 +8,7 @@ died, even by SIGKILL) the worker stops instead of converting on for nobody.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -405,8 +406,10 @@ def _raise_worker_error(k: int, code: int, work: str) -> None:
     raise ConvertError(f"convert worker {k} failed: {text}")
 
 
-def _exit_with_parent() -> None:
-    """Ends this worker when its stdin (a pipe from the parent) ends."""
+def _exit_with_parent(job: str) -> None:
+    """Ends this worker when its stdin (a pipe from the parent) ends. A
+    parent that was killed cleans up nothing: the worker removes its job
+    file, and the last worker out the parent's work directory."""
 
     def watch() -> None:
         # The descriptor, not sys.stdin: a daemon thread blocked in a buffered
@@ -416,6 +419,11 @@ def _exit_with_parent() -> None:
                 pass
         except OSError:
             pass
+        for path in (job, job[: -len(".pickle")] + ".error"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):  # not empty: another worker's job is left
+            os.rmdir(os.path.dirname(job))
         os._exit(3)  # nobody will commit what this worker writes
 
     threading.Thread(target=watch, name="loaderx-parent-watch", daemon=True).start()
@@ -424,7 +432,7 @@ def _exit_with_parent() -> None:
 def worker_main(job: str) -> int:
     """Entry of a worker process: run one task, report on stdout."""
     if os.environ.get(_PIPE_ENV) == "1":
-        _exit_with_parent()
+        _exit_with_parent(job)
     lanes = os.environ.get(_LANES_ENV)
     if lanes:
         from .._lib import lib
