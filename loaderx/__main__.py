@@ -1,4 +1,4 @@
-"""Command line: ``loaderx {info,convert,select,verify,compact,train-dict,bench,demo}``
+"""Command line: ``loaderx {info,convert,select,verify,compact,train-dict,cache,bench,demo}``
 (also ``python -m loaderx``), and ``loaderx --version``.
 
 Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``https://``; settings from
@@ -579,6 +579,44 @@ def cmd_compact(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------- cache
+
+
+def cmd_cache(args) -> int:
+    from . import _cache, remote
+
+    root = args.dir if args.dir is not None else remote.Config().cache_dir
+    if args.clear:
+        freed = _cache.clear(root)
+        _say(args, f"cleared {os.path.realpath(root)}: {_fmt_bytes(freed)} freed")
+        return 0
+    r = _cache.describe(root)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    users = r["processes"]
+    pids = ", ".join(str(u) for u in users if u >= 0)
+    n = len(r["replicas"])
+    print(f"{r['root']}: {_fmt_bytes(r['cached_bytes'])} cached in {n} "
+          f"replica{'s' if n != 1 else ''} ({_fmt_bytes(r['disk_bytes'])} on disk); "
+          + (f"in use by {len(users)} process{'es' if len(users) > 1 else ''}"
+             + (f" (pid {pids})" if pids else "") if users else "in use by no process"))
+    for rep in r["replicas"]:
+        if "error" in rep:
+            print(f"  {rep['url'] or rep['key']}: unreadable ({rep['error']})")
+            continue
+        share = rep["cached_bytes"] / rep["size_bytes"] if rep["size_bytes"] else 1.0
+        print(f"  {rep['url'] or rep['key']}: {_fmt_bytes(rep['cached_bytes'])} of "
+              f"{_fmt_bytes(rep['size_bytes'])} ({share:.0%}), {rep['records']:,} records")
+    if r["uploads_live"]:
+        print(f"  conversions uploading through it: {r['uploads_live']}")
+    if r["uploads_left"]:
+        print(f"  left by killed conversions: {r['uploads_left']} staging "
+              f"director{'ies' if r['uploads_left'] > 1 else 'y'} "
+              f"({_fmt_bytes(r['uploads_left_bytes'])}; loaderx cache --clear removes them)")
+    return 0
+
+
 # ----------------------------------------------------------------- train-dict
 
 
@@ -734,6 +772,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=None, help="dictionary bytes (overrides the tier's)")
     p.add_argument("--column", default=None, help="dataset column (default: the first)")
     p.set_defaults(fn=cmd_train_dict)
+    p = sub.add_parser(
+        "cache", parents=[quiet], help="what a remote datasets' cache directory holds; --clear",
+        description="DIR: a cache directory (default: $LOADERX_CACHE_DIR or ~/.cache/loaderx). "
+        "--clear removes every cached replica and what killed conversions left, and is refused "
+        "while a process uses the cache.",
+    )
+    p.add_argument("dir", nargs="?", default=None)
+    p.add_argument("--clear", action="store_true", help="empty the cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(fn=cmd_cache)
     p = sub.add_parser("bench", parents=[quiet], help="quick local gather figures")
     p.set_defaults(fn=cmd_bench)
     sub.add_parser("demo", help="build a small store and run the loader (options: demo --help)")

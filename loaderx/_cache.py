@@ -65,6 +65,7 @@ import mmap
 import os
 import shutil
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -75,7 +76,7 @@ import numpy as np
 
 from ._checks import is_int
 from ._lib import check, ffi, lib
-from .errors import CorruptStoreError, InvalidArgumentError
+from .errors import BusyError, CorruptStoreError, InvalidArgumentError, StoreNotFoundError
 
 __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
 
@@ -199,6 +200,14 @@ class _ReplicaState:
     @property
     def evictions(self) -> int:
         return int(self.header[9])
+
+
+def _present_bytes(st: _ReplicaState) -> int:
+    """Bytes a replica holds: its present blocks, index and data."""
+    lay = st.layout
+    d = int(_popcount64(st.dwords).sum()) << lay.dshift
+    i = int(_popcount64(st.ibits.view(np.uint64)).sum()) << lay.ishift
+    return d + i
 
 
 def _bitmap_sizes(lay: Layout) -> tuple[int, int]:
@@ -591,6 +600,25 @@ class Cache:
             out.append(r)
         return out
 
+    # -- a conversion's files on their way to a bucket
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[str]:
+        """A new directory under ``uploads/`` for a conversion's files, held
+        (a shared ``flock`` on it, taken under the cache's lock) while in use
+        and removed after; `clear` removes only those whose process is gone."""
+        up = os.path.join(self.root, "uploads")
+        with self._flock():
+            os.makedirs(up, exist_ok=True)
+            d = os.path.join(up, uuid.uuid4().hex)
+            os.mkdir(d)
+            fd = os.open(d, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+            os.close(fd)
+
     # -- replicas
     def replica(self, key: str, recheck: bool = False) -> "Replica":
         """This process's view of replica `key`; with `recheck` (at an open),
@@ -690,10 +718,7 @@ class Replica:
         return fd
 
     def present_bytes(self) -> int:
-        lay = self.layout
-        d = int(_popcount64(self.state.dwords).sum()) << lay.dshift
-        i = int(_popcount64(self.state.ibits.view(np.uint64)).sum()) << lay.ishift
-        return d + i
+        return _present_bytes(self.state)
 
     # -- locations
     def index_blocks(self, u: np.ndarray) -> np.ndarray:
@@ -865,3 +890,175 @@ class Replica:
     def mark_checked(self, u: np.ndarray) -> None:
         if len(u):
             np.bitwise_or.at(self._checked, u >> 3, (1 << (u & 7)).astype(np.uint8))
+
+
+# ----------------------------------------------------------------------------- for people
+# (``loaderx cache``: what a cache directory holds, and clearing it)
+
+_FLOCK = struct.Struct("hhxxxxqqixxxx")  # Linux's struct flock: type, whence, start, len, pid
+
+
+def _opened(root: str) -> str:
+    """`root` as a cache directory, checked: its real path."""
+    root = os.path.realpath(os.path.expanduser(os.fspath(root)))
+    state = os.path.join(root, "state")
+    try:
+        with open(state, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"{root}: not a loaderx cache directory (no state file)",
+                                 path=root) from None
+    if len(head) < 16 or struct.unpack("<QQ", head) not in ((_MAGIC, 1), (_MAGIC, _VERSION)):
+        raise CorruptStoreError(f"{root}: not a loaderx cache directory of this version")
+    return root
+
+
+def _users(slots_fd: int, own: int) -> list:
+    """The processes using a cache (holding a slot of its ``slots.lock``,
+    `slots_fd`): their pids where the system says (Linux), else -1 each;
+    this process first when it holds slot `own` (>= 0)."""
+    users = [os.getpid()] if own >= 0 else []
+    for k in range(SLOTS):
+        if k == own:
+            continue  # (locking it again would succeed, and unlocking drop it)
+        if _lockf(slots_fd, k, 1, wait=False):
+            _unlockf(slots_fd, k, 1)
+            continue
+        pid = -1
+        if sys.platform.startswith("linux"):
+            got = fcntl.fcntl(slots_fd, fcntl.F_GETLK,
+                              _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, k, 1, 0))
+            kind, _, _, _, holder = _FLOCK.unpack(got)
+            pid = holder if kind != fcntl.F_UNLCK else -1
+        users.append(pid)
+    return users
+
+
+def _uploads(root: str) -> list:
+    """``(path, live)`` of every staging directory under ``uploads/``
+    (live: its conversion still holds it). Caller holds the cache's lock."""
+    up = os.path.join(root, "uploads")
+    out = []
+    for name in sorted(os.listdir(up)) if os.path.isdir(up) else []:
+        path = os.path.join(up, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            live = False
+        except OSError:
+            live = True
+        finally:
+            os.close(fd)
+        out.append((path, live))
+    return out
+
+
+def _disk_bytes(path: str) -> int:
+    """Bytes `path` (a file or a tree) takes on disk (holes excluded)."""
+    total = 0
+    for dirpath, _, files in os.walk(path) if os.path.isdir(path) else [("", [], [path])]:
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+@contextlib.contextmanager
+def _held(root: str) -> Iterator[tuple[int, int]]:
+    """The cache's lock; yields ``(descriptor of slots.lock, this process's
+    slot or -1)``. A process using the cache lends its own descriptor:
+    closing any descriptor of the file would drop its slot's lock."""
+    mine = Cache._instances.get(root)
+    p = mine._proc if mine is not None else None
+    if p is not None and p.forks != _FORKS[0]:
+        p = None  # the parent's
+    lock = os.open(os.path.join(root, "lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                   0o644)
+    slots = p.slots_fd if p is not None else os.open(
+        os.path.join(root, "slots.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+        0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield slots, (p.slot if p is not None else -1)
+    finally:
+        if p is None:
+            os.close(slots)
+        os.close(lock)
+
+
+def describe(root: str) -> dict:
+    """What the cache directory `root` holds: its replicas (URL, versions,
+    records, bytes cached of their full size), the bytes on disk, the
+    processes using it, and the staging directories of conversions (live,
+    or left by a conversion that was killed)."""
+    root = _opened(root)
+    with _held(root) as (slots, own):
+        users = _users(slots, own)
+        uploads = _uploads(root)
+    replicas = []
+    stores = os.path.join(root, "stores")
+    for name in sorted(os.listdir(stores)) if os.path.isdir(stores) else []:
+        if name.startswith("."):
+            continue
+        d = os.path.join(stores, name)
+        entry: dict = {"key": name, "url": None, "versions": None}
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(d, "source.json"), encoding="utf-8") as f:
+                source = json.load(f)
+            entry["url"], entry["versions"] = source.get("url"), source.get("etags")
+        try:
+            st = _ReplicaState(os.path.join(d, "cache.state"))
+        except (OSError, CorruptStoreError) as e:
+            entry["error"] = str(e)
+        else:
+            lay = st.layout
+            entry.update(records=lay.record_count, size_bytes=lay.index_size + lay.data_size,
+                         cached_bytes=_present_bytes(st))
+            del st
+        entry["disk_bytes"] = _disk_bytes(d)
+        replicas.append(entry)
+    left = [p for p, live in uploads if not live]
+    return {
+        "root": root,
+        "cached_bytes": sum(r.get("cached_bytes", 0) for r in replicas),
+        "disk_bytes": _disk_bytes(root),
+        "processes": users,
+        "replicas": replicas,
+        "uploads_live": sum(live for _, live in uploads),
+        "uploads_left": len(left),
+        "uploads_left_bytes": sum(_disk_bytes(p) for p in left),
+    }
+
+
+def clear(root: str) -> int:
+    """Empties the cache directory `root`: every replica, and what killed
+    conversions left under ``uploads/``. Refused (`BusyError`, naming the
+    processes) while a process uses the cache; the staging directory of a
+    conversion still running is left alone. Returns the bytes freed on disk."""
+    root = _opened(root)
+    gone = os.path.join(root, f".cleared-{uuid.uuid4().hex[:8]}")
+    with _held(root) as (slots, own):
+        users = _users(slots, own)
+        if users:
+            who = ", ".join(str(u) for u in users if u >= 0) or f"{len(users)}"
+            raise BusyError(f"{root}: in use by process{'es' if len(users) > 1 else ''} {who}; "
+                            "clear it once they have exited", path=root)
+        os.mkdir(gone)
+        stores = os.path.join(root, "stores")
+        if os.path.isdir(stores):
+            os.rename(stores, os.path.join(gone, "stores"))
+        os.makedirs(stores)
+        for k, (path, live) in enumerate(_uploads(root)):
+            if not live:
+                os.rename(path, os.path.join(gone, f"upload-{k}"))
+        fd = os.open(os.path.join(root, "state"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, struct.pack("<Q", 0), 24)  # bytes present
+        finally:
+            os.close(fd)
+    freed = _disk_bytes(gone)
+    shutil.rmtree(gone, ignore_errors=True)
+    return freed

@@ -61,7 +61,8 @@ class LockedError(LoaderxError):
 
 
 class BusyError(LockedError):
-    """delete/compact need exclusive access and another handle or a gather has it."""
+    """delete/compact need exclusive access and another handle or a gather has it;
+    clearing a cache directory that live processes use."""
 
 
 class ClosedError(LoaderxError, ValueError):

@@ -488,11 +488,10 @@ def _refuse_read_only(url: str) -> None:
                             "gs:// or az://", path=url)
 
 
-def _staging(cfg: Config) -> str:
-    import uuid
-    d = os.path.join(cfg.cache_dir, "uploads", uuid.uuid4().hex)
-    os.makedirs(d)
-    return d
+def _staging(cfg: Config):
+    """A directory for a conversion's files on their way up, in the cache's
+    ``uploads/`` (held while in use, removed after: Cache.staging)."""
+    return cfg.cache().staging()
 
 
 def _occupied(url: str, cfg: Config) -> bool:
@@ -524,14 +523,10 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     if mode == "overwrite" and _occupied(url, cfg) and not exists(join(url, "meta"), cfg):
         raise _exists_error(url, "another destination (it holds something that is not a "
                                  "loaderx store; remove it yourself)")
-    local = _staging(cfg)
-    try:
+    with _staging(cfg) as local:
         path = os.path.join(local, "store")
         build(path)
         _upload(_files_under(path), url, cfg)
-    finally:
-        import shutil
-        shutil.rmtree(local, ignore_errors=True)
     return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
                       storage_options=cfg.options)
 
@@ -613,17 +608,15 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
     """A dataset for `url`: `build(local_dir)` converts into a new local
     directory and returns its manifest; the dataset is then uploaded and
     published per `mode` (see above). Returns the manifest written."""
-    import shutil
     target = Target(url, mode, cfg, cli)
-    local = _staging(target.cfg)
     try:
-        root = os.path.join(local, "ds")
-        fresh = build(root)
-        if target.mode == "append" and target.old is not None:
-            _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
-        return target.publish(target.upload(root, fresh))
+        with _staging(target.cfg) as local:
+            root = os.path.join(local, "ds")
+            fresh = build(root)
+            if target.mode == "append" and target.old is not None:
+                _appended(target.url, target.old, fresh)  # refuse a mismatch before uploading
+            return target.publish(target.upload(root, fresh))
     finally:
-        shutil.rmtree(local, ignore_errors=True)
         target.abort()
 
 

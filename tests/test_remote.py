@@ -1048,3 +1048,74 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
         assert todo.tolist() == (fresh[::-1].tolist() if lay.fixed else [])
     finally:
         store.close()
+
+
+_HOLDER = r"""
+import sys, numpy as np, loaderx
+url, cache, endpoint = sys.argv[1:4]
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+ds = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, storage_options=opts)
+ds["raw"][np.arange(0, 400, 3)]
+print("ready", flush=True)
+sys.stdin.read()  # holds the cache until its stdin ends
+"""
+
+
+def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_path, s3, url,
+                                                                           data):
+    import json
+
+    dense, _ = data
+    cache = tmp_path / "cache"
+    env = dict(_env(), **s3.env, LOADERX_CACHE_DIR=str(cache))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "loaderx", "cache", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, url, str(cache), s3.endpoint],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        report = json.loads(cli("--json").stdout)  # the default directory: LOADERX_CACHE_DIR
+        assert report["root"] == os.path.realpath(cache)
+        assert report["processes"] == [holder.pid]
+        (rep,) = report["replicas"]
+        assert rep["url"] == f"{url}/{RAW}" and rep["records"] == N
+        assert rep["size_bytes"] == N * (REC + 4)  # data and a raw store's 4 B index entries
+        # 134 records of 3,000 B were read: at least those, not everything.
+        assert 134 * REC <= rep["cached_bytes"] < rep["size_bytes"]
+        assert report["cached_bytes"] == rep["cached_bytes"] <= report["disk_bytes"]
+        out = cli()
+        assert out.returncode == 0 and f"in use by 1 process (pid {holder.pid})" in out.stdout
+        assert f"{url}/{RAW}: " in out.stdout and f"{N:,} records" in out.stdout
+        out = cli("--clear")
+        assert out.returncode == 1 and f"in use by process {holder.pid}" in out.stderr
+        assert json.loads(cli("--json").stdout)["cached_bytes"] == rep["cached_bytes"]
+    finally:
+        holder.communicate(timeout=60)
+    # A conversion killed while uploading left its staging directory; one
+    # still running (here: this process, holding its own) keeps it.
+    left = cache / "uploads" / "0123456789abcdef"
+    left.mkdir(parents=True)
+    (left / "data").write_bytes(b"x" * 100_000)
+    with _cache.Cache.get(str(cache)).staging() as live:
+        report = json.loads(cli("--json").stdout)
+        assert report["processes"] == []
+        assert (report["uploads_live"], report["uploads_left"]) == (1, 1)
+        assert report["uploads_left_bytes"] >= 100_000
+        assert "left by killed conversions: 1 staging directory" in cli().stdout
+        out = cli("--clear")
+        assert out.returncode == 0 and out.stdout.startswith(f"cleared {os.path.realpath(cache)}")
+        assert os.path.isdir(live) and not left.exists()
+    report = json.loads(cli("--json").stdout)
+    assert (report["replicas"], report["cached_bytes"], report["uploads_left"]) == ([], 0, 0)
+    assert not os.path.exists(live)
+    # The cache works on after a clear: records are fetched again, exact.
+    ds = opened(url, cache, s3)
+    try:
+        assert_same(ds["raw"][np.array([3, 399])], dense[[3, 399]])
+    finally:
+        ds["raw"].close()
+    out = cli(str(tmp_path / "nothing-here"))
+    assert out.returncode == 1 and "not a loaderx cache directory" in out.stderr
