@@ -33,7 +33,11 @@ Rows and targets:
           12 GB), every reader's run starts with them dropped, so each
           reads the server's disk alike
   warm    the same batches again from the cache, against the same dataset
-          read locally (target >= 0.9x)
+          read locally (target >= 0.9x). Where the disk cannot hold the
+          local copy beside the server's four (--size default here), the
+          local copy is sparse as the replica is: its records' bytes freed
+          after the upload, and each round's written back before its
+          warm pass (_hollow)
   shared  4 processes reading the same batches through one fresh cache fetch
           <= 1.1x the bytes one process fetches
   first   time to the first batch of a store of 10^8 records (8 B each) in a
@@ -245,6 +249,42 @@ def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> No
     os.replace(tmp, path)
 
 
+def _data_file(local: Path) -> Path:
+    return local / "x" / "part-00000" / "data"
+
+
+def _is_hollow(local: Path) -> bool:
+    st = os.stat(_data_file(local))
+    return st.st_blocks * 512 < st.st_size // 2
+
+
+def _hollow(local: Path) -> None:
+    """Frees the bytes of the local copy's records (holes; the file keeps its
+    size and layout, record i at i * REC): once uploaded, four copies of the
+    --size default dataset on the server and a peer's whole-shard cache fill
+    this machine's disk. The records a round reads are written back before
+    they are read (_fill): the local copy is then sparse as the cache's
+    replica is, with the same records present."""
+    from loaderx._cache import _punch
+
+    fd = os.open(_data_file(local), os.O_RDWR)
+    try:
+        _punch(fd, 0, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _fill(local: Path, idx: np.ndarray) -> None:
+    """Writes records `idx` (their pattern) back into a hollowed local copy."""
+    u = np.unique(idx)
+    fd = os.open(_data_file(local), os.O_WRONLY)
+    try:
+        for i, rec in zip(u.tolist(), records(u)):
+            os.pwrite(fd, rec.tobytes(), i * REC)
+    finally:
+        os.close(fd)
+
+
 def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> None:
     """Uploads the tree `local` under `url` with loaderx's own upload (every
     store's meta and the manifest last), in parts of `part` bytes."""
@@ -440,11 +480,20 @@ def run_remote(ctx) -> list[Section]:
         _build_local(local, n)
         url = f"s3://{BUCKET}/ds-{n}"
         _upload(local, url, server.options)
+        # The peers' three copies and one peer's cache (a whole copy): hollow
+        # the local copy where they would not fit beside it.
+        hollow = _is_hollow(local) or shutil.disk_usage(cache).free < 5 * n * REC
+        if hollow and not _is_hollow(local):
+            ctx.log("remote: hollowing the local copy (the disk holds it, four copies on the "
+                    "server and a peer's cache otherwise)")
+            _hollow(local)
         rng = np.random.default_rng(ctx.seed)
         local_ds = loaderx.open_dataset(str(local))
         # Validate every reader on its own batches before any timing.
         check = [rng.choice(n, BATCH, replace=False) for _ in range(2)]
         want = [records(b) for b in check]
+        if hollow:
+            _fill(local, np.concatenate(check))
         vcache = ctx.workdir / "remote-validate"
         ds = loaderx.open_dataset(url, cache_dir=str(vcache), storage_options=server.options)
         for got, w in zip(_stand_in_loop(ds["x"], check, 4), want):
@@ -488,6 +537,8 @@ def run_remote(ctx) -> list[Section]:
                 if name == "loaderx remote gather (cold)":
                     fetched = col._remote.replica().fetched
                     rows[name].extra["fetched_over_payload"] = fetched / (payload * (1 << 20))
+                    if hollow:
+                        _fill(local, np.concatenate(batches))
                     _warm(col, local_ds["x"], batches, payload, rows)
                 col.close()
 
