@@ -703,7 +703,8 @@ class Replica:
         rep.region_shift = lay.dshift + 6
         rep.checked_at = st.evictions
         self._keep = keep
-        self.fetched = 0  # bytes this process fetched for this replica
+        self.fetched = 0  # bytes this process fetched for this replica (under _count_lock)
+        self._count_lock = threading.Lock()
 
     def current(self) -> bool:
         return _file_id(os.path.join(self.dir, "cache.state")) == self._state_id
@@ -812,7 +813,12 @@ class Replica:
             starts.append(lo)
             ends.append(hi)
             keeps.append([(lo, hi)])
-        self.fetched += download(which, starts, ends, keeps)
+        got = download(which, starts, ends, keeps)
+        # Index and data downloads run on two threads: `self.fetched +=
+        # download(...)` read the count before the download and lost the
+        # other thread's bytes when both overlapped.
+        with self._count_lock:
+            self.fetched += got
         blocks = np.concatenate([np.arange(b0, b1, dtype=np.int64) for b0, b1 in runs])
         with self.cache.locked() as p:
             bits = self.state.ibits if which == "index" else self.state.dbits
