@@ -155,7 +155,9 @@ def _remote_panel(ax, sections: list[dict]) -> None:
     ax.set_xscale("log")
     ax.set_xlim(0.1, max(values + [10.0]) * 4)
     ax.set_xlabel("MiB/s of payload (log)")
-    ax.set_title("remote: random batches of 256 x 12 KiB from an S3 server on loopback")
+    cold = next((s.get("title", "") for s in sections if s["key"] == "remote-cold"), "")
+    server = "; server disk cold" if "server disk cold" in cold else ""
+    ax.set_title(f"remote: random batches of 256 x 12 KiB from an S3 server on loopback{server}")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     for position, value in zip(positions, values):
         if value:
