@@ -1040,8 +1040,8 @@ def describe(root: str) -> dict:
 
 
 def clear(root: str) -> int:
-    """Empties the cache directory `root`: every replica, and what killed
-    conversions left under ``uploads/``. Refused (`BusyError`, naming the
+    """Empties the cache directory `root`: every replica, what killed
+    conversions left under ``uploads/`` and what an interrupted clear left. Refused (`BusyError`, naming the
     processes) while a process uses the cache; the staging directory of a
     conversion still running is left alone. Returns the bytes freed on disk."""
     root = _opened(root)
@@ -1060,6 +1060,9 @@ def clear(root: str) -> int:
         for k, (path, live) in enumerate(_uploads(root)):
             if not live:
                 os.rename(path, os.path.join(gone, f"upload-{k}"))
+        for name in os.listdir(root):  # what an interrupted clear left
+            if name.startswith(".cleared-") and name != os.path.basename(gone):
+                os.rename(os.path.join(root, name), os.path.join(gone, name))
         fd = os.open(os.path.join(root, "state"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
             os.pwrite(fd, struct.pack("<Q", 0), 24)  # bytes present

@@ -366,7 +366,10 @@ def _drop_server_pages(root: Path) -> None:
     """Drops the server's files from the page cache (written back first), so
     that the next reader reads the server's disk as the one before it did:
     with data larger than memory, which copy the page cache holds would
-    otherwise depend on who read last."""
+    otherwise depend on who read last. Everything dirty is written first
+    (os.sync): a peer's round writes and deletes a whole-dataset cache on
+    the same disk, which the next reader would otherwise wait behind."""
+    os.sync()
     for f in root.rglob("*"):
         if not f.is_file():
             continue

@@ -1105,6 +1105,8 @@ def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_pa
     left = cache / "uploads" / "0123456789abcdef"
     left.mkdir(parents=True)
     (left / "data").write_bytes(b"x" * 100_000)
+    interrupted = cache / ".cleared-0badc0de"  # a clear killed before it removed its files
+    (interrupted / "stores").mkdir(parents=True)
     with _cache.Cache.get(str(cache)).staging() as live:
         report = json.loads(cli("--json").stdout)
         assert report["processes"] == []
@@ -1113,7 +1115,7 @@ def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_pa
         assert "left by killed conversions: 1 staging directory" in cli().stdout
         out = cli("--clear")
         assert out.returncode == 0 and out.stdout.startswith(f"cleared {os.path.realpath(cache)}")
-        assert os.path.isdir(live) and not left.exists()
+        assert os.path.isdir(live) and not left.exists() and not interrupted.exists()
     report = json.loads(cli("--json").stdout)
     assert (report["replicas"], report["cached_bytes"], report["uploads_left"]) == ([], 0, 0)
     assert not os.path.exists(live)
