@@ -1041,9 +1041,10 @@ def describe(root: str) -> dict:
 
 def clear(root: str) -> int:
     """Empties the cache directory `root`: every replica, what killed
-    conversions left under ``uploads/`` and what an interrupted clear left. Refused (`BusyError`, naming the
-    processes) while a process uses the cache; the staging directory of a
-    conversion still running is left alone. Returns the bytes freed on disk."""
+    conversions left under ``uploads/`` and what an interrupted clear left.
+    Refused (`BusyError`, naming the processes) while a process uses the
+    cache; the staging directory of a conversion still running is left
+    alone. Returns the bytes freed on disk."""
     root = _opened(root)
     gone = os.path.join(root, f".cleared-{uuid.uuid4().hex[:8]}")
     with _held(root) as (slots, own):
