@@ -596,11 +596,13 @@ def cmd_cache(args) -> int:
         return 0
     users = r["processes"]
     pids = ", ".join(str(u) for u in users if u >= 0)
+    who = f"{len(users)} process{'es' if len(users) > 1 else ''}" if users else "no process"
+    if pids:
+        who += f" (pid {pids})"
     n = len(r["replicas"])
     print(f"{r['root']}: {_fmt_bytes(r['cached_bytes'])} cached in {n} "
           f"replica{'s' if n != 1 else ''} ({_fmt_bytes(r['disk_bytes'])} on disk); "
-          + (f"in use by {len(users)} process{'es' if len(users) > 1 else ''}"
-             + (f" (pid {pids})" if pids else "") if users else "in use by no process"))
+          f"in use by {who}")
     for rep in r["replicas"]:
         if "error" in rep:
             print(f"  {rep['url'] or rep['key']}: unreadable ({rep['error']})")

@@ -82,6 +82,7 @@ __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
 
 _MAGIC = 0x31454843584C  # "LXCHE1"
 _GLOBAL_SIZE = 4096 + 1024 * 16
+_USED_AT = 3 * 8  # the state's bytes present: word 3 of its head (see Cache._head)
 _VERSION = 2
 _STATE_MAGIC = 0x31415453584C  # "LXSTA1"
 SLOTS = 1024
@@ -322,6 +323,11 @@ def _file_id(path: str) -> Optional[tuple]:
     return (st.st_dev, st.st_ino)
 
 
+def _open_lockfile(path: str) -> int:
+    """A descriptor of one of the cache's lock files (made if missing)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+
 def _lockf(fd: int, start: int, length: int, wait: bool) -> bool:
     """An exclusive POSIX lock on bytes [start, start+length) of `fd`."""
     try:
@@ -342,6 +348,18 @@ def _unlockf(fd: int, start: int, length: int) -> None:
 _FORKS = [0]
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+@contextlib.contextmanager
+def _flocked(root: str) -> Iterator[None]:
+    """The cache's state lock (``flock`` on ``lock``) through a descriptor of
+    its own, for one-off use by a process that holds no slot."""
+    fd = _open_lockfile(os.path.join(root, "lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class _Guard:
@@ -380,10 +398,8 @@ class _Proc:
         self.pid = os.getpid()
         self.forks = _FORKS[0]
         self.tlock = threading.RLock()
-        self.lock_fd = os.open(os.path.join(cache.root, "lock"),
-                               os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        self.slots_fd = os.open(os.path.join(cache.root, "slots.lock"),
-                                os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self.lock_fd = _open_lockfile(os.path.join(cache.root, "lock"))
+        self.slots_fd = _open_lockfile(os.path.join(cache.root, "slots.lock"))
         self.slot = -1
         for k in range(SLOTS):
             if _lockf(self.slots_fd, k, 1, wait=False):
@@ -438,7 +454,7 @@ class Cache:
         self._proc: Optional[_Proc] = None
         self._proc_lock = threading.Lock()
         state = os.path.join(root, "state")
-        with self._flock():
+        with _flocked(self.root):
             if not os.path.exists(state) or os.path.getsize(state) < _GLOBAL_SIZE:
                 tmp = f"{state}.{uuid.uuid4().hex[:8]}"
                 with open(tmp, "wb") as f:
@@ -459,7 +475,7 @@ class Cache:
         if int(head[1]) == 1:
             # Version 1 locked every read; version 2 reads without the lock
             # and counts evictions in word 4 (all ones in a version-1 file).
-            with self._flock():
+            with _flocked(self.root):
                 if int(head[1]) == 1:
                     head[4] = 0
                     head[1] = _VERSION
@@ -471,17 +487,6 @@ class Cache:
     def _current(self) -> bool:
         """Whether the directory still holds the state this object maps."""
         return _file_id(os.path.join(self.root, "state")) == self._state_id
-
-    @contextlib.contextmanager
-    def _flock(self) -> Iterator[None]:
-        """The state lock for one-off use before _Proc exists."""
-        fd = os.open(os.path.join(self.root, "lock"),
-                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
 
     def proc(self) -> _Proc:
         p = self._proc
@@ -508,7 +513,6 @@ class Cache:
         """The read of `tick` (Replica.begin_read) is over (natively
         thread-safe: the process's reads have their own lock)."""
         lib.lx_replica_end(self.proc().reads, tick)
-
 
     def _min_watermarks(self, p: _Proc) -> tuple[int, int]:
         """The oldest read in flight and the oldest prefetch kept, over every
@@ -607,7 +611,7 @@ class Cache:
         (a shared ``flock`` on it, taken under the cache's lock) while in use
         and removed after; `clear` removes only those whose process is gone."""
         up = os.path.join(self.root, "uploads")
-        with self._flock():
+        with _flocked(self.root):
             os.makedirs(up, exist_ok=True)
             d = os.path.join(up, uuid.uuid4().hex)
             os.mkdir(d)
@@ -921,22 +925,22 @@ def _opened(root: str) -> str:
 
 def _users(slots_fd: int, own: int) -> list:
     """The processes using a cache (holding a slot of its ``slots.lock``,
-    `slots_fd`): their pids where the system says (Linux), else -1 each;
-    this process first when it holds slot `own` (>= 0)."""
+    `slots_fd`): their pids where the system says (Linux: F_GETLK), else -1
+    each; this process first when it holds slot `own` (>= 0)."""
     users = [os.getpid()] if own >= 0 else []
     for k in range(SLOTS):
         if k == own:
             continue  # (locking it again would succeed, and unlocking drop it)
-        if _lockf(slots_fd, k, 1, wait=False):
-            _unlockf(slots_fd, k, 1)
-            continue
-        pid = -1
         if sys.platform.startswith("linux"):
             got = fcntl.fcntl(slots_fd, fcntl.F_GETLK,
                               _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, k, 1, 0))
             kind, _, _, _, holder = _FLOCK.unpack(got)
-            pid = holder if kind != fcntl.F_UNLCK else -1
-        users.append(pid)
+            if kind != fcntl.F_UNLCK:
+                users.append(holder)
+        elif _lockf(slots_fd, k, 1, wait=False):
+            _unlockf(slots_fd, k, 1)
+        else:
+            users.append(-1)
     return users
 
 
@@ -981,18 +985,13 @@ def _held(root: str) -> Iterator[tuple[int, int]]:
     p = mine._proc if mine is not None else None
     if p is not None and p.forks != _FORKS[0]:
         p = None  # the parent's
-    lock = os.open(os.path.join(root, "lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                   0o644)
-    slots = p.slots_fd if p is not None else os.open(
-        os.path.join(root, "slots.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-        0o644)
+    slots = p.slots_fd if p is not None else _open_lockfile(os.path.join(root, "slots.lock"))
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield slots, (p.slot if p is not None else -1)
+        with _flocked(root):
+            yield slots, (p.slot if p is not None else -1)
     finally:
         if p is None:
             os.close(slots)
-        os.close(lock)
 
 
 def describe(root: str) -> dict:
@@ -1066,7 +1065,7 @@ def clear(root: str) -> int:
                 os.rename(os.path.join(root, name), os.path.join(gone, name))
         fd = os.open(os.path.join(root, "state"), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
-            os.pwrite(fd, struct.pack("<Q", 0), 24)  # bytes present
+            os.pwrite(fd, struct.pack("<Q", 0), _USED_AT)
         finally:
             os.close(fd)
     freed = _disk_bytes(gone)

@@ -488,12 +488,6 @@ def _refuse_read_only(url: str) -> None:
                             "gs:// or az://", path=url)
 
 
-def _staging(cfg: Config):
-    """A directory for a conversion's files on their way up, in the cache's
-    ``uploads/`` (held while in use, removed after: Cache.staging)."""
-    return cfg.cache().staging()
-
-
 def _occupied(url: str, cfg: Config) -> bool:
     """Whether any object lives under the prefix `url`."""
     try:
@@ -523,7 +517,7 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
     if mode == "overwrite" and _occupied(url, cfg) and not exists(join(url, "meta"), cfg):
         raise _exists_error(url, "another destination (it holds something that is not a "
                                  "loaderx store; remove it yourself)")
-    with _staging(cfg) as local:
+    with cfg.cache().staging() as local:  # held while in use, removed after
         path = os.path.join(local, "store")
         build(path)
         _upload(_files_under(path), url, cfg)
@@ -610,7 +604,7 @@ def write_dataset_to(url: str, mode: str, build: Callable[[str], dict],
     published per `mode` (see above). Returns the manifest written."""
     target = Target(url, mode, cfg, cli)
     try:
-        with _staging(target.cfg) as local:
+        with target.cfg.cache().staging() as local:
             root = os.path.join(local, "ds")
             fresh = build(root)
             if target.mode == "append" and target.old is not None:
