@@ -420,7 +420,8 @@ class _Proc:
         self._keep = (head, marks)
         self.replicas: dict = {}  # key -> Replica
         self.depth = 0  # nesting of locked()
-        self.warned = False
+        self.warned = False  # over an explicit cache_limit
+        self.warned_full = False  # evicting to keep the file system's reserve free
         self.guard = _Guard(self)
 
 
@@ -538,10 +539,15 @@ class Cache:
     def _effective_limit(self, used: int) -> int:
         if self.limit is not None:
             return self.limit
-        st = os.statvfs(self.root)
-        free = st.f_bavail * st.f_frsize
-        reserve = max(1 << 30, int(FREE_RESERVE * st.f_blocks * st.f_frsize))
+        free, reserve = self._free_and_reserve()
         return max(0, used + free - reserve)
+
+    def _free_and_reserve(self) -> tuple:
+        """Bytes free on the cache's file system, and the share of it the
+        cache leaves free when it has no cache_limit."""
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize, max(1 << 30, int(FREE_RESERVE * st.f_blocks
+                                                            * st.f_frsize))
 
     def maybe_evict(self, p: _Proc) -> None:
         """Evicts least recently used regions until the cache is under 90% of
@@ -555,6 +561,14 @@ class Cache:
         if used <= limit:
             return
         target = int(limit * 0.9)
+        free, reserve = self._free_and_reserve() if self.limit is None else (0, 0)
+        if limit < reserve and not p.warned_full:  # a full disk, not a big cache that filled it
+            p.warned_full = True
+            warnings.warn(f"loaderx cache {self.root}: its file system has {free} bytes free "
+                          f"and the cache leaves {reserve} free (without a cache_limit), so it "
+                          f"holds at most {limit} bytes and drops cached ranges as others are "
+                          "read; free disk space, or set cache_limit (or LOADERX_CACHE_LIMIT)",
+                          RuntimeWarning, stacklevel=4)
         seq = p.reads.seq
         lib.lx_cache_evicting(seq)  # odd: reads that start now wait (src/replica.zig)
         try:

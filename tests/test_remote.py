@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -388,6 +389,34 @@ def test_a_cache_limit_below_one_batch_overflows_instead_of_deadlocking(tmp_path
         store.close()
     with pytest.raises(ValueError, match="cache_limit"):
         opened(url, tmp_path / "cache", s3, cache_limit="lots")
+
+
+def test_a_cache_on_a_nearly_full_disk_warns_and_reads_exact_records(tmp_path, s3, url, data,
+                                                                    monkeypatch):
+    """Without a cache_limit the cache leaves a share of its file system free;
+    when that leaves it less than the share, it says so once (a training run
+    would fetch its data again and again) and reads stay exact."""
+    dense, _ = data
+    monkeypatch.delenv("LOADERX_CACHE_LIMIT", raising=False)
+    monkeypatch.setattr(_cache, "FREE_RESERVE", 1.0)  # the whole disk: nothing fits
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
+    store = ds["raw"]
+    try:
+        with pytest.warns(RuntimeWarning, match="bytes free and the cache leaves"):
+            assert_same(store[np.arange(40)], dense[:40])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process
+            assert_same(store[np.arange(40, 80)], dense[40:80])
+            assert_same(store[np.arange(40)], dense[:40])
+    finally:
+        store.close()
+    ds = opened(url, tmp_path / "cache2", s3, columns=["raw"], cache_limit="1GiB")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an explicit limit: the free space is not asked
+            assert_same(ds["raw"][np.arange(40)], dense[:40])
+    finally:
+        ds["raw"].close()
 
 
 def test_uploads_use_parts_s3_takes_at_any_size(tmp_path, s3):
