@@ -7,6 +7,8 @@
  *     python -m ziglang cc -O2 -mavx2 scripts/probe_copy_limit.c -o /tmp/copy_limit -lpthread
  *     /tmp/copy_limit METHOD THREADS     # METHOD: memcpy, rep-movsb, stream
  *
+ * The source array is in 4 KiB pages where transparent huge pages are
+ * "madvise" (as on the machines measured), like a store's memory-mapped file.
  * "stream" copies with non-temporal AVX stores: no read of a destination
  * line before it is written. Prints batches/s and GB/s; run the methods
  * alternately several times and compare medians (the figures move between

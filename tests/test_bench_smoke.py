@@ -262,6 +262,40 @@ def test_pool_gap_probe_runs(tmp_path):
     assert all(v > 0 for v in figures.values())
 
 
+def test_write_probe_runs(tmp_path, monkeypatch, capsys):
+    """The write diagnostic writes both contenders at every record size and
+    reports a ratio for each."""
+    import probe_write
+
+    monkeypatch.setattr(sys, "argv", ["probe_write.py", "--rounds", "1", "--dir", str(tmp_path)])
+    probe_write.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(",")[0].strip() for ln in lines] == list(probe_write.SHAPES)
+    assert all("loaderx / npy" in ln for ln in lines)
+    assert os.listdir(tmp_path) == []  # its stores are gone
+
+
+def test_copy_limit_probe_builds_and_runs(tmp_path):
+    """The plain-C copy ceiling builds with the Zig toolchain the project
+    already depends on, and every method reports a rate."""
+    import platform
+    import subprocess
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the probe is x86-64 code (SSE/AVX intrinsics)")
+    with open("/proc/cpuinfo") as f:
+        avx2 = " avx2" in f.read()
+    exe = str(tmp_path / "copy_limit")
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-mavx2",
+                    str(SCRIPTS / "probe_copy_limit.c"), "-o", exe, "-lpthread"], check=True)
+    for method in ("memcpy", "rep-movsb") + (("stream",) if avx2 else ()):
+        out = subprocess.run([exe, method, "1"], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.startswith(method) and "batches/s" in out
+    bad = subprocess.run([exe, "nope", "1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 def test_remote_warm_probe_runs(tmp_path):
     """The warm-remote diagnostic reads every batch back exactly and times
     both paths and the bookkeeping it names."""

@@ -1,0 +1,83 @@
+"""Durable write time of a raw DenseStore against np.save, alone.
+
+    python scripts/probe_write.py [--rounds 7] [--dir DIR]
+
+The dense layer's write rows (SPEC section 9: within 2x of the fastest
+contender) take one to three writes per backend, interleaved with a dozen
+other writers, on a disk and a VM whose write times move between rounds.
+This probe times only the two: for each record size of the dense layer
+(200 B, 12 KiB, 256 KiB; 8-16 MiB, as at --size small), in alternating
+order, after an os.sync(): create + append + close of a raw DenseStore, and
+np.save; each followed by an fsync of every file made (as the bench does).
+Prints medians and the median of per-round ratios (npy time / loaderx time:
+loaderx's rate over npy's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import loaderx
+
+SHAPES = {"200 B": ((41943, 100), np.int16), "12 KiB": ((1365, 64, 64, 3), np.uint8),
+          "256 KiB": ((64, 256, 256, 4), np.uint8)}
+
+
+def _fsync_tree(path: str) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _npy(directory: str, a: np.ndarray) -> None:
+    np.save(os.path.join(directory, "data.npy"), a)
+
+
+def _loaderx(directory: str, a: np.ndarray) -> None:
+    with loaderx.DenseStore(os.path.join(directory, "store"), a.dtype, a.shape[1:],
+                            codec="raw") as store:
+        store.append(a)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = ap.parse_args()
+    base = tempfile.mkdtemp(dir=args.dir)
+    try:
+        for label, (shape, dtype) in SHAPES.items():
+            a = np.random.default_rng(0).integers(0, 255, size=shape).astype(dtype)
+            times: dict = {"npy": [], "loaderx": []}
+            writers = [("loaderx", _loaderx), ("npy", _npy)]
+            for r in range(args.rounds):
+                for name, write in writers if r % 2 == 0 else writers[::-1]:
+                    directory = os.path.join(base, f"{name}{r}")
+                    os.makedirs(directory)
+                    os.sync()
+                    t0 = time.perf_counter()
+                    write(directory, a)
+                    _fsync_tree(directory)
+                    times[name].append(time.perf_counter() - t0)
+                    shutil.rmtree(directory)
+            mib = a.nbytes / 2**20
+            ratio = statistics.median(n / x for n, x in zip(times["npy"], times["loaderx"]))
+            print(f"{label:>8}, {mib:.0f} MiB: np.save {mib / statistics.median(times['npy']):7.0f}"
+                  f" MiB/s, loaderx raw {mib / statistics.median(times['loaderx']):7.0f} MiB/s,"
+                  f" loaderx / npy {ratio:.2f}x")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
