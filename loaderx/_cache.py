@@ -561,14 +561,16 @@ class Cache:
         if used <= limit:
             return
         target = int(limit * 0.9)
-        free, reserve = self._free_and_reserve() if self.limit is None else (0, 0)
-        if limit < reserve and not p.warned_full:  # a full disk, not a big cache that filled it
-            p.warned_full = True
-            warnings.warn(f"loaderx cache {self.root}: its file system has {free} bytes free "
-                          f"and the cache leaves {reserve} free (without a cache_limit), so it "
-                          f"holds at most {limit} bytes and drops cached ranges as others are "
-                          "read; free disk space, or set cache_limit (or LOADERX_CACHE_LIMIT)",
-                          RuntimeWarning, stacklevel=4)
+        if self.limit is None and not p.warned_full:
+            free, reserve = self._free_and_reserve()
+            if limit < reserve:  # a nearly full disk, not a big cache that filled it
+                p.warned_full = True
+                warnings.warn(f"loaderx cache {self.root}: its file system has {free} bytes "
+                              f"free and the cache leaves {reserve} free (without a "
+                              f"cache_limit), so it holds at most {limit} bytes and drops "
+                              "cached ranges as others are read; free disk space, or set "
+                              "cache_limit (or LOADERX_CACHE_LIMIT)", RuntimeWarning,
+                              stacklevel=4)
         seq = p.reads.seq
         lib.lx_cache_evicting(seq)  # odd: reads that start now wait (src/replica.zig)
         try:

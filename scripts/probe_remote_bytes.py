@@ -26,10 +26,11 @@ import loaderx  # noqa: E402
 
 def main() -> None:
     cache = ROOT / "bench-out" / "remote"
-    server = br.Server("weed", cache / "weed-data-64m", print)
+    server = br.Server("weed", cache / f"weed-data-{br.UPLOAD_PART >> 20}m", print)
     work = Path(tempfile.mkdtemp(prefix="probe-remote-bytes-"))
     try:
-        url, n, per_round = "s3://bench/ds-1000000", 10**6, 40
+        n, per_round = br.SIZES["default"][:2]
+        url = f"s3://{br.BUCKET}/ds-{n}"
         rng = np.random.default_rng(0)
         for r in range(3):
             batches = [rng.choice(n, 256, replace=False) for _ in range(per_round)]

@@ -38,7 +38,8 @@ def main() -> None:
     data = ROOT / "bench-out" / "remote" / f"weed-data-{br.UPLOAD_PART >> 20}m"
     server = br.Server("weed", data, print)
     work = Path(tempfile.mkdtemp(prefix="probe-remote-cold-"))
-    url, n = "s3://bench/ds-1000000", 10**6
+    n = br.SIZES["default"][0]
+    url = f"s3://{br.BUCKET}/ds-{n}"
     rates: dict = {k: [] for k in READERS}
     try:
         rng = np.random.default_rng(11)
@@ -58,8 +59,7 @@ def main() -> None:
                 col = loaderx.open_dataset(url, cache_dir=str(fresh),
                                            storage_options=server.options)["x"]
                 if key != "loaderx":
-                    binding = col._remote
-                    binding._fetch_index(binding.replica(), np.arange(n, dtype=np.int64))
+                    col._remote.all_index()
                     br._drop_server_pages(data)
                 t = time.perf_counter()
                 for b in batches:

@@ -7,8 +7,11 @@ contender) take one to three writes per backend, interleaved with a dozen
 other writers, on a disk and a VM whose write times move between rounds.
 This probe times only the two: for each record size of the dense layer
 (200 B, 12 KiB, 256 KiB; 8-16 MiB, as at --size small), in alternating
-order, after an os.sync(): create + append + close of a raw DenseStore, and
-np.save; each followed by an fsync of every file made (as the bench does).
+order, after an os.sync(): create + append + close of a raw DenseStore (the
+bar's configuration), np.save, and a DenseStore with the default codec
+(zstd: what a user gets without asking, held in the bench against the
+fastest zstd contender, shown here beside npy for scale); each followed by
+an fsync of every file made (bench_harness.fsync_tree, as the bench does).
 Prints medians and the median of per-round ratios (npy time / loaderx time:
 loaderx's rate over npy's).
 """
@@ -20,8 +23,12 @@ import shutil
 import statistics
 import tempfile
 import time
+from pathlib import Path
+from typing import Optional
 
 import numpy as np
+
+from bench_harness import fsync_tree
 
 import loaderx
 
@@ -29,24 +36,19 @@ SHAPES = {"200 B": ((41943, 100), np.int16), "12 KiB": ((1365, 64, 64, 3), np.ui
           "256 KiB": ((64, 256, 256, 4), np.uint8)}
 
 
-def _fsync_tree(path: str) -> None:
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
 def _npy(directory: str, a: np.ndarray) -> None:
     np.save(os.path.join(directory, "data.npy"), a)
 
 
-def _loaderx(directory: str, a: np.ndarray) -> None:
+def _loaderx(directory: str, a: np.ndarray, codec: Optional[str] = "raw") -> None:
+    """codec None: what a user gets without asking (zstd)."""
     with loaderx.DenseStore(os.path.join(directory, "store"), a.dtype, a.shape[1:],
-                            codec="raw") as store:
+                            codec=codec) as store:
         store.append(a)
+
+
+def _loaderx_default(directory: str, a: np.ndarray) -> None:
+    _loaderx(directory, a, None)
 
 
 def main() -> None:
@@ -58,8 +60,8 @@ def main() -> None:
     try:
         for label, (shape, dtype) in SHAPES.items():
             a = np.random.default_rng(0).integers(0, 255, size=shape).astype(dtype)
-            times: dict = {"npy": [], "loaderx": []}
-            writers = [("loaderx", _loaderx), ("npy", _npy)]
+            writers = [("loaderx", _loaderx), ("npy", _npy), ("default", _loaderx_default)]
+            times: dict = {name: [] for name, _ in writers}
             for r in range(args.rounds):
                 for name, write in writers if r % 2 == 0 else writers[::-1]:
                     directory = os.path.join(base, f"{name}{r}")
@@ -67,14 +69,21 @@ def main() -> None:
                     os.sync()
                     t0 = time.perf_counter()
                     write(directory, a)
-                    _fsync_tree(directory)
+                    fsync_tree(Path(directory))
                     times[name].append(time.perf_counter() - t0)
                     shutil.rmtree(directory)
             mib = a.nbytes / 2**20
-            ratio = statistics.median(n / x for n, x in zip(times["npy"], times["loaderx"]))
-            print(f"{label:>8}, {mib:.0f} MiB: np.save {mib / statistics.median(times['npy']):7.0f}"
-                  f" MiB/s, loaderx raw {mib / statistics.median(times['loaderx']):7.0f} MiB/s,"
-                  f" loaderx / npy {ratio:.2f}x")
+
+            def rate(name: str) -> float:
+                return mib / statistics.median(times[name])
+
+            def vs_npy(name: str) -> float:
+                return statistics.median(n / x for n, x in zip(times["npy"], times[name]))
+
+            print(f"{label:>8}, {mib:.0f} MiB: np.save {rate('npy'):7.0f} MiB/s, loaderx raw "
+                  f"{rate('loaderx'):7.0f} MiB/s, loaderx / npy {vs_npy('loaderx'):.2f}x; "
+                  f"default codec (zstd) {rate('default'):6.0f} MiB/s, "
+                  f"{vs_npy('default'):.2f}x npy")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
