@@ -5,7 +5,10 @@ mixtures are covered), calls the hooks with them in step order, and only then
 releases the step to the gated native ring; a hook's exception fails that
 step, raised by the ``next()`` of that step. It stays inside the loader's
 window (``prefetch + workers`` steps ahead of the consumer) and starts again
-from the consumer's step after a reset.
+from the consumer's step after a reset. It works in runs: it wakes once half
+the window is free and prefetches up to the window's end (a thread woken,
+and the GIL taken, per step cost a warm remote loader a quarter of its
+rate), calling a stream that says ``prefetch_merged`` once for the run.
 
 With ``prefetch_bytes``, it also stays within that many bytes of steps
 prefetched and not yet delivered: each hooked stream's share of a step is
@@ -40,12 +43,16 @@ class Prefetcher:
         self.lock = threading.Lock()
         self.kick = Kick()
         self.next = ring.deliver
+        self.run_length = max(1, ring.window // 2)
         self.generation = 0
         self.closed = False
         self.thread: Optional[threading.Thread] = None
-        #: (source, hook, sizer) of every hooked stream.
-        self.hooks: List[Tuple[int, Callable[[np.ndarray], None], Optional[Sizer]]] = [
-            (k, hook, _sizer(col, k) if budget is not None else None)
+        #: (source, hook, sizer, merged) of every hooked stream; `merged`:
+        #: the stream takes several steps' indices in one call (see
+        #: ``streams.prefetch_merged``).
+        self.hooks: List[Tuple[int, Callable[[np.ndarray], None], Optional[Sizer], bool]] = [
+            (k, hook, _sizer(col, k) if budget is not None else None,
+             streams.prefetch_merged(col.streams[k]))
             for col in ring.plan.columns for k, hook in enumerate(col.prefetch)
             if hook is not None]
         self.budget = budget
@@ -70,17 +77,25 @@ class Prefetcher:
         self.next, self.generation = step, generation
         self.held.clear()
 
-    def claim(self) -> Optional[Tuple[int, int]]:
-        """The next step to prefetch once it is inside the window; None once closed."""
+    def claim(self) -> Optional[Tuple[int, int, int]]:
+        """The next run of steps to prefetch, ``(first, count, generation)``,
+        once enough of the window is free (see `due`); None once closed."""
         ring = self.ring
         while True:
             with self.lock:
                 if self.closed:
                     return None
-                if self.next < ring.deliver + ring.window:
-                    step, self.next = self.next, self.next + 1
-                    return step, self.generation
+                if self.due(ring.deliver):
+                    first = self.next
+                    self.next = ring.deliver + ring.window
+                    return first, self.next - first, self.generation
             self.kick.sleep()
+
+    def due(self, deliver: int) -> bool:
+        """Whether a run is due with the consumer at `deliver`: once half the
+        window (at least one step) is free. Runs of several steps keep this
+        thread from waking, and taking the GIL, for every step."""
+        return deliver + self.ring.window - self.next >= self.run_length
 
     def reserve(self, step: int, generation: int, size: int) -> bool:
         """Waits until `size` more bytes fit the budget (or nothing is held)
@@ -97,17 +112,71 @@ class Prefetcher:
                     return True
             self.kick.sleep()
 
-    def run_hooks(self, step: int, generation: int) -> bool:
-        """Calls the hooks of `step`; False when the step was dropped meanwhile."""
-        indices, sources = self.ring.indices_of(step)
-        many = len(self.ring.plan.lengths) > 1
-        mine = [(hook, indices[sources == k] if many else indices, sizer)
-                for k, hook, sizer in self.hooks]
-        size = sum(_size_of(sizer, idx) for _, idx, sizer in mine if sizer is not None)
-        if not self.reserve(step, generation, size):
+    def run(self, first: int, count: int, generation: int) -> bool:
+        """Prefetches steps `first` .. `first + count - 1` and releases each
+        in order once its hooks returned; False once the loader is closed.
+        Without a budget, a stream that takes several steps in one call
+        (``prefetch_merged``) is called once for the whole run (one fetch
+        and one pin instead of one per step); should that call fail, it is
+        called again per step, so a failure fails the step it belongs to."""
+        try:
+            indices, sources = self.ring.indices_of(first, count)
+        except LoaderClosedError:
             return False
-        for hook, idx, _ in mine:
-            hook(idx)
+        except BaseException as exc:  # noqa: B036 - (not seen) fails the run's steps
+            return self.release(first, generation, exc, count)
+        steps = [(first + i, indices[i], sources[i]) for i in range(count)]
+        many = len(self.ring.plan.lengths) > 1
+
+        def share(k: int, indices: np.ndarray, sources: np.ndarray) -> np.ndarray:
+            return indices[sources == k] if many else indices
+        called = set()  # the hooks called for the whole run
+        if self.budget is None and count > 1:
+            for h, (k, hook, _, merged) in enumerate(self.hooks):
+                if merged:
+                    try:
+                        hook(share(k, indices.reshape(-1), sources.reshape(-1)))
+                    except LoaderClosedError:
+                        return False
+                    except BaseException:  # noqa: B036 - called again per step below
+                        continue
+                    called.add(h)
+            if len(called) == len(self.hooks):  # every step's hooks returned
+                return self.release(first, generation, None, count)
+        for step, step_indices, step_sources in steps:
+            failure = None
+            try:
+                mine = [(hook, share(k, step_indices, step_sources), sizer)
+                        for h, (k, hook, sizer, _) in enumerate(self.hooks) if h not in called]
+                size = sum(_size_of(sizer, idx) for _, idx, sizer in mine if sizer is not None)
+                if not self.reserve(step, generation, size):
+                    continue  # dropped by a reset
+                for hook, idx, _ in mine:
+                    hook(idx)
+            except LoaderClosedError:
+                return False
+            except BaseException as exc:  # noqa: B036 - raised at its step by next()
+                failure = exc
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"(loaderx: raised by a stream's prefetch hook for step {step})")
+            if not self.release(step, generation, failure):
+                return False
+        return True
+
+    def release(self, step: int, generation: int, failure: Optional[BaseException],
+                count: int = 1) -> bool:
+        """Releases steps `step` .. `step + count - 1` to the ring (failed,
+        with `failure`); False once the loader is closed."""
+        with self.lock:
+            if self.closed or generation != self.generation:
+                return True
+            if failure is not None:
+                self.ring.failures.update(dict.fromkeys(range(step, step + count), failure))
+            try:
+                self.ring.submit(step, generation, None if failure is None else
+                                 f"the prefetch of step {step} failed: {failure!r}", count)
+            except LoaderClosedError:
+                return False
         return True
 
     def close(self) -> List[threading.Thread]:
@@ -136,30 +205,13 @@ def _sizer(col: Any, source: int) -> Sizer:
 
 
 def _prefetch_main(prefetcher: Prefetcher) -> None:
-    ring = prefetcher.ring
-    _OWN.ring = ring
+    _OWN.ring = prefetcher.ring
     while True:
         claimed = prefetcher.claim()
         if claimed is None:
             return
-        step, generation = claimed
-        failure = None
         try:
-            if not prefetcher.run_hooks(step, generation):
-                continue
-        except LoaderClosedError:
-            return
-        except BaseException as exc:  # noqa: B036 - raised at its step by next()
-            failure = exc
-            if hasattr(exc, "add_note"):
-                exc.add_note(f"(loaderx: raised by a stream's prefetch hook for step {step})")
-        with prefetcher.lock:
-            if prefetcher.closed or generation != prefetcher.generation:
-                continue
-            if failure is not None:
-                ring.failures[step] = failure
-            try:
-                ring.submit(step, generation, None if failure is None else
-                            f"the prefetch of step {step} failed: {failure!r}")
-            except LoaderClosedError:
+            if not prefetcher.run(*claimed):
                 return
+        except LoaderClosedError:  # (computing a step's indices)
+            return

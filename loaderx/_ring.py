@@ -199,8 +199,12 @@ class Ring:
     def delivered(self, step: int) -> None:
         """The consumer's place moved on to `step`."""
         self.deliver = step
-        if self.prefetcher is not None:
-            self.prefetcher.wake()
+        prefetcher = self.prefetcher
+        # Only when its next run is due, or it may wait for budget: a wake-up
+        # per step costs the consumer a context switch (a stale read of its
+        # place only wakes it early).
+        if prefetcher is not None and (prefetcher.budget is not None or prefetcher.due(step)):
+            prefetcher.wake()
 
     def base_at(self, step: int) -> Any:
         """Where `step` (at or after the base's) starts: its Base."""
@@ -356,12 +360,13 @@ class Ring:
                            f"building step {step}{column})")
         return error
 
-    def submit(self, step: int, generation: int, failure: Optional[str] = None) -> bool:
-        """Releases `step` to a gated ring (or fails it); False when a reset
-        dropped it meanwhile."""
+    def submit(self, step: int, generation: int, failure: Optional[str] = None,
+               count: int = 1) -> bool:
+        """Releases steps `step` .. `step + count - 1` to a gated ring (or
+        fails them); False when a reset dropped them meanwhile."""
         message = ffi.new("char[]", failure.encode("utf-8", "replace")) if failure else ffi.NULL
         with self.entered("DataLoader is closed"):
-            rc = lib.lx_loader_submit(self.handle, step, generation, message)
+            rc = lib.lx_loader_submit(self.handle, step, count, generation, message)
         del message
         if rc == _lib.RESULTS["invalid"] and (generation != self.generation or self.torn):
             # Dropped by a reset; when the reset was cut short before it told
@@ -370,14 +375,15 @@ class Ring:
         _lib.check(rc, None, "DataLoader")
         return True
 
-    def indices_of(self, step: int) -> Tuple[np.ndarray, np.ndarray]:
-        """The indices and sources the ring builds `step` with (a pure function
-        of the step), without building it."""
-        indices = np.empty(self.batch_size, np.uint64)
-        sources = np.empty(self.batch_size, np.uint16)
+    def indices_of(self, step: int, count: int = 1) -> Tuple[np.ndarray, np.ndarray]:
+        """The indices and sources the ring builds steps `step` ..
+        `step + count - 1` with (a pure function of the step), without
+        building them: ``(count, batch_size)`` arrays, in one native call."""
+        indices = np.empty((count, self.batch_size), np.uint64)
+        sources = np.empty((count, self.batch_size), np.uint16)
         out = (_pointer("uint64_t *", indices), _pointer("uint16_t *", sources))
         with self.entered("DataLoader is closed"):
-            rc = lib.lx_loader_indices(self.handle, step, *out)
+            rc = lib.lx_loader_indices(self.handle, step, count, *out)
         _lib.check(rc, None, "DataLoader")
         return indices, sources
 

@@ -370,6 +370,10 @@ class Store:
         """Whether this store is read from object storage (through the cache)."""
         return self._remote is not None
 
+    #: The stream protocol's ``prefetch_merged``: a loader may prefetch
+    #: several steps in one call (one fetch, one pin).
+    prefetch_merged = True
+
     def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache, for a loader's
         ``prefetch_bytes`` budget: exact for a dense raw store and for records

@@ -276,6 +276,9 @@ class ShardSet:
             check(rc, None, "ShardSet gather")
         return out
 
+    #: The stream protocol's ``prefetch_merged`` (as Store's).
+    prefetch_merged = True
+
     def prefetch(self, indices, *, wait: bool = True) -> None:
         """As ``Store.prefetch``: remote shards fetch their records into the
         node-local cache (all shards at once); local ones bring theirs into

@@ -57,6 +57,14 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     call per step cost more than it saved (4-9x fewer steps per second on
     warm 200-byte records, raw or zstd: scripts/probe_prefetch_hook.py).
 
+``prefetch_merged`` (attribute or property, ``bool``)
+    True: the loader may call ``prefetch`` once with the indices of several
+    steps laid end to end (a run of up to half its window), instead of once
+    per step; a failure of that call makes it call again per step, so the
+    failure still fails its own step. Not with ``prefetch_bytes``. For hooks
+    whose cost is mostly per call (loaderx's own stores, views, shard sets
+    and token windows say True: one fetch and one pin for the run).
+
 ``prefetch_size(indices: np.ndarray) -> int``
     The bytes a ``prefetch(indices)`` call fetches (e.g. the records'
     stored sizes), for ``prefetch_bytes``. Without it, a dense stream's
@@ -210,6 +218,12 @@ def prefetch_sizer(stream: Any) -> Optional[Callable[[np.ndarray], int]]:
         record = int(np.dtype(stream.dtype).itemsize * np.prod(shape, dtype=np.int64))
         return lambda indices: record * len(indices)
     return None
+
+
+def prefetch_merged(stream: Any) -> bool:
+    """Whether the loader may call the stream's ``prefetch`` once with several
+    steps' indices (its ``prefetch_merged`` attribute is True)."""
+    return getattr(stream, "prefetch_merged", False) is True
 
 
 def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:

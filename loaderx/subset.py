@@ -253,6 +253,11 @@ class View:
             hook(self._mapped(indices))
 
     @property
+    def prefetch_merged(self) -> bool:
+        """The stream protocol's ``prefetch_merged``: as the base column says."""
+        return getattr(self._base, "prefetch_merged", False) is True
+
+    @property
     def is_remote(self) -> bool:
         """The base column's records are remote (fetched by ``prefetch``)."""
         return bool(getattr(self._base, "is_remote", False))

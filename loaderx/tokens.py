@@ -178,6 +178,10 @@ class TokenWindows:
         starts = np.repeat(lo - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         return np.unique(starts + np.arange(int(lengths.sum()), dtype=np.int64))
 
+    #: The stream protocol's ``prefetch_merged`` (one fetch of the
+    #: documents of several steps' windows).
+    prefetch_merged = True
+
     def prefetch(self, indices) -> None:
         """Makes windows `indices` ready to read (the stream protocol's
         prefetch): a remote corpus fetches the documents they overlap into
@@ -412,6 +416,8 @@ class TokenSegments:
     @property
     def is_remote(self) -> bool:
         return self._windows.is_remote
+
+    prefetch_merged = True
 
     def prefetch(self, indices) -> None:
         self._windows.prefetch(indices)

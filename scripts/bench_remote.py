@@ -32,8 +32,14 @@ Rows and targets:
           in half the memory; beyond (--size default: four copies of
           12 GB), every reader's run starts with them dropped, so each
           reads the server's disk alike
+          The round's batches are the first steps of a DataLoader's sampler
+          (seeded per round), so a DataLoader over the remote store (fresh
+          cache, its own prefetch: what users run) reads exactly the same
+          records as every other row (context row, against get_ranges)
   warm    the same batches again from the cache, against the same dataset
-          read locally (target >= 0.9x). Where the disk cannot hold the
+          read locally (target >= 0.9x); and the DataLoader over the warm
+          cache against a DataLoader over the local dataset, the same steps
+          (context). Where the disk cannot hold the
           local copy beside the server's four (--size default here), the
           local copy is sparse as the replica is: its records' bytes freed
           after the upload, and each round's written back before its
@@ -463,9 +469,12 @@ def run_remote(ctx) -> list[Section]:
     rows = {name: Row(name, group, "raw") for name, group in (
         ("loaderx remote, prefetch 4 ahead (cold)", "loaderx"),
         ("loaderx remote gather (cold)", "loaderx"),
+        ("loaderx DataLoader (cold)", "loaderx"),
         ("obstore get_ranges, same ranges (cold)", "client limit"),
         ("loaderx remote gather (warm)", "loaderx"),
         ("loaderx local gather (same dataset)", "loaderx"),
+        ("loaderx DataLoader, warm cache", "loaderx"),
+        ("loaderx DataLoader, local dataset", "loaderx"),
     )}
     extra_rows: list = []
     server = None
@@ -493,7 +502,7 @@ def run_remote(ctx) -> list[Section]:
         rng = np.random.default_rng(ctx.seed)
         local_ds = loaderx.open_dataset(str(local))
         # Validate every reader on its own batches before any timing.
-        check = [rng.choice(n, BATCH, replace=False) for _ in range(2)]
+        check = _steps(n, 2, -1)
         want = [records(b) for b in check]
         if hollow:
             _fill(local, np.concatenate(check))
@@ -501,6 +510,8 @@ def run_remote(ctx) -> list[Section]:
         ds = loaderx.open_dataset(url, cache_dir=str(vcache), storage_options=server.options)
         for got, w in zip(_stand_in_loop(ds["x"], check, 4), want):
             check_array(got, w, "loaderx remote")
+        for got, w in zip(_loader_pass(ds["x"], len(check), -1), want):
+            check_array(got, w, "loaderx DataLoader")
         for got, w in zip(_get_ranges(url, server.options, check), want):
             check_array(got, w, "obstore get_ranges")
         check_array(local_ds["x"].gather(check[0]), want[0], "loaderx local")
@@ -524,7 +535,7 @@ def run_remote(ctx) -> list[Section]:
             _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
         payload = per_round * BATCH * REC / (1 << 20)
         for r in range(ctx.repeat):
-            batches = [rng.choice(n, BATCH, replace=False) for _ in range(per_round)]
+            batches = _steps(n, per_round, r)
             fresh = ctx.workdir / f"remote-cache-{r}"
 
             def loaderx_run(name: str, fn) -> None:
@@ -543,6 +554,7 @@ def run_remote(ctx) -> list[Section]:
                     if hollow:
                         _fill(local, np.concatenate(batches))
                     _warm(col, local_ds["x"], batches, payload, rows)
+                    _warm_loaders(col, local_ds["x"], r, per_round, payload, rows)
                 col.close()
 
             def get_ranges_run() -> None:
@@ -557,6 +569,8 @@ def run_remote(ctx) -> list[Section]:
                                     lambda c: _stand_in_loop(c, batches, 4)),
                 lambda: loaderx_run("loaderx remote gather (cold)",
                                     lambda c: [c.gather(b) for b in batches]),
+                lambda: loaderx_run("loaderx DataLoader (cold)",
+                                    lambda c: _loader_pass(c, per_round, r)),
                 get_ranges_run,
                 lambda: peers.round(batches, drop),
             ]
@@ -576,6 +590,56 @@ def run_remote(ctx) -> list[Section]:
     finally:
         if server is not None:
             server.stop()
+
+
+def _steps(n: int, count: int, r: int) -> list:
+    """The first `count` steps' indices of round `r`'s DataLoader (seed
+    1000 + r, batch BATCH, its default mode), the batches every reader reads."""
+    from loaderx.zsampler import Sampler
+
+    sampler = Sampler(n, BATCH, seed=1000 + r)
+    return [sampler.at(k).astype(np.int64) for k in range(count)]
+
+
+def _loader_pass(col, steps: int, r: int, loader=None) -> list:
+    """`steps` batches of round `r`'s DataLoader over `col` (2 workers, its
+    default prefetch), from step 0; with `loader`, that one, rewound."""
+    import loaderx
+
+    own = loader is None
+    if own:
+        loader = loaderx.DataLoader({"x": col}, BATCH, seed=1000 + r, workers=2)
+    else:
+        loader.load_state_dict(dict(loader.state_dict(), step=0, position=0))
+    try:
+        return [next(loader)["x"] for _ in range(steps)]
+    finally:
+        if own:
+            loader.close()
+
+
+def _warm_loaders(col, local, r: int, steps: int, payload: float, rows: dict) -> None:
+    """Round `r`'s DataLoader steps again, over the warm cache and over the
+    local dataset: passes alternate, medians count."""
+    import loaderx
+
+    loaders = {key: loaderx.DataLoader({"x": c}, BATCH, seed=1000 + r, workers=2)
+               for key, c in (("remote", col), ("local", local))}
+    try:
+        for reader in loaders.values():  # first passes untimed
+            _loader_pass(None, steps, r, reader)
+        rates: dict = {"remote": [], "local": []}
+        for _ in range(5):
+            for key, reader in loaders.items():
+                t = time.perf_counter()
+                _loader_pass(None, steps, r, reader)
+                rates[key].append(payload / (time.perf_counter() - t))
+    finally:
+        for reader in loaders.values():
+            reader.close()
+    rows["loaderx DataLoader, warm cache"].gather_mibs.append(statistics.median(rates["remote"]))
+    rows["loaderx DataLoader, local dataset"].gather_mibs.append(
+        statistics.median(rates["local"]))
 
 
 def _warm(col, local, batches: list, payload: float, rows: dict) -> None:
@@ -662,10 +726,14 @@ def _sections(rows: dict, extra_rows: list, shared, first, ctx,
 
     cold_rows = [rows[k] for k in ("loaderx remote, prefetch 4 ahead (cold)",
                                    "loaderx remote gather (cold)",
+                                   "loaderx DataLoader (cold)",
                                    "obstore get_ranges, same ranges (cold)")] + extra_rows
     best = "loaderx remote, prefetch 4 ahead (cold)"
     targets = [Target("remote cold: loaderx (prefetch) >= 0.8x obstore get_ranges of the same ranges",
-                      best, ["obstore get_ranges, same ranges (cold)"], 0.8)]
+                      best, ["obstore get_ranges, same ranges (cold)"], 0.8),
+               Target("remote cold: the DataLoader (its own prefetch) vs obstore get_ranges",
+                      "loaderx DataLoader (cold)", ["obstore get_ranges, same ranges (cold)"], 0.8,
+                      spec=False)]
     for peer, threshold in (("mosaicml-streaming", 3.0), ("litdata", 3.0), ("lance take()", 10.0)):
         names = [r.name for r in extra_rows if r.name.startswith(peer)]
         if names:
@@ -676,10 +744,14 @@ def _sections(rows: dict, extra_rows: list, shared, first, ctx,
                                  "obstore get_ranges, same ranges (cold)", targets)
     warm = bench_layers._section(
         "remote-warm", "remote: the same batches from a warm cache vs the local dataset",
-        [rows["loaderx remote gather (warm)"], rows["loaderx local gather (same dataset)"]],
+        [rows["loaderx remote gather (warm)"], rows["loaderx local gather (same dataset)"],
+         rows["loaderx DataLoader, warm cache"], rows["loaderx DataLoader, local dataset"]],
         "loaderx local gather (same dataset)",
         [Target("remote warm: loaderx from the cache >= 0.9x the same dataset read locally",
-                "loaderx remote gather (warm)", ["loaderx local gather (same dataset)"], 0.9)])
+                "loaderx remote gather (warm)", ["loaderx local gather (same dataset)"], 0.9),
+         Target("remote warm: the DataLoader over the cache vs over the local dataset",
+                "loaderx DataLoader, warm cache", ["loaderx DataLoader, local dataset"], 0.9,
+                spec=False)])
     overfetch = rows["loaderx remote gather (cold)"].extra.get("fetched_over_payload")
     lines = ["== remote: sharing one cache, first batch =="]
     share_target = Target("remote shared: one process's fetched bytes / 4 processes' (>= 1/1.1)",

@@ -656,13 +656,14 @@ fn startThreads(l: *Loader) Error!void {
 
 // ---------------------------------------------------------------- the ring
 
-/// Releases step `step` of a gated ring (the next in order) to the workers,
-/// or, with a `failure` message, fails it without building it: its `wait`
-/// returns error.Failed with that message. `generation` is the caller's
-/// (the number of resets it made). Errors: Closed, InvalidArgument (not
-/// gated, out of order, its slot still holds an earlier step, or an older
-/// generation: dropped by a reset).
-pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Error!void {
+/// Releases steps `step` .. `step + count - 1` of a gated ring (the next in
+/// order) to the workers, or, with a `failure` message, fails them without
+/// building them: their `wait` returns error.Failed with that message.
+/// `generation` is the caller's (the number of resets it made). All or
+/// nothing. Errors: Closed, InvalidArgument (not gated, count 0, out of
+/// order, a slot still holds an earlier step, or an older generation:
+/// dropped by a reset).
+pub fn submit(l: *Loader, step: u64, count: u64, generation: u64, failure: ?[]const u8) Error!void {
     const io = pool.io();
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
@@ -672,28 +673,34 @@ pub fn submit(l: *Loader, step: u64, generation: u64, failure: ?[]const u8) Erro
     if (step != l.next_release) {
         return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_release });
     }
+    if (count == 0) return invalid("submit: count must be >= 1", .{});
     assert(l.next_claim <= l.next_release);
-    const slot = &l.slots[l.slotOf(step)];
-    if (slot.state != .free) {
-        return invalid(
-            "step {d}: ring slot still holds step {d} (more than {d} steps ahead)",
-            .{ step, slot.step, l.config.window },
-        );
+    for (step..step + count) |at| {
+        const slot = &l.slots[l.slotOf(at)];
+        if (slot.state != .free or at - step >= l.config.window) {
+            return invalid(
+                "step {d}: ring slot still holds step {d} (more than {d} steps ahead)",
+                .{ at, slot.step, l.config.window },
+            );
+        }
+        for (l.results[l.slotOf(at) * l.columns.len ..][0..l.columns.len]) |r| {
+            assert(r.buffer == null); // handed over or freed with the slot's last step
+        }
     }
-    for (l.results[l.slotOf(step) * l.columns.len ..][0..l.columns.len]) |r| {
-        assert(r.buffer == null); // handed over or freed with the slot's last step
+    for (step..step + count) |at| {
+        const slot = &l.slots[l.slotOf(at)];
+        slot.state = .submitted;
+        slot.step = at;
+        if (failure) |message| {
+            slot.state = .done;
+            slot.failure = error.Failed;
+            slot.failed_column = @intCast(l.columns.len);
+            slot.message_len = @min(message.len, message_size_max);
+            @memcpy(slot.message[0..slot.message_len], message[0..slot.message_len]);
+        }
     }
-    slot.state = .submitted;
-    slot.step = step;
-    if (failure) |message| {
-        slot.state = .done;
-        slot.failure = error.Failed;
-        slot.failed_column = @intCast(l.columns.len);
-        slot.message_len = @min(message.len, message_size_max);
-        @memcpy(slot.message[0..slot.message_len], message[0..slot.message_len]);
-        l.step_done.broadcast(io);
-    }
-    l.next_release = step + 1;
+    if (failure != null) l.step_done.broadcast(io);
+    l.next_release = step + count;
     l.invariants();
     l.work_ready.broadcast(io);
 }
@@ -972,12 +979,14 @@ fn finish(
     }
 }
 
-/// The indices (and sources) this ring builds step `step` with, under its
-/// current base, computed without building it. Errors: InvalidArgument
+/// The indices (and sources) this ring builds steps `step`, `step + 1`, ...
+/// with (batch_size each, as many steps as `indices` holds), under its
+/// current base, computed without building them. Errors: InvalidArgument
 /// (before the ring's first step), OutOfMemory.
 pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!void {
-    assert(indices.len == l.config.batch_size);
-    assert(sources == null or sources.?.len == l.config.batch_size);
+    const batch: usize = @intCast(l.config.batch_size);
+    assert(indices.len % batch == 0);
+    assert(sources == null or sources.?.len == indices.len);
     const n = l.sources.len;
     const cursors = l.gpa.alloc(mixture.Cursor, if (l.hasCursors()) n else 0) catch
         return error.OutOfMemory;
@@ -992,9 +1001,11 @@ pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!v
     var work: Work = .{};
     defer deinitWork(l.gpa, &work);
     try l.initWork(&work);
-    l.indicesOf(step, base, cursors, &work);
-    @memcpy(indices, work.indices);
-    if (sources) |s| @memcpy(s, work.sources);
+    for (0..indices.len / batch) |i| {
+        l.indicesOf(step + i, base, cursors, &work);
+        @memcpy(indices[i * batch ..][0..batch], work.indices);
+        if (sources) |s| @memcpy(s[i * batch ..][0..batch], work.sources);
+    }
 }
 
 // ---------------------------------------------------------------- building a step
@@ -1657,7 +1668,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     const live = outbuf.live.load(.monotonic);
     const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     var t: Taken = .{ .failed_column = 9 };
-    try l.submit(0, 0, null);
+    try l.submit(0, 1, 0, null);
     try testing.expectError(error.OutOfRange, take(l, 0, 0, &t, null, null));
     try testing.expectEqual(@as(u32, 1), t.failed_column);
     // A failed step hands nothing over (its column-0 batch was freed).
@@ -1666,7 +1677,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     // A store closed by its owner fails the next step instead of being read
     // (the loader keeps it mapped until destroy).
     a.shutdown();
-    try l.submit(1, 0, null);
+    try l.submit(1, 1, 0, null);
     try testing.expectError(error.Closed, take(l, 1, 0, &t, null, null));
     try testing.expectEqual(@as(u32, 0), t.failed_column);
 
@@ -1681,7 +1692,7 @@ test "a failing step reports its error and column; close wakes a waiter" {
     };
     // Stop while another thread waits for a step being built.
     var result: ?Error = null;
-    try l.submit(2, 0, null);
+    try l.submit(2, 1, 0, null);
     const thread = try std.Thread.spawn(.{}, Waiter.run, .{ l, &result });
     l.stop();
     thread.join();
@@ -1726,10 +1737,10 @@ test "a gated ring builds released steps only; a failed release fails its step" 
     const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
     defer l.destroy();
     var t: Taken = .{};
-    try testing.expectError(error.InvalidArgument, l.submit(1, 0, null)); // out of order
-    try l.submit(0, 0, null);
-    try l.submit(1, 0, "the prefetch of step 1 failed");
-    try l.submit(2, 0, null);
+    try testing.expectError(error.InvalidArgument, l.submit(1, 1, 0, null)); // out of order
+    try l.submit(0, 1, 0, null);
+    try l.submit(1, 1, 0, "the prefetch of step 1 failed");
+    try l.submit(2, 1, 0, null);
     try take(l, 0, 0, &t, null, null);
     try testing.expectEqual(@as(u64, 1), t.values(0)[0]);
     t.free();
@@ -1742,11 +1753,48 @@ test "a gated ring builds released steps only; a failed release fails its step" 
     // Nothing released: nothing built, so a reset drops nothing and a
     // submit of the old generation is refused.
     const generation = l.reset(6, 18, &.{});
-    try testing.expectError(error.InvalidArgument, l.submit(6, 0, null));
-    try l.submit(6, generation, null);
+    try testing.expectError(error.InvalidArgument, l.submit(6, 1, 0, null));
+    try l.submit(6, 1, generation, null);
     try take(l, 6, generation, &t, null, null);
     try testing.expectEqual(@as(u64, 19), t.values(0)[0]);
     t.free();
+}
+
+test "a gated ring releases a run of steps at once, all or nothing" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try testStore(&tmp, "x", 30, 1);
+    defer s.close();
+    const sources = [_]Source{.{ .length = 30, .seed = 0, .weight = 1 }};
+    const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    var config = testConfig(3, 4, 2, 0);
+    config.mode = @backingInt(sampler.Mode.sequential);
+    config.gated = 1;
+    const l = try Loader.create(testing.allocator, config, &sources, &dense8(), &parts, null);
+    defer l.destroy();
+    // More than the window, or none: refused, and nothing is released.
+    try testing.expectError(error.InvalidArgument, l.submit(0, 5, 0, null));
+    try testing.expectError(error.InvalidArgument, l.submit(0, 0, 0, null));
+    try l.submit(0, 3, 0, null);
+    // The window holds 4: one more fits, two do not (step 5's slot is step 1's).
+    try testing.expectError(error.InvalidArgument, l.submit(3, 2, 0, null));
+    var t: Taken = .{};
+    for (0..3) |step| {
+        try take(l, step, 0, &t, null, null);
+        try testing.expectEqual(3 * @as(u64, step) + 1, t.values(0)[0]);
+        t.free();
+    }
+    // A failed run fails each of its steps with the message.
+    const failed = "the prefetch of steps 3-4 failed";
+    try l.submit(3, 2, 0, failed);
+    for (3..5) |step| {
+        try testing.expectError(error.Failed, take(l, step, 0, &t, null, null));
+        try testing.expectEqualStrings(failed, std.mem.span(diag.get()));
+    }
+    // indicesAt of several steps is each step's, one after the other.
+    var many: [9]u64 = undefined;
+    try l.indicesAt(5, &many, null);
+    try testing.expectEqualSlices(u64, &.{ 15, 16, 17, 18, 19, 20, 21, 22, 23 }, &many);
 }
 
 test "parts with rows read the store records they name; out buffers take steps in turn" {

@@ -1323,23 +1323,25 @@ pub export fn lx_loader_open(
     return 0;
 }
 
-/// Releases step `step` of a gated ring (config->gated = 1; the next step
-/// in order) to its threads; with a non-null `failure` (a message, NUL
-/// terminated) fails it instead of building it: its lx_loader_wait returns
-/// LX_FAILED with that message and `*failed_column` = column_count.
-/// `generation` is the caller's count of lx_loader_reset calls. At most
-/// `config->window` steps may be released and not yet handed over. Errors:
-/// closed, invalid (not gated, out of order, too far ahead, or an older
-/// generation: dropped by a reset).
+/// Releases steps `step` .. `step + count - 1` of a gated ring
+/// (config->gated = 1; the next steps in order) to its threads; with a
+/// non-null `failure` (a message, NUL terminated) fails them instead of
+/// building them: their lx_loader_wait returns LX_FAILED with that message
+/// and `*failed_column` = column_count. `generation` is the caller's count
+/// of lx_loader_reset calls. At most `config->window` steps may be released
+/// and not yet handed over. All or nothing. Errors: closed, invalid (not
+/// gated, count 0, out of order, too far ahead, or an older generation:
+/// dropped by a reset).
 pub export fn lx_loader_submit(
     l: *Loader,
     step: u64,
+    count: u64,
     generation: u64,
     failure: ?[*:0]const u8,
 ) c_int {
     diag.clear();
     const message: ?[]const u8 = if (failure) |f| std.mem.span(f) else null;
-    l.submit(step, generation, message) catch |e| return code(e);
+    l.submit(step, count, generation, message) catch |e| return code(e);
     return 0;
 }
 
@@ -1384,16 +1386,26 @@ pub export fn lx_loader_wait(
 }
 
 /// Writes the batch_size indices (and, when `sources` is not null, their
-/// sources) that the ring builds step `step` with, under its current base,
-/// without building it: a pure function of the step (the sampler, or the
-/// mixture). Any thread may call it. Errors: invalid (before the ring's
-/// first step, or `indices` null), out_of_memory.
-pub export fn lx_loader_indices(l: *Loader, step: u64, indices: ?[*]u64, sources: ?[*]u16) c_int {
+/// sources) that the ring builds steps `step` .. `step + count - 1` with,
+/// one step after the other, under its current base, without building
+/// them: a pure function of the step (the sampler, or the mixture). Any
+/// thread may call it. Errors: invalid (before the ring's first step, count
+/// 0 or above the ring's window, or `indices` null), out_of_memory.
+pub export fn lx_loader_indices(
+    l: *Loader,
+    step: u64,
+    count: u64,
+    indices: ?[*]u64,
+    sources: ?[*]u16,
+) c_int {
     diag.clear();
     const out = indices orelse return invalid("indices is null", .{});
-    const batch: usize = @intCast(l.config.batch_size);
-    const s: ?[]u16 = if (sources) |p| p[0..batch] else null;
-    l.indicesAt(step, out[0..batch], s) catch |e| return code(e);
+    if (count == 0 or count > l.config.window) {
+        return invalid("count must be 1 to the window ({d}), got {d}", .{ l.config.window, count });
+    }
+    const n: usize = @intCast(l.config.batch_size * count);
+    const s: ?[]u16 = if (sources) |p| p[0..n] else null;
+    l.indicesAt(step, out[0..n], s) catch |e| return code(e);
     return 0;
 }
 

@@ -600,25 +600,39 @@ def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
 
 
 def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetch(
-        tmp_path, s3, url, local_ds):
+        tmp_path, s3, url, local_ds, monkeypatch):
     # The ring reads a remote store's cache replica natively: holes read as
     # zeros, so every step must be fetched (prefetch) before it is built. A
     # view maps its indices to the base's records, and so must its prefetch.
     ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
     local = loaderx.open_dataset(local_ds, columns=["raw"])
     rows = np.arange(3, len(local["raw"]), 7)
+    pins = []
+    begin = remote.Binding.begin
+
+    def counted(self, indices, check, pin=False):
+        if pin:
+            pins.append(len(indices))
+        return begin(self, indices, check, pin)
+    monkeypatch.setattr(remote.Binding, "begin", counted)
     try:
         for remote_streams, local_streams in (
                 (ds, local), (loaderx.select(ds, rows), loaderx.select(local, rows))):
             a = loaderx.DataLoader(remote_streams, batch_size=16, seed=5, workers=2)
             b = loaderx.DataLoader(local_streams, batch_size=16, seed=5, workers=2)
-            for _ in range(2 * len(rows) // 16 + 3):  # more than a cycle
+            pins.clear()
+            steps = 2 * len(rows) // 16 + 3  # more than a cycle
+            for _ in range(steps):
                 x, y = next(a), next(b)
                 assert_same(x["raw"], y["raw"])
             # Native: no Python worker threads read these streams.
             assert not [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
             a.close()
             b.close()
+            # Prefetched a run of steps per fetch and pin (prefetch_merged),
+            # not one per step: each pin holds whole steps.
+            assert pins and all(n % 16 == 0 for n in pins) and max(pins) >= 3 * 16
+            assert len(pins) < steps
     finally:
         for s in list(ds.values()) + list(local.values()):
             s.close()

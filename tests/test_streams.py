@@ -233,6 +233,55 @@ def test_a_failed_prefetch_fails_its_step_at_its_step(growing, transform):
     loader.close()
 
 
+class Merged(Prefetched):
+    """A stream that takes several steps' indices in one prefetch call."""
+
+    prefetch_merged = True
+
+
+def test_a_merged_stream_is_prefetched_a_run_of_steps_per_call(growing):
+    stream = Merged(growing, 4000)
+    with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4) as loader:
+        for step in range(60):
+            np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
+    # Each call holds whole steps, laid end to end in step order; the calls
+    # follow each other and stay within the window (6 steps).
+    got = np.concatenate([indices for _, indices in stream.calls])
+    np.testing.assert_array_equal(got, np.arange(len(got)))
+    lengths = [len(indices) for _, indices in stream.calls]
+    assert all(n % 10 == 0 and 10 <= n <= 60 for n in lengths)
+    # Runs of several steps: far fewer calls than steps.
+    assert max(lengths) >= 30 and len(stream.calls) <= 60 // 2
+
+
+def test_a_failed_merged_prefetch_fails_its_own_step_only(growing):
+    stream = Merged(growing, 400)
+    original = stream.prefetch
+
+    def prefetch(indices):  # fails whenever step 7's records are asked for
+        if np.isin(np.arange(70, 80), indices).any():
+            raise KeyError("no step 7")
+        original(indices)
+    stream.prefetch = prefetch
+    loader = DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4)
+    for step in range(7):
+        np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
+    with pytest.raises(KeyError, match="no step 7") as info:
+        next(loader)
+    if hasattr(info.value, "__notes__"):
+        assert any("prefetch hook for step 7" in note for note in info.value.__notes__)
+    loader.close()
+
+
+def test_with_prefetch_bytes_a_merged_stream_is_prefetched_per_step(growing):
+    stream = Merged(growing, 1000)
+    with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4,
+                    prefetch_bytes=10**6) as loader:
+        for step in range(20):
+            np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
+    assert {len(indices) for _, indices in stream.calls} == {10}
+
+
 def test_prefetch_continues_from_a_restored_state(growing):
     stream = Prefetched(growing, 1000, delay=0.001)
     with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=2) as loader:
