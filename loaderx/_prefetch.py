@@ -8,7 +8,9 @@ window (``prefetch + workers`` steps ahead of the consumer) and starts again
 from the consumer's step after a reset. It works in runs: it wakes once half
 the window is free and prefetches up to the window's end (a thread woken,
 and the GIL taken, per step cost a warm remote loader a quarter of its
-rate), calling a stream that says ``prefetch_merged`` once for the run.
+rate); a stream with ``prefetch_warm`` is asked once whether the whole run
+is ready (then nothing more is called for it), and prefetched per step
+otherwise.
 
 With ``prefetch_bytes``, it also stays within that many bytes of steps
 prefetched and not yet delivered: each hooked stream's share of a step is
@@ -47,12 +49,12 @@ class Prefetcher:
         self.generation = 0
         self.closed = False
         self.thread: Optional[threading.Thread] = None
-        #: (source, hook, sizer, merged) of every hooked stream; `merged`:
-        #: the stream takes several steps' indices in one call (see
-        #: ``streams.prefetch_merged``).
-        self.hooks: List[Tuple[int, Callable[[np.ndarray], None], Optional[Sizer], bool]] = [
+        #: (source, hook, sizer, warm) of every hooked stream; `warm`: its
+        #: ``prefetch_warm``, or None.
+        self.hooks: List[Tuple[int, Callable[[np.ndarray], None], Optional[Sizer],
+                               Optional[Callable[[np.ndarray], Any]]]] = [
             (k, hook, _sizer(col, k) if budget is not None else None,
-             streams.prefetch_merged(col.streams[k]))
+             streams.warm_prefetcher(col.streams[k]))
             for col in ring.plan.columns for k, hook in enumerate(col.prefetch)
             if hook is not None]
         self.budget = budget
@@ -115,10 +117,11 @@ class Prefetcher:
     def run(self, first: int, count: int, generation: int) -> bool:
         """Prefetches steps `first` .. `first + count - 1` and releases each
         in order once its hooks returned; False once the loader is closed.
-        Without a budget, a stream that takes several steps in one call
-        (``prefetch_merged``) is called once for the whole run (one fetch
-        and one pin instead of one per step); should that call fail, it is
-        called again per step, so a failure fails the step it belongs to."""
+        Without a budget, a stream with ``prefetch_warm`` is first asked
+        whether the whole run is ready (one call instead of one per step);
+        only if not (False, or it raised) is it prefetched per step, so a
+        cold step waits for its own fetch alone and a failure fails the step
+        it belongs to."""
         try:
             indices, sources = self.ring.indices_of(first, count)
         except LoaderClosedError:
@@ -130,17 +133,18 @@ class Prefetcher:
 
         def share(k: int, indices: np.ndarray, sources: np.ndarray) -> np.ndarray:
             return indices[sources == k] if many else indices
-        called = set()  # the hooks called for the whole run
+        called = set()  # the streams whose whole run is ready
         if self.budget is None and count > 1:
-            for h, (k, hook, _, merged) in enumerate(self.hooks):
-                if merged:
+            for h, (k, _, _, warm) in enumerate(self.hooks):
+                if warm is not None:
                     try:
-                        hook(share(k, indices.reshape(-1), sources.reshape(-1)))
+                        ready = warm(share(k, indices.reshape(-1), sources.reshape(-1)))
                     except LoaderClosedError:
                         return False
-                    except BaseException:  # noqa: B036 - called again per step below
+                    except BaseException:  # noqa: B036 - prefetched per step below
                         continue
-                    called.add(h)
+                    if ready is True:
+                        called.add(h)
             if len(called) == len(self.hooks):  # every step's hooks returned
                 return self.release(first, generation, None, count)
         for step, step_indices, step_sources in steps:

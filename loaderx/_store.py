@@ -370,9 +370,20 @@ class Store:
         """Whether this store is read from object storage (through the cache)."""
         return self._remote is not None
 
-    #: The stream protocol's ``prefetch_merged``: a loader may prefetch
-    #: several steps in one call (one fetch, one pin).
-    prefetch_merged = True
+    def prefetch_warm(self, indices) -> bool:
+        """The stream protocol's ``prefetch_warm``: True when records
+        `indices` of a remote store are all in the node-local cache and
+        checked, kept there as ``prefetch`` keeps them, fetching nothing
+        (one native call for many steps); False otherwise (and always for a
+        local store), for a ``prefetch``."""
+        if self._remote is None:
+            return False
+        idx, _ = self._indices(indices)
+        h = self._h()  # held for the call
+        try:
+            return self._remote.pin_warm(idx)
+        finally:
+            del h
 
     def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache, for a loader's

@@ -19,12 +19,13 @@ One step machine
     threads exist only to map a ``transform`` and Python-object streams over
     the ring's finished steps in order (``loaderx-worker-N``), and to call
     streams' ``prefetch`` hooks ahead of the ring (``loaderx-prefetch``, in
-    runs of steps once half the window is free; a stream that says
-    ``prefetch_merged``, as loaderx's own remote stores do, is called once
-    per run), within ``prefetch_bytes`` bytes of steps not yet delivered when given (a
-    step's bytes: each hooked stream's ``prefetch_size(indices)``, else its
-    record size times records; a step larger than the budget is prefetched
-    alone). Threads, not processes: no pickling, no IPC, no ``/dev/shm``;
+    runs of steps once half the window is free; a stream with
+    ``prefetch_warm``, as loaderx's remote stores have, costs one call a run
+    while the run is cached), within ``prefetch_bytes`` bytes of steps not
+    yet delivered when given (a step's bytes: each hooked stream's
+    ``prefetch_size(indices)``, else its record size times records; a step
+    larger than the budget is prefetched alone). Threads, not processes: no
+    pickling, no IPC, no ``/dev/shm``;
     the default thread count is the cores this process may run on.
 
 Order and determinism

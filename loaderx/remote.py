@@ -232,6 +232,23 @@ class Binding:
             raise
         return tick
 
+    def pin_warm(self, indices: np.ndarray) -> bool:
+        """A prefetch of records `indices` that fetches nothing: when every
+        one is present and checked, protects them as a prefetch does
+        (``begin(pin=True)``) and returns True; otherwise False (what it
+        stamped stays harmless), for the caller's full prefetch."""
+        r = self.replica()
+        u = np.asarray(indices)
+        u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+        if not len(u) or int(u.min()) < 0 or int(u.max()) >= r.layout.record_count:
+            return False  # (the full prefetch names a bad index)
+        if not r.layout.fixed and len(r.unchecked(u)):
+            return False  # index entries not known yet
+        p = self.cache.proc()
+        with p.tlock:
+            _, todo = r.begin_read(p, u, True)
+        return not len(todo)
+
     def gather(self, parts, ip, n: int, op, nbytes: int, stride: int, threads: int,
                idx: np.ndarray, check: Callable) -> int:
         """A dense gather of records `idx` (``ip``: their uint64 cdata) into

@@ -276,8 +276,20 @@ class ShardSet:
             check(rc, None, "ShardSet gather")
         return out
 
-    #: The stream protocol's ``prefetch_merged`` (as Store's).
-    prefetch_merged = True
+    def prefetch_warm(self, indices) -> bool:
+        """As ``Store.prefetch_warm``, over the remote shards (False for a
+        shard set with none)."""
+        self._check_open()
+        idx, _ = normalize_indices(indices, self._len)
+        if not self._remote or not len(idx):
+            return False
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        for k in self._remote:
+            mine = idx[shard == k]
+            if len(mine) and not self._stores[k].prefetch_warm(mine.astype(np.int64)
+                                                              - self._starts[k]):
+                return False
+        return True
 
     def prefetch(self, indices, *, wait: bool = True) -> None:
         """As ``Store.prefetch``: remote shards fetch their records into the

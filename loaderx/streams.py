@@ -57,13 +57,15 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     call per step cost more than it saved (4-9x fewer steps per second on
     warm 200-byte records, raw or zstd: scripts/probe_prefetch_hook.py).
 
-``prefetch_merged`` (attribute or property, ``bool``)
-    True: the loader may call ``prefetch`` once with the indices of several
-    steps laid end to end (a run of up to half its window), instead of once
-    per step; a failure of that call makes it call again per step, so the
-    failure still fails its own step. Not with ``prefetch_bytes``. For hooks
-    whose cost is mostly per call (loaderx's own stores, views, shard sets
-    and token windows say True: one fetch and one pin for the run).
+``prefetch_warm(indices: np.ndarray) -> bool``
+    A ``prefetch`` that fetches nothing: True when every record of
+    `indices` is ready already (and is now kept as ``prefetch`` keeps it),
+    False otherwise. The loader calls it once for a run of steps (the
+    indices of up to half its window, laid end to end) and calls
+    ``prefetch`` per step only when it returns False or raises, so a warm
+    epoch costs one call per run and a cold step is released as soon as
+    its own fetch is done. Not with ``prefetch_bytes``. loaderx's remote
+    stores, views, shard sets and token windows have it (one native call).
 
 ``prefetch_size(indices: np.ndarray) -> int``
     The bytes a ``prefetch(indices)`` call fetches (e.g. the records'
@@ -220,10 +222,10 @@ def prefetch_sizer(stream: Any) -> Optional[Callable[[np.ndarray], int]]:
     return None
 
 
-def prefetch_merged(stream: Any) -> bool:
-    """Whether the loader may call the stream's ``prefetch`` once with several
-    steps' indices (its ``prefetch_merged`` attribute is True)."""
-    return getattr(stream, "prefetch_merged", False) is True
+def warm_prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], Any]]:
+    """The stream's ``prefetch_warm``, or None."""
+    warm = getattr(stream, "prefetch_warm", None)
+    return warm if callable(warm) else None
 
 
 def prefetcher(stream: Any) -> Optional[Callable[[np.ndarray], None]]:

@@ -252,10 +252,11 @@ class View:
         if callable(hook):
             hook(self._mapped(indices))
 
-    @property
-    def prefetch_merged(self) -> bool:
-        """The stream protocol's ``prefetch_merged``: as the base column says."""
-        return getattr(self._base, "prefetch_merged", False) is True
+    def prefetch_warm(self, indices) -> bool:
+        """The stream protocol's ``prefetch_warm``, of the base column's
+        records ``rows[indices]`` (False when the base has none)."""
+        warm = getattr(self._base, "prefetch_warm", None)
+        return bool(warm(self._mapped(indices))) if callable(warm) else False
 
     @property
     def is_remote(self) -> bool:

@@ -178,9 +178,14 @@ class TokenWindows:
         starts = np.repeat(lo - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         return np.unique(starts + np.arange(int(lengths.sum()), dtype=np.int64))
 
-    #: The stream protocol's ``prefetch_merged`` (one fetch of the
-    #: documents of several steps' windows).
-    prefetch_merged = True
+    def prefetch_warm(self, indices) -> bool:
+        """The stream protocol's ``prefetch_warm``: the documents windows
+        `indices` overlap are all cached (and kept), fetching nothing; False
+        for a local corpus."""
+        if not self.is_remote:
+            return False
+        idx = normalize_indices(indices, self._len)[0]
+        return bool(self._store.prefetch_warm(self._documents(idx)))
 
     def prefetch(self, indices) -> None:
         """Makes windows `indices` ready to read (the stream protocol's
@@ -417,7 +422,8 @@ class TokenSegments:
     def is_remote(self) -> bool:
         return self._windows.is_remote
 
-    prefetch_merged = True
+    def prefetch_warm(self, indices) -> bool:
+        return self._windows.prefetch_warm(indices)
 
     def prefetch(self, indices) -> None:
         self._windows.prefetch(indices)

@@ -36,6 +36,11 @@ Rows and targets:
           (seeded per round), so a DataLoader over the remote store (fresh
           cache, its own prefetch: what users run) reads exactly the same
           records as every other row (context row, against get_ranges)
+          Beside them (not at --size default: disk), the same records with
+          the default codec: a zstd dataset of values with 4 bits of entropy
+          a byte (zrecords, about half their size stored), loaderx's prefetch
+          and DataLoader rows against obstore's get_ranges of exactly those
+          records' stored ranges (context rows; MiB/s of decoded payload)
   warm    the same batches again from the cache, against the same dataset
           read locally (target >= 0.9x); and the DataLoader over the warm
           cache against a DataLoader over the local dataset, the same steps
@@ -87,6 +92,19 @@ def records(idx: np.ndarray) -> np.ndarray:
     i = np.asarray(idx, dtype=np.uint64)[:, None]
     j = np.arange(REC, dtype=np.uint64)[None, :]
     return ((j * np.uint64(2654435761) + i * np.uint64(40503)) >> np.uint64(13)).astype(np.uint8)
+
+
+def zrecords(idx: np.ndarray) -> np.ndarray:
+    """Records `idx` of the default-codec (zstd) dataset: 4 bits of entropy a
+    byte (values 0-15, mixed from the record index and the position), which
+    per-record zstd stores in about half the bytes, as it does feature and
+    token data; the raw dataset's pattern would shrink to almost nothing."""
+    i = np.asarray(idx, dtype=np.uint64)[:, None]
+    j = np.arange(REC, dtype=np.uint64)[None, :]
+    x = (i * np.uint64(0x9E3779B97F4A7C15)) ^ (j * np.uint64(0xC2B2AE3D27D4EB4F))
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0x94D049BB133111EB)
+    return (x >> np.uint64(60)).astype(np.uint8)
 
 
 def first_record(idx: np.ndarray) -> np.ndarray:
@@ -228,7 +246,11 @@ class Server:
 # ----------------------------------------------------------------------------- data
 
 
-def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> None:
+def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True,
+                 codec: str = "raw") -> None:
+    """The dataset of `n` records at `path`: records() in a raw store, or
+    with codec "zstd" zrecords() in a zstd store (`pattern`: False builds the
+    first-batch store instead)."""
     import loaderx
 
     if (path / "loaderx.json").exists() or (path / "meta").exists():
@@ -237,13 +259,14 @@ def _build_local(path: Path, n: int, rec: int = REC, pattern: bool = True) -> No
     shutil.rmtree(tmp, ignore_errors=True)
     step = max(1, (64 << 20) // rec)
     if pattern:
-        store = loaderx.DenseStore(str(tmp / "x" / "part-00000"), np.uint8, (rec,), codec="raw")
+        make = zrecords if codec == "zstd" else records
+        store = loaderx.DenseStore(str(tmp / "x" / "part-00000"), np.uint8, (rec,), codec=codec)
         for start in range(0, n, step):
-            store.append(records(np.arange(start, min(n, start + step))))
+            store.append(make(np.arange(start, min(n, start + step))))
         store.close()
         manifest = {"format": "loaderx-dataset", "version": 1, "rows": n,
                     "columns": {"x": {"kind": "dense", "dtype": "uint8", "item_shape": [rec],
-                                      "codec": "raw",
+                                      "codec": codec,
                                       "shards": [{"path": "x/part-00000", "rows": n}]}},
                     "source": {"type": "bench"}}
         (tmp / "loaderx.json").write_text(json.dumps(manifest))
@@ -392,9 +415,33 @@ def _drop_server_pages(root: Path) -> None:
             os.close(fd)
 
 
-def _get_ranges(url: str, options: dict, batches: list) -> list:
+def stored_ranges(url: str, options: dict, batches: list, cache: Path) -> list:
+    """Where each batch's records lie in the data object of the store at
+    `url` (its ``x`` column), as ``(starts, ends)`` per batch: read from the
+    store's index through loaderx (a throwaway cache, not timed)."""
+    import loaderx
+
+    col = loaderx.open_dataset(url, cache_dir=str(cache), storage_options=options)["x"]
+    try:
+        binding = col._remote
+        rep = binding.replica()
+        out = []
+        for idx in batches:
+            u = np.asarray(idx, dtype=np.int64)
+            binding._fetch_index(rep, np.unique(u))
+            starts, ends = rep.ranges(u)
+            out.append((np.asarray(starts, np.int64), np.asarray(ends, np.int64)))
+        return out
+    finally:
+        col.close()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _get_ranges(url: str, options: dict, batches: list, ranges: list | None = None) -> list:
     """obstore's own concurrent get_ranges of the batches' record ranges
-    (each batch's ranges sorted, in 16 concurrent calls)."""
+    (each batch's ranges sorted, in 16 concurrent calls): records of REC
+    bytes at index * REC, or `ranges` (stored_ranges) for a store whose
+    records have their own sizes (then each record's stored bytes)."""
     import obstore
     from obstore.store import from_url
 
@@ -404,10 +451,15 @@ def _get_ranges(url: str, options: dict, batches: list) -> list:
     store = from_url(f"s3://{bucket}", config=opts, client_options=client_options)
     path = f"{key}/x/part-00000/data"
 
-    async def batch(idx):
-        order = np.sort(idx)
-        starts = (order * REC).tolist()
-        ends = [s + REC for s in starts]
+    async def batch(idx, where):
+        if where is None:
+            order = np.sort(idx)
+            starts = (order * REC).tolist()
+            ends = [s + REC for s in starts]
+        else:
+            by = np.argsort(where[0], kind="stable")
+            order = np.asarray(idx)[by]
+            starts, ends = where[0][by].tolist(), where[1][by].tolist()
         parts = [list(range(i, len(starts), 16)) for i in range(16)]
         got = await asyncio.gather(*(obstore.get_ranges_async(
             store, path, starts=[starts[i] for i in p], ends=[ends[i] for i in p]) for p in parts if p))
@@ -415,10 +467,13 @@ def _get_ranges(url: str, options: dict, batches: list) -> list:
         for p, bufs in zip([p for p in parts if p], got):
             for i, buf in zip(p, bufs):
                 flat[int(order[i])] = np.frombuffer(bytes(buf), np.uint8)
+        if where is not None:  # stored bytes of their own sizes
+            return [flat[int(i)] for i in idx]
         return np.stack([flat[int(i)] for i in idx])
 
     async def run():
-        return [await batch(b) for b in batches]
+        return [await batch(b, None if ranges is None else ranges[k])
+                for k, b in enumerate(batches)]
     return asyncio.run(run())
 
 
@@ -466,10 +521,13 @@ def run_remote(ctx) -> list[Section]:
     n, per_round, big, kind = SIZES[size_name]
     cache = (ctx.cache or ctx.workdir) / "remote"
     cache.mkdir(parents=True, exist_ok=True)
-    rows = {name: Row(name, group, "raw") for name, group in (
+    rows = {name: Row(name, group, "zstd" if "zstd" in name else "raw") for name, group in (
         ("loaderx remote, prefetch 4 ahead (cold)", "loaderx"),
         ("loaderx remote gather (cold)", "loaderx"),
         ("loaderx DataLoader (cold)", "loaderx"),
+        ("loaderx zstd, prefetch 4 ahead (cold)", "loaderx"),
+        ("loaderx zstd DataLoader (cold)", "loaderx"),
+        ("obstore get_ranges, the zstd store's ranges (cold)", "client limit"),
         ("obstore get_ranges, same ranges (cold)", "client limit"),
         ("loaderx remote gather (warm)", "loaderx"),
         ("loaderx local gather (same dataset)", "loaderx"),
@@ -492,6 +550,18 @@ def run_remote(ctx) -> list[Section]:
         _build_local(local, n)
         url = f"s3://{BUCKET}/ds-{n}"
         _upload(local, url, server.options)
+        # The default codec's dataset (not at the default size: this disk
+        # holds the raw one's four copies there).
+        zurl = None
+        if size_name != "default":
+            ctx.log(f"remote: building {n} x 12 KiB records, zstd (the default codec)")
+            zlocal = cache / f"dsz-{n}"
+            _build_local(zlocal, n, codec="zstd")
+            zurl = f"s3://{BUCKET}/dsz-{n}"
+            _upload(zlocal, zurl, server.options)
+        else:
+            for name in [k for k in rows if "zstd" in k]:
+                rows[name].status = "missing: not at this size (disk)"
         # The peers' three copies and one peer's cache (a whole copy): hollow
         # the local copy where they would not fit beside it.
         hollow = _is_hollow(local) or shutil.disk_usage(cache).free < 5 * n * REC
@@ -512,6 +582,20 @@ def run_remote(ctx) -> list[Section]:
             check_array(got, w, "loaderx remote")
         for got, w in zip(_loader_pass(ds["x"], len(check), -1), want):
             check_array(got, w, "loaderx DataLoader")
+        if zurl is not None:
+            zds = loaderx.open_dataset(zurl, cache_dir=str(vcache / "z"),
+                                       storage_options=server.options)
+            for got, b in zip(_stand_in_loop(zds["x"], check, 4), check):
+                check_array(got, zrecords(b), "loaderx zstd remote")
+            zds["x"].close()
+            where = stored_ranges(zurl, server.options, check, vcache / "zr")
+            with open(_data_file(cache / f"dsz-{n}"), "rb") as f:
+                for got, (starts, ends) in zip(_get_ranges(zurl, server.options, check, where),
+                                               where):
+                    for buf, a, e in zip(got, starts.tolist(), ends.tolist()):
+                        f.seek(a)
+                        check_array(buf, np.frombuffer(f.read(e - a), np.uint8),
+                                    "obstore get_ranges (zstd store)")
         for got, w in zip(_get_ranges(url, server.options, check), want):
             check_array(got, w, "obstore get_ranges")
         check_array(local_ds["x"].gather(check[0]), want[0], "loaderx local")
@@ -532,17 +616,20 @@ def run_remote(ctx) -> list[Section]:
         else:
             server_state = "server warm"
             drop = None
-            _warm_server(server.options, [f"ds-{n}"] + peers.prefixes(), ctx.log)
+            _warm_server(server.options, [f"ds-{n}"] + ([f"dsz-{n}"] if zurl else [])
+                         + peers.prefixes(), ctx.log)
         payload = per_round * BATCH * REC / (1 << 20)
         for r in range(ctx.repeat):
             batches = _steps(n, per_round, r)
             fresh = ctx.workdir / f"remote-cache-{r}"
+            zwhere = (stored_ranges(zurl, server.options, batches, ctx.workdir / "zranges")
+                      if zurl else None)
 
-            def loaderx_run(name: str, fn) -> None:
+            def loaderx_run(name: str, fn, at: str = url) -> None:
                 shutil.rmtree(fresh, ignore_errors=True)
                 if drop is not None:
                     drop()
-                col = loaderx.open_dataset(url, cache_dir=str(fresh),
+                col = loaderx.open_dataset(at, cache_dir=str(fresh),
                                            storage_options=server.options)["x"]
                 t = time.perf_counter()
                 fn(col)
@@ -564,6 +651,12 @@ def run_remote(ctx) -> list[Section]:
                 _get_ranges(url, server.options, batches)
                 rows["obstore get_ranges, same ranges (cold)"].gather_mibs.append(
                     payload / (time.perf_counter() - t))
+
+            def zget_ranges_run() -> None:
+                t = time.perf_counter()
+                _get_ranges(zurl, server.options, batches, zwhere)
+                rows["obstore get_ranges, the zstd store's ranges (cold)"].gather_mibs.append(
+                    payload / (time.perf_counter() - t))
             runs = [
                 lambda: loaderx_run("loaderx remote, prefetch 4 ahead (cold)",
                                     lambda c: _stand_in_loop(c, batches, 4)),
@@ -574,6 +667,14 @@ def run_remote(ctx) -> list[Section]:
                 get_ranges_run,
                 lambda: peers.round(batches, drop),
             ]
+            if zurl:
+                runs += [
+                    lambda: loaderx_run("loaderx zstd, prefetch 4 ahead (cold)",
+                                        lambda c: _stand_in_loop(c, batches, 4), zurl),
+                    lambda: loaderx_run("loaderx zstd DataLoader (cold)",
+                                        lambda c: _loader_pass(c, per_round, r), zurl),
+                    zget_ranges_run,
+                ]
             # Round-robin: whoever reads a round's records first warms the
             # server's caches for the others, so the order turns every round.
             for run in runs[r % len(runs):] + runs[:r % len(runs)]:
@@ -620,8 +721,14 @@ def _loader_pass(col, steps: int, r: int, loader=None) -> list:
 
 def _warm_loaders(col, local, r: int, steps: int, payload: float, rows: dict) -> None:
     """Round `r`'s DataLoader steps again, over the warm cache and over the
-    local dataset: passes alternate, medians count."""
+    local dataset: passes alternate, medians count. The steps a loader
+    prefetches past a pass (its window: 6 steps) are cached first, so a
+    pass's rewind never waits for the fetch of a step it will not read."""
     import loaderx
+
+    for b in _steps(len(col), steps + 12, r)[steps:]:
+        col.gather(b)
+        local.gather(b)
 
     loaders = {key: loaderx.DataLoader({"x": c}, BATCH, seed=1000 + r, workers=2)
                for key, c in (("remote", col), ("local", local))}
@@ -727,13 +834,23 @@ def _sections(rows: dict, extra_rows: list, shared, first, ctx,
     cold_rows = [rows[k] for k in ("loaderx remote, prefetch 4 ahead (cold)",
                                    "loaderx remote gather (cold)",
                                    "loaderx DataLoader (cold)",
+                                   "loaderx zstd, prefetch 4 ahead (cold)",
+                                   "loaderx zstd DataLoader (cold)",
+                                   "obstore get_ranges, the zstd store's ranges (cold)",
                                    "obstore get_ranges, same ranges (cold)")] + extra_rows
     best = "loaderx remote, prefetch 4 ahead (cold)"
     targets = [Target("remote cold: loaderx (prefetch) >= 0.8x obstore get_ranges of the same ranges",
                       best, ["obstore get_ranges, same ranges (cold)"], 0.8),
                Target("remote cold: the DataLoader (its own prefetch) vs obstore get_ranges",
                       "loaderx DataLoader (cold)", ["obstore get_ranges, same ranges (cold)"], 0.8,
-                      spec=False)]
+                      spec=False),
+               Target("remote cold, default codec (zstd): loaderx (prefetch) vs obstore "
+                      "get_ranges of the same stored ranges",
+                      "loaderx zstd, prefetch 4 ahead (cold)",
+                      ["obstore get_ranges, the zstd store's ranges (cold)"], 0.8, spec=False),
+               Target("remote cold, default codec (zstd): the DataLoader vs the same get_ranges",
+                      "loaderx zstd DataLoader (cold)",
+                      ["obstore get_ranges, the zstd store's ranges (cold)"], 0.8, spec=False)]
     for peer, threshold in (("mosaicml-streaming", 3.0), ("litdata", 3.0), ("lance take()", 10.0)):
         names = [r.name for r in extra_rows if r.name.startswith(peer)]
         if names:

@@ -332,7 +332,9 @@ def test_url_paths_everywhere(tmp_path, s3, url, data):
     shards = loaderx.ShardSet([f"{url}/{ZZ}0", f"{url}/{ZZ}1"],
                               cache_dir=str(tmp_path), storage_options=opts)
     assert shards.is_remote and len(shards) == N
+    assert shards.prefetch_warm([0, N - 1]) is False  # nothing fetched yet
     assert_same(shards[[0, N - 1]], dense[[0, N - 1]])
+    assert shards.prefetch_warm([0, N - 1]) is True and shards.prefetch_warm([1]) is False
     shards.close()
     remote.configure(cache_dir=str(tmp_path / "default"), storage_options=opts)
     try:
@@ -599,6 +601,30 @@ def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
             s.close()
 
 
+def test_prefetch_warm_fetches_nothing_and_says_whether_records_are_cached(
+        tmp_path, s3, url, local_ds):
+    ds = opened(url, tmp_path / "cache", s3, columns=["raw", "rag"])
+    local = loaderx.open_dataset(local_ds, columns=["raw"])
+    try:
+        for name in ("raw", "rag"):
+            col = ds[name]
+            fetched = col._remote.replica().fetched
+            assert col.prefetch_warm([3, 9, 40]) is False
+            assert col._remote.replica().fetched == fetched  # nothing fetched
+            col.prefetch([3, 9])
+            assert col.prefetch_warm([3, 9]) is True
+            assert col.prefetch_warm([3, 9, 40]) is False
+            # A view asks its base for the records it maps to.
+            view = loaderx.select({name: col}, np.array([9, 3, 40]))[name]
+            assert view.prefetch_warm([0, 1]) is True and view.prefetch_warm([2]) is False
+        # A local store has nothing to fetch: it says False (its prefetch is
+        # readahead, which the loader leaves to the native ring).
+        assert local["raw"].prefetch_warm([0]) is False
+    finally:
+        for s in list(ds.values()) + list(local.values()):
+            s.close()
+
+
 def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetch(
         tmp_path, s3, url, local_ds, monkeypatch):
     # The ring reads a remote store's cache replica natively: holes read as
@@ -607,20 +633,28 @@ def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetc
     ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
     local = loaderx.open_dataset(local_ds, columns=["raw"])
     rows = np.arange(3, len(local["raw"]), 7)
-    pins = []
-    begin = remote.Binding.begin
+    pins, warm = [], []
+    begin, pin_warm = remote.Binding.begin, remote.Binding.pin_warm
 
     def counted(self, indices, check, pin=False):
         if pin:
             pins.append(len(indices))
         return begin(self, indices, check, pin)
+
+    def counted_warm(self, indices):
+        ready = pin_warm(self, indices)
+        if ready:
+            warm.append(len(indices))
+        return ready
     monkeypatch.setattr(remote.Binding, "begin", counted)
+    monkeypatch.setattr(remote.Binding, "pin_warm", counted_warm)
     try:
         for remote_streams, local_streams in (
                 (ds, local), (loaderx.select(ds, rows), loaderx.select(local, rows))):
             a = loaderx.DataLoader(remote_streams, batch_size=16, seed=5, workers=2)
             b = loaderx.DataLoader(local_streams, batch_size=16, seed=5, workers=2)
             pins.clear()
+            warm.clear()
             steps = 2 * len(rows) // 16 + 3  # more than a cycle
             for _ in range(steps):
                 x, y = next(a), next(b)
@@ -629,10 +663,13 @@ def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetc
             assert not [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
             a.close()
             b.close()
-            # Prefetched a run of steps per fetch and pin (prefetch_merged),
-            # not one per step: each pin holds whole steps.
-            assert pins and all(n % 16 == 0 for n in pins) and max(pins) >= 3 * 16
-            assert len(pins) < steps
+            # Records not cached are fetched step by step; once cached (the
+            # view's second cycle), a run of steps is pinned in one call
+            # (prefetch_warm), not one per step.
+            assert pins and all(n == 16 for n in pins)
+            if remote_streams is not ds:
+                assert warm and all(n % 16 == 0 and n >= 2 * 16 for n in warm)
+                assert len(pins) + len(warm) < steps
     finally:
         for s in list(ds.values()) + list(local.values()):
             s.close()
@@ -758,7 +795,9 @@ def test_token_windows_over_a_remote_corpus_read_as_over_the_local_one(tmp_path,
     tw = loaderx.TokenWindows(store, 64, separator=0)
     assert tw.is_remote and len(tw) == len(local)
     idx = np.array([0, len(tw) - 1, 17, 3])
+    assert tw.prefetch_warm(idx[:2]) is False and local.prefetch_warm(idx[:2]) is False
     tw.prefetch(idx[:2])
+    assert tw.prefetch_warm(idx[:2]) is True
     assert_same(tw[idx], local[idx])
     assert_same(tw.segments[idx], local.segments[idx])
     store.close()

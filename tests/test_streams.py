@@ -233,32 +233,61 @@ def test_a_failed_prefetch_fails_its_step_at_its_step(growing, transform):
     loader.close()
 
 
-class Merged(Prefetched):
-    """A stream that takes several steps' indices in one prefetch call."""
+class Warm(Prefetched):
+    """A stream whose prefetch_warm says whether the records are in the store
+    already (it fetches nothing: prefetch appends them)."""
 
-    prefetch_merged = True
+    def __init__(self, store, length, warm_error=None):
+        super().__init__(store, length)
+        self.warm_calls = []
+        self.warm_error = warm_error
+
+    def prefetch_warm(self, indices):
+        with self.lock:
+            self.warm_calls.append(indices.copy())
+            if self.warm_error is not None:
+                raise self.warm_error
+            return int(indices.max()) < len(self.store)
 
 
-def test_a_merged_stream_is_prefetched_a_run_of_steps_per_call(growing):
-    stream = Merged(growing, 4000)
+def test_a_run_of_cached_steps_costs_one_prefetch_warm_call(growing):
+    stream = Warm(growing, 4000)
+    stream.prefetch(np.arange(4000, dtype=np.uint64))  # everything present
+    stream.calls.clear()
     with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4) as loader:
         for step in range(60):
             np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
     # Each call holds whole steps, laid end to end in step order; the calls
-    # follow each other and stay within the window (6 steps).
-    got = np.concatenate([indices for _, indices in stream.calls])
-    np.testing.assert_array_equal(got, np.arange(len(got)))
-    lengths = [len(indices) for _, indices in stream.calls]
-    assert all(n % 10 == 0 and 10 <= n <= 60 for n in lengths)
-    # Runs of several steps: far fewer calls than steps.
-    assert max(lengths) >= 30 and len(stream.calls) <= 60 // 2
+    # follow each other and stay within the window (6 steps); prefetch is
+    # called only for runs of one step (never asked: a lone step is
+    # prefetched as it is).
+    got = np.concatenate([indices for indices in stream.warm_calls])
+    np.testing.assert_array_equal(got[:len(got) // 10 * 10], np.arange(len(got) // 10 * 10))
+    lengths = [len(indices) for indices in stream.warm_calls]
+    assert all(n % 10 == 0 and 20 <= n <= 60 for n in lengths)
+    assert max(lengths) >= 30 and len(stream.warm_calls) <= 60 // 2
+    assert all(len(indices) == 10 for _, indices in stream.calls)
+    assert len(stream.calls) + len(stream.warm_calls) < 60 // 2
 
 
-def test_a_failed_merged_prefetch_fails_its_own_step_only(growing):
-    stream = Merged(growing, 400)
+def test_a_run_that_is_not_cached_is_prefetched_step_by_step(growing):
+    # Nothing is present: every run is asked once, then prefetched per step,
+    # each step released once its own prefetch returned.
+    stream = Warm(growing, 4000)
+    with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4) as loader:
+        for step in range(40):
+            np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
+    steps = [int(indices[0]) // 10 for _, indices in stream.calls]
+    assert steps == list(range(len(steps))) and len(steps) >= 40
+    assert all(len(indices) == 10 for _, indices in stream.calls)
+    assert stream.warm_calls
+
+
+def test_a_failing_prefetch_warm_falls_back_to_prefetch_and_its_failures(growing):
+    stream = Warm(growing, 400, warm_error=OSError("cannot tell"))
     original = stream.prefetch
 
-    def prefetch(indices):  # fails whenever step 7's records are asked for
+    def prefetch(indices):  # fails for step 7's records
         if np.isin(np.arange(70, 80), indices).any():
             raise KeyError("no step 7")
         original(indices)
@@ -271,15 +300,17 @@ def test_a_failed_merged_prefetch_fails_its_own_step_only(growing):
     if hasattr(info.value, "__notes__"):
         assert any("prefetch hook for step 7" in note for note in info.value.__notes__)
     loader.close()
+    assert stream.warm_calls
 
 
-def test_with_prefetch_bytes_a_merged_stream_is_prefetched_per_step(growing):
-    stream = Merged(growing, 1000)
+def test_with_prefetch_bytes_prefetch_warm_is_not_asked(growing):
+    stream = Warm(growing, 1000)
     with DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4,
                     prefetch_bytes=10**6) as loader:
         for step in range(20):
             np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
     assert {len(indices) for _, indices in stream.calls} == {10}
+    assert stream.warm_calls == []
 
 
 def test_prefetch_continues_from_a_restored_state(growing):
