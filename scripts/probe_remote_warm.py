@@ -15,9 +15,9 @@ in alternating rounds against the same store opened locally:
   file without the bookkeeping: the local copy is another file, which the
   page cache may hold differently);
 * a DataLoader (2 workers) over a `select` view of the cached records, with
-  the prefetch hook the loader calls per step for a remote stream (on its
-  prefetch thread, before the native ring may read the step) timed on its
-  own.
+  the hooks the loader's prefetch thread calls for a remote stream before
+  the native ring may read a step timed on their own: ``prefetch_warm``
+  once per run of cached steps, ``prefetch`` per step otherwise.
 
 Prints medians and remote/local ratios. The server is not in the timed
 path (every record is in the cache).
@@ -118,8 +118,8 @@ def run(records: int, rounds: int, steps: int, tmp: Path, codec: str = "zstd") -
         replica = loaderx.DenseStore(col._remote.local_dir)
         gather: dict = {"remote": [], "local": [], "replica": []}
         loader: dict = {"remote": [], "local": []}
-        methods = [(remote.Binding, "begin"), (remote.Binding, "end"),
-                   (loaderx.subset.View, "prefetch")]
+        methods = [(remote.Binding, "begin"), (remote.Binding, "end"), (remote.Binding, "pin_warm"),
+                   (loaderx.subset.View, "prefetch"), (loaderx.subset.View, "prefetch_warm")]
         with _timed(methods, times):
             _rounds(rounds, steps, col, local, replica, batches, cached, gather, loader)
         replica.close()

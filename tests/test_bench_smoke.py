@@ -309,13 +309,14 @@ def test_remote_warm_probe_runs(tmp_path):
 
     from loaderx import remote, subset
 
-    begin, prefetch = remote.Binding.begin, subset.View.prefetch
+    begin, warm = remote.Binding.begin, subset.View.prefetch_warm
     figures = probe_remote_warm.run(600, 1, 5, tmp_path)
     assert figures["gather remote (us)"] > 0 and figures["loader local (steps/s)"] > 0
     assert figures["gather replica as a local store (us)"] > 0
-    assert {"Binding.begin (us, median)", "View.prefetch (us, median)"} <= set(figures)
+    # Every record is cached: the loader asks prefetch_warm for its runs.
+    assert {"Binding.pin_warm (us, median)", "View.prefetch_warm (us, median)"} <= set(figures)
     # The timing wrappers are gone afterwards (this runs in the test process).
-    assert remote.Binding.begin is begin and subset.View.prefetch is prefetch
+    assert remote.Binding.begin is begin and subset.View.prefetch_warm is warm
 
 
 def test_small_records_probe_runs(tmp_path):
