@@ -128,7 +128,6 @@ class Prefetcher:
             return False
         except BaseException as exc:  # noqa: B036 - (not seen) fails the run's steps
             return self.release(first, generation, exc, count)
-        steps = [(first + i, indices[i], sources[i]) for i in range(count)]
         many = len(self.ring.plan.lengths) > 1
 
         def share(k: int, indices: np.ndarray, sources: np.ndarray) -> np.ndarray:
@@ -145,9 +144,10 @@ class Prefetcher:
                         continue
                     if ready is True:
                         called.add(h)
-            if len(called) == len(self.hooks):  # every step's hooks returned
+            if len(called) == len(self.hooks):  # every stream's run is ready
                 return self.release(first, generation, None, count)
-        for step, step_indices, step_sources in steps:
+        for i in range(count):
+            step, step_indices, step_sources = first + i, indices[i], sources[i]
             failure = None
             try:
                 mine = [(hook, share(k, step_indices, step_sources), sizer)

@@ -205,8 +205,7 @@ class Binding:
         # lists the unchecked, without the cache's lock).
         r = self.replica()
         lay = r.layout
-        u = np.asarray(indices)
-        u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+        u = _records(indices)
         if not lay.fixed:
             # The records' index entries first (their places in the data).
             if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
@@ -238,16 +237,17 @@ class Binding:
         (``begin(pin=True)``) and returns True; otherwise False (what it
         stamped stays harmless), for the caller's full prefetch."""
         r = self.replica()
-        u = np.asarray(indices)
-        u = u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+        u = _records(indices)
         if not len(u) or int(u.min()) < 0 or int(u.max()) >= r.layout.record_count:
             return False  # (the full prefetch names a bad index)
-        if not r.layout.fixed and len(r.unchecked(u)):
-            return False  # index entries not known yet
+        # Checked by this process since the last eviction implies present (and
+        # a table layout's entries known): a cold run takes no pin slot.
+        if len(r.unchecked(u)):
+            return False
         p = self.cache.proc()
         with p.tlock:
             _, todo = r.begin_read(p, u, True)
-        return not len(todo)
+        return not len(todo)  # (an eviction since the check: False)
 
     def gather(self, parts, ip, n: int, op, nbytes: int, stride: int, threads: int,
                idx: np.ndarray, check: Callable) -> int:
@@ -339,6 +339,13 @@ class Binding:
         r = self.replica()
         if r.layout.iblocks:
             r.fetch("index", np.arange(r.layout.iblocks, dtype=np.int64), self._downloader(r))
+
+
+def _records(indices: np.ndarray) -> np.ndarray:
+    """Record indices as int64 (uint64 ones viewed: a huge one is negative,
+    out of range), without a copy when they are already."""
+    u = np.asarray(indices)
+    return u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
 
 
 def _rebind(url: str, cfg: Config, pins: dict) -> "Binding":

@@ -201,12 +201,7 @@ class ShardSet:
     def _remote_run(self, idx: np.ndarray, pin: bool) -> list:
         """Makes the remote shards' records of `idx` present and checked,
         every shard concurrently; returns [(store, token)] for `_remote_end`."""
-        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
-        work = []
-        for k in self._remote:
-            mine = idx[shard == k]
-            if len(mine):
-                work.append((self._stores[k], mine.astype(np.int64) - self._starts[k]))
+        work = self._remote_shares(idx)
         from .remote import map_concurrently
 
         def one(item):
@@ -216,6 +211,17 @@ class ShardSet:
                 return store, None
             return store, store._remote_begin(local.astype(np.uint64))
         return map_concurrently(one, work)
+
+    def _remote_shares(self, idx: np.ndarray) -> list:
+        """[(store, its local record indices)] of the remote shards that hold
+        records of `idx` (global indices)."""
+        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
+        shares = []
+        for k in self._remote:
+            mine = idx[shard == k]
+            if len(mine):
+                shares.append((self._stores[k], mine.astype(np.int64) - self._starts[k]))
+        return shares
 
     def _remote_begin(self, idx: np.ndarray) -> list | None:
         return self._remote_run(idx, pin=False) if self._remote and len(idx) else None
@@ -283,13 +289,7 @@ class ShardSet:
         idx, _ = normalize_indices(indices, self._len)
         if not self._remote or not len(idx):
             return False
-        shard = np.searchsorted(self._starts, idx.astype(np.int64), side="right") - 1
-        for k in self._remote:
-            mine = idx[shard == k]
-            if len(mine) and not self._stores[k].prefetch_warm(mine.astype(np.int64)
-                                                              - self._starts[k]):
-                return False
-        return True
+        return all(store.prefetch_warm(local) for store, local in self._remote_shares(idx))
 
     def prefetch(self, indices, *, wait: bool = True) -> None:
         """As ``Store.prefetch``: remote shards fetch their records into the

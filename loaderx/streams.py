@@ -60,12 +60,16 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
 ``prefetch_warm(indices: np.ndarray) -> bool``
     A ``prefetch`` that fetches nothing: True when every record of
     `indices` is ready already (and is now kept as ``prefetch`` keeps it),
-    False otherwise. The loader calls it once for a run of steps (the
-    indices of up to half its window, laid end to end) and calls
-    ``prefetch`` per step only when it returns False or raises, so a warm
-    epoch costs one call per run and a cold step is released as soon as
-    its own fetch is done. Not with ``prefetch_bytes``. loaderx's remote
-    stores, views, shard sets and token windows have it (one native call).
+    False otherwise; it must not fetch. The loader calls it once for a run
+    of several steps (their indices laid end to end: half its window to all
+    of it) on its prefetch thread, and calls ``prefetch`` per step only when
+    it returns False or raises, so a warm epoch costs one call per run and
+    a cold step is released as soon as its own fetch is done. Thread-safe,
+    as ``prefetch`` is; ``indices`` is the loader's array (copy it to keep
+    it). Not with ``prefetch_bytes``. loaderx's remote stores, views, shard
+    sets and token windows have it (one native call; what it keeps is kept
+    as ``prefetch`` keeps it: from eviction, for the process's next 128
+    prefetches).
 
 ``prefetch_size(indices: np.ndarray) -> int``
     The bytes a ``prefetch(indices)`` call fetches (e.g. the records'

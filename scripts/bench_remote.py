@@ -702,21 +702,24 @@ def _steps(n: int, count: int, r: int) -> list:
     return [sampler.at(k).astype(np.int64) for k in range(count)]
 
 
-def _loader_pass(col, steps: int, r: int, loader=None) -> list:
-    """`steps` batches of round `r`'s DataLoader over `col` (2 workers, its
-    default prefetch), from step 0; with `loader`, that one, rewound."""
+def _loader(col, r: int):
+    """Round `r`'s DataLoader over `col` (2 workers, its default prefetch)."""
     import loaderx
 
-    own = loader is None
-    if own:
-        loader = loaderx.DataLoader({"x": col}, BATCH, seed=1000 + r, workers=2)
-    else:
+    return loaderx.DataLoader({"x": col}, BATCH, seed=1000 + r, workers=2)
+
+
+def _take(loader, steps: int, rewind: bool = False) -> list:
+    """The loader's next `steps` batches; from step 0 again with `rewind`."""
+    if rewind:
         loader.load_state_dict(dict(loader.state_dict(), step=0, position=0))
-    try:
-        return [next(loader)["x"] for _ in range(steps)]
-    finally:
-        if own:
-            loader.close()
+    return [next(loader)["x"] for _ in range(steps)]
+
+
+def _loader_pass(col, steps: int, r: int) -> list:
+    """The first `steps` batches of round `r`'s DataLoader over `col`."""
+    with _loader(col, r) as loader:
+        return _take(loader, steps)
 
 
 def _warm_loaders(col, local, r: int, steps: int, payload: float, rows: dict) -> None:
@@ -724,22 +727,18 @@ def _warm_loaders(col, local, r: int, steps: int, payload: float, rows: dict) ->
     local dataset: passes alternate, medians count. The steps a loader
     prefetches past a pass (its window: 6 steps) are cached first, so a
     pass's rewind never waits for the fetch of a step it will not read."""
-    import loaderx
-
     for b in _steps(len(col), steps + 12, r)[steps:]:
         col.gather(b)
         local.gather(b)
-
-    loaders = {key: loaderx.DataLoader({"x": c}, BATCH, seed=1000 + r, workers=2)
-               for key, c in (("remote", col), ("local", local))}
+    loaders = {"remote": _loader(col, r), "local": _loader(local, r)}
     try:
         for reader in loaders.values():  # first passes untimed
-            _loader_pass(None, steps, r, reader)
+            _take(reader, steps)
         rates: dict = {"remote": [], "local": []}
         for _ in range(5):
             for key, reader in loaders.items():
                 t = time.perf_counter()
-                _loader_pass(None, steps, r, reader)
+                _take(reader, steps, rewind=True)
                 rates[key].append(payload / (time.perf_counter() - t))
     finally:
         for reader in loaders.values():

@@ -218,16 +218,21 @@ def test_a_step_is_built_only_after_its_prefetch_returned(growing, transform, de
         np.testing.assert_array_equal(indices, np.arange(10) + 10 * step)
 
 
+def _raises_at_step(loader, step, error, match):
+    """The next next() raises a prefetch hook's `error`, noted with `step`."""
+    with pytest.raises(error, match=match) as info:
+        next(loader)
+    if hasattr(info.value, "__notes__"):
+        assert any(f"prefetch hook for step {step}" in note for note in info.value.__notes__)
+
+
 @pytest.mark.parametrize("transform", [None, lambda b: b])
 def test_a_failed_prefetch_fails_its_step_at_its_step(growing, transform):
     stream = Prefetched(growing, 400, fail_at=4)
     loader = DataLoader({"x": stream}, 10, mode="sequential", workers=2, transform=transform)
     for step in range(4):
         np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
-    with pytest.raises(KeyError, match="prefetch call 5") as info:
-        next(loader)
-    if hasattr(info.value, "__notes__"):
-        assert any("prefetch hook for step 4" in note for note in info.value.__notes__)
+    _raises_at_step(loader, 4, KeyError, "prefetch call 5")
     with pytest.raises(RuntimeError, match="stopped after an error at step 4"):
         next(loader)
     loader.close()
@@ -295,10 +300,7 @@ def test_a_failing_prefetch_warm_falls_back_to_prefetch_and_its_failures(growing
     loader = DataLoader({"x": stream}, 10, mode="sequential", workers=2, prefetch=4)
     for step in range(7):
         np.testing.assert_array_equal(next(loader)["x"][:, 0], np.arange(10) + 10 * step)
-    with pytest.raises(KeyError, match="no step 7") as info:
-        next(loader)
-    if hasattr(info.value, "__notes__"):
-        assert any("prefetch hook for step 7" in note for note in info.value.__notes__)
+    _raises_at_step(loader, 7, KeyError, "no step 7")
     loader.close()
     assert stream.warm_calls
 
