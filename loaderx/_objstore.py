@@ -35,6 +35,7 @@ retries are spent, `RemoteIOError` (an ``OSError``: unreachable, timeouts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import random
@@ -44,7 +45,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -332,25 +333,38 @@ def _get(url: str, opts: Options, etag: Optional[str] = None,
 
 
 class _Files:
-    """Write descriptors of cache files, by path (a few, reused)."""
+    """Write descriptors of cache files, by path (a few, reused). A
+    descriptor is leased for the length of a fetch: making room closes only
+    descriptors no fetch is writing through (closing one in use made another
+    thread's pwrite fail with EBADF, or land in whatever file took its
+    number)."""
+
+    LIMIT = 64
 
     def __init__(self):
-        self._fds: dict = {}
+        self._fds: dict = {}  # (path, dev, inode) -> [fd, leases]
         self._lock = threading.Lock()
 
-    def fd(self, path: str) -> int:
+    @contextlib.contextmanager
+    def lease(self, path: str) -> Iterator[int]:
         st = os.stat(path)  # the file now at `path`, not one deleted since
         key = (path, st.st_dev, st.st_ino)
         with self._lock:
-            fd = self._fds.get(key)
-            if fd is None:
-                if len(self._fds) >= 64:
-                    for old in list(self._fds.values()):
-                        os.close(old)
-                    self._fds.clear()
-                fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-                self._fds[key] = fd
-            return fd
+            entry = self._fds.get(key)
+            if entry is None:
+                if len(self._fds) >= self.LIMIT:
+                    for k, (fd, users) in list(self._fds.items()):
+                        if not users:
+                            os.close(fd)
+                            del self._fds[k]
+                entry = self._fds[key] = [os.open(path, os.O_WRONLY
+                                                  | getattr(os, "O_CLOEXEC", 0)), 0]
+            entry[1] += 1
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
 
 
 _FILES = _Files()
@@ -422,10 +436,9 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
     ends = [int(e) for e in ends]
     if not starts:
         return 0
-    fd = _FILES.fd(path)
     client = _client(root, opts)
 
-    async def call(group: list, gate: asyncio.Semaphore) -> None:
+    async def call(group: list, gate: asyncio.Semaphore, fd: int) -> None:
         s = [starts[i] for i in group]
         e = [ends[i] for i in group]
         async with gate:
@@ -448,16 +461,17 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
             for lo, hi in (keep[i] if keep is not None else ((starts[i], ends[i]),)):
                 os.pwrite(fd, view[lo - starts[i]:hi - starts[i]], lo)
 
-    async def run() -> None:
+    async def run(fd: int) -> None:
         gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
-        tasks = [asyncio.ensure_future(call(g, gate)) for g in _calls(starts, ends)]
+        tasks = [asyncio.ensure_future(call(g, gate, fd)) for g in _calls(starts, ends)]
         try:
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
     try:
-        asyncio.run_coroutine_threadsafe(run(), _loop()).result()
+        with _FILES.lease(path) as fd:
+            asyncio.run_coroutine_threadsafe(run(fd), _loop()).result()
     except (RemoteIOError, RemoteNotFoundError):
         if etag is not None:  # an object replaced by a shorter one, or deleted: say so
             _check_etag(url, _head(url, opts)["etag"], etag)

@@ -918,6 +918,30 @@ def test_fetch_calls_keep_their_ranges_apart_and_cover_each_once():
             assert all(starts[b] - ends[a] > gap for a, b in zip(g, g[1:]))
 
 
+def test_making_room_for_file_descriptors_never_closes_one_a_fetch_writes_through(tmp_path):
+    # A fetch writes through a leased descriptor while another thread opens
+    # more cache files than the table keeps: only idle descriptors close (a
+    # CI run lost an index fetch to EBADF when all of them did).
+    from loaderx import _objstore
+
+    files = _objstore._Files()
+    paths = []
+    for i in range(files.LIMIT + 8):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(b"\0" * 8)
+    with files.lease(str(paths[0])) as busy:
+        for p in paths[1:]:
+            with files.lease(str(p)) as fd:
+                os.pwrite(fd, b"x", 0)
+        os.pwrite(busy, b"busy", 2)
+        with files.lease(str(paths[0])) as again:
+            assert again == busy  # one descriptor per file, reused
+    assert paths[0].read_bytes() == b"\0\0busy\0\0"
+    assert len(files._fds) <= files.LIMIT
+    with files.lease(str(paths[0])) as fd:  # idle now: may be closed on the next overflow
+        assert os.fstat(fd).st_ino == paths[0].stat().st_ino
+
+
 def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3, proxy):
     # Records 128 KiB apart: every gap is more than the cache's 4 KiB merge
     # gap, and all lie within obstore's 1 MiB coalescing distance, which
