@@ -94,6 +94,15 @@ PIN_CALLS = len(ffi.new("lx_reads_t *").pins)
 #: request (the gap's bytes are read and dropped), up to REQUEST_MAX bytes.
 MAX_GAP = 4 << 10
 REQUEST_MAX = 8 << 20
+#: The whole index is fetched (in the background, WHOLE_INDEX_CHUNK bytes a
+#: request) once this process has fetched WHOLE_INDEX_AFTER times its missing
+#: bytes in data, and when it is at most 1/WHOLE_INDEX_SHARE of the cache's
+#: limit: a random batch's records then cost no index GETs (one per record
+#: where the index is large), and the index adds at most 1/WHOLE_INDEX_AFTER
+#: to the bytes fetched.
+WHOLE_INDEX_AFTER = 4
+WHOLE_INDEX_SHARE = 8
+WHOLE_INDEX_CHUNK = 1 << 20
 #: A process waits this long for another's fetch of the same blocks, then
 #: fetches them itself.
 FETCH_WAIT_S = 120.0
@@ -724,7 +733,10 @@ class Replica:
         rep.checked_at = st.evictions
         self._keep = keep
         self.fetched = 0  # bytes this process fetched for this replica (under _count_lock)
+        self.fetched_data = 0  # the data's share of them
         self._count_lock = threading.Lock()
+        self.whole_index: Optional[threading.Thread] = None  # its fetch (see index_due)
+        self._index_pid = -1
 
     def current(self) -> bool:
         return _file_id(os.path.join(self.dir, "cache.state")) == self._state_id
@@ -774,8 +786,8 @@ class Replica:
         """Makes `blocks` (sorted, unique) of `which` present: fetches the
         missing ones this process gets the fetch locks of, waits for the rest
         (fetched by others), and fetches what they left."""
-        if not len(blocks):
-            return
+        if not len(blocks) or not len(self.missing(which, blocks)):
+            return  # (without waiting for this process's fetch of other blocks)
         fd = self.fd(which + ".fetch")
         with self.fetch_tlock[which]:
             todo = self.missing(which, blocks)
@@ -798,6 +810,38 @@ class Replica:
                 finally:
                     if got:
                         _unlockf(fd, b0, b1 - b0)
+
+    def index_due(self) -> bool:
+        """Whether to fetch the rest of the index now, whole (see
+        WHOLE_INDEX_AFTER): once per process, never for a store without one."""
+        lay = self.layout
+        if self._index_pid == os.getpid():
+            return False  # (a forked child starts its own when due)
+        if not lay.iblocks or self.fetched_data < WHOLE_INDEX_AFTER * lay.index_size // 2:
+            return False  # (cheap tests first: most batches stop here)
+        missing = len(self.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
+        if not missing or self.fetched_data < WHOLE_INDEX_AFTER * (missing << lay.ishift):
+            return False
+        limit = self.cache._effective_limit(self.cache.used())
+        return lay.index_size * WHOLE_INDEX_SHARE <= limit
+
+    def fetch_whole_index(self, download: Callable) -> threading.Thread:
+        """Fetches the index's missing blocks on a daemon thread, a chunk at a
+        time (a read that needs index blocks waits for one chunk at most). An
+        error ends it quietly: reads fetch their records' blocks as before."""
+        def run() -> None:
+            lay = self.layout
+            step = max(1, WHOLE_INDEX_CHUNK >> lay.ishift)
+            try:
+                todo = self.missing("index", np.arange(lay.iblocks, dtype=np.int64))
+                for i in range(0, len(todo), step):
+                    self.fetch("index", todo[i:i + step], download)
+            except Exception:
+                pass
+        self._index_pid = os.getpid()
+        t = self.whole_index = threading.Thread(target=run, name="loaderx-index", daemon=True)
+        t.start()
+        return t
 
     def _wait_lock(self, fd: int, b0: int, b1: int) -> bool:
         deadline = time.monotonic() + FETCH_WAIT_S
@@ -839,6 +883,8 @@ class Replica:
         # other thread's bytes when both overlapped.
         with self._count_lock:
             self.fetched += got
+            if which == "data":
+                self.fetched_data += got
         blocks = np.concatenate([np.arange(b0, b1, dtype=np.int64) for b0, b1 in runs])
         with self.cache.locked() as p:
             bits = self.state.ibits if which == "index" else self.state.dbits

@@ -341,7 +341,7 @@ class _Files:
 
     LIMIT = 64
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._fds: dict = {}  # (path, dev, inode) -> [fd, leases]
         self._lock = threading.Lock()
 

@@ -226,6 +226,8 @@ class Binding:
                 jobs.append(lambda: self._fetch_index(r, todo))
             map_concurrently(lambda job: job(), jobs)
             self._check(r, todo, check)
+            if r.index_due():
+                r.fetch_whole_index(self._downloader(r))
         except BaseException:
             self.end(tick)
             raise

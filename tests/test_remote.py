@@ -159,6 +159,7 @@ def test_cold_random_batches_fetch_at_most_1_5x_their_payload(tmp_path, s3, url,
             for name in ("raw", "zz"):
                 ds[name][idx]
             payload += 2 * 16 * REC
+        _settled(replicas)  # (the whole index of a shard, fetched in the background)
         got = faults.body_bytes(lambda m, p: m == "GET")
         assert payload <= got <= 1.5 * payload, (got, payload)
         # What the replicas count as fetched (the bench's figures) is what
@@ -172,6 +173,46 @@ def test_cold_random_batches_fetch_at_most_1_5x_their_payload(tmp_path, s3, url,
     finally:
         for s in ds.values():
             s.close()
+
+
+def _settled(replicas) -> None:
+    for r in replicas:
+        if r.whole_index is not None:
+            r.whole_index.join(30)
+            assert not r.whole_index.is_alive()
+
+
+def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
+        tmp_path, s3, url, proxy, data):
+    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks). A
+    # few records fetch their own index blocks only; once the process has
+    # fetched 4x the index's missing bytes in data, the rest of the index
+    # comes whole, in the background, and a cold batch then GETs data only.
+    dense, _ = data
+    base, faults = proxy
+    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
+                               storage_options=s3.options(base))
+    try:
+        r = store._remote.replica()
+        lay = r.layout
+        everything = np.arange(lay.iblocks, dtype=np.int64)
+        assert_same(store[np.array([3, 150])], dense[[3, 150]])
+        assert r.whole_index is None and len(r.missing("index", everything))
+        rng = np.random.default_rng(4)
+        first = rng.choice(np.arange(4, 100), 12, replace=False)  # 36 KB > 4 x 6,400 B
+        assert_same(store[first], dense[first])
+        _settled([r])
+        assert r.whole_index is not None
+        assert not len(r.missing("index", everything))
+        assert r.fetched <= 1.5 * r.fetched_data  # the index, whole, a share of the data
+        faults.reset_counts()
+        later = np.array([100, 120, 199])
+        assert_same(store[later], dense[later])  # cold records, their entries known
+        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 0
+        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/data")) > 0
+        assert not r.index_due()  # once per process
+    finally:
+        store.close()
 
 
 def test_first_batch_of_a_large_store_fetches_a_sliver_of_its_index(tmp_path, s3):
