@@ -206,7 +206,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="fresh-process dense rows also run the loaderx package in this directory"
                              " (e.g. an export of the previous commit with its library built): before/after")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="remote layer: add this latency to every request (an object store's "
+                             "first-byte time; scripts/latency_proxy.py)")
     args = parser.parse_args(argv)
+    if args.latency_ms < 0:
+        parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.scale_max_gib is not None and args.scale_max_gib <= 0:
@@ -272,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log, venvs, args.cache,
         scale_max_bytes=None if args.scale_max_gib is None else int(args.scale_max_gib * (1 << 30)),
         baseline=None if args.baseline is None else args.baseline.resolve(),
+        latency_ms=args.latency_ms,
     )
     info = machine_block()
     print_machine(info)

@@ -122,6 +122,7 @@ class Context:
     cache: Path | None = None  # stores kept between runs (the scale layer's big stores)
     scale_max_bytes: int | None = None  # --scale-max-gib: the largest scale store to build
     baseline: Path | None = None  # --baseline: a loaderx package the fresh-process rows also run
+    latency_ms: float = 0.0  # --latency-ms: added to every request of the remote layer
 
     def options(self, key: str, budget_s: float | None = None, chunk: int = 1) -> Options:
         directory = self.workdir / key

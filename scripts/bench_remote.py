@@ -182,10 +182,12 @@ class Server:
     adds to weed's environment (default: WEED_ENV); the probe
     (scripts/probe_weed_ranges.py) passes others."""
 
-    def __init__(self, kind: str, data_dir: Path, log, command=None, env=None):
+    def __init__(self, kind: str, data_dir: Path, log, command=None, env=None,
+                 latency_ms: float = 0.0):
         self.kind = kind
         self.proc = None
         self.moto = None
+        self.proxy = None
         if kind == "weed":
             weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
             if not os.path.exists(weed):
@@ -205,11 +207,28 @@ class Server:
             self.moto.start()
             host, port = self.moto.get_host_and_port()
             self.endpoint = f"http://{host}:{port}"
+        self._set_endpoint(self.endpoint)
+        self._wait(log)
+        if latency_ms:
+            self._delay(latency_ms)
+
+    def _set_endpoint(self, endpoint: str) -> None:
+        self.endpoint = endpoint
         self.env = dict(CREDENTIALS, AWS_ENDPOINT_URL=self.endpoint)
         self.options = {"endpoint": self.endpoint, "access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
                         "secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                         "region": "us-east-1", "allow_http": True}
-        self._wait(log)
+
+    def _delay(self, latency_ms: float) -> None:
+        """Every reader from here on reaches the server through
+        scripts/latency_proxy.py: each request waits `latency_ms` first."""
+        upstream = self.endpoint.split("://", 1)[1]
+        self.proxy = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("latency_proxy.py")),
+             "--upstream", upstream, "--delay-ms", str(latency_ms)],
+            stdout=subprocess.PIPE, start_new_session=True)
+        port = int(self.proxy.stdout.readline())
+        self._set_endpoint(f"http://127.0.0.1:{port}")
 
     def _wait(self, log) -> None:
         import boto3
@@ -233,6 +252,9 @@ class Server:
                 time.sleep(0.5)
 
     def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.wait()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -540,7 +562,8 @@ def run_remote(ctx) -> list[Section]:
         try:
             # The data directory names the part size: objects uploaded with
             # other parts (older runs) would keep their chunk lists.
-            server = Server(kind, cache / f"{kind}-data-{UPLOAD_PART >> 20}m", ctx.log)
+            server = Server(kind, cache / f"{kind}-data-{UPLOAD_PART >> 20}m", ctx.log,
+                            latency_ms=ctx.latency_ms)
         except Unavailable as exc:
             for row in rows.values():
                 row.status = str(exc)
@@ -855,6 +878,8 @@ def _sections(rows: dict, extra_rows: list, shared, first, ctx,
         if names:
             targets.append(Target(f"remote cold: loaderx >= {threshold:g}x {peer}", best, names,
                                   threshold))
+    if ctx.latency_ms:
+        server_state += f", {ctx.latency_ms:g} ms added to every request"
     cold = bench_layers._section("remote-cold", f"remote: random batches of {BATCH} x 12 KiB, cold "
                                  f"cache, {server_state} (MiB/s of payload)", cold_rows,
                                  "obstore get_ranges, same ranges (cold)", targets)

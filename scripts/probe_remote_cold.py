@@ -1,15 +1,18 @@
-"""The remote bench's cold row at the issue's size, with the server's disk
-cold, on its own: obstore's get_ranges of a round's records against a
-loaderx gather of the same batches from a fresh cache, and the same with
-the store's whole index (its records' checksums, 4 B each) fetched before
-the round, so that only the records' own GETs are timed.
+"""The remote bench's cold rows on their own: obstore's get_ranges of a
+round's records (their stored ranges) against loaderx reading the same
+batches from a fresh cache, with the whole index fetched in the background
+once the data outweighs it (the default), without that (each batch's index
+blocks only, as before 6f72b20), and with the whole index fetched before the
+round (only the records' own GETs timed).
 
-    python scripts/probe_remote_cold.py [--rounds 5] [--batches 20]
+    python scripts/probe_remote_cold.py [--size small] [--codec zstd]
+        [--rounds 5] [--batches 20] [--ahead 4]
 
-Needs the server data a `python scripts/bench.py remote --size default` run
-left in bench-out/remote (it starts SeaweedFS on it and drops the server's
-pages from the page cache before every reader, as that run does). Prints
-MiB/s of payload per round and the median ratios.
+Starts SeaweedFS on the data a `python scripts/bench.py remote` run keeps in
+bench-out/remote (building and uploading the dataset when it is missing).
+Where the server's data outgrows memory its pages are dropped before every
+reader, as the bench does. Prints MiB/s of payload per round and the median
+ratios to get_ranges.
 """
 import argparse
 import shutil
@@ -26,46 +29,75 @@ sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 import bench_remote as br  # noqa: E402
 
 import loaderx  # noqa: E402
+from loaderx import _cache  # noqa: E402
 
-READERS = ("get_ranges", "loaderx", "loaderx, index fetched first")
+READERS = ("get_ranges", "loaderx", "loaderx, batch index blocks only",
+           "loaderx, index fetched first")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=("small", "default"), default="default")
+    ap.add_argument("--codec", choices=("raw", "zstd"), default="raw")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--ahead", type=int, default=0,
+                    help="prefetch this many steps ahead (the bench's prefetch row: 4)")
     args = ap.parse_args()
-    data = ROOT / "bench-out" / "remote" / f"weed-data-{br.UPLOAD_PART >> 20}m"
+    remote = ROOT / "bench-out" / "remote"
+    data = remote / f"weed-data-{br.UPLOAD_PART >> 20}m"
     server = br.Server("weed", data, print)
     work = Path(tempfile.mkdtemp(prefix="probe-remote-cold-"))
-    n = br.SIZES["default"][0]
-    url = f"s3://{br.BUCKET}/ds-{n}"
+    n = br.SIZES[args.size][0]
+    name = f"{'dsz' if args.codec == 'zstd' else 'ds'}-{n}"
+    url = f"s3://{br.BUCKET}/{name}"
+    make = br.zrecords if args.codec == "zstd" else br.records
     rates: dict = {k: [] for k in READERS}
+    whole_after = _cache.WHOLE_INDEX_AFTER
     try:
+        br._build_local(remote / name, n, codec=args.codec)
+        br._upload(remote / name, url, server.options)
+        cold = br._outgrows_memory(data)
+
+        def drop() -> None:
+            if cold:
+                br._drop_server_pages(data)
+        if not cold:
+            br._warm_server(server.options, [name], print)
         rng = np.random.default_rng(11)
         for r in range(args.rounds):
             batches = [rng.choice(n, br.BATCH, replace=False) for _ in range(args.batches)]
+            where = (br.stored_ranges(url, server.options, batches, work / "ranges")
+                     if args.codec == "zstd" else None)
             payload = args.batches * br.BATCH * br.REC / (1 << 20)
             for k in range(len(READERS)):  # the readers' order turns every round
                 key = READERS[(k + r) % len(READERS)]
-                br._drop_server_pages(data)
+                drop()
                 if key == "get_ranges":
                     t = time.perf_counter()
-                    br._get_ranges(url, server.options, batches)
+                    br._get_ranges(url, server.options, batches, where)
                     rates[key].append(payload / (time.perf_counter() - t))
                     continue
                 fresh = work / "cache"
                 shutil.rmtree(fresh, ignore_errors=True)
                 col = loaderx.open_dataset(url, cache_dir=str(fresh),
                                            storage_options=server.options)["x"]
-                if key != "loaderx":
+                if key == "loaderx, index fetched first":
                     col._remote.all_index()
-                    br._drop_server_pages(data)
-                t = time.perf_counter()
-                for b in batches:
-                    got = col.gather(b)
-                rates[key].append(payload / (time.perf_counter() - t))
-                assert np.array_equal(got, br.records(batches[-1]))
+                    drop()
+                _cache.WHOLE_INDEX_AFTER = (1 << 62 if key == "loaderx, batch index blocks only"
+                                            else whole_after)
+                try:
+                    t = time.perf_counter()
+                    if args.ahead:
+                        got = br._stand_in_loop(col, batches, args.ahead)[-1]
+                    else:
+                        for b in batches:
+                            got = col.gather(b)
+                    rates[key].append(payload / (time.perf_counter() - t))
+                finally:
+                    _cache.WHOLE_INDEX_AFTER = whole_after
+                assert np.array_equal(got, make(batches[-1]))
                 col.close()
             print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items())
                   + " MiB/s", flush=True)

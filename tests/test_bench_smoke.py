@@ -529,3 +529,47 @@ def test_faults_bench_runs_and_validates(capsys):
     out = capsys.readouterr().out
     for workload in bench_faults.WORKLOADS:
         assert f"{workload} " in out and "faults" in out
+
+
+def test_latency_proxy_delays_each_request_and_forwards_bytes_intact():
+    """scripts/latency_proxy.py (bench.py --latency-ms): two requests on one
+    kept-alive connection each wait the delay; the bodies arrive intact."""
+    import http.client
+    import http.server
+    import subprocess
+    import threading
+    import time
+
+    body = bytes(range(256)) * 4096  # 1 MiB
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = subprocess.Popen([sys.executable, str(SCRIPTS / "latency_proxy.py"), "--upstream",
+                              f"127.0.0.1:{server.server_address[1]}", "--delay-ms", "150"],
+                             stdout=subprocess.PIPE)
+    try:
+        port = int(proxy.stdout.readline())
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(2):
+            t = time.perf_counter()
+            conn.request("GET", "/x")
+            got = conn.getresponse().read()
+            assert time.perf_counter() - t >= 0.15
+            assert got == body
+        conn.close()
+    finally:
+        proxy.kill()
+        proxy.wait()
+        server.shutdown()
