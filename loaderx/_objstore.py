@@ -415,7 +415,7 @@ def _calls(starts: Sequence[int], ends: Sequence[int]) -> list:
 
 def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequence[int],
                      path: str, keep: Optional[Sequence[Sequence[tuple]]] = None,
-                     etag: Optional[str] = None) -> int:
+                     etag: Optional[str] = None, head_after: bool = True) -> int:
     """Fetches object bytes ``[starts[i], ends[i])``, many requests in
     flight, and writes them at the same offsets of the file `path` (only the
     sub-ranges ``keep[i]`` of request i when given: the bytes between them
@@ -424,7 +424,11 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
     `RemoteChangedError` says it is gone, and the caller marks nothing
     present): a store's bytes are never mixed from two versions, and a
     version replaced and put back in between is caught by the records'
-    checksums. Returns the bytes fetched.
+    checksums. ``head_after=False`` skips that HEAD (a round trip) unless a
+    GET fails: for bytes the caller checks against checksums of the version
+    it opened before anyone reads them, which shows a replaced object as
+    well (a store's data: its index holds the checksums). Returns the bytes
+    fetched.
 
     The GETs go out as obstore ``get_ranges`` calls of up to RANGES_PER_CALL
     ranges each (one awaitable per call: a third of the client's CPU per
@@ -476,7 +480,7 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
         if etag is not None:  # an object replaced by a shorter one, or deleted: say so
             _check_etag(url, _head(url, opts)["etag"], etag)
         raise
-    if etag is not None:
+    if etag is not None and head_after:
         _check_etag(url, _head(url, opts)["etag"], etag)
     return sum(e - s for s, e in zip(starts, ends))
 
@@ -644,11 +648,11 @@ def get(url: str, opts: Options, etag: Optional[str] = None,
 
 def get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Sequence[int],
                     path: str, keep: Optional[Sequence[Sequence[tuple]]] = None,
-                    etag: Optional[str] = None) -> int:
+                    etag: Optional[str] = None, head_after: bool = True) -> int:
     """Bytes ``[starts[i], ends[i])`` of the object written at the same
     offsets of the local file `path` (see `_get_ranges_into`)."""
     return _call("get_ranges_into", url, opts, list(starts), list(ends), path,
-                 None if keep is None else [list(k) for k in keep], etag)
+                 None if keep is None else [list(k) for k in keep], etag, head_after)
 
 
 def put(url: str, opts: Options, source: Any, mode: Any = None,
