@@ -226,11 +226,12 @@ class Binding:
                 jobs.append(lambda: self._fetch_index(r, todo))
             map_concurrently(lambda job: job(), jobs)
             self._check(r, todo, check)
-            if r.index_due():
-                r.fetch_whole_index(self._downloader(r))
         except BaseException:
             self.end(tick)
             raise
+        with contextlib.suppress(OSError):  # (only ever a speed-up: the read is done)
+            if r.index_due():
+                r.fetch_whole_index(self._downloader(r))
         return tick
 
     def pin_warm(self, indices: np.ndarray) -> bool:
