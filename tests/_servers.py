@@ -14,6 +14,7 @@ import socketserver
 import struct
 import threading
 import time
+import urllib.parse
 from typing import Callable, Optional
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -50,7 +51,9 @@ class RangeFiles(http.server.BaseHTTPRequestHandler):
         pass
 
     def _file(self) -> Optional[str]:
-        path = os.path.normpath(os.path.join(self.server.root, self.path.split("?")[0].lstrip("/")))
+        # (GCS's client sends the object's name percent-encoded: a/b as a%2Fb)
+        name = urllib.parse.unquote(self.path.split("?")[0]).lstrip("/")
+        path = os.path.normpath(os.path.join(self.server.root, name))
         if not path.startswith(os.path.normpath(self.server.root)) or not os.path.isfile(path):
             return None
         return path

@@ -304,6 +304,45 @@ def test_an_https_style_server_serves_a_dataset(tmp_path, local_ds, data):
         server.shutdown()
 
 
+def test_gcs_and_azure_urls_read_a_dataset_through_their_own_clients(tmp_path, local_ds, data):
+    """gs:// and az:// go through obstore's Google and Azure clients (their
+    request paths and signing), pointed at a loopback server by their own
+    settings: a service account's gcs_base_url, an Azure endpoint."""
+    import base64
+    import json
+
+    dense, ragged = data
+    root = tmp_path / "served"
+    shutil.copytree(local_ds, root / "bkt" / "some" / "ds")
+    server, base = range_server(str(root))
+    gcs_key = json.dumps({"disable_oauth": True, "client_email": "", "private_key": "",
+                          "private_key_id": "", "gcs_base_url": base})
+    setups = {
+        "gs://bkt/some/ds": {"google_service_account_key": gcs_key, "allow_http": True},
+        "az://bkt/some/ds": {"azure_storage_account_name": "devaccount",
+                             "azure_storage_account_key": base64.b64encode(b"k" * 32).decode(),
+                             "azure_storage_endpoint": base, "allow_http": True},
+    }
+    try:
+        for k, (url, opts) in enumerate(setups.items()):
+            ds = loaderx.open_dataset(url, cache_dir=str(tmp_path / f"c{k}"), storage_options=opts)
+            idx = [7, 0, 399, 7]
+            assert_same(ds["zz"][idx], dense[idx])
+            for g, i in zip(ds["rag"][idx], idx):
+                assert_same(g, ragged[i])
+            for s in ds.values():
+                s.close()
+            with pytest.raises(RemoteNotFoundError, match=url.replace("ds", "nothing")) as e:
+                loaderx.open_dataset(url.replace("ds", "nothing"), cache_dir=str(tmp_path / "c"),
+                                     storage_options=opts)
+            assert isinstance(e.value, FileNotFoundError)
+            with pytest.raises(ReadOnlyError):
+                loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "c"),
+                                   storage_options=opts).append(dense[:1])
+    finally:
+        server.shutdown()
+
+
 def test_a_store_replaced_on_the_server_keeps_its_cached_version_or_raises(tmp_path, s3, data):
     dense, _ = data
     local = tmp_path / "v1"
