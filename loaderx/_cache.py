@@ -103,6 +103,14 @@ REQUEST_MAX = 8 << 20
 WHOLE_INDEX_AFTER = 4
 WHOLE_INDEX_SHARE = 8
 WHOLE_INDEX_CHUNK = 1 << 20
+#: What one ranged GET costs, in bytes of transfer: a batch whose index
+#: blocks would take more GETs than the whole missing index is worth at this
+#: rate fetches the index whole instead, in WHOLE_INDEX_CHUNK requests (a
+#: 10^6-record raw store's 4 MB of checksums: 4 GETs instead of one per
+#: record). A GET of 12 KiB cost ~0.65 ms on the bench's loopback server,
+#: where a large GET streams ~450 MB/s (~300 KB in that time); on S3 a
+#: request's first byte costs tens of ms, megabytes of transfer.
+INDEX_REQUEST_BYTES = 64 << 10
 #: A process waits this long for another's fetch of the same blocks, then
 #: fetches them itself.
 FETCH_WAIT_S = 120.0
@@ -782,10 +790,30 @@ class Replica:
         bits = self.state.ibits if which == "index" else self.state.dbits
         return blocks[~_bits_get(bits, blocks)] if len(blocks) else blocks
 
-    def fetch(self, which: str, blocks: np.ndarray, download: Callable) -> None:
+    def index_for(self, blocks: np.ndarray) -> np.ndarray:
+        """The index blocks to fetch for a read that needs `blocks` (sorted,
+        unique): the whole missing index when it costs less than the GETs of
+        these blocks at INDEX_REQUEST_BYTES a GET and fits the cache's share
+        (WHOLE_INDEX_SHARE), otherwise `blocks`."""
+        lay = self.layout
+        need = self.missing("index", blocks)
+        if not len(need) or (self.whole_index is not None and self.whole_index.is_alive()):
+            return blocks
+        gets = 1 + int(np.count_nonzero(np.diff(need) > 1 + (MAX_GAP >> lay.ishift)))
+        if (lay.index_size > gets * INDEX_REQUEST_BYTES
+                and len(self.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
+                << lay.ishift > gets * INDEX_REQUEST_BYTES):
+            return blocks
+        if lay.index_size * WHOLE_INDEX_SHARE > self.cache._effective_limit(self.cache.used()):
+            return blocks
+        return np.arange(lay.iblocks, dtype=np.int64)
+
+    def fetch(self, which: str, blocks: np.ndarray, download: Callable,
+              request_max: int = REQUEST_MAX) -> None:
         """Makes `blocks` (sorted, unique) of `which` present: fetches the
         missing ones this process gets the fetch locks of, waits for the rest
-        (fetched by others), and fetches what they left."""
+        (fetched by others), and fetches what they left, in requests of at
+        most `request_max` bytes."""
         if not len(blocks) or not len(self.missing(which, blocks)):
             return  # (without waiting for this process's fetch of other blocks)
         fd = self.fd(which + ".fetch")
@@ -798,7 +826,7 @@ class Replica:
             for b0, b1 in _runs(todo):
                 (mine if _lockf(fd, b0, b1 - b0, wait=False) else theirs).append((b0, b1))
             try:
-                self._download(which, mine, download)
+                self._download(which, mine, download, request_max)
             finally:
                 for b0, b1 in mine:
                     _unlockf(fd, b0, b1 - b0)
@@ -806,7 +834,7 @@ class Replica:
                 got = self._wait_lock(fd, b0, b1)
                 try:
                     rest = self.missing(which, np.arange(b0, b1, dtype=np.int64))
-                    self._download(which, _runs(rest), download)
+                    self._download(which, _runs(rest), download, request_max)
                 finally:
                     if got:
                         _unlockf(fd, b0, b1 - b0)
@@ -854,7 +882,8 @@ class Replica:
             time.sleep(delay)
             delay = min(0.05, delay * 2)
 
-    def _download(self, which: str, runs: list, download: Callable) -> None:
+    def _download(self, which: str, runs: list, download: Callable,
+                  request_max: int = REQUEST_MAX) -> None:
         if not runs:
             return
         lay = self.layout
@@ -865,15 +894,15 @@ class Replica:
         keeps: list = []
         for b0, b1 in runs:  # sorted: merge close runs, split long ones
             lo, hi = b0 << sh, min(b1 << sh, size)
-            if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= REQUEST_MAX:
+            if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= request_max:
                 ends[-1] = hi
                 keeps[-1].append((lo, hi))
                 continue
-            while hi - lo > REQUEST_MAX:
+            while hi - lo > request_max:
                 starts.append(lo)
-                ends.append(lo + REQUEST_MAX)
-                keeps.append([(lo, lo + REQUEST_MAX)])
-                lo += REQUEST_MAX
+                ends.append(lo + request_max)
+                keeps.append([(lo, lo + request_max)])
+                lo += request_max
             starts.append(lo)
             ends.append(hi)
             keeps.append([(lo, hi)])

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from . import _objstore
+from . import _cache, _objstore
 from ._cache import Cache, Layout, parse_limit
 from ._checks import check_mode
 from ._lib import ffi, lib
@@ -289,7 +289,10 @@ class Binding:
         self.cache.end(tick)
 
     def _fetch_index(self, r, u: np.ndarray) -> None:
-        r.fetch("index", r.index_blocks(u), self._downloader(r))
+        # The index whole where that is cheaper than these records' blocks
+        # (see Replica.index_for), in concurrent requests of a chunk each.
+        r.fetch("index", r.index_for(r.index_blocks(u)), self._downloader(r),
+                _cache.WHOLE_INDEX_CHUNK)
 
     def _downloader(self, r) -> Callable:
         # The data's bytes are checked against the index's checksums (of the

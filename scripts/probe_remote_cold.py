@@ -1,9 +1,11 @@
 """The remote bench's cold rows on their own: obstore's get_ranges of a
 round's records (their stored ranges) against loaderx reading the same
-batches from a fresh cache, with the whole index fetched in the background
-once the data outweighs it (the default), without that (each batch's index
-blocks only, as before 6f72b20), and with the whole index fetched before the
-round (only the records' own GETs timed).
+batches from a fresh cache: as by default (a small index comes whole with
+the first batch, where its GETs would cost more; a larger one in the
+background once the data outweighs it), with the background fetch only (as
+at 3930a1e), without either (each batch's index blocks only, as before
+6f72b20), and with the whole index fetched before the round (only the
+records' own GETs timed).
 
     python scripts/probe_remote_cold.py [--size small] [--codec zstd]
         [--rounds 5] [--batches 20] [--ahead 4]
@@ -31,8 +33,8 @@ import bench_remote as br  # noqa: E402
 import loaderx  # noqa: E402
 from loaderx import _cache  # noqa: E402
 
-READERS = ("get_ranges", "loaderx", "loaderx, batch index blocks only",
-           "loaderx, index fetched first")
+READERS = ("get_ranges", "loaderx", "loaderx, index after 4x its bytes in data",
+           "loaderx, batch index blocks only", "loaderx, index fetched first")
 
 
 def main() -> None:
@@ -54,6 +56,7 @@ def main() -> None:
     make = br.zrecords if args.codec == "zstd" else br.records
     rates: dict = {k: [] for k in READERS}
     whole_after = _cache.WHOLE_INDEX_AFTER
+    request_bytes = _cache.INDEX_REQUEST_BYTES
     try:
         br._build_local(remote / name, n, codec=args.codec)
         br._upload(remote / name, url, server.options)
@@ -87,6 +90,9 @@ def main() -> None:
                     drop()
                 _cache.WHOLE_INDEX_AFTER = (1 << 62 if key == "loaderx, batch index blocks only"
                                             else whole_after)
+                if key in ("loaderx, batch index blocks only",
+                           "loaderx, index after 4x its bytes in data"):
+                    _cache.INDEX_REQUEST_BYTES = 0  # (as before: never whole with a batch)
                 try:
                     t = time.perf_counter()
                     if args.ahead:
@@ -97,6 +103,7 @@ def main() -> None:
                     rates[key].append(payload / (time.perf_counter() - t))
                 finally:
                     _cache.WHOLE_INDEX_AFTER = whole_after
+                    _cache.INDEX_REQUEST_BYTES = request_bytes
                 assert np.array_equal(got, make(batches[-1]))
                 col.close()
             print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items())

@@ -183,12 +183,49 @@ def _settled(replicas) -> None:
             assert not r.whole_index.is_alive()
 
 
+def test_a_small_index_comes_whole_with_the_first_cold_batch(
+        tmp_path, s3, url, proxy, data, monkeypatch):
+    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks).
+    # Two records' entries would cost two GETs, worth more than the whole
+    # table (INDEX_REQUEST_BYTES a GET): the table comes whole, in requests
+    # of WHOLE_INDEX_CHUNK bytes, with the batch; later batches GET data only.
+    from loaderx import _cache
+
+    monkeypatch.setattr(_cache, "WHOLE_INDEX_CHUNK", 2048)
+    dense, _ = data
+    base, faults = proxy
+    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
+                               storage_options=s3.options(base))
+    try:
+        r = store._remote.replica()
+        lay = r.layout
+        assert lay.index_size == 6400
+        faults.reset_counts()
+        assert_same(store[np.array([3, 150])], dense[[3, 150]])
+        assert not len(r.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
+        assert r.whole_index is None  # (no background fetch: it came with the batch)
+        index_gets = faults.count(lambda m, p: m == "GET" and p.endswith("/index"))
+        assert index_gets == 4, index_gets  # 6,400 B in requests of 2,048 B
+        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 6400
+        faults.reset_counts()
+        later = np.array([100, 120, 199])
+        assert_same(store[later], dense[later])
+        assert faults.count(lambda m, p: m == "GET" and p.endswith("/index")) == 0
+    finally:
+        store.close()
+
+
 def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
-        tmp_path, s3, url, proxy, data):
-    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks). A
-    # few records fetch their own index blocks only; once the process has
-    # fetched 4x the index's missing bytes in data, the rest of the index
-    # comes whole, in the background, and a cold batch then GETs data only.
+        tmp_path, s3, url, proxy, data, monkeypatch):
+    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks).
+    # Where a GET costs less than the table (INDEX_REQUEST_BYTES set low, as
+    # for a large index) a few records fetch their own index blocks only;
+    # once the process has fetched 4x the index's missing bytes in data, the
+    # rest of the index comes whole, in the background, and a cold batch
+    # then GETs data only.
+    from loaderx import _cache
+
+    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 512)
     dense, _ = data
     base, faults = proxy
     store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
