@@ -111,6 +111,11 @@ WHOLE_INDEX_CHUNK = 1 << 20
 #: where a large GET streams ~450 MB/s (~300 KB in that time); on S3 a
 #: request's first byte costs tens of ms, megabytes of transfer.
 INDEX_REQUEST_BYTES = 64 << 10
+#: ... and only while the missing index is at most this: one round of
+#: concurrent WHOLE_INDEX_CHUNK requests, so a batch of thousands of records
+#: never waits for hundreds of megabytes of index (a larger one comes in the
+#: background, see WHOLE_INDEX_AFTER).
+INDEX_WITH_BATCH_MAX = 16 << 20
 #: A process waits this long for another's fetch of the same blocks, then
 #: fetches them itself.
 FETCH_WAIT_S = 120.0
@@ -793,16 +798,18 @@ class Replica:
     def index_for(self, blocks: np.ndarray) -> np.ndarray:
         """The index blocks to fetch for a read that needs `blocks` (sorted,
         unique): the whole missing index when it costs less than the GETs of
-        these blocks at INDEX_REQUEST_BYTES a GET and fits the cache's share
-        (WHOLE_INDEX_SHARE), otherwise `blocks`."""
+        these blocks at INDEX_REQUEST_BYTES a GET, is at most
+        INDEX_WITH_BATCH_MAX and fits the cache's share (WHOLE_INDEX_SHARE),
+        otherwise `blocks`."""
         lay = self.layout
         need = self.missing("index", blocks)
         if not len(need) or (self.whole_index is not None and self.whole_index.is_alive()):
             return blocks
         gets = 1 + int(np.count_nonzero(np.diff(need) > 1 + (MAX_GAP >> lay.ishift)))
-        if (lay.index_size > gets * INDEX_REQUEST_BYTES
+        worth = min(gets * INDEX_REQUEST_BYTES, INDEX_WITH_BATCH_MAX)
+        if (lay.index_size > worth
                 and len(self.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
-                << lay.ishift > gets * INDEX_REQUEST_BYTES):
+                << lay.ishift > worth):
             return blocks
         if lay.index_size * WHOLE_INDEX_SHARE > self.cache._effective_limit(self.cache.used()):
             return blocks

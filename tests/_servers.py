@@ -206,22 +206,26 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
                 self.send_header(k, v)
         length = resp.getheader("Content-Length") if self.command == "HEAD" else None
         self.send_header("Content-Length", length if length is not None else str(len(data)))
-        self.end_headers()
         if self.command == "HEAD":
             sent = 0
         elif kind == "reset" and len(data) > 1:
             sent = len(data) // 2
+        else:
+            sent = len(data)
+        # Counted before the client can have the response: a test that
+        # resets the counts once its reads are done must not see them late.
+        with faults.lock:
+            faults.requests.append((self.command, self.path, self.headers.get("Range"), sent))
+        self.end_headers()
+        if kind == "reset" and sent:
             self.wfile.write(data[:sent])
             self.wfile.flush()
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                        struct.pack("ii", 1, 0))
             self.connection.close()
             self.close_connection = True
-        else:
+        elif sent:
             self.wfile.write(data)
-            sent = len(data)
-        with faults.lock:
-            faults.requests.append((self.command, self.path, self.headers.get("Range"), sent))
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

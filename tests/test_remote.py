@@ -215,6 +215,29 @@ def test_a_small_index_comes_whole_with_the_first_cold_batch(
         store.close()
 
 
+def test_an_index_over_the_batch_cap_does_not_come_with_a_batch(
+        tmp_path, s3, url, proxy, data, monkeypatch):
+    # The same 6,400 B table, worth two GETs, but over INDEX_WITH_BATCH_MAX:
+    # the batch fetches its own two blocks only.
+    from loaderx import _cache
+
+    monkeypatch.setattr(_cache, "INDEX_WITH_BATCH_MAX", 4096)
+    dense, _ = data
+    base, faults = proxy
+    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
+                               storage_options=s3.options(base))
+    try:
+        r = store._remote.replica()
+        faults.reset_counts()
+        assert_same(store[np.array([3, 150])], dense[[3, 150]])
+        # Blocks 0 and 9, 4 KiB apart: one request of blocks 0-9 (the gap's
+        # bytes read and dropped), two blocks kept.
+        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 10 * 512
+        assert len(r.missing("index", np.arange(r.layout.iblocks, dtype=np.int64))) == 11
+    finally:
+        store.close()
+
+
 def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
         tmp_path, s3, url, proxy, data, monkeypatch):
     # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks).
