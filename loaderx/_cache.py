@@ -807,13 +807,21 @@ class Replica:
             return blocks
         gets = 1 + int(np.count_nonzero(np.diff(need) > 1 + (MAX_GAP >> lay.ishift)))
         worth = min(gets * INDEX_REQUEST_BYTES, INDEX_WITH_BATCH_MAX)
-        if (lay.index_size > worth
-                and len(self.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
-                << lay.ishift > worth):
-            return blocks
-        if lay.index_size * WHOLE_INDEX_SHARE > self.cache._effective_limit(self.cache.used()):
+        if self._index_missing() > worth or not self._index_fits():
             return blocks
         return np.arange(lay.iblocks, dtype=np.int64)
+
+    def _index_missing(self) -> int:
+        """Bytes of the index not present (a popcount of its bitmap)."""
+        lay = self.layout
+        present = int(_popcount64(self.state.ibits.view(np.uint64)).sum())
+        return (lay.iblocks - present) << lay.ishift
+
+    def _index_fits(self) -> bool:
+        """Whether the whole index is at most its share of the cache's limit
+        (1/WHOLE_INDEX_SHARE): only then is it ever fetched whole."""
+        limit = self.cache._effective_limit(self.cache.used())
+        return self.layout.index_size * WHOLE_INDEX_SHARE <= limit
 
     def fetch(self, which: str, blocks: np.ndarray, download: Callable,
               request_max: int = REQUEST_MAX) -> None:
@@ -854,11 +862,10 @@ class Replica:
             return False  # (a forked child starts its own when due)
         if not lay.iblocks or self.fetched_data < WHOLE_INDEX_AFTER * lay.index_size // 2:
             return False  # (cheap tests first: most batches stop here)
-        missing = len(self.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
-        if not missing or self.fetched_data < WHOLE_INDEX_AFTER * (missing << lay.ishift):
+        missing = self._index_missing()
+        if not missing or self.fetched_data < WHOLE_INDEX_AFTER * missing:
             return False
-        limit = self.cache._effective_limit(self.cache.used())
-        return lay.index_size * WHOLE_INDEX_SHARE <= limit
+        return self._index_fits()
 
     def fetch_whole_index(self, download: Callable) -> threading.Thread:
         """Fetches the index's missing blocks on a daemon thread, a chunk at a

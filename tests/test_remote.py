@@ -3,6 +3,7 @@ against real servers on loopback: moto's S3, a Range-honouring HTTP server
 and a fault-injecting proxy that counts the bytes it forwards."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -183,9 +184,35 @@ def _settled(replicas) -> None:
             assert not r.whole_index.is_alive()
 
 
+@contextlib.contextmanager
+def zz_shard(tmp_path, s3, url, proxy):
+    """Shard 0 of the dataset's zstd column through the fault proxy (200
+    records of 3,000 B, a 6,400 B table in 13 blocks of 512 B), its replica,
+    and a blank record of requests."""
+    base, faults = proxy
+    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
+                               storage_options=s3.options(base))
+    try:
+        r = store._remote.replica()
+        assert r.layout.index_size == 6400 and r.layout.iblocks == 13
+        faults.reset_counts()
+        yield store, r
+    finally:
+        store.close()
+
+
+def _index_missing(r) -> int:
+    return len(r.missing("index", np.arange(r.layout.iblocks, dtype=np.int64)))
+
+
+def _gets(faults, obj: str, what: str = "bytes") -> int:
+    """Body bytes (or the count) of the GETs of one of a store's objects."""
+    match = (lambda m, p: m == "GET" and p.endswith("/" + obj))
+    return faults.body_bytes(match) if what == "bytes" else faults.count(match)
+
+
 def test_a_small_index_comes_whole_with_the_first_cold_batch(
         tmp_path, s3, url, proxy, data, monkeypatch):
-    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks).
     # Two records' entries would cost two GETs, worth more than the whole
     # table (INDEX_REQUEST_BYTES a GET): the table comes whole, in requests
     # of WHOLE_INDEX_CHUNK bytes, with the batch; later batches GET data only.
@@ -193,54 +220,38 @@ def test_a_small_index_comes_whole_with_the_first_cold_batch(
 
     monkeypatch.setattr(_cache, "WHOLE_INDEX_CHUNK", 2048)
     dense, _ = data
-    base, faults = proxy
-    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
-                               storage_options=s3.options(base))
-    try:
-        r = store._remote.replica()
-        lay = r.layout
-        assert lay.index_size == 6400
-        faults.reset_counts()
+    faults = proxy[1]
+    with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         assert_same(store[np.array([3, 150])], dense[[3, 150]])
-        assert not len(r.missing("index", np.arange(lay.iblocks, dtype=np.int64)))
+        assert not _index_missing(r)
         assert r.whole_index is None  # (no background fetch: it came with the batch)
-        index_gets = faults.count(lambda m, p: m == "GET" and p.endswith("/index"))
+        index_gets = _gets(faults, "index", "count")
         assert index_gets == 4, index_gets  # 6,400 B in requests of 2,048 B
-        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 6400
+        assert _gets(faults, "index") == 6400
         faults.reset_counts()
         later = np.array([100, 120, 199])
         assert_same(store[later], dense[later])
-        assert faults.count(lambda m, p: m == "GET" and p.endswith("/index")) == 0
-    finally:
-        store.close()
+        assert _gets(faults, "index", "count") == 0
 
 
 def test_an_index_over_the_batch_cap_does_not_come_with_a_batch(
         tmp_path, s3, url, proxy, data, monkeypatch):
-    # The same 6,400 B table, worth two GETs, but over INDEX_WITH_BATCH_MAX:
-    # the batch fetches its own two blocks only.
+    # The same table, worth two GETs, but over INDEX_WITH_BATCH_MAX: the
+    # batch fetches its own two blocks only.
     from loaderx import _cache
 
     monkeypatch.setattr(_cache, "INDEX_WITH_BATCH_MAX", 4096)
     dense, _ = data
-    base, faults = proxy
-    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
-                               storage_options=s3.options(base))
-    try:
-        r = store._remote.replica()
-        faults.reset_counts()
+    with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         assert_same(store[np.array([3, 150])], dense[[3, 150]])
         # Blocks 0 and 9, 4 KiB apart: one request of blocks 0-9 (the gap's
         # bytes read and dropped), two blocks kept.
-        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 10 * 512
-        assert len(r.missing("index", np.arange(r.layout.iblocks, dtype=np.int64))) == 11
-    finally:
-        store.close()
+        assert _gets(proxy[1], "index") == 10 * 512
+        assert _index_missing(r) == 11
 
 
 def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
         tmp_path, s3, url, proxy, data, monkeypatch):
-    # A zstd shard: 200 records of 3,000 B, a 6,400 B table (13 blocks).
     # Where a GET costs less than the table (INDEX_REQUEST_BYTES set low, as
     # for a large index) a few records fetch their own index blocks only;
     # once the process has fetched 4x the index's missing bytes in data, the
@@ -250,33 +261,26 @@ def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
 
     monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 512)
     dense, _ = data
-    base, faults = proxy
-    store = loaderx.open_store(f"{url}/{ZZ}0", cache_dir=str(tmp_path / "cache"),
-                               storage_options=s3.options(base))
-    try:
-        r = store._remote.replica()
-        lay = r.layout
-        everything = np.arange(lay.iblocks, dtype=np.int64)
+    faults = proxy[1]
+    with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         assert_same(store[np.array([3, 150])], dense[[3, 150]])
-        assert r.whole_index is None and len(r.missing("index", everything))
+        assert r.whole_index is None and _index_missing(r)
         rng = np.random.default_rng(4)
         first = rng.choice(np.arange(4, 100), 12, replace=False)  # 36 KB > 4 x 6,400 B
         assert_same(store[first], dense[first])
         _settled([r])
         assert r.whole_index is not None
-        assert not len(r.missing("index", everything))
+        assert not _index_missing(r)
         assert r.fetched <= 1.5 * r.fetched_data  # the index, whole, a share of the data
         faults.reset_counts()
         later = np.array([100, 120, 199])
         assert_same(store[later], dense[later])  # cold records, their entries known
-        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/index")) == 0
-        assert faults.body_bytes(lambda m, p: m == "GET" and p.endswith("/data")) > 0
+        assert _gets(faults, "index") == 0
+        assert _gets(faults, "data") > 0
         # ... and no HEAD: the data's bytes are checked against the index
         # (of the version opened), so their GETs need no version check after.
         assert faults.count(lambda m, p: m == "HEAD") == 0
         assert not r.index_due()  # once per process
-    finally:
-        store.close()
 
 
 def test_first_batch_of_a_large_store_fetches_a_sliver_of_its_index(tmp_path, s3):
