@@ -135,3 +135,71 @@ def test_more_workers_than_cores_run_a_core_s_worth_at_a_time(tmp_path, monkeypa
     assert len(started) == 3
     col = loaderx.open_dataset(tmp_path / "out")["x"]
     assert col[np.arange(10)].tolist() == x.tolist()
+
+
+_GATED_SOURCE = '''
+import os, time
+import numpy as np
+from loaderx.converters._source import Batch, Source
+
+class GatedSource(Source):
+    """A batch, then another once the file `gate` exists: its progress
+    report is written to a stdout whose reader is gone."""
+    def __init__(self, gate):
+        self.gate = gate
+    def read(self, task, specs, batch_bytes):
+        yield Batch(rows=4, columns={"x": np.zeros((4, 2), np.int32)}, progress=4)
+        while not os.path.exists(self.gate):
+            time.sleep(0.01)
+        yield Batch(rows=4, columns={"x": np.zeros((4, 2), np.int32)}, progress=4)
+        time.sleep(120)
+'''
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_worker_whose_stdout_breaks_first_leaves_the_ending_to_its_parent_watch(tmp_path):
+    """A killed parent closes the worker's stdout and stdin together, and the
+    task may fail on its broken stdout before the watch sees stdin end. The
+    failing task wrote an error file into the directory being removed and
+    exited with the job file left (the kill test failed on it about once in
+    a few hundred runs). Now the task leaves the ending to the watch, which
+    removes the job and the directory."""
+    import pickle
+
+    from loaderx.converters._columns import ColumnSpec
+    from loaderx.converters._run import StoreOptions
+
+    (tmp_path / "gated_source.py").write_text(_GATED_SOURCE)
+    work = tmp_path / "work"
+    work.mkdir()
+    job = work / "task-0.pickle"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from gated_source import GatedSource  # type: ignore[import-not-found]
+
+        specs = [ColumnSpec("x", "dense", np.dtype(np.int32), (2,))]
+        opts = StoreOptions(codecs={"x": "raw"}, level=None, dicts={}, batch_bytes=1 << 20)
+        gate = tmp_path / "gate"
+        with open(job, "wb") as f:
+            pickle.dump((GatedSource(str(gate)), 0, specs, {"x": str(tmp_path / "part")}, opts), f)
+    finally:
+        sys.path.remove(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]),
+               LOADERX_CONVERT_PARENT_PIPE="1")
+    worker = subprocess.Popen([sys.executable, "-m", "loaderx.converters._worker", str(job)],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert worker.stdout.readline().startswith("P ".encode())
+        worker.stdout.close()  # the parent's reading end gone, its writing end not yet
+        gate.touch()
+        time.sleep(1.0)  # the second report fails on the broken stdout
+        assert worker.poll() is None, "the worker ended before its parent's pipe did"
+        assert sorted(p.name for p in work.iterdir()) == ["task-0.pickle"]
+        worker.stdin.close()
+        assert worker.wait(timeout=20) == 3
+        assert not work.exists()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

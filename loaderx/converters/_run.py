@@ -12,6 +12,7 @@ import contextlib
 import os
 import pickle
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -406,12 +407,25 @@ def _raise_worker_error(k: int, code: int, work: str) -> None:
     raise ConvertError(f"convert worker {k} failed: {text}")
 
 
-def _exit_with_parent(job: str) -> None:
-    """Ends this worker when its stdin (a pipe from the parent) ends. A
-    parent that was killed cleans up nothing: the worker removes its job
-    file, and the last worker out the parent's work directory."""
+class _ParentWatch:
+    """Ends this worker when its stdin (a pipe from the parent that never
+    carries data) ends. A parent that was killed cleans up nothing: the
+    worker removes its job file, and the last worker out the parent's work
+    directory. The parent's death also breaks the worker's stdout, so the
+    task may fail on its own at the same moment; `orphaned` tells the task's
+    error path to leave the ending to this thread instead of writing an
+    error file nobody will read into the directory being removed."""
 
-    def watch() -> None:
+    _WAIT_S = 10.0  # for the watch to see the end of stdin after a broken stdout
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.lock = threading.Lock()  # the cleanup against an error file being written
+        self.gone = False
+        self.thread = threading.Thread(target=self._watch, name="loaderx-parent-watch", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
         # The descriptor, not sys.stdin: a daemon thread blocked in a buffered
         # read would hold its lock through interpreter shutdown (a fatal error).
         try:
@@ -419,20 +433,29 @@ def _exit_with_parent(job: str) -> None:
                 pass
         except OSError:
             pass
-        for path in (job, job[: -len(".pickle")] + ".error"):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        with contextlib.suppress(OSError):  # not empty: another worker's job is left
-            os.rmdir(os.path.dirname(job))
+        with self.lock:
+            self.gone = True
+            for path in (self.job, self.job[: -len(".pickle")] + ".error"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            with contextlib.suppress(OSError):  # not empty: another worker's job is left
+                os.rmdir(os.path.dirname(self.job))
         os._exit(3)  # nobody will commit what this worker writes
 
-    threading.Thread(target=watch, name="loaderx-parent-watch", daemon=True).start()
+    def orphaned(self, error: BaseException | None) -> bool:
+        """Whether the parent is gone (its end of stdin closed, or `error` is
+        this worker's stdout broken by its death); if so, waits for the watch
+        to end the process."""
+        broken = isinstance(error, BrokenPipeError)
+        if not broken and not select.select([0], [], [], 0)[0]:
+            return False  # stdin is readable only at its end: the parent lives
+        self.thread.join(self._WAIT_S)
+        return True
 
 
 def worker_main(job: str) -> int:
     """Entry of a worker process: run one task, report on stdout."""
-    if os.environ.get(_PIPE_ENV) == "1":
-        _exit_with_parent(job)
+    watch = _ParentWatch(job) if os.environ.get(_PIPE_ENV) == "1" else None
     lanes = os.environ.get(_LANES_ENV)
     if lanes:
         from .._lib import lib
@@ -446,17 +469,24 @@ def worker_main(job: str) -> int:
 
     try:
         result = write_task(source, task, specs, paths, opts, report)
+        for file, rows in result.files:
+            print(f"F {file} {rows}", flush=True)
+        print(f"R {result.rows}", flush=True)
     except BaseException as e:  # noqa: B036 - handed to the parent, which re-raises it
+        if watch is not None and watch.orphaned(e):
+            return 3
         try:
             payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
         except Exception:  # an exception that does not pickle: send its text
             payload = pickle.dumps((None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        with open(job[: -len(".pickle")] + ".error", "wb") as out:
-            out.write(payload)
+        with contextlib.ExitStack() as held:
+            if watch is not None:
+                held.enter_context(watch.lock)
+                if watch.gone:
+                    return 3
+            with open(job[: -len(".pickle")] + ".error", "wb") as out:
+                out.write(payload)
         return 1
-    for file, rows in result.files:
-        print(f"F {file} {rows}", flush=True)
-    print(f"R {result.rows}", flush=True)
     return 0
 
 
