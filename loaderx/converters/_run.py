@@ -446,9 +446,12 @@ class _ParentWatch:
         """Whether the parent is gone (its end of stdin closed, or `error` is
         this worker's stdout broken by its death); if so, waits for the watch
         to end the process."""
-        broken = isinstance(error, BrokenPipeError)
-        if not broken and not select.select([0], [], [], 0)[0]:
-            return False  # stdin is readable only at its end: the parent lives
+        if not isinstance(error, BrokenPipeError):
+            try:  # stdin is readable only at its end
+                if not select.select([0], [], [], 0)[0]:
+                    return False
+            except (OSError, ValueError):  # no select on a pipe (Windows)
+                return False
         self.thread.join(self._WAIT_S)
         return True
 
