@@ -96,10 +96,12 @@ MAX_GAP = 4 << 10
 REQUEST_MAX = 8 << 20
 #: The whole index is fetched (in the background, WHOLE_INDEX_CHUNK bytes a
 #: request) once this process has fetched WHOLE_INDEX_AFTER times its missing
-#: bytes in data, and when it is at most 1/WHOLE_INDEX_SHARE of the cache's
-#: limit: a random batch's records then cost no index GETs (one per record
-#: where the index is large), and the index adds at most 1/WHOLE_INDEX_AFTER
-#: to the bytes fetched.
+#: bytes in data, or has made as many GETs of index blocks as the missing
+#: index is worth at INDEX_REQUEST_BYTES a GET (having paid for it once in
+#: requests, it buys it: never more than twice the cheaper of the two), and
+#: when it is at most 1/WHOLE_INDEX_SHARE of the cache's limit: a random
+#: batch's records then cost no index GETs (one per record where the index
+#: is large).
 WHOLE_INDEX_AFTER = 4
 WHOLE_INDEX_SHARE = 8
 WHOLE_INDEX_CHUNK = 1 << 20
@@ -747,6 +749,7 @@ class Replica:
         self._keep = keep
         self.fetched = 0  # bytes this process fetched for this replica (under _count_lock)
         self.fetched_data = 0  # the data's share of them
+        self.index_gets = 0  # GETs this process made for index blocks (see index_due)
         self._count_lock = threading.Lock()
         self.whole_index: Optional[threading.Thread] = None  # its fetch (see index_due)
         self._index_pid = -1
@@ -798,16 +801,18 @@ class Replica:
     def index_for(self, blocks: np.ndarray) -> np.ndarray:
         """The index blocks to fetch for a read that needs `blocks` (sorted,
         unique): the whole missing index when it costs less than the GETs of
-        these blocks at INDEX_REQUEST_BYTES a GET, is at most
-        INDEX_WITH_BATCH_MAX and fits the cache's share (WHOLE_INDEX_SHARE),
-        otherwise `blocks`."""
+        these blocks and the earlier reads' index GETs at INDEX_REQUEST_BYTES
+        a GET, is at most INDEX_WITH_BATCH_MAX and fits the cache's share
+        (WHOLE_INDEX_SHARE), otherwise `blocks`."""
         lay = self.layout
         need = self.missing("index", blocks)
         if not len(need) or (self.whole_index is not None and self.whole_index.is_alive()):
             return blocks
         gets = 1 + int(np.count_nonzero(np.diff(need) > 1 + (MAX_GAP >> lay.ishift)))
-        worth = min(gets * INDEX_REQUEST_BYTES, INDEX_WITH_BATCH_MAX)
+        worth = min((self.index_gets + gets) * INDEX_REQUEST_BYTES, INDEX_WITH_BATCH_MAX)
         if self._index_missing() > worth or not self._index_fits():
+            with self._count_lock:
+                self.index_gets += gets
             return blocks
         return np.arange(lay.iblocks, dtype=np.int64)
 
@@ -860,24 +865,28 @@ class Replica:
         lay = self.layout
         if self._index_pid == os.getpid():
             return False  # (a forked child starts its own when due)
-        if not lay.iblocks or self.fetched_data < WHOLE_INDEX_AFTER * lay.index_size // 2:
+        rented = self.index_gets * INDEX_REQUEST_BYTES
+        half = lay.index_size // 2
+        if not lay.iblocks or (self.fetched_data < WHOLE_INDEX_AFTER * half and rented < half):
             return False  # (cheap tests first: most batches stop here)
         missing = self._index_missing()
-        if not missing or self.fetched_data < WHOLE_INDEX_AFTER * missing:
+        if not missing or (self.fetched_data < WHOLE_INDEX_AFTER * missing and rented < missing):
             return False
         return self._index_fits()
 
     def fetch_whole_index(self, download: Callable) -> threading.Thread:
-        """Fetches the index's missing blocks on a daemon thread, a chunk at a
-        time (a read that needs index blocks waits for one chunk at most). An
-        error ends it quietly: reads fetch their records' blocks as before."""
+        """Fetches the index's missing blocks on a daemon thread, a round of
+        concurrent WHOLE_INDEX_CHUNK requests (INDEX_WITH_BATCH_MAX bytes) at
+        a time: a read that needs index blocks waits for one round at most.
+        An error ends it quietly: reads fetch their records' blocks as
+        before."""
         def run() -> None:
             lay = self.layout
-            step = max(1, WHOLE_INDEX_CHUNK >> lay.ishift)
+            step = max(1, INDEX_WITH_BATCH_MAX >> lay.ishift)
             try:
                 todo = self.missing("index", np.arange(lay.iblocks, dtype=np.int64))
                 for i in range(0, len(todo), step):
-                    self.fetch("index", todo[i:i + step], download)
+                    self.fetch("index", todo[i:i + step], download, WHOLE_INDEX_CHUNK)
             except Exception:
                 pass
         self._index_pid = os.getpid()

@@ -1,11 +1,12 @@
 """The remote bench's cold rows on their own: obstore's get_ranges of a
 round's records (their stored ranges) against loaderx reading the same
-batches from a fresh cache: as by default (a small index comes whole with
-the first batch, where its GETs would cost more; a larger one in the
-background once the data outweighs it), with the background fetch only (as
-at 3930a1e), without either (each batch's index blocks only, as before
-6f72b20), and with the whole index fetched before the round (only the
-records' own GETs timed).
+batches from a fresh cache: as by default (the index comes whole once its
+GETs so far would be worth it: a small one with the first batch, one over
+16 MiB in the background), with the background fetch once the data
+outweighs the index 4x only (as at 3930a1e, but in rounds of concurrent
+requests since 2026-12-04), without either (each batch's index blocks only,
+as before 6f72b20), and with the whole index fetched before the round (only
+the records' own GETs timed).
 
     python scripts/probe_remote_cold.py [--size small] [--codec zstd]
         [--rounds 5] [--batches 20] [--ahead 4]

@@ -250,6 +250,61 @@ def test_an_index_over_the_batch_cap_does_not_come_with_a_batch(
         assert _index_missing(r) == 11
 
 
+def _three_cold_batches(store, dense):
+    """Records in index blocks 0 and 9 (one request), 12, then 6."""
+    for idx in ([3, 150], [199], [100]):
+        assert_same(store[np.array(idx)], dense[idx])
+        yield idx
+
+
+def test_index_gets_add_up_to_the_whole_index(tmp_path, s3, url, proxy, data, monkeypatch):
+    # A GET worth 2,048 B: one batch's GET of its blocks is worth less than
+    # the table, and so are two; the third batch's GET with the two before
+    # it is worth more than what is missing, so it brings the table whole.
+    from loaderx import _cache
+
+    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 2048)
+    dense, _ = data
+    with zz_shard(tmp_path, s3, url, proxy) as (store, r):
+        cold = _three_cold_batches(store, dense)
+        next(cold)
+        assert _index_missing(r) == 11 and r.index_gets == 1
+        next(cold)
+        assert _index_missing(r) == 10 and r.index_gets == 2
+        assert r.whole_index is None  # 2 x 2,048 B < 5,120 B missing
+        next(cold)
+        assert not _index_missing(r)
+        assert r.whole_index is None  # it came with the batch
+
+
+def test_index_gets_over_the_batch_cap_bring_the_index_in_the_background(
+        tmp_path, s3, url, proxy, data, monkeypatch):
+    # As above with the table over INDEX_WITH_BATCH_MAX: each batch fetches
+    # its own blocks, and once their GETs are worth the missing table it
+    # comes whole in the background (the data fetched never outweighs it
+    # here: WHOLE_INDEX_AFTER set out of reach).
+    from loaderx import _cache
+
+    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 2048)
+    monkeypatch.setattr(_cache, "INDEX_WITH_BATCH_MAX", 4096)
+    monkeypatch.setattr(_cache, "WHOLE_INDEX_AFTER", 1 << 40)
+    dense, _ = data
+    faults = proxy[1]
+    with zz_shard(tmp_path, s3, url, proxy) as (store, r):
+        cold = _three_cold_batches(store, dense)
+        next(cold)
+        next(cold)
+        assert r.whole_index is None and r.index_gets == 2
+        next(cold)
+        assert r.index_gets == 3  # 6,144 B worth > 4,608 B missing
+        _settled([r])
+        assert r.whole_index is not None and not _index_missing(r)
+        faults.reset_counts()
+        later = np.array([20, 60, 120])
+        assert_same(store[later], dense[later])
+        assert _gets(faults, "index") == 0
+
+
 def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
         tmp_path, s3, url, proxy, data, monkeypatch):
     # Where a GET costs less than the table (INDEX_REQUEST_BYTES set low, as
