@@ -412,9 +412,9 @@ class _ParentWatch:
     carries data) ends. A parent that was killed cleans up nothing: the
     worker removes its job file, and the last worker out the parent's work
     directory. The parent's death also breaks the worker's stdout, so the
-    task may fail on its own at the same moment; `orphaned` tells the task's
-    error path to leave the ending to this thread instead of writing an
-    error file nobody will read into the directory being removed."""
+    task may fail on its own at the same moment: its error path waits for
+    this thread (`wait_if_orphaned`) and writes its error file under the
+    thread's lock (`write_error`), never into the directory being removed."""
 
     _WAIT_S = 10.0  # for the watch to see the end of stdin after a broken stdout
 
@@ -442,18 +442,32 @@ class _ParentWatch:
                 os.rmdir(os.path.dirname(self.job))
         os._exit(3)  # nobody will commit what this worker writes
 
-    def orphaned(self, error: BaseException | None) -> bool:
-        """Whether the parent is gone (its end of stdin closed, or `error` is
-        this worker's stdout broken by its death); if so, waits for the watch
-        to end the process."""
+    def wait_if_orphaned(self, error: BaseException) -> None:
+        """When the parent looks gone (stdin at its end, or `error` is this
+        worker's stdout broken by its death), gives the watch up to _WAIT_S
+        to end the process; returns otherwise, and after that wait (a stdout
+        broken with the parent alive): the task then reports its error."""
         if not isinstance(error, BrokenPipeError):
             try:  # stdin is readable only at its end
                 if not select.select([0], [], [], 0)[0]:
-                    return False
+                    return
             except (OSError, ValueError):  # no select on a pipe (Windows)
-                return False
+                return
         self.thread.join(self._WAIT_S)
+
+    def write_error(self, path: str, payload: bytes) -> bool:
+        """Writes the task's error file unless the watch is ending this
+        worker (False): never into the directory it removes."""
+        with self.lock:
+            if self.gone:
+                return False
+            _write_error(path, payload)
         return True
+
+
+def _write_error(path: str, payload: bytes) -> None:
+    with open(path, "wb") as out:
+        out.write(payload)
 
 
 def worker_main(job: str) -> int:
@@ -476,19 +490,17 @@ def worker_main(job: str) -> int:
             print(f"F {file} {rows}", flush=True)
         print(f"R {result.rows}", flush=True)
     except BaseException as e:  # noqa: B036 - handed to the parent, which re-raises it
-        if watch is not None and watch.orphaned(e):
-            return 3
+        if watch is not None:
+            watch.wait_if_orphaned(e)
         try:
             payload = pickle.dumps((e, f"{type(e).__name__}: {e}"))
         except Exception:  # an exception that does not pickle: send its text
             payload = pickle.dumps((None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        with contextlib.ExitStack() as held:
-            if watch is not None:
-                held.enter_context(watch.lock)
-                if watch.gone:
-                    return 3
-            with open(job[: -len(".pickle")] + ".error", "wb") as out:
-                out.write(payload)
+        path = job[: -len(".pickle")] + ".error"
+        if watch is None:
+            _write_error(path, payload)
+        elif not watch.write_error(path, payload):
+            return 3
         return 1
     return 0
 
