@@ -36,7 +36,7 @@ Rows and targets:
           (seeded per round), so a DataLoader over the remote store (fresh
           cache, its own prefetch: what users run) reads exactly the same
           records as every other row (context row, against get_ranges)
-          Beside them (not at --size default: disk), the same records with
+          Beside them (where the disk holds its copy too: _zstd_room), the same records with
           the default codec: a zstd dataset of values with 4 bits of entropy
           a byte (zrecords, about half their size stored), loaderx's prefetch
           and DataLoader rows against obstore's get_ranges of exactly those
@@ -343,10 +343,34 @@ def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> No
 
     opts = _objstore.Options(options)
     cfg = remote.Config(storage_options=opts)
-    if remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
-            _objstore.join(url, "meta"), cfg):
+    if _uploaded(url, options):
         return
     remote._upload(remote._files_under(str(local)), url, cfg, part_min=part)
+
+
+def _uploaded(url: str, options: dict) -> bool:
+    """Whether the server holds a dataset (its manifest) or a store (its meta) at `url`."""
+    from loaderx import _objstore, remote
+
+    cfg = remote.Config(storage_options=_objstore.Options(options))
+    return remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
+        _objstore.join(url, "meta"), cfg)
+
+
+def _zstd_room(cache: Path, server_dir: Path, n: int, built: bool, uploaded: bool) -> str | None:
+    """Why the default codec's copy of `n` records does not fit this disk
+    beside the rest of the bench (None when it does): its local copy unless
+    `built` and its server copy unless `uploaded` (zrecords store in about
+    half the raw bytes), the raw copy and the peers' three not yet on the
+    server, and one peer's whole cache (Streaming's, of every shard)."""
+    half = n * REC * 55 // 100
+    on_server = _tree_bytes(server_dir) if server_dir.exists() else 0
+    need = half * (2 - built - uploaded) + max(0, 4 * n * REC - on_server) + n * REC
+    free = shutil.disk_usage(cache).free
+    if free >= need:
+        return None
+    return (f"missing: the default codec's copy needs {need / 2**30:.0f} GiB free beside the "
+            f"rest, the disk has {free / 2**30:.0f} GiB")
 
 
 # ----------------------------------------------------------------------------- readers
@@ -559,11 +583,11 @@ def run_remote(ctx) -> list[Section]:
     extra_rows: list = []
     server = None
     try:
+        # The data directory names the part size: objects uploaded with
+        # other parts (older runs) would keep their chunk lists.
+        data_dir = cache / f"{kind}-data-{UPLOAD_PART >> 20}m"
         try:
-            # The data directory names the part size: objects uploaded with
-            # other parts (older runs) would keep their chunk lists.
-            server = Server(kind, cache / f"{kind}-data-{UPLOAD_PART >> 20}m", ctx.log,
-                            latency_ms=ctx.latency_ms)
+            server = Server(kind, data_dir, ctx.log, latency_ms=ctx.latency_ms)
         except Unavailable as exc:
             for row in rows.values():
                 row.status = str(exc)
@@ -573,18 +597,20 @@ def run_remote(ctx) -> list[Section]:
         _build_local(local, n)
         url = f"s3://{BUCKET}/ds-{n}"
         _upload(local, url, server.options)
-        # The default codec's dataset (not at the default size: this disk
-        # holds the raw one's four copies there).
-        zurl = None
-        if size_name != "default":
+        # The default codec's dataset, where the disk holds it beside the
+        # raw one's four copies.
+        zurl: str | None = f"s3://{BUCKET}/dsz-{n}"
+        zlocal = cache / f"dsz-{n}"  # (its validation reads the stored bytes there)
+        missing = _zstd_room(cache, data_dir, n, (zlocal / "loaderx.json").exists(),
+                             _uploaded(zurl, server.options))
+        if missing is None:
             ctx.log(f"remote: building {n} x 12 KiB records, zstd (the default codec)")
-            zlocal = cache / f"dsz-{n}"
             _build_local(zlocal, n, codec="zstd")
-            zurl = f"s3://{BUCKET}/dsz-{n}"
             _upload(zlocal, zurl, server.options)
         else:
+            zurl = None
             for name in [k for k in rows if "zstd" in k]:
-                rows[name].status = "missing: not at this size (disk)"
+                rows[name].status = missing
         # The peers' three copies and one peer's cache (a whole copy): hollow
         # the local copy where they would not fit beside it.
         hollow = _is_hollow(local) or shutil.disk_usage(cache).free < 5 * n * REC
