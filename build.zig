@@ -1,6 +1,7 @@
-//! Build for libloaderx: the record engine, codecs, sampler and executor in one
-//! shared library, with zstd (the path dependency `zstd` of build.zig.zon, fetched into
-//! vendor/zstd by scripts/fetch_zstd.py) compiled in from source so that every target
+//! Build for libloaderx: the record engine, codecs, sampler, executor and image
+//! stage in one shared library, with zstd and libjpeg-turbo's decoder (the path
+//! dependencies `zstd` and `libjpeg_turbo` of build.zig.zon, fetched into vendor/ by
+//! scripts/fetch_vendor.py) compiled in from source so that every target
 //! cross-compiles from one machine.
 //!
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
@@ -43,7 +44,7 @@ fn portableHostQuery() std.Target.Query {
 }
 
 /// zstd comes from the `zstd` path dependency of build.zig.zon (vendor/zstd,
-/// fetched and verified by scripts/fetch_zstd.py; the package manager serves
+/// fetched and verified by scripts/fetch_vendor.py; the package manager serves
 /// a path dependency in place, so it never downloads anything itself).
 fn addZstd(
     b: *std.Build,
@@ -132,9 +133,93 @@ fn createModuleAt(
         .strip = optimize != .debug,
     });
     addZstd(b, mod, target, optimize);
+    mod.linkLibrary(jpegLib(b, target, optimize));
     if (target.result.cpu.arch == .x86_64) addAvx2Unit(b, mod, target, optimize);
     return mod;
 }
+
+/// libjpeg-turbo's decompressor (portable C: its x86 SIMD is NASM, which Zig
+/// cannot assemble; src/image/jpeg.zig uses a SIMD build found at run time
+/// when there is one, see docs/design.md) and src/image/jpeg_shim.c, the C
+/// that catches libjpeg's longjmp errors, as a static library per target and
+/// mode. Its configuration headers come from libjpeg-turbo's own templates.
+fn jpegLib(
+    b: *std.Build,
+    target: std.Build.ResolvedTarget,
+    optimize: std.builtin.OptimizeMode,
+) *std.Build.Step.Compile {
+    const mode: std.builtin.OptimizeMode = if (optimize == .debug) .debug else .fast;
+    const Made = struct {
+        var list: [16]struct { b: *std.Build, query: std.Target.Query, mode: std.builtin.OptimizeMode, lib: *std.Build.Step.Compile } = undefined;
+        var len: usize = 0;
+    };
+    for (Made.list[0..Made.len]) |m| {
+        if (m.b == b and m.mode == mode and m.query.eql(target.query)) return m.lib;
+    }
+    const src = b.dependency("libjpeg_turbo", .{});
+    const mod = b.createModule(.{
+        .target = target,
+        .optimize = mode,
+        .link_libc = true,
+        .pic = true,
+        .strip = mode != .debug,
+    });
+    const windows = target.result.os.tag == .windows;
+    mod.addConfigHeader(b.addConfigHeader(.{
+        .style = .{ .cmake = src.path("jconfig.h.in") },
+        .include_path = "jconfig.h",
+    }, .{
+        .JPEG_LIB_VERSION = 62,
+        .VERSION = "2.1.5",
+        .LIBJPEG_TURBO_VERSION_NUMBER = 2001005,
+        .C_ARITH_CODING_SUPPORTED = null,
+        .D_ARITH_CODING_SUPPORTED = true,
+        .MEM_SRCDST_SUPPORTED = true,
+        .WITH_SIMD = null,
+        .BITS_IN_JSAMPLE = 8,
+        .RIGHT_SHIFT_IS_UNSIGNED = null,
+    }));
+    mod.addConfigHeader(b.addConfigHeader(.{
+        .style = .{ .cmake = src.path("jconfigint.h.in") },
+        .include_path = "jconfigint.h",
+    }, .{
+        .BUILD = "loaderx",
+        .INLINE = "__inline__ __attribute__((always_inline))",
+        .THREAD_LOCAL = "_Thread_local",
+        .CMAKE_PROJECT_NAME = "libjpeg-turbo",
+        .VERSION = "2.1.5",
+        .SIZE_T = target.result.ptrBitWidth() / 8,
+        // __builtin_ctzl counts an `unsigned long`: 32 bits on Windows, not size_t.
+        .HAVE_BUILTIN_CTZL = if (windows) null else true,
+        .HAVE_INTRIN_H = null,
+    }));
+    mod.addConfigHeader(b.addConfigHeader(.{
+        .style = .{ .cmake = src.path("jversion.h.in") },
+        .include_path = "jversion.h",
+    }, .{ .COPYRIGHT_YEAR = "1991-2022" }));
+    mod.addIncludePath(src.path(""));
+    const flags: []const []const u8 = &.{ if (mode == .debug) "-O1" else "-O3", "-fvisibility=hidden" };
+    mod.addCSourceFiles(.{ .root = src.path(""), .files = &jpeg_sources, .flags = flags });
+    mod.addCSourceFile(.{ .file = b.path("src/image/jpeg_shim.c"), .flags = flags });
+    const lib = b.addLibrary(.{ .name = "jpeg", .linkage = .static, .root_module = mod });
+    if (Made.len < Made.list.len) {
+        Made.list[Made.len] = .{ .b = b, .query = target.query, .mode = mode, .lib = lib };
+        Made.len += 1;
+    }
+    return lib;
+}
+
+/// The decompressor's part of libjpeg-turbo (its CMakeLists' JPEG_SOURCES
+/// without the compressor, plus arithmetic decoding and the SIMD stub).
+const jpeg_sources = [_][]const u8{
+    "jaricom.c",  "jcomapi.c",  "jdapimin.c",   "jdapistd.c", "jdarith.c",
+    "jdatasrc.c", "jdcoefct.c", "jdcolor.c",    "jddctmgr.c", "jdhuff.c",
+    "jdicc.c",    "jdinput.c",  "jdmainct.c",   "jdmarker.c", "jdmaster.c",
+    "jdmerge.c",  "jdphuff.c",  "jdpostct.c",   "jdsample.c", "jdtrans.c",
+    "jerror.c",   "jidctflt.c", "jidctfst.c",   "jidctint.c", "jidctred.c",
+    "jmemmgr.c",  "jmemnobs.c", "jquant1.c",    "jquant2.c",  "jutils.c",
+    "jsimd_none.c",
+};
 
 /// src/sampler_avx2.zig compiled for x86-64-v3 and linked into the library;
 /// the portable code calls it only on CPUs with AVX2 (see sampler.zig).

@@ -1,6 +1,7 @@
 """Build hook: `pip install .` / `pip install -e .` compiles libloaderx with the
 Zig compiler from PyPI (the `ziglang` build requirement), after fetching and
-verifying the pinned zstd sources (scripts/fetch_zstd.py). No other step."""
+verifying the pinned zstd and libjpeg-turbo sources (scripts/fetch_vendor.py). No
+other step."""
 import os
 import platform
 import subprocess
@@ -37,12 +38,12 @@ def portable_target() -> str:
 def build_native() -> None:
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     try:
-        import fetch_zstd
+        import fetch_vendor
     finally:
         sys.path.pop(0)
     try:
-        fetch_zstd.fetch()
-    except fetch_zstd.FetchError as e:
+        fetch_vendor.fetch()
+    except fetch_vendor.FetchError as e:
         raise SystemExit(f"loaderx build: {e}")
     target = os.environ.get("LOADERX_ZIG_TARGET") or portable_target()
     cmd = [sys.executable, "-m", "ziglang", "build", f"-Dtarget={target}", "-Doptimize=ReleaseFast"]

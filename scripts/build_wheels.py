@@ -6,7 +6,7 @@
 1. The sdist: `python -m build --sdist` in a copy of the files git knows (so no fetched
    zstd, build output or stale *.egg-info reaches it).
 2. Per target of build.zig's `release_targets`: the sdist is unpacked, the verified zstd
-   sources (scripts/fetch_zstd.py, the only fetcher) are copied in, `python -m build
+   sources (scripts/fetch_vendor.py, the only fetcher) are copied in, `python -m build
    --wheel` runs setup.py with LOADERX_ZIG_TARGET=<triple>, and `python -m wheel tags`
    retags the wheel `py3-none-<tag>`: the library links no CPython (cffi ABI mode).
 3. Checks: `auditwheel show` on Linux wheels (for the musl ones see auditwheel_tag); lief
@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fetch_zstd  # noqa: E402  (the sibling script that is the one zstd fetcher)
+import fetch_vendor  # noqa: E402  (the sibling script that is the one fetcher)
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB_NAMES = {"linux": "libloaderx.so", "macosx": "libloaderx.dylib", "win": "loaderx.dll"}
@@ -38,7 +38,7 @@ ZSTD_LICENSES = ("vendor/zstd/LICENSE", "vendor/zstd/COPYING")
 # them, and under macOS's two-level namespace they are harmless.
 MACHO_LINKER_SYMBOLS = {"__mh_dylib_header", "___dso_handle"}
 SDIST_REQUIRED = ("build.zig", "build.zig.zon", "setup.py", "vendor/zstd.lock.json",
-                  "scripts/fetch_zstd.py", "src/capi.zig", "loaderx/_lib.py")
+                  "scripts/fetch_vendor.py", "src/capi.zig", "loaderx/_lib.py")
 SDIST_FORBIDDEN = ("vendor/zstd/", "loaderx/lib/", "zig-out/", ".zig-cache/", "build/", "dist/")
 
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = [(t, g) for t, g in table if not args.only or g in args.only]
         if args.only and len(targets) != len(args.only):
             raise PackError(f"--only {args.only}: build.zig's tags are {[g for _, g in table]}")
-        fetch_zstd.fetch()  # the pinned zstd in vendor/zstd, verified (no-op when it is)
+        fetch_vendor.fetch()  # the pinned sources in vendor/, verified (no-op when they are)
         args.out.mkdir(parents=True, exist_ok=True)
         for old in args.out.glob("loaderx-*"):
             old.unlink()
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         for triple, tag in targets:
             wheel = build_wheel(sdist, triple, tag, args.out, flags)
             print(f"{wheel.name}: {check_wheel(wheel, tag, capi_exports())}", flush=True)
-    except (PackError, fetch_zstd.FetchError) as e:
+    except (PackError, fetch_vendor.FetchError) as e:
         print(f"build_wheels: {e}", file=sys.stderr)
         return 1
     print(f"{len(targets)} wheel(s) + 1 sdist in {args.out}, all checks passed")

@@ -1487,6 +1487,11 @@ pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: *u64) c_int {
 
 test {
     _ = Loader;
+    _ = @import("image/stage.zig");
+    _ = @import("image/plan.zig");
+    _ = @import("image/png.zig");
+    _ = @import("image/resample.zig");
+    _ = @import("image/jpeg.zig");
     _ = replica;
     _ = fsio;
     _ = store_maintain;
