@@ -212,12 +212,12 @@ fn jpegLib(
 /// The decompressor's part of libjpeg-turbo (its CMakeLists' JPEG_SOURCES
 /// without the compressor, plus arithmetic decoding and the SIMD stub).
 const jpeg_sources = [_][]const u8{
-    "jaricom.c",  "jcomapi.c",  "jdapimin.c",   "jdapistd.c", "jdarith.c",
-    "jdatasrc.c", "jdcoefct.c", "jdcolor.c",    "jddctmgr.c", "jdhuff.c",
-    "jdicc.c",    "jdinput.c",  "jdmainct.c",   "jdmarker.c", "jdmaster.c",
-    "jdmerge.c",  "jdphuff.c",  "jdpostct.c",   "jdsample.c", "jdtrans.c",
-    "jerror.c",   "jidctflt.c", "jidctfst.c",   "jidctint.c", "jidctred.c",
-    "jmemmgr.c",  "jmemnobs.c", "jquant1.c",    "jquant2.c",  "jutils.c",
+    "jaricom.c",    "jcomapi.c",  "jdapimin.c", "jdapistd.c", "jdarith.c",
+    "jdatasrc.c",   "jdcoefct.c", "jdcolor.c",  "jddctmgr.c", "jdhuff.c",
+    "jdicc.c",      "jdinput.c",  "jdmainct.c", "jdmarker.c", "jdmaster.c",
+    "jdmerge.c",    "jdphuff.c",  "jdpostct.c", "jdsample.c", "jdtrans.c",
+    "jerror.c",     "jidctflt.c", "jidctfst.c", "jidctint.c", "jidctred.c",
+    "jmemmgr.c",    "jmemnobs.c", "jquant1.c",  "jquant2.c",  "jutils.c",
     "jsimd_none.c",
 };
 

@@ -58,9 +58,42 @@ typedef struct {
 } lx_source_t;
 typedef struct {
     uint32_t kind;
+    uint32_t _reserved;
+    uint32_t height;
+    uint32_t width;
+    double p;
+    double scale_min;
+    double scale_max;
+    double log_ratio_min;
+    double log_ratio_max;
+} lx_image_op_t;
+typedef struct {
+    uint32_t op_count;
+    uint32_t channels;
+    uint32_t dtype;
+    uint32_t layout;
+    uint32_t out_height;
+    uint32_t out_width;
+    uint32_t on_error;
+    uint32_t _reserved;
+    float mean[4];
+    float std[4];
+    lx_image_op_t ops[16];
+} lx_image_spec_t;
+typedef struct {
+    lx_image_spec_t spec;
+    uint64_t seed;
+    uint32_t input;
+    uint32_t height;
+    uint32_t width;
+    uint32_t channels;
+} lx_image_column_t;
+typedef struct {
+    uint32_t kind;
     uint32_t out_count;
     uint64_t record_size;
     uint8_t *const *out;
+    const lx_image_column_t *image;
 } lx_column_t;
 typedef struct {
     lx_store *store;
@@ -172,11 +205,14 @@ int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint64_t, uint64_t, const char *);
-int lx_loader_wait(lx_loader *, uint64_t, uint64_t, uint32_t *, uint8_t **const *, uint64_t *, uint64_t *, uint64_t *, uint16_t *);
+int lx_loader_wait(lx_loader *, uint64_t, uint64_t, uint32_t *, uint8_t **const *, uint64_t *, uint64_t *, uint64_t *, uint16_t *, uint32_t *);
 int lx_loader_indices(lx_loader *, uint64_t, uint64_t, uint64_t *, uint16_t *);
 int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *, uint64_t *);
 void lx_loader_stop(lx_loader *);
 void lx_loader_free(lx_loader *);
+int lx_image_apply(const lx_image_column_t *, const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, uint64_t, uint64_t, uint64_t, uint8_t *, uint64_t, uint32_t *, uint64_t *);
+int lx_image_use_jpeg(const char *);
+int lx_image_jpeg_library(uint8_t *, uint64_t, uint64_t *);
 void lx_debug_fault(uint32_t, uint64_t, int);
 void lx_debug_fault_counts(uint64_t *, uint64_t *);
 void lx_debug_record(int);
@@ -184,16 +220,25 @@ int lx_debug_recording(uint8_t *, uint64_t, uint64_t *);
 """
 
 #: lx_result: result code name -> value (0 is success).
-RESULTS = {"ok": 0, "io": -1, "invalid": -2, "not_found": -3, "not_a_store": -4, "corrupt": -5, "newer_format": -6, "locked": -7, "busy": -8, "out_of_range": -9, "out_of_memory": -10, "size_mismatch": -11, "bad_dictionary": -12, "read_only": -13, "no_space": -14, "closed": -15, "failed": -16}
+RESULTS = {"ok": 0, "io": -1, "invalid": -2, "not_found": -3, "not_a_store": -4, "corrupt": -5, "newer_format": -6, "locked": -7, "busy": -8, "out_of_range": -9, "out_of_memory": -10, "size_mismatch": -11, "bad_dictionary": -12, "read_only": -13, "no_space": -14, "closed": -15, "failed": -16, "bad_image": -17}
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 SAMPLER_MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
 PARTS = {"payload": 0, "aux": 1}
 BLOBS = {"dictionary": 0, "user": 1, "dtype_descr": 2, "dtype_name": 3}
-COLUMN_KINDS = {"dense": 0, "variable": 1, "windows": 2, "segments": 3}
+COLUMN_KINDS = {"dense": 0, "variable": 1, "windows": 2, "segments": 3, "image": 4}
 #: format.Kind: what a store holds (its type identity's kind).
 STORE_KINDS = {"bytes": 0, "dense": 1, "ragged": 2}
 #: format.Identity.Encoding: how a store keeps its identity (lx_identity).
 IDENTITY_ENCODINGS = {"none": 0, "native": 1, "msgpack": 2}
+#: The image stage (src/image/plan.zig, stage.zig): ops, dtypes, layouts,
+#: on_error policies, input kinds.
+IMAGE_OPS = {"resize": 1, "center_crop": 2, "random_resized_crop": 3, "horizontal_flip": 4}
+IMAGE_DTYPES = {"uint8": 0, "float16": 1, "float32": 2}
+IMAGE_LAYOUTS = {"hwc": 0, "chw": 1}
+IMAGE_ON_ERROR = {"raise": 0, "skip": 1}
+IMAGE_INPUTS = {"encoded": 0, "pixels": 1}
+IMAGE_OPS_MAX = 16
+IMAGE_SIDE_MAX = 16384
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
 LOADER_COLUMNS_MAX = 1024
@@ -213,5 +258,6 @@ IDENTITY_NAME_SIZE_MAX = 255
 IDENTITY_FLAG_DTYPE_BY_NAME = 1
 STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
     "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
-    "lx_column_t": 24, "lx_loader_part_t": 40, "lx_windows_t": 48,
-    "lx_pool_stats_t": 64, "lx_identity_t": 312}
+    "lx_column_t": 32, "lx_loader_part_t": 40, "lx_windows_t": 48,
+    "lx_pool_stats_t": 64, "lx_identity_t": 312, "lx_image_op_t": 56,
+    "lx_image_spec_t": 960, "lx_image_column_t": 984}

@@ -39,6 +39,7 @@ ERROR_CLASSES = {
     "no_space": errors.NoSpaceError,
     "closed": errors.ClosedError,
     "failed": errors.HandleFailedError,
+    "bad_image": errors.ImageError,
 }
 _CLASS_BY_CODE = {RESULTS[name]: cls for name, cls in ERROR_CLASSES.items()}
 

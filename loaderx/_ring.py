@@ -310,8 +310,9 @@ class Ring:
             if self.variable else None
         indices = np.empty(self.batch_size, np.uint64) if self.want_indices else None
         sources = np.empty(self.batch_size, np.uint16) if self.want_sources else None
+        skipped = ffi.new("uint32_t *")
         args = (step, generation, failed, slots, lengths, _pointer("uint64_t *", sizes),
-                _pointer("uint64_t *", indices), _pointer("uint16_t *", sources))
+                _pointer("uint64_t *", indices), _pointer("uint16_t *", sources), skipped)
         self.enter("DataLoader is closed")
         try:
             rc = lib.lx_loader_wait(self.handle, *args)

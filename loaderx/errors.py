@@ -94,6 +94,12 @@ class InvalidArgumentError(LoaderxError, ValueError):
     """An argument the native core refused (codec, level, ...)."""
 
 
+class ImageError(LoaderxError, ValueError):
+    """A record the image stage cannot decode: not a JPEG or PNG, damaged or
+    truncated, or larger than the stage decodes. The message names the
+    dataset, the column and the record."""
+
+
 class ArgumentTypeError(LoaderxError, TypeError):
     """An argument of the wrong type (raised in Python, no native code)."""
 

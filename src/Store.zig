@@ -106,6 +106,8 @@ pub const Error = error{
     IoFailed,
     Closed,
     Failed,
+    /// A record is not an image the image stage can decode (image/stage.zig).
+    BadImage,
 };
 
 pub const aux_size_max: usize = std.math.maxInt(u16);

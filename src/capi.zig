@@ -80,6 +80,9 @@ const store_maintain = @import("store_maintain.zig");
 const store_parts = @import("store_parts.zig");
 const windows = @import("windows.zig");
 const replica = @import("replica.zig");
+const image_plan = @import("image/plan.zig");
+const image = @import("image/stage.zig");
+const jpeg = @import("image/jpeg.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -125,6 +128,8 @@ pub const Result = enum(c_int) {
     closed = -15,
     /// An earlier error left this handle unusable; reopen the store.
     failed = -16,
+    /// A record is not an image the image stage decodes, or a damaged one.
+    bad_image = -17,
 };
 
 fn code(err: Loader.Error) c_int {
@@ -145,6 +150,7 @@ fn code(err: Loader.Error) c_int {
         error.NoSpace => .no_space,
         error.Closed => .closed,
         error.Failed => .failed,
+        error.BadImage => .bad_image,
     };
     return @backingInt(r);
 }
@@ -206,6 +212,7 @@ pub export fn lx_strerror(result: c_int) [*:0]const u8 {
         .no_space => "no space left on device",
         .closed => "closed",
         .failed => "handle failed after an earlier error; reopen the store",
+        .bad_image => "not an image the image stage decodes",
     };
 }
 
@@ -1353,12 +1360,15 @@ pub export fn lx_loader_submit(
 /// freed now). `sizes` (2 * batch_size uint64 per variable column, in column
 /// order: payload sizes, then aux sizes), `indices` and `sources`
 /// (batch_size each) receive the step's record sizes, indices and sources;
-/// each may be null. A step that failed hands nothing over: returns its error
-/// (message in lx_last_error) with the failing column in `*failed_column`
-/// (column_count: failed by lx_loader_submit). Errors: closed (the ring was
-/// stopped, also while waiting; or a store was closed), invalid (before the
-/// first step, already handed over, or dropped by a reset, also while
-/// waiting), failed, or any lx_gather error.
+/// each may be null, and so may `images_skipped` (the image records the
+/// step replaced: an image column's Decode on_error skip). A step that
+/// failed hands nothing over: returns its error (message in lx_last_error)
+/// with the failing column in `*failed_column` (column_count: failed by
+/// lx_loader_submit). Errors: closed (the ring was stopped, also while
+/// waiting; or a store was closed), invalid (before the first step, already
+/// handed over, or dropped by a reset, also while waiting), failed,
+/// bad_image (an image column's record; the message names its index), or
+/// any lx_gather error.
 pub export fn lx_loader_wait(
     l: *Loader,
     step: u64,
@@ -1369,11 +1379,12 @@ pub export fn lx_loader_wait(
     sizes: ?[*]u64,
     indices: ?[*]u64,
     sources: ?[*]u16,
+    images_skipped: ?*u32,
 ) c_int {
     diag.clear();
     const b = buffers orelse return invalid("buffers is null", .{});
     const n = lengths orelse return invalid("lengths is null", .{});
-    const count = l.columns.len;
+    const count = l.columns.count();
     l.wait(step, generation, .{
         .failed_column = failed_column,
         .buffers = b[0..count],
@@ -1381,6 +1392,7 @@ pub export fn lx_loader_wait(
         .sizes = sizes,
         .indices = indices,
         .sources = sources,
+        .images_skipped = images_skipped,
     }) catch |e| return code(e);
     return 0;
 }
@@ -1447,6 +1459,166 @@ pub export fn lx_loader_stop(l: *Loader) void {
 /// other call on the same ring.
 pub export fn lx_loader_free(l: ?*Loader) void {
     if (l) |ring| ring.destroy();
+}
+
+// ---------------------------------------------------------------- images
+
+/// lx_image_op_t, lx_image_spec_t, lx_image_column_t: an image pipeline (see
+/// src/image/plan.zig for every field), and a column of it (what its records
+/// are, and the seed its random draws are keyed by).
+pub const ImageOp = image_plan.Op;
+pub const ImageSpec = image_plan.Spec;
+pub const ImageColumn = image.Column;
+
+/// Runs `column`'s pipeline on `count` records outside a loader, into `out`
+/// (`count` * the pipeline's bytes a record, exactly `out_len`): record i is
+/// keyed at step `step`, global position `position + i`, so it comes out as
+/// a loader's step `step` makes the record at that position. Encoded input:
+/// record i is data[offsets[i] .. offsets[i] + sizes[i]]; pixel input: the
+/// i-th block of height * width * channels bytes of `data` (offsets and
+/// sizes may be null). Runs on every usable core, the GIL released. Writes
+/// the records replaced (on_error skip) to `*skipped`, and on bad_image the
+/// failing record's number to `*failed`. Errors: invalid, bad_image (the
+/// message names the record and what is wrong), out_of_memory.
+pub export fn lx_image_apply(
+    column: ?*const ImageColumn,
+    data: ?[*]const u8,
+    data_len: u64,
+    offsets: ?[*]const u64,
+    sizes: ?[*]const u64,
+    count: u64,
+    step: u64,
+    position: u64,
+    out: ?[*]u8,
+    out_len: u64,
+    skipped: *u32,
+    failed: *u64,
+) c_int {
+    diag.clear();
+    skipped.* = 0;
+    failed.* = 0;
+    const col = column orelse return invalid("column is null", .{});
+    image.checkColumn(col) catch |e| return code(e);
+    const dest = out orelse return invalid("out is null", .{});
+    const want = std.math.mul(
+        u64,
+        count,
+        col.spec.outBytes(),
+    ) catch return invalid("count overflows", .{});
+    if (out_len != want) return invalid(
+        "out holds {d} bytes, the records need {d}",
+        .{ out_len, want },
+    );
+    if (count == 0) return 0;
+    const bytes = (data orelse return invalid("data is null", .{}))[0..@intCast(data_len)];
+    const records = imageRecords(
+        col,
+        bytes,
+        offsets,
+        sizes,
+        count,
+    ) orelse return @backingInt(Result.invalid);
+    var lanes: image.Lanes = .{};
+    defer lanes.deinit(gpa);
+    var outcome: image.Outcome = .{};
+    const key: image.Key = .{ .seed = col.seed, .step = step, .position = position };
+    image.batch(gpa, &col.spec, records, key, dest, &lanes, 0, &outcome) catch |e| switch (e) {
+        error.OutOfMemory => return code(error.OutOfMemory),
+        error.BadRecord => {
+            failed.* = outcome.failed_slot.?;
+            diag.set("record {d}: {s}", .{ failed.*, outcome.message[0..outcome.message_len] });
+            return @backingInt(Result.bad_image);
+        },
+    };
+    skipped.* = outcome.skipped;
+    return 0;
+}
+
+/// The records of lx_image_apply, checked against `data` (null: invalid,
+/// message set).
+fn imageRecords(
+    col: *const ImageColumn,
+    data: []const u8,
+    offsets: ?[*]const u64,
+    sizes: ?[*]const u64,
+    count: u64,
+) ?image.Records {
+    const n: usize = @intCast(count);
+    if (col.input == @backingInt(image.InputKind.pixels)) {
+        const size = @as(u64, col.height) * col.width * col.channels;
+        if (data.len != size * count) {
+            diag.set(
+                "data holds {d} bytes, {d} records of {d} x {d} x {d} need {d}",
+                .{ data.len, count, col.height, col.width, col.channels, size * count },
+            );
+            return null;
+        }
+        return .{
+            .pixels = .{
+                .data = data,
+                .height = col.height,
+                .width = col.width,
+                .channels = col.channels,
+            },
+        };
+    }
+    const o = (offsets orelse {
+        diag.set("offsets is null", .{});
+        return null;
+    })[0..n];
+    const s = (sizes orelse {
+        diag.set("sizes is null", .{});
+        return null;
+    })[0..n];
+    for (o, s, 0..) |at, size, i| {
+        if (at > data.len or size > data.len - at) {
+            diag.set(
+                "record {d} ({d} bytes at {d}) runs past the {d} bytes of data",
+                .{ i, size, at, data.len },
+            );
+            return null;
+        }
+    }
+    return .{ .encoded = .{ .bytes = data, .offsets = o, .sizes = s } };
+}
+
+/// Decodes JPEGs with the libjpeg at `path` (a libjpeg-turbo with SIMD: the
+/// one Pillow ships, or the system's) instead of the built-in one, from now
+/// on, for the whole process. It is taken only if it exports the libjpeg 6b
+/// API with libjpeg-turbo's crop and skip calls and decodes the library's
+/// test images exactly as the built-in decoder does. Must come before the
+/// first JPEG decode. Errors: not_found (no such library, or a symbol is
+/// missing), invalid (it decodes differently, a decode already ran, or this
+/// platform cannot load libraries).
+pub export fn lx_image_use_jpeg(path: ?[*:0]const u8) c_int {
+    diag.clear();
+    const p = std.mem.span(path orelse return invalid("path is null", .{}));
+    jpeg.useLibrary(p) catch |e| {
+        diag.set("{s}: {s}", .{ p, switch (e) {
+            error.NotFound => "cannot be loaded",
+            error.MissingSymbol => "is not a libjpeg-turbo (a symbol is missing)",
+            error.Mismatch => "decodes the test images differently from the built-in decoder",
+            error.Unsupported => "libraries are not loaded on this platform",
+            error.AlreadyChosen => "the decoder was chosen already (before the first decode)",
+        } });
+        const missing = e == error.NotFound or e == error.MissingSymbol;
+        const r: Result = if (missing) .not_found else .invalid;
+        return @backingInt(r);
+    };
+    return 0;
+}
+
+/// Writes the path of the libjpeg decoding JPEGs ("" for the built-in
+/// libjpeg-turbo) to `out` (up to `cap` bytes, NUL-terminated when it fits)
+/// and its length to `*len`. Choosing nothing by then chooses the built-in.
+pub export fn lx_image_jpeg_library(out: ?[*]u8, cap: u64, len: *u64) c_int {
+    const path = jpeg.libraryPath();
+    len.* = path.len;
+    const o = out orelse return 0;
+    if (cap < path.len + 1) return 0;
+    @memcpy(o[0..path.len], path);
+    o[path.len] = 0;
+    return 0;
 }
 
 // ---------------------------------------------------------------- test hooks

@@ -13,6 +13,8 @@ const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const Store = @import("Store.zig");
 const outbuf = @import("outbuf.zig");
+const image_plan = @import("image/plan.zig");
+const image = @import("image/stage.zig");
 
 /// Zig types that C sees by name.
 const named = .{
@@ -32,6 +34,9 @@ const named = .{
     .{ capi.IdentitySpec, "lx_identity_t" },
     .{ capi.ReplicaSpec, "lx_replica_t" },
     .{ capi.Reads, "lx_reads_t" },
+    .{ capi.ImageOp, "lx_image_op_t" },
+    .{ capi.ImageSpec, "lx_image_spec_t" },
+    .{ capi.ImageColumn, "lx_image_column_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -41,6 +46,8 @@ fn cName(comptime T: type) []const u8 {
     return switch (T) {
         u8 => "uint8_t",
         u32 => "uint32_t",
+        f32 => "float",
+        f64 => "double",
         i32 => "int32_t",
         u64 => "uint64_t",
         u16 => "uint16_t",
@@ -107,7 +114,8 @@ const cdef = blk: {
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
         capi.Part,         capi.LoaderConfig, capi.Cursor,
-        capi.LoaderSource, capi.LoaderColumn, capi.LoaderPart,
+        capi.LoaderSource, capi.ImageOp,      capi.ImageSpec,
+        capi.ImageColumn,  capi.LoaderColumn, capi.LoaderPart,
         capi.WindowsSpec,  capi.PoolStats,    capi.IdentitySpec,
         capi.ReplicaSpec,  capi.Reads,
     };
@@ -156,6 +164,18 @@ const python = blk: {
     text = text ++ enumDict("STORE_KINDS", format.Kind);
     text = text ++ "#: format.Identity.Encoding: how a store keeps its identity (lx_identity).\n";
     text = text ++ enumDict("IDENTITY_ENCODINGS", format.Identity.Encoding);
+    text = text ++ "#: The image stage (src/image/plan.zig, stage.zig): ops, dtypes, layouts,\n";
+    text = text ++ "#: on_error policies, input kinds.\n";
+    text = text ++ enumDict("IMAGE_OPS", image_plan.OpKind) ++ enumDict(
+        "IMAGE_DTYPES",
+        image_plan.Dtype,
+    );
+    text = text ++ enumDict("IMAGE_LAYOUTS", image_plan.Layout);
+    text = text ++ enumDict("IMAGE_ON_ERROR", image_plan.OnError);
+    text = text ++ enumDict("IMAGE_INPUTS", image.InputKind);
+    text = text ++ std.fmt.comptimePrint("IMAGE_OPS_MAX = {d}\nIMAGE_SIDE_MAX = {d}\n", .{
+        image_plan.ops_max, image_plan.side_max,
+    });
     text = text ++ "#: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).\n";
     text = text ++ enumDict("FAULT_OPS", fsio.Op);
     text = text ++ std.fmt.comptimePrint(
@@ -177,7 +197,8 @@ const python = blk: {
         \\STRUCT_SIZES = {{"lx_info_t": {d}, "lx_stats_t": {d}, "lx_move_t": {d}, "lx_part_t": {d},
         \\    "lx_loader_config_t": {d}, "lx_cursor_t": {d}, "lx_source_t": {d},
         \\    "lx_column_t": {d}, "lx_loader_part_t": {d}, "lx_windows_t": {d},
-        \\    "lx_pool_stats_t": {d}, "lx_identity_t": {d}}}
+        \\    "lx_pool_stats_t": {d}, "lx_identity_t": {d}, "lx_image_op_t": {d},
+        \\    "lx_image_spec_t": {d}, "lx_image_column_t": {d}}}
         \\
     , .{
         Loader.columns_max,         Loader.sources_max,             Loader.parts_max,
@@ -189,7 +210,8 @@ const python = blk: {
         @sizeOf(capi.Move),         @sizeOf(capi.Part),             @sizeOf(capi.LoaderConfig),
         @sizeOf(capi.Cursor),       @sizeOf(capi.LoaderSource),     @sizeOf(capi.LoaderColumn),
         @sizeOf(capi.LoaderPart),   @sizeOf(capi.WindowsSpec),      @sizeOf(capi.PoolStats),
-        @sizeOf(capi.IdentitySpec),
+        @sizeOf(capi.IdentitySpec), @sizeOf(capi.ImageOp),          @sizeOf(capi.ImageSpec),
+        @sizeOf(capi.ImageColumn),
     });
     break :blk text;
 };

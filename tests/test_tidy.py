@@ -60,7 +60,7 @@ LINE_COLUMNS_MAX = 100
 
 
 def zig_files():
-    return sorted(glob.glob(os.path.join(ROOT, "src", "*.zig")))
+    return sorted(glob.glob(os.path.join(ROOT, "src", "**", "*.zig"), recursive=True))
 
 
 def python_files():

@@ -63,7 +63,14 @@ pub const Region = extern struct {
 };
 
 extern fn lxj_state_size() usize;
-extern fn lxj_begin(s: *anyopaque, api: *const Api, data: [*]const u8, len: usize, memory: c_long, out: *Header) c_int;
+extern fn lxj_begin(
+    s: *anyopaque,
+    api: *const Api,
+    data: [*]const u8,
+    len: usize,
+    memory: c_long,
+    out: *Header,
+) c_int;
 extern fn lxj_start(s: *anyopaque, scale_num: u32, x: u32, w: u32, y: u32, out: *Region) c_int;
 extern fn lxj_read(s: *anyopaque, row: [*]u8) c_int;
 extern fn lxj_end(s: *anyopaque) void;
@@ -212,7 +219,14 @@ fn sameDecodes(a: *const Api, b: *const Api) bool {
     return true;
 }
 
-fn sameImage(a: *const Api, b: *const Api, image: []const u8, scale: u32, row_a: []u8, row_b: []u8) bool {
+fn sameImage(
+    a: *const Api,
+    b: *const Api,
+    image: []const u8,
+    scale: u32,
+    row_a: []u8,
+    row_b: []u8,
+) bool {
     var da: Decoder = .{};
     var db: Decoder = .{};
     defer da.end();
@@ -235,4 +249,3 @@ fn sameImage(a: *const Api, b: *const Api, image: []const u8, scale: u32, row_a:
 }
 
 const test_images = @import("test_images.zig");
-

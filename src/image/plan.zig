@@ -371,7 +371,15 @@ test "resize and centre crop are torchvision's boxes" {
 
 test "a random resized crop stays inside the image and depends only on its key" {
     const s = testSpec(&.{
-        .{ .kind = 3, .height = 224, .width = 224, .scale_min = 0.08, .scale_max = 1, .log_ratio_min = @log(3.0 / 4.0), .log_ratio_max = @log(4.0 / 3.0) },
+        .{
+            .kind = 3,
+            .height = 224,
+            .width = 224,
+            .scale_min = 0.08,
+            .scale_max = 1,
+            .log_ratio_min = @log(3.0 / 4.0),
+            .log_ratio_max = @log(4.0 / 3.0),
+        },
         .{ .kind = 4, .p = 0.5 },
     });
     try check(&s);

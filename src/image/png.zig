@@ -94,7 +94,13 @@ fn fail(why: *Failure, text: []const u8) Error {
 /// Reads the header, palette and where the image data is. `idat` receives
 /// the image data: the one IDAT chunk's bytes in place, or all of them
 /// copied back to back into `joined`.
-pub fn begin(gpa: Allocator, data: []const u8, joined: *std.ArrayList(u8), idat: *[]const u8, why: *Failure) Error!Info {
+pub fn begin(
+    gpa: Allocator,
+    data: []const u8,
+    joined: *std.ArrayList(u8),
+    idat: *[]const u8,
+    why: *Failure,
+) Error!Info {
     if (!std.mem.startsWith(u8, data, signature)) return fail(why, "not a PNG file");
     var chunks: Chunks = .{ .data = data };
     const first = try chunks.next(why) orelse return fail(why, "no IHDR chunk");
@@ -119,7 +125,10 @@ pub fn begin(gpa: Allocator, data: []const u8, joined: *std.ArrayList(u8), idat:
         }
     }
     if (count == 0) return fail(why, "no image data (IDAT)");
-    if (info.color == .palette and info.palette_len == 0) return fail(why, "a palette image without PLTE");
+    if (info.color == .palette and info.palette_len == 0) return fail(
+        why,
+        "a palette image without PLTE",
+    );
     idat.* = if (count == 1) single else joined.items;
     return info;
 }
@@ -128,7 +137,10 @@ fn header(b: []const u8, why: *Failure) Error!Info {
     const width = be32(b[0..]);
     const height = be32(b[4..]);
     const depth = b[8];
-    const color = std.enums.fromInt(Color, b[9]) orelse return fail(why, "an unknown PNG colour type");
+    const color = std.enums.fromInt(Color, b[9]) orelse return fail(
+        why,
+        "an unknown PNG colour type",
+    );
     if (b[10] != 0 or b[11] != 0) return fail(why, "an unknown PNG compression or filter method");
     if (b[12] > 1) return fail(why, "an unknown PNG interlace method");
     if (width == 0 or height == 0 or width > 1 << 31 or height > 1 << 31) {
@@ -140,7 +152,13 @@ fn header(b: []const u8, why: *Failure) Error!Info {
         .rgb, .gray_alpha, .rgba => depth == 8 or depth == 16,
     };
     if (!ok) return fail(why, "a bit depth the colour type does not allow");
-    const info: Info = .{ .width = width, .height = height, .color = color, .depth = depth, .interlaced = b[12] == 1 };
+    const info: Info = .{
+        .width = width,
+        .height = height,
+        .color = color,
+        .depth = depth,
+        .interlaced = b[12] == 1,
+    };
     const pixels = @as(u64, width) * height;
     if (pixels > pixels_max) return error.Unsupported;
     if (info.interlaced and pixels > interlaced_pixels_max) return error.Unsupported;
@@ -169,7 +187,16 @@ pub const Scratch = struct {
 
 /// Decodes rows [row_lo, row_hi) of the image, calling `sink.row(rgb)` with
 /// each (width * 3 bytes) in order.
-pub fn rows(gpa: Allocator, s: *Scratch, info: *const Info, idat: []const u8, row_lo: u32, row_hi: u32, sink: anytype, why: *Failure) Error!void {
+pub fn rows(
+    gpa: Allocator,
+    s: *Scratch,
+    info: *const Info,
+    idat: []const u8,
+    row_lo: u32,
+    row_hi: u32,
+    sink: anytype,
+    why: *Failure,
+) Error!void {
     assert(row_lo <= row_hi and row_hi <= info.height);
     if (s.window.len < flate.max_window_len) {
         gpa.free(s.window);
@@ -286,7 +313,13 @@ const passes = [7][4]u32{
     .{ 0, 2, 2, 4 }, .{ 1, 0, 2, 2 }, .{ 0, 1, 1, 2 },
 };
 
-fn interlaced(gpa: Allocator, s: *Scratch, info: *const Info, z: *std.Io.Reader, why: *Failure) Error!void {
+fn interlaced(
+    gpa: Allocator,
+    s: *Scratch,
+    info: *const Info,
+    z: *std.Io.Reader,
+    why: *Failure,
+) Error!void {
     const W: usize = info.width;
     try s.whole.resize(gpa, W * info.height * 3);
     for (passes) |p| {
@@ -313,7 +346,10 @@ const testing = std.testing;
 const Collect = struct {
     out: std.ArrayList(u8) = .empty,
     fn row(c: *Collect, rgb: []const u8) void {
-        c.out.appendSlice(testing.allocator, rgb) catch unreachable; // test-only: the allocator has room
+        c.out.appendSlice(
+            testing.allocator,
+            rgb,
+        ) catch unreachable; // test-only: the allocator has room
     }
 };
 

@@ -35,7 +35,15 @@ pub const taps_limit: u32 = 2 * @as(u32, @intFromFloat(scale_max)) + 1;
 
 /// Computes `t` for `out` pixels from source coordinate `x0` at `scale`
 /// source pixels per output pixel, reading only source pixels in [lo, hi).
-pub fn computeTaps(gpa: Allocator, t: *Taps, out: u32, x0: f64, scale: f64, lo: u32, hi: u32) Allocator.Error!void {
+pub fn computeTaps(
+    gpa: Allocator,
+    t: *Taps,
+    out: u32,
+    x0: f64,
+    scale: f64,
+    lo: u32,
+    hi: u32,
+) Allocator.Error!void {
     assert(scale > 0 and scale <= scale_max);
     assert(lo <= hi);
     const filter_scale = @max(scale, 1.0);
@@ -205,7 +213,13 @@ pub const Resampler = struct {
         row_hi: u32,
     };
 
-    pub fn init(gpa: Allocator, s: *Scratch, p: plan_mod.Plan, box: Box, writer: Writer) Allocator.Error!Resampler {
+    pub fn init(
+        gpa: Allocator,
+        s: *Scratch,
+        p: plan_mod.Plan,
+        box: Box,
+        writer: Writer,
+    ) Allocator.Error!Resampler {
         assert(p.out_width == writer.width and p.out_height == writer.height);
         assert(box.col_lo <= box.col_hi and box.row_lo <= box.row_hi);
         try computeTaps(gpa, &s.xt, p.out_width, p.x0, p.sx, box.col_lo, box.col_hi);
@@ -335,8 +349,22 @@ test "an identity plan copies the pixels, mirrored when asked" {
     var s: Scratch = .{};
     defer s.deinit(testing.allocator);
     for ([_]bool{ false, true }) |flip| {
-        const p: plan_mod.Plan = .{ .x0 = 0, .y0 = 0, .sx = 1, .sy = 1, .out_width = 3, .out_height = 2, .flip = flip };
-        var r = try Resampler.init(testing.allocator, &s, p, .{ .col_lo = 0, .col_hi = 3, .row_lo = 0, .row_hi = 2 }, Writer.init(&spec, &out, flip));
+        const p: plan_mod.Plan = .{
+            .x0 = 0,
+            .y0 = 0,
+            .sx = 1,
+            .sy = 1,
+            .out_width = 3,
+            .out_height = 2,
+            .flip = flip,
+        };
+        var r = try Resampler.init(
+            testing.allocator,
+            &s,
+            p,
+            .{ .col_lo = 0, .col_hi = 3, .row_lo = 0, .row_hi = 2 },
+            Writer.init(&spec, &out, flip),
+        );
         r.push(src[0..9]);
         r.push(src[9..18]);
         r.finish();

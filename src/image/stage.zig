@@ -28,8 +28,10 @@ const jpeg = @import("jpeg.zig");
 const png = @import("png.zig");
 const resample = @import("resample.zig");
 const pool = @import("../pool.zig");
+const diag = @import("../diag.zig");
 
 pub const Spec = plan_mod.Spec;
+pub const Key = plan_mod.Key;
 pub const message_size_max: usize = 192;
 
 /// What a record is.
@@ -73,13 +75,44 @@ pub const Scratch = struct {
 };
 
 /// Runs `spec` on one record into `dest` (spec.outBytes() bytes).
-pub fn record(gpa: Allocator, spec: *const Spec, input: Input, key: plan_mod.Key, dest: [*]u8, s: *Scratch) Error!void {
+pub fn record(
+    gpa: Allocator,
+    spec: *const Spec,
+    input: Input,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    s: *Scratch,
+) Error!void {
     s.message_len = 0;
     switch (input) {
-        .pixels => |p| return pixels(gpa, spec, p.data, p.height, p.width, p.channels, key, dest, s),
+        .pixels => |p| return pixels(
+            gpa,
+            spec,
+            p.data,
+            p.height,
+            p.width,
+            p.channels,
+            key,
+            dest,
+            s,
+        ),
         .encoded => |data| {
-            if (std.mem.startsWith(u8, data, "\xff\xd8\xff")) return decodeJpeg(gpa, spec, data, key, dest, s);
-            if (std.mem.startsWith(u8, data, png.signature)) return decodePng(gpa, spec, data, key, dest, s);
+            if (std.mem.startsWith(u8, data, "\xff\xd8\xff")) return decodeJpeg(
+                gpa,
+                spec,
+                data,
+                key,
+                dest,
+                s,
+            );
+            if (std.mem.startsWith(u8, data, png.signature)) return decodePng(
+                gpa,
+                spec,
+                data,
+                key,
+                dest,
+                s,
+            );
             if (data.len == 0) return s.fail("an empty record, not an image", .{});
             const n = @min(data.len, 4);
             return s.fail("not a JPEG or PNG image (its first bytes are {x})", .{data[0..n]});
@@ -87,7 +120,13 @@ pub fn record(gpa: Allocator, spec: *const Spec, input: Input, key: plan_mod.Key
     }
 }
 
-fn planFor(spec: *const Spec, width: u32, height: u32, key: plan_mod.Key, s: *Scratch) Error!plan_mod.Plan {
+fn planFor(
+    spec: *const Spec,
+    width: u32,
+    height: u32,
+    key: plan_mod.Key,
+    s: *Scratch,
+) Error!plan_mod.Plan {
     const p = plan_mod.plan(spec, width, height, key) catch {
         return s.fail("a {d} x {d} image is too small for the pipeline's crop", .{ width, height });
     };
@@ -143,7 +182,14 @@ fn scaledPlan(p: plan_mod.Plan, n: u32) plan_mod.Plan {
     return q;
 }
 
-fn decodeJpeg(gpa: Allocator, spec: *const Spec, data: []const u8, key: plan_mod.Key, dest: [*]u8, s: *Scratch) Error!void {
+fn decodeJpeg(
+    gpa: Allocator,
+    spec: *const Spec,
+    data: []const u8,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    s: *Scratch,
+) Error!void {
     const d = &s.decoder;
     d.* = .{};
     defer d.end();
@@ -152,7 +198,13 @@ fn decodeJpeg(gpa: Allocator, spec: *const Spec, data: []const u8, key: plan_mod
     const n = dctScale(whole);
     const p = scaledPlan(whole, n);
     const box = boxOf(p, jpeg.scaled(h.width, n), jpeg.scaled(h.height, n));
-    var r = try resample.Resampler.init(gpa, &s.resample, p, box, resample.Writer.init(spec, dest, p.flip));
+    var r = try resample.Resampler.init(
+        gpa,
+        &s.resample,
+        p,
+        box,
+        resample.Writer.init(spec, dest, p.flip),
+    );
     if (box.col_hi > box.col_lo and box.row_hi > box.row_lo) {
         const region = d.start(n, box.col_lo, box.col_hi - box.col_lo, box.row_lo) catch |e|
             return jpegFailure(s, e, h);
@@ -163,7 +215,13 @@ fn decodeJpeg(gpa: Allocator, spec: *const Spec, data: []const u8, key: plan_mod
         const cols = box.col_hi - box.col_lo;
         for (box.row_lo..box.row_hi) |_| {
             d.read(s.row.items) catch |e| return jpegFailure(s, e, h);
-            convertRow(s.row.items[from..], region.channels == 4, cols, spec.channels, s.conv.items);
+            convertRow(
+                s.row.items[from..],
+                region.channels == 4,
+                cols,
+                spec.channels,
+                s.conv.items,
+            );
             r.push(s.conv.items);
         }
     }
@@ -174,7 +232,10 @@ fn jpegFailure(s: *Scratch, e: jpeg.Error, h: ?jpeg.Header) Error {
     return switch (e) {
         error.Damaged => s.fail("a damaged JPEG: {s}", .{s.decoder.message()}),
         error.Unsupported => if (h) |hh|
-            s.fail("a {d} x {d} JPEG, larger than the {d} pixels the stage decodes", .{ hh.width, hh.height, jpeg.pixels_max })
+            s.fail(
+                "a {d} x {d} JPEG, larger than the {d} pixels the stage decodes",
+                .{ hh.width, hh.height, jpeg.pixels_max },
+            )
         else
             s.fail("a JPEG larger than the {d} pixels the stage decodes", .{jpeg.pixels_max}),
     };
@@ -218,16 +279,41 @@ const PngSink = struct {
     }
 };
 
-fn decodePng(gpa: Allocator, spec: *const Spec, data: []const u8, key: plan_mod.Key, dest: [*]u8, s: *Scratch) Error!void {
+fn decodePng(
+    gpa: Allocator,
+    spec: *const Spec,
+    data: []const u8,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    s: *Scratch,
+) Error!void {
     var why: png.Failure = .{};
     var idat: []const u8 = &.{};
-    const info = png.begin(gpa, data, &s.png.joined, &idat, &why) catch |e| return pngFailure(s, e, why);
+    const info = png.begin(
+        gpa,
+        data,
+        &s.png.joined,
+        &idat,
+        &why,
+    ) catch |e| return pngFailure(s, e, why);
     const p = try planFor(spec, info.width, info.height, key, s);
     const box = boxOf(p, info.width, info.height);
-    var r = try resample.Resampler.init(gpa, &s.resample, p, box, resample.Writer.init(spec, dest, p.flip));
+    var r = try resample.Resampler.init(
+        gpa,
+        &s.resample,
+        p,
+        box,
+        resample.Writer.init(spec, dest, p.flip),
+    );
     const cols = box.col_hi - box.col_lo;
     try s.conv.resize(gpa, @as(usize, cols) * spec.channels);
-    const sink: PngSink = .{ .r = &r, .conv = s.conv.items, .col_lo = box.col_lo, .cols = cols, .channels = spec.channels };
+    const sink: PngSink = .{
+        .r = &r,
+        .conv = s.conv.items,
+        .col_lo = box.col_lo,
+        .cols = cols,
+        .channels = spec.channels,
+    };
     if (cols > 0) {
         png.rows(gpa, &s.png, &info, idat, box.row_lo, box.row_hi, &sink, &why) catch |e|
             return pngFailure(s, e, why);
@@ -244,17 +330,36 @@ fn pngFailure(s: *Scratch, e: png.Error, why: png.Failure) Error {
     };
 }
 
-fn pixels(gpa: Allocator, spec: *const Spec, data: []const u8, height: u32, width: u32, channels: u32, key: plan_mod.Key, dest: [*]u8, s: *Scratch) Error!void {
+fn pixels(
+    gpa: Allocator,
+    spec: *const Spec,
+    data: []const u8,
+    height: u32,
+    width: u32,
+    channels: u32,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    s: *Scratch,
+) Error!void {
     assert(data.len == @as(usize, height) * width * channels);
     assert(channels == 1 or channels == 3 or channels == 4);
     const p = try planFor(spec, width, height, key, s);
     const box = boxOf(p, width, height);
-    var r = try resample.Resampler.init(gpa, &s.resample, p, box, resample.Writer.init(spec, dest, p.flip));
+    var r = try resample.Resampler.init(
+        gpa,
+        &s.resample,
+        p,
+        box,
+        resample.Writer.init(spec, dest, p.flip),
+    );
     const cols = box.col_hi - box.col_lo;
     try s.conv.resize(gpa, @as(usize, cols) * spec.channels);
     const stride = @as(usize, width) * channels;
     for (box.row_lo..box.row_hi) |y| {
-        const row = data[y * stride + @as(usize, box.col_lo) * channels ..][0 .. @as(usize, cols) * channels];
+        const row = data[y * stride + @as(
+            usize,
+            box.col_lo,
+        ) * channels ..][0 .. @as(usize, cols) * channels];
         if (channels == spec.channels) {
             r.push(row);
             continue;
@@ -262,7 +367,11 @@ fn pixels(gpa: Allocator, spec: *const Spec, data: []const u8, height: u32, widt
         for (0..cols) |x| {
             const px = row[x * channels ..];
             const rgb: [3]u8 = if (channels == 1) @splat(px[0]) else .{ px[0], px[1], px[2] };
-            if (spec.channels == 3) s.conv.items[x * 3 ..][0..3].* = rgb else s.conv.items[x] = luma(rgb);
+            if (spec.channels == 3) {
+                s.conv.items[x * 3 ..][0..3].* = rgb;
+            } else {
+                s.conv.items[x] = luma(rgb);
+            }
         }
         r.push(s.conv.items);
     }
@@ -287,10 +396,19 @@ pub const Records = union(enum) {
 
     fn at(r: Records, i: usize) Input {
         return switch (r) {
-            .encoded => |e| .{ .encoded = e.bytes[@intCast(e.offsets[i])..][0..@intCast(e.sizes[i])] },
+            .encoded => |e| .{
+                .encoded = e.bytes[@intCast(e.offsets[i])..][0..@intCast(e.sizes[i])],
+            },
             .pixels => |p| blk: {
                 const size = @as(usize, p.height) * p.width * p.channels;
-                break :blk .{ .pixels = .{ .data = p.data[i * size ..][0..size], .height = p.height, .width = p.width, .channels = p.channels } };
+                break :blk .{
+                    .pixels = .{
+                        .data = p.data[i * size ..][0..size],
+                        .height = p.height,
+                        .width = p.width,
+                        .channels = p.channels,
+                    },
+                };
             },
         };
     }
@@ -363,14 +481,31 @@ const Job = struct {
 /// Runs `spec` on every record into `dest` (count * spec.outBytes() bytes),
 /// record i keyed at position `key.position + i`, on up to `lane_cap` lanes
 /// (0: all).
-pub fn batch(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.Key, dest: [*]u8, lanes: *Lanes, lane_cap: usize, out: *Outcome) Error!void {
+pub fn batch(
+    gpa: Allocator,
+    spec: *const Spec,
+    records: Records,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    lanes: *Lanes,
+    lane_cap: usize,
+    out: *Outcome,
+) Error!void {
     const n = records.count();
     out.* = .{};
     if (n == 0) return;
     const status = try gpa.alloc(u8, n);
     defer gpa.free(status);
     @memset(status, 0);
-    var job: Job = .{ .gpa = gpa, .spec = spec, .records = records, .key = key, .dest = dest, .lanes = lanes, .status = status };
+    var job: Job = .{
+        .gpa = gpa,
+        .spec = spec,
+        .records = records,
+        .key = key,
+        .dest = dest,
+        .lanes = lanes,
+        .status = status,
+    };
     const p = pool.plan(n, n > 1, lane_cap, 1);
     pool.run(p.lanes, &job, Job.work);
     // Slots no lane reached (lanes without scratch) run here.
@@ -379,7 +514,14 @@ pub fn batch(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.
         for (job.next.load(.monotonic)..n) |i| {
             var k = key;
             k.position += i;
-            record(gpa, spec, records.at(i), k, dest + @as(usize, @intCast(spec.outBytes())) * i, s) catch |e| {
+            record(
+                gpa,
+                spec,
+                records.at(i),
+                k,
+                dest + @as(usize, @intCast(spec.outBytes())) * i,
+                s,
+            ) catch |e| {
                 status[i] = if (e == error.OutOfMemory) 2 else 1;
             };
         }
@@ -392,7 +534,16 @@ pub fn batch(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.
 /// After the parallel pass: replaces failed slots (on_error skip) or reports
 /// the first, with its message (made again here: the same record fails the
 /// same way, whichever lane first ran it).
-fn settle(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.Key, dest: [*]u8, lanes: *Lanes, status: []const u8, out: *Outcome) Error!void {
+fn settle(
+    gpa: Allocator,
+    spec: *const Spec,
+    records: Records,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    lanes: *Lanes,
+    status: []const u8,
+    out: *Outcome,
+) Error!void {
     const s = try lanes.get(gpa, 0);
     const size: usize = @intCast(spec.outBytes());
     const n = status.len;
@@ -419,7 +570,16 @@ fn settle(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.Key
 }
 
 /// Slot i gets the first record after it (cyclically) that succeeds.
-fn replace(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.Key, dest: [*]u8, s: *Scratch, status: []const u8, i: usize) bool {
+fn replace(
+    gpa: Allocator,
+    spec: *const Spec,
+    records: Records,
+    key: plan_mod.Key,
+    dest: [*]u8,
+    s: *Scratch,
+    status: []const u8,
+    i: usize,
+) bool {
     const n = status.len;
     for (1..n) |d| {
         const j = (i + d) % n;
@@ -428,6 +588,82 @@ fn replace(gpa: Allocator, spec: *const Spec, records: Records, key: plan_mod.Ke
         return true;
     }
     return false;
+}
+
+// ---------------------------------------------------------------- a loader's image column
+
+pub const InputKind = enum(u32) { encoded = 0, pixels = 1 };
+
+/// lx_image_column_t: an image column of a loader: its pipeline, what its
+/// records are (encoded images; or pixels, height x width x channels bytes
+/// each), and the seed its draws are keyed by.
+pub const Column = extern struct {
+    spec: Spec,
+    seed: u64,
+    input: u32,
+    height: u32,
+    width: u32,
+    channels: u32,
+
+    comptime {
+        assert(@sizeOf(Column) == @sizeOf(Spec) + 24);
+    }
+};
+
+/// Checks a column from the caller (the message in diag).
+pub fn checkColumn(c: *const Column) error{InvalidArgument}!void {
+    plan_mod.check(&c.spec) catch
+        return diag.fail(error.InvalidArgument, "an invalid image pipeline", .{});
+    const kind = std.enums.fromInt(InputKind, c.input) orelse
+        return diag.fail(error.InvalidArgument, "unknown image input kind {d}", .{c.input});
+    if (kind == .encoded) return;
+    const side = plan_mod.side_max;
+    if (c.height == 0 or c.width == 0 or c.height > side or c.width > side) {
+        return diag.fail(
+            error.InvalidArgument,
+            "pixel records of {d} x {d}",
+            .{ c.height, c.width },
+        );
+    }
+    if (c.channels != 1 and c.channels != 3 and c.channels != 4) {
+        return diag.fail(
+            error.InvalidArgument,
+            "pixel records of {d} channels (1, 3 or 4)",
+            .{c.channels},
+        );
+    }
+}
+
+/// A loader step's image column: `batch` into `dest`, a failure reported
+/// (in diag) with the failing record's stream index from `indices`.
+/// Returns the records replaced (on_error skip).
+pub fn batchInto(
+    gpa: Allocator,
+    col: *const Column,
+    records: Records,
+    key: Key,
+    dest: [*]u8,
+    lanes: *Lanes,
+    lane_cap: usize,
+    indices: []const u64,
+) error{ BadImage, OutOfMemory }!u32 {
+    var out: Outcome = .{};
+    batch(gpa, &col.spec, records, key, dest, lanes, lane_cap, &out) catch |e| switch (e) {
+        error.OutOfMemory => return diag.fail(
+            error.OutOfMemory,
+            "no memory for the image stage's buffers",
+            .{},
+        ),
+        error.BadRecord => {
+            const slot = out.failed_slot.?;
+            return diag.fail(
+                error.BadImage,
+                "record {d}: {s}",
+                .{ indices[slot], out.message[0..out.message_len] },
+            );
+        },
+    };
+    return out.skipped;
 }
 
 // ---------------------------------------------------------------- tests
@@ -445,7 +681,15 @@ fn rrcSpec(dtype: plan_mod.Dtype, layout: plan_mod.Layout, size: u32) Spec {
     s.out_width = size;
     s.mean = .{ 0.485, 0.456, 0.406, 0 };
     s.std = .{ 0.229, 0.224, 0.225, 1 };
-    s.ops[0] = .{ .kind = 3, .height = size, .width = size, .scale_min = 0.08, .scale_max = 1, .log_ratio_min = @log(3.0 / 4.0), .log_ratio_max = @log(4.0 / 3.0) };
+    s.ops[0] = .{
+        .kind = 3,
+        .height = size,
+        .width = size,
+        .scale_min = 0.08,
+        .scale_max = 1,
+        .log_ratio_min = @log(3.0 / 4.0),
+        .log_ratio_max = @log(4.0 / 3.0),
+    };
     s.ops[1] = .{ .kind = 4, .p = 0.5 };
     return s;
 }
@@ -463,11 +707,25 @@ test "every test image runs through RandomResizedCrop and flip, in every dtype" 
         try plan_mod.check(&spec);
         for (test_images.all) |image| {
             for (0..20) |pos| {
-                try record(testing.allocator, &spec, .{ .encoded = image }, .{ .seed = 1, .step = 2, .position = pos }, &out, &s);
+                try record(
+                    testing.allocator,
+                    &spec,
+                    .{ .encoded = image },
+                    .{ .seed = 1, .step = 2, .position = pos },
+                    &out,
+                    &s,
+                );
             }
         }
         for (test_images.pngs) |case| {
-            try record(testing.allocator, &spec, .{ .encoded = case.png }, .{ .seed = 1, .step = 2, .position = 0 }, &out, &s);
+            try record(
+                testing.allocator,
+                &spec,
+                .{ .encoded = case.png },
+                .{ .seed = 1, .step = 2, .position = 0 },
+                &out,
+                &s,
+            );
         }
     }
 }
@@ -482,7 +740,14 @@ test "a PNG resized 1:1 comes out as its pixels" {
     spec.out_height = @intCast(case.rgb.len / 3 / case.width);
     spec.std = @splat(1);
     var out: [4096]u8 = undefined;
-    try record(testing.allocator, &spec, .{ .encoded = case.png }, .{ .seed = 0, .step = 0, .position = 0 }, &out, &s);
+    try record(
+        testing.allocator,
+        &spec,
+        .{ .encoded = case.png },
+        .{ .seed = 0, .step = 0, .position = 0 },
+        &out,
+        &s,
+    );
     try testing.expectEqualSlices(u8, case.rgb, out[0..case.rgb.len]);
 }
 
@@ -497,7 +762,14 @@ test "a DCT-scaled decode is close to a full decode resized" {
     spec.op_count = 1;
     spec.ops[0] = .{ .kind = 1, .height = 11, .width = 15 };
     var scaled_out: [15 * 11 * 3]u8 = undefined;
-    try record(testing.allocator, &spec, .{ .encoded = test_images.s444 }, .{ .seed = 0, .step = 0, .position = 0 }, &scaled_out, &s);
+    try record(
+        testing.allocator,
+        &spec,
+        .{ .encoded = test_images.s444 },
+        .{ .seed = 0, .step = 0, .position = 0 },
+        &scaled_out,
+        &s,
+    );
     // The same through pixels: decode whole (a 1:1 pipeline), then resize.
     var whole_spec = std.mem.zeroes(Spec);
     whole_spec.channels = 3;
@@ -505,9 +777,23 @@ test "a DCT-scaled decode is close to a full decode resized" {
     whole_spec.out_height = 45;
     whole_spec.std = @splat(1);
     var whole: [61 * 45 * 3]u8 = undefined;
-    try record(testing.allocator, &whole_spec, .{ .encoded = test_images.s444 }, .{ .seed = 0, .step = 0, .position = 0 }, &whole, &s);
+    try record(
+        testing.allocator,
+        &whole_spec,
+        .{ .encoded = test_images.s444 },
+        .{ .seed = 0, .step = 0, .position = 0 },
+        &whole,
+        &s,
+    );
     var direct: [15 * 11 * 3]u8 = undefined;
-    try record(testing.allocator, &spec, .{ .pixels = .{ .data = &whole, .height = 45, .width = 61, .channels = 3 } }, .{ .seed = 0, .step = 0, .position = 0 }, &direct, &s);
+    try record(
+        testing.allocator,
+        &spec,
+        .{ .pixels = .{ .data = &whole, .height = 45, .width = 61, .channels = 3 } },
+        .{ .seed = 0, .step = 0, .position = 0 },
+        &direct,
+        &s,
+    );
     var diff: u64 = 0;
     for (scaled_out, direct) |a, b| diff += @abs(@as(i32, a) - b);
     try testing.expect(diff / scaled_out.len <= 6);
@@ -520,7 +806,13 @@ test "damaged and hostile records fail with a message, never a crash" {
     var out: [16 * 16 * 3]u8 = undefined;
     var buf: [8192]u8 = undefined;
     const key: plan_mod.Key = .{ .seed = 0, .step = 0, .position = 0 };
-    for ([_][]const u8{ test_images.s420, test_images.progressive, test_images.pngs[0].png }) |good| {
+    for (
+        [_][]const u8{
+            test_images.s420,
+            test_images.progressive,
+            test_images.pngs[0].png,
+        },
+    ) |good| {
         for (0..good.len) |cut| {
             record(testing.allocator, &spec, .{ .encoded = good[0..cut] }, key, &out, &s) catch {
                 try testing.expect(s.message_len > 0);
@@ -529,8 +821,20 @@ test "damaged and hostile records fail with a message, never a crash" {
         var prng = std.Random.DefaultPrng.init(good.len);
         for (0..300) |_| {
             @memcpy(buf[0..good.len], good);
-            for (0..3) |_| buf[prng.random().uintLessThan(usize, good.len)] ^= @as(u8, 1) << prng.random().int(u3);
-            record(testing.allocator, &spec, .{ .encoded = buf[0..good.len] }, key, &out, &s) catch {
+            for (0..3) |_| buf[
+                prng.random().uintLessThan(
+                    usize,
+                    good.len,
+                )
+            ] ^= @as(u8, 1) << prng.random().int(u3);
+            record(
+                testing.allocator,
+                &spec,
+                .{ .encoded = buf[0..good.len] },
+                key,
+                &out,
+                &s,
+            ) catch {
                 try testing.expect(s.message_len > 0);
             };
         }
@@ -541,9 +845,15 @@ test "damaged and hostile records fail with a message, never a crash" {
     const sof = std.mem.indexOf(u8, good, "\xff\xc0").?;
     std.mem.writeInt(u16, buf[sof + 5 ..][0..2], 16384, .big);
     std.mem.writeInt(u16, buf[sof + 7 ..][0..2], 16384, .big);
-    try testing.expectError(error.BadRecord, record(testing.allocator, &spec, .{ .encoded = buf[0..good.len] }, key, &out, &s));
+    try testing.expectError(
+        error.BadRecord,
+        record(testing.allocator, &spec, .{ .encoded = buf[0..good.len] }, key, &out, &s),
+    );
     try testing.expect(std.mem.indexOf(u8, s.messageText(), "damaged JPEG") != null);
-    try testing.expectError(error.BadRecord, record(testing.allocator, &spec, .{ .encoded = "GIF89a" }, key, &out, &s));
+    try testing.expectError(
+        error.BadRecord,
+        record(testing.allocator, &spec, .{ .encoded = "GIF89a" }, key, &out, &s),
+    );
     try testing.expect(std.mem.indexOf(u8, s.messageText(), "not a JPEG or PNG") != null);
 }
 
@@ -559,18 +869,25 @@ test "a batch fails at its first bad record, or skips it when asked" {
     @memcpy(bytes[a.len + b.len ..][0..a.len], a);
     const offsets = [_]u64{ 0, a.len, a.len + b.len };
     const sizes = [_]u64{ a.len, b.len, a.len };
-    const records: Records = .{ .encoded = .{ .bytes = &bytes, .offsets = &offsets, .sizes = &sizes } };
+    const records: Records = .{
+        .encoded = .{ .bytes = &bytes, .offsets = &offsets, .sizes = &sizes },
+    };
     var out: [3 * 8 * 8 * 3]u8 = undefined;
     var outcome: Outcome = .{};
     const key: plan_mod.Key = .{ .seed = 5, .step = 1, .position = 64 };
-    try testing.expectError(error.BadRecord, batch(testing.allocator, &spec, records, key, &out, &lanes, 0, &outcome));
+    try testing.expectError(
+        error.BadRecord,
+        batch(testing.allocator, &spec, records, key, &out, &lanes, 0, &outcome),
+    );
     try testing.expectEqual(@as(?usize, 1), outcome.failed_slot);
     spec.on_error = @backingInt(plan_mod.OnError.skip);
     try batch(testing.allocator, &spec, records, key, &out, &lanes, 0, &outcome);
     try testing.expectEqual(@as(u32, 1), outcome.skipped);
     // Slot 1 holds record 2 with slot 1's draws: what a batch of [a, a] gives at slot 1.
     var again: [2 * 8 * 8 * 3]u8 = undefined;
-    const two: Records = .{ .encoded = .{ .bytes = &bytes, .offsets = &.{ 0, 0 }, .sizes = &.{ a.len, a.len } } };
+    const two: Records = .{
+        .encoded = .{ .bytes = &bytes, .offsets = &.{ 0, 0 }, .sizes = &.{ a.len, a.len } },
+    };
     try batch(testing.allocator, &spec, two, key, &again, &lanes, 0, &outcome);
     try testing.expectEqualSlices(u8, again[192..384], out[192..384]);
 }
