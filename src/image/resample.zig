@@ -75,14 +75,19 @@ pub fn computeTaps(
             w[k] = @floatCast(v);
             total += v;
         }
-        const n = end - first;
+        var n = end - first;
         if (total > 0) {
             for (w[0..n]) |*x| x.* = @floatCast(x.* / total);
         } else {
             @memset(w[0..n], 0);
             w[0] = 1;
         }
-        t.start[i] = first;
+        // Taps of weight 0 at either end (a pixel exactly a support away).
+        var lead: u32 = 0;
+        while (n > 1 and w[lead] == 0) : (n -= 1) lead += 1;
+        while (n > 1 and w[lead + n - 1] == 0) n -= 1;
+        if (lead > 0) std.mem.copyForwards(f32, w[0..n], w[lead..][0..n]);
+        t.start[i] = first + lead;
         t.count[i] = n;
     }
 }
@@ -139,27 +144,43 @@ pub const Writer = struct {
     }
 
     fn rowOf(w: *const Writer, comptime T: type, y: u32, values: []const V) void {
+        const hwc = w.layout == .hwc;
+        switch (w.channels) {
+            1 => if (hwc) w.rowIn(T, true, 1, y, values) else w.rowIn(T, false, 1, y, values),
+            3 => if (hwc) w.rowIn(T, true, 3, y, values) else w.rowIn(T, false, 3, y, values),
+            else => unreachable, // Spec.channels is checked to be 1 or 3
+        }
+    }
+
+    /// One output row, specialised by dtype, layout and channels; output
+    /// pixel x goes to column x, or width - 1 - x when mirrored.
+    fn rowIn(
+        w: *const Writer,
+        comptime T: type,
+        comptime hwc: bool,
+        comptime C: usize,
+        y: u32,
+        values: []const V,
+    ) void {
         const out: [*]T = @ptrCast(@alignCast(w.base));
         const W: usize = w.width;
-        const C: usize = w.channels;
         const plane: usize = W * w.height;
+        const first: usize = @as(usize, y) * W;
         for (values, 0..) |v, x| {
-            const xo = if (w.flip) W - 1 - x else x;
+            const xo = first + (if (w.flip) W - 1 - x else x);
             const px: [4]T = convert(T, w, v);
-            if (w.layout == .hwc) {
-                const at = (@as(usize, y) * W + xo) * C;
-                for (0..C) |c| out[at + c] = px[c];
-            } else {
-                const at = @as(usize, y) * W + xo;
-                for (0..C) |c| out[c * plane + at] = px[c];
+            inline for (0..C) |c| {
+                if (hwc) out[xo * C + c] = px[c] else out[c * plane + xo] = px[c];
             }
         }
     }
 
     inline fn convert(comptime T: type, w: *const Writer, v: V) [4]T {
         if (T == u8) {
-            const r = @round(@min(@as(V, @splat(255)), @max(@as(V, @splat(0)), v)));
-            return @as(@Vector(4, u8), @intFromFloat(r));
+            // Clamped to [0, 255] first, so truncating v + 0.5 rounds (half up):
+            // SSE2's cvttps2dq, where a vector @round needs SSE4.1.
+            const c = @min(@as(V, @splat(255)), @max(@as(V, @splat(0)), v)) + @as(V, @splat(0.5));
+            return @as(@Vector(4, u8), @intFromFloat(c));
         }
         const f = v * w.scale + w.bias;
         return @as(@Vector(4, T), @floatCast(f));
@@ -176,7 +197,11 @@ pub const Writer = struct {
 pub const Scratch = struct {
     xt: Taps = .{},
     yt: Taps = .{},
-    ring: []V = &.{},
+    /// The last `ring_rows` source rows, as decoded (u8).
+    ring: []u8 = &.{},
+    /// One output row's vertical sums over the box's columns (f32, C a pixel).
+    vline: []f32 = &.{},
+    /// One output row, a V a pixel.
     line: []V = &.{},
 
     pub fn deinit(s: *Scratch, gpa: Allocator) void {
@@ -186,21 +211,30 @@ pub const Scratch = struct {
             gpa.free(t.weights);
         }
         gpa.free(s.ring);
+        gpa.free(s.vline);
         gpa.free(s.line);
         s.* = .{};
     }
 };
 
-/// One image's resampling: push the source rows [row_lo, row_hi) in order,
-/// each `channels` bytes per pixel for columns [col_lo, col_lo + width).
+/// One image's resampling. Source rows [row_lo, row_hi) arrive in order,
+/// each written into `next()` (so a decoder writes straight into the ring)
+/// and handed over by `commit()`: `row_pixels` pixels of `channels` bytes,
+/// of which the box's columns [col_lo, col_hi) start at pixel `row_skip`.
+/// An output row is made once its last source row is in: first the
+/// vertical filter over the box's columns (contiguous, in vectors), then
+/// the horizontal one (only out_height rows of it, not every source row).
 pub const Resampler = struct {
     s: *Scratch,
     writer: Writer,
     channels: u32,
     col_lo: u32,
+    cols: u32,
     row_lo: u32,
     ring_rows: u32,
-    /// Source rows pushed so far (the next one is row_lo + pushed).
+    row_bytes: usize,
+    row_skip: usize,
+    /// Source rows committed so far (the next one is row_lo + pushed).
     pushed: u32 = 0,
     next_out: u32 = 0,
 
@@ -218,37 +252,50 @@ pub const Resampler = struct {
         s: *Scratch,
         p: plan_mod.Plan,
         box: Box,
+        row_pixels: u32,
+        row_skip: u32,
         writer: Writer,
     ) Allocator.Error!Resampler {
         assert(p.out_width == writer.width and p.out_height == writer.height);
         assert(box.col_lo <= box.col_hi and box.row_lo <= box.row_hi);
+        assert(row_skip + (box.col_hi - box.col_lo) <= row_pixels);
         try computeTaps(gpa, &s.xt, p.out_width, p.x0, p.sx, box.col_lo, box.col_hi);
         try computeTaps(gpa, &s.yt, p.out_height, p.y0, p.sy, box.row_lo, box.row_hi);
         const ring_rows = s.yt.taps_max + 1;
-        try ensure(V, gpa, &s.ring, @as(usize, ring_rows) * p.out_width);
+        const C: usize = writer.channels;
+        const row_bytes = @as(usize, row_pixels) * C;
+        try ensure(u8, gpa, &s.ring, ring_rows * @max(1, row_bytes));
+        // One float more than the box: a pixel is read as 4 floats.
+        try ensure(f32, gpa, &s.vline, (box.col_hi - box.col_lo) * C + 1);
         try ensure(V, gpa, &s.line, p.out_width);
         return .{
             .s = s,
             .writer = writer,
             .channels = writer.channels,
             .col_lo = box.col_lo,
+            .cols = box.col_hi - box.col_lo,
             .row_lo = box.row_lo,
             .ring_rows = ring_rows,
+            .row_bytes = row_bytes,
+            .row_skip = row_skip,
         };
     }
 
-    /// The next source row: (col_hi - col_lo) pixels of `channels` bytes.
-    pub fn push(r: *Resampler, src: []const u8) void {
-        const W = r.writer.width;
-        const dst = r.s.ring[(r.pushed % r.ring_rows) * W ..][0..W];
-        const t = &r.s.xt;
-        switch (r.channels) {
-            1 => horizontal(1, t, r.col_lo, src, dst),
-            3 => horizontal(3, t, r.col_lo, src, dst),
-            else => unreachable, // Spec.channels is checked to be 1 or 3
-        }
+    /// Where the next source row goes (row_pixels * channels bytes).
+    pub fn next(r: *Resampler) []u8 {
+        return r.s.ring[(r.pushed % r.ring_rows) * r.row_bytes ..][0..r.row_bytes];
+    }
+
+    /// The row written into `next()` is complete.
+    pub fn commit(r: *Resampler) void {
         r.pushed += 1;
         r.emitReady();
+    }
+
+    /// A source row copied in (`row_pixels` pixels).
+    pub fn push(r: *Resampler, src: []const u8) void {
+        @memcpy(r.next(), src);
+        r.commit();
     }
 
     /// Writes the rows still due; every source row must have been pushed.
@@ -272,43 +319,86 @@ pub const Resampler = struct {
             if (yt.start[j] + n > have) return;
             // Rows in the ring: the filter's rows arrived within ring_rows.
             assert(have - yt.start[j] <= r.ring_rows);
-            r.vertical(j);
+            r.row(j);
         }
     }
 
-    fn vertical(r: *Resampler, j: u32) void {
-        const W = r.writer.width;
+    fn row(r: *Resampler, j: u32) void {
         const yt = &r.s.yt;
+        const C: usize = r.channels;
+        const width = @as(usize, r.cols) * C;
         const w = yt.weights[@as(usize, j) * yt.taps_max ..][0..yt.count[j]];
-        const line = r.s.line[0..W];
-        @memset(line, @splat(0));
+        const vline = r.s.vline[0..width];
         for (w, 0..) |weight, k| {
             const src_row = yt.start[j] + @as(u32, @intCast(k)) - r.row_lo;
-            const ring = r.s.ring[(src_row % r.ring_rows) * W ..][0..W];
-            const wv: V = @splat(weight);
-            for (line, ring) |*acc, v| acc.* += v * wv;
+            const ring = r.s.ring[(src_row % r.ring_rows) * r.row_bytes ..];
+            const src = ring[r.row_skip * C ..][0..width];
+            if (k == 0) scaleRow(vline, src, weight) else addRow(vline, src, weight);
+        }
+        r.s.vline[width] = 0;
+        const line = r.s.line[0..r.writer.width];
+        switch (r.channels) {
+            1 => horizontal(1, &r.s.xt, r.col_lo, r.s.vline, line),
+            3 => horizontal(3, &r.s.xt, r.col_lo, r.s.vline, line),
+            else => unreachable, // Spec.channels is checked to be 1 or 3
         }
         r.writer.row(j, line);
     }
 };
 
-/// One source row through the horizontal filter into `dst` (one V a pixel).
-fn horizontal(comptime C: usize, t: *const Taps, col_lo: u32, src: []const u8, dst: []V) void {
+const lanes = 16;
+const Bytes = @Vector(lanes, u8);
+const Floats = @Vector(lanes, f32);
+
+/// acc = w * src, element by element.
+fn scaleRow(acc: []f32, src: []const u8, w: f32) void {
+    assert(acc.len == src.len);
+    const wv: Floats = @splat(w);
+    var i: usize = 0;
+    while (i + lanes <= acc.len) : (i += lanes) {
+        const b: Bytes = src[i..][0..lanes].*;
+        acc[i..][0..lanes].* = @as(Floats, @floatFromInt(b)) * wv;
+    }
+    while (i < acc.len) : (i += 1) acc[i] = @as(f32, @floatFromInt(src[i])) * w;
+}
+
+/// acc += w * src, element by element.
+fn addRow(acc: []f32, src: []const u8, w: f32) void {
+    assert(acc.len == src.len);
+    const wv: Floats = @splat(w);
+    var i: usize = 0;
+    while (i + lanes <= acc.len) : (i += lanes) {
+        const b: Bytes = src[i..][0..lanes].*;
+        const a: Floats = acc[i..][0..lanes].*;
+        acc[i..][0..lanes].* = a + @as(Floats, @floatFromInt(b)) * wv;
+    }
+    while (i < acc.len) : (i += 1) acc[i] += @as(f32, @floatFromInt(src[i])) * w;
+}
+
+/// One row of vertical sums (C floats a pixel, one float of padding after
+/// the last) through the horizontal filter into `dst`, a V a pixel. Two
+/// accumulators: a pixel's taps are a dependent chain of adds otherwise.
+fn horizontal(comptime C: usize, t: *const Taps, col_lo: u32, vline: []const f32, dst: []V) void {
     for (dst, 0..) |*out, i| {
         const n = t.count[i];
-        var acc: V = @splat(0);
         const w = t.weights[i * t.taps_max ..][0..n];
         const first = (t.start[i] - col_lo) * C;
-        for (w, 0..) |weight, k| {
-            acc += pixel(C, src[first + k * C ..][0..C]) * @as(V, @splat(weight));
+        var even: V = @splat(0);
+        var odd: V = @splat(0);
+        var k: usize = 0;
+        while (k + 1 < n) : (k += 2) {
+            even += pixelAt(C, vline, first + k * C) * @as(V, @splat(w[k]));
+            odd += pixelAt(C, vline, first + (k + 1) * C) * @as(V, @splat(w[k + 1]));
         }
-        out.* = acc;
+        if (k < n) even += pixelAt(C, vline, first + k * C) * @as(V, @splat(w[k]));
+        out.* = even + odd;
     }
 }
 
-inline fn pixel(comptime C: usize, p: *const [C]u8) V {
-    if (C == 1) return .{ @floatFromInt(p[0]), 0, 0, 0 };
-    return .{ @floatFromInt(p[0]), @floatFromInt(p[1]), @floatFromInt(p[2]), 0 };
+inline fn pixelAt(comptime C: usize, vline: []const f32, at: usize) V {
+    if (C == 1) return .{ vline[at], 0, 0, 0 };
+    // Lane 3 is the next pixel's red (or the padding): the writer uses C lanes.
+    return vline[at..][0..4].*;
 }
 
 // ---------------------------------------------------------------- tests
@@ -363,6 +453,8 @@ test "an identity plan copies the pixels, mirrored when asked" {
             &s,
             p,
             .{ .col_lo = 0, .col_hi = 3, .row_lo = 0, .row_hi = 2 },
+            3,
+            0,
             Writer.init(&spec, &out, flip),
         );
         r.push(src[0..9]);

@@ -49,7 +49,6 @@ pub const Scratch = struct {
     resample: resample.Scratch = .{},
     png: png.Scratch = .{},
     row: std.ArrayList(u8) = .empty,
-    conv: std.ArrayList(u8) = .empty,
     message: [message_size_max]u8 = undefined,
     message_len: usize = 0,
 
@@ -58,7 +57,6 @@ pub const Scratch = struct {
         s.resample.deinit(gpa);
         s.png.deinit(gpa);
         s.row.deinit(gpa);
-        s.conv.deinit(gpa);
     }
 
     pub fn messageText(s: *const Scratch) []const u8 {
@@ -167,9 +165,12 @@ fn boxOf(p: plan_mod.Plan, width: u32, height: u32) resample.Resampler.Box {
 /// the output would keep).
 fn dctScale(p: plan_mod.Plan) u32 {
     const s = @min(p.sx, p.sy);
-    if (s <= 1) return 8;
-    const n: u32 = @intFromFloat(@ceil(8.0 / s - 1e-9));
-    return std.math.clamp(n, 1, 8);
+    // Only the scales whose inverse DCTs libjpeg-turbo has in SIMD (8x8, 4x4,
+    // 2x2; 1x1 is the DC alone): its 3x3..7x7 ones are plain C and cost more
+    // than the larger decode they save.
+    var n: u32 = 8;
+    while (n > 1 and s >= 16.0 / @as(f64, @floatFromInt(n))) n /= 2;
+    return n;
 }
 
 fn scaledPlan(p: plan_mod.Plan, n: u32) plan_mod.Plan {
@@ -198,32 +199,30 @@ fn decodeJpeg(
     const n = dctScale(whole);
     const p = scaledPlan(whole, n);
     const box = boxOf(p, jpeg.scaled(h.width, n), jpeg.scaled(h.height, n));
-    var r = try resample.Resampler.init(
-        gpa,
-        &s.resample,
-        p,
-        box,
-        resample.Writer.init(spec, dest, p.flip),
-    );
-    if (box.col_hi > box.col_lo and box.row_hi > box.row_lo) {
-        const region = d.start(n, box.col_lo, box.col_hi - box.col_lo, box.row_lo) catch |e|
-            return jpegFailure(s, e, h);
-        const row_bytes = @as(usize, region.width) * region.channels;
-        try s.row.resize(gpa, row_bytes);
-        try s.conv.resize(gpa, @as(usize, box.col_hi - box.col_lo) * spec.channels);
-        const from = (box.col_lo - region.x0) * region.channels;
-        const cols = box.col_hi - box.col_lo;
+    const writer = resample.Writer.init(spec, dest, p.flip);
+    const cols = box.col_hi - box.col_lo;
+    if (cols == 0 or box.row_hi == box.row_lo) {
+        var r = try resample.Resampler.init(gpa, &s.resample, p, box, cols, 0, writer);
+        return r.finish();
+    }
+    const region = d.start(n, box.col_lo, cols, box.row_lo) catch |e| return jpegFailure(s, e, h);
+    const skip = box.col_lo - region.x0;
+    if (region.channels == 3 and spec.channels == 3) {
+        // RGB rows decode straight into the resampler's ring.
+        var r = try resample.Resampler.init(gpa, &s.resample, p, box, region.width, skip, writer);
         for (box.row_lo..box.row_hi) |_| {
-            d.read(s.row.items) catch |e| return jpegFailure(s, e, h);
-            convertRow(
-                s.row.items[from..],
-                region.channels == 4,
-                cols,
-                spec.channels,
-                s.conv.items,
-            );
-            r.push(s.conv.items);
+            d.read(r.next()) catch |e| return jpegFailure(s, e, h);
+            r.commit();
         }
+        return r.finish();
+    }
+    var r = try resample.Resampler.init(gpa, &s.resample, p, box, cols, 0, writer);
+    try s.row.resize(gpa, @as(usize, region.width) * region.channels);
+    const from = skip * region.channels;
+    for (box.row_lo..box.row_hi) |_| {
+        d.read(s.row.items) catch |e| return jpegFailure(s, e, h);
+        convertRow(s.row.items[from..], region.channels == 4, cols, spec.channels, r.next());
+        r.commit();
     }
     r.finish();
 }
@@ -268,14 +267,13 @@ fn luma(rgb: [3]u8) u8 {
 
 const PngSink = struct {
     r: *resample.Resampler,
-    conv: []u8,
     col_lo: u32,
     cols: u32,
     channels: u32,
 
     pub fn row(k: *const PngSink, rgb: []const u8) void {
-        convertRow(rgb[@as(usize, k.col_lo) * 3 ..], false, k.cols, k.channels, k.conv);
-        k.r.push(k.conv);
+        convertRow(rgb[@as(usize, k.col_lo) * 3 ..], false, k.cols, k.channels, k.r.next());
+        k.r.commit();
     }
 };
 
@@ -298,18 +296,11 @@ fn decodePng(
     ) catch |e| return pngFailure(s, e, why);
     const p = try planFor(spec, info.width, info.height, key, s);
     const box = boxOf(p, info.width, info.height);
-    var r = try resample.Resampler.init(
-        gpa,
-        &s.resample,
-        p,
-        box,
-        resample.Writer.init(spec, dest, p.flip),
-    );
     const cols = box.col_hi - box.col_lo;
-    try s.conv.resize(gpa, @as(usize, cols) * spec.channels);
+    const writer = resample.Writer.init(spec, dest, p.flip);
+    var r = try resample.Resampler.init(gpa, &s.resample, p, box, cols, 0, writer);
     const sink: PngSink = .{
         .r = &r,
-        .conv = s.conv.items,
         .col_lo = box.col_lo,
         .cols = cols,
         .channels = spec.channels,
@@ -345,15 +336,9 @@ fn pixels(
     assert(channels == 1 or channels == 3 or channels == 4);
     const p = try planFor(spec, width, height, key, s);
     const box = boxOf(p, width, height);
-    var r = try resample.Resampler.init(
-        gpa,
-        &s.resample,
-        p,
-        box,
-        resample.Writer.init(spec, dest, p.flip),
-    );
     const cols = box.col_hi - box.col_lo;
-    try s.conv.resize(gpa, @as(usize, cols) * spec.channels);
+    const writer = resample.Writer.init(spec, dest, p.flip);
+    var r = try resample.Resampler.init(gpa, &s.resample, p, box, cols, 0, writer);
     const stride = @as(usize, width) * channels;
     for (box.row_lo..box.row_hi) |y| {
         const row = data[y * stride + @as(
@@ -364,16 +349,17 @@ fn pixels(
             r.push(row);
             continue;
         }
+        const out = r.next();
         for (0..cols) |x| {
             const px = row[x * channels ..];
             const rgb: [3]u8 = if (channels == 1) @splat(px[0]) else .{ px[0], px[1], px[2] };
             if (spec.channels == 3) {
-                s.conv.items[x * 3 ..][0..3].* = rgb;
+                out[x * 3 ..][0..3].* = rgb;
             } else {
-                s.conv.items[x] = luma(rgb);
+                out[x] = luma(rgb);
             }
         }
-        r.push(s.conv.items);
+        r.commit();
     }
     r.finish();
 }
