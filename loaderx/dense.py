@@ -1,4 +1,6 @@
-"""`DenseStore`: records of one fixed ``(dtype, item_shape)``."""
+"""`DenseStore`: records of one fixed ``(dtype, item_shape)``; and
+`OriginalDenseStore`, what ``DenseStore(path)`` opens (read-only) for a dense
+store written by the original loaderx 1.7 (loaderx._readonly177)."""
 from __future__ import annotations
 
 import math
@@ -7,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _buffers, _records, identity
+from . import _buffers, _original, _records, identity
 from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
+from ._readonly177 import ReadOnly177
 from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
                      check_new_store, check_threads)
@@ -55,6 +58,12 @@ class DenseStore(Store):
 
     kind = "dense"
 
+    def __new__(cls, path=None, *args: Any, **kwargs: Any) -> "DenseStore":
+        # A dense store of the original loaderx 1.7 opens read-only in place.
+        if cls is DenseStore and _original.is_store177(path):
+            return super().__new__(OriginalDenseStore)
+        return super().__new__(cls)
+
     @classmethod
     def create(cls, path, dtype, item_shape=(), *, codec: str | None = None,
                level: int | None = None, dict_bytes: bytes | None = None,
@@ -75,8 +84,8 @@ class DenseStore(Store):
         prepare_store(path, mode)
         return cls(path, dtype, item_shape, codec=codec, level=level, dict_bytes=dict_bytes)
 
-    def __init__(self, path, dtype=None, item_shape=None, *, codec: str | None = None,
-                 level: int | None = None, dict_bytes: bytes | None = None):
+    def __init__(self, path, dtype=None, item_shape=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None):
         create = dtype is not None or item_shape is not None
         ident = None
         fixed = 0
@@ -269,3 +278,14 @@ class DenseStore(Store):
         idx, scalar = self._indices(key)
         out = self._gather(idx, None)
         return out[0] if scalar else out
+
+
+class OriginalDenseStore(ReadOnly177, DenseStore):  # type: ignore[misc]
+    """A dense store written by the original loaderx 1.7, read in place,
+    read-only (loaderx._readonly177): ``DenseStore(path)`` returns one for
+    such a directory; `dtype`, `item_shape` and `codec`, when given, must be
+    the store's."""
+
+    def __init__(self, path, dtype=None, item_shape=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None):
+        self._open177(path, dtype, item_shape, codec, dict_bytes)
