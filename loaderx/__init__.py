@@ -21,6 +21,8 @@ __version__ = "3.0.0"
 from .converters import convert
 from .dataloader import DataLoader
 from .dataset import from_iterator, from_numpy, labels, open_dataset, open_store, pad
+from .dataset import write_dataset  # the original 0.7's spelling of from_numpy
+from .legacy import Dataset  # the original 0.7's loaderx.Dataset (see loaderx.legacy)
 from .errors import (
     ArgumentTypeError,
     BusyError,

@@ -31,10 +31,13 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
+from .legacy import DenseDataset, RaggedDataset
+from .legacy import PackedDataset as Dataset  # the original 0.9.1's (see loaderx.legacy)
 from .zrecord import DenseStore, RaggedStore, open_store
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
-           "labels", "DestinationExistsError", "MANIFEST_NAME"]
+           "labels", "DestinationExistsError", "MANIFEST_NAME", "write_dataset", "Dataset",
+           "DenseDataset", "RaggedDataset"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
 #: Version 2 names a generation directory (``"generation": "gen-000001"``)
@@ -58,6 +61,12 @@ _OPEN_ATTEMPTS = 50
 
 def _store_files(path: str) -> bool:
     return is_store_dir(path)
+
+
+def write_dataset(path, array, codec: str = "zstd", **options) -> None:
+    """The original loaderx 0.7's spelling of `from_numpy` (the store is
+    closed when it returns); `options` are `from_numpy`'s."""
+    from_numpy(path, array, codec=codec, **options).close()
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
@@ -580,11 +589,19 @@ def _manifest_of(dataset, column: str) -> tuple[dict, str]:
     return manifest, where
 
 
-def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:
+def pad(records, row_splits=None, *, max_len: int | None = None, value=0,
+        pad_value=None) -> tuple[np.ndarray, np.ndarray]:
     """Pad a list of arrays along their first axis: returns ``(padded, lengths)``
     with ``padded`` of shape ``(B, max_len, *trailing)`` and int64 ``lengths``.
     All records must share dtype and trailing dimensions. A `max_len` smaller
-    than the longest record is an error, never a silent truncation."""
+    than the longest record is an error, never a silent truncation. The
+    original loaderx's ``pad(values, row_splits, max_len, pad_value)`` (a
+    packed batch) works too."""
+    if row_splits is not None:
+        splits = np.asarray(row_splits, dtype=np.int64)
+        records = [records[a:b] for a, b in zip(splits[:-1].tolist(), splits[1:].tolist())]
+    if pad_value is not None:
+        value = pad_value
     arrays = [np.asarray(r) for r in records]
     lengths = np.array([a.shape[0] if a.ndim else -1 for a in arrays], dtype=np.int64)
     if (lengths < 0).any():

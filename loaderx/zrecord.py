@@ -33,7 +33,7 @@ from . import _objstore, _original
 from ._store import Store, stored_kind
 from .bytestore import Zrecord
 from .dense import DenseStore
-from .dictionary import train_dict
+from .dictionary import DICT_TIER_DEFAULT, DICT_TIERS, train_dict
 from .errors import (
     BusyError,
     ClosedError,
@@ -51,7 +51,8 @@ from .errors import (
 from .ragged import RaggedStore
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict",
+    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict", "DICT_TIERS",
+    "DICT_TIER_DEFAULT",
     "LoaderxError", "ZrecordError",
     "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "LockedError",
     "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
