@@ -158,11 +158,17 @@ class DenseStore(Store):
         return mapped.view(np.ndarray)
 
     def append(self, array) -> int:
-        """Append ``(B, *item_shape)`` records of exactly this dtype; returns the first index."""
+        """Append ``(B, *item_shape)`` records of exactly this dtype; returns the
+        first index. A list (or a scalar, for a store of scalars) is read as
+        ``np.asarray`` reads it, and must then have exactly this dtype too."""
         self._w()
+        if isinstance(array, (list, tuple, np.generic)):  # as the original loaderx took them
+            array = np.asarray(array)
         if not isinstance(array, np.ndarray):
             raise TypeError(f"append takes a numpy array of dtype {self._dtype}, "
                             f"not {type(array).__name__}")
+        if array.ndim == 0 and self._item_shape == ():  # one scalar record
+            array = array.reshape(1)
         if array.dtype != self._dtype:
             raise IdentityError(f"{self._path}: array has dtype {array.dtype}, "
                                 f"store holds {self._dtype}", path=self._path)

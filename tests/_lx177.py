@@ -122,3 +122,48 @@ def write_stores(dest) -> str:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, f"loaderx {VERSION} failed:\n{out.stdout}\n{out.stderr}"
     return str(dest)
+
+
+def readme(version: str) -> str:
+    """The README (the package's long description) of the original loaderx
+    `version`, from its distribution's metadata: 1.7.7's from the cached
+    virtualenv, the others downloaded once (``pip download``) and cached."""
+    if version == VERSION:
+        out = run177("import importlib.metadata as m\nprint(m.metadata('loaderx').get_payload())",
+                     cwd=cache_dir())
+        return out.stdout
+    cached = os.path.join(cache_dir(), f"readme-{version}.md")
+    if not os.path.isfile(cached):
+        text = _download_readme(version)
+        with open(cached + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(cached + ".tmp", cached)
+    with open(cached, encoding="utf-8") as f:
+        return f.read()
+
+
+def _download_readme(version: str) -> str:
+    import email
+    import tarfile
+    import tempfile
+    import zipfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pip = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                              "--disable-pip-version-check", f"loaderx=={version}", "-d", tmp],
+                             capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        files = os.listdir(tmp)
+        if pip.returncode != 0 or not files:
+            tail = " ".join(pip.stderr.strip().splitlines()[-2:])
+            pytest.skip(f"cannot download loaderx=={version} (no package index?): {tail}")
+        path = os.path.join(tmp, files[0])
+        if path.endswith(".whl"):
+            with zipfile.ZipFile(path) as z:
+                name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+                raw = z.read(name)
+        else:
+            with tarfile.open(path) as t:
+                member = next(m for m in t.getmembers() if m.name.count("/") == 1
+                              and m.name.endswith("/PKG-INFO"))
+                raw = t.extractfile(member).read()
+    return email.message_from_bytes(raw).get_payload()
