@@ -15,6 +15,11 @@ The public names, re-exported here from the modules that own them::
     from loaderx.dataloader import DataLoader
     from loaderx.streams import Stream, NativePart, ArrayStream
     from loaderx.errors import LoaderxError, CorruptStoreError, ...  # every exception
+
+The original loaderx's spellings stay where it had them, silently
+(docs/migrating.md): ``loaderx.utils.train_dict``, ``loaderx.converter``,
+``loaderx.Dataset`` and ``loaderx.write_dataset`` (0.7), ``loaderx.dataset.
+Dataset`` / ``DenseDataset`` / ``RaggedDataset`` (0.9, ``loaderx.legacy``).
 """
 __version__ = "3.0.0"
 

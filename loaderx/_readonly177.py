@@ -83,10 +83,10 @@ class ReadOnly177:
         asked = []
         if dtype is not None and np.dtype(dtype) != layout.dtype:
             asked.append(f"dtype={np.dtype(dtype)}")
-        if item_shape is not None and self.kind == "dense" \
-                and tuple(int(d) for d in np.atleast_1d(item_shape)) != layout.item_shape \
-                and not (tuple(item_shape) == () == layout.item_shape):
-            asked.append(f"item_shape={tuple(item_shape)}")
+        if item_shape is not None and self.kind == "dense":
+            shape = tuple(int(d) for d in np.atleast_1d(np.asarray(item_shape, dtype=np.int64)))
+            if shape != layout.item_shape:
+                asked.append(f"item_shape={shape}")
         if codec is not None and codec != layout.codec:
             asked.append(f"codec={codec!r}")
         if asked:
@@ -156,12 +156,18 @@ class ReadOnly177:
 
     def _ragged(self, idx: np.ndarray, out: Any, packed: bool) -> Any:
         layout = self._open()
-        payloads, payload, shapes = layout.ragged(idx.astype(np.int64))
+        rows = idx.astype(np.int64)
+        shapes = layout.shapes(rows)
         # The shapes as a loaderx 3 read gives them (none for a 1-D record),
         # after the payloads, so the one decoder of ragged batches reads them.
-        aux = [b"" if len(s) == 1 else np.array((len(s),) + s, "<u8").tobytes() for s in shapes]
-        aux_sizes = np.array([len(a) for a in aux], np.uint64)
-        buf = np.concatenate([payloads, np.frombuffer(b"".join(aux), np.uint8)])
+        aux = b"".join(b"" if len(s) == 1 else np.array((len(s),) + s, "<u8").tobytes()
+                       for s in shapes)
+        aux_sizes = np.array([0 if len(s) == 1 else 8 * (len(s) + 1) for s in shapes], np.uint64)
+        payload = layout.entries(rows * 2)["logic_length"].astype(np.uint64)
+        total = int(payload.sum())
+        buf = np.empty(total + len(aux), np.uint8)
+        layout.records(rows * 2, buf[:total])
+        buf[total:] = np.frombuffer(aux, np.uint8)
         return _records.variable_batch("ragged", layout.dtype, buf, payload, aux_sizes, idx,
                                        self._path, out, packed)
 

@@ -69,6 +69,16 @@ def _check_identities(stores: Sequence[Any]) -> None:
                 )
 
 
+def _check_native(stores: list) -> None:
+    """Every shard is read natively (a store of the original loaderx 1.7,
+    read in place, is not)."""
+    for position, store in enumerate(stores):
+        if not callable(getattr(store, "native_parts", None)):
+            raise TypeError(f"ShardSet: {_name(store, position)} is not a loaderx 3 store "
+                            f"({type(store).__name__}); convert it (loaderx.convert) to put it "
+                            "in a ShardSet")
+
+
 class ShardSet:
     """Stores of one type identity (kind, dtype, item_shape) as one index space.
 
@@ -99,6 +109,7 @@ class ShardSet:
                     self._stores.append(store)
                     self._owned.append(owned)
             _check_identities(self._stores)
+            _check_native(self._stores)
         except BaseException:
             self.close()
             raise

@@ -145,6 +145,8 @@ def test_writes_are_refused_with_the_command_that_converts(old):
                       s.compact, lambda: s.append_packed(np.arange(3, dtype=np.int32), [0, 3])):
             with pytest.raises(ReadOnlyError, match=r"loaderx\.convert\(.*ragged_1d.*, DEST\)"):
                 write()
+    with pytest.raises(TypeError, match="is not a loaderx 3 store .*convert it"):
+        loaderx.ShardSet([path])
     with pytest.raises(IdentityError, match="holds ragged records, not dense"):
         DenseStore(path)
     with pytest.raises(IdentityError, match="asked for dtype=int64"):
