@@ -90,9 +90,9 @@ class ReadOnly177:
         if codec is not None and codec != layout.codec:
             asked.append(f"codec={codec!r}")
         if asked:
-            shape = f", item_shape={layout.item_shape}" if self.kind == "dense" else ""
+            held = f", item_shape={layout.item_shape}" if self.kind == "dense" else ""
             raise IdentityError(f"{path}: existing store (the original loaderx 1.7) holds "
-                                f"dtype={layout.dtype}{shape}, codec={layout.codec!r}; asked for "
+                                f"dtype={layout.dtype}{held}, codec={layout.codec!r}; asked for "
                                 f"{', '.join(asked)}", path=path)
         if dict_bytes is not None:
             raise IdentityError(f"{path}: dict_bytes applies when a store is created, and this "

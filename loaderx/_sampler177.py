@@ -1,6 +1,6 @@
 """The original loaderx 1.7.7's sampler, reproduced exactly, so that a run
 started on 1.7.7 continues here with the same batches
-(``DataLoader(..., sampler="1.7.7")``, `Sampler177`). loaderx's own sampler
+(``DataLoader(..., sampler="1.7.7")``, and ``loaderx.zsampler.Sampler177``). loaderx's own sampler
 (src/sampler.zig) draws other sequences from the same seed, and stays the
 default: checkpoints of loaderx 3 depend on it.
 
@@ -38,7 +38,6 @@ import numpy as np
 
 from . import streams as _streams
 from .mixture import Mixture
-from .zsampler import Sampler
 
 __all__ = ["Sampler177", "Remapped", "remap177", "SEED_177", "VIRTUAL_LENGTH"]
 
@@ -259,6 +258,17 @@ class Remapped:
         return self._stream.gather(rows, **kwargs)
 
 
+def _mode_number(mode: Any) -> int:
+    """A mode as 1.7.7 numbers it, from a ``Sampler.Mode``, its int or its name."""
+    names = {"SEQUENTIAL": 0, "IID": 1, "CYCLIC": 2}
+    if isinstance(mode, str) and mode.strip().upper() in names:
+        return names[mode.strip().upper()]
+    if _streams.is_int(mode) and int(mode) in (0, 1, 2):
+        return int(mode)
+    raise ValueError(f"mode must be 0 (SEQUENTIAL), 1 (IID) or 2 (CYCLIC), or its name; "
+                     f"got {mode!r}")
+
+
 def remap177(sampler: Any, streams: Any, batch_size: Any, mode: Any,
              seed: Any) -> tuple[dict, Sampler177]:
     """``DataLoader(sampler=...)``: the loader's streams remapped to 1.7.7's
@@ -270,7 +280,7 @@ def remap177(sampler: Any, streams: Any, batch_size: Any, mode: Any,
         raise ValueError("sampler='1.7.7' reads one source (the original had no Mixture)")
     checked = _streams.check_streams(streams)
     length = len(next(iter(checked.values())))
-    number = int(Sampler.Mode(mode))  # (a Mode, its int, or its name)
+    number = _mode_number(mode)
     batch = _streams.is_int(batch_size) and int(batch_size) >= 1
     if not batch:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")

@@ -248,6 +248,11 @@ class ShardSet:
         self._check_open()
         return [NativePart(handle, first, None) for handle, first in self._part_list]
 
+    def __getitems__(self, indices) -> Any:
+        """``gather(indices)``: a batch in one call (the original loaderx's
+        batch-read protocol, and torch's DataLoader's)."""
+        return self.gather(indices)
+
     def gather(self, indices, out: np.ndarray | None = None, *, packed: bool = False,
                threads: int = 0):
         """Records `indices` in request order, as one store of the shards'

@@ -225,6 +225,11 @@ class View:
         idx, _ = normalize_indices(indices, len(self))
         return rows[idx]
 
+    def __getitems__(self, indices) -> Any:
+        """``gather(indices)``: a batch in one call (the original loaderx's
+        batch-read protocol, and torch's DataLoader's)."""
+        return self.gather(indices)
+
     def gather(self, indices, out: Optional[np.ndarray] = None, *, packed: bool = False,
                threads: int = 0) -> Any:
         """Records `indices` of this view: the base column's records
