@@ -98,8 +98,10 @@ _EMPTY = np.zeros(1, np.uint8)
 
 
 def is_original(path: str) -> bool:
-    """A directory holding the original loaderx's ``meta.zr`` (either layout)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META_NAME))
+    """A directory holding the original loaderx's ``meta.zr`` (either layout;
+    a ``meta.zr`` that is not a regular file too: reading it then refuses it
+    by name)."""
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, META_NAME))
 
 
 def is_store177(path: Any) -> bool:

@@ -314,7 +314,7 @@ def _within(seconds, *args):
         pytest.fail(f"loaderx {' '.join(args)} blocked for {seconds} s")
 
 
-@pytest.mark.parametrize("name", ["0.zr", "schema.msgpack"])
+@pytest.mark.parametrize("name", ["0.zr", "schema.msgpack", "meta.zr"])
 def test_a_fifo_in_an_original_store_is_refused_by_name_not_waited_on(tmp_path, name):
     # Before: open() of a FIFO waits for a writer that never comes.
     x = np.arange(40, dtype=np.float32).reshape(10, 4)
