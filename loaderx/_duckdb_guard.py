@@ -72,18 +72,30 @@ def _tokens(duckdb: Any, where: str) -> Iterator[Tuple[int, str, str]]:
     raw = where.encode("utf-8")
     found = duckdb.tokenize(where)
     ends = [start for start, _ in found[1:]] + [len(raw)]
+    char_of = _char_offsets(where, raw)
     for (start, kind), end in zip(found, ends):
         text = raw[start:end].decode("utf-8", "replace").strip()
-        yield len(raw[:start].decode("utf-8", "ignore")), kind.name, text
+        yield (start if char_of is None else char_of[start]), kind.name, text
 
 
-def _scan(duckdb: Any, where: str) -> None:
-    """The lexical layer: no ';', parentheses the predicate opened itself
-    (at most DEPTH_MAX deep), no clause word outside them."""
-    if "\x00" in where:
-        raise _refuse(where, f"it holds a NUL character (at position {where.index(chr(0))})")
+def _char_offsets(text: str, raw: bytes) -> Optional[List[int]]:
+    """The character offset of each byte offset of `raw` (`text` in UTF-8),
+    or None where they are the same (ASCII)."""
+    if len(raw) == len(text):
+        return None
+    offsets: List[int] = []
+    for k, c in enumerate(text):
+        offsets += [k] * len(c.encode("utf-8"))
+    offsets.append(len(text))
+    return offsets
+
+
+def _scan(where: str, tokens: List[Tuple[int, str, str]]) -> None:
+    """The lexical layer, over `where`'s `tokens`: no ';', parentheses the
+    predicate opened itself (at most DEPTH_MAX deep), no clause word
+    outside them."""
     depth = 0
-    for pos, kind, text in _tokens(duckdb, where):
+    for pos, kind, text in tokens:
         if kind == "operator":
             if ";" in text:
                 raise _refuse(where, f"';' at position {pos} would end the statement")
@@ -108,17 +120,15 @@ def _parsed(con: Any, sql: str) -> Any:
     try:
         tree = json.loads(text)
     except RecursionError:
-        return f"its syntax tree nests deeper than {DEPTH_MAX} levels"
+        return "its syntax tree nests too deeply to be checked"
     return tree
 
 
 def check_predicate(con: Any, where: str, sql: str, prefix: str) -> None:
-    """ValueError unless `sql` (`prefix` + ``(`` newline + `where` +
-    newline + ``)``) is one SELECT whose WHERE clause alone holds the
-    predicate, a single expression (see the module docs)."""
-    import duckdb
-
-    _scan(duckdb, where)
+    """The parse layer (after `_scan`): ValueError unless `sql` (`prefix`
+    + ``(`` newline + `where` + newline + ``)``) is one SELECT whose WHERE
+    clause alone holds the predicate, calling no table function but
+    `READERS` (see the module docs)."""
     tree = _parsed(con, sql)
     if isinstance(tree, str):
         raise _refuse(where, tree)
@@ -153,7 +163,8 @@ def _parser_error(tree: dict, where: str, prefix: str) -> str:
         return message
     raw = where.encode("utf-8")
     at = max(0, min(at, len(raw)))
-    return f"{message} (at position {len(raw[:at].decode('utf-8', 'ignore'))})"
+    char_of = _char_offsets(where, raw)
+    return f"{message} (at position {at if char_of is None else char_of[at]})"
 
 
 def _table_functions(tree: Any) -> Iterator[str]:
@@ -175,8 +186,12 @@ def allowed_paths(duckdb: Any, where: str) -> List[str]:
     """The files the predicate's string literals name: each literal naming
     an existing file, or a glob pattern matching at least one (with the
     files it matches), as written and absolute."""
+    return _named_files(list(_tokens(duckdb, where)))
+
+
+def _named_files(tokens: List[Tuple[int, str, str]]) -> List[str]:
     found: List[str] = []
-    for _, kind, text in _tokens(duckdb, where):
+    for _, kind, text in tokens:
         if kind != "string_const" or len(text) < 2 or text[0] != "'" or text[-1] != "'":
             continue
         path = text[1:-1].replace("''", "'")
@@ -219,9 +234,12 @@ def run(duckdb: Any, table: Any, prefix: str, where: str, threads: int) -> dict:
     """The result of ``prefix (where)`` over the Arrow `table` registered as
     ``data``, as numpy arrays by column name, on a connection made for it
     (`connect`), once the predicate is checked (`check_predicate`)."""
-    _scan(duckdb, where)
+    if "\x00" in where:
+        raise _refuse(where, f"it holds a NUL character (at position {where.index(chr(0))})")
+    tokens = list(_tokens(duckdb, where))
+    _scan(where, tokens)  # before anything is made: most refusals cost nothing
     sql = f"{prefix}(\n{where}\n)"
-    con = connect(duckdb, threads, allowed_paths(duckdb, where))
+    con = connect(duckdb, threads, _named_files(tokens))
     try:
         con.register("data", table)
         check_predicate(con, where, sql, prefix)

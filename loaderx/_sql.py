@@ -24,6 +24,15 @@ Evaluation runs on chunks of rows (memory-mapped, zero-copy), on every
 usable core, each chunk one pyarrow.compute pass per operator. A condition
 on a categorical column alone is computed once over its categories and
 looked up by code.
+
+Nothing here recurses per term or per level of nesting: comments (``--``,
+``/* */``) are skipped as DuckDB skips them, a ``;`` is a syntax error (a
+predicate is one expression), parentheses are matched with a stack and
+each group parsed once its own groups are, AND and OR are n-ary nodes, and
+the type check, the categorical folding and the evaluator walk the tree
+with explicit stacks. So a chain of 10,000 terms works, and the nesting
+bound (`DEPTH_MAX`, a ValueError with the position) is a promise about
+predicates, not a guard for the interpreter's stack.
 """
 from __future__ import annotations
 

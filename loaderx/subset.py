@@ -11,13 +11,18 @@ result of an earlier `select`); `where` is
   (``engine="arrow"``, see `loaderx._sql`); SQL beyond that — subqueries and
   joins against other files such as ``id IN (SELECT id FROM
   read_parquet('keep.parquet'))``, function calls, CASE — runs on DuckDB
-  when it is installed (``engine="duckdb"`` forces it);
+  when it is installed (``engine="duckdb"`` forces it), as one expression
+  on a connection that reads only the files the predicate names and can
+  write, attach, install, load or change nothing (`loaderx._duckdb_guard`);
 * a numpy bool mask (one value per record) or an array of record indices
   (any order, duplicates counted once), from any engine you like.
 
 Bad input raises ``ValueError`` naming the problem: an unknown column, a
 syntax error (with its position), a type mismatch (``label = 'x'`` on an int
-column), a column that is not scalar.
+column), a column that is not scalar, text that is not one expression (a
+``;`` and a statement, a ``UNION`` after the condition). Whatever rows an
+engine gives are checked (inside the dataset, none twice) before a
+selection exists.
 
 Only the columns a predicate names are read, as zero-copy memory maps of
 their raw stores (`loaderx.columns.scalar_chunks`), in chunks on every
@@ -371,8 +376,9 @@ class View:
         records of at most COMPACT_RECORD_MAX bytes, when the copy takes at
         most COMPACT_BYTES_MAX bytes and half the base's records, is copied
         (decoded, raw) into a private store in shared memory (/dev/shm where
-        there is one) that is unlinked once open: the memory goes with the
-        view. The copy holds the records the view selected when it was made;
+        there is one) that is unlinked once open (before its second append:
+        a process killed while it copies leaves nothing behind, see
+        `_write_compact`): the memory goes with the view. The copy holds the records the view selected when it was made;
         like the view's rows (docs/select.md), it does not follow a later
         `delete` or `compact` of the store. Any thread may ask (one builds it,
         under a lock). Nothing closes it: the view and every loader reading
@@ -707,30 +713,37 @@ class _ColumnData:
         self.chunks = text_chunks(stream) if self.text else scalar_chunks(stream)
         self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
         self.valid_chunks = scalar_chunks(self.valid) if self.valid is not None else None
+        # A mask's parts may split the records otherwise than the values' (an
+        # append that brought a column's first nulls masks the old rows in one part).
+        self.valid_starts = np.cumsum([0] + [len(c) for c in self.valid_chunks]) \
+            if self.valid_chunks is not None else None
         self.categories = info.categories
 
     def _length(self, chunk) -> int:
         return len(chunk[1]) - 1 if self.text else len(chunk)
 
-    def _pieces(self, start: int, stop: int):
-        """(store k, local indices or a slice) covering positions start..stop."""
+    def _pieces(self, start: int, stop: int, starts: Optional[np.ndarray] = None):
+        """(store k, local indices or a slice) covering positions start..stop,
+        for stores beginning at `starts` (the values' by default)."""
+        starts = self.starts if starts is None else starts
         if self.rows is None:
-            k0 = int(np.searchsorted(self.starts, start, side="right")) - 1
+            k0 = int(np.searchsorted(starts, start, side="right")) - 1
             k = k0
             while start < stop:
-                end = min(stop, int(self.starts[k + 1]))
+                end = min(stop, int(starts[k + 1]))
                 if end > start:
-                    yield k, slice(start - int(self.starts[k]), end - int(self.starts[k]))
+                    yield k, slice(start - int(starts[k]), end - int(starts[k]))
                 start = end
                 k += 1
             return
         want = self.rows[start:stop]
-        shard = np.searchsorted(self.starts, want, side="right") - 1
+        shard = np.searchsorted(starts, want, side="right") - 1
         for k in np.unique(shard).tolist():
-            yield k, want[shard == k] - int(self.starts[k])
+            yield k, want[shard == k] - int(starts[k])
 
-    def numpy(self, chunks, start: int, stop: int) -> np.ndarray:
-        got = [chunks[k][where] for k, where in self._pieces(start, stop)]
+    def numpy(self, chunks, start: int, stop: int,
+              starts: Optional[np.ndarray] = None) -> np.ndarray:
+        got = [chunks[k][where] for k, where in self._pieces(start, stop, starts)]
         if len(got) == 1:
             return got[0]
         return np.concatenate(got) if got else chunks[0][:0]
@@ -738,10 +751,13 @@ class _ColumnData:
     def arrow(self, start: int, stop: int, how: Any) -> Any:
         import pyarrow as pa
 
-        valid = self.numpy(self.valid_chunks, start, stop) if self.valid_chunks else None
+        valid = self.numpy(self.valid_chunks, start, stop, self.valid_starts) \
+            if self.valid_chunks else None
         if self.text:
             return self._strings(pa, start, stop, valid)
         values = self.numpy(self.chunks, start, stop)
+        if self.categories is not None:
+            _check_codes(values, len(self.categories), self.info.name)
         if how == "codes":
             return values
         if self.categories is not None:
@@ -770,6 +786,14 @@ class _ColumnData:
         if valid is not None and not valid.all():
             arr = _with_nulls(pa, arr, valid)
         return arr
+
+
+def _check_codes(codes: np.ndarray, count: int, name: str) -> None:
+    """A categorical's codes name one of its `count` categories, or -1 (null)."""
+    if len(codes) and (int(codes.min()) < -1 or int(codes.max()) >= count):
+        bad = int(codes.min()) if int(codes.min()) < -1 else int(codes.max())
+        raise ValueError(f"column {name!r} holds the code {bad}, but its manifest names "
+                         f"{count} categories (the column or its manifest was changed)")
 
 
 def _with_nulls(pa, arr, valid: np.ndarray):
