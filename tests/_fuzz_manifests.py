@@ -85,38 +85,43 @@ def valid_manifest(bases: dict, which: int) -> dict:
             "columns": columns, "source": {"type": "fuzz"}}
 
 
-#: The typed columns of dataset 0 (see `typed_manifest`): int8 codes into
-#: CATEGORIES (-1: null) and their bool validity mask, two parts each.
+#: The typed columns of dataset 0 (see `typed_manifest`), two parts each:
+#: int8 codes into CATEGORIES (-1: null) and their bool validity mask
+#: ``mask``; a nullable int16 column ``num`` (0 where null) and its mask ``nmask``.
 CATEGORIES = ["a", "b", "c"]
+TYPED = ("codes", "mask", "num", "nmask")
 
 
-def typed_values(rows: int) -> tuple:
-    """(codes, mask) of one part of the typed columns."""
+def typed_values(rows: int) -> dict:
+    """The values of one part of each typed column."""
     codes = (np.arange(rows) % 4 - 1).astype(np.int8)
-    return codes, codes >= 0
+    num = (np.arange(rows) % 5).astype(np.int16)
+    return {"codes": codes, "mask": codes >= 0, "num": num, "nmask": num != 0}
 
 
 def write_typed_parts(ds: str, rows: int) -> None:
     from loaderx import DenseStore
 
-    codes, mask = typed_values(rows)
     for k in range(2):
-        for name, values in (("codes", codes), ("mask", mask)):
+        for name, values in typed_values(rows).items():
             with DenseStore(os.path.join(ds, GEN, name, f"part-{k:05d}"), values.dtype, (),
                             codec="raw") as store:
                 store.append(values)
 
 
 def typed_manifest(bases: dict) -> dict:
-    """Dataset 0 with a categorical column ``codes`` (nullable: its mask is ``mask``)."""
+    """Dataset 0 with a nullable categorical column ``codes`` (its mask is
+    ``mask``) and a nullable int column ``num`` (its mask is ``nmask``)."""
     m = valid_manifest(bases, 0)
     rows = m["rows"] // 2
-    for name, dtype in (("codes", "int8"), ("mask", "bool")):
+    for name, dtype in (("codes", "int8"), ("mask", "bool"), ("num", "int16"), ("nmask", "bool")):
         m["columns"][name] = {"kind": "dense", "dtype": dtype, "item_shape": [], "codec": "raw",
                               "shards": [{"path": f"{GEN}/{name}/part-{k:05d}", "rows": rows}
                                          for k in range(2)]}
     m["columns"]["codes"].update(categories=list(CATEGORIES), valid="mask")
     m["columns"]["mask"]["valid_of"] = "codes"
+    m["columns"]["num"]["valid"] = "nmask"
+    m["columns"]["nmask"]["valid_of"] = "num"
     return m
 
 
@@ -350,20 +355,22 @@ def fam_splits(m, rng, k):
 
 
 TYPED_VARIANTS = (
-    ("codes", "valid", "nope"), ("codes", "valid", 3), ("codes", "valid", ["mask"]),
-    ("codes", "valid", "codes"), ("codes", "valid", "dense_raw"), ("codes", "valid", None),
-    ("codes", "valid", "ragged_1d"), ("codes", "valid", "mask.valid"), ("mask", "valid_of", 7),
-    ("mask", "valid_of", "dense_raw"), ("mask", "valid_of", None), ("codes", "categories", 5),
-    ("codes", "categories", "abc"), ("codes", "categories", {"a": 1}),
-    ("codes", "categories", [["a"]]), ("codes", "categories", [1, "a"]),
-    ("codes", "categories", [True, False]), ("codes", "categories", [1.5, 2.5]),
-    ("codes", "categories", [None, "a"]), ("codes", "categories", []),
-    ("codes", "categories", ["a"]), ("codes", "categories", ["x", "y", "z", "w"]),
+    ("num", "valid", "nope"), ("codes", "valid", "nope"), ("codes", "categories", 5),
+    ("num", "valid", "codes"), ("codes", "valid", 3), ("codes", "categories", ["a"]),
+    ("num", "valid", None), ("codes", "valid", ["mask"]), ("codes", "categories", [1, "a"]),
+    ("num", "valid", "mask"), ("codes", "valid", "codes"), ("codes", "categories", []),
+    ("nmask", "valid_of", "codes"), ("codes", "valid", "dense_raw"), ("codes", "text", True),
+    ("num", "categories", ["x"]), ("codes", "valid", None), ("codes", "labels", 7),
+    ("num", "valid", "nmask"), ("codes", "valid", "ragged_1d"), ("codes", "categories", "abc"),
+    ("mask", "valid_of", 7), ("codes", "categories", {"a": 1}), ("ragged_1d", "text", True),
+    ("mask", "valid_of", "dense_raw"), ("codes", "categories", [["a"]]),
+    ("codes", "text", "yes"), ("mask", "valid_of", None), ("codes", "categories", [True]),
+    ("codes", "labels", ["x", 1]), ("codes", "valid", "mask.valid"),
+    ("codes", "categories", [1.5, 2.5]), ("mask", "class_names", ["n", "y"]),
+    ("codes", "categories", [None, "a"]), ("dense_raw", "valid", "mask"),
+    ("codes", "categories", ["x", "y", "z", "w"]), ("codes", "valid", "mask"),
     ("codes", "categories", [10, 20, 30]), ("dense_raw", "categories", ["a"]),
     ("ragged_1d", "categories", ["a"]), ("mask", "categories", ["a", "b"]),
-    ("codes", "text", True), ("codes", "text", "yes"), ("ragged_1d", "text", True),
-    ("codes", "labels", 7), ("codes", "labels", ["x", 1]), ("mask", "class_names", ["n", "y"]),
-    ("dense_raw", "valid", "mask"), ("codes", "valid", "mask"),
 )
 
 
@@ -484,7 +491,7 @@ def check_opened(case: ManifestCase, opened: dict, bases: dict, out) -> None:
                                      "message": f"split {split!r} opened as {sorted(cols)}"})
         return
     for name, store in opened.items():
-        if name in ("codes", "mask"):
+        if name in TYPED:
             continue  # the typed columns, held to their values below
         col = manifest["columns"][name]
         want = []
@@ -514,22 +521,26 @@ def check_opened(case: ManifestCase, opened: dict, bases: dict, out) -> None:
 
 
 def check_typed(opened: dict, out) -> None:
-    """The typed columns, where they opened: the codes as written, and a
-    predicate's nulls are the rows whose code is -1 (which is where the
-    mask is False), whatever the manifest's typed fields say; a select may
-    refuse with a loaderx error (codes its categories do not name)."""
+    """The typed columns, where they opened: the values as written, and a
+    predicate's nulls are the rows the masks say (for ``codes``, also the
+    rows whose code is -1), whatever the manifest's typed fields say; a
+    select may refuse with a loaderx error (codes its categories do not name)."""
     import loaderx
 
     if "codes" not in opened:
         return
-    codes = np.concatenate([typed_values(len(opened["codes"]) // 2)[0]] * 2)
-    ok, got = out.call("codes: read", lambda: np.asarray(opened["codes"][:]))
-    if ok and not np.array_equal(got, codes):
-        out.problems.append({"kind": "wrong data", "message": "the codes differ from the parts'"})
-    ok, sub = out.call("select IS NULL", lambda: loaderx.select(opened, "codes IS NULL"))
-    if ok and sub["codes"].rows.tolist() != np.flatnonzero(codes < 0).tolist():
-        out.problems.append({"kind": "wrong data", "message": "codes IS NULL found "
-                                                              f"{len(sub['codes'])} rows"})
+    half = typed_values(len(opened["codes"]) // 2)
+    values = {name: np.concatenate([half[name]] * 2) for name in TYPED}
+    for name in TYPED:
+        ok, got = out.call(f"{name}: read", lambda n=name: np.asarray(opened[n][:]))
+        if ok and not np.array_equal(got, values[name]):
+            out.problems.append({"kind": "wrong data", "message": f"{name} differs from its parts"})
+    for name, mask in (("codes", "mask"), ("num", "nmask")):
+        ok, sub = out.call("select IS NULL", lambda n=name: loaderx.select(opened, f"{n} IS NULL"))
+        if ok and sub[name].rows.tolist() != np.flatnonzero(~values[mask]).tolist():
+            out.problems.append({"kind": "wrong data", "message": f"{name} IS NULL found "
+                                                                  f"{len(sub[name])} rows"})
+    codes = values["codes"]
     names = getattr(opened["codes"], "categories", None)
     if names:
         out.call("select =", lambda: loaderx.select(opened, f"codes = {names[0]!r}"))
