@@ -378,9 +378,10 @@ class View:
         (decoded, raw) into a private store in shared memory (/dev/shm where
         there is one) that is unlinked once open (before its second append:
         a process killed while it copies leaves nothing behind, see
-        `_write_compact`): the memory goes with the view. The copy holds the records the view selected when it was made;
-        like the view's rows (docs/select.md), it does not follow a later
-        `delete` or `compact` of the store. Any thread may ask (one builds it,
+        `_write_compact`): the memory goes with the view. The copy holds
+        the records the view selected when it was made; like the view's
+        rows (docs/select.md), it does not follow a later `delete` or
+        `compact` of the store. Any thread may ask (one builds it,
         under a lock). Nothing closes it: the view and every loader reading
         it hold its handle, and the last to let go frees it (`close()` of the
         view only lets go, so a running loader keeps reading). A forked

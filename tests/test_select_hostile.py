@@ -142,7 +142,8 @@ def test_the_connection_itself_cannot_write_attach_install_or_reset(tmp_path, mo
         for statement in ("COPY (SELECT 1) TO 'pwned.csv'", "ATTACH 'evil.db' AS e",
                           "INSTALL httpfs", "LOAD httpfs", "SET threads = 1",
                           "SET enable_external_access = true", "SET lock_configuration = false",
-                          "EXPORT DATABASE 'exported'", "SELECT * FROM read_parquet('other.parquet')",
+                          "EXPORT DATABASE 'exported'",
+                          "SELECT * FROM read_parquet('other.parquet')",
                           "COPY (SELECT 1) TO 'keep.parquet'"):
             with pytest.raises(duckdb.Error):
                 con.execute(statement)
@@ -158,7 +159,8 @@ def test_documented_reads_of_other_files_still_work(data, workdir):
     for where in ("id IN (SELECT id FROM read_parquet('keep.parquet'))",
                   "id IN (SELECT id FROM 'keep.parquet')",
                   "id IN (SELECT id FROM read_parquet('*.parquet')) -- a comment",
-                  "x < 0 OR /* ; COPY ... */ id IN (SELECT id FROM read_parquet(['keep.parquet']))"):
+                  "x < 0 OR /* ; COPY ... */ id IN (SELECT id FROM "
+                  "read_parquet(['keep.parquet']))"):
         assert loaderx.select(ds, where)["x"].rows.tolist() == want.tolist(), where
     with pytest.raises(ValueError, match="nope.parquet.*reads only the existing files"):
         loaderx.select(ds, "id IN (SELECT id FROM read_parquet('nope.parquet'))")
