@@ -7,7 +7,7 @@ and DuckDB's ``execute`` runs every statement of a string; so text such
 as ``x = 1; COPY (SELECT 42) TO 'pwned.csv'`` or ``x = 1 UNION ALL SELECT
 -3`` must never reach it as written. Two independent layers:
 
-1. **One expression** (`check_predicate`). DuckDB's own lexer
+1. **One expression** (`_scan`, then `check_predicate`). DuckDB's own lexer
    (``duckdb.tokenize``, the one its parser uses, so quotes, comments and
    dollar quoting are read as DuckDB reads them) finds any ``;``, any
    parenthesis that closes what the predicate did not open, nesting deeper
@@ -29,6 +29,8 @@ as ``x = 1; COPY (SELECT 42) TO 'pwned.csv'`` or ``x = 1 UNION ALL SELECT
    query turns any of this back on. The documented join against another
    file, ``id IN (SELECT id FROM read_parquet('keep.parquet'))``, works;
    writing, attaching a database file or reading an unnamed file does not.
+   (A DuckDB older than one of the other settings goes without it, see
+   `_LOCKDOWN`; one before 1.2, without ``allowed_paths``, reads no file.)
 
 Both layers raise ValueError naming the predicate.
 """
@@ -116,7 +118,7 @@ def _scan(where: str, tokens: List[Tuple[int, str, str]]) -> None:
 
 def _parsed(con: Any, sql: str) -> Any:
     """DuckDB's syntax tree of `sql` (a dict), or the error it reports (a str)."""
-    text = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    text = con.execute("SELECT json_serialize_sql(CAST(? AS VARCHAR))", [sql]).fetchone()[0]
     try:
         tree = json.loads(text)
     except RecursionError:
@@ -204,24 +206,41 @@ def _named_files(tokens: List[Tuple[int, str, str]]) -> List[str]:
     return sorted({p for name in found for p in (name, os.path.abspath(name))})
 
 
+#: What a predicate's connection sets before it turns file access off and
+#: locks its configuration. A DuckDB older than one of these settings goes
+#: without it (their defaults are safe, or newer than what they harden).
+_LOCKDOWN = (
+    ("autoinstall_known_extensions", False), ("autoload_known_extensions", False),
+    ("allow_community_extensions", False), ("allow_unsigned_extensions", False),
+    ("allow_persistent_secrets", False), ("allow_extension_repositories", "forbidden"),
+    ("enable_progress_bar", False), ("max_expression_depth", 4 * DEPTH_MAX),
+)
+
+
+def _set(duckdb: Any, con: Any, name: str, value: Any) -> bool:
+    """``SET name = value``; False where this DuckDB has no such setting (or
+    sets it only at startup, where its default is the safe value)."""
+    try:
+        con.execute(f"SET {name} = ?", [value])
+    except (duckdb.CatalogException, duckdb.InvalidInputException):
+        return False
+    return True
+
+
 def connect(duckdb: Any, threads: int, readable: Optional[List[str]] = None) -> Any:
     """A DuckDB connection that reads Arrow tables registered on it and the
     files `readable` names, and can do nothing else (see the module docs).
     The caller closes it."""
-    con = duckdb.connect(config={
-        "autoinstall_known_extensions": False,
-        "autoload_known_extensions": False,
-        "allow_community_extensions": False,
-        "allow_unsigned_extensions": False,
-        "allow_persistent_secrets": False,
-        "threads": max(1, int(threads)),
-    })
+    con = duckdb.connect(config={"autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False,
+                                 "threads": max(1, int(threads))})
     try:
-        con.execute("SET enable_progress_bar = false")
-        con.execute("SET allow_extension_repositories = 'forbidden'")
-        con.execute(f"SET max_expression_depth = {4 * DEPTH_MAX}")
+        for name, value in _LOCKDOWN:
+            _set(duckdb, con, name, value)
+        # File access off, but for the files the predicate names (a DuckDB
+        # before 1.2 has no `allowed_paths`: there a predicate reads no file).
         if readable:
-            con.execute("SET allowed_paths = ?", [list(readable)])
+            _set(duckdb, con, "allowed_paths", list(readable))
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except BaseException:

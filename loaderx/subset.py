@@ -868,6 +868,6 @@ def _duckdb_error(e: Exception, where: str, columns: List[str]) -> ValueError:
     elif "Could not convert" in text or "Conversion Error" in text or "Cannot compare" in text:
         hint = " (a type mismatch: compare numbers with numbers, strings with strings)"
     elif "Permission Error" in text:
-        hint = (" (a predicate reads only the existing files its string literals name, and "
-                "writes, attaches and loads nothing)")
+        hint = (" (a predicate reads only the existing files its string literals name, with "
+                "duckdb>=1.2, and writes, attaches and loads nothing)")
     return ValueError(f"DuckDB could not evaluate the predicate {where!r}: {first}{hint}")
