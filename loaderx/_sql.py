@@ -882,6 +882,11 @@ def _in(pa, pc, x: Any, items: List[Any]) -> Any:
             x = pc.cast(x, target)
         value_set = pa.array([s.cast(target).as_py() if s.type != target else s.as_py()
                               for s in scalars], type=target)
+        if pa.types.is_floating(target):
+            # is_in hashes bits, so -0.0 would not find 0.0; SQL's = does.
+            # Adding +0.0 makes every zero +0.0 and changes nothing else.
+            zero = pa.scalar(0.0, target)
+            x, value_set = pc.add(x, zero), pc.add(value_set, zero)
         if isinstance(x, pa.Scalar):
             x = pa.array([x.as_py()], type=x.type)
             return _in_nulls(pa, pc, pc.is_in(x, value_set=value_set), x, has_null)[0]

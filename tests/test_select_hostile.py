@@ -240,7 +240,7 @@ def test_nesting_up_to_the_depth_works_and_beyond_it_is_refused(data):
 
 
 def test_comments_remainders_and_mixed_in_lists_agree_across_engines(data):
-    """Three disagreements the predicate corpus found between the engines."""
+    """Four disagreements the predicate corpus found between the engines."""
     _, ds = data
     x = np.arange(N)
     cases = {
@@ -250,6 +250,8 @@ def test_comments_remainders_and_mixed_in_lists_agree_across_engines(data):
         "(x - 500) % -7 = 3": np.fmod(x - 500, -7) == 3,
         "x IN (1, 2.5, 3)": np.isin(x, [1, 3]),  # an int column and a float in the list
         "4.5 IN (1, -1.25, 3.75) OR x = 0": x == 0,
+        "-(x * 0.5) IN (0.0, 1.5)": x == 0,  # -0.0 is 0.0, as = says
+        "-(x * 0.5) NOT IN (0.0, 1.5)": x > 0,
     }
     for where, want in cases.items():
         for engine in (None, "duckdb"):
