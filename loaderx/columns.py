@@ -143,7 +143,14 @@ class Column:
             raise TypeError(f"column {self._name!r} has no categories")
         table = np.array(list(self._categories) + [None], dtype=object)
         codes = np.asarray(codes)
-        return table[np.where(codes < 0, len(self._categories), codes)]
+        count = len(self._categories)
+        if codes.dtype.kind not in "iu":
+            raise TypeError(f"names_of takes integer codes, not {codes.dtype}")
+        if codes.size and (int(codes.min()) < -1 or int(codes.max()) >= count):
+            bad = int(codes.min()) if int(codes.min()) < -1 else int(codes.max())
+            raise ValueError(f"column {self._name!r}: the code {bad} names none of its "
+                             f"{count} categories")
+        return table[np.where(codes < 0, count, codes)]
 
     # -- the native read protocol: only where nothing is left to decode
     def _native(self) -> bool:
