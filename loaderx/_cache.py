@@ -28,6 +28,23 @@ checksum is checked on its first read by each process, and a record that
 fails is dropped from the cache and fetched again (then, if the server's
 bytes fail too, `CorruptStoreError`).
 
+No read of a replica faults. A hole of a sparse file read or written
+through a shared mapping needs a fresh page, which a full tmpfs cannot give
+(SIGBUS), so every page that is mapped is allocated first: ``cache.state``
+whole when it is made, a fetch's blocks (``fallocate``, where a mapped
+hole can fault: not on ext4, xfs or btrfs) before its bytes are written;
+and nothing reads a block that is not marked present. A fetch
+that fails punches every range it was to write (nothing of it is marked,
+so nothing else would ever free it). A full file system is a
+`NoSpaceError` naming the cache, after one more try: the fetch first evicts
+what no reader uses and punches bytes no block marks present (`sweep`:
+what a process killed mid-fetch wrote). The limit counts what blocks take
+on disk, in whole 4 KiB units.
+
+A replica that is not whole (a file missing or of the wrong size; see
+`Cache.intact`) is moved aside and made again under the cache's lock at
+the next open; its users keep their open files.
+
 Each byte is fetched once per node: a fetcher holds POSIX byte-range locks
 on the blocks it fetches (``*.fetch``, byte b = block b); another process
 that needs them waits for those locks (never while holding its own), then
@@ -400,6 +417,29 @@ def _allocate(fd: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+#: File systems whose holes read through a mapping as the zero page and
+#: whose writes fail cleanly when full (ext2-4, xfs, btrfs, by statfs
+#: f_type): a fetch there skips allocating its blocks first (a few
+#: microseconds a range). Anything else (tmpfs, an overlay on one, a
+#: system that does not say) is allocated first.
+_BLOCK_FILE_SYSTEMS = (0xEF53, 0x58465342, 0x9123683E)
+
+
+def _maps_need_pages(path: str) -> bool:
+    """Whether a fetch into a cache at `path` allocates its blocks before
+    writing them (see _BLOCK_FILE_SYSTEMS)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs; f_type first
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return True
+    except (OSError, AttributeError):
+        return True
+    return struct.unpack_from("q", buf.raw, 0)[0] not in _BLOCK_FILE_SYSTEMS
+
+
 def _punch(fd: int, offset: int, length: int, zero: bool = True) -> None:
     """Frees a byte range of a file (it reads as zeros); best effort. Where
     holes cannot be punched, `zero` writes zeros over it instead (same
@@ -620,6 +660,7 @@ class Cache:
                     head[1] = _VERSION
         self._head = head  # [magic, version, tick, used bytes, eviction sequence]
         self._state_id = _file_id(state)
+        self.preallocate = _maps_need_pages(root)
         # Per slot: the oldest read in flight, the oldest prefetch kept.
         self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
 
@@ -1145,10 +1186,10 @@ class Replica:
                   request_max: int = REQUEST_MAX) -> None:
         """Fetches block `runs` of `which` (this process holds their fetch
         locks) and marks them present. Their bytes are allocated on disk
-        first, and a failure anywhere punches every range this fetch was to
-        write (nothing of it is marked present, so nothing else would ever
-        free them): a full disk is a `NoSpaceError` naming the cache, before
-        any byte is written."""
+        first where a mapped hole can fault (`Cache.preallocate`), and a
+        failure anywhere punches every range this fetch was to write
+        (nothing of it is marked present, so nothing else would ever free
+        them): a full disk is a `NoSpaceError` naming the cache."""
         if not runs:
             return
         lay = self.layout
@@ -1157,7 +1198,7 @@ class Replica:
         starts, ends, keeps = _requests(runs, sh, size, request_max)
         fd = self.fd(which)
         try:
-            for lo, hi in (k for ks in keeps for k in ks):
+            for lo, hi in (k for ks in keeps for k in ks) if self.cache.preallocate else ():
                 _allocate(fd, lo, hi - lo)
             got = download(which, starts, ends, keeps)
         except BaseException as e:

@@ -24,8 +24,13 @@ only small messages cross the pipe.
 
 Faults. obstore retries a request on 5xx, 429/SlowDown, connection errors
 and timeouts with jittered exponential backoff (``RETRY_CONFIG``); what still
-fails (a body cut off mid-way, a retry budget spent) is retried here as a
-whole, ``ATTEMPTS`` times with jittered backoff. A hard failure is never
+fails (a body cut off or reset mid-way, a response shorter than asked, a
+retry budget spent) is retried here, ``ATTEMPTS`` times with jittered
+backoff (a failed ``get_ranges`` call range by range), and named when the
+attempts run out ("short response", "connection reset during the body").
+Every read (HEAD, GET, a fetch's ranged GETs) ends within `read_budget_s`:
+the request timeout times ATTEMPTS, for a server that never answers too.
+A hard failure is never
 retried and raises at once, naming the URL: `RemoteNotFoundError`
 (``FileNotFoundError``: no such key or bucket), `RemotePermissionError`
 (``PermissionError``: access denied, bad credentials), `RemoteChangedError`
@@ -355,8 +360,8 @@ def _gave_up(url: str, what: str, last: Optional[BaseException], opts: Options) 
         setattr(e, _NO_ANSWER, True)
         return e
     if isinstance(last, RemoteIOError) or _classify(last) == "retry":
-        return RemoteIOError(f"{url}: {what} failed after {ATTEMPTS} attempts: "
-                             f"{_fault_text(last)}", path=url)
+        return RemoteIOError(f"{url}: {what} failed (its attempts or its "
+                             f"{read_budget_s(opts):g} s ran out): {_fault_text(last)}", path=url)
     return _mapped(last, url, what)
 
 
@@ -376,8 +381,7 @@ async def _attempted(url: str, what: str, opts: Options, end: float,
     for attempt in range(attempts):
         left = end - time.monotonic()
         if left <= 0:
-            last = None
-            break
+            break  # (the time ran out between attempts: the last fault says why)
         try:
             return await asyncio.wait_for(once(), left)
         except LoaderxError as e:

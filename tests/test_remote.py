@@ -1443,21 +1443,34 @@ def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_pa
 # ----------------------------------------------------------------- full disks (issue 37)
 
 @contextlib.contextmanager
-def small_tmpfs(path, size: str = "8m"):
-    """A tmpfs of `size` mounted at `path` (a RAM disk, the natural cache of
-    a node without local disks); skips where this process may not mount one
-    (not root, or no permission in this container)."""
+def small_disk(path, kind: str = "tmpfs", size_mb: int = 8):
+    """A small file system mounted at `path`: a tmpfs (a RAM disk, the
+    natural cache of a node without local disks) or ext4 on a loop device;
+    skips where this process may not mount one (not root, or no permission
+    in this container)."""
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root on Linux")
+        pytest.skip("mounting a small file system needs root on Linux")
     os.makedirs(path, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    image = f"{path}.img"
+    if kind == "tmpfs":
+        cmds = [["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)]]
+    else:
+        with open(image, "wb") as f:
+            f.truncate(size_mb << 20)
+        cmds = [["mkfs.ext4", "-q", "-F", image], ["mount", "-o", "loop", image, str(path)]]
+    for cmd in cmds:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            pytest.skip(f"cannot make a small {kind} here: {e}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a small {kind} here: {done.stderr.strip()}")
     try:
         yield str(path)
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.remove(image)
 
 
 BIG_N, BIG_REC = 3000, 4000  # 12 MB of raw records: more than an 8 MiB tmpfs holds
@@ -1523,7 +1536,7 @@ def test_a_cache_on_a_full_tmpfs_never_faults_it_says_so_and_reads_on_once_there
     written) is a SIGBUS. Every page is allocated before anything maps or
     marks it; a fetch with no room is a NoSpaceError naming the cache."""
     dense, _ = data
-    with small_tmpfs(tmp_path / "ram") as ram:
+    with small_disk(tmp_path / "ram") as ram:
         idx = list(range(0, 200, 3))
         filler = os.path.join(ram, "filler")
         got = _disk_steps(s3, f"{url}/{ZZ}0", os.path.join(ram, "cache"),
@@ -1541,7 +1554,7 @@ def test_a_gather_larger_than_a_tmpfs_cache_is_a_clear_error_and_smaller_ones_re
     url, dense = big
     rng = np.random.default_rng(3)
     small = [np.sort(rng.choice(BIG_N, 300, replace=False)).tolist() for _ in range(6)]
-    with small_tmpfs(tmp_path / "ram") as ram:
+    with small_disk(tmp_path / "ram") as ram:
         cache = os.path.join(ram, "cache")
         got = _disk_steps(s3, url, cache, [["read", list(range(BIG_N))]] + [
             ["read", s] for s in small], limit=6_000_000)
@@ -1552,14 +1565,16 @@ def test_a_gather_larger_than_a_tmpfs_cache_is_a_clear_error_and_smaller_ones_re
     assert [g[1:] for g in got[1:]] == [["ok", _sum(dense, s)] for s in small]
 
 
-def test_a_full_disk_evicts_fetches_again_and_leaves_nothing_unmarked_behind(tmp_path, s3, big):
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_a_full_disk_evicts_fetches_again_and_leaves_nothing_unmarked_behind(tmp_path, s3, big,
+                                                                             kind):
     """A cache_limit above the file system's size: a fetch that finds it
     full evicts what no reader uses and fetches again (exact bytes); one
     that cannot fit even then is a NoSpaceError, and the bytes it wrote are
     freed (a failed write punches its holes), so the next process reads on."""
     url, dense = big
     batches = [list(range(k * 250, (k + 1) * 250)) for k in range(10)]  # 1 MB each, 10 MB
-    with small_tmpfs(tmp_path / "ram") as ram:
+    with small_disk(tmp_path / "ram", kind, 8 if kind == "tmpfs" else 11) as ram:
         cache = os.path.join(ram, "cache")
         got = _disk_steps(s3, url, cache, [["read", b] for b in batches], limit=1 << 30)
         assert [g[1:] for g in got] == [["ok", _sum(dense, b)] for b in batches]
@@ -1568,8 +1583,9 @@ def test_a_full_disk_evicts_fetches_again_and_leaves_nothing_unmarked_behind(tmp
         assert got[0][1] == "NoSpaceError" and cache in got[0][2], got
         assert "cache_limit 1073741824 bytes" in got[0][2]
         # What the failed gather wrote is punched out again (eviction may
-        # have freed more): the disk holds no more than before it.
-        assert shutil.disk_usage(ram).used <= before
+        # have freed more): the disk holds no more than before it (ext4's
+        # own bookkeeping aside).
+        assert shutil.disk_usage(ram).used <= before + (64 << 10)
         got = _disk_steps(s3, url, cache, [["read", batches[0]]], limit=1 << 30)
         assert got[0][1:] == ["ok", _sum(dense, batches[0])]
 
@@ -1579,7 +1595,7 @@ def test_bytes_no_block_marks_present_are_reclaimed_when_the_disk_fills(tmp_path
     mid-fetch, an older loaderx after a failed write): eviction never saw
     them; a fetch that finds the disk full punches them and reads on."""
     url, dense = big
-    with small_tmpfs(tmp_path / "ram") as ram:
+    with small_disk(tmp_path / "ram") as ram:
         cache = os.path.join(ram, "cache")
         assert _disk_steps(s3, url, cache, [["read", [0]]], limit=1 << 30)[0][1] == "ok"
         (key,) = [k for k in os.listdir(os.path.join(cache, "stores")) if not k.startswith(".")]
@@ -1796,3 +1812,135 @@ def test_a_server_that_never_answers_fails_within_timeout_times_attempts(tmp_pat
             store[[5, 6]]
         assert time.monotonic() - t < bound + 1.5
         assert f"{u}/data" in str(e.value)
+
+
+# ----------------------------------------------------------------- the hostile-server corpus
+
+#: Cases of the seeded hostile-server corpus in a suite run (a few seconds);
+#: LOADERX_FUZZ_SERVER_CASES=N runs more, LOADERX_FUZZ_SEED=S another corpus.
+HOSTILE_CASES = int(os.environ.get("LOADERX_FUZZ_SERVER_CASES", "16"))
+_HOSTILE_KINDS = ("503", "500", "reset", "cut", "short", "longlen", "noetag", "bighead",
+                  "smallhead", "hang")
+_HOSTILE_WHERE = {
+    "any": None,
+    "data": lambda m, p: m == "GET" and p.endswith("/data"),
+    "index": lambda m, p: m == "GET" and p.endswith("/index"),
+    "head": lambda m, p: m == "HEAD",
+    "meta": lambda m, p: m == "GET" and p.endswith("/meta"),
+}
+_HOSTILE_TIMEOUT_S = 0.3  # the request timeout of a case: a "hang" costs 4 x this
+
+
+@pytest.fixture(scope="module")
+def hostile_stores(s3, tmp_path_factory):
+    """Three small stores (raw dense, zstd dense, ragged) in two versions of
+    the same sizes, the first uploaded: ``{kind: (url, v1 dir, v2 dir, v1)}``."""
+    rng = np.random.default_rng(41)
+    root = tmp_path_factory.mktemp("hostile")
+    dense = rng.integers(0, 256, size=(64, 2000), dtype=np.uint8)
+    ragged = [rng.integers(0, 1000, size=int(rng.integers(1, 400)), dtype=np.int32)
+              for _ in range(64)]
+    out = {}
+    for kind, v1, v2, make in (
+            ("raw", dense, dense[::-1].copy(), lambda p, v: loaderx.from_numpy(p, v, codec="raw")),
+            ("zstd", dense, dense[::-1].copy(),
+             lambda p, v: loaderx.from_numpy(p, v, codec="zstd")),
+            ("ragged", ragged, ragged[::-1], lambda p, v: loaderx.from_iterator(p, v))):
+        for name, version in (("v1", v1), ("v2", v2)):
+            make(str(root / f"{kind}-{name}"), version).close()
+        out[kind] = (s3.upload_dir(str(root / f"{kind}-v1"), f"hostile/{kind}"),
+                     str(root / f"{kind}-v1"), str(root / f"{kind}-v2"), v1)
+    return out
+
+
+def _outcome(fn, want, url: str, cache: str) -> tuple:
+    """(``exact`` | ``clear`` | ``wrong`` | ``other``, seconds, detail,
+    result) of ``fn()``: the bytes of the version opened (any result when
+    `want` is None), a loaderx error naming the URL or the cache, or
+    anything else (another version's bytes, a foreign exception, an
+    unclear error)."""
+    t = time.monotonic()
+    try:
+        got = fn()
+    except loaderx.LoaderxError as e:
+        took = time.monotonic() - t
+        named = url in str(e) or cache in str(e)
+        return ("clear" if named else "other"), took, f"{type(e).__name__}: {e}", None
+    except Exception as e:
+        return "other", time.monotonic() - t, f"{type(e).__name__}: {e}", None
+    took = time.monotonic() - t
+    if want is None:
+        return "exact", took, "", got
+    same = (all(np.array_equal(g, w) for g, w in zip(got, want)) and len(got) == len(want)
+            if isinstance(want, list) else np.array_equal(got, want))
+    return ("exact" if same else "wrong"), took, "" if same else "another version's bytes", got
+
+
+def hostile_case(rng, s3, base: str, faults, stores: dict, cache: str) -> list:
+    """One seeded case: 1-3 faults (a kind, how many responses, which ones),
+    an open through the proxy, random batches, sometimes the store replaced
+    on the server between them. Returns [(step, outcome, seconds, detail)]."""
+    kind = ["raw", "zstd", "ragged"][int(rng.integers(3))]
+    url, v1_dir, v2_dir, v1 = stores[kind]
+    faults.plan.clear()
+    faults.release = threading.Event()
+    plan = []
+    for _ in range(int(rng.integers(1, 4))):
+        fault = _HOSTILE_KINDS[int(rng.integers(len(_HOSTILE_KINDS)))]
+        count = [1, 2, 3, 10**6][int(rng.integers(4))]
+        where = list(_HOSTILE_WHERE)[int(rng.integers(len(_HOSTILE_WHERE)))]
+        faults.add(fault, count, _HOSTILE_WHERE[where])
+        plan.append(f"{fault}x{count}@{where}")
+    replace_at = int(rng.integers(0, 6))  # before batch k (< 3), or never
+    opts = dict(s3.options(base), timeout=f"{_HOSTILE_TIMEOUT_S}s")
+    steps = []
+    store = None
+    try:
+        *opened_, store = _outcome(lambda: loaderx.open_store(url, cache_dir=cache,
+                                                              storage_options=opts),
+                                   None, url, cache)
+        steps.append(("open", *opened_))
+        for k in range(3 if store is not None else 0):
+            if k == replace_at:
+                s3.upload_dir(v2_dir, f"hostile/{kind}")
+            idx = rng.choice(64, int(rng.integers(1, 24)), replace=False)
+            want = [v1[i] for i in idx] if kind == "ragged" else v1[idx]
+            steps.append((f"batch {k}", *_outcome(lambda: store[idx], want, url, cache)[:3]))
+    finally:
+        faults.release.set()
+        faults.plan.clear()
+        if store is not None:
+            store.close()
+        if replace_at < 3:
+            s3.upload_dir(v1_dir, f"hostile/{kind}")
+    return [(f"{kind} {' '.join(plan)}",) + s for s in steps]
+
+
+def test_hostile_servers_end_in_exact_bytes_or_a_clear_error_in_bounded_time(
+        tmp_path, s3, proxy, hostile_stores):
+    """The fault proxy in seeded random sequences (short bodies, bodies cut
+    off or reset, no ETags, lying sizes, a server that never answers, 5xx,
+    a store replaced on the server mid-read) over random batches of three
+    kinds of store: every step ends in the bytes of the version opened or a
+    loaderx error naming the URL or the cache, within the read budget
+    (the request timeout x ATTEMPTS) of each request round it makes."""
+    from loaderx import _objstore
+    base, faults = proxy
+    seed = int(os.environ.get("LOADERX_FUZZ_SEED", "37"))
+    rng = np.random.default_rng(seed)
+    bound = 3 * _HOSTILE_TIMEOUT_S * _objstore.ATTEMPTS + 3.0
+    tally: dict = {}
+    bad = []
+    slowest = 0.0
+    for case in range(HOSTILE_CASES):
+        cache = str(tmp_path / f"c{case}")
+        for what, step, outcome, took, detail in hostile_case(rng, s3, base, faults,
+                                                               hostile_stores, cache):
+            tally[outcome] = tally.get(outcome, 0) + 1
+            slowest = max(slowest, took)
+            if outcome not in ("exact", "clear") or took > bound:
+                bad.append(f"case {case} ({what}), {step}: {outcome} in {took:.1f} s: {detail}")
+    print(f"hostile servers, seed {seed}: {HOSTILE_CASES} cases, {sum(tally.values())} steps: "
+          + ", ".join(f"{v} {k}" for k, v in sorted(tally.items()))
+          + f"; slowest step {slowest:.1f} s (bound {bound:.1f} s)")
+    assert not bad, "\n".join(bad)
