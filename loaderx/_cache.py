@@ -97,6 +97,7 @@ from .errors import (
     BusyError,
     CorruptStoreError,
     InvalidArgumentError,
+    LoaderxError,
     NoSpaceError,
     StoreNotFoundError,
     ZrecordIOError,
@@ -1208,6 +1209,9 @@ class Replica:
             if isinstance(e, OSError) and e.errno in _FULL:
                 need = sum(hi - lo for ks in keeps for lo, hi in ks)
                 raise self.cache.no_space(need, which, e) from None
+            if isinstance(e, OSError) and not isinstance(e, LoaderxError):
+                raise ZrecordIOError(f"{self.dir}/{which}: writing fetched bytes into the "
+                                     f"cache failed: {e.strerror or e}", path=self.dir) from None
             raise
         # Index and data downloads run on two threads: `self.fetched +=
         # download(...)` read the count before the download and lost the
