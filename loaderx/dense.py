@@ -28,6 +28,9 @@ _NULL = ffi.NULL
 _DUMMY = np.zeros(1, dtype=np.uint8)
 _empty = np.empty
 _from_buffer = ffi.from_buffer
+#: A remote store's `as_array` reads its records through the cache in
+#: gathers of at most this many bytes (what the cache must hold at once).
+AS_ARRAY_CHUNK_BYTES = 64 << 20
 
 
 def _item_shape(item_shape) -> tuple:
@@ -144,15 +147,22 @@ class DenseStore(Store):
         ``i * record_bytes`` of that file, so the map is the data itself: no
         copy, nothing read until used (a scalar column's values for a
         predicate, or for numpy). It holds the records committed when it was
-        made; a ``delete`` or ``compact`` afterwards moves bytes under it."""
+        made; a ``delete`` or ``compact`` afterwards moves bytes under it.
+        A remote store's records are fetched through the cache (every one
+        checked) into an array in memory instead: a map of the cache's
+        replica would read what eviction drops later as zeros."""
         if not self._fixed_size:
             return None
         n = len(self)
         shape = (n,) + self._item_shape
-        if n == 0:
-            empty = np.zeros(shape, self._dtype)
-            empty.flags.writeable = False
-            return empty
+        if n == 0 or self._remote is not None:
+            whole = np.zeros(shape, self._dtype) if n == 0 else np.empty(shape, self._dtype)
+            step = max(1, AS_ARRAY_CHUNK_BYTES // max(1, self._record_bytes))
+            for start in range(0, n, step):  # (a chunk at a time: what the cache holds at once)
+                self.gather(np.arange(start, min(n, start + step), dtype=np.int64),
+                            out=whole[start:start + step])
+            whole.flags.writeable = False
+            return whole
         mapped = np.memmap(os.path.join(self._path, "data"), dtype=self._dtype, mode="r",
                            shape=shape)
         return mapped.view(np.ndarray)

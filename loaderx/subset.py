@@ -58,6 +58,7 @@ import numpy as np
 from . import _duckdb_guard as guard
 from . import _locks, _sql
 from ._lib import usable_cores
+from ._objstore import is_url
 from ._store import deprecated, normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
 from .streams import NativePart, native_parts
@@ -478,7 +479,7 @@ def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[st
     if isinstance(dataset, (str, os.PathLike)):
         from .dataset import open_dataset
 
-        source = os.path.abspath(os.fspath(dataset))
+        source = _located(dataset)
         dataset = open_dataset(source)
         owned = True
     try:
@@ -548,14 +549,20 @@ def _identity(bases: Dict[str, Any]) -> Tuple[str, str]:
     parts = []
     for name, base in bases.items():
         stores = column_parts(base)
-        paths = [os.path.abspath(getattr(s, "path", "") or "") for s in stores]
+        paths = [_located(getattr(s, "path", "") or "") for s in stores]
         parts.append(f"{name}={paths}:{[len(s) for s in stores]}")
     first = next(iter(bases.values()))
     root = store_path_of(first)
     if root is None:
         path = getattr(column_parts(first)[0], "path", None)
-        root = os.path.abspath(path) if path else "an in-memory dataset"
+        root = _located(path) if path else "an in-memory dataset"
     return root, ";".join(parts)
+
+
+def _located(path: Any) -> str:
+    """A dataset's or store's path made absolute; a URL as it is."""
+    path = os.fspath(path)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 def _given_rows(where: Any, space: int) -> np.ndarray:
