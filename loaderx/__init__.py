@@ -15,12 +15,19 @@ The public names, re-exported here from the modules that own them::
     from loaderx.dataloader import DataLoader
     from loaderx.streams import Stream, NativePart, ArrayStream
     from loaderx.errors import LoaderxError, CorruptStoreError, ...  # every exception
+
+The original loaderx's spellings stay where it had them, silently
+(docs/migrating.md): ``loaderx.utils.train_dict``, ``loaderx.converter``,
+``loaderx.Dataset`` and ``loaderx.write_dataset`` (0.7), ``loaderx.dataset.
+Dataset`` / ``DenseDataset`` / ``RaggedDataset`` (0.9, ``loaderx.legacy``).
 """
 __version__ = "3.0.0"
 
 from .converters import convert
 from .dataloader import DataLoader
 from .dataset import from_iterator, from_numpy, labels, open_dataset, open_store, pad
+from .dataset import write_dataset  # the original 0.7's spelling of from_numpy
+from .legacy import Dataset  # the original 0.7's loaderx.Dataset (see loaderx.legacy)
 from .errors import (
     ArgumentTypeError,
     BusyError,

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -351,20 +352,28 @@ def _print_dataset(report: dict, indent: str = "") -> None:
 
 def _original_info(args) -> int:
     """`info` on a store written by the original loaderx: what it is and the
-    command that converts it (it is not read in place)."""
+    command that converts it (a 1.7 store is also read in place, read-only)."""
+    from ._original import is_store177
+    from .converters._original177_src import summary177
     from .converters._original_src import original_summary
 
-    r = original_summary(args.path)
+    in_place = is_store177(args.path)
+    r = summary177(args.path) if in_place else original_summary(args.path)
     r["convert"] = f"loaderx convert {args.path} DEST"
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    shape = f"{r['dtype']}{r['shape']}" if r["dtype"] else "bytes"
+    shape = f"{r['dtype']}{r['shape'] if r['shape'] is not None else ''}" if r["dtype"] \
+        else "bytes"
     codecs = ", ".join(f"{n:,} {c}" for c, n in r["codecs"].items()) or "none"
+    layout = ("a store of the original loaderx 1.7, format version "
+              f"{r['format_version']}; loaderx reads it in place (read-only: "
+              "loaderx.open_store) and converts it" if in_place else
+              "a store of the original loaderx 0.9, format version "
+              f"{r['format_version']}; loaderx reads it only to convert it")
     for key, value in (
         ("path", r["path"]),
-        ("layout", f"a store of the original loaderx (0.9.x/1.7.x), format version "
-                   f"{r['format_version']}; loaderx reads it only to convert it"),
+        ("layout", layout),
         ("kind", f"{r['kind']} ({shape}); converts to a {r['becomes']}"),
         ("records", f"{r['records']:,} in {r['chunks']} chunk file{'s' * (r['chunks'] != 1)} "
                     f"({codecs})"),
@@ -491,9 +500,9 @@ def _stores_of(path: str) -> tuple[list, list]:
     from .errors import NotAStoreError
 
     if is_original_store(path):
-        raise NotAStoreError(f"{path} is a store written by the original loaderx (0.9.x/1.7.x), "
-                             f"which loaderx reads only to convert it: loaderx convert {path} DEST",
-                             path=path)
+        raise NotAStoreError(f"{path} is a store written by the original loaderx, which loaderx "
+                             f"reads (and verifies) but does not change: loaderx convert {path} "
+                             "DEST makes a loaderx 3 dataset of it", path=path)
 
     if _is_dataset(path):
         opened = open_dataset(path)
@@ -542,16 +551,28 @@ def _original_verify(args) -> int:
     from .converters._progress import make_progress
     from .converters._source import Options
 
+    from ._original import is_store177
+    from .converters._original177_src import Original177Source
+
     t0 = time.perf_counter()
-    src = OriginalSource(args.path, Options())
+    src: Any = (Original177Source if is_store177(args.path) else OriginalSource)(args.path,
+                                                                                 Options())
+    layout = "1.7" if isinstance(src, Original177Source) else "0.9"
     with make_progress(_progress_mode(args), float(src.rows), "verify", "records") as bar:
         for start in range(0, src.rows, 4096):
-            src.read_all(start, min(start + 4096, src.rows))
-            bar.update(min(4096, src.rows - start))
-    src._close()
-    _say(args, f"ok: {src.rows:,} records of a store written by the original loaderx (format "
-               f"version {src.version}) verified in {time.perf_counter() - t0:.2f} s; convert "
-               f"it with: loaderx convert {args.path} DEST")
+            stop = min(start + 4096, src.rows)
+            if layout == "1.7":
+                src.records(start, stop)
+            else:
+                src.read_all(start, stop)
+            bar.update(stop - start)
+    if layout == "1.7":
+        src.close()
+    else:
+        src._close()
+    _say(args, f"ok: {src.rows:,} records of a store written by the original loaderx {layout} "
+               f"verified in {time.perf_counter() - t0:.2f} s; convert it with: loaderx convert "
+               f"{args.path} DEST")
     return 0
 
 
@@ -825,7 +846,7 @@ def _convert_parser(sub, quiet) -> None:
         help="convert data into a loaderx dataset directory",
         description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
         "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
-        "WebDataset .tar shards or a store written by the original loaderx 0.9.x/1.7.x "
+        "WebDataset .tar shards or a store written by the original loaderx 0.9/1.7 "
         "(meta.zr). DST: a new dataset directory.",
     )
     p.add_argument("src")

@@ -28,6 +28,23 @@ checksum is checked on its first read by each process, and a record that
 fails is dropped from the cache and fetched again (then, if the server's
 bytes fail too, `CorruptStoreError`).
 
+No read of a replica faults. A hole of a sparse file read or written
+through a shared mapping needs a fresh page, which a full tmpfs cannot give
+(SIGBUS), so every page that is mapped is allocated first: ``cache.state``
+whole when it is made, a fetch's blocks (``fallocate``, where a mapped
+hole can fault: not on ext4, xfs or btrfs) before its bytes are written;
+and nothing reads a block that is not marked present. A fetch
+that fails punches every range it was to write (nothing of it is marked,
+so nothing else would ever free it). A full file system is a
+`NoSpaceError` naming the cache, after one more try: the fetch first evicts
+what no reader uses and punches bytes no block marks present (`sweep`:
+what a process killed mid-fetch wrote). The limit counts what blocks take
+on disk, in whole 4 KiB units.
+
+A replica that is not whole (a file missing or of the wrong size; see
+`Cache.intact`) is moved aside and made again under the cache's lock at
+the next open; its users keep their open files.
+
 Each byte is fetched once per node: a fetcher holds POSIX byte-range locks
 on the blocks it fetches (``*.fetch``, byte b = block b); another process
 that needs them waits for those locks (never while holding its own), then
@@ -76,7 +93,15 @@ import numpy as np
 
 from ._checks import is_int
 from ._lib import check, ffi, lib
-from .errors import BusyError, CorruptStoreError, InvalidArgumentError, StoreNotFoundError
+from .errors import (
+    BusyError,
+    CorruptStoreError,
+    InvalidArgumentError,
+    LoaderxError,
+    NoSpaceError,
+    StoreNotFoundError,
+    ZrecordIOError,
+)
 
 __all__ = ["Cache", "Replica", "Layout", "parse_limit"]
 
@@ -227,12 +252,32 @@ class _ReplicaState:
         return int(self.header[9])
 
 
+#: A file system allocates in units of 2**_DISK_SHIFT bytes (a tmpfs page, an
+#: ext4 or xfs block): a present block smaller than that still takes a whole
+#: unit on disk, which is what the cache counts against its limit (eight
+#: random 512 B blocks are 32 KiB of a tmpfs, not 4 KiB).
+_DISK_SHIFT = 12
+
+
+def _footprint(words: np.ndarray, shift: int) -> int:
+    """Bytes on disk of the present blocks of bitmap `words` (uint64, each
+    64 aligned blocks of 2**shift bytes), in whole allocation units."""
+    if shift >= _DISK_SHIFT:
+        return int(_popcount64(words).sum()) << shift
+    per = 1 << (_DISK_SHIFT - shift)  # blocks per unit: 2 to 8
+    folded = np.array(words, np.uint64)
+    step = 1
+    while step < per:  # bit k becomes the OR of bits k .. k + per - 1
+        folded |= folded >> np.uint64(step)
+        step <<= 1
+    first = np.uint64(sum(1 << k for k in range(0, 64, per)))  # each unit's first bit
+    return int(_popcount64(folded & first).sum()) << _DISK_SHIFT
+
+
 def _present_bytes(st: _ReplicaState) -> int:
-    """Bytes a replica holds: its present blocks, index and data."""
+    """Bytes a replica's present blocks take on disk, index and data."""
     lay = st.layout
-    d = int(_popcount64(st.dwords).sum()) << lay.dshift
-    i = int(_popcount64(st.ibits.view(np.uint64)).sum()) << lay.ishift
-    return d + i
+    return _footprint(st.dwords, lay.dshift) + _footprint(st.ibits.view(np.uint64), lay.ishift)
 
 
 def _bitmap_sizes(lay: Layout) -> tuple[int, int]:
@@ -246,10 +291,22 @@ def _state_size(lay: Layout) -> int:
 
 
 def _create_state(path: str, lay: Layout) -> None:
+    """A replica's state file, every page of it on disk: the bitmaps and
+    ticks are written through a shared mapping, and a write (or a read) of
+    a hole of a full tmpfs through one is a SIGBUS."""
+    size = _state_size(lay)
     with open(path, "wb") as f:
         f.write(_STATE_HEADER.pack(_STATE_MAGIC, 1, lay.record_count, lay.data_size, lay.fixed,
                                    lay.ishift, lay.dshift, lay.iblocks, lay.regions, 0))
-        f.truncate(_state_size(lay))
+        f.truncate(size)
+        f.flush()
+        if _fallocate_fn() is not None:
+            _allocate(f.fileno(), 0, size)
+        if os.fstat(f.fileno()).st_blocks * 512 < size:  # no fallocate here: real zeros
+            zeros = bytes(1 << 20)
+            for at in range(4096, size, len(zeros)):
+                f.seek(at)
+                f.write(zeros[:min(len(zeros), size - at)])
 
 
 def _popcount64(words: np.ndarray) -> np.ndarray:
@@ -296,14 +353,43 @@ def _spans(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     return np.unique(starts + np.arange(total, dtype=np.int64))
 
 
+def _requests(runs: list, sh: int, size: int, request_max: int) -> tuple[list, list, list]:
+    """``(starts, ends, keeps)`` of the requests that fetch block `runs`
+    (sorted ``(first, end)`` runs of blocks of 2**sh bytes of a file of
+    `size` bytes): runs closer than MAX_GAP merged into one request of at
+    most `request_max` bytes (the gap is read and dropped), longer ones
+    split; ``keeps[i]`` are the byte ranges of request i to write."""
+    starts: list = []
+    ends: list = []
+    keeps: list = []
+    for b0, b1 in runs:
+        lo, hi = b0 << sh, min(b1 << sh, size)
+        if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= request_max:
+            ends[-1] = hi
+            keeps[-1].append((lo, hi))
+            continue
+        while hi - lo > request_max:
+            starts.append(lo)
+            ends.append(lo + request_max)
+            keeps.append([(lo, lo + request_max)])
+            lo += request_max
+        starts.append(lo)
+        ends.append(hi)
+        keeps.append([(lo, hi)])
+    return starts, ends, keeps
+
+
+#: What a write to a full file system fails with (a full disk, a user's quota).
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
 _libc: Any = None
 
 
-def _punch(fd: int, offset: int, length: int) -> None:
-    """Frees a byte range of a file (it reads as zeros); best effort."""
+def _fallocate_fn() -> Any:
+    """libc's ``fallocate`` (the Linux system call, never glibc's
+    ``posix_fallocate`` emulation, which writes zeros over bytes another
+    process may be writing), or None where there is none."""
     global _libc
-    if length <= 0:
-        return
     if _libc is None:
         try:
             _libc = ctypes.CDLL(None, use_errno=True)
@@ -311,17 +397,86 @@ def _punch(fd: int, offset: int, length: int) -> None:
                                         ctypes.c_int64]
         except (OSError, AttributeError):
             _libc = False
-    if _libc:
-        # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-        if _libc.fallocate(fd, 0x02 | 0x01, offset, length) == 0:
-            return
-    # No hole punching here: zero the range instead (same reads, space kept).
-    zero = bytes(min(length, 1 << 20))
+    return _libc.fallocate if _libc else None
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Gives the byte range of a file its blocks before anything is written
+    there: a full file system says so here (`OSError` ENOSPC) instead of
+    halfway through a write, and a tmpfs page that is on disk can be read
+    through a mapping without a fault (a hole of a full tmpfs read that way
+    is a SIGBUS). A file system without ``fallocate`` is left as it is."""
+    fn = _fallocate_fn()
+    if length <= 0 or fn is None:
+        return
+    while fn(fd, 0, offset, length) != 0:
+        err = ctypes.get_errno()
+        if err == errno.EINTR:
+            continue
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return  # (no preallocation here: the writes report a full disk)
+        raise OSError(err, os.strerror(err))
+
+
+#: File systems whose holes read through a mapping as the zero page and
+#: whose writes fail cleanly when full (ext2-4, xfs, btrfs, by statfs
+#: f_type): a fetch there skips allocating its blocks first (a few
+#: microseconds a range). Anything else (tmpfs, an overlay on one, a
+#: system that does not say) is allocated first.
+_BLOCK_FILE_SYSTEMS = (0xEF53, 0x58465342, 0x9123683E)
+
+
+def _maps_need_pages(path: str) -> bool:
+    """Whether a fetch into a cache at `path` allocates its blocks before
+    writing them (see _BLOCK_FILE_SYSTEMS)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs; f_type first
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return True
+    except (OSError, AttributeError):
+        return True
+    return struct.unpack_from("q", buf.raw, 0)[0] not in _BLOCK_FILE_SYSTEMS
+
+
+def _punch(fd: int, offset: int, length: int, zero: bool = True) -> None:
+    """Frees a byte range of a file (it reads as zeros); best effort. Where
+    holes cannot be punched, `zero` writes zeros over it instead (same
+    reads, space kept)."""
+    if length <= 0:
+        return
+    fn = _fallocate_fn()
+    # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+    if (fn is not None and fn(fd, 0x02 | 0x01, offset, length) == 0) or not zero:
+        return
+    zeros = bytes(min(length, 1 << 20))
     done = 0
     while done < length:
-        n = min(len(zero), length - done)
-        os.pwrite(fd, zero[:n], offset + done)
+        n = min(len(zeros), length - done)
+        os.pwrite(fd, zeros[:n], offset + done)
         done += n
+
+
+def _extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The ``[start, end)`` byte ranges of a sparse file that hold data,
+    below `size` (SEEK_DATA/SEEK_HOLE; the whole file where the system has
+    no such seek)."""
+    at = 0
+    while at < size:
+        try:
+            lo = os.lseek(fd, at, getattr(os, "SEEK_DATA"))
+            hi = min(size, os.lseek(fd, lo, getattr(os, "SEEK_HOLE")))
+        except (OSError, AttributeError) as e:
+            if getattr(e, "errno", None) == errno.ENXIO:
+                return  # nothing but a hole from `at` on
+            yield at, size
+            return
+        if lo >= size:
+            return
+        yield lo, hi
+        at = hi
 
 
 def _more_descriptors() -> None:
@@ -506,6 +661,7 @@ class Cache:
                     head[1] = _VERSION
         self._head = head  # [magic, version, tick, used bytes, eviction sequence]
         self._state_id = _file_id(state)
+        self.preallocate = _maps_need_pages(root)
         # Per slot: the oldest read in flight, the oldest prefetch kept.
         self._watermarks = np.frombuffer(self._mm, np.uint64, 2 * SLOTS, 4096).reshape(SLOTS, 2)
 
@@ -594,7 +750,7 @@ class Cache:
                               f"cache_limit), so it holds at most {limit} bytes and drops "
                               "cached ranges as others are read; free disk space, or set "
                               "cache_limit (or LOADERX_CACHE_LIMIT)", RuntimeWarning,
-                              stacklevel=4)
+                              stacklevel=5)
         seq = p.reads.seq
         lib.lx_cache_evicting(seq)  # odd: reads that start now wait (src/replica.zig)
         try:
@@ -606,7 +762,7 @@ class Cache:
             p.warned = True
             warnings.warn(f"loaderx cache {self.root} holds {used} bytes, over its limit of "
                           f"{limit}: every cached range is being read (raise cache_limit)",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=5)
 
     def _evict(self, p: _Proc, replicas: list, used: int, target: int) -> int:
         """Evicts the least recently used regions no read uses until `used`
@@ -628,6 +784,44 @@ class Cache:
                     break
                 used -= replicas[int(which[j])].evict_region(p, int(regions[j]))
         return used
+
+    def no_space(self, need: int, what: str, err: OSError) -> NoSpaceError:
+        """The error of a fetch of `need` bytes of `what` that found the
+        cache's file system full (`err`); ``.need`` is the bytes."""
+        try:
+            free = self._free_and_reserve()[0]
+        except OSError:
+            free = -1
+        limit = f"cache_limit {self.limit} bytes" if self.limit is not None else \
+            "no cache_limit"
+        why = os.strerror(err.errno or errno.ENOSPC)
+        e = NoSpaceError(f"{self.root}: the cache's file system is full ({why}): {need} bytes "
+                         f"of a replica's {what} do not fit in {free} bytes "
+                         f"free ({limit}; the cache holds {self.used()} bytes, and what is "
+                         "being read is never evicted); free space, set a cache_limit below "
+                         "the file system's size, or read smaller batches", path=self.root)
+        e.need = need  # type: ignore[attr-defined]
+        return e
+
+    def make_room(self, need: int) -> None:
+        """After a fetch of `need` bytes found the file system full: evicts
+        the least recently used regions no reader uses until `need` bytes
+        are free of them (under the lock), and punches what no block marks
+        present (`Replica.sweep`)."""
+        with self.locked() as p:
+            replicas = self._all_replicas(p)
+            used = sum(r.present_bytes() for r in replicas)
+            seq = p.reads.seq
+            lib.lx_cache_evicting(seq)  # odd: reads that start now wait (src/replica.zig)
+            try:
+                used = self._evict(p, replicas, used, max(0, used - need - (need >> 3)))
+            finally:
+                lib.lx_cache_evicting(seq)
+            self._head[3] = np.uint64(used)
+            for r in replicas:
+                for which in ("data", "index"):
+                    with contextlib.suppress(OSError):
+                        r.sweep(which)
 
     def _all_replicas(self, p: _Proc) -> list:
         out = []
@@ -676,40 +870,114 @@ class Cache:
                     r = p.replicas[key] = Replica(self, key)
         return r
 
-    def has_replica(self, key: str) -> bool:
+    def intact(self, key: str, layout: Optional[Layout] = None, meta: Optional[bytes] = None,
+               index: Optional[bytes] = None) -> bool:
+        """Whether replica `key` is whole: every file there, ``index`` and
+        ``data`` at the sizes of its state's layout (and of `layout`), the
+        state's header and size right, its ``meta`` `meta` and its ``index``
+        `index` when given (a replica whose index came whole at its open)."""
         d = os.path.join(self.stores, key)
-        return os.path.isfile(os.path.join(d, "meta")) and os.path.isfile(
-            os.path.join(d, "cache.state"))
+        try:
+            with open(os.path.join(d, "cache.state"), "rb") as f:
+                head = _STATE_HEADER.unpack(f.read(_STATE_HEADER.size))
+                size = os.fstat(f.fileno()).st_size
+            lay = layout or Layout(*head[2:5])
+            if head[:2] != (_STATE_MAGIC, 1) or size < _state_size(lay) or head[2:9] != (
+                    lay.record_count, lay.data_size, lay.fixed, lay.ishift, lay.dshift,
+                    lay.iblocks, lay.regions):
+                return False
+            for name, want in (("index", lay.index_size), ("data", lay.data_size), ("lock", 0),
+                               ("index.fetch", None), ("data.fetch", None)):
+                if want is not None and os.path.getsize(os.path.join(d, name)) != want:
+                    return False
+                if not os.path.isfile(os.path.join(d, name)):
+                    return False
+            if index is not None:
+                with open(os.path.join(d, "index"), "rb") as f:
+                    if f.read() != index:
+                        return False
+            with open(os.path.join(d, "meta"), "rb") as f:
+                have = f.read(len(meta) + 1 if meta is not None else 2 * 4096)
+            return have == meta if meta is not None else len(have) == 2 * 4096
+        except (OSError, struct.error, ValueError):
+            return False
 
     def materialize(self, key: str, meta: bytes, layout: Layout, source: dict,
-                    check: Callable[[str], None]) -> str:
-        """The replica directory `key`, made if missing: ``meta`` as given,
-        ``index`` and ``data`` sparse at their full sizes, an empty state.
-        `check(dir)` validates it (a native open) before it is published."""
+                    check: Callable[[str], None], index: Optional[bytes] = None) -> str:
+        """The replica directory `key`, made if it is not whole (`intact`):
+        ``meta`` as given, ``index`` and ``data`` sparse at their full sizes
+        (the `index` given whole and present), an empty state. `check(dir)`
+        validates it (a native open) before it is published, under the
+        cache's lock; a damaged replica there is moved aside and removed."""
         d = os.path.join(self.stores, key)
-        if self.has_replica(key):
+        if self.intact(key, layout, meta, index):
             return d
         tmp = os.path.join(self.stores, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
-        os.makedirs(tmp)
+        aside = os.path.join(self.stores, f".damaged-{key}-{uuid.uuid4().hex[:8]}")
         try:
-            for name, size in (("index", layout.index_size), ("data", layout.data_size),
-                               ("lock", 0), ("index.fetch", 0), ("data.fetch", 0)):
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.truncate(size)
-            _create_state(os.path.join(tmp, "cache.state"), layout)
-            with open(os.path.join(tmp, "source.json"), "w", encoding="utf-8") as f:
-                json.dump(source, f, indent=2)
-            with open(os.path.join(tmp, "meta"), "wb") as f:
-                f.write(meta)
-            check(tmp)
             try:
-                os.rename(tmp, d)
-            except OSError:
-                if not self.has_replica(key):
-                    raise
+                _build_replica(tmp, meta, layout, source, index)
+            except OSError as e:
+                raise self._unbuildable(e, source.get("url"), layout) from None
+            check(tmp)
+            with self.locked():
+                if not self.intact(key, layout, meta, index):
+                    if os.path.lexists(d):
+                        os.rename(d, aside)  # damaged: its users keep their open files
+                    os.rename(tmp, d)
+                    if index is not None:
+                        self.add_used(_present_bytes(_ReplicaState(
+                            os.path.join(d, "cache.state"), layout)))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
         return d
+
+    def _unbuildable(self, e: OSError, url: Any, lay: Layout) -> Exception:
+        what = (f"{url}: its replica (index {lay.index_size} bytes, data {lay.data_size} bytes, "
+                f"sparse) cannot be made in {self.root}: {e.strerror or e}")
+        if e.errno in _FULL:
+            return NoSpaceError(f"{what}; free space on the cache's file system", path=self.root)
+        return ZrecordIOError(f"{what} (a file system that takes files this large is needed)"
+                              if e.errno == errno.EFBIG else what, path=self.root)
+
+
+def _build_replica(d: str, meta: bytes, layout: Layout, source: dict,
+                   index: Optional[bytes]) -> None:
+    """A new replica's files in the directory `d` (made here)."""
+    os.makedirs(d)
+    for name, size in (("index", layout.index_size), ("data", layout.data_size),
+                       ("lock", 0), ("index.fetch", 0), ("data.fetch", 0)):
+        with open(os.path.join(d, name), "wb") as f:
+            f.truncate(size)
+    _create_state(os.path.join(d, "cache.state"), layout)
+    with open(os.path.join(d, "source.json"), "w", encoding="utf-8") as f:
+        json.dump(source, f, indent=2)
+    if index is not None:
+        assert len(index) == layout.index_size
+        fd = os.open(os.path.join(d, "index"), os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            _allocate(fd, 0, len(index))
+            _write_all(fd, memoryview(index), 0)
+        finally:
+            os.close(fd)
+        st = _ReplicaState(os.path.join(d, "cache.state"), layout)
+        _bits_set(st.ibits, np.arange(layout.iblocks, dtype=np.int64))
+        st.mm.flush()
+        del st
+    with open(os.path.join(d, "meta"), "wb") as f:
+        f.write(meta)
+
+
+def _write_all(fd: int, view: memoryview, offset: int) -> None:
+    """Writes all of `view` at `offset` (a short write is continued; one
+    that writes nothing is a full disk)."""
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        offset += n
 
 
 class Replica:
@@ -833,9 +1101,19 @@ class Replica:
         """Makes `blocks` (sorted, unique) of `which` present: fetches the
         missing ones this process gets the fetch locks of, waits for the rest
         (fetched by others), and fetches what they left, in requests of at
-        most `request_max` bytes."""
+        most `request_max` bytes. A full file system makes room (eviction of
+        what no reader uses, and bytes nothing marks present) and fetches
+        again, once; then `NoSpaceError`."""
         if not len(blocks) or not len(self.missing(which, blocks)):
             return  # (without waiting for this process's fetch of other blocks)
+        try:
+            self._fetch(which, blocks, download, request_max)
+        except NoSpaceError as e:
+            self.cache.make_room(getattr(e, "need", 0))
+            self._fetch(which, blocks, download, request_max)
+
+    def _fetch(self, which: str, blocks: np.ndarray, download: Callable,
+               request_max: int) -> None:
         fd = self.fd(which + ".fetch")
         with self.fetch_tlock[which]:
             todo = self.missing(which, blocks)
@@ -907,29 +1185,34 @@ class Replica:
 
     def _download(self, which: str, runs: list, download: Callable,
                   request_max: int = REQUEST_MAX) -> None:
+        """Fetches block `runs` of `which` (this process holds their fetch
+        locks) and marks them present. Their bytes are allocated on disk
+        first where a mapped hole can fault (`Cache.preallocate`), and a
+        failure anywhere punches every range this fetch was to write
+        (nothing of it is marked present, so nothing else would ever free
+        them): a full disk is a `NoSpaceError` naming the cache."""
         if not runs:
             return
         lay = self.layout
         sh = lay.ishift if which == "index" else lay.dshift
         size = lay.index_size if which == "index" else lay.data_size
-        starts: list = []
-        ends: list = []
-        keeps: list = []
-        for b0, b1 in runs:  # sorted: merge close runs, split long ones
-            lo, hi = b0 << sh, min(b1 << sh, size)
-            if starts and lo - ends[-1] <= MAX_GAP and hi - starts[-1] <= request_max:
-                ends[-1] = hi
-                keeps[-1].append((lo, hi))
-                continue
-            while hi - lo > request_max:
-                starts.append(lo)
-                ends.append(lo + request_max)
-                keeps.append([(lo, lo + request_max)])
-                lo += request_max
-            starts.append(lo)
-            ends.append(hi)
-            keeps.append([(lo, hi)])
-        got = download(which, starts, ends, keeps)
+        starts, ends, keeps = _requests(runs, sh, size, request_max)
+        fd = self.fd(which)
+        try:
+            for lo, hi in (k for ks in keeps for k in ks) if self.cache.preallocate else ():
+                _allocate(fd, lo, hi - lo)
+            got = download(which, starts, ends, keeps)
+        except BaseException as e:
+            for lo, hi in (k for ks in keeps for k in ks):
+                with contextlib.suppress(OSError):
+                    _punch(fd, lo, hi - lo, zero=False)
+            if isinstance(e, OSError) and e.errno in _FULL:
+                need = sum(hi - lo for ks in keeps for lo, hi in ks)
+                raise self.cache.no_space(need, which, e) from None
+            if isinstance(e, OSError) and not isinstance(e, LoaderxError):
+                raise ZrecordIOError(f"{self.dir}/{which}: writing fetched bytes into the "
+                                     f"cache failed: {e.strerror or e}", path=self.dir) from None
+            raise
         # Index and data downloads run on two threads: `self.fetched +=
         # download(...)` read the count before the download and lost the
         # other thread's bytes when both overlapped.
@@ -940,18 +1223,21 @@ class Replica:
         blocks = np.concatenate([np.arange(b0, b1, dtype=np.int64) for b0, b1 in runs])
         with self.cache.locked() as p:
             bits = self.state.ibits if which == "index" else self.state.dbits
-            new = _bits_set(bits, blocks)
-            self.cache.add_used(new << sh)
+            words = bits.view(np.uint64)
+            touched = np.unique(blocks >> 6)
+            before = _footprint(words[touched], sh)
+            _bits_set(bits, blocks)
+            self.cache.add_used(_footprint(words[touched], sh) - before)
             if which == "data":
                 self.cache.maybe_evict(p)
 
-    def drop(self, records: np.ndarray) -> None:
+    def drop(self, records: np.ndarray, index: bool = True) -> None:
         """Forgets records `records` (they failed their check): their data
-        and index blocks become missing, and every process checks its records
-        again."""
+        blocks (and, with `index`, their index blocks) become missing, and
+        every process checks its records again."""
         starts, ends = self.ranges(records)
         dblocks = self.data_blocks(starts, ends)
-        iblocks = self.index_blocks(records)
+        iblocks = self.index_blocks(records) if index else np.zeros(0, np.int64)
         with self.cache.locked():
             _bits_clear(self.state.dbits, dblocks)
             _bits_clear(self.state.ibits, iblocks)
@@ -969,7 +1255,7 @@ class Replica:
             if not _lockf(fd, b0, _REGION_BLOCKS, wait=False):
                 return 0
             try:
-                count = int(_popcount64(self.state.dwords[r:r + 1])[0])
+                freed = _footprint(self.state.dwords[r:r + 1], lay.dshift)
                 self.state.dwords[r] = 0
                 self.state.header[9] += np.uint64(1)
                 lo = b0 << lay.dshift
@@ -979,7 +1265,31 @@ class Replica:
                 _unlockf(fd, b0, _REGION_BLOCKS)
         finally:
             self.fetch_tlock["data"].release()
-        return count << lay.dshift
+        return freed
+
+    def sweep(self, which: str) -> None:
+        """Punches the bytes on disk of `which` that no block marks present
+        (what a process killed mid-fetch wrote, or an older loaderx left
+        after a failed write), in the regions no fetch holds (under the
+        cache lock); found with SEEK_DATA, so it costs what is on disk."""
+        lay = self.layout
+        sh = lay.ishift if which == "index" else lay.dshift
+        size = lay.index_size if which == "index" else lay.data_size
+        bits = self.state.ibits if which == "index" else self.state.dbits
+        fd, lock_fd = self.fd(which), self.fd(which + ".fetch")
+        if not self.fetch_tlock[which].acquire(blocking=False):
+            return
+        try:
+            for lo, hi in _extents(fd, size):
+                blocks = np.arange(lo >> sh, ((hi - 1) >> sh) + 1, dtype=np.int64)
+                for b0, b1 in _runs(blocks[~_bits_get(bits, blocks)]):
+                    if _lockf(lock_fd, b0, b1 - b0, wait=False):
+                        try:
+                            _punch(fd, b0 << sh, min(b1 << sh, size) - (b0 << sh), zero=False)
+                        finally:
+                            _unlockf(lock_fd, b0, b1 - b0)
+        finally:
+            self.fetch_tlock[which].release()
 
     # -- the read protocol
     def begin_read(self, p: _Proc, u: np.ndarray, pin: bool) -> tuple[int, np.ndarray]:

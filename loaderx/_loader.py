@@ -61,6 +61,47 @@ def check_options(workers: Optional[int], prefetch: int, prefetch_bytes: Optiona
     return Options(workers, prefetch, prefetch_bytes, stop_after)
 
 
+#: The original loaderx's DataLoader parameters after `streams`, in its order
+#: (0.7 to 1.7: ``DataLoader(streams, num_workers=4, batch_size=256,
+#: prefetch_size=4, mode=2, seed=42, transform=...)``).
+LEGACY_ORDER = ("num_workers", "batch_size", "prefetch_size", "mode", "seed", "transform")
+
+
+def legacy_arguments(batch_size: Any, legacy: Tuple[Any, ...], given: Dict[str, Any],
+                     defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """The loader's keywords from the original's spellings: two or more
+    positional arguments after `streams` are the original's order
+    (`LEGACY_ORDER`; one is loaderx 3's ``batch_size``), ``num_workers`` is
+    ``workers`` (at least 1, as the original clamped it) and
+    ``prefetch_size`` is ``prefetch``. `given`: the keywords as passed;
+    `defaults`: their defaults (a keyword still at its default gives way to
+    a positional one; one that is not is a conflict). Returns `given`
+    updated."""
+    out = dict(given, batch_size=batch_size)
+    if legacy:
+        values = (batch_size,) + tuple(legacy)
+        if len(values) > len(LEGACY_ORDER):
+            raise TypeError(f"DataLoader takes at most {len(LEGACY_ORDER) + 1} positional "
+                            f"arguments (streams, {', '.join(LEGACY_ORDER)}), got "
+                            f"{len(values) + 1}")
+        for name, value in zip(LEGACY_ORDER, values):
+            if name != "batch_size" and out[name] is not defaults[name]:
+                raise TypeError(f"DataLoader got {name} twice: positionally (the original "
+                                "loaderx's order) and as a keyword")
+            out[name] = value
+    for old, new in (("num_workers", "workers"), ("prefetch_size", "prefetch")):
+        value = out.pop(old)
+        if value is None:
+            continue
+        if out[new] is not defaults[new]:
+            raise TypeError(f"DataLoader got both {old}= (the original loaderx's name) and "
+                            f"{new}=, which are the same option; pass {new}= only")
+        if old == "num_workers":
+            value = max(1, check_int(old, value, 0))
+        out[new] = value
+    return out
+
+
 def plan_of(sources: Any, batch_size: Any, mode: Any, seed: Any, step: Any,
             shard: Any) -> Tuple[Plan, Sampler, _state.Track]:
     """A loader's sources, sampler and track, checked. The sampler checks

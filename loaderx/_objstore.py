@@ -24,8 +24,13 @@ only small messages cross the pipe.
 
 Faults. obstore retries a request on 5xx, 429/SlowDown, connection errors
 and timeouts with jittered exponential backoff (``RETRY_CONFIG``); what still
-fails (a body cut off mid-way, a retry budget spent) is retried here as a
-whole, ``ATTEMPTS`` times with jittered backoff. A hard failure is never
+fails (a body cut off or reset mid-way, a response shorter than asked, a
+retry budget spent) is retried here, ``ATTEMPTS`` times with jittered
+backoff (a failed ``get_ranges`` call range by range), and named when the
+attempts run out ("short response", "connection reset during the body").
+Every read (HEAD, GET, a fetch's ranged GETs) ends within `read_budget_s`:
+the request timeout times ATTEMPTS, for a server that never answers too.
+A hard failure is never
 retried and raises at once, naming the URL: `RemoteNotFoundError`
 (``FileNotFoundError``: no such key or bucket), `RemotePermissionError`
 (``PermissionError``: access denied, bad credentials), `RemoteChangedError`
@@ -36,9 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import os
 import pickle
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -50,8 +58,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from .errors import (
+    CorruptStoreError,
     DestinationExistsError,
     InvalidArgumentError,
+    LoaderxError,
     MissingRemoteDependencyError,
     RemoteChangedError,
     RemoteIOError,
@@ -78,6 +88,9 @@ RETRY_CONFIG = {
                 "base": 2},
     "retry_timeout": timedelta(seconds=60),
 }
+#: The largest object fetched whole (a store's meta, a manifest): a server
+#: that declares more is refused instead of read into memory.
+GET_MAX = 256 << 20
 
 
 # ----------------------------------------------------------------- URLs
@@ -285,16 +298,138 @@ def _retrying(url: str, what: str, fn: Callable[[], Any]) -> Any:
             kind = _classify(e)
             if kind != "retry" or attempt == ATTEMPTS - 1:
                 raise _mapped(e, url, what) from None
-        time.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0))
+        time.sleep(_backoff(attempt))
     raise AssertionError("unreachable")
+
+
+def _backoff(attempt: int) -> float:
+    return min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
+
+
+_DURATION = re.compile(r"\s*([0-9.]+)\s*(ms|msec|s|sec|secs|seconds?|m|min|mins|minutes?|h)?\s*")
+
+
+def timeout_s(opts: Options) -> float:
+    """The HTTP client's request timeout in seconds (``timeout`` of the
+    client options, as obstore takes it: seconds, a timedelta, or text such
+    as ``"3s"``, ``"500ms"``, ``"1m 30s"``); the default's when unreadable."""
+    value = opts.client_options.get("timeout", CLIENT_OPTIONS["timeout"])
+    if isinstance(value, timedelta):
+        return max(0.001, value.total_seconds())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return max(0.001, float(value))
+    text, total, at = str(value).strip().lower(), 0.0, 0
+    scale = {"ms": 1e-3, "msec": 1e-3, "m": 60.0, "min": 60.0, "mins": 60.0, "h": 3600.0}
+    while at < len(text):
+        m = _DURATION.match(text, at)
+        if m is None or m.end() == at:
+            return 60.0
+        unit = m.group(2) or "s"
+        total += float(m.group(1)) * scale.get(unit, 60.0 if unit.startswith("minute") else 1.0)
+        at = m.end()
+    return max(0.001, total) if total else 60.0
+
+
+def read_budget_s(opts: Options) -> float:
+    """The longest a read (a HEAD, a GET, a batch's ranged GETs) takes to
+    fail for a server that never answers: the request timeout times
+    ATTEMPTS (docs/remote.md), however obstore's own retries go."""
+    return timeout_s(opts) * ATTEMPTS
+
+
+def _fault_text(e: BaseException) -> str:
+    """A transient fault as people say it."""
+    text = _first_line(e)
+    low = text.lower()
+    if "short response" in low or re.search(r"requested \d+\.\.\d+, got", low):
+        return text if text.startswith("short response") else f"short response ({text})"
+    if "body error" in low or "reset" in low or "connection closed" in low or \
+            "incomplete" in low or "content-range" in low:
+        return f"connection reset during the body ({text})"
+    return text
+
+
+def _gave_up(url: str, what: str, last: Optional[BaseException], opts: Options) -> Exception:
+    """The error of a read whose retries (or time) ran out; ``last`` None:
+    no complete answer came in time."""
+    if last is None:
+        budget = read_budget_s(opts)
+        e = RemoteIOError(f"{url}: {what}: no complete answer within {budget:g} s ({ATTEMPTS} "
+                          f"attempts of the {timeout_s(opts):g} s request timeout): the server "
+                          "is unreachable or does not answer", path=url)
+        setattr(e, _NO_ANSWER, True)
+        return e
+    if isinstance(last, RemoteIOError) or _classify(last) == "retry":
+        return RemoteIOError(f"{url}: {what} failed (its attempts or its "
+                             f"{read_budget_s(opts):g} s ran out): {_fault_text(last)}", path=url)
+    return _mapped(last, url, what)
+
+
+#: Set on the RemoteIOError of a read that got no answer in time (see
+#: `_gave_up`): no HEAD follows it (it would wait as long again).
+_NO_ANSWER = "loaderx_no_answer"
+
+
+async def _attempted(url: str, what: str, opts: Options, end: float,
+                     once: Callable[[], Any], attempts: int = ATTEMPTS) -> Any:
+    """``await once()``, retried on transient faults (5xx, resets, a body
+    cut short, a short response: obstore retries what fails before the
+    body, this retries the rest) with jittered backoff, `attempts` times at
+    most and never past `end` (``time.monotonic()``); hard failures raise
+    at once, each naming `url`."""
+    last: Optional[BaseException] = None
+    for attempt in range(attempts):
+        left = end - time.monotonic()
+        if left <= 0:
+            break  # (the time ran out between attempts: the last fault says why)
+        try:
+            return await asyncio.wait_for(once(), left)
+        except LoaderxError as e:
+            if not str(e).startswith("short response"):
+                raise  # (changed, not found, refused, a lying size: never retried)
+            last = e
+        except asyncio.TimeoutError:
+            last = None
+            break
+        except Exception as e:
+            if _classify(e) != "retry":
+                raise _mapped(e, url, what) from None
+            last = e
+        if attempt + 1 < attempts:
+            await asyncio.sleep(max(0.0, min(_backoff(attempt), end - time.monotonic())))
+    raise _gave_up(url, what, last, opts)
+
+
+def _short(url: str, want: int, at: int, got: int) -> RemoteIOError:
+    """A response with fewer (or more) bytes than asked: transient (retried)."""
+    return RemoteIOError(f"short response: asked for {want} bytes at {at}, got {got}", path=url)
+
+
+def _on_loop(coro: Any) -> Any:
+    """Runs `coro` on this process's event loop thread and waits for it."""
+    return asyncio.run_coroutine_threadsafe(coro, _loop()).result()
 
 
 # ----------------------------------------------------------------- the operations
 # Each takes (url, opts, ...) and returns plain, picklable values, so the
 # helper process of a forked child runs exactly these functions.
 
+#: The start of the version of an object its server sent no ETag for.
+WEAK = "lx-weak:"
+
+
 def _meta(m: Any) -> dict:
-    return {"size": int(m["size"]), "etag": m.get("e_tag"), "version": m.get("version")}
+    """An object's ``{size, etag, version, weak}``. A server that sends no
+    ETag gets one made of the object's size and Last-Modified (``weak``):
+    what pins a version there (see remote.bind)."""
+    size = int(m["size"])
+    etag = m.get("e_tag")
+    weak = not etag
+    if weak:
+        modified = m.get("last_modified")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else 0
+        etag = f"{WEAK}{size}:{stamp}"
+    return {"size": size, "etag": etag, "version": m.get("version"), "weak": weak}
 
 
 def _check_etag(url: str, got: Optional[str], etag: Optional[str]) -> None:
@@ -307,29 +442,38 @@ def _check_etag(url: str, got: Optional[str], etag: Optional[str]) -> None:
 def _head(url: str, opts: Options) -> dict:
     root, key = split(url)
     obs = _obstore()
-    return _retrying(url, "HEAD", lambda: _meta(obs.head(_client(root, opts), key)))
+    client = _client(root, opts)
+
+    async def once() -> dict:
+        return _meta(await obs.head_async(client, key))
+    return _on_loop(_attempted(url, "HEAD", opts, time.monotonic() + read_budget_s(opts), once))
 
 
 def _get(url: str, opts: Options, etag: Optional[str] = None,
-         byte_range: Optional[tuple] = None) -> tuple[bytes, dict]:
+         byte_range: Optional[tuple] = None, limit: int = GET_MAX) -> tuple[bytes, dict]:
     root, key = split(url)
     obs = _obstore()
+    client = _client(root, opts)
     options: dict = {}
-    if etag is not None:
+    if etag is not None and not etag.startswith(WEAK):
         options["if_match"] = etag
     if byte_range is not None:
         options["range"] = byte_range
 
-    def once():
-        r = obs.get(_client(root, opts), key, options=options or None)
-        data = bytes(r.bytes())
+    async def once() -> tuple[bytes, dict]:
+        r = await obs.get_async(client, key, options=options or None)
         meta = _meta(r.meta)
         _check_etag(url, meta["etag"], etag)
-        if byte_range is not None and len(data) != byte_range[1] - byte_range[0]:
-            raise RemoteIOError(f"{url}: asked for {byte_range[1] - byte_range[0]} bytes at "
-                                f"{byte_range[0]}, got {len(data)}", path=url)
+        want = byte_range[1] - byte_range[0] if byte_range is not None else meta["size"]
+        if byte_range is None and want > limit:
+            raise CorruptStoreError(f"{url}: the server says this object is {want} bytes, more "
+                                    f"than the {limit} a store's meta or a manifest takes",
+                                    path=url)
+        data = bytes(await r.bytes_async())
+        if len(data) != want:
+            raise _short(url, want, byte_range[0] if byte_range is not None else 0, len(data))
         return data, meta
-    return _retrying(url, "GET", once)
+    return _on_loop(_attempted(url, "GET", opts, time.monotonic() + read_budget_s(opts), once))
 
 
 class _Files:
@@ -428,61 +572,109 @@ def _get_ranges_into(url: str, opts: Options, starts: Sequence[int], ends: Seque
     GET fails: for bytes the caller checks against checksums of the version
     it opened before anyone reads them, which shows a replaced object as
     well (a store's data: its index holds the checksums). Returns the bytes
-    fetched.
+    fetched. A full disk raises the `OSError` of the write (the caller
+    punches what was written).
 
     The GETs go out as obstore ``get_ranges`` calls of up to RANGES_PER_CALL
     ranges each (one awaitable per call: a third of the client's CPU per
     request of one ``get`` per range, which is what a client sharing its
-    cores with the training step runs out of first)."""
+    cores with the training step runs out of first). A call that fails
+    transiently (one of its ranges reset mid-body, or short) is fetched
+    again range by range, each with its own attempts; a call gives up after
+    `read_budget_s` (the client's timeout times ATTEMPTS)."""
     root, key = split(url)
-    obs = _obstore()
     starts = [int(s) for s in starts]
     ends = [int(e) for e in ends]
     if not starts:
         return 0
-    client = _client(root, opts)
-
-    async def call(group: list, gate: asyncio.Semaphore, fd: int) -> None:
-        s = [starts[i] for i in group]
-        e = [ends[i] for i in group]
-        async with gate:
-            for attempt in range(ATTEMPTS):
-                try:
-                    bufs = await obs.get_ranges_async(client, key, starts=s, ends=e)
-                    break
-                except Exception as err:
-                    if _classify(err) != "retry" or attempt == ATTEMPTS - 1:
-                        raise _mapped(err, url, "ranged GET") from None
-                await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt)
-                                    * random.uniform(0.5, 1.0))
-        for i, buf in zip(group, bufs):
-            view = memoryview(buf)
-            want = ends[i] - starts[i]
-            if len(view) != want:
-                raise RemoteIOError(f"{url}: asked for {want} bytes at {starts[i]}, got "
-                                    f"{len(view)} (the object is shorter than its store says)",
-                                    path=url)
-            for lo, hi in (keep[i] if keep is not None else ((starts[i], ends[i]),)):
-                os.pwrite(fd, view[lo - starts[i]:hi - starts[i]], lo)
-
-    async def run(fd: int) -> None:
-        gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
-        tasks = [asyncio.ensure_future(call(g, gate, fd)) for g in _calls(starts, ends)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
+    fetch = _RangeFetch(url, opts, _client(root, opts), key, starts, ends, keep)
     try:
         with _FILES.lease(path) as fd:
-            asyncio.run_coroutine_threadsafe(run(fd), _loop()).result()
-    except (RemoteIOError, RemoteNotFoundError):
-        if etag is not None:  # an object replaced by a shorter one, or deleted: say so
+            _on_loop(fetch.run(fd))
+    except (RemoteIOError, RemoteNotFoundError) as e:
+        if etag is not None and not getattr(e, _NO_ANSWER, False):
+            # An object replaced by a shorter one, or deleted: say so.
             _check_etag(url, _head(url, opts)["etag"], etag)
         raise
     if etag is not None and head_after:
         _check_etag(url, _head(url, opts)["etag"], etag)
     return sum(e - s for s, e in zip(starts, ends))
+
+
+class _RangeFetch:
+    """The ranged GETs of one `_get_ranges_into`, on the event loop."""
+
+    def __init__(self, url: str, opts: Options, client: Any, key: str, starts: list, ends: list,
+                 keep: Optional[Sequence[Sequence[tuple]]]):
+        self.url, self.opts, self.client, self.key = url, opts, client, key
+        self.starts, self.ends, self.keep = starts, ends, keep
+        self.obs = _obstore()
+
+    async def run(self, fd: int) -> None:
+        gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
+        await _all([self.call(g, gate, fd) for g in _calls(self.starts, self.ends)])
+
+    def _checked(self, i: int, buf: Any) -> memoryview:
+        view = memoryview(buf)
+        want = self.ends[i] - self.starts[i]
+        if len(view) != want:
+            raise _short(self.url, want, self.starts[i], len(view))
+        return view
+
+    async def _one(self, i: int) -> memoryview:
+        buf = await self.obs.get_range_async(self.client, self.key, start=self.starts[i],
+                                             end=self.ends[i])
+        return self._checked(i, buf)
+
+    async def call(self, group: list, gate: asyncio.Semaphore, fd: int) -> None:
+        s = [self.starts[i] for i in group]
+        e = [self.ends[i] for i in group]
+        async with gate:
+            end = time.monotonic() + read_budget_s(self.opts)
+            views: Optional[list] = None
+            try:
+                bufs = await asyncio.wait_for(self.obs.get_ranges_async(
+                    self.client, self.key, starts=s, ends=e), read_budget_s(self.opts))
+                views = [self._checked(i, b) for i, b in zip(group, bufs)]
+            except LoaderxError as err:
+                if not str(err).startswith("short response"):
+                    raise
+            except asyncio.TimeoutError:
+                raise _gave_up(self.url, "ranged GET", None, self.opts) from None
+            except Exception as err:
+                if _classify(err) != "retry":
+                    raise _mapped(err, self.url, "ranged GET") from None
+            if views is None:  # one fault fails a whole call: range by range, in the time left
+                await asyncio.sleep(_backoff(0))
+                views = await _all([_attempted(self.url, "ranged GET", self.opts, end,
+                                               functools.partial(self._one, i)) for i in group])
+        for i, view in zip(group, views):
+            for lo, hi in (self.keep[i] if self.keep is not None else
+                           ((self.starts[i], self.ends[i]),)):
+                _write_all(fd, view[lo - self.starts[i]:hi - self.starts[i]], lo)
+
+
+async def _all(coros: list) -> list:
+    """The results of `coros`, run concurrently; the first error cancels the
+    rest (no request outlives the call that wanted it) and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _write_all(fd: int, view: memoryview, offset: int) -> None:
+    """Writes all of `view` at `offset` of `fd` (a short write, as a file
+    system that fills up gives, is continued, and one that writes nothing
+    is ENOSPC): a block is never marked present with a tail missing."""
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[n:]
+        offset += n
 
 
 #: Multipart uploads: parts of at least PART_MIN bytes (obstore's default of

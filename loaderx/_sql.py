@@ -24,13 +24,22 @@ Evaluation runs on chunks of rows (memory-mapped, zero-copy), on every
 usable core, each chunk one pyarrow.compute pass per operator. A condition
 on a categorical column alone is computed once over its categories and
 looked up by code.
+
+Nothing here recurses per term or per level of nesting: comments (``--``,
+``/* */``) are skipped as DuckDB skips them, a ``;`` is a syntax error (a
+predicate is one expression), parentheses are matched with a stack and
+each group parsed once its own groups are, AND and OR are n-ary nodes, and
+the type check, the categorical folding and the evaluator walk the tree
+with explicit stacks. So a chain of 10,000 terms works, and the nesting
+bound (`DEPTH_MAX`, a ValueError with the position) is a promise about
+predicates, not a guard for the interpreter's stack.
 """
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,10 +85,35 @@ def _syntax(source: str, pos: int, message: str) -> ValueError:
                       f"  {source}\n  {caret}")
 
 
+def _comment_end(source: str, pos: int) -> int:
+    """Where the comment at `pos` ends (`pos` itself if none begins there):
+    ``--`` runs to the end of the line, ``/* */`` nests, as in DuckDB."""
+    if source.startswith("--", pos):
+        end = source.find("\n", pos)
+        return len(source) if end < 0 else end + 1
+    if not source.startswith("/*", pos):
+        return pos
+    depth, i = 0, pos
+    while i < len(source):
+        if source.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif source.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    raise _syntax(source, pos, "the comment is not closed ('/*' needs a '*/')")
+
+
 def tokenize(source: str) -> List[Token]:
     tokens = []
     pos = 0
     while pos < len(source):
+        skipped = _comment_end(source, pos)
+        if skipped != pos:
+            pos = skipped
+            continue
         m = _TOKEN.match(source, pos)
         if m is None:
             raise _syntax(source, pos, f"unexpected character {source[pos]!r}")
@@ -102,7 +136,10 @@ def tokenize(source: str) -> List[Token]:
             else:
                 tokens.append(Token("ident", text, text, pos))
         elif kind == "op":
-            if text in ("||", "::", ".", ";", "[", "]"):
+            if text == ";":
+                raise _syntax(source, pos, "';' ends an SQL statement; a predicate is one "
+                                           "expression, with no ';' (outside quotes)")
+            if text in ("||", "::", ".", "[", "]"):
                 raise NeedsDuckDB(f"the operator {text!r} (at position {pos})")
             tokens.append(Token("op", text, text, pos))
         pos = m.end()
@@ -112,42 +149,94 @@ def tokenize(source: str) -> List[Token]:
 
 # ----------------------------------------------------------------- the tree
 
-@dataclass
+#: How deep a predicate may nest. Each parenthesis, NOT, unary minus and
+#: operand of an operator inside another's operand adds a level; a chain of
+#: AND, OR, + / - or * / / / % terms adds one however long it is. Nothing
+#: here recurses per level (parentheses are parsed group by group, and the
+#: tree is walked with explicit stacks), so the bound is a promise about
+#: what a predicate may be, not a guard for the interpreter's stack.
+DEPTH_MAX = 200
+
+
 class Node:
     """One node of a parsed predicate. `op`: ``col``, ``lit``, ``not``,
-    ``and``, ``or``, ``cmp``, ``in``, ``between``, ``like``, ``isnull``,
-    ``arith``, ``neg``, ``codes`` (a categorical condition, see `_fold`)."""
+    ``and``, ``or`` (n-ary), ``cmp``, ``in``, ``between``, ``like``,
+    ``isnull``, ``istrue``, ``arith``, ``neg``, ``codes`` (a categorical
+    condition, see `fold_categoricals`). `text` is the node's source text,
+    for messages (cut from the predicate when first asked for)."""
 
-    op: str
-    args: List["Node"] = field(default_factory=list)
-    value: Any = None  # column name, literal, operator, negation flag...
-    pos: int = 0
-    text: str = ""  # the source text of this node, for messages
-    type: str = ""  # set by check(): int, float, bool, string, timestamp, duration, null
-    extra: Dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("op", "args", "value", "pos", "type", "extra", "depth", "_text", "_span")
+
+    def __init__(self, op: str, args: Optional[List["Node"]] = None, value: Any = None,
+                 pos: int = 0, text: str = "", type: str = "",
+                 extra: Optional[Dict[str, Any]] = None, depth: int = 1,
+                 span: Optional[Tuple[str, int]] = None):
+        self.op = op
+        self.args: List[Node] = args if args is not None else []
+        self.value = value  # column name, literal, operator, negation flag...
+        self.pos = pos
+        self.type = type  # set by check(): int, float, bool, string, timestamp, duration, null
+        self.extra: Dict[str, Any] = extra if extra is not None else {}
+        self.depth = depth
+        self._text = text
+        self._span = span  # (source, end): text is source[pos:end]
+
+    @property
+    def text(self) -> str:
+        if not self._text and self._span is not None:
+            source, end = self._span
+            self._text = source[self.pos:end].strip()
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text = value
+
+    def walk(self) -> Iterator["Node"]:
+        """This node and every node under it (depth first, no recursion)."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.args)
 
     def columns(self) -> set:
-        if self.op == "col":
-            return {self.value}
-        found: set = set()
-        for a in self.args:
-            found |= a.columns()
-        if self.op == "codes":
-            found.add(self.value)
-        return found
+        return {n.value for n in self.walk() if n.op in ("col", "codes")}
 
     def has(self, op: str) -> bool:
-        return self.op == op or any(a.has(op) for a in self.args)
+        return any(n.op == op for n in self.walk())
+
+    def __repr__(self) -> str:
+        return f"Node({self.op!r}, {self.text!r})"
+
+
+def post_order(root: Node) -> List[Node]:
+    """The nodes under `root`, every node after its operands, operands
+    left to right (the order a recursive walk would visit them)."""
+    order = list(root.walk())  # right operands first: reversed, left first and parents last
+    order.reverse()
+    return order
 
 
 _COMPARE = {"=": "=", "==": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">",
             ">=": ">="}
 
 
+def _too_deep(source: str, pos: int) -> ValueError:
+    return _syntax(source, pos, f"the predicate nests deeper than {DEPTH_MAX} levels (a "
+                   "chain of AND, OR or arithmetic terms counts once; see docs/select.md)")
+
+
 class _Parser:
-    def __init__(self, source: str):
+    """Recursive descent over the tokens of one parenthesized group (or of
+    the whole predicate), whose own groups were parsed before it (see
+    `parse`): a group is a ``group`` token holding its tree, or a ``list``
+    token holding the items of an ``IN (...)`` list. So the recursion here
+    is bounded by the grammar's levels, not by the predicate's nesting."""
+
+    def __init__(self, source: str, tokens: List[Token]):
         self.source = source
-        self.tokens = tokenize(source)
+        self.tokens = tokens
         self.i = 0
 
     @property
@@ -176,38 +265,65 @@ class _Parser:
         found = "the end of the predicate" if t.kind == "end" else repr(t.text)
         return _syntax(self.source, t.pos, f"{message}, found {found}")
 
-    def span(self, start: int) -> str:
-        end = self.tokens[self.i - 1]
-        return self.source[start:end.pos + len(end.text)].strip()
+    def node(self, op: str, args: List[Node], value: Any, start: int, *, chain: bool = False,
+             extra: Optional[Dict[str, Any]] = None) -> Node:
+        """A node over `args` spanning from `start` to the last token taken,
+        refused past DEPTH_MAX levels. `chain`: the first operand continues
+        a chain of the same operators (a + b + c), which adds no level."""
+        depth = 1 + max((a.depth for a in args), default=0)
+        if chain:
+            depth = max(args[0].depth, 1 + max(a.depth for a in args[1:]))
+        if depth > DEPTH_MAX:
+            raise _too_deep(self.source, start)
+        last = self.tokens[self.i - 1]
+        return Node(op, args, value, start, extra=extra, depth=depth,
+                    span=(self.source, last.pos + len(last.text)))
 
-    def parse(self) -> Node:
-        if self.at("end"):
-            raise _syntax(self.source, 0, "the predicate is empty")
+    def whole(self) -> Node:
+        """The predicate: one condition, then the end."""
         node = self.or_()
         if not self.at("end"):
             raise self.error("expected AND, OR or the end of the predicate")
         return node
 
-    def or_(self) -> Node:
-        start = self.tok.pos
-        node = self.and_()
-        while self.accept("keyword", "OR"):
-            node = Node("or", [node, self.and_()], pos=start, text=self.span(start))
+    def group(self) -> Node:
+        """A parenthesized condition or value."""
+        node = self.or_()
+        if not self.at("close"):
+            raise self.error("expected ')'")
         return node
+
+    def items(self) -> List[Node]:
+        """The values of an ``IN (...)`` list."""
+        items = [self.additive()]
+        while self.accept("op", ","):
+            items.append(self.additive())
+        if not self.at("close"):
+            raise self.error("expected ',' or ')' in the IN list")
+        return items
+
+    def or_(self) -> Node:
+        return self.conjunction("OR", self.and_)
 
     def and_(self) -> Node:
+        return self.conjunction("AND", self.not_)
+
+    def conjunction(self, word: str, operand: Callable[[], Node]) -> Node:
+        """``a OR b OR c`` as one n-ary node (so a chain of any length is flat)."""
         start = self.tok.pos
-        node = self.not_()
-        while self.accept("keyword", "AND"):
-            node = Node("and", [node, self.not_()], pos=start, text=self.span(start))
-        return node
+        args = [operand()]
+        while self.accept("keyword", word):
+            args.append(operand())
+        return args[0] if len(args) == 1 else self.node(word.lower(), args, None, start)
 
     def not_(self) -> Node:
-        start = self.tok.pos
-        if self.accept("keyword", "NOT"):
-            inner = self.not_()
-            return Node("not", [inner], pos=start, text=self.span(start))
-        return self.predicate()
+        starts = []
+        while self.at("keyword", "NOT"):
+            starts.append(self.take().pos)
+        node = self.predicate()
+        for start in reversed(starts):
+            node = self.node("not", [node], None, start)
+        return node
 
     def predicate(self) -> Node:
         start = self.tok.pos
@@ -216,79 +332,84 @@ class _Parser:
         if t.kind == "op" and t.value in _COMPARE:
             self.take()
             right = self.additive()
-            return Node("cmp", [left, right], _COMPARE[t.value], start, self.span(start))
+            return self.node("cmp", [left, right], _COMPARE[t.value], start)
         negated = False
         if self.at("keyword", "NOT") and self.tokens[self.i + 1].kind == "keyword" \
                 and self.tokens[self.i + 1].value in ("IN", "BETWEEN", "LIKE", "ILIKE"):
             self.take()
             negated = True
         if self.accept("keyword", "IN"):
-            self.expect("op", "(", "'(' after IN")
-            items = [self.additive()]
-            while self.accept("op", ","):
-                items.append(self.additive())
-            self.expect("op", ")", "',' or ')' in the IN list")
-            node = Node("in", [left] + items, pos=start, text=self.span(start))
+            if not self.at("list"):
+                raise self.error("expected '(' after IN")
+            node = self.node("in", [left] + self.take().value, None, start)
         elif self.accept("keyword", "BETWEEN"):
             lo = self.additive()
             self.expect("keyword", "AND", "AND in BETWEEN ... AND ...")
             hi = self.additive()
-            node = Node("between", [left, lo, hi], pos=start, text=self.span(start))
+            node = self.node("between", [left, lo, hi], None, start)
         elif self.at("keyword", "LIKE") or self.at("keyword", "ILIKE"):
             icase = self.take().value == "ILIKE"
             pattern = self.additive()
             escape = None
             if self.accept("keyword", "ESCAPE"):
                 escape = self.expect("string", None, "a one-character string after ESCAPE")
-            node = Node("like", [left, pattern], icase, start, self.span(start),
-                        extra={"escape": escape.value if escape else None})
+            node = self.node("like", [left, pattern], icase, start,
+                             extra={"escape": escape.value if escape else None})
         elif self.accept("keyword", "IS"):
-            neg = bool(self.accept("keyword", "NOT"))
-            if self.at("keyword", "TRUE") or self.at("keyword", "FALSE"):
-                truth = self.take().value == "TRUE"
-                test = Node("cmp", [left, Node("lit", value=truth, pos=start, text=str(truth))],
-                            "=", start, self.span(start))
-                # x IS TRUE is never NULL: false where x is NULL.
-                node = Node("istrue", [test], pos=start, text=self.span(start))
-                return Node("not", [node], pos=start, text=node.text) if neg else node
-            self.expect("keyword", "NULL", "NULL, TRUE or FALSE after IS")
-            return Node("isnull", [left], neg, start, self.span(start))
+            return self.is_(left, start)
         else:
             if negated:
                 raise self.error("expected IN, BETWEEN or LIKE after NOT")
             return left
-        return Node("not", [node], pos=start, text=node.text) if negated else node
+        return self.node("not", [node], None, start) if negated else node
+
+    def is_(self, left: Node, start: int) -> Node:
+        """``left IS [NOT] NULL / TRUE / FALSE`` (after IS)."""
+        neg = bool(self.accept("keyword", "NOT"))
+        if self.at("keyword", "TRUE") or self.at("keyword", "FALSE"):
+            truth = self.take().value == "TRUE"
+            test = self.node("cmp", [left, Node("lit", value=truth, pos=start, text=str(truth))],
+                             "=", start)
+            # x IS TRUE is never NULL: false where x is NULL.
+            node = self.node("istrue", [test], None, start)
+            return self.node("not", [node], None, start) if neg else node
+        self.expect("keyword", "NULL", "NULL, TRUE or FALSE after IS")
+        return self.node("isnull", [left], neg, start)
 
     def additive(self) -> Node:
-        start = self.tok.pos
-        node = self.term()
-        while self.at("op", "+") or self.at("op", "-"):
-            op = self.take().value
-            node = Node("arith", [node, self.term()], op, start, self.span(start))
-        return node
+        return self.arithmetic(("+", "-"), self.term)
 
     def term(self) -> Node:
+        return self.arithmetic(("*", "/", "%"), self.unary)
+
+    def arithmetic(self, ops: Tuple[str, ...], operand: Callable[[], Node]) -> Node:
+        """A left-to-right chain of `ops` (left-deep binary nodes, one level)."""
         start = self.tok.pos
-        node = self.unary()
-        while self.at("op", "*") or self.at("op", "/") or self.at("op", "%"):
+        node = operand()
+        while self.tok.kind == "op" and self.tok.value in ops:
             op = self.take().value
-            node = Node("arith", [node, self.unary()], op, start, self.span(start))
+            node = self.node("arith", [node, operand()], op, start, chain=True)
         return node
 
     def unary(self) -> Node:
-        start = self.tok.pos
-        if self.accept("op", "-"):
-            inner = self.unary()
-            if inner.op == "lit" and isinstance(inner.value, (int, float)) \
-                    and not isinstance(inner.value, bool):
-                return Node("lit", value=-inner.value, pos=start, text=self.span(start))
-            return Node("neg", [inner], pos=start, text=self.span(start))
-        if self.accept("op", "+"):
-            return self.unary()
-        return self.primary()
+        signs = []
+        while self.at("op", "-") or self.at("op", "+"):
+            signs.append(self.take())
+        node = self.primary()
+        for sign in reversed(signs):
+            if sign.value == "+":
+                continue
+            if node.op == "lit" and isinstance(node.value, (int, float)) \
+                    and not isinstance(node.value, bool):
+                node = self.node("lit", [], -node.value, sign.pos)
+            else:
+                node = self.node("neg", [node], None, sign.pos)
+        return node
 
     def primary(self) -> Node:
         t = self.tok
+        if t.kind == "group":
+            return self.take().value
         if t.kind == "number" or t.kind == "string":
             self.take()
             return Node("lit", value=t.value, pos=t.pos, text=t.text)
@@ -308,24 +429,59 @@ class _Parser:
                         extra={"time": True})
         if t.kind == "ident":
             self.take()
-            if self.at("op", "("):
-                raise NeedsDuckDB(f"the function call {t.text}(...) (at position {t.pos})")
             return Node("col", value=t.value, pos=t.pos, text=t.text)
-        if self.accept("op", "("):
-            start = t.pos
-            node = self.or_()
-            self.expect("op", ")", "')'")
-            node.text = self.span(start)
-            return node
         raise self.error("expected a column, a value or '('")
 
 
 def parse(source: str) -> Node:
     """The tree of a predicate; ValueError for a syntax error (with its
-    position), NeedsDuckDB for SQL beyond the subset."""
+    position) or nesting deeper than DEPTH_MAX, NeedsDuckDB for SQL beyond
+    the subset.
+
+    Parentheses are matched first, with a stack: when a group closes, its
+    tokens are parsed (its own groups already are) and the group becomes
+    one token of the enclosing group. So no parse recurses per level."""
     if not isinstance(source, str):
         raise TypeError(f"the predicate must be a str, not {type(source).__name__}")
-    return _Parser(source).parse()
+    tokens = tokenize(source)
+    if tokens[0].kind == "end":
+        raise _syntax(source, 0, "the predicate is empty")
+    open_groups: List[Tuple[Token, List[Token]]] = []  # each open '(' and the tokens before it
+    current: List[Token] = []
+    for t in tokens:
+        if t.kind == "op" and t.value == "(":
+            if len(open_groups) >= DEPTH_MAX:
+                raise _too_deep(source, t.pos)
+            if current and current[-1].kind == "ident":
+                raise NeedsDuckDB(f"the function call {current[-1].text}(...) (at position "
+                                  f"{current[-1].pos})")
+            open_groups.append((t, current))
+            current = []
+        elif t.kind == "op" and t.value == ")":
+            if not open_groups:
+                raise _syntax(source, t.pos, "expected AND, OR or the end of the predicate, "
+                                             "found ')'")
+            opening, outer = open_groups.pop()
+            outer.append(_group(source, opening, current, t, outer))
+            current = outer
+        else:
+            current.append(t)
+    if open_groups:
+        raise _syntax(source, len(source), "expected ')', found the end of the predicate")
+    return _Parser(source, current).whole()
+
+
+def _group(source: str, opening: Token, inner: List[Token], closing: Token,
+           outer: List[Token]) -> Token:
+    """The group `opening` ... `closing` as one token: an IN list after
+    IN, else a parenthesized expression (whose text includes the parentheses)."""
+    parser = _Parser(source, inner + [Token("close", ")", None, closing.pos)])
+    text = source[opening.pos:closing.pos + 1]
+    if outer and outer[-1].kind == "keyword" and outer[-1].value == "IN":
+        return Token("list", text, parser.items(), opening.pos)
+    node = parser.group()
+    node.text = text
+    return Token("group", text, node, opening.pos)
 
 
 # ----------------------------------------------------------------- types
@@ -380,7 +536,8 @@ def _comparable(a: str, b: str) -> bool:
 def check(node: Node, columns: Dict[str, ColumnInfo], source: str) -> None:
     """Types every node; ValueError naming an unknown column, a column that
     is not scalar, or the two sides of a type mismatch."""
-    _check(node, columns, source)
+    for n in post_order(node):
+        _check(n, columns)
     if node.type not in ("bool", "null"):
         raise ValueError(f"the predicate {source!r} is a {node.type} value, not a condition "
                          "(compare it: ... = ..., ... > ...)")
@@ -404,9 +561,8 @@ def _mismatch(node: Node, a: Node, b: Node) -> ValueError:
     return ValueError(f"type mismatch in {node.text!r}: {side(a)}, {side(b)}")
 
 
-def _check(node: Node, columns: Dict[str, ColumnInfo], source: str) -> None:
-    for a in node.args:
-        _check(a, columns, source)
+def _check(node: Node, columns: Dict[str, ColumnInfo]) -> None:
+    """Types `node`, whose operands are typed already."""
     op = node.op
     if op == "col":
         info = columns.get(node.value)
@@ -556,12 +712,6 @@ def _scalar(pa, value: Any, like: Optional[Any]) -> Any:
     return pa.scalar(value)
 
 
-def _column_type(node: Node, chunk: Chunk) -> Optional[Any]:
-    if node.op == "col":
-        return chunk.column(node.value, True).type
-    return None
-
-
 def evaluate(node: Node, chunk: Chunk) -> np.ndarray:
     """The rows of `chunk` where `node` is TRUE, as int64 offsets from its start."""
     pa, pc = _pa()
@@ -580,113 +730,185 @@ def _as_arrow(pa, value: Any) -> Any:
     return pa.array(value) if isinstance(value, np.ndarray) else value
 
 
-def _eval(node: Node, chunk: Chunk, positive: bool) -> Any:
-    """`node` over `chunk`: an Arrow array or scalar (a numpy bool array
-    for a categorical lookup). `positive`: no NOT above this node, so a null
-    condition and a false one select the same rows (no null needs making
-    from a NaN for an ordered comparison)."""
+class _Literal:
+    """A literal operand, made an Arrow scalar by the node that reads it,
+    of the other operand's type where it fits (see `_scalar`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class _Frame:
+    """A node being evaluated: how (`positive`: no NOT above it; `nan`:
+    None for a condition, else an operand whose NaN is a null or not), and
+    the values of its operands so far (an AND/OR folds them as they come)."""
+
+    __slots__ = ("node", "positive", "nan", "next", "got")
+
+    def __init__(self, node: Node, positive: bool, nan: Optional[bool]):
+        self.node, self.positive, self.nan = node, positive, nan
+        self.next = 0
+        self.got: List[Any] = []
+
+
+def _eval(root: Node, chunk: Chunk, positive: bool) -> Any:
+    """`root` over `chunk`, as a condition: an Arrow array or scalar (a
+    numpy bool array for a categorical lookup). `positive`: no NOT above
+    it, so a null condition and a false one select the same rows (no null
+    needs making from a NaN for an ordered comparison). Operands are
+    evaluated before their node, with an explicit stack (no recursion)."""
     pa, pc = _pa()
+    frames = [_Frame(root, positive, None)]
+    while True:
+        frame = frames[-1]
+        node = frame.node
+        if node.op not in ("col", "lit", "codes") and frame.next < len(node.args):
+            child_positive, child_nan = _mode(node, frame.next, frame.positive)
+            frames.append(_Frame(node.args[frame.next], child_positive, child_nan))
+            frame.next += 1
+            continue
+        frames.pop()
+        value = _leaf(pa, frame, chunk) if node.op in ("col", "lit", "codes") \
+            else _apply(pa, pc, node, frame.got, frame.positive)
+        if not frames:
+            return value
+        parent = frames[-1]
+        if not isinstance(value, _Literal):
+            value = _as_arrow(pa, value)
+        if parent.node.op in ("and", "or") and parent.got:
+            kleene = pc.and_kleene if parent.node.op == "and" else pc.or_kleene
+            parent.got[0] = kleene(parent.got[0], value)
+        else:
+            parent.got.append(value)
+
+
+def _mode(node: Node, k: int, positive: bool) -> Tuple[bool, Optional[bool]]:
+    """How `node` reads its operand `k`: (positive, nan) as in `_Frame`.
+    IEEE comparisons with NaN are false, which selects what SQL's NULL
+    selects, except for != (true) and under NOT: there NaN must be a null."""
     op = node.op
-    if op == "lit":  # here a condition: NULL is an unknown bool
-        return _scalar(pa, node.value, pa.bool_() if node.value is None else None)
-    if op == "col":
-        return chunk.column(node.value, True)
-    if op == "codes":
-        return _codes(node, chunk, positive)
-    if op == "and" or op == "or":
-        a = _as_arrow(pa, _eval(node.args[0], chunk, positive))
-        b = _as_arrow(pa, _eval(node.args[1], chunk, positive))
-        return (pc.and_kleene if op == "and" else pc.or_kleene)(a, b)
+    if op in ("and", "or"):
+        return positive, None
     if op == "not":
-        return pc.invert(_as_arrow(pa, _eval(node.args[0], chunk, not positive)))
+        return not positive, None
     if op == "istrue":
-        value = _as_arrow(pa, _eval(node.args[0], chunk, False))
+        return False, None
+    if op == "cmp":
+        return False, not (positive and node.value != "!=")
+    if op in ("in", "between") and k == 0:
+        return False, not positive
+    return False, True  # isnull, in/between values, like, arith, neg
+
+
+def _leaf(pa, frame: _Frame, chunk: Chunk) -> Any:
+    node = frame.node
+    if node.op == "col":
+        return chunk.column(node.value, True if frame.nan is None else frame.nan)
+    if node.op == "codes":
+        return _codes(node, chunk, frame.positive)
+    if frame.nan is not None:
+        return _Literal(node.value)
+    # A literal condition: NULL is an unknown bool.
+    return _scalar(pa, node.value, pa.bool_() if node.value is None else None)
+
+
+def _value(pa, value: Any, like: Optional[Any]) -> Any:
+    """An operand's value: an evaluated one as it is, a literal as a scalar."""
+    return _scalar(pa, value.value, like) if isinstance(value, _Literal) else value
+
+
+def _type_of(pa, value: Any) -> Optional[Any]:
+    return value.type if not isinstance(value, pa.Scalar) else None
+
+
+def _apply(pa, pc, node: Node, args: List[Any], positive: bool) -> Any:
+    """`node` over its operands' values `args` (see `_eval`)."""
+    op = node.op
+    if op in ("and", "or"):  # folded as they came: args[0] is the whole
+        return args[0]
+    if op == "not":
+        return pc.invert(args[0])
+    if op == "istrue":
+        value = args[0]
         return pc.fill_null(value, False) if not isinstance(value, pa.Scalar) \
             else pa.scalar(value.as_py() is True)
     if op == "isnull":
-        value = _operand(node.args[0], chunk, True, None)
+        value = _value(pa, args[0], None)
         test = pc.is_null(value) if not isinstance(value, pa.Scalar) \
             else pa.scalar(not value.is_valid)
         return pc.invert(test) if node.value else test
     if op == "cmp":
-        return _compare(node, chunk, positive)
+        return _compare(pa, pc, node.value, args[0], args[1])
     if op == "in":
-        return _in(node, chunk, positive)
-    if op == "between":
-        left, lo, hi = node.args
-        raw = positive  # x BETWEEN a AND b is two ordered comparisons
-        x = _operand(left, chunk, not raw, None)
-        like = x.type if not isinstance(x, pa.Scalar) else None
-        ge = pc.greater_equal(x, _operand(lo, chunk, True, like))
-        le = pc.less_equal(x, _operand(hi, chunk, True, like))
+        return _in(pa, pc, args[0], args[1:])
+    if op == "between":  # x BETWEEN a AND b is two ordered comparisons
+        x = _value(pa, args[0], None)
+        like = _type_of(pa, x)
+        ge = pc.greater_equal(x, _value(pa, args[1], like))
+        le = pc.less_equal(x, _value(pa, args[2], like))
         return pc.and_kleene(ge, le)
     if op == "like":
-        text = _operand(node.args[0], chunk, True, None)
-        pattern = node.args[1].value
-        if pattern is None:
-            return pa.scalar(None, pa.bool_())
-        escape = node.extra.get("escape")
-        # SQL has no escape character unless ESCAPE names one; Arrow's is "\\".
-        pattern = _reescape(pattern, escape) if escape is not None \
-            else pattern.replace("\\", "\\\\")
-        return pc.match_like(text, pattern, ignore_case=bool(node.value))
+        return _like(pa, pc, node, _value(pa, args[0], None))
     if op in ("arith", "neg"):
-        return _arith(node, chunk)
+        return _arith(pa, pc, node, args)
     raise AssertionError(op)  # pragma: no cover
-
-
-def _operand(node: Node, chunk: Chunk, nan_as_null: bool, like: Optional[Any]) -> Any:
-    pa, _ = _pa()
-    if node.op == "col":
-        return chunk.column(node.value, nan_as_null)
-    if node.op == "lit":
-        return _scalar(pa, node.value, like)
-    return _as_arrow(pa, _eval(node, chunk, False))
 
 
 _ORDERED = {"=": "equal", "<": "less", "<=": "less_equal", ">": "greater",
             ">=": "greater_equal", "!=": "not_equal"}
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
-def _compare(node: Node, chunk: Chunk, positive: bool) -> Any:
-    pa, pc = _pa()
-    a, b = node.args
-    # IEEE comparisons with NaN are false, which selects what SQL's NULL
-    # selects, except for != (true) and under NOT: there NaN must be a null.
-    raw = positive and node.value != "!="
-    if a.op == "lit" and b.op != "lit":
-        a, b = b, a
-        flipped = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
-        op = flipped.get(node.value, node.value)
-    else:
-        op = node.value
-    x = _operand(a, chunk, not raw, None)
-    like = x.type if not isinstance(x, pa.Scalar) else None
-    y = _operand(b, chunk, not raw, like)
+def _compare(pa, pc, op: str, x: Any, y: Any) -> Any:
+    if isinstance(x, _Literal) and not isinstance(y, _Literal):
+        x, y = y, x
+        op = _FLIPPED.get(op, op)
+    x = _value(pa, x, None)
+    y = _value(pa, y, _type_of(pa, x))
     return getattr(pc, _ORDERED[op])(x, y)
 
 
-def _in(node: Node, chunk: Chunk, positive: bool) -> Any:
-    pa, pc = _pa()
-    left, items = node.args[0], node.args[1:]
-    x = _operand(left, chunk, not positive, None)
-    like = x.type if not isinstance(x, pa.Scalar) else None
-    if all(i.op == "lit" for i in items):
+def _in(pa, pc, x: Any, items: List[Any]) -> Any:
+    x = _value(pa, x, None)
+    like = _type_of(pa, x)
+    if all(isinstance(i, _Literal) for i in items):
         values = [i.value for i in items if i.value is not None]
         has_null = len(values) != len(items)
         scalars = [_scalar(pa, v, like) for v in values]
-        target = like if like is not None else (scalars[0].type if scalars else pa.null())
+        target = _common_type(pa, [x.type] + [s.type for s in scalars])
+        if x.type != target:  # an int column IN (1, 2.5): compared as floats
+            x = pc.cast(x, target)
         value_set = pa.array([s.cast(target).as_py() if s.type != target else s.as_py()
                               for s in scalars], type=target)
+        if pa.types.is_floating(target):
+            # is_in hashes bits, so -0.0 would not find 0.0; SQL's = does.
+            # Adding +0.0 makes every zero +0.0 and changes nothing else.
+            zero = pa.scalar(0.0, target)
+            x, value_set = pc.add(x, zero), pc.add(value_set, zero)
         if isinstance(x, pa.Scalar):
             x = pa.array([x.as_py()], type=x.type)
             return _in_nulls(pa, pc, pc.is_in(x, value_set=value_set), x, has_null)[0]
         return _in_nulls(pa, pc, pc.is_in(x, value_set=value_set), x, has_null)
     out = None
     for item in items:
-        eq = pc.equal(x, _operand(item, chunk, True, like))
+        eq = pc.equal(x, _value(pa, item, like))
         out = eq if out is None else pc.or_kleene(out, eq)
     return out
+
+
+def _common_type(pa, types: List[Any]) -> Any:
+    """The type an IN list is compared in: the left side's, or float64
+    where numbers of both kinds meet (NULLs have no say)."""
+    known = [t for t in types if t != pa.null()]
+    if not known:
+        return pa.null()
+    numeric = all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in known)
+    if numeric and len(set(known)) > 1 and any(pa.types.is_floating(t) for t in known) \
+            and not all(pa.types.is_floating(t) for t in known):
+        return pa.float64()
+    return known[0]
 
 
 def _in_nulls(pa, pc, found, x, has_null: bool):
@@ -697,6 +919,16 @@ def _in_nulls(pa, pc, found, x, has_null: bool):
     if x.null_count:
         found = pc.if_else(pc.is_valid(x), found, pa.scalar(None, pa.bool_()))
     return found
+
+
+def _like(pa, pc, node: Node, text: Any) -> Any:
+    pattern = node.args[1].value
+    if pattern is None:
+        return pa.scalar(None, pa.bool_())
+    escape = node.extra.get("escape")
+    # SQL has no escape character unless ESCAPE names one; Arrow's is "\\".
+    pattern = _reescape(pattern, escape) if escape is not None else pattern.replace("\\", "\\\\")
+    return pc.match_like(text, pattern, ignore_case=bool(node.value))
 
 
 def _reescape(pattern: str, escape: str) -> str:
@@ -715,13 +947,11 @@ def _reescape(pattern: str, escape: str) -> str:
     return "".join(out)
 
 
-def _arith(node: Node, chunk: Chunk) -> Any:
-    pa, pc = _pa()
+def _arith(pa, pc, node: Node, args: List[Any]) -> Any:
     if node.op == "neg":
-        return pc.negate_checked(_operand(node.args[0], chunk, True, None))
-    a, b = node.args
-    x = _operand(a, chunk, True, None)
-    y = _operand(b, chunk, True, x.type if not isinstance(x, pa.Scalar) else None)
+        return pc.negate_checked(_value(pa, args[0], None))
+    x = _value(pa, args[0], None)
+    y = _value(pa, args[1], _type_of(pa, x))
     if node.value == "/":  # SQL engines differ; this one divides as DuckDB does (float)
         return pc.divide(pc.cast(x, pa.float64()), pc.cast(y, pa.float64()))
     if node.value == "%":
@@ -731,11 +961,15 @@ def _arith(node: Node, chunk: Chunk) -> Any:
 
 
 def _modulo(pa, pc, x, y):
-    """C's remainder (the sign of the dividend), as SQL engines compute %."""
-    if hasattr(pc, "modulo"):
-        return pc.modulo(x, y)
-    whole = pc.multiply(pc.divide(x, y), y)  # pragma: no cover - pyarrow < 20
-    return pc.subtract(x, whole)  # pragma: no cover
+    """C's remainder (the sign of the dividend), as DuckDB and SQL engines
+    compute %. pyarrow's ``modulo`` is Python's (the sign of the divisor):
+    where the two differ (a remainder, not 0, of the other sign than the
+    dividend), C's is Python's minus the divisor."""
+    if not hasattr(pc, "modulo"):  # pragma: no cover - pyarrow < 20 (truncating divide)
+        return pc.subtract(x, pc.multiply(pc.divide(x, y), y))
+    python = pc.modulo(x, y)
+    other_sign = pc.and_(pc.not_equal(python, 0), pc.not_equal(pc.less(python, 0), pc.less(x, 0)))
+    return pc.if_else(other_sign, pc.subtract(python, y), python)
 
 
 # ----------------------------------------------------------------- categoricals
@@ -743,15 +977,32 @@ def _modulo(pa, pc, x, y):
 def fold_categoricals(node: Node, columns: Dict[str, ColumnInfo]) -> Node:
     """Replaces each condition that reads one categorical column and
     nothing else (no IS NULL) by a lookup: the condition evaluated once over
-    the categories, then indexed by every row's code."""
-    cols = node.columns()
-    if node.type == "bool" and len(cols) == 1 and node.op != "codes" \
-            and not node.has("isnull") and not node.has("istrue"):
-        (name,) = cols
-        if columns[name].categories is not None:
-            return _lookup(node, columns[name])
-    node.args = [fold_categoricals(a, columns) for a in node.args]
+    the categories, then indexed by every row's code. Top down, the
+    outermost such condition first, with an explicit stack."""
+    folded = _folded(node, columns)
+    if folded is not None:
+        return folded
+    stack = [node]
+    while stack:
+        parent = stack.pop()
+        for k, arg in enumerate(parent.args):
+            folded = _folded(arg, columns)
+            if folded is not None:
+                parent.args[k] = folded
+            else:
+                stack.append(arg)
     return node
+
+
+def _folded(node: Node, columns: Dict[str, ColumnInfo]) -> Optional[Node]:
+    """`node` as a lookup (see `fold_categoricals`), or None."""
+    if node.type != "bool" or node.op == "codes":
+        return None
+    cols = node.columns()
+    if len(cols) != 1 or node.has("isnull") or node.has("istrue"):
+        return None
+    (name,) = cols
+    return _lookup(node, columns[name]) if columns[name].categories is not None else None
 
 
 def _lookup(node: Node, info: ColumnInfo) -> Node:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, _objstore, _records, identity
+from . import _lib, _objstore, _original, _records, identity
 from ._checks import check_level, is_int
 from ._lib import check, ffi, lib
 from .streams import NativePart
@@ -225,6 +225,17 @@ def packed_chunks(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         i = j
 
 
+def _original_text(path: str, cls: str) -> str:
+    """Why `cls(path)` cannot open a store of the original loaderx, and what does."""
+    convert = _original.convert_command(path)
+    if _original.is_store177(path):
+        return (f"{path} is a store of the original loaderx 1.7, which has dense and ragged "
+                f"stores only: loaderx.open_store(path) reads it in place (read-only); "
+                f"{convert} converts it")
+    return (f"{path} is a store written by the original loaderx 0.9, read only to convert it: "
+            f"{convert}")
+
+
 def _store_path(path: Any) -> str:
     p = os.fspath(path)
     if isinstance(p, bytes):
@@ -288,10 +299,9 @@ class Store:
                          spec[0],
                          fixed_size if create_codec == "raw" else 0,
                          frame_size if create_codec != "raw" else 0, out)
-        if rc != 0 and os.path.isfile(os.path.join(self._path, "meta.zr")):
-            raise NotAStoreError(f"{self._path} is a store written by the original loaderx "
-                                 "(0.9.x/1.7.x), read only to convert it: loaderx.convert(path, "
-                                 "dest) or `loaderx convert PATH DEST`", path=self._path)
+        if rc != 0 and _original.is_original(self._path):
+            raise NotAStoreError(_original_text(self._path, type(self).__name__),
+                                 path=self._path)
         check(rc, self._path)
         self._handle = ffi.gc(out[0], lib.lx_free)
         # This store as a one-part index space for the gathers (a call holds
@@ -597,6 +607,17 @@ class Store:
     def dictionary(self) -> bytes | None:
         """The store's zstd dictionary (``zstd_dict`` stores), else None."""
         return self._blob("dictionary") or None
+
+    def has_dict(self) -> bool:
+        """Whether the store has a zstd dictionary (the original loaderx's
+        spelling of ``dictionary() is not None``)."""
+        return self.dictionary() is not None
+
+    def __getitems__(self, indices) -> Any:
+        """``gather(indices)``: a batch in one call. The original loaderx's
+        batch-read protocol, and the one torch's DataLoader uses for a
+        dataset that has it (``DataLoader(store, batch_sampler=...)``)."""
+        return self.gather(indices)
 
     def close(self) -> None:
         """Sync and release the handle. Idempotent; safe from any thread, also

@@ -143,7 +143,14 @@ class Column:
             raise TypeError(f"column {self._name!r} has no categories")
         table = np.array(list(self._categories) + [None], dtype=object)
         codes = np.asarray(codes)
-        return table[np.where(codes < 0, len(self._categories), codes)]
+        count = len(self._categories)
+        if codes.dtype.kind not in "iu":
+            raise TypeError(f"names_of takes integer codes, not {codes.dtype}")
+        if codes.size and (int(codes.min()) < -1 or int(codes.max()) >= count):
+            bad = int(codes.min()) if int(codes.min()) < -1 else int(codes.max())
+            raise ValueError(f"column {self._name!r}: the code {bad} names none of its "
+                             f"{count} categories")
+        return table[np.where(codes < 0, count, codes)]
 
     # -- the native read protocol: only where nothing is left to decode
     def _native(self) -> bool:
@@ -260,6 +267,9 @@ def text_chunks(stream: Any) -> List[tuple]:
     for store in column_parts(stream):
         n = len(store)
         idx = np.arange(n, dtype=np.uint64)
+        if n and getattr(store, "is_remote", False):
+            out.append(_remote_texts(store, n))
+            continue
         if n:
             buf, raw, _ = _records.read_variable(store._parts, 1, idx, 0, store.path)
         else:
@@ -268,6 +278,26 @@ def text_chunks(stream: Any) -> List[tuple]:
         np.cumsum(raw, out=offsets[1:])
         out.append((buf, offsets))
     return out
+
+
+#: A remote text column is read through the cache in gathers of this many
+#: records (every record fetched and checked before it is read).
+TEXT_CHUNK_RECORDS = 1 << 16
+
+
+def _remote_texts(store: Any, n: int) -> tuple:
+    """A remote store's records as ``(bytes, offsets)``: packed gathers
+    through the cache, a chunk at a time (its replica holds holes where
+    nothing was fetched, which a direct read would take for empty strings)."""
+    bufs, sizes = [], []
+    for start in range(0, n, TEXT_CHUNK_RECORDS):
+        values, splits = store.gather(np.arange(start, min(n, start + TEXT_CHUNK_RECORDS)),
+                                      packed=True)
+        bufs.append(np.asarray(values, np.uint8).reshape(-1))
+        sizes.append(np.diff(splits))
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(sizes), out=offsets[1:])
+    return np.concatenate(bufs) if len(bufs) > 1 else bufs[0], offsets
 
 
 def store_path_of(stream: Any) -> Optional[str]:

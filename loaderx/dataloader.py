@@ -122,7 +122,8 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, T
 import numpy as np
 
 from loaderx import _state
-from loaderx._loader import build_ring, check_int, check_options, plan_of
+from loaderx._loader import build_ring, check_int, check_options, legacy_arguments, plan_of
+from loaderx._sampler177 import Sampler177, remap177
 from loaderx._ring import Ring
 from loaderx._store import deprecated
 from loaderx.errors import LoaderClosedError
@@ -132,6 +133,10 @@ __all__ = ["DataLoader"]
 
 #: Version of the dict written by ``DataLoader.state_dict()``.
 STATE_VERSION = _state.STATE_VERSION
+#: The defaults of the keywords the original's positional order can also give.
+_DEFAULTS: Dict[str, Any] = {"mode": Sampler.Mode.CYCLIC, "seed": None, "transform": None,
+                             "workers": None, "prefetch": 4, "num_workers": None,
+                             "prefetch_size": None}
 
 
 class DataLoader:
@@ -143,7 +148,6 @@ class DataLoader:
         batch_size: records per batch on this rank (the global batch is
             ``batch_size * world``).
         mode: sampling order, a ``Sampler.Mode`` or its name.
-        seed: sampler seed.
         transform: called on the worker threads with each batch dict; its
             return value is what ``next()`` yields.
         workers: threads, 1..256; default: the cores this process may use.
@@ -152,6 +156,7 @@ class DataLoader:
         prefetch_bytes: bytes the streams' ``prefetch`` hooks may hold ahead
             of the consumer (steps prefetched, not yet delivered); None: only
             the step window bounds them (see the module docs).
+        seed: sampler seed (None: 0; 42, the original's, with ``sampler="1.7.7"``).
         shard: ``(rank, world)`` for multi-process training, or ``None``.
         step: the first step to deliver, as if the loader had run from step 0
             (O(1): nothing is replayed).
@@ -161,15 +166,25 @@ class DataLoader:
             ``store.gather(indices, packed=True)`` gives it.
         ragged: deprecated; ``ragged="packed"`` is ``packed=True``.
         stop_after: end iteration when ``step`` reaches this step; None: endless.
+        sampler: None (loaderx's sampler) or ``"1.7.7"``: the original loaderx
+            1.7.7's index sequence for ``mode`` and ``seed``, exactly, so a run
+            started there continues here (``loaderx._sampler177``; one source,
+            no ``shard``).
+
+    The original loaderx's spellings work too: ``num_workers=`` (``workers``),
+    ``prefetch_size=`` (``prefetch``), and its positional order
+    ``DataLoader(streams, num_workers, batch_size, prefetch_size, mode, seed,
+    transform)`` when two or more arguments follow `streams` (one is
+    ``batch_size``, as above).
     """
 
     def __init__(
         self,
         streams: Any,
         batch_size: int = 256,
-        *,
+        *legacy: Any,
         mode: Any = Sampler.Mode.CYCLIC,
-        seed: int = 0,
+        seed: Optional[int] = None,
         transform: Optional[Callable[[Dict[str, Any]], Any]] = None,
         workers: Optional[int] = None,
         prefetch: int = 4,
@@ -180,7 +195,24 @@ class DataLoader:
         packed: bool = False,
         stop_after: Optional[int] = None,
         ragged: Optional[str] = None,
+        sampler: Optional[str] = None,
+        num_workers: Optional[int] = None,
+        prefetch_size: Optional[int] = None,
     ) -> None:
+        args = legacy_arguments(batch_size, legacy, {
+            "mode": mode, "seed": seed, "transform": transform, "workers": workers,
+            "prefetch": prefetch, "num_workers": num_workers, "prefetch_size": prefetch_size},
+            _DEFAULTS)
+        batch_size, mode, seed = args["batch_size"], args["mode"], args["seed"]
+        transform, workers, prefetch = args["transform"], args["workers"], args["prefetch"]
+        self._compat: Optional[Sampler177] = None
+        if sampler is not None:
+            if shard is not None:
+                raise ValueError("sampler='1.7.7' is one process's sequence (the original "
+                                 "had no shard=)")
+            streams, self._compat = remap177(sampler, streams, batch_size, mode, seed)
+            mode, seed = Sampler.Mode.SEQUENTIAL, self._compat.seed
+        seed = 0 if seed is None else seed
         if type(packed) is not bool:
             raise TypeError(f"packed must be True or False, got {packed!r}")
         if ragged is None:
@@ -279,6 +311,9 @@ class DataLoader:
         is its whole part."""
         if self._plan.mixture is not None:
             raise TypeError("a Mixture has no single epoch: each source cycles on its own")
+        if self._compat is not None:  # 1.7.7's cycle (or pass) over the records
+            return self._compat.steps_per_cycle if self._compat.mode == 2 \
+                else self._compat.length // self._compat.batch_size
         return self._plan.lengths[0] // self._sampler.global_batch_size
 
     def epoch_of(self, step: int) -> int:
@@ -286,8 +321,10 @@ class DataLoader:
         the pass over the records its first record is in). Steps before this
         loader's start or last restore are counted as if this configuration
         had run from step 0."""
-        _ = self.steps_per_epoch
+        per_epoch = self.steps_per_epoch
         step = check_int("step", step, 0)
+        if self._compat is not None:
+            return step // max(1, per_epoch)
         ring = self._require_ring()
         base = ring.base if step >= ring.base.step else self._track.start(0)
         return base.position_of(step) // self._plan.lengths[0]

@@ -31,10 +31,13 @@ from .errors import (
     StoreNotFoundError,
     ZrecordError,
 )
+from .legacy import DenseDataset, RaggedDataset
+from .legacy import PackedDataset as Dataset  # the original 0.9.1's (see loaderx.legacy)
 from .zrecord import DenseStore, RaggedStore, open_store
 
 __all__ = ["from_numpy", "from_iterator", "open_store", "open_dataset", "read_manifest", "pad",
-           "labels", "DestinationExistsError", "MANIFEST_NAME"]
+           "labels", "DestinationExistsError", "MANIFEST_NAME", "write_dataset", "Dataset",
+           "DenseDataset", "RaggedDataset"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
 #: Version 2 names a generation directory (``"generation": "gen-000001"``)
@@ -58,6 +61,12 @@ _OPEN_ATTEMPTS = 50
 
 def _store_files(path: str) -> bool:
     return is_store_dir(path)
+
+
+def write_dataset(path, array, codec: str = "zstd", **options) -> None:
+    """The original loaderx 0.7's spelling of `from_numpy` (the store is
+    closed when it returns); `options` are `from_numpy`'s."""
+    from_numpy(path, array, codec=codec, **options).close()
 
 
 def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
@@ -321,6 +330,7 @@ def _check_columns(p: str, manifest: dict, generation: str | None) -> None:
                                          + (f" {generation}" if generation else "")
                                          + f": {s['path']!r}")
         _check_column_type(p, name, col)
+        _check_typed(p, name, col, columns)
 
 
 def _check_column_type(p: str, name: str, col: dict) -> None:
@@ -337,6 +347,68 @@ def _check_column_type(p: str, name: str, col: dict) -> None:
     codecs = [col.get("codec")] + [s["codec"] for s in col["shards"] if "codec" in s]
     if not all(isinstance(c, str) for c in codecs):
         raise _manifest_error(p, f"column {name!r} has a malformed codec")
+
+
+#: The dtypes a categorical's codes may have (the converters write int8/16/32).
+_CODE_DTYPES = ("int8", "int16", "int32", "int64")
+
+
+def _check_typed(p: str, name: str, col: dict, columns: dict) -> None:
+    """A column's typed fields (loaderx.columns: ``text``, ``valid``,
+    ``valid_of``, ``categories``, ``labels``) are what the converters write,
+    or the dataset is refused here, before anything reads it: a ``valid``
+    naming a missing column would make ``IS NULL`` find no null, and a
+    malformed list would fail later with an error that names nothing."""
+    def bad(field: str, why: str) -> CorruptStoreError:
+        return _manifest_error(p, f"column {name!r} has a malformed {field!r}: {why}")
+
+    text = col.get("text", False)
+    if type(text) is not bool:
+        raise bad("text", f"{text!r} is neither true nor false")
+    if text and col.get("kind") != "bytes":
+        raise bad("text", f"a string column holds bytes records, this one {col.get('kind')}")
+    if col.get("valid") is not None:
+        _check_mask(p, name, col["valid"], columns)
+    owner = col.get("valid_of")
+    if owner is not None and not (isinstance(owner, str) and owner in columns
+                                  and columns[owner].get("valid") == name):
+        raise bad("valid_of", f"{owner!r} is not a column whose mask this is")
+    cats = col.get("categories")
+    if cats is not None:
+        if not isinstance(cats, list) or not (all(isinstance(c, str) for c in cats)
+                                              or all(type(c) is int for c in cats)):
+            raise bad("categories", f"{str(cats)[:80]} is not a list of strings or of integers")
+        if col.get("kind") != "dense" or col.get("item_shape") != [] \
+                or col.get("dtype") not in _CODE_DTYPES:
+            raise bad("categories", f"a categorical holds integer codes, one per record; this "
+                                    f"column holds {col.get('kind')} {col.get('dtype')} "
+                                    f"{col.get('item_shape')} records")
+    for field in ("labels", "class_names"):
+        names = col.get(field)
+        if names is not None and not (isinstance(names, list)
+                                      and all(isinstance(n, str) for n in names)):
+            raise bad(field, f"{str(names)[:80]} is not a list of strings")
+
+
+def _check_mask(p: str, name: str, mask: Any, columns: dict) -> None:
+    """Column `name`'s ``valid`` names its validity mask: another column,
+    of one bool per record, that says it is `name`'s (``valid_of``)."""
+    def bad(why: str) -> CorruptStoreError:
+        return _manifest_error(p, f"column {name!r} has a malformed 'valid': {why}")
+
+    if not isinstance(mask, str) or mask == name:
+        raise bad(f"{repr(mask)[:80]} does not name another column")
+    entry = columns.get(mask)
+    if not isinstance(entry, dict):
+        raise bad(f"its mask column {mask!r} is not in the dataset (the columns are "
+                  f"{list(columns)[:20]})")
+    if entry.get("kind") != "dense" or entry.get("dtype") != "bool" \
+            or entry.get("item_shape") != []:
+        raise bad(f"its mask column {mask!r} holds {entry.get('kind')} {entry.get('dtype')} "
+                  f"{entry.get('item_shape')} records, not one bool per record")
+    if entry.get("valid_of") != name:
+        raise bad(f"its mask column {mask!r} says it is the mask of "
+                  f"{entry.get('valid_of')!r}")
 
 
 def check_inside(root: str, rel: str, what: str) -> str:
@@ -580,11 +652,19 @@ def _manifest_of(dataset, column: str) -> tuple[dict, str]:
     return manifest, where
 
 
-def pad(records, *, max_len: int | None = None, value=0) -> tuple[np.ndarray, np.ndarray]:
+def pad(records, row_splits=None, *, max_len: int | None = None, value=0,
+        pad_value=None) -> tuple[np.ndarray, np.ndarray]:
     """Pad a list of arrays along their first axis: returns ``(padded, lengths)``
     with ``padded`` of shape ``(B, max_len, *trailing)`` and int64 ``lengths``.
     All records must share dtype and trailing dimensions. A `max_len` smaller
-    than the longest record is an error, never a silent truncation."""
+    than the longest record is an error, never a silent truncation. The
+    original loaderx's ``pad(values, row_splits, max_len, pad_value)`` (a
+    packed batch) works too."""
+    if row_splits is not None:
+        splits = np.asarray(row_splits, dtype=np.int64)
+        records = [records[a:b] for a, b in zip(splits[:-1].tolist(), splits[1:].tolist())]
+    if pad_value is not None:
+        value = pad_value
     arrays = [np.asarray(r) for r in records]
     lengths = np.array([a.shape[0] if a.ndim else -1 for a in arrays], dtype=np.int64)
     if (lengths < 0).any():

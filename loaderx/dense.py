@@ -1,4 +1,6 @@
-"""`DenseStore`: records of one fixed ``(dtype, item_shape)``."""
+"""`DenseStore`: records of one fixed ``(dtype, item_shape)``; and
+`OriginalDenseStore`, what ``DenseStore(path)`` opens (read-only) for a dense
+store written by the original loaderx 1.7 (loaderx._readonly177)."""
 from __future__ import annotations
 
 import math
@@ -7,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _buffers, _records, identity
+from . import _buffers, _original, _records, identity
 from ._checks import check_out, is_int
 from ._lib import check, ffi, lib
+from ._readonly177 import ReadOnly177
 from ._writer import prepare_store
 from ._store import (APPEND_CHUNK_BYTES, RC_OUT_OF_RANGE, THREADS_MAX, U64, Store, byte_ptr,
                      check_new_store, check_threads)
@@ -25,6 +28,9 @@ _NULL = ffi.NULL
 _DUMMY = np.zeros(1, dtype=np.uint8)
 _empty = np.empty
 _from_buffer = ffi.from_buffer
+#: A remote store's `as_array` reads its records through the cache in
+#: gathers of at most this many bytes (what the cache must hold at once).
+AS_ARRAY_CHUNK_BYTES = 64 << 20
 
 
 def _item_shape(item_shape) -> tuple:
@@ -55,6 +61,12 @@ class DenseStore(Store):
 
     kind = "dense"
 
+    def __new__(cls, path=None, *args: Any, **kwargs: Any) -> "DenseStore":
+        # A dense store of the original loaderx 1.7 opens read-only in place.
+        if cls is DenseStore and _original.is_store177(path):
+            return super().__new__(OriginalDenseStore)
+        return super().__new__(cls)
+
     @classmethod
     def create(cls, path, dtype, item_shape=(), *, codec: str | None = None,
                level: int | None = None, dict_bytes: bytes | None = None,
@@ -75,8 +87,8 @@ class DenseStore(Store):
         prepare_store(path, mode)
         return cls(path, dtype, item_shape, codec=codec, level=level, dict_bytes=dict_bytes)
 
-    def __init__(self, path, dtype=None, item_shape=None, *, codec: str | None = None,
-                 level: int | None = None, dict_bytes: bytes | None = None):
+    def __init__(self, path, dtype=None, item_shape=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None):
         create = dtype is not None or item_shape is not None
         ident = None
         fixed = 0
@@ -135,25 +147,38 @@ class DenseStore(Store):
         ``i * record_bytes`` of that file, so the map is the data itself: no
         copy, nothing read until used (a scalar column's values for a
         predicate, or for numpy). It holds the records committed when it was
-        made; a ``delete`` or ``compact`` afterwards moves bytes under it."""
+        made; a ``delete`` or ``compact`` afterwards moves bytes under it.
+        A remote store's records are fetched through the cache (every one
+        checked) into an array in memory instead: a map of the cache's
+        replica would read what eviction drops later as zeros."""
         if not self._fixed_size:
             return None
         n = len(self)
         shape = (n,) + self._item_shape
-        if n == 0:
-            empty = np.zeros(shape, self._dtype)
-            empty.flags.writeable = False
-            return empty
+        if n == 0 or self._remote is not None:
+            whole = np.zeros(shape, self._dtype) if n == 0 else np.empty(shape, self._dtype)
+            step = max(1, AS_ARRAY_CHUNK_BYTES // max(1, self._record_bytes))
+            for start in range(0, n, step):  # (a chunk at a time: what the cache holds at once)
+                self.gather(np.arange(start, min(n, start + step), dtype=np.int64),
+                            out=whole[start:start + step])
+            whole.flags.writeable = False
+            return whole
         mapped = np.memmap(os.path.join(self._path, "data"), dtype=self._dtype, mode="r",
                            shape=shape)
         return mapped.view(np.ndarray)
 
     def append(self, array) -> int:
-        """Append ``(B, *item_shape)`` records of exactly this dtype; returns the first index."""
+        """Append ``(B, *item_shape)`` records of exactly this dtype; returns the
+        first index. A list (or a scalar, for a store of scalars) is read as
+        ``np.asarray`` reads it, and must then have exactly this dtype too."""
         self._w()
+        if isinstance(array, (list, tuple, np.generic)):  # as the original loaderx took them
+            array = np.asarray(array)
         if not isinstance(array, np.ndarray):
             raise TypeError(f"append takes a numpy array of dtype {self._dtype}, "
                             f"not {type(array).__name__}")
+        if array.ndim == 0 and self._item_shape == ():  # one scalar record
+            array = array.reshape(1)
         if array.dtype != self._dtype:
             raise IdentityError(f"{self._path}: array has dtype {array.dtype}, "
                                 f"store holds {self._dtype}", path=self._path)
@@ -269,3 +294,14 @@ class DenseStore(Store):
         idx, scalar = self._indices(key)
         out = self._gather(idx, None)
         return out[0] if scalar else out
+
+
+class OriginalDenseStore(ReadOnly177, DenseStore):  # type: ignore[misc]
+    """A dense store written by the original loaderx 1.7, read in place,
+    read-only (loaderx._readonly177): ``DenseStore(path)`` returns one for
+    such a directory; `dtype`, `item_shape` and `codec`, when given, must be
+    the store's."""
+
+    def __init__(self, path, dtype=None, item_shape=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None):
+        self._open177(path, dtype, item_shape, codec, dict_bytes)

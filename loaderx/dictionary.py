@@ -9,8 +9,16 @@ from ._lib import check, ffi, lib
 from ._store import U64, Store, u64_ptr
 from .errors import DictionaryError
 
-_TIERS = {"fast": (32 << 10, 4 << 20), "balanced": (128 << 10, 16 << 20),
-          "max": (1 << 20, 64 << 20)}
+#: The dictionary tiers by name: the most bytes of the dictionary (``size``)
+#: and of the records it trains on (``samples``). The original loaderx 1.7's
+#: ``loaderx.zrecord.DICT_TIERS``, with its values.
+DICT_TIERS = {
+    "fast": {"size": 32 << 10, "samples": 4 << 20},
+    "balanced": {"size": 128 << 10, "samples": 16 << 20},
+    "max": {"size": 1 << 20, "samples": 64 << 20},
+}
+#: The tier `train_dict` uses when none is named.
+DICT_TIER_DEFAULT = "balanced"
 _SAMPLE_MAX = 128 << 10  # zstd's trainer works on sample prefixes up to this size
 #: Largest dictionary `size`: zstd never looks back further than its 2 GiB
 #: maximum window, and a buffer this size is zero-filled before training.
@@ -63,18 +71,23 @@ def _sample_records(source, budget: int) -> list[bytes]:
     return out
 
 
-def train_dict(source, tier: str = "balanced", *, size: int | None = None) -> bytes:
+def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
+               size: int | None = None) -> bytes:
     """Train a zstd dictionary for a ``zstd_dict`` store.
 
     `source`: an array (rows are records), an iterable of records (bytes-like or
     arrays) or a store. `tier`: ``fast`` (32 KiB dictionary from a 4 MiB
-    sample), ``balanced`` (128 KiB / 16 MiB) or ``max`` (1 MiB / 64 MiB);
-    `size` overrides the dictionary size. Raises `DictionaryError` when zstd
-    cannot train one (too few or too uniform samples).
+    sample), ``balanced`` (128 KiB / 16 MiB; also None) or ``max`` (1 MiB /
+    64 MiB), see `DICT_TIERS`; `size` overrides the dictionary size. `path`:
+    also write the dictionary to this file (as the original loaderx 1.7 did).
+    Raises `DictionaryError` when zstd cannot train one (too few or too
+    uniform samples).
     """
-    if not isinstance(tier, str) or tier not in _TIERS:
-        raise ValueError(f"unknown tier {tier!r}; choose one of {sorted(_TIERS)}")
-    dict_size, budget = _TIERS[tier]
+    if tier is None:
+        tier = DICT_TIER_DEFAULT
+    if not isinstance(tier, str) or tier not in DICT_TIERS:
+        raise ValueError(f"unknown tier {tier!r}; choose one of {sorted(DICT_TIERS)}")
+    dict_size, budget = DICT_TIERS[tier]["size"], DICT_TIERS[tier]["samples"]
     if size is not None:
         if not isinstance(size, (int, np.integer)) or isinstance(size, (bool, np.bool_)) \
                 or not 256 <= size <= _DICT_SIZE_MAX:
@@ -91,4 +104,8 @@ def train_dict(source, tier: str = "balanced", *, size: int | None = None) -> by
     rc = lib.lx_train_dict(joined, u64_ptr(sizes), len(samples), ffi.from_buffer(out), dict_size,
                            out_len)
     check(rc, None, "train_dict")
-    return bytes(out[:out_len[0]])
+    trained = bytes(out[:out_len[0]])
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(trained)
+    return trained

@@ -1,12 +1,15 @@
-"""`RaggedStore`: one dtype, every record with its own shape."""
+"""`RaggedStore`: one dtype, every record with its own shape; and
+`OriginalRaggedStore`, what ``RaggedStore(path)`` opens (read-only) for a
+ragged store written by the original loaderx 1.7 (loaderx._readonly177)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
-from . import identity
+from . import _original, identity
 from ._checks import is_int
+from ._readonly177 import ReadOnly177
 from ._writer import prepare_store
 from ._store import Store, check_new_store, chunks_of, deprecated, packed_chunks, pointers
 from ._store import row_splits as _row_splits
@@ -51,6 +54,12 @@ class RaggedStore(Store):
     kind = "ragged"
     item_shape = None
 
+    def __new__(cls, path=None, *args: Any, **kwargs: Any) -> "RaggedStore":
+        # A ragged store of the original loaderx 1.7 opens read-only in place.
+        if cls is RaggedStore and _original.is_store177(path):
+            return super().__new__(OriginalRaggedStore)
+        return super().__new__(cls)
+
     @classmethod
     def create(cls, path, dtype, *, codec: str | None = None, level: int | None = None,
                dict_bytes: bytes | None = None, frame_size: int | None = None,
@@ -66,8 +75,9 @@ class RaggedStore(Store):
         return cls(path, dtype, codec=codec, level=level, dict_bytes=dict_bytes,
                    frame_size=frame_size)
 
-    def __init__(self, path, dtype=None, *, codec: str | None = None, level: int | None = None,
-                 dict_bytes: bytes | None = None, frame_size: int | None = None):
+    def __init__(self, path, dtype=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None,
+                 frame_size: int | None = None):
         create = dtype is not None
         ident = None
         frames = 0
@@ -218,3 +228,15 @@ def _frame_size(frame_size, dtype: np.dtype, codec: str | None) -> int:
             or not (frame_size == 0 or 64 <= frame_size <= 1 << 30):
         raise ValueError(f"frame_size must be 0 or 64 to 2**30 bytes, got {frame_size!r}")
     return int(frame_size)
+
+
+class OriginalRaggedStore(ReadOnly177, RaggedStore):  # type: ignore[misc]
+    """A ragged store written by the original loaderx 1.7 (its bytes stores
+    too: ``RaggedStore(path, np.uint8)``), read in place, read-only
+    (loaderx._readonly177): ``RaggedStore(path)`` returns one for such a
+    directory; `dtype` and `codec`, when given, must be the store's."""
+
+    def __init__(self, path, dtype=None, codec: str | None = None,
+                 dict_bytes: bytes | None = None, *, level: int | None = None,
+                 frame_size: int | None = None):
+        self._open177(path, dtype, None, codec, dict_bytes)

@@ -63,6 +63,11 @@ _HEADER = struct.Struct("<QIIB3xiQQQQQ")  # magic .. fixed_size (format.Header's
 _COMMIT = struct.Struct("<QQQQQQQQ")
 _MAGIC = 0x0145524F5453584C
 _PAGE = 4096
+#: The largest store the cache replicates: 2**36 records (this process
+#: keeps a bit per record) and 2**51 bytes of data (2**27 blocks of 16 MiB).
+#: A meta that says more is refused before any file is made for it.
+_RECORDS_MAX = 1 << 36
+_DATA_MAX = 1 << 51
 #: Records checked per chunk by verify().
 _VERIFY_CHUNK_BYTES = 64 << 20
 
@@ -188,6 +193,9 @@ class Binding:
         self.layout = layout
         self.cache = cfg.cache()
         self.local_dir = os.path.join(self.cache.stores, key)
+        # A server without ETags: the version is pinned by the index, whole
+        # in the replica since the open (see bind).
+        self.weak = any(str(v).startswith(_objstore.WEAK) for v in etags.values())
 
     def __reduce__(self):
         return (_rebind, (self.url, self.cfg, {"key": self.key, "etags": self.etags}))
@@ -312,13 +320,15 @@ class Binding:
             r.mark_checked(todo[mask])
             # Torn or tampered cache bytes: drop them, fetch again, check again.
             todo = todo[bad]
-            r.drop(todo)
+            # (An index that came whole at the open pins the version of a
+            # server without ETags: it is never fetched again.)
+            r.drop(todo, index=not self.weak)
             self._fetch_index(r, todo)
             starts, ends = r.ranges(todo)
             r.fetch("data", r.data_blocks(starts, ends), self._downloader(r))
             bad = check(todo)
             if len(bad):
-                r.drop(todo[bad])
+                r.drop(todo[bad], index=not self.weak)
                 self._server_damaged(int(todo[bad][0]))
         r.mark_checked(todo)
 
@@ -330,6 +340,12 @@ class Binding:
                 raise RemoteChangedError(f"{join(self.url, which)}: the object changed on the "
                                          "server since it was opened (reopen the dataset to read "
                                          "the new version)", path=self.url)
+        if self.weak:
+            raise CorruptStoreError(f"{self.url}: record {record} fails its checksum as the "
+                                    "server holds it: the store was replaced on the server (its "
+                                    "server sends no ETag, so a replacement of the same size in "
+                                    "the same second looks unchanged; reopen the dataset) or its "
+                                    "bytes are damaged (run loaderx verify)", path=self.url)
         raise CorruptStoreError(f"{self.url}: record {record} fails its checksum as the server "
                                 "holds it (the store's bytes on the server are damaged; run "
                                 "loaderx verify)", path=self.url)
@@ -393,21 +409,52 @@ def _parse_meta(url: str, meta: bytes) -> Layout:
             f"{url}: this store was uploaded while a writer had it open ({count - durable} "
             "records since its last sync); open and close it locally, then upload it again",
             path=url)
+    if count > _RECORDS_MAX or data_size > _DATA_MAX:
+        raise CorruptStoreError(f"{url}: its meta says {count} records and {data_size} bytes of "
+                                f"data, more than a store read through the cache holds (at most "
+                                f"{_RECORDS_MAX} records and {_DATA_MAX} bytes)", path=url)
     return Layout(int(count), int(data_size), int(fixed))
 
 
 def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) -> Binding:
     """Opens the remote store at `url`: its replica in the cache (made if
-    missing) for the version on the server now, or for `pins` (the version
-    a parent process opened: `RemoteChangedError` if it is gone)."""
+    missing or damaged) for the version on the server now, or for `pins`
+    (the version a parent process opened: `RemoteChangedError` if it is
+    gone). A server that sends no ETag has the store's index fetched whole
+    here: every record is then checked against the version opened."""
     cfg = cfg or config()
     url = url.rstrip("/")
     cache = cfg.cache()
-    if pins is not None and cache.has_replica(pins["key"]):
+    if pins is not None and cache.intact(pins["key"]):
         return Binding(url, cfg, pins["key"], pins["etags"],
                        cache.replica(pins["key"], recheck=True).layout)
-    opts = cfg.options
+    meta, layout, infos = _objects(url, cfg.options)
+    etags = {which: info["etag"] for which, info in infos.items()}
+    index = None
+    if any(info["weak"] for info in infos.values()):
+        index = _whole_index(url, cfg.options, layout, etags["index"])
+    key = hashlib.sha256("\n".join([url, hashlib.sha256(meta).hexdigest(), str(etags["index"]),
+                                    str(etags["data"]), str(infos["index"]["size"]),
+                                    str(infos["data"]["size"])]
+                                   + ([hashlib.sha256(index).hexdigest()] if index is not None
+                                      else [])).encode()).hexdigest()[:32]
+    if pins is not None and pins["key"] != key:
+        raise RemoteChangedError(f"{url}: the store changed on the server since it was opened "
+                                 "(reopen the dataset to read the new version)", path=url)
 
+    def check(local: str) -> None:
+        try:
+            stored_kind(local)
+        except ZrecordError as e:
+            raise type(e)(f"{url}: {str(e).replace(local, '').lstrip(': ')}", path=url) from None
+    cache.materialize(key, meta, layout, {"url": url, "etags": etags}, check, index)
+    cache.replica(key, recheck=True)
+    return Binding(url, cfg, key, etags, layout)
+
+
+def _objects(url: str, opts: _objstore.Options) -> tuple[bytes, Layout, dict]:
+    """The store's meta, its layout, and ``{meta, index, data}`` metadata
+    (size, version) of its objects, fetched at once; sizes checked."""
     def meta_get():
         return _objstore.get(join(url, "meta"), opts)
 
@@ -421,25 +468,22 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
                                   "objects under this prefix)", path=url) from None
     (meta, meta_info), index_info, data_info = got
     layout = _parse_meta(url, meta)
-    etags = {"meta": meta_info["etag"], "index": index_info["etag"], "data": data_info["etag"]}
     if index_info["size"] < layout.index_size or data_info["size"] < layout.data_size:
         raise CorruptStoreError(f"{url}: the store's index or data on the server is shorter than "
-                                "its meta says (an incomplete upload?)", path=url)
-    key = hashlib.sha256("\n".join([url, hashlib.sha256(meta).hexdigest(), str(etags["index"]),
-                                    str(etags["data"]), str(index_info["size"]),
-                                    str(data_info["size"])]).encode()).hexdigest()[:32]
-    if pins is not None and pins["key"] != key:
-        raise RemoteChangedError(f"{url}: the store changed on the server since it was opened "
-                                 "(reopen the dataset to read the new version)", path=url)
+                                f"its meta says (an incomplete upload?): the server holds "
+                                f"{index_info['size']} and {data_info['size']} bytes, the meta "
+                                f"says {layout.index_size} and {layout.data_size}", path=url)
+    return meta, layout, {"meta": meta_info, "index": index_info, "data": data_info}
 
-    def check(local: str) -> None:
-        try:
-            stored_kind(local)
-        except ZrecordError as e:
-            raise type(e)(f"{url}: {str(e).replace(local, '').lstrip(': ')}", path=url) from None
-    cache.materialize(key, meta, layout, {"url": url, "etags": etags}, check)
-    cache.replica(key, recheck=True)
-    return Binding(url, cfg, key, etags, layout)
+
+def _whole_index(url: str, opts: _objstore.Options, layout: Layout, etag: str) -> bytes:
+    """The store's index, whole, of the version `etag` (a server without
+    ETags: its size and Last-Modified). Pinning the version by the bytes
+    themselves: every record read is checked against this index."""
+    if not layout.index_size:
+        return b""
+    data, _ = _objstore.get(join(url, "index"), opts, etag, (0, layout.index_size))
+    return data
 
 
 # ----------------------------------------------------------------- datasets and writes
@@ -448,7 +492,7 @@ def read_bytes(url: str, cfg: Optional[Config] = None) -> tuple[bytes, Optional[
     """The object at `url` and its ETag."""
     cfg = cfg or config()
     data, info = _objstore.get(url, cfg.options)
-    return data, info["etag"]
+    return data, None if info["weak"] else info["etag"]
 
 
 def exists(url: str, cfg: Optional[Config] = None) -> bool:

@@ -69,6 +69,16 @@ def _check_identities(stores: Sequence[Any]) -> None:
                 )
 
 
+def _check_native(stores: list) -> None:
+    """Every shard is read natively (a store of the original loaderx 1.7,
+    read in place, is not)."""
+    for position, store in enumerate(stores):
+        if not callable(getattr(store, "native_parts", None)):
+            raise TypeError(f"ShardSet: {_name(store, position)} is not a loaderx 3 store "
+                            f"({type(store).__name__}); convert it (loaderx.convert) to put it "
+                            "in a ShardSet")
+
+
 class ShardSet:
     """Stores of one type identity (kind, dtype, item_shape) as one index space.
 
@@ -99,6 +109,7 @@ class ShardSet:
                     self._stores.append(store)
                     self._owned.append(owned)
             _check_identities(self._stores)
+            _check_native(self._stores)
         except BaseException:
             self.close()
             raise
@@ -236,6 +247,11 @@ class ShardSet:
         """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
         self._check_open()
         return [NativePart(handle, first, None) for handle, first in self._part_list]
+
+    def __getitems__(self, indices) -> Any:
+        """``gather(indices)``: a batch in one call (the original loaderx's
+        batch-read protocol, and torch's DataLoader's)."""
+        return self.gather(indices)
 
     def gather(self, indices, out: np.ndarray | None = None, *, packed: bool = False,
                threads: int = 0):

@@ -6,7 +6,9 @@ streams: the shape of one record, ``()`` for scalars), ``len()`` and
 ``gather(indices, out=None)``. That is enough: the loader reads such a stream
 on its Python worker threads, at the indices its native ring computed. A
 plain numpy array is a stream too (:class:`ArrayStream` wraps it: a dense,
-in-memory, read-only stream of its rows).
+in-memory, read-only stream of its rows), and so is a stream written for the
+original loaderx 1.7: ``__len__`` and ``__getitems__(indices)``
+(:class:`GetitemsStream` wraps it).
 
 Optional capabilities, each found by ``getattr`` (nothing to inherit):
 
@@ -91,7 +93,7 @@ import numpy as np
 
 from ._checks import KINDS, is_int, is_stream  # noqa: F401 (is_int: streams.is_int, older name)
 
-__all__ = ["Stream", "NativePart", "ArrayStream", "KINDS"]
+__all__ = ["Stream", "NativePart", "ArrayStream", "GetitemsStream", "KINDS"]
 
 
 @runtime_checkable
@@ -148,10 +150,66 @@ class ArrayStream:
         return f"ArrayStream({self.dtype}{list(self._array.shape)})"
 
 
+class GetitemsStream:
+    """A stream written for the original loaderx 1.7 (``__len__`` and
+    ``__getitems__(indices)``, which returns a ``(B, *item_shape)`` array for
+    a dense stream and a list of arrays for a ragged one), read as a loaderx
+    stream: ``DataLoader`` and ``Mixture`` wrap such an object in it. Its
+    kind, dtype and item shape are those of record 0, read once here; every
+    later batch must match them (a dense stream's `TypeError` says which
+    differs). ``__getitems__`` gets ``uint64`` indices, as 1.7 gave them."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self.dtype: np.dtype = np.dtype(np.uint8)
+        self.item_shape: Optional[Tuple[int, ...]] = None
+        self.kind = "dense"
+        if len(source) == 0:
+            return  # (the loader refuses an empty stream, naming it)
+        first = source.__getitems__(np.zeros(1, np.uint64))
+        if isinstance(first, np.ndarray) and first.ndim >= 1:
+            self.dtype, self.item_shape = first.dtype, tuple(first.shape[1:])
+        elif isinstance(first, (list, tuple)) and len(first) == 1:
+            record = first[0]
+            self.kind = "bytes" if isinstance(record, (bytes, bytearray)) else "ragged"
+            self.dtype = np.asarray(record).dtype if self.kind == "ragged" else self.dtype
+        else:
+            raise TypeError(f"{type(source).__name__}.__getitems__([0]) returned "
+                            f"{type(first).__name__}; a loader stream gives a (B, ...) array "
+                            "(dense) or a list of B records (ragged)")
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def gather(self, indices: Any, out: Optional[np.ndarray] = None) -> Any:
+        got = self.source.__getitems__(np.asarray(indices).astype(np.uint64))
+        if self.kind != "dense":
+            return list(got)
+        batch = np.asarray(got)
+        shape = (len(indices),) + tuple(self.item_shape or ())
+        if batch.dtype != self.dtype or batch.shape != shape:
+            raise TypeError(f"{type(self.source).__name__}.__getitems__ returned "
+                            f"{batch.dtype}{list(batch.shape)}, expected {self.dtype}"
+                            f"{list(shape)} (record 0's dtype and shape)")
+        if out is None:
+            return batch
+        out[...] = batch
+        return out
+
+    def __repr__(self) -> str:
+        return f"GetitemsStream({self.source!r})"
+
+
 def as_stream(value: Any) -> Any:
-    """`value` as a stream: a numpy array wrapped in an ArrayStream, anything
-    else as it is."""
-    return ArrayStream(value) if isinstance(value, np.ndarray) else value
+    """`value` as a stream: a numpy array wrapped in an ArrayStream, an
+    object with only 1.7's ``__len__`` and ``__getitems__`` in a
+    GetitemsStream, anything else as it is."""
+    if isinstance(value, np.ndarray):
+        return ArrayStream(value)
+    if not is_stream(value) and callable(getattr(value, "__getitems__", None)) \
+            and hasattr(value, "__len__"):
+        return GetitemsStream(value)
+    return value
 
 
 def check_streams(streams: Any, source: Optional[str] = None) -> Dict[str, Any]:

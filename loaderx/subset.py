@@ -11,13 +11,18 @@ result of an earlier `select`); `where` is
   (``engine="arrow"``, see `loaderx._sql`); SQL beyond that — subqueries and
   joins against other files such as ``id IN (SELECT id FROM
   read_parquet('keep.parquet'))``, function calls, CASE — runs on DuckDB
-  when it is installed (``engine="duckdb"`` forces it);
+  when it is installed (``engine="duckdb"`` forces it), as one expression
+  on a connection that reads only the files the predicate names and can
+  write, attach, install, load or change nothing (`loaderx._duckdb_guard`);
 * a numpy bool mask (one value per record) or an array of record indices
   (any order, duplicates counted once), from any engine you like.
 
 Bad input raises ``ValueError`` naming the problem: an unknown column, a
 syntax error (with its position), a type mismatch (``label = 'x'`` on an int
-column), a column that is not scalar.
+column), a column that is not scalar, text that is not one expression (a
+``;`` and a statement, a ``UNION`` after the condition). Whatever rows an
+engine gives are checked (inside the dataset, none twice) before a
+selection exists.
 
 Only the columns a predicate names are read, as zero-copy memory maps of
 their raw stores (`loaderx.columns.scalar_chunks`), in chunks on every
@@ -50,8 +55,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import _sql
+from . import _duckdb_guard as guard
+from . import _locks, _sql
 from ._lib import usable_cores
+from ._objstore import is_url
 from ._store import deprecated, normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
 from .streams import NativePart, native_parts
@@ -155,6 +162,52 @@ def _room_for(nbytes: int) -> Optional[str]:
     return None
 
 
+#: The name of a compact copy's directory begins with this (see `_sweep_compact_copies`).
+_COPY_PREFIX = "loaderx-view-"
+#: A compact copy is written in appends of about this many bytes.
+COMPACT_APPEND_BYTES = 16 << 20
+
+
+def _write_compact(base: Any, rows: np.ndarray, first: np.ndarray, shape: tuple, record: int,
+                   where: str) -> Any:
+    """The records `rows` of `base` (`first`: the first of them, read
+    already) as a raw DenseStore made in the directory `where`, open for
+    reading. On POSIX the directory is removed as soon as the store is
+    open (its first append opens every file and takes the writer lock;
+    later appends and every read go through those descriptors), so the
+    rest of the copy is written nameless: a process killed while it
+    copies leaves nothing behind, and the memory goes with the handle."""
+    from .dense import DenseStore
+
+    copy = DenseStore(os.path.join(where, "records"), base.dtype, shape, codec="raw")
+    try:
+        copy.append(first)
+        if os.name == "posix":
+            shutil.rmtree(where)
+        step = max(1, COMPACT_APPEND_BYTES // record)
+        for start in range(1, len(rows), step):
+            copy.append(base.gather(rows[start:start + step]))
+    except BaseException:
+        copy.close()
+        raise
+    return copy
+
+
+def _sweep_compact_copies(room: str) -> None:
+    """Removes the compact copies in `room` whose builder died in the
+    instant between making the directory and removing it (their owner
+    file's lock is free, see `loaderx._locks`): a copy is nameless the rest
+    of its life, so nothing else of it can be left behind."""
+    try:
+        names = [n for n in os.listdir(room) if n.startswith(_COPY_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(room, name)
+        if _locks.abandoned(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class View:
     """One column of a `select` result: the column's records at
     ``rows`` (see the module docs). Reads like the column: ``len``,
@@ -224,6 +277,11 @@ class View:
                 pass  # the slow path names the bad index
         idx, _ = normalize_indices(indices, len(self))
         return rows[idx]
+
+    def __getitems__(self, indices) -> Any:
+        """``gather(indices)``: a batch in one call (the original loaderx's
+        batch-read protocol, and torch's DataLoader's)."""
+        return self.gather(indices)
 
     def gather(self, indices, out: Optional[np.ndarray] = None, *, packed: bool = False,
                threads: int = 0) -> Any:
@@ -324,10 +382,12 @@ class View:
         records of at most COMPACT_RECORD_MAX bytes, when the copy takes at
         most COMPACT_BYTES_MAX bytes and half the base's records, is copied
         (decoded, raw) into a private store in shared memory (/dev/shm where
-        there is one) that is unlinked once open: the memory goes with the
-        view. The copy holds the records the view selected when it was made;
-        like the view's rows (docs/select.md), it does not follow a later
-        `delete` or `compact` of the store. Any thread may ask (one builds it,
+        there is one) that is unlinked once open (before its second append:
+        a process killed while it copies leaves nothing behind, see
+        `_write_compact`): the memory goes with the view. The copy holds
+        the records the view selected when it was made; like the view's
+        rows (docs/select.md), it does not follow a later `delete` or
+        `compact` of the store. Any thread may ask (one builds it,
         under a lock). Nothing closes it: the view and every loader reading
         it hold its handle, and the last to let go frees it (`close()` of the
         view only lets go, so a running loader keeps reading). A forked
@@ -354,23 +414,24 @@ class View:
         room = _room_for(len(rows) * record)
         if room is None:
             return None  # no room for it: the view is read from its base
+        _sweep_compact_copies(room)
         try:
-            where = tempfile.mkdtemp(prefix="loaderx-view-", dir=room)
+            first = base.gather(rows[:1])  # nothing on disk yet while the base is read
+            where = tempfile.mkdtemp(prefix=_COPY_PREFIX, dir=room)
         except OSError:
             return None
-        path = os.path.join(where, "records")
+        owner = None
         store = None
         try:
-            with DenseStore(path, base.dtype, shape, codec="raw") as copy:
-                step = max(1, (16 << 20) // record)
-                for start in range(0, len(rows), step):
-                    copy.append(base.gather(rows[start:start + step]))
-            store = DenseStore(path)
+            owner = _locks.own(where)  # a sweep leaves the copy alone while this builds it
+            store = _write_compact(base, rows, first, shape, record, where)
         except OSError:
             pass  # no room after all: the view is read from its base
         finally:
-            # On every way out (an error, Ctrl-C) the files go; on POSIX also
-            # on success: an open store's mappings outlive its files.
+            if owner is not None:
+                os.close(owner)
+            # On every way out (an error, Ctrl-C) the files go (on POSIX
+            # they went once the copy was open, see _write_compact).
             if store is None or os.name == "posix":
                 shutil.rmtree(where, ignore_errors=True)
         if store is not None and os.name != "posix":
@@ -418,7 +479,7 @@ def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[st
     if isinstance(dataset, (str, os.PathLike)):
         from .dataset import open_dataset
 
-        source = os.path.abspath(os.fspath(dataset))
+        source = _located(dataset)
         dataset = open_dataset(source)
         owned = True
     try:
@@ -441,6 +502,7 @@ def _select(dataset: Any, where: Any, engine: Optional[str],
         local, used = _sql_rows(bases, prior, where, engine, space)
     else:
         local, used = _given_rows(where, space), None
+    local = _checked_rows(local, space, where)
     rows = prior.rows[local] if prior is not None else local
     text = where if isinstance(where, str) else None
     if prior is not None and prior.where is not None and text is not None:
@@ -487,14 +549,20 @@ def _identity(bases: Dict[str, Any]) -> Tuple[str, str]:
     parts = []
     for name, base in bases.items():
         stores = column_parts(base)
-        paths = [os.path.abspath(getattr(s, "path", "") or "") for s in stores]
+        paths = [_located(getattr(s, "path", "") or "") for s in stores]
         parts.append(f"{name}={paths}:{[len(s) for s in stores]}")
     first = next(iter(bases.values()))
     root = store_path_of(first)
     if root is None:
         path = getattr(column_parts(first)[0], "path", None)
-        root = os.path.abspath(path) if path else "an in-memory dataset"
+        root = _located(path) if path else "an in-memory dataset"
     return root, ";".join(parts)
+
+
+def _located(path: Any) -> str:
+    """A dataset's or store's path made absolute; a URL as it is."""
+    path = os.fspath(path)
+    return path if is_url(path) else os.path.abspath(path)
 
 
 def _given_rows(where: Any, space: int) -> np.ndarray:
@@ -513,6 +581,34 @@ def _given_rows(where: Any, space: int) -> np.ndarray:
                         f"indices, not {arr.dtype} of shape {arr.shape}")
     idx, _ = normalize_indices(arr, space)
     return _sorted_unique(idx.astype(np.int64))
+
+
+def _checked_rows(rows: Any, space: int, where: Any) -> np.ndarray:
+    """The rows an engine found, as a selection holds them (sorted int64),
+    once they are rows at all: integers, each in ``0 <= r < space``, none
+    twice. Every engine's answer passes here before a Selection exists:
+    an engine (a DuckDB query above all) that answers with rows of its own
+    making must not make a view read another record, or one twice."""
+    what = f"the predicate {where!r}" if isinstance(where, str) else "the mask or index array"
+    rows = np.asarray(rows)
+    if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
+        raise ValueError(f"{what} gave {rows.dtype} values of shape {rows.shape}, not row "
+                         "numbers")
+    rows = rows.astype(np.int64, copy=False)
+    if not len(rows):
+        return rows
+    if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        rows = np.sort(rows)
+        repeated = np.flatnonzero(rows[1:] == rows[:-1])
+        if len(repeated):
+            raise ValueError(f"{what} gave row {int(rows[repeated[0]])} more than once; a "
+                             "selection holds each record once (a set operation such as "
+                             "UNION ALL is not a condition)")
+    if rows[0] < 0 or rows[-1] >= space:
+        bad = int(rows[0]) if rows[0] < 0 else int(rows[-1])
+        raise ValueError(f"{what} gave row {bad}, outside the {space:,} records it selects "
+                         "from (a set operation such as UNION is not a condition)")
+    return rows
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -630,30 +726,37 @@ class _ColumnData:
         self.chunks = text_chunks(stream) if self.text else scalar_chunks(stream)
         self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
         self.valid_chunks = scalar_chunks(self.valid) if self.valid is not None else None
+        # A mask's parts may split the records otherwise than the values' (an
+        # append that brought a column's first nulls masks the old rows in one part).
+        self.valid_starts = np.cumsum([0] + [len(c) for c in self.valid_chunks]) \
+            if self.valid_chunks is not None else None
         self.categories = info.categories
 
     def _length(self, chunk) -> int:
         return len(chunk[1]) - 1 if self.text else len(chunk)
 
-    def _pieces(self, start: int, stop: int):
-        """(store k, local indices or a slice) covering positions start..stop."""
+    def _pieces(self, start: int, stop: int, starts: Optional[np.ndarray] = None):
+        """(store k, local indices or a slice) covering positions start..stop,
+        for stores beginning at `starts` (the values' by default)."""
+        starts = self.starts if starts is None else starts
         if self.rows is None:
-            k0 = int(np.searchsorted(self.starts, start, side="right")) - 1
+            k0 = int(np.searchsorted(starts, start, side="right")) - 1
             k = k0
             while start < stop:
-                end = min(stop, int(self.starts[k + 1]))
+                end = min(stop, int(starts[k + 1]))
                 if end > start:
-                    yield k, slice(start - int(self.starts[k]), end - int(self.starts[k]))
+                    yield k, slice(start - int(starts[k]), end - int(starts[k]))
                 start = end
                 k += 1
             return
         want = self.rows[start:stop]
-        shard = np.searchsorted(self.starts, want, side="right") - 1
+        shard = np.searchsorted(starts, want, side="right") - 1
         for k in np.unique(shard).tolist():
-            yield k, want[shard == k] - int(self.starts[k])
+            yield k, want[shard == k] - int(starts[k])
 
-    def numpy(self, chunks, start: int, stop: int) -> np.ndarray:
-        got = [chunks[k][where] for k, where in self._pieces(start, stop)]
+    def numpy(self, chunks, start: int, stop: int,
+              starts: Optional[np.ndarray] = None) -> np.ndarray:
+        got = [chunks[k][where] for k, where in self._pieces(start, stop, starts)]
         if len(got) == 1:
             return got[0]
         return np.concatenate(got) if got else chunks[0][:0]
@@ -661,10 +764,13 @@ class _ColumnData:
     def arrow(self, start: int, stop: int, how: Any) -> Any:
         import pyarrow as pa
 
-        valid = self.numpy(self.valid_chunks, start, stop) if self.valid_chunks else None
+        valid = self.numpy(self.valid_chunks, start, stop, self.valid_starts) \
+            if self.valid_chunks else None
         if self.text:
             return self._strings(pa, start, stop, valid)
         values = self.numpy(self.chunks, start, stop)
+        if self.categories is not None:
+            _check_codes(values, len(self.categories), self.info.name)
         if how == "codes":
             return values
         if self.categories is not None:
@@ -695,6 +801,14 @@ class _ColumnData:
         return arr
 
 
+def _check_codes(codes: np.ndarray, count: int, name: str) -> None:
+    """A categorical's codes name one of its `count` categories, or -1 (null)."""
+    if len(codes) and (int(codes.min()) < -1 or int(codes.max()) >= count):
+        bad = int(codes.min()) if int(codes.min()) < -1 else int(codes.max())
+        raise ValueError(f"column {name!r} holds the code {bad}, but its manifest names "
+                         f"{count} categories (the column or its manifest was changed)")
+
+
 def _with_nulls(pa, arr, valid: np.ndarray):
     import pyarrow.compute as pc
 
@@ -723,22 +837,14 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
         # A positional join is fastest for plain predicates, but a subquery
         # joined under it is slow: there, the row numbers are a column.
         arrays[row] = pa.array(np.arange(space, dtype=np.int64))
-        sql = f'SELECT "{row}" FROM data WHERE {where}'
+        prefix = f'SELECT "{row}" FROM data WHERE '
     else:
-        sql = f'SELECT r.range AS "{row}" FROM data POSITIONAL JOIN range({space}) r WHERE {where}'
-    table = pa.table(arrays)
-    con = duckdb.connect()
+        prefix = f'SELECT r.range AS "{row}" FROM data POSITIONAL JOIN range({space}) r WHERE '
     try:
-        con.execute("SET enable_progress_bar = false")
-        con.execute(f"SET threads = {usable_cores()}")
-        con.register("data", table)
-        try:
-            found = con.execute(sql).fetchnumpy()[row]
-        except duckdb.Error as e:
-            raise _duckdb_error(e, where, list(bases)) from None
-    finally:
-        con.close()
-    return np.sort(np.asarray(found, dtype=np.int64))  # row numbers: unique already
+        found = guard.run(duckdb, pa.table(arrays), prefix, where, usable_cores())[row]
+    except duckdb.Error as e:
+        raise _duckdb_error(e, where, list(bases)) from None
+    return np.asarray(found)
 
 
 def _mentions(where: str, name: str) -> bool:
@@ -773,4 +879,7 @@ def _duckdb_error(e: Exception, where: str, columns: List[str]) -> ValueError:
         hint = f"; the columns are {columns}"
     elif "Could not convert" in text or "Conversion Error" in text or "Cannot compare" in text:
         hint = " (a type mismatch: compare numbers with numbers, strings with strings)"
+    elif "Permission Error" in text:
+        hint = (" (a predicate reads only the existing files its string literals name, with "
+                "duckdb>=1.2, and writes, attaches and loads nothing)")
     return ValueError(f"DuckDB could not evaluate the predicate {where!r}: {first}{hint}")

@@ -29,11 +29,11 @@ Common contract
 """
 from __future__ import annotations
 
-from . import _objstore
+from . import _objstore, _original
 from ._store import Store, stored_kind
 from .bytestore import Zrecord
 from .dense import DenseStore
-from .dictionary import train_dict
+from .dictionary import DICT_TIER_DEFAULT, DICT_TIERS, train_dict
 from .errors import (
     BusyError,
     ClosedError,
@@ -51,7 +51,8 @@ from .errors import (
 from .ragged import RaggedStore
 
 __all__ = [
-    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict",
+    "Zrecord", "DenseStore", "RaggedStore", "open_store", "train_dict", "DICT_TIERS",
+    "DICT_TIER_DEFAULT",
     "LoaderxError", "ZrecordError",
     "StoreNotFoundError", "NotAStoreError", "CorruptStoreError", "LockedError",
     "BusyError", "ClosedError", "RecordIndexError", "IdentityError",
@@ -61,7 +62,9 @@ __all__ = [
 
 def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) -> Store:
     """Open an existing store as the class its persisted identity names
-    (DenseStore, RaggedStore or Zrecord). O(1) in the record count.
+    (DenseStore, RaggedStore or Zrecord). O(1) in the record count. A store
+    written by the original loaderx 1.7 opens in place, read-only, as an
+    `OriginalDenseStore` / `OriginalRaggedStore` (docs/migrating.md).
 
     `path` may be a URL (``s3://``, ``gs://``, ``az://``, ``https://``): the
     store is read through the node-local cache in `cache_dir`, bounded by
@@ -77,6 +80,8 @@ def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) 
 
 
 def _open_store(path) -> Store:
+    if _original.is_store177(path):  # the original loaderx 1.7's: read-only, in place
+        return RaggedStore(path) if _original.kind177(path) == "ragged" else DenseStore(path)
     kind = stored_kind(path)
     if kind == "dense":
         return DenseStore(path)

@@ -28,6 +28,11 @@ batches are disjoint (in CYCLIC mode, and in SEQUENTIAL mode while the
 global batch is at most ``length``), equal-size, and together equal what one
 unsharded process with ``batch_size=world*B`` sees at the same step.
 
+`Sampler177` is the original loaderx 1.7.7's sampler, reproduced exactly
+(``loaderx._sampler177``; ``DataLoader(sampler="1.7.7")`` uses it): the
+same seed gives other sequences here, and a run started on 1.7.7 continues
+with it.
+
 Indices are returned as ``int64`` arrays, so ``length`` is at most ``2**63``.
 A ``Sampler`` object is not meant to be shared between threads while one of
 them calls ``next()`` or ``seek()``; ``at()`` is pure and may be called from
@@ -43,8 +48,9 @@ import numpy as np
 
 from loaderx import _abi
 from loaderx._lib import check, ffi, lib
+from loaderx._sampler177 import Sampler177
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "Sampler177"]
 
 _U64_MAX = 2**64 - 1
 # Indices leave as int64: the largest index, length - 1, must fit.

@@ -198,6 +198,14 @@ fn isChecked(checked: []const u8, record: u64) bool {
 /// returns null, for the caller's full `begin`. Any thread may call it at
 /// any time: it takes no lock but the spin lock of `p`.
 pub fn beginWarm(p: *Reads, r: *Replica, records: []const u64) Error!?u64 {
+    // The checked bits first: stamping reads each record's index entry (a
+    // table layout), and an unchecked record's entry may be a hole of the
+    // sparse replica, which a full tmpfs cannot back (a read of it through
+    // the mapping is a SIGBUS). Checked records' entries are on disk (the
+    // index is never evicted), so a miss touches no mapping at all.
+    const lay = try r.layout();
+    if (listUnchecked(lay, records, r.checked.?[0..@intCast(checkedBytes(lay))], null) != 0)
+        return null;
     const s = startRead(p, r, records, false) catch |e| switch (e) {
         error.Busy => return null,
         else => return e,
@@ -528,6 +536,25 @@ test "a read after an eviction lists every record; an odd sequence is waited for
     defer _ = std.c.close(other);
     const taken = std.c.flock(other, std.posix.LOCK.EX | std.posix.LOCK.NB);
     try std.testing.expectEqual(@as(c_int, 0), taken);
+}
+
+test "a warm read of an unchecked record reads no index entry and stamps nothing" {
+    // Record 1's entry names bytes far outside the data: were it read, the
+    // stamp would fail (a region past `atime`). A miss must not look at it.
+    var entries: [2 * entry_size]u8 = @splat(0);
+    std.mem.writeInt(u64, entries[entry_size..][0..8], 1 << 40, .little);
+    std.mem.writeInt(u64, entries[entry_size..][8..16], 1 << 40, .little);
+    var atime: [1]u64 = @splat(0);
+    var ptime: [1]u64 = @splat(0);
+    var checked = [_]u8{0b01}; // record 1 unchecked
+    var ev: u64 = 0;
+    var r = testReplica(2, 0, &entries, 1 << 50, 12, &atime, &ptime, &checked, &ev);
+    var c = TestClock{ .tick = 3 };
+    var p = c.reads(-1);
+    try std.testing.expectEqual(@as(?u64, null), try beginWarm(&p, &r, &.{ 0, 1 }));
+    try std.testing.expectEqual(@as(u64, 3), c.tick); // no tick taken
+    try std.testing.expectEqual(@as(u64, 0), atime[0]);
+    try std.testing.expectEqual(none, c.marks[0]);
 }
 
 test "a warm read starts only when every record is checked and no eviction ran or runs" {

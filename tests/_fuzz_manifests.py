@@ -9,7 +9,11 @@ symlinks may point at. `make_manifest_case(bases, seed, i)` gives case i: a
 ``loaderx.json`` (a valid manifest mutated field by field, path by path, type
 by type, byte by byte, or a splits manifest) and changes to the layout
 (symlinks out, a FIFO or a directory where a file should be, a part replaced
-by another base's store, a missing generation).
+by another base's store, a missing generation). The "typed" family adds
+to dataset 0 a categorical column ``codes`` with its validity mask ``mask``
+and changes their typed fields (``valid``, ``valid_of``, ``categories``,
+``text``, ``labels``): such a dataset is refused at open, or its codes read
+as written and ``codes IS NULL`` finds exactly the null codes.
 
 What a correct `open_dataset` may do with a case: refuse it with a loaderx
 exception, or open it and give, for every column, exactly the records of the
@@ -81,6 +85,46 @@ def valid_manifest(bases: dict, which: int) -> dict:
             "columns": columns, "source": {"type": "fuzz"}}
 
 
+#: The typed columns of dataset 0 (see `typed_manifest`), two parts each:
+#: int8 codes into CATEGORIES (-1: null) and their bool validity mask
+#: ``mask``; a nullable int16 column ``num`` (0 where null) and its mask ``nmask``.
+CATEGORIES = ["a", "b", "c"]
+TYPED = ("codes", "mask", "num", "nmask")
+
+
+def typed_values(rows: int) -> dict:
+    """The values of one part of each typed column."""
+    codes = (np.arange(rows) % 4 - 1).astype(np.int8)
+    num = (np.arange(rows) % 5).astype(np.int16)
+    return {"codes": codes, "mask": codes >= 0, "num": num, "nmask": num != 0}
+
+
+def write_typed_parts(ds: str, rows: int) -> None:
+    from loaderx import DenseStore
+
+    for k in range(2):
+        for name, values in typed_values(rows).items():
+            with DenseStore(os.path.join(ds, GEN, name, f"part-{k:05d}"), values.dtype, (),
+                            codec="raw") as store:
+                store.append(values)
+
+
+def typed_manifest(bases: dict) -> dict:
+    """Dataset 0 with a nullable categorical column ``codes`` (its mask is
+    ``mask``) and a nullable int column ``num`` (its mask is ``nmask``)."""
+    m = valid_manifest(bases, 0)
+    rows = m["rows"] // 2
+    for name, dtype in (("codes", "int8"), ("mask", "bool"), ("num", "int16"), ("nmask", "bool")):
+        m["columns"][name] = {"kind": "dense", "dtype": dtype, "item_shape": [], "codec": "raw",
+                              "shards": [{"path": f"{GEN}/{name}/part-{k:05d}", "rows": rows}
+                                         for k in range(2)]}
+    m["columns"]["codes"].update(categories=list(CATEGORIES), valid="mask")
+    m["columns"]["mask"]["valid_of"] = "codes"
+    m["columns"]["num"]["valid"] = "nmask"
+    m["columns"]["nmask"]["valid_of"] = "num"
+    return m
+
+
 def write_template(root: str, bases: dict) -> None:
     """The template dataset at `root`/ds (without a manifest) and the bases
     outside it at `root`/outside-<base>."""
@@ -89,6 +133,7 @@ def write_template(root: str, bases: dict) -> None:
     ds = os.path.join(root, "ds")
     for rel in template_parts():
         StoreImage(bases[rel.split("/")[1]].files).write(os.path.join(ds, rel))
+    write_typed_parts(ds, len(bases[DATASETS[0][0]].records))
     sp = os.path.join(ds, GEN, "sp")
     StoreImage(bases["bytes_dict"].files).write(os.path.join(sp, GEN, "b", "part-00000"))
     m = valid_manifest(bases, 1)
@@ -309,8 +354,39 @@ def fam_splits(m, rng, k):
                                        "generation": GEN, "splits": copy.deepcopy(splits)}
 
 
+TYPED_VARIANTS = (
+    ("num", "valid", "nope"), ("codes", "valid", "nope"), ("codes", "categories", 5),
+    ("num", "valid", "codes"), ("codes", "valid", 3), ("codes", "categories", ["a"]),
+    ("num", "valid", None), ("codes", "valid", ["mask"]), ("codes", "categories", [1, "a"]),
+    ("num", "valid", "mask"), ("codes", "valid", "codes"), ("codes", "categories", []),
+    ("nmask", "valid_of", "codes"), ("codes", "valid", "dense_raw"), ("codes", "text", True),
+    ("num", "categories", ["x"]), ("codes", "valid", None), ("codes", "labels", 7),
+    ("num", "valid", "nmask"), ("codes", "valid", "ragged_1d"), ("codes", "categories", "abc"),
+    ("mask", "valid_of", 7), ("codes", "categories", {"a": 1}), ("ragged_1d", "text", True),
+    ("mask", "valid_of", "dense_raw"), ("codes", "categories", [["a"]]),
+    ("codes", "text", "yes"), ("mask", "valid_of", None), ("codes", "categories", [True]),
+    ("codes", "labels", ["x", 1]), ("codes", "valid", "mask.valid"),
+    ("codes", "categories", [1.5, 2.5]), ("mask", "class_names", ["n", "y"]),
+    ("codes", "categories", [None, "a"]), ("dense_raw", "valid", "mask"),
+    ("codes", "categories", ["x", "y", "z", "w"]), ("codes", "valid", "mask"),
+    ("codes", "categories", [10, 20, 30]), ("dense_raw", "categories", ["a"]),
+    ("ragged_1d", "categories", ["a"]), ("mask", "categories", ["a", "b"]),
+)
+
+
+def fam_typed(m, rng, k):
+    """A typed-column field (valid, valid_of, categories, text, labels) changed
+    or removed on the categorical column ``codes`` and its mask."""
+    col, field, value = TYPED_VARIANTS[k % len(TYPED_VARIANTS)]
+    if value is None:
+        m["columns"][col].pop(field, None)
+        return f"{col}: del {field}", []
+    m["columns"][col][field] = copy.deepcopy(value)
+    return f"{col}.{field}={str(value)[:30]}", []
+
+
 SCHEDULE = ("field", "path", "type", "rows", "meta", "bytes", "layout", "splits", "field",
-            "path", "type", "layout")
+            "path", "type", "layout", "typed")
 
 
 def make_manifest_case(bases: dict, seed: int, i: int) -> ManifestCase:
@@ -319,7 +395,7 @@ def make_manifest_case(bases: dict, seed: int, i: int) -> ManifestCase:
     family = SCHEDULE[i % len(SCHEDULE)]
     k = i // len(SCHEDULE) * SCHEDULE.count(family) + SCHEDULE[: i % len(SCHEDULE)].count(family)
     rng = random.Random(f"loaderx-fuzz-manifest/{seed}/{i}")
-    m = valid_manifest(bases, rng.randrange(2))
+    m = valid_manifest(bases, rng.randrange(2)) if family != "typed" else typed_manifest(bases)
     if rng.random() < 0.25:  # a version 1 manifest: the same paths, no generation
         m["version"] = 1
         del m["generation"]
@@ -339,6 +415,8 @@ def make_manifest_case(bases: dict, seed: int, i: int) -> ManifestCase:
         what, ops = fam_layout(m, rng, k, parts)
     elif family == "splits":
         what, m = fam_splits(m, rng, k)
+    elif family == "typed":
+        what, ops = fam_typed(m, rng, k)
     data = json.dumps(m, indent=1).encode()
     if family == "bytes":
         what, data = mutate_bytes(data, rng, k)
@@ -413,6 +491,8 @@ def check_opened(case: ManifestCase, opened: dict, bases: dict, out) -> None:
                                      "message": f"split {split!r} opened as {sorted(cols)}"})
         return
     for name, store in opened.items():
+        if name in TYPED:
+            continue  # the typed columns, held to their values below
         col = manifest["columns"][name]
         want = []
         for shard in col["shards"]:
@@ -440,6 +520,33 @@ def check_opened(case: ManifestCase, opened: dict, bases: dict, out) -> None:
                                  "message": f"column {name!r}: dtypes or shapes differ"})
 
 
+def check_typed(opened: dict, out) -> None:
+    """The typed columns, where they opened: the values as written, and a
+    predicate's nulls are the rows the masks say (for ``codes``, also the
+    rows whose code is -1), whatever the manifest's typed fields say; a
+    select may refuse with a loaderx error (codes its categories do not name)."""
+    import loaderx
+
+    if "codes" not in opened:
+        return
+    half = typed_values(len(opened["codes"]) // 2)
+    values = {name: np.concatenate([half[name]] * 2) for name in TYPED}
+    for name in TYPED:
+        ok, got = out.call(f"{name}: read", lambda n=name: np.asarray(opened[n][:]))
+        if ok and not np.array_equal(got, values[name]):
+            out.problems.append({"kind": "wrong data", "message": f"{name} differs from its parts"})
+    for name, mask in (("codes", "mask"), ("num", "nmask")):
+        ok, sub = out.call("select IS NULL", lambda n=name: loaderx.select(opened, f"{n} IS NULL"))
+        if ok and sub[name].rows.tolist() != np.flatnonzero(~values[mask]).tolist():
+            out.problems.append({"kind": "wrong data", "message": f"{name} IS NULL found "
+                                                                  f"{len(sub[name])} rows"})
+    codes = values["codes"]
+    names = getattr(opened["codes"], "categories", None)
+    if names:
+        out.call("select =", lambda: loaderx.select(opened, f"codes = {names[0]!r}"))
+        out.call("names_of", lambda: opened["codes"].names_of(codes))
+
+
 def run_manifest_case(case: ManifestCase, bases: dict, template: str, workdir: str) -> dict:
     """Opens the case's dataset and holds what comes back to its parts."""
     import loaderx
@@ -453,6 +560,8 @@ def run_manifest_case(case: ManifestCase, bases: dict, template: str, workdir: s
         out.verified += 1
         try:
             check_opened(case, opened, bases, out)
+            if case.family == "typed" and "splits" not in json.loads(case.manifest):
+                check_typed(opened, out)
         finally:
             stores = [s for v in opened.values()
                       for s in (v.values() if isinstance(v, dict) else [v])]

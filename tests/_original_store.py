@@ -1,4 +1,4 @@
-"""A writer of the original loaderx's store layout (0.9.x/1.7.x), written for the
+"""A writer of the original loaderx's 0.9 store layout, written for the
 tests from the layout the original's README documents (no code of the original):
 
 meta.zr: a 16-byte header (magic "ZREC", version u16, tail_chunk u16,

@@ -135,11 +135,26 @@ class Faults:
         self.requests: list = []  # (method, path, range header, body bytes sent)
         self.delay = 0.0
         self.slow_started = threading.Event()  # a "slow" response began
+        self.release = threading.Event()  # ends every "hang"
 
     def add(self, kind: str, count: int = 1, match: Optional[Callable] = None) -> None:
-        """`kind`: ``503`` (SlowDown), ``500``, ``reset`` (headers and half the
-        body, then a TCP reset), ``403`` (AccessDenied) or ``slow`` (a
-        ``self.delay`` pause first); for the next `count` matching requests."""
+        """`kind`, for the next `count` matching requests:
+
+        * ``503`` (SlowDown), ``500``, ``403`` (AccessDenied): that answer;
+        * ``slow``: a ``self.delay`` pause first;
+        * ``reset``: the headers and half the body, then a TCP reset;
+        * ``cut``: the headers and half the body, then a clean close (the
+          body ends short of its Content-Length);
+        * ``short``: a well-formed answer with half the bytes asked for (a
+          206 whose Content-Range and Content-Length say so);
+        * ``noetag``: the answer without its ETag header;
+        * ``bighead`` / ``smallhead``: a HEAD that claims the object is a
+          petabyte / half its size;
+        * ``longlen``: a Content-Length 100 bytes past the body, whose
+          connection then closes;
+        * ``hang``: the request is read and never answered (until
+          ``self.release`` is set or 120 s pass).
+        """
         with self.lock:
             self.plan.append([kind, count, match])
 
@@ -177,17 +192,11 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         kind = faults.take(self.command, self.path)
         if kind in ("503", "500", "403"):
-            code = int(kind)
-            text = {"503": ("SlowDown", "Please reduce your request rate."),
-                    "500": ("InternalError", "We encountered an internal error."),
-                    "403": ("AccessDenied", "Access Denied")}[kind]
-            payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{text[0]}</Code>'
-                       f"<Message>{text[1]}</Message></Error>").encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._error(int(kind))
+            return
+        if kind == "hang":
+            faults.release.wait(120)
+            self.close_connection = True
             return
         if kind == "slow":
             faults.slow_started.set()
@@ -199,33 +208,66 @@ class _Proxy(http.server.BaseHTTPRequestHandler):
             data = resp.read()
         finally:
             conn.close()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length", "date",
-                                 "server"):
-                self.send_header(k, v)
-        length = resp.getheader("Content-Length") if self.command == "HEAD" else None
-        self.send_header("Content-Length", length if length is not None else str(len(data)))
-        if self.command == "HEAD":
-            sent = 0
-        elif kind == "reset" and len(data) > 1:
-            sent = len(data) // 2
-        else:
-            sent = len(data)
+        headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in (
+            "transfer-encoding", "connection", "content-length", "date", "server")]
+        if kind == "noetag":
+            headers = [(k, v) for k, v in headers if k.lower() != "etag"]
+        status, data, declared = self._shaped(kind, resp, headers, data)
+        sent = 0 if self.command == "HEAD" else len(data) // 2 if kind in ("reset", "cut") \
+            else len(data)
         # Counted before the client can have the response: a test that
         # resets the counts once its reads are done must not see them late.
         with faults.lock:
             faults.requests.append((self.command, self.path, self.headers.get("Range"), sent))
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", declared)
         self.end_headers()
-        if kind == "reset" and sent:
+        if sent:
             self.wfile.write(data[:sent])
             self.wfile.flush()
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                       struct.pack("ii", 1, 0))
+        if kind in ("reset", "cut", "longlen") and self.command != "HEAD":
+            if kind == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                           struct.pack("ii", 1, 0))
             self.connection.close()
             self.close_connection = True
-        elif sent:
-            self.wfile.write(data)
+
+    def _shaped(self, kind, resp, headers: list, data: bytes) -> tuple:
+        """(status, body, declared Content-Length) of the answer to send;
+        `headers` is edited in place (a short answer's Content-Range)."""
+        status = resp.status
+        real = resp.getheader("Content-Length") if self.command == "HEAD" else None
+        declared = real if real is not None else str(len(data))
+        if kind == "bighead" and self.command == "HEAD":
+            declared = str(1 << 50)
+        elif kind == "smallhead" and self.command == "HEAD":
+            declared = str(int(declared) // 2)
+        elif kind == "longlen" and self.command != "HEAD":
+            declared = str(len(data) + 100)
+        elif kind == "short" and self.command != "HEAD" and len(data) > 1:
+            data = data[:len(data) // 2]
+            declared = str(len(data))
+            for i, (k, v) in enumerate(headers):
+                m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", v) if k.lower() == \
+                    "content-range" else None
+                if m:
+                    lo = int(m.group(1))
+                    headers[i] = (k, f"bytes {lo}-{lo + len(data) - 1}/{m.group(3)}")
+        return status, data, declared
+
+    def _error(self, code: int) -> None:
+        text = {503: ("SlowDown", "Please reduce your request rate."),
+                500: ("InternalError", "We encountered an internal error."),
+                403: ("AccessDenied", "Access Denied")}[code]
+        payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{text[0]}</Code>'
+                   f"<Message>{text[1]}</Message></Error>").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pickle
 import subprocess
 import sys
@@ -249,3 +250,98 @@ def test_a_null_image_is_a_masked_row(tmp_path):
     enc = loaderx.convert(hf, tmp_path / "e", keep_encoded=True, progress="off")
     got = enc["img"][:]
     assert got[1] is None and got[0] == rows[0]["bytes"]
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory):
+    """A dataset with a nullable categorical, a nullable int and nullable strings."""
+    tmp = tmp_path_factory.mktemp("shop")
+    pd.DataFrame({
+        "color": pd.Categorical(["red", "green", None, "red"] * 5),
+        "count": pd.array([1, None, 3, 4] * 5, dtype="Int64"),
+        "name": pd.array(["a", None, "c", "d"] * 5, dtype="string"),
+    }).to_parquet(tmp / "shop.parquet")
+    _convert(tmp / "shop.parquet", tmp / "shop")
+    return tmp / "shop"
+
+
+def _edited(shop, tmp_path, column, field, value):
+    import shutil
+
+    ds = tmp_path / "edited"
+    shutil.copytree(shop, ds)
+    manifest = json.loads((ds / "loaderx.json").read_text())
+    manifest["columns"][column][field] = value
+    (ds / "loaderx.json").write_text(json.dumps(manifest))
+    return ds
+
+
+@pytest.mark.parametrize("column, field, value, why", [
+    ("count", "valid", "nope", "its mask column 'nope' is not in the dataset"),
+    ("count", "valid", 3, "3 does not name another column"),
+    ("count", "valid", ["count.valid"], r"\['count.valid'\] does not name another column"),
+    ("count", "valid", "count", "'count' does not name another column"),
+    ("count", "valid", "color", r"its mask column 'color' holds dense int8 \[\] records, not "
+                                "one bool per record"),
+    ("name", "valid", "count.valid", "its mask column 'count.valid' says it is the mask of "
+                                     "'count'"),
+    ("count.valid", "valid_of", "name", None),
+    ("color", "categories", 5, "5 is not a list of strings or of integers"),
+    ("color", "categories", "red", "red is not a list"),
+    ("color", "categories", {"red": 1}, "is not a list"),
+    ("color", "categories", [["red"]], "is not a list"),
+    ("color", "categories", ["red", 1], "is not a list"),
+    ("color", "categories", [True, False], "is not a list"),
+    ("color", "categories", [None, "red"], "is not a list"),
+    ("name", "categories", ["a"], "a categorical holds integer codes, one per record; this "
+                                  "column holds bytes"),
+    ("name", "text", "yes", "'yes' is neither true nor false"),
+    ("count", "text", True, "a string column holds bytes records, this one dense"),
+    ("color", "labels", 7, "7 is not a list of strings"),
+    ("count", "class_names", [1, 2], r"\[1, 2\] is not a list of strings"),
+])
+def test_typed_manifest_fields_are_checked_at_open(shop, tmp_path, column, field, value, why):
+    """A typed field that names nothing, or of the wrong type, is refused at
+    open, naming the dataset, the column and the field; it never reaches a
+    predicate (a "valid" naming a missing column once made ``IS NULL`` find
+    no null) or a raw TypeError/IndexError."""
+    ds = _edited(shop, tmp_path, column, field, value)
+    named = column if why is not None else "count"
+    what = field if why is not None else "valid"
+    pattern = rf"{re.escape(str(ds))}: loaderx.json column '{named}' has a malformed '{what}': "
+    pattern += f".*{why}" if why else ""
+    with pytest.raises(loaderx.CorruptStoreError, match=pattern):
+        loaderx.open_dataset(ds)
+
+
+def test_codes_beyond_the_categories_are_an_error_not_a_wrong_answer(shop, tmp_path):
+    ds = loaderx.open_dataset(_edited(shop, tmp_path, "color", "categories", ["red"]))
+    for engine in (None, "duckdb"):
+        with pytest.raises(ValueError, match="column 'color' holds the code 1, but its manifest "
+                                             "names 1 categories"):
+            loaderx.select(ds, "color = 'red'", engine=engine)
+    with pytest.raises(ValueError, match="the code 1 names none of its 1 categories"):
+        ds["color"].names_of(ds["color"][:])
+    assert loaderx.open_dataset(shop)["color"].names_of(np.array([1, -1])).tolist() == ["red",
+                                                                                       None]
+
+
+def test_a_mask_split_otherwise_than_its_column_reads_right(tmp_path):
+    """An append that brings a two-part column's first nulls masks the old
+    rows in one part: the mask's parts split the records otherwise than the
+    values' (this used to raise a raw IndexError in a predicate)."""
+    pd.DataFrame({"x": pd.array(range(1000), dtype="Int64")}).to_parquet(
+        tmp_path / "a.parquet", row_group_size=100)
+    _convert(tmp_path / "a.parquet", tmp_path / "ds", workers=2)
+    pd.DataFrame({"x": pd.array([None if v % 10 == 0 else v for v in range(1000, 1100)],
+                                dtype="Int64")}).to_parquet(tmp_path / "b.parquet")
+    ds = _convert(tmp_path / "b.parquet", tmp_path / "ds", mode="append")
+    columns = json.loads((tmp_path / "ds" / "loaderx.json").read_text())["columns"]
+    assert [s["rows"] for s in columns["x"]["shards"]] == [500, 500, 100]
+    assert [s["rows"] for s in columns["x.valid"]["shards"]] == [1000, 100]
+    for engine in (None, "duckdb"):
+        assert loaderx.select(ds, "x IS NULL", engine=engine)["x"].rows.tolist() == list(
+            range(1000, 1100, 10))
+        late = loaderx.select(ds, "x >= 990 OR x IS NULL")
+        assert loaderx.select(late, "x IS NOT NULL AND x < 1010", engine=engine)[
+            "x"][:].tolist() == list(range(990, 1000)) + list(range(1001, 1010))

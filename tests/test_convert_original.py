@@ -1,4 +1,4 @@
-"""Stores written by the original loaderx (0.9.x/1.7.x layout: meta.zr, chunk
+"""Stores written by the original loaderx in its 0.9 layout (meta.zr, chunk
 files, dict.zr, schema.msgpack) convert into a dataset, through
 `loaderx.convert` and the CLI, with every record's bytes identical; a damaged
 store raises CorruptStoreError naming the file and the entry and leaves
@@ -257,7 +257,7 @@ def test_cli_info_verify_and_convert(tmp_path):
                 schema={"kind": "dense", "dtype": "uint16", "shape": [8]}, version=3)
     info = _cli("info", str(tmp_path / "old"))
     assert info.returncode == 0, info.stderr
-    assert "a store of the original loaderx (0.9.x/1.7.x), format version 3" in info.stdout
+    assert "a store of the original loaderx 0.9, format version 3" in info.stdout
     assert "converts to a DenseStore uint16[8]" in info.stdout
     assert f"loaderx convert {tmp_path / 'old'} DEST" in info.stdout
     report = json.loads(_cli("info", "--json", str(tmp_path / "old")).stdout)
@@ -266,7 +266,7 @@ def test_cli_info_verify_and_convert(tmp_path):
     assert verify.returncode == 0 and "ok: 200 records of a store written by the original" in \
         verify.stdout and "loaderx convert" in verify.stdout
     compact = _cli("compact", str(tmp_path / "old"))
-    assert compact.returncode == 1 and "only to convert it: loaderx convert" in compact.stderr
+    assert compact.returncode == 1 and "does not change: loaderx convert" in compact.stderr
     conv = _cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q")
     assert conv.returncode == 0, conv.stderr
     assert _only(loaderx.open_dataset(tmp_path / "new"))[np.arange(200)].tobytes() == x.tobytes()
@@ -299,3 +299,42 @@ def test_opening_an_original_store_says_to_convert_it(tmp_path):
     for opener in (loaderx.open_store, Zrecord, DenseStore):
         with pytest.raises(NotAStoreError, match=r"written by the original loaderx .*convert"):
             opener(tmp_path / "old")
+
+
+# ----------------------------------------------------------------- files that are not files
+
+
+def _within(seconds, *args):
+    """The CLI on `args`, which must end (not block) within `seconds`."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    try:
+        return subprocess.run([sys.executable, "-m", "loaderx", *args], capture_output=True,
+                              text=True, env=env, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loaderx {' '.join(args)} blocked for {seconds} s")
+
+
+@pytest.mark.parametrize("name", ["0.zr", "schema.msgpack", "meta.zr"])
+def test_a_fifo_in_an_original_store_is_refused_by_name_not_waited_on(tmp_path, name):
+    # Before: open() of a FIFO waits for a writer that never comes.
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    write_store(tmp_path / "old", dense_records(x),
+                schema={"kind": "dense", "dtype": "float32", "shape": [4]})
+    os.remove(tmp_path / "old" / name)
+    os.mkfifo(tmp_path / "old" / name)
+    for args in (("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q"),
+                 ("info", str(tmp_path / "old")), ("verify", str(tmp_path / "old"))):
+        out = _within(30, *args)
+        assert out.returncode == 1, out.stdout
+        assert f"{tmp_path / 'old' / name}: is a FIFO (named pipe), not a regular file" \
+            in out.stderr, out.stderr
+    _nothing_left(tmp_path, tmp_path / "new")
+
+
+def test_a_symbolic_link_in_an_original_store_is_not_followed(tmp_path):
+    write_store(tmp_path / "old", [b"abcd"] * 3)
+    os.rename(tmp_path / "old" / "0.zr", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "old" / "0.zr")
+    with pytest.raises(CorruptStoreError, match=r"0\.zr: is a symbolic link, not a regular file"):
+        loaderx.convert(tmp_path / "old", tmp_path / "new", progress=False)
+    _nothing_left(tmp_path, tmp_path / "new")

@@ -93,6 +93,7 @@ def url(s3, local_ds):
 def proxy(s3):
     server, base, faults = fault_proxy(s3.endpoint)
     yield base, faults
+    faults.release.set()  # (ends any "hang")
     server.shutdown()
 
 
@@ -1437,3 +1438,509 @@ def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_pa
         ds["raw"].close()
     out = cli(str(tmp_path / "nothing-here"))
     assert out.returncode == 1 and "not a loaderx cache directory" in out.stderr
+
+
+# ----------------------------------------------------------------- full disks (issue 37)
+
+@contextlib.contextmanager
+def small_disk(path, kind: str = "tmpfs", size_mb: int = 8):
+    """A small file system mounted at `path`: a tmpfs (a RAM disk, the
+    natural cache of a node without local disks) or ext4 on a loop device;
+    skips where this process may not mount one (not root, or no permission
+    in this container)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root on Linux")
+    os.makedirs(path, exist_ok=True)
+    image = f"{path}.img"
+    if kind == "tmpfs":
+        cmds = [["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)]]
+    else:
+        with open(image, "wb") as f:
+            f.truncate(size_mb << 20)
+        cmds = [["mkfs.ext4", "-q", "-F", image], ["mount", "-o", "loop", image, str(path)]]
+    for cmd in cmds:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            pytest.skip(f"cannot make a small {kind} here: {e}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a small {kind} here: {done.stderr.strip()}")
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.remove(image)
+
+
+BIG_N, BIG_REC = 3000, 4000  # 12 MB of raw records: more than an 8 MiB tmpfs holds
+
+
+@pytest.fixture(scope="module")
+def big(s3, tmp_path_factory):
+    rng = np.random.default_rng(37)
+    dense = rng.integers(0, 256, size=(BIG_N, BIG_REC), dtype=np.uint8)
+    local = str(tmp_path_factory.mktemp("big") / "s")
+    loaderx.from_numpy(local, dense, codec="raw").close()
+    return s3.upload_dir(local, "big/s"), dense
+
+
+# Runs in a child (a SIGBUS would end the test run): steps of reads of one
+# store, each printed as "<step> ok <sum>" or "<step> <error class> <message>".
+_DISK_STEPS = r"""
+import os, sys, json, numpy as np, loaderx
+url, cache, endpoint, limit, steps = sys.argv[1:6]
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+store = loaderx.open_store(url, cache_dir=cache, storage_options=opts,
+                           cache_limit=None if limit == "-" else int(limit))
+for k, step in enumerate(json.loads(steps)):
+    if step[0] == "fill":  # what is left of the file system, taken by another file
+        fd = os.open(step[1], os.O_WRONLY | os.O_CREAT, 0o644)
+        for size in (1 << 16, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"x" * size)
+            except OSError:
+                pass
+        os.close(fd)
+        continue
+    if step[0] == "remove":
+        os.remove(step[1])
+        continue
+    try:
+        got = store[np.asarray(step[1])]
+        print(k, "ok", int(got.astype(np.int64).sum()), flush=True)
+    except Exception as e:
+        print(k, type(e).__name__, str(e).replace("\n", " "), flush=True)
+"""
+
+
+def _disk_steps(s3, url, cache, steps, limit=None) -> list:
+    import json
+    done = subprocess.run([sys.executable, "-c", _DISK_STEPS, url, str(cache), s3.endpoint,
+                           "-" if limit is None else str(limit), json.dumps(steps)],
+                          env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr[-3000:]}"
+    return [line.split(" ", 2) for line in done.stdout.splitlines()]
+
+
+def _sum(dense, idx) -> str:
+    return str(int(dense[np.asarray(idx)].astype(np.int64).sum()))
+
+
+def test_a_cache_on_a_full_tmpfs_never_faults_it_says_so_and_reads_on_once_there_is_room(
+        tmp_path, s3, url, data):
+    """A read of a replica must never fault: on a full tmpfs a hole read
+    through a mapping (an index entry never fetched, a state page never
+    written) is a SIGBUS. Every page is allocated before anything maps or
+    marks it; a fetch with no room is a NoSpaceError naming the cache."""
+    dense, _ = data
+    with small_disk(tmp_path / "ram") as ram:
+        idx = list(range(0, 200, 3))
+        filler = os.path.join(ram, "filler")
+        got = _disk_steps(s3, f"{url}/{ZZ}0", os.path.join(ram, "cache"),
+                          [["fill", filler], ["read", idx], ["remove", filler], ["read", idx]])
+    assert got[0][1] == "NoSpaceError", got
+    assert os.path.join(ram, "cache") in got[0][2] and "full" in got[0][2]
+    assert got[1][1:] == ["ok", _sum(dense, idx)], got
+
+
+def test_a_gather_larger_than_a_tmpfs_cache_is_a_clear_error_and_smaller_ones_read_on(
+        tmp_path, s3, big):
+    """cache_limit below the tmpfs, a gather larger than the space: a
+    NoSpaceError naming the cache, the bytes needed and the limit; the
+    cache keeps working for batches that fit (every byte exact)."""
+    url, dense = big
+    rng = np.random.default_rng(3)
+    small = [np.sort(rng.choice(BIG_N, 300, replace=False)).tolist() for _ in range(6)]
+    with small_disk(tmp_path / "ram") as ram:
+        cache = os.path.join(ram, "cache")
+        got = _disk_steps(s3, url, cache, [["read", list(range(BIG_N))]] + [
+            ["read", s] for s in small], limit=6_000_000)
+    kind, text = got[0][1], got[0][2]
+    assert kind == "NoSpaceError", got[0]
+    assert cache in text and "cache_limit 6000000 bytes" in text
+    assert re.search(r": \d+ bytes of a replica's data do not fit", text), text
+    assert [g[1:] for g in got[1:]] == [["ok", _sum(dense, s)] for s in small]
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_a_full_disk_evicts_fetches_again_and_leaves_nothing_unmarked_behind(tmp_path, s3, big,
+                                                                             kind):
+    """A cache_limit above the file system's size: a fetch that finds it
+    full evicts what no reader uses and fetches again (exact bytes); one
+    that cannot fit even then is a NoSpaceError, and the bytes it wrote are
+    freed (a failed write punches its holes), so the next process reads on."""
+    url, dense = big
+    batches = [list(range(k * 250, (k + 1) * 250)) for k in range(10)]  # 1 MB each, 10 MB
+    with small_disk(tmp_path / "ram", kind, 8 if kind == "tmpfs" else 11) as ram:
+        cache = os.path.join(ram, "cache")
+        got = _disk_steps(s3, url, cache, [["read", b] for b in batches], limit=1 << 30)
+        assert [g[1:] for g in got] == [["ok", _sum(dense, b)] for b in batches]
+        before = shutil.disk_usage(ram).used
+        got = _disk_steps(s3, url, cache, [["read", list(range(BIG_N))]], limit=1 << 30)
+        assert got[0][1] == "NoSpaceError" and cache in got[0][2], got
+        assert "cache_limit 1073741824 bytes" in got[0][2]
+        # What the failed gather wrote is punched out again (eviction may
+        # have freed more): the disk holds no more than before it (ext4's
+        # own bookkeeping aside).
+        assert shutil.disk_usage(ram).used <= before + (64 << 10)
+        got = _disk_steps(s3, url, cache, [["read", batches[0]]], limit=1 << 30)
+        assert got[0][1:] == ["ok", _sum(dense, batches[0])]
+
+
+def test_bytes_no_block_marks_present_are_reclaimed_when_the_disk_fills(tmp_path, s3, big):
+    """A cache wedged by bytes nothing marks present (a process killed
+    mid-fetch, an older loaderx after a failed write): eviction never saw
+    them; a fetch that finds the disk full punches them and reads on."""
+    url, dense = big
+    with small_disk(tmp_path / "ram") as ram:
+        cache = os.path.join(ram, "cache")
+        assert _disk_steps(s3, url, cache, [["read", [0]]], limit=1 << 30)[0][1] == "ok"
+        (key,) = [k for k in os.listdir(os.path.join(cache, "stores")) if not k.startswith(".")]
+        path = os.path.join(cache, "stores", key, "data")
+        fd = os.open(path, os.O_WRONLY)
+        try:  # junk over the tail of the data, unmarked, until the disk is full
+            at = BIG_N * BIG_REC - (1 << 16)
+            with contextlib.suppress(OSError):
+                while at > (1 << 20):
+                    os.pwrite(fd, b"\xee" * (1 << 16), at)
+                    at -= 1 << 16
+        finally:
+            os.close(fd)
+        assert shutil.disk_usage(ram).free < 64 << 10
+        idx = list(range(10, 400))  # bytes 40 KB to 1.6 MB: holes, beyond the junk
+        got = _disk_steps(s3, url, cache, [["read", idx]], limit=1 << 30)
+    assert got[0][1:] == ["ok", _sum(dense, idx)], got
+
+
+# ----------------------------------------------------------------- damaged replicas (issue 37)
+
+def test_a_damaged_replica_is_moved_aside_and_rebuilt_at_the_next_open(tmp_path, s3, url, data):
+    dense, _ = data
+    cache = tmp_path / "cache"
+    idx = np.array([1, 2, 300])
+
+    def read() -> str:
+        store = loaderx.open_store(f"{url}/{RAW}", cache_dir=str(cache),
+                                   storage_options=s3.options())
+        try:
+            assert_same(store[idx], dense[idx])
+            return store._remote.local_dir
+        finally:
+            store.close()
+    where = read()
+    for damage in ("cache.state", "meta", "index", "data.fetch"):
+        if damage == "index":  # half of it cut off
+            with open(os.path.join(where, "index"), "r+b") as f:
+                f.truncate(os.path.getsize(f.name) // 2)
+        else:
+            os.remove(os.path.join(where, damage))
+        assert read() == where, damage  # the same replica, made again
+        assert os.listdir(cache / "stores") == [os.path.basename(where)]  # nothing left aside
+
+
+# ----------------------------------------------------------------- remote columns (issue 37)
+
+def test_select_and_scalar_columns_of_a_remote_dataset_read_fetched_checked_records(
+        tmp_path, s3, monkeypatch):
+    """A predicate over a remote column reads its records through the cache
+    (a replica's holes are not empty strings or zeros), by a dataset, its
+    URL, or the command line."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    n = 1000
+    x = np.arange(n, dtype=np.int64)
+    pq.write_table(pa.table({"t": [f"t{i % 10}" for i in range(n)], "x": x}),
+                   tmp_path / "t.parquet")
+    loaderx.convert(str(tmp_path / "t.parquet"), str(tmp_path / "local"), progress="off")
+    url = s3.upload_dir(str(tmp_path / "local"), "typed/ds")
+    ds = opened(url, tmp_path / "cache", s3)
+    try:
+        assert_same(loaderx.select(ds, "t = 't5'")["x"].rows, x[5::10])
+        assert len(loaderx.select(ds, "t = ''")["x"]) == 0
+        assert_same(loaderx.select(ds, "x >= 990 AND t <> 't9'")["x"].rows, x[990:999])
+        whole = ds["x"].as_array()
+        assert_same(whole, x) and not whole.flags.writeable
+    finally:
+        for col in ds.values():
+            col.close()
+    remote.configure(cache_dir=str(tmp_path / "cache2"), storage_options=s3.options())
+    try:
+        views = loaderx.select(url, "t = 't5'")
+        assert_same(views["x"].rows, x[5::10])
+        assert views["x"].selection.source == url  # (re-selected from there when unpickled)
+        for v in views.values():
+            v.close()
+    finally:
+        remote._DEFAULTS.clear()
+    env = dict(_env(), **s3.env, LOADERX_CACHE_DIR=str(tmp_path / "cache3"))
+    out = subprocess.run([sys.executable, "-m", "loaderx", "select", url, "t = 't5'", "--count"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "100", out.stderr
+
+
+# ----------------------------------------------------------------- hostile servers (issue 37)
+
+def test_a_server_without_etags_never_mixes_versions(tmp_path, s3, proxy, data):
+    """No ETag: the version is pinned by the store's index, fetched whole at
+    open (and the objects' sizes and Last-Modified). A store replaced while
+    open gives the records of the version opened, or an error naming it;
+    never a record of the new one. Reopened, it reads the new version."""
+    dense, _ = data
+    base, faults = proxy
+    faults.add("noetag", 10**9)
+    idx = np.array([0, 1, 100, 101, 200, 201, 300, 301])
+    for codec in ("raw", "zstd"):
+        old, new = tmp_path / f"old-{codec}", tmp_path / f"new-{codec}"
+        loaderx.from_numpy(str(old), dense, codec=codec).close()
+        loaderx.from_numpy(str(new), dense[::-1].copy(), codec=codec).close()  # the same sizes
+        u = s3.upload_dir(str(old), f"noetag/{codec}")
+        store = loaderx.open_store(u, cache_dir=str(tmp_path / "c"),
+                                   storage_options=s3.options(base))
+        try:
+            assert_same(store[[0, 1]], dense[[0, 1]])
+            s3.upload_dir(str(new), f"noetag/{codec}")  # replaced, likely in the same second
+            for batch in (idx, *([i] for i in idx)):
+                try:
+                    got = store[batch]
+                except (RemoteChangedError, CorruptStoreError) as e:
+                    assert u in str(e)
+                else:
+                    assert_same(got, dense[batch])
+        finally:
+            store.close()
+        store = loaderx.open_store(u, cache_dir=str(tmp_path / "c"),
+                                   storage_options=s3.options(base))
+        try:
+            assert_same(store[idx], dense[::-1][idx])
+        finally:
+            store.close()
+
+
+def test_a_short_or_broken_body_is_retried_and_named_once_retries_run_out(tmp_path, s3, url,
+                                                                           proxy, data):
+    import itertools
+    dense, _ = data
+    base, faults = proxy
+    data_get = lambda m, p: m == "GET" and p.endswith("/data")  # noqa: E731
+    u = f"{url}/{RAW}"
+    store = loaderx.open_store(u, cache_dir=str(tmp_path / "c"), storage_options=s3.options(base))
+    try:
+        for kind in ("short", "cut", "reset", "longlen"):
+            faults.add(kind, 2, data_get)
+        idx = np.array([3, 30, 130, 230, 330])
+        assert_same(store[idx], dense[idx])
+        assert faults.take("GET", "/x/data") is None  # every planned fault was met, and retried
+        for kind, says in (("short", "short response"), ("reset", "connection reset during "
+                                                                   "the body")):
+            faults.plan.clear()
+            faults.add(kind, 10**6, data_get)
+            with pytest.raises(RemoteIOError, match=says) as e:
+                store[[50]]
+            assert f"{u}/data" in str(e.value)
+        # Every third response reset mid-body: random batches read on, exact.
+        faults.plan.clear()
+        counter = itertools.count()
+        faults.add("reset", 10**6, lambda m, p: data_get(m, p) and next(counter) % 3 == 2)
+        rng = np.random.default_rng(10)
+        for _ in range(15):
+            batch = rng.choice(N, 16, replace=False)
+            assert_same(store[batch], dense[batch])
+    finally:
+        store.close()
+
+
+def test_a_lying_server_s_sizes_end_in_exact_bytes_or_an_error_naming_the_url(tmp_path, s3, url,
+                                                                                proxy, data):
+    dense, _ = data
+    base, faults = proxy
+    u = f"{url}/{RAW}"
+    opts = s3.options(base)
+    faults.add("bighead", 10**6)  # every object "a petabyte": the store's own meta rules
+    with loaderx.open_store(u, cache_dir=str(tmp_path / "c"), storage_options=opts) as store:
+        assert_same(store[[7, 399]], dense[[7, 399]])
+    faults.plan.clear()
+    faults.add("smallhead", 10**6)
+    with pytest.raises(CorruptStoreError, match=re.escape(u) + ".*shorter than its meta"):
+        loaderx.open_store(u, cache_dir=str(tmp_path / "c2"), storage_options=opts)
+    # A meta that declares more data than a file system takes (and HEADs
+    # to match): refused before any file is made, or by the file system,
+    # naming the URL; never a bare OSError.
+    faults.plan.clear()
+    faults.add("bighead", 10**6)
+    for data_size in (1 << 46, 1 << 60):
+        forged = tmp_path / f"forged-{data_size}"
+        loaderx.from_numpy(str(forged), dense[:4], codec="raw").close()
+        with open(forged / "meta", "r+b") as f:
+            f.seek(4096 + 8)
+            f.write(data_size.to_bytes(8, "little"))
+        fu = s3.upload_dir(str(forged), f"forged/{data_size}")
+        with pytest.raises(loaderx.LoaderxError, match=re.escape(fu)) as e:
+            loaderx.open_store(fu, cache_dir=str(tmp_path / "c3"), storage_options=opts)
+        assert isinstance(e.value, (CorruptStoreError, loaderx.ZrecordIOError)), e.value
+
+
+def test_a_server_that_never_answers_fails_within_timeout_times_attempts(tmp_path, s3, url,
+                                                                        proxy):
+    """A dead endpoint (it accepts connections and never answers) is a
+    RemoteIOError within the request timeout times the attempts (4), at an
+    open or in the middle of reads, however obstore's own retries go."""
+    import socket
+    from loaderx import _objstore
+    base, faults = proxy
+    u = f"{url}/{RAW}"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections complete in the kernel's backlog: never answered
+    bound = 0.5 * _objstore.ATTEMPTS
+    try:
+        opts = dict(s3.options(f"http://127.0.0.1:{sock.getsockname()[1]}"), timeout="0.5s")
+        t = time.monotonic()
+        with pytest.raises(RemoteIOError, match=f"no complete answer within {bound:g} s") as e:
+            loaderx.open_store(u, cache_dir=str(tmp_path / "c"), storage_options=opts)
+        assert time.monotonic() - t < bound + 1.5
+        assert u in str(e.value)
+    finally:
+        sock.close()
+    opts = dict(s3.options(base), timeout="0.5s")
+    with loaderx.open_store(u, cache_dir=str(tmp_path / "c"), storage_options=opts) as store:
+        faults.add("hang", 10**6, lambda m, p: m == "GET" and p.endswith("/data"))
+        t = time.monotonic()
+        with pytest.raises(RemoteIOError, match="no complete answer") as e:
+            store[[5, 6]]
+        assert time.monotonic() - t < bound + 1.5
+        assert f"{u}/data" in str(e.value)
+
+
+# ----------------------------------------------------------------- the hostile-server corpus
+
+#: Cases of the seeded hostile-server corpus in a suite run (a few seconds);
+#: LOADERX_FUZZ_SERVER_CASES=N runs more, LOADERX_FUZZ_SEED=S another corpus.
+HOSTILE_CASES = int(os.environ.get("LOADERX_FUZZ_SERVER_CASES", "16"))
+_HOSTILE_KINDS = ("503", "500", "reset", "cut", "short", "longlen", "noetag", "bighead",
+                  "smallhead", "hang")
+_HOSTILE_WHERE = {
+    "any": None,
+    "data": lambda m, p: m == "GET" and p.endswith("/data"),
+    "index": lambda m, p: m == "GET" and p.endswith("/index"),
+    "head": lambda m, p: m == "HEAD",
+    "meta": lambda m, p: m == "GET" and p.endswith("/meta"),
+}
+_HOSTILE_TIMEOUT_S = 0.3  # the request timeout of a case: a "hang" costs 4 x this
+
+
+@pytest.fixture(scope="module")
+def hostile_stores(s3, tmp_path_factory):
+    """Three small stores (raw dense, zstd dense, ragged) in two versions of
+    the same sizes, the first uploaded: ``{kind: (url, v1 dir, v2 dir, v1)}``."""
+    rng = np.random.default_rng(41)
+    root = tmp_path_factory.mktemp("hostile")
+    dense = rng.integers(0, 256, size=(64, 2000), dtype=np.uint8)
+    ragged = [rng.integers(0, 1000, size=int(rng.integers(1, 400)), dtype=np.int32)
+              for _ in range(64)]
+    out = {}
+    for kind, v1, v2, make in (
+            ("raw", dense, dense[::-1].copy(), lambda p, v: loaderx.from_numpy(p, v, codec="raw")),
+            ("zstd", dense, dense[::-1].copy(),
+             lambda p, v: loaderx.from_numpy(p, v, codec="zstd")),
+            ("ragged", ragged, ragged[::-1], lambda p, v: loaderx.from_iterator(p, v))):
+        for name, version in (("v1", v1), ("v2", v2)):
+            make(str(root / f"{kind}-{name}"), version).close()
+        out[kind] = (s3.upload_dir(str(root / f"{kind}-v1"), f"hostile/{kind}"),
+                     str(root / f"{kind}-v1"), str(root / f"{kind}-v2"), v1)
+    return out
+
+
+def _outcome(fn, want, url: str, cache: str) -> tuple:
+    """(``exact`` | ``clear`` | ``wrong`` | ``other``, seconds, detail,
+    result) of ``fn()``: the bytes of the version opened (any result when
+    `want` is None), a loaderx error naming the URL or the cache, or
+    anything else (another version's bytes, a foreign exception, an
+    unclear error)."""
+    t = time.monotonic()
+    try:
+        got = fn()
+    except loaderx.LoaderxError as e:
+        took = time.monotonic() - t
+        named = url in str(e) or cache in str(e)
+        return ("clear" if named else "other"), took, f"{type(e).__name__}: {e}", None
+    except Exception as e:
+        return "other", time.monotonic() - t, f"{type(e).__name__}: {e}", None
+    took = time.monotonic() - t
+    if want is None:
+        return "exact", took, "", got
+    same = (all(np.array_equal(g, w) for g, w in zip(got, want)) and len(got) == len(want)
+            if isinstance(want, list) else np.array_equal(got, want))
+    return ("exact" if same else "wrong"), took, "" if same else "another version's bytes", got
+
+
+def hostile_case(rng, s3, base: str, faults, stores: dict, cache: str) -> list:
+    """One seeded case: 1-3 faults (a kind, how many responses, which ones),
+    an open through the proxy, random batches, sometimes the store replaced
+    on the server between them. Returns [(step, outcome, seconds, detail)]."""
+    kind = ["raw", "zstd", "ragged"][int(rng.integers(3))]
+    url, v1_dir, v2_dir, v1 = stores[kind]
+    faults.plan.clear()
+    faults.release = threading.Event()
+    plan = []
+    for _ in range(int(rng.integers(1, 4))):
+        fault = _HOSTILE_KINDS[int(rng.integers(len(_HOSTILE_KINDS)))]
+        count = [1, 2, 3, 10**6][int(rng.integers(4))]
+        where = list(_HOSTILE_WHERE)[int(rng.integers(len(_HOSTILE_WHERE)))]
+        faults.add(fault, count, _HOSTILE_WHERE[where])
+        plan.append(f"{fault}x{count}@{where}")
+    replace_at = int(rng.integers(0, 6))  # before batch k (< 3), or never
+    opts = dict(s3.options(base), timeout=f"{_HOSTILE_TIMEOUT_S}s")
+    steps = []
+    store = None
+    try:
+        *opened_, store = _outcome(lambda: loaderx.open_store(url, cache_dir=cache,
+                                                              storage_options=opts),
+                                   None, url, cache)
+        steps.append(("open", *opened_))
+        for k in range(3 if store is not None else 0):
+            if k == replace_at:
+                s3.upload_dir(v2_dir, f"hostile/{kind}")
+            idx = rng.choice(64, int(rng.integers(1, 24)), replace=False)
+            want = [v1[i] for i in idx] if kind == "ragged" else v1[idx]
+            steps.append((f"batch {k}", *_outcome(lambda: store[idx], want, url, cache)[:3]))
+    finally:
+        faults.release.set()
+        faults.plan.clear()
+        if store is not None:
+            store.close()
+        if replace_at < 3:
+            s3.upload_dir(v1_dir, f"hostile/{kind}")
+    return [(f"{kind} {' '.join(plan)}",) + s for s in steps]
+
+
+def test_hostile_servers_end_in_exact_bytes_or_a_clear_error_in_bounded_time(
+        tmp_path, s3, proxy, hostile_stores):
+    """The fault proxy in seeded random sequences (short bodies, bodies cut
+    off or reset, no ETags, lying sizes, a server that never answers, 5xx,
+    a store replaced on the server mid-read) over random batches of three
+    kinds of store: every step ends in the bytes of the version opened or a
+    loaderx error naming the URL or the cache, within the read budget
+    (the request timeout x ATTEMPTS) of each request round it makes."""
+    from loaderx import _objstore
+    base, faults = proxy
+    seed = int(os.environ.get("LOADERX_FUZZ_SEED", "37"))
+    rng = np.random.default_rng(seed)
+    bound = 3 * _HOSTILE_TIMEOUT_S * _objstore.ATTEMPTS + 3.0
+    tally: dict = {}
+    bad = []
+    slowest = 0.0
+    for case in range(HOSTILE_CASES):
+        cache = str(tmp_path / f"c{case}")
+        for what, step, outcome, took, detail in hostile_case(rng, s3, base, faults,
+                                                               hostile_stores, cache):
+            tally[outcome] = tally.get(outcome, 0) + 1
+            slowest = max(slowest, took)
+            if outcome not in ("exact", "clear") or took > bound:
+                bad.append(f"case {case} ({what}), {step}: {outcome} in {took:.1f} s: {detail}")
+    print(f"hostile servers, seed {seed}: {HOSTILE_CASES} cases, {sum(tally.values())} steps: "
+          + ", ".join(f"{v} {k}" for k, v in sorted(tally.items()))
+          + f"; slowest step {slowest:.1f} s (bound {bound:.1f} s)")
+    assert not bad, "\n".join(bad)

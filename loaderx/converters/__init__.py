@@ -266,6 +266,8 @@ def open_source(source: Any, options: Options) -> Source:
     from ._arrow_src import ArrowSource, HFDatasetSource, arrow_files
     from ._files_src import ImageFolderSource, WebDatasetSource, tar_files
     from ._numpy_src import NumpySource
+    from .._original import is_store177
+    from ._original177_src import Original177Source
     from ._original_src import OriginalSource, is_original_store
 
     original = isinstance(source, (str, os.PathLike)) and is_original_store(os.fspath(source))
@@ -274,6 +276,8 @@ def open_source(source: Any, options: Options) -> Source:
             f"{options.flags.opt('dtype', '...')} and {options.flags.opt('item_shape', '...')} "
             "apply to stores written by the original loaderx (a directory with meta.zr)"
         )
+    if original and is_store177(os.fspath(source)):
+        return Original177Source(os.fspath(source), options)
     if original:
         return OriginalSource(os.fspath(source), options)
     if _is_hf(source, "Dataset"):

@@ -1,7 +1,8 @@
-"""Stores written by the original loaderx (0.9.x and 1.7.x, the package this one
-succeeds under the same name): recognised by ``convert`` and the CLI, read
+"""Stores written by the original loaderx in its 0.9 layout (the package this
+one succeeds under the same name): recognised by ``convert`` and the CLI, read
 once, and converted into a dataset. loaderx never reads or writes this layout
-otherwise.
+otherwise. (Its 1.7 layout, ``store.zr`` and ``N.loc``/``N.chunk`` files, is
+``_original177_src``'s, and read in place too: ``loaderx._original``.)
 
 The layout, as the original documents it (every integer little-endian):
 
@@ -25,7 +26,8 @@ records). Where ``schema.msgpack`` cannot be read, ``dtype=`` and
 ``dtype``: ragged 1-D records); given, they replace the schema.
 
 Entries after the header's ``length`` (written after the original's last
-commit) are not records and are ignored. Every entry is checked before
+commit) are not records and are ignored. Every file is opened only if it is a
+regular file (a FIFO or device is refused by name, never waited on). Every entry is checked before
 anything is written (its codec, its chunk file, its byte range, its size
 against the schema), and every frame while it is decoded; damage raises
 `CorruptStoreError` naming the file and the entry. A store that used a trained
@@ -42,6 +44,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._checks import KINDS
+from .._original import is_original, map_regular, open_regular, read_regular
 from ..errors import CorruptStoreError, DictionaryError
 from ._columns import ColumnSpec, ConvertError, Packed
 from ._source import Batch, Options, Source, row_tasks, rows_per_batch
@@ -63,13 +66,17 @@ ENTRY = np.dtype(
 CODECS = ("raw", "zstd", "zstd_dict")
 #: Entries checked at a time (bounds the temporaries of the checks).
 _CHECK_BLOCK = 1 << 20
+#: The most bytes read of schema.msgpack and dict.zr (more is damage, not a store).
+_SCHEMA_MAX = 1 << 20
+_DICT_MAX = 1 << 31
 #: zstd's dictionary magic number: a trained dictionary, which a loaderx store can keep.
 _ZSTD_DICT_MAGIC = b"\x37\xa4\x30\xec"
 
 
 def is_original_store(path: str) -> bool:
-    """True for a directory holding the original loaderx's ``meta.zr``."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META_NAME))
+    """True for a directory holding the original loaderx's ``meta.zr`` (its
+    0.9 layout, or its 1.7 layout: ``loaderx._original.is_store177``)."""
+    return is_original(path)
 
 
 def chunk_name(chunk_id: int) -> str:
@@ -89,12 +96,9 @@ class _Layout:
 
     def __init__(self, path: str):
         self.path = path
-        file = os.path.join(path, META_NAME)
-        size = os.path.getsize(file)
+        self._open_map, size = map_regular(path, META_NAME)
         if size < HEADER.itemsize:
             raise _corrupt(path, META_NAME, f"{size} bytes, shorter than its 16-byte header")
-        with open(file, "rb") as f:
-            self._open_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         head = np.frombuffer(self._open_map, HEADER, count=1)[0]
         if bytes(head["magic"]) != MAGIC:
             raise _corrupt(path, META_NAME, f"bad magic {bytes(head['magic'])[:4]!r}, "
@@ -127,12 +131,12 @@ def _read_schema(path: str) -> tuple[dict | None, str | None]:
     import msgpack
 
     file = os.path.join(path, SCHEMA_NAME)
-    if not os.path.exists(file):
+    if not os.path.lexists(file):
         return None, None
+    data = read_regular(path, SCHEMA_NAME, _SCHEMA_MAX)  # a FIFO is refused, never waited on
     try:
-        with open(file, "rb") as f:
-            raw = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-    except (OSError, ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError) as e:
         return None, f"not readable msgpack ({type(e).__name__}: {e})"
     if not isinstance(raw, dict):
@@ -284,7 +288,7 @@ class OriginalSource(Source):
             sizes = table[ids]
             self._first_bad(start, ends > sizes, None,
                             lambda k: self._past_end_text(k, chunk_sizes))
-        if uses_dict and not os.path.isfile(os.path.join(self.path, DICT_NAME)):
+        if uses_dict and not os.path.lexists(os.path.join(self.path, DICT_NAME)):
             k = int(np.argmax(entries["codec"] == 2))
             raise _corrupt(self.path, DICT_NAME,
                            f"missing, but entry {k:,} is compressed with the dictionary")
@@ -325,12 +329,15 @@ class OriginalSource(Source):
 
     def _chunk_size(self, cid: int, first_entry: int) -> int:
         file = os.path.join(self.path, chunk_name(cid))
-        try:
-            return os.path.getsize(file)
-        except FileNotFoundError:
+        if not os.path.lexists(file):
             raise CorruptStoreError(
                 f"{file}: missing, but entry {first_entry:,} is stored in it (a damaged store "
-                "written by the original loaderx)", path=self.path) from None
+                "written by the original loaderx)", path=self.path)
+        fd = open_regular(self.path, chunk_name(cid))  # a FIFO or device is refused by name
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     # -- opened per process
 
@@ -344,17 +351,13 @@ class OriginalSource(Source):
             self._open_chunks = {}
         arr: np.ndarray | None = self._open_chunks.get(cid)
         if arr is None:
-            file = os.path.join(self.path, chunk_name(cid))
-            with open(file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            m, _ = map_regular(self.path, chunk_name(cid))
             arr = self._open_chunks[cid] = np.frombuffer(m, np.uint8)
         return arr
 
     def _dictionary(self) -> bytes:
         if self._open_dict is None:
-            with open(os.path.join(self.path, DICT_NAME), "rb") as f:
-                self._open_dict = f.read()
+            self._open_dict = read_regular(self.path, DICT_NAME, _DICT_MAX)
         return self._open_dict
 
     def _close(self) -> None:
