@@ -5,14 +5,19 @@
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select,
-cold (data larger than the page cache: bench_cold), remote (object storage:
-SeaweedFS on loopback, bench_remote), or all;
+LAYER is one of sampler, dense, ragged, image-store (variable-size decoded
+images as a store workload), images (JPEG decode + RandomResizedCrop + flip
+against torchvision, FFCV, DALI and SPDL: bench_images), loader, tokens, scale,
+select, cold (data larger than the page cache: bench_cold), remote (object
+storage: SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
-Streaming and LitData run from private venvs that the bench creates under
---cache (default bench-out/, git-ignored) with pinned versions (bench_venvs).
+Streaming, LitData and the images layer's torchvision, FFCV, DALI and SPDL run
+from private venvs that the bench creates under --cache (default bench-out/,
+git-ignored) with pinned versions (bench_venvs), installing the Debian packages
+FFCV and SPDL need when it runs as root. The images layer keeps its generated
+JPEGs under --cache too (bench_images_data), keyed by their content.
 One that cannot be installed, imported or run is a row saying "missing: ..."
 (with pip's reason) or "failed: ...". The scale layer keeps its big stores
 under --cache too, and builds them once.
@@ -59,8 +64,8 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
-          "cold", "remote")
+LAYERS = ("sampler", "dense", "ragged", "image-store", "images", "loader", "tokens", "scale",
+          "select", "cold", "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -231,6 +236,12 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_loader.run_loader(ctx, ctx.log)
     if name == "tokens":
         return bench_tokens.run_tokens(ctx)
+    if name == "images":
+        import bench_images
+
+        return bench_images.run_images(ctx)
+    if name == "image-store":
+        return bench_layers.run_image_store(ctx)
     if name == "scale":
         return bench_scale.run_scale(ctx)
     if name == "select":
