@@ -2,6 +2,7 @@
 
     python scripts/bench.py LAYER [--size tiny|small|default] [--repeat N]
                                   [--json OUT.json] [--workdir DIR] [--keep]
+                                  [--images-count N]
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
@@ -38,6 +39,7 @@ How figures are made (see bench_harness for the details):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -211,12 +213,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="fresh-process dense rows also run the loaderx package in this directory"
                              " (e.g. an export of the previous commit with its library built): before/after")
+    parser.add_argument("--images-count", type=int, default=None,
+                        help="images layer: JPEGs to generate (default by --size: tiny 20,"
+                             " small 1000, default 5000)")
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="remote layer: add this latency to every request (an object store's "
                              "first-byte time; scripts/latency_proxy.py)")
     args = parser.parse_args(argv)
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
+    if args.images_count is not None and args.images_count < 10:
+        parser.error(f"--images-count must be >= 10 (one image per class), got {args.images_count}")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.scale_max_gib is not None and args.scale_max_gib <= 0:
@@ -275,6 +282,8 @@ def summary_lines(sections: list[Section]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     size = bench_layers.SIZES[args.size]
+    if args.images_count is not None:
+        size = dataclasses.replace(size, images={**size.images, "count": args.images_count})
     base = args.workdir or Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="loaderx-bench-", dir=base))

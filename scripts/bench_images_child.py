@@ -439,7 +439,8 @@ def loaderx_native_source(cfg: dict):
     def get():
         batch = next(loader)
         if decode_only:
-            return batch["image"], np.array([int(Path(k).stem) for k in batch["key"]])
+            keys = [k.decode() if isinstance(k, bytes) else k for k in batch["key"]]
+            return batch["image"], np.array([int(Path(k).stem) for k in keys])
         return batch["image"], batch["label"]
 
     def close():
@@ -663,8 +664,28 @@ def versions(backend: str) -> dict:
 
         found["pillow's libjpeg-turbo"] = str(features.version("libjpeg_turbo"))
     if backend == "limit_turbojpeg":
-        found["libturbojpeg"] = _turbojpeg()[1]
+        _turbojpeg()
+        found["libturbojpeg"] = _library_version("libturbojpeg")
     return found
+
+
+def _library_version(stem: str) -> str:
+    """The loaded shared library's file and, where dpkg owns it, its Debian package."""
+    import subprocess
+
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if stem in line.rsplit("/", 1)[-1]}
+    if not paths:
+        return "not loaded"
+    path = os.path.realpath(sorted(paths)[0])
+    try:
+        owner = subprocess.run(["dpkg-query", "-S", path], capture_output=True, text=True,
+                               timeout=30).stdout.split(":")[0].strip()
+        version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", owner],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return path
+    return f"{path} (Debian {owner} {version})" if owner and version else path
 
 
 def child_main(argv: list[str]) -> int:

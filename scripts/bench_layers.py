@@ -67,7 +67,8 @@ class Size:
     # dense layer's fresh-process rows: the record sizes run (empty: every one)
     fresh_labels: tuple = ()
     # images layer (bench_images): JPEGs generated, batch, warm-up and timed batches per
-    # run, most rounds, torch DataLoader worker counts
+    # run, most rounds, torch DataLoader worker counts, and "temporary": the data set
+    # goes to the run's own directory instead of --cache
     images: dict = dataclasses.field(default_factory=dict)
 
 
@@ -82,8 +83,8 @@ SIZES = {
         cold={"12 KiB": 256, "200 B": 20_000, "cgroup_mib": 0, "seconds": 0.1, "fio_seconds": 0,
               "batch": 32},
         fresh_labels=("200 B", "12 KiB"),
-        images={"count": 40, "batch": 8, "warmup": 2, "batches": 2, "repeat": 1,
-                "torch_workers": (0,)},
+        images={"count": 20, "batch": 8, "warmup": 2, "batches": 2, "repeat": 1,
+                "torch_workers": (0,), "temporary": True},
     ),
     "small": Size(
         dense_mib=16, plan_batches=256, plan_payload_mib=256, dense_batch=256, token_sequences=6000, image_count=48, image_batch=16,

@@ -130,7 +130,9 @@ SPECS = {
 
 
 def _digest(spec: VenvSpec) -> str:
-    text = json.dumps([spec.requirements, sys.version_info[:2]] + ([spec.system] if spec.system else []))
+    # A spec without Debian packages keeps the digest it had before `system` existed.
+    extra = [spec.system] if spec.system else []
+    text = json.dumps([spec.requirements, sys.version_info[:2]] + extra)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
