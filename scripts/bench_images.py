@@ -24,7 +24,10 @@ Rows (bench_images_child has the code of each, through its public API):
     ...)})`, over the JPEG store and over the stored pixels: "missing: loaderx.image
     not built yet" until that module exists;
   * decode-only limits: Pillow's full decode (its bundled libjpeg-turbo) and the
-    system's libturbojpeg through ctypes, each on one thread per core.
+    system's libturbojpeg through ctypes, each on one thread per core, against the
+    native stage decoding whole images with the decoder it picks (a SIMD
+    libjpeg-turbo where one is installed) and with LOADERX_LIBJPEG=builtin (its
+    own portable-C build): the numbers issue 41 asks to choose between them by.
 How each private venv was installed (pip pins, Debian packages) is in
 bench_venvs.SPECS; the output prints it per row family, with the versions found.
 
@@ -97,6 +100,8 @@ FAMILIES = {
                          None),
     "lx_native_decode": ("loaderx.image Decode only (whole 500x375 images)", None,
                          ("decode",), None),
+    "lx_native_decode_builtin": ("loaderx.image Decode only, built-in portable-C decoder",
+                                 None, ("decode",), None),
     "limit_pillow": ("limit: Pillow full decode, {w} threads", None, ("decode",), "cores"),
     "limit_turbojpeg": ("limit: libturbojpeg tjDecompress2, {w} threads", None, ("decode",),
                         "cores"),
@@ -199,8 +204,9 @@ def _child_config(ctx, config: tuple, data: dict, beton: str | None) -> dict:
         "backend": backend, "output": "uint8" if output == "decode" else output,
         "workers": workers, "batch": sizes["batch"], "warmup": sizes["warmup"],
         "batches": sizes["batches"], "folder": data["folder"], "uniform": data["uniform"],
-        "dataset": data["uniform_jpeg"] if backend == "lx_native_decode" else data[stored],
+        "dataset": data["uniform_jpeg"] if output == "decode" else data[stored],
         "beton": beton,
+        "env": {"LOADERX_LIBJPEG": "builtin"} if backend.endswith("_builtin") else {},
     }
 
 
@@ -392,10 +398,16 @@ def targets(output: str, named: dict) -> list[Target]:
 
 
 def decode_targets(named: dict) -> list[Target]:
-    native = [n for n, (b, _o, _w) in named.items() if b == "lx_native_decode"]
+    def name(backend):
+        return [n for n, (b, _o, _w) in named.items() if b == backend][0]
+
     limits = [n for n, (b, _o, _w) in named.items() if b in LIMITS]
-    return [Target("native decode only vs libjpeg-turbo's own rate on all cores (best limit)",
-                   native[0], limits, 0.8, metric="records_s")]
+    return [
+        Target("native decode only vs libjpeg-turbo's own rate on all cores (best limit)",
+               name("lx_native_decode"), limits, 0.8, metric="records_s"),
+        Target("  (context) the same with the built-in portable-C decoder (issue 41's choice)",
+               name("lx_native_decode_builtin"), limits, 0.8, metric="records_s", spec=False),
+    ]
 
 
 def sections(ctx, rows: dict, data: dict | None) -> list[Section]:

@@ -428,7 +428,7 @@ def loaderx_native_source(cfg: dict):
     import loaderx
 
     li = importlib.import_module("loaderx.image")
-    decode_only = cfg["backend"] == "lx_native_decode"
+    decode_only = cfg["backend"].startswith("lx_native_decode")
     pipeline = native_pipeline(li, cfg["output"], decode_only)
     # The decode-only rows name each image by its file's number (key "all/000012.jpg").
     other = "key" if decode_only else "label"
@@ -554,6 +554,7 @@ SOURCES = {
     "lx_native_jpeg": ("loaderx.image", loaderx_native_source),
     "lx_native_pixels": ("loaderx.image", loaderx_native_source),
     "lx_native_decode": ("loaderx.image", loaderx_native_source),
+    "lx_native_decode_builtin": ("loaderx.image", loaderx_native_source),
     "limit_pillow": ("PIL.Image", pillow_decode_source),
     "limit_turbojpeg": ("ctypes", turbojpeg_decode_source),
 }
@@ -654,6 +655,10 @@ def versions(backend: str) -> dict:
         import loaderx
 
         found["loaderx"] = f"{loaderx.__version__} ({Path(loaderx.__file__).parent})"
+    if backend.startswith("lx_native"):
+        from loaderx import image
+
+        found["loaderx.image decoder"] = image.decoder()["jpeg"]
     for dist in VERSIONS.get(backend, ()):
         try:
             found[dist] = metadata.version(dist)
@@ -690,6 +695,8 @@ def _library_version(stem: str) -> str:
 
 def child_main(argv: list[str]) -> int:
     cfg = json.loads(argv[0])
+    # LOADERX_LIBJPEG=builtin: the native stage's own portable-C libjpeg-turbo build.
+    os.environ.update(cfg.get("env") or {})
     module = SOURCES[cfg["backend"]][0]
     try:
         __import__(module)
