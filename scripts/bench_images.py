@@ -152,9 +152,12 @@ def python_for(ctx, backend: str) -> str:
 
 
 def _ffcv_beton(ctx, data: dict) -> str:
-    """FFCV's .beton of the folder, built once per data set in the ffcv venv."""
+    """FFCV's .beton of the folder, built once per data set and FFCV pin in the ffcv venv."""
+    import bench_venvs
+
     python = python_for(ctx, "ffcv")
-    beton = Path(data["root"]) / "ffcv.beton"
+    pin = bench_venvs.SPECS["ffcv"].requirements[0].replace("==", "-")
+    beton = Path(data["root"]) / f"{pin}.beton"
     if not beton.is_file():
         ctx.log("images: writing FFCV's .beton (FFCV re-encodes at quality 90)")
         done = run_child_json([python, CHILD, "build-ffcv", data["folder"], str(beton)],
@@ -452,7 +455,7 @@ def _version_lines(rows: dict) -> list[str]:
     seen, lines = set(), []
     for (backend, _output, _workers), row in rows.items():
         versions = row.extra.get("versions")
-        family = FAMILIES[backend][1] or _group(backend)
+        family = FAMILIES[backend][1] or backend
         if versions and family not in seen:
             seen.add(family)
             listed = ", ".join(f"{k} {v}" for k, v in versions.items())
