@@ -2,17 +2,23 @@
 
     python scripts/bench.py LAYER [--size tiny|small|default] [--repeat N]
                                   [--json OUT.json] [--workdir DIR] [--keep]
+                                  [--images-count N]
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR]
 
-LAYER is one of sampler, dense, ragged, images, loader, tokens, scale, select,
-cold (data larger than the page cache: bench_cold), remote (object storage:
-SeaweedFS on loopback, bench_remote), or all;
+LAYER is one of sampler, dense, ragged, image-store (variable-size decoded
+images as a store workload), images (JPEG decode + RandomResizedCrop + flip
+against torchvision, FFCV, DALI and SPDL: bench_images), loader, tokens, scale,
+select, cold (data larger than the page cache: bench_cold), remote (object
+storage: SeaweedFS on loopback, bench_remote), or all;
 "fresh" runs only the fresh-process part of the dense layer (bench_fresh), which
 with --baseline DIR also runs the loaderx package in DIR: before and after.
 Contenders come from the `bench` extra (pip install ".[bench]"); MosaicML
-Streaming and LitData run from private venvs that the bench creates under
---cache (default bench-out/, git-ignored) with pinned versions (bench_venvs).
+Streaming, LitData and the images layer's torchvision, FFCV, DALI and SPDL run
+from private venvs that the bench creates under --cache (default bench-out/,
+git-ignored) with pinned versions (bench_venvs), installing the Debian packages
+FFCV and SPDL need when it runs as root. The images layer keeps its generated
+JPEGs under --cache too (bench_images_data), keyed by their content.
 One that cannot be installed, imported or run is a row saying "missing: ..."
 (with pip's reason) or "failed: ...". The scale layer keeps its big stores
 under --cache too, and builds them once.
@@ -33,6 +39,7 @@ How figures are made (see bench_harness for the details):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -59,8 +66,8 @@ import bench_tokens  # noqa: E402
 import bench_venvs  # noqa: E402
 from bench_harness import Section  # noqa: E402
 
-LAYERS = ("sampler", "dense", "ragged", "images", "loader", "tokens", "scale", "select",
-          "cold", "remote")
+LAYERS = ("sampler", "dense", "ragged", "image-store", "images", "loader", "tokens", "scale",
+          "select", "cold", "remote")
 # Run on their own only: "all" has them inside another layer (dense runs fresh).
 EXTRA_LAYERS = ("fresh",)
 
@@ -206,12 +213,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="fresh-process dense rows also run the loaderx package in this directory"
                              " (e.g. an export of the previous commit with its library built): before/after")
+    parser.add_argument("--images-count", type=int, default=None,
+                        help="images layer: JPEGs to generate (default by --size: tiny 20,"
+                             " small 1000, default 5000)")
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="remote layer: add this latency to every request (an object store's "
                              "first-byte time; scripts/latency_proxy.py)")
     args = parser.parse_args(argv)
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
+    if args.images_count is not None and args.images_count < 10:
+        parser.error(f"--images-count must be >= 10 (one image per class), got {args.images_count}")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.scale_max_gib is not None and args.scale_max_gib <= 0:
@@ -231,6 +243,12 @@ def run_layer(name: str, ctx: bench_layers.Context) -> list[Section]:
         return bench_loader.run_loader(ctx, ctx.log)
     if name == "tokens":
         return bench_tokens.run_tokens(ctx)
+    if name == "images":
+        import bench_images
+
+        return bench_images.run_images(ctx)
+    if name == "image-store":
+        return bench_layers.run_image_store(ctx)
     if name == "scale":
         return bench_scale.run_scale(ctx)
     if name == "select":
@@ -264,6 +282,8 @@ def summary_lines(sections: list[Section]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     size = bench_layers.SIZES[args.size]
+    if args.images_count is not None:
+        size = dataclasses.replace(size, images={**size.images, "count": args.images_count})
     base = args.workdir or Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="loaderx-bench-", dir=base))

@@ -66,6 +66,10 @@ class Size:
     cold: dict = dataclasses.field(default_factory=dict)
     # dense layer's fresh-process rows: the record sizes run (empty: every one)
     fresh_labels: tuple = ()
+    # images layer (bench_images): JPEGs generated, batch, warm-up and timed batches per
+    # run, most rounds, torch DataLoader worker counts, and "temporary": the data set
+    # goes to the run's own directory instead of --cache
+    images: dict = dataclasses.field(default_factory=dict)
 
 
 SIZES = {
@@ -79,6 +83,8 @@ SIZES = {
         cold={"12 KiB": 256, "200 B": 20_000, "cgroup_mib": 0, "seconds": 0.1, "fio_seconds": 0,
               "batch": 32},
         fresh_labels=("200 B", "12 KiB"),
+        images={"count": 20, "batch": 8, "warmup": 2, "batches": 2, "repeat": 1,
+                "torch_workers": (0,), "temporary": True},
     ),
     "small": Size(
         dense_mib=16, plan_batches=256, plan_payload_mib=256, dense_batch=256, token_sequences=6000, image_count=48, image_batch=16,
@@ -89,6 +95,8 @@ SIZES = {
         scale_exponents={"dense8": (4, 7), "dense1k": (4, 6), "ragged": (4, 6)}, scale_batches=200,
         cold={"12 KiB": 43_690, "200 B": 2_684_354, "cgroup_mib": 256, "seconds": 1.0,
               "fio_seconds": 2, "batch": 256},
+        images={"count": 1000, "batch": 64, "warmup": 4, "batches": 8, "repeat": 2,
+                "torch_workers": (0, 1, 2)},
     ),
     "default": Size(
         dense_mib=64, plan_batches=4096, plan_payload_mib=1024, dense_batch=256, token_sequences=50000, image_count=320, image_batch=32,
@@ -99,6 +107,8 @@ SIZES = {
         scale_exponents={"dense8": (4, 8), "dense1k": (4, 8), "ragged": (4, 7)}, scale_batches=1000,
         cold={"12 KiB": 131_072, "200 B": 10_000_000, "cgroup_mib": 640, "seconds": 3.0,
               "fio_seconds": 4, "batch": 256},
+        images={"count": 5000, "batch": 64, "warmup": 4, "batches": 16, "repeat": 3,
+                "torch_workers": (0, 1, 2)},
     ),
 }
 
@@ -325,7 +335,9 @@ def _image_backends(source: bb.Source) -> list[Backend]:
     ]
 
 
-def run_images(ctx: Context) -> list[Section]:
+def run_image_store(ctx: Context) -> list[Section]:
+    """Variable-size decoded images as a store workload (the decode-and-augment bench is
+    the images layer: bench_images)."""
     rng = np.random.default_rng(ctx.seed + 2)
     images = bench_data.chw_images(rng, ctx.size.image_count)
     source = bb.Source(np.dtype(np.uint8), records=images)
@@ -333,7 +345,7 @@ def run_images(ctx: Context) -> list[Section]:
     batch = ctx.size.image_batch
     batches = bench_data.uniform_plan(rng, len(images), batch, ctx.size.plan_batches)
     plan = Plan(batches, [int(sizes[b].sum()) for b in batches], int(sizes.sum()))
-    key = "images"
+    key = "image-store"
     rows = Measurement(key, _image_backends(source), plan, ctx.options(key), ctx.log).run()
     title = (
         f"variable-size CHW uint8 images (sides 64..512), {len(images)} images, {plan.logical_bytes / MIB:.1f} MiB, "

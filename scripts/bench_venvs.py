@@ -15,6 +15,13 @@ run reports "missing: pip: ..." at once instead of resolving again; delete the
 venv's folder to retry. Modes: "build" (create what is absent), "use" (only
 use ready venvs: the smoke test) and "off" (report every venv contender as
 missing).
+
+Some contenders also need Debian packages (`system`): FFCV compiles against
+OpenCV and libjpeg-turbo found by pkg-config, SPDL loads FFmpeg's shared
+libraries. In "build" mode, running as root with apt-get present, the bench
+installs the missing ones with `apt-get install -y --no-install-recommends`;
+otherwise (or when apt fails) the venv is "missing" with apt's reason or the
+command to run.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class VenvSpec:
     report: tuple  # distributions whose versions the bench prints
     probe: str  # a statement that must run in the venv, proving the contender imports
     why: str
+    system: tuple = ()  # Debian packages it needs (dpkg names), installed before pip
 
 
 # "torch===2.13.0" (arbitrary equality) selects PyPI's CUDA build: its torchvision 0.28.0
@@ -64,6 +72,52 @@ SPECS = {
         "import lance, pyarrow",
         "pylance is not in the bench extra (the remote layer's take() contender)",
     ),
+    # The images layer (bench_images). torchvision's native ops load only beside the torch
+    # build they were made for; the test extra pins torch 2.13.0 (CPU), whose PyPI
+    # torchvision fails ("operator torchvision::nms does not exist"). pip on Python 3.11
+    # takes torch 2.14.1 (a CUDA build, run on the CPU) and torchvision 0.29.1 from this
+    # machine's disk (/etc/xdg/pip caps both there).
+    "torchvision": VenvSpec(
+        "torchvision",
+        ("torch==2.14.1", "torchvision==0.29.1", "numpy==2.4.6", "pillow==13.0.0"),
+        ("torch", "torchvision", "pillow", "numpy"),
+        "import torch, torchvision; from torchvision.io import decode_jpeg;"
+        " from torchvision.transforms import v2; from torchvision import datasets",
+        "torchvision needs the torch it was built for, not the test extra's torch 2.13.0",
+    ),
+    # FFCV has no wheels: its sdist compiles libffcv against pkg-config's opencv4 and
+    # libturbojpeg (without them: "Could not find required package: opencv"), and it
+    # pulls torch (2.14.1 from this disk, as above), numba and opencv-python.
+    "ffcv": VenvSpec(
+        "ffcv",
+        ("ffcv==1.0.2", "torch==2.14.1", "numpy==2.4.6", "numba==0.68.1",
+         "opencv-python==5.1.0.95", "pillow==13.0.0"),
+        ("ffcv", "torch", "numba", "opencv-python", "numpy"),
+        "import ffcv, ffcv.libffcv; from ffcv.loader import Loader;"
+        " from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder",
+        "FFCV builds from its sdist against Debian's OpenCV and libjpeg-turbo, and pulls torch",
+        system=("libopencv-dev", "libturbojpeg0-dev", "pkg-config"),
+    ),
+    # NVIDIA DALI CPU-only: the CUDA-named wheel (262 MB) runs on the CPU with
+    # device_id=None; no CUDA library is loaded.
+    "dali": VenvSpec(
+        "dali",
+        ("nvidia-dali-cuda120==2.4.0", "numpy==2.4.6"),
+        ("nvidia-dali-cuda120", "numpy"),
+        "from nvidia.dali import pipeline_def, fn, types",
+        "DALI's wheel is 262 MB and CUDA-named; it stays out of the bench extra",
+    ),
+    # SPDL decodes through FFmpeg's shared libraries, which its wheel does not carry:
+    # Debian bookworm's FFmpeg 5.1 (libavcodec59 ...) comes with the -dev packages.
+    "spdl": VenvSpec(
+        "spdl",
+        ("spdl==0.8.0", "numpy==2.4.6"),
+        ("spdl", "numpy"),
+        "import spdl.io, spdl.pipeline; spdl.io.demux_image",
+        "SPDL needs FFmpeg's shared libraries (Debian's libav*)",
+        system=("libavcodec-dev", "libavformat-dev", "libavutil-dev", "libavfilter-dev",
+                "libavdevice-dev", "libswscale-dev", "libswresample-dev"),
+    ),
     "litdata": VenvSpec(
         "litdata",
         ("litdata==0.2.76", "torch==2.13.0", "torchvision==0.28.0", "numpy==2.4.6"),
@@ -76,7 +130,9 @@ SPECS = {
 
 
 def _digest(spec: VenvSpec) -> str:
-    text = json.dumps([spec.requirements, sys.version_info[:2]])
+    # A spec without Debian packages keeps the digest it had before `system` existed.
+    extra = [spec.system] if spec.system else []
+    text = json.dumps([spec.requirements, sys.version_info[:2]] + extra)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -142,6 +198,9 @@ class Venvs:
         return state
 
     def _install(self, home: Path, spec: VenvSpec) -> dict:
+        problem = system_packages(spec.system)
+        if problem:
+            return {"status": "missing", "reason": problem}
         base = getattr(sys, "_base_executable", sys.executable)
         steps = [
             [base, "-m", "venv", str(home)],
@@ -183,6 +242,44 @@ class Venvs:
             listed = ", ".join(f"{k} {v}" for k, v in versions.items())
             lines.append(f"venv {name} ({self.root / name}): {listed}")
         return lines
+
+
+def missing_debian(packages: tuple) -> list[str]:
+    """The Debian packages of `packages` that dpkg does not list as installed."""
+    if not packages:
+        return []
+    try:
+        done = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Package} ${Status}\\n", *packages],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return list(packages)
+    installed = {line.split()[0] for line in done.stdout.splitlines()
+                 if line.endswith("install ok installed")}
+    return [name for name in packages if name not in installed]
+
+
+def system_packages(packages: tuple) -> str:
+    """Installs the missing Debian `packages` as root with apt-get; "" when all are there,
+    else why not (apt's own words, or the command to run)."""
+    missing = missing_debian(packages)
+    if not missing:
+        return ""
+    command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return f"needs Debian packages {' '.join(missing)} (as root: {' '.join(command)})"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for step in (["apt-get", "update", "-q"], command):
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, env=env,
+                                  timeout=INSTALL_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"apt: {' '.join(step)}: {type(exc).__name__}: {exc}"[:300]
+        if done.returncode != 0:
+            return f"apt: {' '.join(step)}: {_pip_reason(done.stdout + done.stderr)}"[:300]
+    left = missing_debian(packages)
+    return f"apt: still not installed: {' '.join(left)}" if left else ""
 
 
 def venv_env() -> dict:
