@@ -431,6 +431,7 @@ def cmd_convert(args) -> int:
         workers=args.workers,
         mode=mode,
         keep_encoded=args.keep_encoded,
+        max_side=args.max_side,
         row_length=args.row_length,
         allow_tiny_records=args.allow_tiny_records,
         batch_bytes=int(args.batch_mib * (1 << 20)),
@@ -869,9 +870,7 @@ def _convert_parser(sub, quiet) -> None:
     group.add_argument(
         "--overwrite", action="store_true", help="replace an existing dataset or store"
     )
-    p.add_argument(
-        "--keep-encoded", action="store_true", help="keep images as encoded bytes (Zrecord)"
-    )
+    _image_arguments(p)
     p.add_argument(
         "--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length"
     )
@@ -885,6 +884,28 @@ def _convert_parser(sub, quiet) -> None:
         action="store_true",
         help="no 'key' column (a tar sample's __key__, an image's path under the folder)",
     )
+    p.add_argument(
+        "--batch-mib",
+        type=_batch_mib,
+        default=16.0,
+        help="MiB read and written at a time (default 16)",
+    )
+    p.add_argument("--dtype", default=None, help="an original loaderx store's record dtype "
+                   "(where its schema.msgpack cannot be read)")
+    p.add_argument("--item-shape", type=_shape, default=None,
+                   help="with --dtype: dense records of this shape, e.g. 3,32,32 ('' for scalars)")
+    p.set_defaults(fn=cmd_convert)
+
+
+def _image_arguments(p) -> None:
+    """convert's options for image columns."""
+    p.add_argument(
+        "--keep-encoded", action="store_true", help="keep images as encoded bytes (Zrecord)"
+    )
+    p.add_argument(
+        "--max-side", type=int, default=None, metavar="PIXELS",
+        help="with --keep-encoded: shrink larger images to this longer side, encoded again once",
+    )
     images = p.add_mutually_exclusive_group()
     images.add_argument(
         "--image-column",
@@ -897,17 +918,6 @@ def _convert_parser(sub, quiet) -> None:
         action="store_true",
         help="WebDataset: one column per image extension instead",
     )
-    p.add_argument(
-        "--batch-mib",
-        type=_batch_mib,
-        default=16.0,
-        help="MiB read and written at a time (default 16)",
-    )
-    p.add_argument("--dtype", default=None, help="an original loaderx store's record dtype "
-                   "(where its schema.msgpack cannot be read)")
-    p.add_argument("--item-shape", type=_shape, default=None,
-                   help="with --dtype: dense records of this shape, e.g. 3,32,32 ('' for scalars)")
-    p.set_defaults(fn=cmd_convert)
 
 
 def _shape(text: str) -> tuple:

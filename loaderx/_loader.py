@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 import numpy as np
 
-from . import _abi, _state, streams
+from . import _abi, _state, image, streams
 from ._lib import usable_cores
 from ._pipeline import Plan
 from ._prefetch import Prefetcher
@@ -103,7 +103,7 @@ def legacy_arguments(batch_size: Any, legacy: Tuple[Any, ...], given: Dict[str, 
 
 
 def plan_of(sources: Any, batch_size: Any, mode: Any, seed: Any, step: Any,
-            shard: Any) -> Tuple[Plan, Sampler, _state.Track]:
+            shard: Any, images: Any = None) -> Tuple[Plan, Sampler, _state.Track]:
     """A loader's sources, sampler and track, checked. The sampler checks
     batch_size, mode, seed, step and shard (and says which value is wrong);
     the loader keeps its normalised values. A mixture's sources are checked
@@ -114,7 +114,7 @@ def plan_of(sources: Any, batch_size: Any, mode: Any, seed: Any, step: Any,
     lengths = Plan(sources, 0).lengths
     length = lengths[0] if len(lengths) == 1 else min(sum(lengths), 2**63)
     sampler = Sampler(length, batch_size, mode, seed, step=step, shard=shard)
-    checked = Plan(sources, sampler.seed)
+    checked = Plan(sources, sampler.seed, images)
     return checked, sampler, _state.Track(checked, sampler)
 
 
@@ -126,8 +126,11 @@ def build_ring(plan: Plan, sampler: Any, options: Options, *, base: Any,
     if len(plan.columns) > COLUMNS_MAX:
         raise ValueError(f"at most {COLUMNS_MAX} streams, got {len(plan.columns)}")
     window = prefetch + workers
-    first = {c.name: c.streams[0] for c in plan.columns}
-    out_checked = check_out(out, first, sampler.batch_size, window + 1)
+    # (A column, not its first stream: an image column's batch is its pipeline's.)
+    out_checked = check_out(out, {c.name: c for c in plan.columns}, sampler.batch_size,
+                            window + 1)
+    if any(c.image is not None for c in plan.columns):
+        image.choose_decoder()
     rank, world = sampler.shard
     # With a thread per core, each gather runs on its own thread alone.
     lanes = 1 if workers >= usable_cores() else 0

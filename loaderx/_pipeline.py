@@ -12,17 +12,18 @@ for a mixture, each record's source) exactly once, for both kinds.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import _abi, _records, streams
+from . import _abi, _records, image, streams
 from .mixture import Mixture, source_seed
 
 COLUMN_DENSE = _abi.COLUMN_KINDS["dense"]
 COLUMN_VARIABLE = _abi.COLUMN_KINDS["variable"]
 COLUMN_WINDOWS = _abi.COLUMN_KINDS["windows"]
 COLUMN_SEGMENTS = _abi.COLUMN_KINDS["segments"]
+COLUMN_IMAGE = _abi.COLUMN_KINDS["image"]
 
 
 class Column:
@@ -33,9 +34,13 @@ class Column:
         self.streams = sources
         first = sources[0]
         self.kind = first.kind
+        #: What the streams hold (``kind`` is what the batch is: "dense" once
+        #: an image pipeline makes fixed-size arrays of the records).
+        self.source_kind = first.kind
         self.dtype = np.dtype(getattr(first, "dtype", np.uint8))
         shape = tuple(first.item_shape) if self.kind == "dense" else None
         self.item_shape: Optional[Tuple[int, ...]] = shape
+        self.source_dtype, self.source_shape = self.dtype, shape or ()
         # Token windows (and their segments) are read by the ring as windows
         # of a corpus; stores, ShardSets and views as records of their parts.
         windows = [streams.native_windows(s) for s in sources]
@@ -45,6 +50,21 @@ class Column:
         self.prefetch = [streams.prefetcher(s) for s in sources]
         self.record_bytes = int(self.dtype.itemsize * np.prod(shape, dtype=np.int64)) \
             if shape is not None else 0
+        #: An image pipeline (``DataLoader(image=)``): the column's batch is
+        #: its fixed-size output, made by the ring (native) or a worker.
+        self.image: Optional[Any] = None
+        self.image_input: Optional[Tuple[int, ...]] = None
+        self.image_native: Any = None
+
+    def set_image(self, pipeline: Any, seed: int) -> None:
+        """This column's records go through `pipeline` (loaderx.image)."""
+        self.image_input = image.image_input(self.name, self.streams)
+        self.image = pipeline
+        shape = pipeline.shape(None if self.image_input is None else self.image_input[:2])
+        if self.native:
+            self.image_native = pipeline.column(seed, self.image_input)
+        self.kind, self.dtype, self.item_shape = "dense", pipeline.dtype, shape
+        self.record_bytes = int(self.dtype.itemsize * np.prod(shape, dtype=np.int64))
 
     @property
     def dense_shape(self) -> Tuple[int, ...]:
@@ -54,6 +74,8 @@ class Column:
 
     @property
     def ring_kind(self) -> int:
+        if self.image is not None:
+            return COLUMN_IMAGE
         if self.windows:
             return COLUMN_SEGMENTS if self.segments else COLUMN_WINDOWS
         return COLUMN_DENSE if self.kind == "dense" else COLUMN_VARIABLE
@@ -83,7 +105,7 @@ class Plan:
     """The sources and columns of a loader: a dict of streams is one source,
     a `Mixture` several."""
 
-    def __init__(self, sources: Any, seed: int):
+    def __init__(self, sources: Any, seed: int, images: Optional[Mapping[str, Any]] = None):
         if isinstance(sources, Mixture):
             self.source_names = sources.names
             per_source = [sources.sources[n] for n in self.source_names]
@@ -99,6 +121,23 @@ class Plan:
         names = list(per_source[0])
         self.columns = [Column(n, [src[n] for src in per_source]) for n in names]
         self.lengths = [len(next(iter(src.values()))) for src in per_source]
+        self.image_seed = seed
+        if images:
+            self._set_images(images, seed)
+
+    def _set_images(self, images: Mapping[str, Any], seed: int) -> None:
+        if not isinstance(images, Mapping):
+            raise TypeError(f"image= takes a dict of stream name -> loaderx.image.Pipeline, "
+                            f"got {type(images).__name__}")
+        by_name = {c.name: c for c in self.columns}
+        for name, pipeline in images.items():
+            if name not in by_name:
+                raise ValueError(f"image= names stream {name!r}, which is not one of "
+                                 f"{list(by_name)}")
+            if not isinstance(pipeline, image.Pipeline):
+                raise TypeError(f"image[{name!r}] must be a loaderx.image.Pipeline, "
+                                f"got {type(pipeline).__name__}")
+            by_name[name].set_image(pipeline, seed)
 
     @property
     def native(self) -> List[Column]:
@@ -125,10 +164,17 @@ def decode_variable(col: Column, buf: np.ndarray, sizes: np.ndarray, indices: np
 
 def python_column(col: Column, indices: np.ndarray, sources: Optional[np.ndarray],
                   out: Optional[np.ndarray], gather_kwargs: Dict[str, Any],
-                  packed: bool = False) -> Any:
+                  packed: bool = False, image_key: Tuple[int, int, int] = (0, 0, 0)) -> Any:
     """A Python column's batch: each source's stream gathered at its records'
     indices, put back in the batch's order (``packed``: a ragged column as
-    ``(values, row_splits)``, as the ring gives a store's)."""
+    ``(values, row_splits)``, as the ring gives a store's); through its image
+    pipeline, keyed by `image_key` (seed, step, position), when it has one."""
+    if col.image is not None:
+        records = _python_records(col, indices, sources, None, gather_kwargs)
+        if col.image_input is not None:
+            records = np.asarray(records, np.uint8)
+        seed, step, position = image_key
+        return col.image.apply(records, seed=seed, step=step, position=position)
     result = _python_records(col, indices, sources, out, gather_kwargs)
     if packed and col.kind == "ragged":
         return pack_records(col, result, indices)
@@ -153,20 +199,21 @@ def _python_records(col: Column, indices: np.ndarray, sources: Optional[np.ndarr
                     out: Optional[np.ndarray], gather_kwargs: Dict[str, Any]) -> Any:
     def gather(stream, idx, out=None):
         kw = gather_kwargs if streams.native_parts(stream) is not None else {}
-        if col.kind == "dense":
+        if col.source_kind == "dense":
             return stream.gather(idx, out=out, **kw)
         return stream.gather(idx, **kw)
     if sources is None or len(col.streams) == 1:
         return gather(col.streams[0], indices.view(np.int64), out)
-    result: Any = out if (col.kind == "dense" and out is not None) else (
-        np.empty((len(indices),) + col.dense_shape, col.dtype) if col.kind == "dense"
+    result: Any = out if (col.source_kind == "dense" and out is not None) else (
+        np.empty((len(indices),) + col.source_shape, col.source_dtype)
+        if col.source_kind == "dense"
         else [None] * len(indices))
     for k, stream in enumerate(col.streams):
         rows = np.flatnonzero(sources == k)
         if len(rows) == 0:
             continue
         got = gather(stream, indices[rows].view(np.int64))
-        if col.kind == "dense":
+        if col.source_kind == "dense":
             result[rows] = got
         else:
             for row, record in zip(rows.tolist(), got):

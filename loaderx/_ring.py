@@ -150,6 +150,9 @@ class Ring:
         # Native calls in flight (shutdown counts as one while it stops the
         # ring): the last to leave a closed ring frees it.
         self.users = 0
+        #: Image records the ring's steps replaced (Decode on_error skip),
+        #: counted as the steps are handed over (under ``lock``).
+        self.images_skipped = 0
         # Not at interpreter exit: a daemon thread may still be leaving a
         # native call then, and the process's memory goes anyway.
         weakref.finalize(self, self.native.free).atexit = False
@@ -320,6 +323,9 @@ class Ring:
             self.leave()
         if rc != _lib.LX_OK:
             raise self.step_error(rc, failed[0], step)
+        if skipped[0]:
+            with self.lock:
+                self.images_skipped += int(skipped[0])
         return rc, owners, lengths, sizes, indices, sources
 
     def build(self, step: int, generation: int) -> Tuple[Dict[str, Any], Any, Any]:
@@ -354,7 +360,9 @@ class Ring:
             if error is not None:  # the exception a prefetch hook raised
                 return error
         col = self.columns[failed] if failed < len(self.columns) else None
-        error = _lib.error_for(rc, col.path if col is not None else None, "gather")
+        what = f"image column {col.name!r}" if col is not None and col.image is not None \
+            else "gather"
+        error = _lib.error_for(rc, col.path if col is not None else None, what)
         if hasattr(error, "add_note"):
             column = f" (stream {col.name!r})" if col is not None else ""
             error.add_note("(loaderx: raised by the native prefetch ring "
@@ -452,6 +460,8 @@ def _open(ring: Ring) -> Tuple[Any, List[Any]]:
     for c, col in enumerate(ring.columns):
         columns[c].kind = col.ring_kind
         columns[c].record_size = col.record_bytes
+        if col.image_native is not None:
+            columns[c].image = col.image_native
         buffers = ring.out.get(col.name)
         if buffers:
             out = ffi.new("uint8_t *[]", [ffi.cast("uint8_t *", a.__array_interface__["data"][0])

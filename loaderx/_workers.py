@@ -20,6 +20,7 @@ Invariants, under ``lock``:
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -36,6 +37,10 @@ class Workers:
         self.ring = ring
         self.plan = ring.plan
         self.transform = transform
+        self.rng_transform = takes_rng(transform)
+        if self.rng_transform and any(c.name == "position" for c in self.plan.columns):
+            raise ValueError("a transform(batch, rng) gets the records' global positions as "
+                             "batch['position'], but a stream is named 'position'; rename it")
         self.worker_count = workers
         self.gather_kwargs = gather_kwargs
         self.lock = threading.Lock()
@@ -166,13 +171,26 @@ class Workers:
             if col.kind == "dense":
                 out = self.output_array(col, step)
             assert indices is not None  # want_indices: Python columns need them
-            batch[col.name] = _pipeline.python_column(col, indices, sources, out,
-                                                      self.gather_kwargs, self.ring.packed)
+            batch[col.name] = _pipeline.python_column(
+                col, indices, sources, out, self.gather_kwargs, self.ring.packed,
+                image_key=(self.plan.image_seed, step, self.first_slot))
         if "source" in native:
             batch["source"] = native["source"]
-        if self.transform is not None:
+        if self.transform is None:
+            return batch
+        if not self.rng_transform:
             return self.transform(batch)
-        return batch
+        b = self.ring.batch_size
+        first = self.ring.position_of(step) + self.first_slot
+        batch["position"] = np.arange(first, first + b, dtype=np.int64)
+        rng = np.random.default_rng([self.plan.image_seed, step, self.first_slot])
+        with_rng: Any = self.transform
+        return with_rng(batch, rng)
+
+    @property
+    def first_slot(self) -> int:
+        """This rank's first record in the step's global batch."""
+        return int(self.ring.config["rank"]) * self.ring.batch_size
 
     def output_array(self, col: _pipeline.Column, step: int) -> np.ndarray:
         """Where a Python dense column of `step` goes: the caller's ``out=``
@@ -218,3 +236,17 @@ def _worker_main(workers: Workers, worker_index: int) -> None:
         # Drop our references before waiting for the next claim, so the
         # memory bound counts only batches in the buffer or with the consumer.
         del batch, error
+
+
+def takes_rng(transform: Any) -> bool:
+    """Whether `transform` takes a second required positional argument (the
+    step's ``numpy.random.Generator``)."""
+    if transform is None:
+        return False
+    try:
+        params = inspect.signature(transform).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+    return len(required) == 2

@@ -198,6 +198,7 @@ class DataLoader:
         sampler: Optional[str] = None,
         num_workers: Optional[int] = None,
         prefetch_size: Optional[int] = None,
+        image: Optional[Mapping[str, Any]] = None,
     ) -> None:
         args = legacy_arguments(batch_size, legacy, {
             "mode": mode, "seed": seed, "transform": transform, "workers": workers,
@@ -226,7 +227,7 @@ class DataLoader:
         self._options = check_options(workers, prefetch, prefetch_bytes, stop_after, transform,
                                       ragged)
         self._plan, self._sampler, self._track = plan_of(streams, batch_size, mode, seed, step,
-                                                         shard)
+                                                         shard, image)
         self._ring = build_ring(self._plan, self._sampler, self._options,
                                 base=self._track.start(self._sampler.step), transform=transform,
                                 out=out, ragged=ragged)
@@ -257,6 +258,14 @@ class DataLoader:
 
     def __len__(self) -> int:
         raise TypeError("DataLoader is endless and has no len(); count steps instead")
+
+    def stats(self) -> Dict[str, int]:
+        """What the loader did besides batches: ``images_skipped``, the image
+        records replaced by another of their batch (``Decode(on_error="skip")``)
+        in the steps built so far."""
+        ring = self._require_ring()
+        with ring.lock:
+            return {"images_skipped": ring.images_skipped}
 
     def __bool__(self) -> bool:
         return True

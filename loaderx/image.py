@@ -66,7 +66,7 @@ from . import _abi, _lib
 from ._lib import ffi, lib
 
 __all__ = ["Pipeline", "Decode", "Resize", "CenterCrop", "RandomResizedCrop",
-           "RandomHorizontalFlip", "ToArray", "decoder"]
+           "RandomHorizontalFlip", "ToArray", "decoder", "image_input"]
 
 OPS_MAX = _abi.IMAGE_OPS_MAX
 SIDE_MAX = _abi.IMAGE_SIDE_MAX
@@ -327,6 +327,33 @@ def _pixels_shape(shape: Sequence[int]) -> Tuple[int, int, int]:
                      f"got item shape {shape}")
 
 
+def image_input(name: str, streams: Sequence[Any]) -> Optional[Tuple[int, int, int]]:
+    """What stream `name`'s records are for an image pipeline (every source
+    of a mixture alike): None for encoded images (a byte store, or a ragged
+    uint8 one), (H, W, C) for pixel records (a dense uint8 store of (H, W)
+    or (H, W, C), C 1, 3 or 4)."""
+    found: set = set()
+    for stream in streams:
+        kind = getattr(stream, "kind", None)
+        dtype = np.dtype(getattr(stream, "dtype", np.uint8))
+        if kind == "bytes" or (kind == "ragged" and dtype == np.uint8):
+            found.add(None)
+        elif kind == "dense" and dtype == np.uint8:
+            try:
+                found.add(_pixels_shape(stream.item_shape))
+            except ValueError as e:
+                raise ValueError(f"image[{name!r}]: {e}") from None
+        else:
+            shape = getattr(stream, "item_shape", "")
+            raise TypeError(f"image[{name!r}]: stream {name!r} holds {kind} {dtype}{shape} "
+                            "records; an image pipeline reads encoded images (a byte store, or "
+                            "ragged uint8) or uint8 pixels of shape (H, W) or (H, W, C)")
+    if len(found) != 1:
+        raise ValueError(f"image[{name!r}]: the mixture's sources hold different kinds of "
+                         f"image records: {sorted(map(str, found))}")
+    return found.pop()
+
+
 def _column(p: Pipeline, seed: int, input_shape: Optional[Sequence[int]]) -> Any:
     col = ffi.new("lx_image_column_t *")
     spec = col.spec
@@ -358,18 +385,16 @@ def _column(p: Pipeline, seed: int, input_shape: Optional[Sequence[int]]) -> Any
 
 def _lower(op: Any, out: Any) -> None:
     kinds = _abi.IMAGE_OPS
+    size: Any = getattr(op, "size", None)
     if isinstance(op, Resize):
         out.kind = kinds["resize"]
-        if isinstance(op.size, tuple):
-            out.height, out.width = op.size
-        else:
-            out.height, out.width = op.size, 0
+        out.height, out.width = size if isinstance(size, tuple) else (size, 0)
     elif isinstance(op, CenterCrop):
         out.kind = kinds["center_crop"]
-        out.height, out.width = op.size
+        out.height, out.width = size
     elif isinstance(op, RandomResizedCrop):
         out.kind = kinds["random_resized_crop"]
-        out.height, out.width = op.size
+        out.height, out.width = size
         out.scale_min, out.scale_max = op.scale
         out.log_ratio_min, out.log_ratio_max = math.log(op.ratio[0]), math.log(op.ratio[1])
     else:

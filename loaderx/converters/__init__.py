@@ -87,6 +87,7 @@ def convert(
     mode: str = "create",
     skip_columns: list | None = None,
     keep_encoded: bool = False,
+    max_side: int | None = None,
     row_length: int | None = None,
     allow_tiny_records: bool = False,
     batch_bytes: int = 16 << 20,
@@ -117,6 +118,11 @@ def convert(
         workers: processes; each writes one shard store per column.
         mode: ``"create"``, ``"append"`` or ``"overwrite"``.
         keep_encoded: keep images (and WebDataset ``.npy``) as encoded bytes.
+        max_side: with `keep_encoded`, an image whose longer side is above
+            this many pixels is shrunk to it (aspect kept, Pillow's Lanczos)
+            and encoded again once, here (a JPEG at quality 90, any other
+            format as PNG); smaller images keep their bytes untouched. What a
+            loader decodes then costs at most this size.
         row_length: cut 1-D NumPy arrays into rows of this many values (tokens).
         allow_tiny_records: accepted for compatibility (scalar columns need no flag).
         batch_bytes: about this many bytes are read and written at a time.
@@ -150,6 +156,18 @@ def convert_to_directory(source: Any, dest, **options) -> dict:
 
 
 _CONVERT_SIGNATURE = inspect.signature(convert)
+
+
+def _max_side(max_side: Any, keep_encoded: bool, flags: Flags) -> int | None:
+    if max_side is None:
+        return None
+    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
+        raise ValueError(f"max_side must be a positive int or None, got {max_side!r}")
+    if not keep_encoded:
+        raise ValueError(f"{flags.opt('max_side')} shrinks the encoded images "
+                         f"{flags.opt('keep_encoded')} stores; decoded images are stored at "
+                         "their size (resize them in a loaderx.image pipeline)")
+    return max_side
 
 
 def _job(args: Mapping, cli: bool = False) -> dict:
@@ -208,6 +226,7 @@ def _convert(source: Any, dest, job: dict) -> dict:
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),
         keep_encoded=job["keep_encoded"],
+        max_side=_max_side(job["max_side"], job["keep_encoded"], flags),
         row_length=row_length,
         flags=flags,
         keys=bool(job["keys"]),

@@ -8,6 +8,7 @@ files), and reads one task as bounded batches of ready-to-append values.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import warnings
@@ -57,6 +58,9 @@ class Options:
     columns: list | None = None
     skip_columns: list = field(default_factory=list)
     keep_encoded: bool = False
+    #: With keep_encoded: images larger than this (longer side) are shrunk and
+    #: encoded again once (see `shrink_encoded`).
+    max_side: int | None = None
     row_length: int | None = None
     flags: Flags = field(default_factory=Flags)
     fill_null: dict = field(default_factory=dict)
@@ -251,7 +255,9 @@ class ImageColumn:
         name: str, headers: list[ImageHeader], options: Options, complete: bool = False
     ) -> ColumnSpec:
         if options.keep_encoded:
-            return ColumnSpec(name, "bytes", np.dtype(np.uint8), None, decode="encoded-image")
+            shrink = {"max_side": options.max_side} if options.max_side else {}
+            return ColumnSpec(name, "bytes", np.dtype(np.uint8), None, decode="encoded-image",
+                              extra=shrink)
         if not headers:
             raise ConvertError(f"column {name!r}: no images to look at")
         modes = {h.mode for h in headers}
@@ -281,6 +287,9 @@ class ImageColumn:
         dense column gets a list (ragged records) for a batch with an image
         that does not fit its shape or mode."""
         if spec.kind == "bytes":
+            side = spec.extra.get("max_side") if spec.extra else None
+            if side:
+                return [shrink_encoded(data, side, w) for data, w in zip(encoded, where)]
             return encoded
         mode = spec.extra["image_mode"]
         arrays = [
@@ -355,3 +364,32 @@ def image_header(data, where: str) -> ImageHeader:
             return ImageHeader(im.size, normal_mode(im.mode, im.info), nbytes)
     except image_errors(image_mod) as e:
         raise ConvertError(f"{where}: not a readable image ({e})") from None
+
+
+def shrink_encoded(data: bytes, max_side: int, where: str) -> bytes:
+    """An encoded image with its longer side at most `max_side` pixels: the
+    bytes as they are when it already is, else shrunk (aspect kept, Pillow's
+    Lanczos) and encoded again: a JPEG as a JPEG at quality 90, anything
+    else as PNG (lossless)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            if max(w, h) <= max_side:
+                return data
+            scale = max_side / max(w, h)
+            size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            jpeg = im.format == "JPEG"
+            small = im.convert("RGB" if jpeg and im.mode not in ("L", "RGB") else im.mode)
+            small = small.resize(size, Image.Resampling.LANCZOS)
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ConvertError(f"{where}: cannot read the image to shrink it (max_side): {e}") \
+            from None
+    out = io.BytesIO()
+    if jpeg:
+        small.save(out, "JPEG", quality=90)
+    else:
+        small.save(out, "PNG")
+    return out.getvalue()
+
