@@ -353,6 +353,8 @@ def test_hostile_records_fail_cleanly_never_crash(jpegs):
                 bad[at] ^= 1 << int(rng.integers(0, 8))
             cases.append(bytes(bad))
         cases += [b"", b"\xff\xd8\xff", os.urandom(500)]
+    for tiny in (_encode(_photo(1, 1, 0)), _encode(_photo(1, 1, 0), "PNG")):
+        assert TRAIN.apply([tiny]).shape == (1, 32, 32, 3)  # a 1x1 image upscales
         for case in cases:
             try:
                 TRAIN.apply([case])
