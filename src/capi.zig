@@ -568,14 +568,14 @@ pub export fn lx_gather(
     const d = dest orelse return invalid("dest is null", .{});
     const p = std.enums.fromInt(Store.Part, part) orelse
         return invalid("unknown part {d}", .{part});
-    var sc: store_parts.Scratch = .{};
-    defer sc.deinit(gpa);
+    const sc = store_parts.threadScratch();
+    defer store_parts.releaseThreadScratch(gpa);
     store_parts.gather(gpa, ps, idx[0..@intCast(count)], .{
         .base = d,
         .len = @intCast(dest_len),
         .stride = @intCast(stride),
         .offsets = offsets,
-    }, p, lanes, &sc) catch |e| return code(e);
+    }, p, lanes, sc) catch |e| return code(e);
     return 0;
 }
 
@@ -610,8 +610,8 @@ pub export fn lx_gather_alloc(
     const raw = raw_sizes orelse return invalid("raw_sizes is null", .{});
     const aux = aux_sizes orelse return invalid("aux_sizes is null", .{});
     const n: usize = @intCast(count);
-    var sc: store_parts.Scratch = .{};
-    defer sc.deinit(gpa);
+    const sc = store_parts.threadScratch();
+    defer store_parts.releaseThreadScratch(gpa);
     const buf = store_parts.gatherAlloc(
         gpa,
         ps,
@@ -619,7 +619,7 @@ pub export fn lx_gather_alloc(
         lanes,
         raw[0..n],
         aux[0..n],
-        &sc,
+        sc,
     ) catch |e| return code(e);
     if (buf.len > 0) out.* = buf.ptr;
     out_len.* = buf.len;
@@ -650,11 +650,11 @@ pub export fn lx_prefetch(
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     if (flags & ~@as(u32, 3) != 0) return invalid("unknown prefetch flags {d}", .{flags});
-    var sc: store_parts.Scratch = .{};
-    defer sc.deinit(gpa);
+    const sc = store_parts.threadScratch();
+    defer store_parts.releaseThreadScratch(gpa);
     const force = flags & 1 != 0;
     const wait = flags & 2 == 0;
-    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, &sc) catch |e|
+    store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, sc) catch |e|
         return code(e);
     return 0;
 }
@@ -1269,10 +1269,10 @@ pub export fn lx_windows_gather(
     windows.checkSpec(sp.*) catch |e| return code(e);
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
-    var sc: windows.Scratch = .{};
-    defer sc.deinit(gpa);
+    const sc = windows.threadScratch();
+    defer windows.releaseThreadScratch(gpa);
     const o: windows.Out = .{ .tokens = tokens, .segments = segments };
-    windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], o, lanes, &sc) catch |e| return code(e);
+    windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], o, lanes, sc) catch |e| return code(e);
     return 0;
 }
 

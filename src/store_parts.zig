@@ -37,8 +37,38 @@ pub const Scratch = struct {
         sc.snaps.deinit(gpa);
         sc.of.deinit(gpa);
         sc.local.deinit(gpa);
+        sc.* = .{};
+    }
+
+    /// Bytes its buffers hold.
+    pub fn capacityBytes(sc: *const Scratch) usize {
+        return sc.snaps.capacity * @sizeOf(Snapshot) + sc.of.capacity * @sizeOf(u16) +
+            sc.local.capacity * @sizeOf(u64);
     }
 };
+
+/// What a thread keeps of its scratch between calls (see `threadScratch`):
+/// a call that needed more gives the rest back when it ends, so a thread
+/// holds, and a thread that exits leaks, at most this much.
+pub const thread_keep_bytes: usize = 256 << 10;
+
+threadlocal var thread_scratch: Scratch = .{};
+threadlocal var thread_scratch_busy: bool = false;
+
+/// The calling thread's scratch for one C-ABI gather or prefetch, reused
+/// call after call instead of built and freed by each; `releaseThreadScratch`
+/// ends its use. A call never nests in another on the same thread.
+pub fn threadScratch() *Scratch {
+    assert(!thread_scratch_busy);
+    thread_scratch_busy = true;
+    return &thread_scratch;
+}
+
+pub fn releaseThreadScratch(gpa: Allocator) void {
+    assert(thread_scratch_busy);
+    thread_scratch_busy = false;
+    if (thread_scratch.capacityBytes() > thread_keep_bytes) thread_scratch.deinit(gpa);
+}
 
 /// Holds a read on every part's store and snapshots them all; `end` gives
 /// the holds back. Nothing is held when it fails.

@@ -449,7 +449,16 @@ const LaneCache = struct {
     }
 
     fn deinit(lc: *LaneCache, gpa: Allocator) void {
-        for (&lc.slots) |*sl| sl.buf.deinit(gpa);
+        for (&lc.slots) |*sl| {
+            sl.buf.deinit(gpa);
+            sl.* = .{};
+        }
+    }
+
+    fn capacityBytes(lc: *const LaneCache) usize {
+        var n: usize = 0;
+        for (&lc.slots) |*sl| n += sl.buf.capacity;
+        return n;
     }
 };
 
@@ -462,7 +471,32 @@ pub const Scratch = struct {
         sc.parts.deinit(gpa);
         for (&sc.lanes) |*lc| lc.deinit(gpa);
     }
+
+    fn capacityBytes(sc: *const Scratch) usize {
+        var n = sc.parts.capacityBytes();
+        for (&sc.lanes) |*lc| n += lc.capacityBytes();
+        return n;
+    }
 };
+
+threadlocal var thread_scratch: Scratch = .{};
+threadlocal var thread_scratch_busy: bool = false;
+
+/// The calling thread's window scratch for one C-ABI call, reused call after
+/// call; kept up to store_parts.thread_keep_bytes (see store_parts.threadScratch).
+pub fn threadScratch() *Scratch {
+    assert(!thread_scratch_busy);
+    thread_scratch_busy = true;
+    return &thread_scratch;
+}
+
+pub fn releaseThreadScratch(gpa: Allocator) void {
+    assert(thread_scratch_busy);
+    thread_scratch_busy = false;
+    if (thread_scratch.capacityBytes() > store_parts.thread_keep_bytes) {
+        thread_scratch.deinit(gpa);
+    }
+}
 
 /// Where window k of a batch goes: row `rows[k]` (k when null) of `tokens`
 /// ((L + 1) * itemsize bytes a row) and of `segments` ((L + 1) int32 a row).
