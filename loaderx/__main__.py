@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _objstore
+from . import _objstore, _openers
 
 _TINY_RECORD_BYTES = 64
 _PAYLOAD_SAMPLE = 1024
@@ -162,9 +162,7 @@ def _print_store(r: dict, indent: str = "") -> None:
 def _is_dataset(path: str) -> bool:
     """A dataset directory (a manifest), local or at a URL."""
     if _objstore.is_url(path):
-        from .remote import exists
-
-        return exists(_objstore.join(path, "loaderx.json"))
+        return _openers.remote(path).exists(_objstore.join(path, "loaderx.json"))
     return os.path.isfile(os.path.join(path, "loaderx.json"))
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, _objstore, _original, _records, identity
+from . import _lib, _objstore, _openers, _original, _records, identity
 from ._checks import check_level, is_int
 from ._lib import check, ffi, lib
 from .streams import NativePart
@@ -282,8 +282,9 @@ class Store:
         self._handle = None
         self._path = _store_path(path)
         self._readonly = False
-        # A URL opens the cache's replica of the remote store (loaderx.remote);
-        # the native engine reads that directory, `path` stays the URL.
+        # A URL opens the cache's replica of the remote store (through the
+        # opener loaderx._openers holds); the native engine reads that
+        # directory, `path` stays the URL.
         self._remote = _remote_binding(self._path, create)
         self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
@@ -784,12 +785,10 @@ def _remote_binding(path: str, create: bool):
         raise ReadOnlyError(f"{path}: a remote store cannot be created in place; write it locally "
                             "and upload it (loaderx.from_numpy, from_iterator and convert take a "
                             "URL destination)", path=path)
-    from . import remote
-    return remote.bind_for_open(path)
+    return _openers.remote(path).bind(path)
 
 
 def _reopen_remote(cls, binding):
     """A pickled remote store: the same version, through the same cache."""
-    from . import remote
-    with remote.opening(binding):
+    with _openers.remote(binding.url).opening(binding):
         return cls(binding.url)

@@ -61,6 +61,9 @@ from ._lib import usable_cores
 from ._objstore import is_url
 from ._store import deprecated, normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
+from .dataset import open_dataset
+from .dense import DenseStore
+from .shardset import ShardSet
 from .streams import NativePart, native_parts
 
 __all__ = ["select", "View", "Selection"]
@@ -128,8 +131,6 @@ def _restore(rows, total, where, dataset, identity, source, engine) -> Selection
 
 def _reselect(source: str, where: str, engine: Optional[str], fingerprint: str) -> Selection:
     """A pickled selection, evaluated again on its dataset; the same records or an error."""
-    from .dataset import open_dataset
-
     opened = open_dataset(source)
     try:
         selection = _select(opened, where, engine, source)[1]
@@ -177,8 +178,6 @@ def _write_compact(base: Any, rows: np.ndarray, first: np.ndarray, shape: tuple,
     later appends and every read go through those descriptors), so the
     rest of the copy is written nameless: a process killed while it
     copies leaves nothing behind, and the memory goes with the handle."""
-    from .dense import DenseStore
-
     copy = DenseStore(os.path.join(where, "records"), base.dtype, shape, codec="raw")
     try:
         copy.append(first)
@@ -400,9 +399,6 @@ class View:
         return self._compact or None
 
     def _build_compact(self) -> Any:
-        from .dense import DenseStore
-        from .shardset import ShardSet
-
         base, rows = self._base, self._selection.rows
         if not isinstance(base, (DenseStore, ShardSet)) or base.kind != "dense" or base.is_remote:
             return None
@@ -477,8 +473,6 @@ def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[st
     owned = False
     source = None
     if isinstance(dataset, (str, os.PathLike)):
-        from .dataset import open_dataset
-
         source = _located(dataset)
         dataset = open_dataset(source)
         owned = True

@@ -37,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import _objstore
+from .. import _objstore, _openers
 from .._checks import check_level, check_mode
 from .._writer import codec_of
-from ..dataset import MANIFEST_NAME, open_dataset
+from .._manifest import MANIFEST_NAME
+from ..dataset import open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
+from ..zrecord import train_dict
 from ._columns import (
     ColumnSpec,
     ConvertError,
@@ -169,11 +171,9 @@ def _url_destination(fn):
     def convert_anywhere(source, dest, job):
         if not _objstore.is_url(dest):
             return fn(source, dest, job)
-        from ..remote import write_dataset_to
-
-        return write_dataset_to(dest, job["mode"],
-                                lambda local: fn(source, local, {**job, "mode": "create"}),
-                                cli=job["cli"])
+        return _openers.remote(dest).write_dataset(
+            dest, job["mode"], lambda local: fn(source, local, {**job, "mode": "create"}),
+            job["cli"])
     return convert_anywhere
 
 
@@ -349,8 +349,6 @@ def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
 
 def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict,
                  size: int | None) -> dict:
-    from ..zrecord import train_dict
-
     wanted = [s for s in specs if codecs[s.name] != "raw"]
     if not wanted:
         return {}
