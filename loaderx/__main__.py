@@ -465,6 +465,8 @@ def cmd_convert(args) -> int:
 def cmd_select(args) -> int:
     from .subset import select
 
+    if args.out:
+        _refuse_url_output(args.out, "--out")
     t0 = time.perf_counter()
     sub = select(args.dataset, args.where, engine=args.engine)
     elapsed = time.perf_counter() - t0
@@ -641,6 +643,15 @@ def cmd_cache(args) -> int:
 # ----------------------------------------------------------------- train-dict
 
 
+def _refuse_url_output(path: str, flag: str) -> None:
+    if _objstore.is_url(path):
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{path}: {flag} is a local file (loaderx writes no single "
+                                   "files to object storage); write it here, then upload it",
+                                   path=path)
+
+
 def _dict_source(args):
     """(training source, things to close) for a .npy, a store or a dataset column."""
     from .dataset import open_dataset, open_store
@@ -650,7 +661,7 @@ def _dict_source(args):
 
         npy_header(args.src)  # a damaged or object-holding file is refused by name
         return np.load(args.src, mmap_mode="r", allow_pickle=False), []
-    if os.path.isfile(os.path.join(args.src, "loaderx.json")):
+    if _is_dataset(args.src):
         opened = open_dataset(args.src)
         name = args.column or next(iter(opened))
         if name not in opened:
@@ -667,6 +678,7 @@ def cmd_train_dict(args) -> int:
     from .converters._progress import Ticker
     from .zrecord import train_dict
 
+    _refuse_url_output(args.output, "-o/--output")
     source, owned = _dict_source(args)
     t0 = time.perf_counter()
     try:
@@ -844,8 +856,10 @@ def _convert_parser(sub, quiet) -> None:
         help="convert data into a loaderx dataset directory",
         description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
         "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
-        "WebDataset .tar shards or a store written by the original loaderx 0.9/1.7 "
-        "(meta.zr). DST: a new dataset directory.",
+        "WebDataset .tar shards, a store written by the original loaderx 0.9/1.7 "
+        "(meta.zr), or a loaderx dataset or store, local or at a URL (s3://, gs://, az://, "
+        "https://: a local copy of a remote dataset). DST: a new dataset directory, or a URL "
+        "(s3://, gs://, az://) it is uploaded to.",
     )
     p.add_argument("src")
     p.add_argument("dst")

@@ -18,7 +18,8 @@ from ._writer import is_store_dir
 from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_FORMAT", "MANIFEST_VERSION", "GENERATION_RE",
-           "read_manifest", "checked_manifest", "manifest_error", "check_inside"]
+           "read_manifest", "checked_manifest", "manifest_error", "check_inside",
+           "col_rows"]
 
 #: The manifest file of a dataset directory, and the version of its layout.
 #: Version 2 names a generation directory (``"generation": "gen-000001"``)
@@ -132,8 +133,8 @@ def _check_columns(p: str, manifest: dict, generation: str | None) -> None:
 
 
 def _check_column_type(p: str, name: str, col: dict) -> None:
-    """A column's kind, dtype, item_shape and codec are of the types the
-    converters write (they are compared with each part's at open)."""
+    """A column's kind, dtype, item_shape, codec and content are of the
+    types the converters write (they are compared with each part's at open)."""
     kind, dtype, shape = col.get("kind"), col.get("dtype"), col.get("item_shape")
     if kind not in KINDS:
         raise manifest_error(p, f"column {name!r} has unknown kind {kind!r}")
@@ -145,6 +146,12 @@ def _check_column_type(p: str, name: str, col: dict) -> None:
     codecs = [col.get("codec")] + [s["codec"] for s in col["shards"] if "codec" in s]
     if not all(isinstance(c, str) for c in codecs):
         raise manifest_error(p, f"column {name!r} has a malformed codec")
+    # A conversion of loaderx data: the content id of the column it copied (Store.content_id).
+    content = col.get("content")
+    if content is not None and not (isinstance(content, dict) and isinstance(content.get("id"), str)
+                                    and type(content.get("rows")) is int):
+        raise manifest_error(p, f"column {name!r} has a malformed 'content' ({str(content)[:80]} "
+                                "is not {'id': str, 'rows': int})")
 
 
 #: The dtypes a categorical's codes may have (the converters write int8/16/32).
@@ -207,6 +214,11 @@ def _check_mask(p: str, name: str, mask: Any, columns: dict) -> None:
     if entry.get("valid_of") != name:
         raise bad(f"its mask column {mask!r} says it is the mask of "
                   f"{entry.get('valid_of')!r}")
+
+
+def col_rows(col: dict) -> int:
+    """The records a (checked) column entry's shards hold."""
+    return sum(s["rows"] for s in col["shards"])
 
 
 def check_inside(root: str, rel: str, what: str) -> str:

@@ -289,6 +289,9 @@ class Store:
         self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
+        # The content id of the data this store was converted from, when a
+        # dataset's manifest says so (loaderx.dataset; see `content_id`).
+        self._copied_from: str | None = None
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
         level = None if level is None else int(level)
@@ -316,6 +319,7 @@ class Store:
             self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._frame_size = int(info.frame_size)
+            self._uid = int(info.uid)
             self._identity = self._read_identity()
             self._check_reopen(codec, level, d)
         except BaseException:
@@ -380,6 +384,24 @@ class Store:
     def is_remote(self) -> bool:
         """Whether this store is read from object storage (through the cache)."""
         return self._remote is not None
+
+    @property
+    def content_id(self) -> str | None:
+        """Which records this store holds, wherever its files are: its kind,
+        dtype, item shape, length and the random id written when it was
+        created, which every copy of its files keeps (local or uploaded);
+        for a store of a dataset converted from loaderx data, the content id
+        of that data (its manifest says so). A subset's checkpoint
+        fingerprint is built from it, never from a path. None for a store
+        written before stores had an id."""
+        if self._copied_from is not None:
+            return self._copied_from
+        if not self._uid:
+            return None
+        ident = self._identity
+        shape = "" if ident.item_shape is None else str(list(ident.item_shape))
+        dtype = "" if ident.dtype is None else f" {ident.dtype}{shape}"
+        return f"{ident.kind}{dtype} x{len(self)} #{self._uid:016x}"
 
     def prefetch_warm(self, indices) -> bool:
         """The stream protocol's ``prefetch_warm``: True when records

@@ -22,6 +22,7 @@ from ._checks import drop_source_rows
 from ._manifest import (
     MANIFEST_NAME,
     check_inside,
+    col_rows,
     manifest_error,
     read_manifest,
 )
@@ -333,6 +334,10 @@ def _open_column(root: str, name: str, col: dict, version: int) -> Any:
     shards = col["shards"]
     paths = [check_inside(root, s["path"], f"column {name!r} part {s['path']}") for s in shards]
     opened = open_store(paths[0]) if len(paths) == 1 else ShardSet(paths)
+    copied = col.get("content")
+    if copied is not None and copied["rows"] == col_rows(col):
+        # Converted from loaderx data: the records are that data's (see content_id).
+        opened._copied_from = copied["id"]
     try:
         stores = opened.shards if isinstance(opened, ShardSet) else [opened]
         for s, store in zip(shards, stores):

@@ -97,6 +97,7 @@ class ShardSet:
                  storage_options=None):
         self._stores: list = []
         self._owned: list = []
+        self._copied_from: str | None = None  # see content_id
         if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
             raise TypeError(
                 f"ShardSet takes a list of stores or store paths, not {type(shards).__name__}"
@@ -197,6 +198,22 @@ class ShardSet:
     def is_remote(self) -> bool:
         """Whether any shard is read from object storage."""
         return bool(self._remote)
+
+    @property
+    def content_id(self) -> str | None:
+        """Which records the set holds, wherever its shards' files are: the
+        shards' ``content_id`` in order (the converted-from data's, when a
+        dataset's manifest says so; see ``Store.content_id``); None when a
+        shard has none."""
+        if self._copied_from is not None:
+            return self._copied_from
+        ids = []
+        for store in self._stores:
+            cid = getattr(store, "content_id", None)
+            if cid is None:
+                return None
+            ids.append(str(cid))
+        return " + ".join(ids)
 
     def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache (the shards'

@@ -54,6 +54,7 @@ from ._columns import (
     with_extra,
 )
 from ._dest import Destination, safe_name
+from ._loaderx_src import LoaderxSource, is_loaderx_data, loaderx_splits
 from ._progress import make_progress
 from ._run import (
     StoreOptions,
@@ -238,6 +239,10 @@ def _splits(source: Any) -> list | None:
         return list(source.items())
     if isinstance(source, (str, os.PathLike)):
         p = os.fspath(source)
+        if _objstore.is_url(p) or os.path.isdir(p):
+            splits = loaderx_splits(p)  # a loaderx dataset of splits
+            if splits is not None:
+                return splits
         marker = os.path.join(p, "dataset_dict.json")
         if os.path.isfile(marker):
             names = _json_file(marker).get("splits")
@@ -290,6 +295,8 @@ def open_source(source: Any, options: Options) -> Source:
             "arrays or a datasets.Dataset"
         )
     p = os.fspath(source)
+    if _objstore.is_url(p) or (os.path.isdir(p) and is_loaderx_data(p)):
+        return _loaderx_source(p, options)
     if not os.path.exists(p):
         raise StoreNotFoundError(f"{p}: no such file or directory", path=p)
     low = p.lower()
@@ -307,6 +314,16 @@ def open_source(source: Any, options: Options) -> Source:
     return _open_directory(
         p, options, ArrowSource, arrow_files, ImageFolderSource, WebDatasetSource, tar_files
     )
+
+
+def _loaderx_source(p: str, options: Options) -> Source:
+    """A loaderx dataset or store, local or at a URL (what convert reads at a URL)."""
+    if _objstore.is_url(p) and not is_loaderx_data(p):
+        raise StoreNotFoundError(
+            f"{p}: no loaderx dataset or store here (no {MANIFEST_NAME}, no meta); convert "
+            "reads loaderx data at a URL: download other files first, then convert them",
+            path=p)
+    return LoaderxSource(p, options)
 
 
 def _open_directory(
