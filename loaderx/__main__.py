@@ -849,17 +849,20 @@ def _batch_mib(text: str) -> float:
     return mib
 
 
+_CONVERT_TEXT = (
+    "SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a Hugging Face save_to_disk "
+    "directory, an image folder (class/*.jpg|png), WebDataset .tar shards, a store written by "
+    "the original loaderx 0.9/1.7 (meta.zr), or a loaderx dataset or store, local or at a URL "
+    "(s3://, gs://, az://, https://: a local copy of a remote dataset). DST: a new dataset "
+    "directory, or a URL (s3://, gs://, az://) it is uploaded to.")
+
+
 def _convert_parser(sub, quiet) -> None:
     p = sub.add_parser(
         "convert",
         parents=[quiet],
         help="convert data into a loaderx dataset directory",
-        description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
-        "WebDataset .tar shards, a store written by the original loaderx 0.9/1.7 "
-        "(meta.zr), or a loaderx dataset or store, local or at a URL (s3://, gs://, az://, "
-        "https://: a local copy of a remote dataset). DST: a new dataset directory, or a URL "
-        "(s3://, gs://, az://) it is uploaded to.",
+        description=_CONVERT_TEXT,
     )
     p.add_argument("src")
     p.add_argument("dst")

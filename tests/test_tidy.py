@@ -596,3 +596,9 @@ if __name__ == "__main__":
     print("largest file:", rel(largest), len(read_lines(largest)) - 1, "lines")
     print("unreachable/panic:", panics_and_unreachables())
     print("doc comments:", missing_doc_comments())
+    edges = import_edges()
+    checked = [(a, b) for a, b, top, _ in edges if not lazy_edge_allowed(a, b, top)]
+    print("import cycles (function-level imports included):",
+          [len(c) for c in cycles(checked)] or "none")
+    lazy = {(a, line) for a, _, top, line in edges if not top}
+    print(f"function-level imports of loaderx modules: {len(lazy)}")
