@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _objstore, _openers
+from .errors import InvalidArgumentError
 
 _TINY_RECORD_BYTES = 64
 _PAYLOAD_SAMPLE = 1024
@@ -645,8 +646,6 @@ def cmd_cache(args) -> int:
 
 def _refuse_url_output(path: str, flag: str) -> None:
     if _objstore.is_url(path):
-        from .errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"{path}: {flag} is a local file (loaderx writes no single "
                                    "files to object storage); write it here, then upload it",
                                    path=path)

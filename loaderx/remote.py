@@ -1,7 +1,10 @@
 """Remote datasets: stores and dataset directories in object storage
 (``s3://``, ``gs://``, ``az://``, ``https://``), read through a node-local
 cache. docs/remote.md is the user's guide; this module is the glue between
-a store object and its cached replica.
+a store object and its cached replica. It builds on the stores and
+registers the opener of URLs in `loaderx._openers` (the end of this file),
+through which the stores, datasets and converters reach it: none of them
+imports this module.
 
 Opening ``s3://bucket/ds/col/part-00000`` fetches the store's ``meta``
 (checked like any store's) and the versions (ETags) of its ``index`` and
@@ -788,10 +791,21 @@ class _Opener:
     """Object storage as the core reaches it (`loaderx._openers.Remote`):
     registered below, so no store or dataset module imports this one."""
 
-    bind = staticmethod(bind_for_open)
-    opening = staticmethod(opening)
-    concurrently = staticmethod(map_concurrently)
-    exists = staticmethod(exists)
+    @staticmethod
+    def bind(url: str) -> Binding:
+        return bind_for_open(url)
+
+    @staticmethod
+    def opening(bound: Any) -> Any:
+        return opening(bound)
+
+    @staticmethod
+    def concurrently(fn: Callable, items: Sequence) -> list:
+        return map_concurrently(fn, items)
+
+    @staticmethod
+    def exists(url: str) -> bool:
+        return exists(url)
 
     @staticmethod
     def settings(cache_dir: Any, cache_limit: Any, storage_options: Any) -> Any:
