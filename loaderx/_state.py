@@ -43,6 +43,7 @@ theirs.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._lib import check, ffi, lib
@@ -65,6 +66,9 @@ STEP_MAX = 2**63 - 2**20
 POSITION_MAX = 2**63
 
 _CYCLIC = "CYCLIC"
+#: A subset fingerprint of loaderx 3.0.0 (it named the dataset's path;
+#: loaderx.subset keeps it as a fingerprint alias where the dataset did not move).
+_PLACE_FINGERPRINT = re.compile(r"subset of .+: [\d,]+ of [\d,]+ records, blake2b:[0-9a-f]+$")
 Cursor = Tuple[int, int, int]
 
 
@@ -373,12 +377,15 @@ def _check_fingerprint(field: str, saved: Any, own: Optional[str],
         return
     if saved is None or own is None:
         _check_equal(field, saved, own)
-    raise ValueError(
-        f"state {field} is {saved!r} but this loader has {own!r}: they hold other "
-        "records (another dataset, or another subset of it). Resume on the data the checkpoint "
-        "was taken on (any copy of it resumes, local or remote: a fingerprint names the "
-        "records, not where they are), or start a new run (DataLoader(..., step=state['step']) "
-        "keeps the step count)")
+    if isinstance(saved, str) and _PLACE_FINGERPRINT.search(saved):
+        why = ("a subset fingerprint of loaderx 3.0.0, which named the dataset's path: it "
+               "resumes only on the dataset at that path. Resume there")
+    else:
+        why = ("they hold other records (another dataset, or another subset of it). Resume on "
+               "the data the checkpoint was taken on (any copy of it resumes, local or remote: "
+               "a fingerprint names the records, not where they are)")
+    raise ValueError(f"state {field} is {saved!r} but this loader has {own!r}: {why}, or start "
+                     "a new run (DataLoader(..., step=state['step']) keeps the step count)")
 
 
 def _check_cursors(state: Mapping[str, Any], plan: Any,
