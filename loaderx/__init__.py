@@ -68,6 +68,7 @@ from .streams import ArrayStream, NativePart, Stream
 from .tokens import TokenWindows
 from .zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 from .zsampler import Sampler
+from . import remote  # noqa: E402,F401  (registers the opener of URLs: loaderx._openers)
 
 __all__ = [
     "Zrecord", "DenseStore", "RaggedStore", "ShardSet", "Mixture", "TokenWindows", "train_dict",

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _objstore
+from . import _objstore, _openers
+from .errors import InvalidArgumentError
 
 _TINY_RECORD_BYTES = 64
 _PAYLOAD_SAMPLE = 1024
@@ -162,9 +163,7 @@ def _print_store(r: dict, indent: str = "") -> None:
 def _is_dataset(path: str) -> bool:
     """A dataset directory (a manifest), local or at a URL."""
     if _objstore.is_url(path):
-        from .remote import exists
-
-        return exists(_objstore.join(path, "loaderx.json"))
+        return _openers.remote(path).exists(_objstore.join(path, "loaderx.json"))
     return os.path.isfile(os.path.join(path, "loaderx.json"))
 
 
@@ -468,6 +467,8 @@ def cmd_convert(args) -> int:
 def cmd_select(args) -> int:
     from .subset import select
 
+    if args.out:
+        _refuse_url_output(args.out, "--out")
     t0 = time.perf_counter()
     sub = select(args.dataset, args.where, engine=args.engine)
     elapsed = time.perf_counter() - t0
@@ -644,6 +645,13 @@ def cmd_cache(args) -> int:
 # ----------------------------------------------------------------- train-dict
 
 
+def _refuse_url_output(path: str, flag: str) -> None:
+    if _objstore.is_url(path):
+        raise InvalidArgumentError(f"{path}: {flag} is a local file (loaderx writes no single "
+                                   "files to object storage); write it here, then upload it",
+                                   path=path)
+
+
 def _dict_source(args):
     """(training source, things to close) for a .npy, a store or a dataset column."""
     from .dataset import open_dataset, open_store
@@ -653,7 +661,7 @@ def _dict_source(args):
 
         npy_header(args.src)  # a damaged or object-holding file is refused by name
         return np.load(args.src, mmap_mode="r", allow_pickle=False), []
-    if os.path.isfile(os.path.join(args.src, "loaderx.json")):
+    if _is_dataset(args.src):
         opened = open_dataset(args.src)
         name = args.column or next(iter(opened))
         if name not in opened:
@@ -670,6 +678,7 @@ def cmd_train_dict(args) -> int:
     from .converters._progress import Ticker
     from .zrecord import train_dict
 
+    _refuse_url_output(args.output, "-o/--output")
     source, owned = _dict_source(args)
     t0 = time.perf_counter()
     try:
@@ -840,15 +849,20 @@ def _batch_mib(text: str) -> float:
     return mib
 
 
+_CONVERT_TEXT = (
+    "SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a Hugging Face save_to_disk "
+    "directory, an image folder (class/*.jpg|png), WebDataset .tar shards, a store written by "
+    "the original loaderx 0.9/1.7 (meta.zr), or a loaderx dataset or store, local or at a URL "
+    "(s3://, gs://, az://, https://: a local copy of a remote dataset). DST: a new dataset "
+    "directory, or a URL (s3://, gs://, az://) it is uploaded to.")
+
+
 def _convert_parser(sub, quiet) -> None:
     p = sub.add_parser(
         "convert",
         parents=[quiet],
         help="convert data into a loaderx dataset directory",
-        description="SRC: .npy/.npz, Parquet/Arrow/Feather files or directories, a "
-        "Hugging Face save_to_disk directory, an image folder (class/*.jpg|png), "
-        "WebDataset .tar shards or a store written by the original loaderx 0.9/1.7 "
-        "(meta.zr). DST: a new dataset directory.",
+        description=_CONVERT_TEXT,
     )
     p.add_argument("src")
     p.add_argument("dst")

@@ -15,6 +15,7 @@ typedef struct {
     uint64_t user_size;
     uint64_t fixed_size;
     uint64_t frame_size;
+    uint64_t uid;
 } lx_info_t;
 typedef struct {
     uint64_t records;
@@ -256,7 +257,7 @@ IDENTITY_NDIM_MAX = 32
 IDENTITY_DESCR_SIZE_MAX = 1048576
 IDENTITY_NAME_SIZE_MAX = 255
 IDENTITY_FLAG_DTYPE_BY_NAME = 1
-STRUCT_SIZES = {"lx_info_t": 48, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
+STRUCT_SIZES = {"lx_info_t": 56, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
     "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
     "lx_column_t": 32, "lx_loader_part_t": 40, "lx_windows_t": 48,
     "lx_pool_stats_t": 64, "lx_identity_t": 312, "lx_image_op_t": 56,

@@ -251,6 +251,59 @@ def _forget_clients() -> None:
 
 # ----------------------------------------------------------------- errors
 
+#: What an error's text holds when the client found no credentials and fell
+#: back to asking a cloud machine's metadata service for them (AWS IMDS, its
+#: ECS container endpoint, GCE's and Azure's managed identity): off a cloud
+#: machine (or with its metadata refused) that is "no credentials".
+_METADATA_MARKS = ("/latest/api/token", "/latest/meta-data/iam", "169.254.169.254",
+                   "169.254.170.2", "metadata.google.internal", "computemetadata/v1",
+                   "/metadata/identity/oauth2")
+#: What the HTTP client says when a plain-http URL is not allowed.
+_PLAIN_HTTP_MARK = "builder error"
+
+#: Where each cloud's client finds credentials, for the error that found none.
+_CREDENTIALS_HELP = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
+          "temporary ones), or AWS_PROFILE naming a profile of ~/.aws/credentials or "
+          "~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE move them; profiles "
+          "need boto3), or pass storage_options={'access_key_id': ..., 'secret_access_key': "
+          "...}; a public bucket reads with storage_options={'skip_signature': 'true'}",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or pass "
+          "storage_options={'google_service_account': PATH}",
+    "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or "
+          "AZURE_STORAGE_SAS_KEY), or pass them in storage_options",
+}
+#: The switch that lets each cloud's client talk plain HTTP.
+_ALLOW_HTTP = {"s3": "AWS_ALLOW_HTTP=true", "az": "AZURE_ALLOW_HTTP=true"}
+
+
+def _cloud(url: str) -> str:
+    sch = scheme(url)
+    return "az" if sch in ("azure", "abfs", "abfss") else sch
+
+
+def _setting_error(e: BaseException, url: str) -> Optional[Exception]:
+    """The error of a client whose settings cannot work, naming the setting
+    to change (never retried): no credentials found anywhere, or a plain-http
+    endpoint the client was not allowed to use."""
+    text = str(e).lower()
+    cloud = _cloud(url)
+    if any(mark in text for mark in _METADATA_MARKS):
+        where = _CREDENTIALS_HELP.get(cloud, "pass credentials in storage_options")
+        return RemotePermissionError(
+            f"{url}: no credentials found (none in the environment or a profile, and no cloud "
+            f"machine's metadata service gave any): {where}. The client said: "
+            f"{_first_line(e)}", path=url)
+    if _PLAIN_HTTP_MARK in text and "http://" in text:
+        switch = _ALLOW_HTTP.get(cloud)
+        how = f"set {switch} or " if switch else ""
+        return RemoteIOError(
+            f"{url}: the endpoint is plain http://, which the client refuses unless it is "
+            f"allowed: {how}pass storage_options={{'allow_http': 'true'}} (or use https://). "
+            f"The client said: {_first_line(e)}", path=url)
+    return None
+
+
 def _classify(e: BaseException) -> str:
     """``hard`` (never retried), ``changed``, or ``retry``."""
     name = type(e).__name__
@@ -258,6 +311,9 @@ def _classify(e: BaseException) -> str:
             "NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "InvalidPathError",
             "NotSupportedError", "UnknownConfigurationKeyError", "AlreadyExistsError"):
         return "hard"
+    text = str(e).lower()
+    if _PLAIN_HTTP_MARK in text or any(mark in text for mark in _METADATA_MARKS):
+        return "hard"  # settings that cannot work (see _setting_error)
     if name in ("PreconditionError", "NotModifiedError"):
         return "changed"
     return "retry"
@@ -272,6 +328,9 @@ def _mapped(e: BaseException, url: str, what: str) -> Exception:
     """A loaderx error naming `url` for an obstore (or OS) error."""
     name = type(e).__name__
     msg = f"{url}: {what} failed: {_first_line(e)}"
+    setting = _setting_error(e, url)
+    if setting is not None:
+        return setting
     if isinstance(e, FileNotFoundError) or name == "NotFoundError":
         return RemoteNotFoundError(f"{url}: no such object (or bucket): {_first_line(e)}", path=url)
     if isinstance(e, PermissionError) or name in ("PermissionDeniedError", "UnauthenticatedError"):

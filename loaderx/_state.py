@@ -43,6 +43,7 @@ theirs.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._lib import check, ffi, lib
@@ -65,6 +66,9 @@ STEP_MAX = 2**63 - 2**20
 POSITION_MAX = 2**63
 
 _CYCLIC = "CYCLIC"
+#: A subset fingerprint of loaderx 3.0.0 (it named the dataset's path;
+#: loaderx.subset keeps it as a fingerprint alias where the dataset did not move).
+_PLACE_FINGERPRINT = re.compile(r"subset of .+: [\d,]+ of [\d,]+ records, blake2b:[0-9a-f]+$")
 Cursor = Tuple[int, int, int]
 
 
@@ -252,7 +256,7 @@ def load_state(state: Any, plan: Any, sampler: Any, track: Track) -> Base:
     _check_equal("seed", state["seed"], sampler.seed)
     _check_lengths(state["lengths"], _lengths_state(plan))
     _check_equal("sources", state["sources"], _sources_state(plan))
-    _check_fingerprints(state["fingerprints"], _fingerprints_state(plan))
+    _check_fingerprints(state["fingerprints"], _fingerprints_state(plan), _aliases_state(plan))
     saved = _check_cursors(state, plan, track)
     if saved is None:
         return Base(track, step, position, None)
@@ -283,10 +287,25 @@ def _fingerprint(stream: Any) -> Optional[str]:
     return None if value is None else str(value)
 
 
+def _aliases(stream: Any) -> Tuple[str, ...]:
+    """Older spellings of a stream's fingerprint that a state may hold for
+    the same records (``fingerprint_aliases``, see loaderx.streams)."""
+    return tuple(str(a) for a in getattr(stream, "fingerprint_aliases", ()) or ())
+
+
 def _fingerprints_state(plan: Any) -> Dict[str, Any]:
+    return _per_stream(plan, _fingerprint)
+
+
+def _aliases_state(plan: Any) -> Dict[str, Any]:
+    return _per_stream(plan, _aliases)
+
+
+def _per_stream(plan: Any, of: Any) -> Dict[str, Any]:
+    """``{stream: of(stream)}``; for a mixture ``{source: {stream: ...}}``."""
     if plan.mixture is None:
-        return {c.name: _fingerprint(c.streams[0]) for c in plan.columns}
-    return {name: {c.name: _fingerprint(c.streams[k]) for c in plan.columns}
+        return {c.name: of(c.streams[0]) for c in plan.columns}
+    return {name: {c.name: of(c.streams[k]) for c in plan.columns}
             for k, name in enumerate(plan.source_names)}
 
 
@@ -332,8 +351,10 @@ def _check_lengths(lengths: Mapping[str, Any], own: Mapping[str, Any]) -> None:
         _check_equal(f"lengths[{name!r}]", lengths[name], length)
 
 
-def _check_fingerprints(fingerprints: Mapping[str, Any], own: Mapping[str, Any]) -> None:
-    """Each stream's record set must be the one the state was saved with."""
+def _check_fingerprints(fingerprints: Mapping[str, Any], own: Mapping[str, Any],
+                        aliases: Mapping[str, Any]) -> None:
+    """Each stream's record set must be the one the state was saved with
+    (its fingerprint, or an older spelling of it: `_aliases`)."""
     if sorted(fingerprints) != sorted(own):
         raise ValueError(f"state fingerprints name {sorted(fingerprints)}, "
                          f"this loader's streams are {sorted(own)}")
@@ -343,9 +364,28 @@ def _check_fingerprints(fingerprints: Mapping[str, Any], own: Mapping[str, Any])
             if not isinstance(inner, Mapping) or sorted(inner) != sorted(value):
                 _check_equal(f"fingerprints[{name!r}]", inner, value)
             for column, fingerprint in value.items():
-                _check_equal(f"fingerprints[{name!r}][{column!r}]", inner[column], fingerprint)
+                _check_fingerprint(f"fingerprints[{name!r}][{column!r}]", inner[column],
+                                   fingerprint, aliases[name][column])
         else:
-            _check_equal(f"fingerprints[{name!r}]", fingerprints[name], value)
+            _check_fingerprint(f"fingerprints[{name!r}]", fingerprints[name], value,
+                               aliases[name])
+
+
+def _check_fingerprint(field: str, saved: Any, own: Optional[str],
+                       aliases: Tuple[str, ...]) -> None:
+    if saved == own or (saved is not None and saved in aliases):
+        return
+    if saved is None or own is None:
+        _check_equal(field, saved, own)
+    if isinstance(saved, str) and _PLACE_FINGERPRINT.search(saved):
+        why = ("a subset fingerprint of loaderx 3.0.0, which named the dataset's path: it "
+               "resumes only on the dataset at that path. Resume there")
+    else:
+        why = ("they hold other records (another dataset, or another subset of it). Resume on "
+               "the data the checkpoint was taken on (any copy of it resumes, local or remote: "
+               "a fingerprint names the records, not where they are)")
+    raise ValueError(f"state {field} is {saved!r} but this loader has {own!r}: {why}, or start "
+                     "a new run (DataLoader(..., step=state['step']) keeps the step count)")
 
 
 def _check_cursors(state: Mapping[str, Any], plan: Any,

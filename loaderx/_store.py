@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _lib, _objstore, _original, _records, identity
+from . import _lib, _objstore, _openers, _original, _records, identity
 from ._checks import check_level, is_int
 from ._lib import check, ffi, lib
 from .streams import NativePart
@@ -282,12 +282,16 @@ class Store:
         self._handle = None
         self._path = _store_path(path)
         self._readonly = False
-        # A URL opens the cache's replica of the remote store (loaderx.remote);
-        # the native engine reads that directory, `path` stays the URL.
+        # A URL opens the cache's replica of the remote store (through the
+        # opener loaderx._openers holds); the native engine reads that
+        # directory, `path` stays the URL.
         self._remote = _remote_binding(self._path, create)
         self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
+        # The content id of the data this store was converted from, when a
+        # dataset's manifest says so (loaderx.dataset; see `content_id`).
+        self._copied_from: str | None = None
         d = _dict_bytes(dict_bytes, self._path)
         _check_codec_args(self._path, create, codec, level, d)
         level = None if level is None else int(level)
@@ -315,6 +319,7 @@ class Store:
             self._format_version = int(info.format_version)
             self._fixed_size = int(info.fixed_size)
             self._frame_size = int(info.frame_size)
+            self._uid = int(info.uid)
             self._identity = self._read_identity()
             self._check_reopen(codec, level, d)
         except BaseException:
@@ -379,6 +384,24 @@ class Store:
     def is_remote(self) -> bool:
         """Whether this store is read from object storage (through the cache)."""
         return self._remote is not None
+
+    @property
+    def content_id(self) -> str | None:
+        """Which records this store holds, wherever its files are: its kind,
+        dtype, item shape, length and the random id written when it was
+        created, which every copy of its files keeps (local or uploaded);
+        for a store of a dataset converted from loaderx data, the content id
+        of that data (its manifest says so). A subset's checkpoint
+        fingerprint is built from it, never from a path. None for a store
+        written before stores had an id."""
+        if self._copied_from is not None:
+            return self._copied_from
+        if not self._uid:
+            return None
+        ident = self._identity
+        shape = "" if ident.item_shape is None else str(list(ident.item_shape))
+        dtype = "" if ident.dtype is None else f" {ident.dtype}{shape}"
+        return f"{ident.kind}{dtype} x{len(self)} #{self._uid:016x}"
 
     def prefetch_warm(self, indices) -> bool:
         """The stream protocol's ``prefetch_warm``: True when records
@@ -784,12 +807,10 @@ def _remote_binding(path: str, create: bool):
         raise ReadOnlyError(f"{path}: a remote store cannot be created in place; write it locally "
                             "and upload it (loaderx.from_numpy, from_iterator and convert take a "
                             "URL destination)", path=path)
-    from . import remote
-    return remote.bind_for_open(path)
+    return _openers.remote(path).bind(path)
 
 
 def _reopen_remote(cls, binding):
     """A pickled remote store: the same version, through the same cache."""
-    from . import remote
-    with remote.opening(binding):
+    with _openers.remote(binding.url).opening(binding):
         return cls(binding.url)

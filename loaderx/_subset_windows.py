@@ -83,6 +83,11 @@ class SubsetWindows:
     def fingerprint(self) -> str:
         return f"token windows of {self._seq_len} over the {self._view.fingerprint}"
 
+    @property
+    def fingerprint_aliases(self) -> Tuple[str, ...]:
+        return tuple(f"token windows of {self._seq_len} over the {alias}"
+                     for alias in self._view.fingerprint_aliases)
+
     def __len__(self) -> int:
         return self._len
 
@@ -158,6 +163,10 @@ class _Segments:
     @property
     def fingerprint(self) -> str:
         return f"segments of the {self._windows.fingerprint}"
+
+    @property
+    def fingerprint_aliases(self) -> Tuple[str, ...]:
+        return tuple(f"segments of the {alias}" for alias in self._windows.fingerprint_aliases)
 
     def __len__(self) -> int:
         return len(self._windows)

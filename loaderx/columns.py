@@ -37,6 +37,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
+from . import _records
 from ._store import normalize_indices
 
 __all__ = ["Column", "scalar_chunks", "is_scalar", "column_parts"]
@@ -261,8 +262,6 @@ def scalar_chunks(stream: Any) -> List[np.ndarray]:
 def text_chunks(stream: Any) -> List[tuple]:
     """A text or byte column's records as ``(bytes buffer, int64 offsets)``
     per store (Arrow's string layout), each from one native read."""
-    from . import _records
-
     out = []
     for store in column_parts(stream):
         n = len(store)

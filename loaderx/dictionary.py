@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ._lib import check, ffi, lib
+from ._objstore import is_url
 from ._store import U64, Store, u64_ptr
-from .errors import DictionaryError
+from .errors import DictionaryError, InvalidArgumentError
 
 #: The dictionary tiers by name: the most bytes of the dictionary (``size``)
 #: and of the records it trains on (``samples``). The original loaderx 1.7's
@@ -83,6 +84,10 @@ def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
     Raises `DictionaryError` when zstd cannot train one (too few or too
     uniform samples).
     """
+    if path is not None and is_url(path):
+        raise InvalidArgumentError(f"{path}: train_dict writes its dictionary to a local file; "
+                                   "write it here (or keep the bytes it returns) and upload "
+                                   "it yourself", path=path)
     if tier is None:
         tier = DICT_TIER_DEFAULT
     if not isinstance(tier, str) or tier not in DICT_TIERS:

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from . import _locks, _objstore
+from . import _locks, _objstore, _openers
 from .converters import ConvertError, column_codecs
 from .converters import with_masks
 from .converters._columns import ColumnSpec, Flags, arrow_spec, arrow_to_batch, mask_name, require
@@ -276,12 +276,11 @@ def write_dataset(
         flags=Flags(),
     )
     if _objstore.is_url(dest):  # built locally (the cache's uploads), uploaded, published
-        from .remote import config, write_dataset_to
-
-        cfg = config(storage_options=storage_options)
-        return write_dataset_to(dest, mode, lambda local: write_dataset(
-            ray_dataset, local, codec=codec, level=level, columns=columns,
-            skip_columns=skip_columns), cfg)
+        opener = _openers.remote(dest)
+        with opener.settings(None, None, storage_options):
+            return opener.write_dataset(dest, mode, lambda local: write_dataset(
+                ray_dataset, local, codec=codec, level=level, columns=columns,
+                skip_columns=skip_columns), False)
     sink = _datasink_class()(dest, mode, codec, level, options)
     try:
         ray_dataset.write_datasink(sink)

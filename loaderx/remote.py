@@ -1,7 +1,10 @@
 """Remote datasets: stores and dataset directories in object storage
 (``s3://``, ``gs://``, ``az://``, ``https://``), read through a node-local
 cache. docs/remote.md is the user's guide; this module is the glue between
-a store object and its cached replica.
+a store object and its cached replica. It builds on the stores and
+registers the opener of URLs in `loaderx._openers` (the end of this file),
+through which the stores, datasets and converters reach it: none of them
+imports this module.
 
 Opening ``s3://bucket/ds/col/part-00000`` fetches the store's ``meta``
 (checked like any store's) and the versions (ETags) of its ``index`` and
@@ -36,13 +39,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from . import _cache, _objstore
+from . import _cache, _objstore, _openers
 from ._cache import Cache, Layout, parse_limit
 from ._checks import check_mode
 from ._lib import ffi, lib
+from ._manifest import MANIFEST_NAME, checked_manifest
 from ._objstore import Options, is_url, join
 from ._store import stored_kind
-from .dataset import MANIFEST_NAME, checked_manifest
 from .errors import (
     ConvertError,
     CorruptStoreError,
@@ -55,7 +58,6 @@ from .errors import (
     RemoteNotFoundError,
     ZrecordError,
 )
-from .zrecord import open_store
 
 __all__ = ["configure", "is_url", "Config"]
 
@@ -578,10 +580,10 @@ def _exists_error(url: str, mode_hint: str) -> Exception:
 
 
 def write_store_to(url: str, mode: str, build: Callable[[str], Any],
-                   cfg: Optional[Config] = None) -> Any:
+                   cfg: Optional[Config] = None) -> None:
     """A single store for `url`: `build(local_dir)` writes and closes it
-    locally, then it is uploaded (its meta last) and opened from `url`.
-    ``mode="append"`` is refused (append to a dataset instead)."""
+    locally, then it is uploaded (its meta last; the caller opens it from
+    `url`). ``mode="append"`` is refused (append to a dataset instead)."""
     cfg = cfg or config()
     check_mode(mode)
     _refuse_read_only(url)
@@ -598,8 +600,6 @@ def write_store_to(url: str, mode: str, build: Callable[[str], Any],
         path = os.path.join(local, "store")
         build(path)
         _upload(_files_under(path), url, cfg)
-    return open_store(url, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
-                      storage_options=cfg.options)
 
 
 class Target:
@@ -783,3 +783,49 @@ def _named_objects(url: str, manifest: dict, cfg: Config) -> list:
         for sh in col["shards"]:
             out += [join(url, sh["path"], f) for f in ("meta", "index", "data")]
     return out
+
+
+# ----------------------------------------------------------------- the opener of URLs
+
+class _Opener:
+    """Object storage as the core reaches it (`loaderx._openers.Remote`):
+    registered below, so no store or dataset module imports this one."""
+
+    @staticmethod
+    def bind(url: str) -> Binding:
+        return bind_for_open(url)
+
+    @staticmethod
+    def opening(bound: Any) -> Any:
+        return opening(bound)
+
+    @staticmethod
+    def concurrently(fn: Callable, items: Sequence) -> list:
+        return map_concurrently(fn, items)
+
+    @staticmethod
+    def exists(url: str) -> bool:
+        return exists(url)
+
+    @staticmethod
+    def settings(cache_dir: Any, cache_limit: Any, storage_options: Any) -> Any:
+        return using(config(cache_dir, cache_limit, storage_options))
+
+    @staticmethod
+    def resume(cfg: Config) -> Any:
+        return using(cfg)
+
+    @staticmethod
+    def manifest_text(url: str) -> bytes:
+        return manifest_text(url)
+
+    @staticmethod
+    def write_store(url: str, mode: str, build: Callable[[str], Any]) -> None:
+        write_store_to(url, mode, build)
+
+    @staticmethod
+    def write_dataset(url: str, mode: str, build: Callable[[str], dict], cli: bool) -> dict:
+        return write_dataset_to(url, mode, build, cli=cli)
+
+
+_openers.register(_Opener())

@@ -19,12 +19,13 @@ reference (its shards' paths), reopened read-only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import _buffers, _records
+from . import _buffers, _objstore, _openers, _records
 from ._checks import check_out, is_stream
 from ._lib import check
 from ._store import deprecated, normalize_indices
@@ -96,6 +97,7 @@ class ShardSet:
                  storage_options=None):
         self._stores: list = []
         self._owned: list = []
+        self._copied_from: str | None = None  # see content_id
         if isinstance(shards, (str, os.PathLike)) or not isinstance(shards, Sequence):
             raise TypeError(
                 f"ShardSet takes a list of stores or store paths, not {type(shards).__name__}"
@@ -197,6 +199,22 @@ class ShardSet:
         """Whether any shard is read from object storage."""
         return bool(self._remote)
 
+    @property
+    def content_id(self) -> str | None:
+        """Which records the set holds, wherever its shards' files are: the
+        shards' ``content_id`` in order (the converted-from data's, when a
+        dataset's manifest says so; see ``Store.content_id``); None when a
+        shard has none."""
+        if self._copied_from is not None:
+            return self._copied_from
+        ids = []
+        for store in self._stores:
+            cid = getattr(store, "content_id", None)
+            if cid is None:
+                return None
+            ids.append(str(cid))
+        return " + ".join(ids)
+
     def prefetch_size(self, indices) -> int:
         """The bytes `prefetch(indices)` brings into the cache (the shards'
         `prefetch_size` added up), for a loader's ``prefetch_bytes``."""
@@ -213,7 +231,6 @@ class ShardSet:
         """Makes the remote shards' records of `idx` present and checked,
         every shard concurrently; returns [(store, token)] for `_remote_end`."""
         work = self._remote_shares(idx)
-        from .remote import map_concurrently
 
         def one(item):
             store, local = item
@@ -221,7 +238,9 @@ class ShardSet:
                 store.prefetch(local)
                 return store, None
             return store, store._remote_begin(local.astype(np.uint64))
-        return map_concurrently(one, work)
+        if len(work) <= 1:
+            return [one(item) for item in work]
+        return _openers.remote(work[0][0].path).concurrently(one, work)
 
     def _remote_shares(self, idx: np.ndarray) -> list:
         """[(store, its local record indices)] of the remote shards that hold
@@ -380,23 +399,18 @@ def _reopen_stores(stores: list) -> "ShardSet":
 def _remote_opens(shards: Sequence[Any], cache_dir, cache_limit, storage_options):
     """A context in which the URL shards open with these settings, opened
     (their network round trips) concurrently up front."""
-    import contextlib
-
-    from . import _objstore
-    urls = [s for s in shards if _objstore.is_url(s)]
+    urls = [os.fspath(s) for s in shards
+            if isinstance(s, (str, os.PathLike)) and _objstore.is_url(os.fspath(s))]
     if not urls:
         return contextlib.nullcontext()
-    from . import remote
-    cfg = remote.config(cache_dir, cache_limit, storage_options)
+    opener = _openers.remote(urls[0])
     stack = contextlib.ExitStack()
-    stack.enter_context(remote.using(cfg))
+    stack.enter_context(opener.settings(cache_dir, cache_limit, storage_options))
     try:
-        bound = dict(zip([u.rstrip("/") for u in urls],
-                         remote.map_concurrently(remote.bind_for_open, urls)))
+        stack.enter_context(opener.opening(_openers.bind_all(urls)))
     except BaseException:
         stack.close()
         raise
-    stack.enter_context(remote.opening(bound))
     return stack
 
 

@@ -80,12 +80,18 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     ``prefetch`` hook needs it when ``prefetch_bytes`` is given.
 
 ``fingerprint`` (attribute or property, ``str``)
-    Identifies the record set (a subset's predicate and index set, and the
-    dataset it came from), for checkpoints that must not resume on other
-    records.
+    Identifies the record set (a subset's index set and the content of the
+    dataset it came from, never where that is), for checkpoints that must
+    not resume on other records.
+
+``fingerprint_aliases`` (attribute or property, a tuple of ``str``)
+    Older spellings of ``fingerprint`` for the same records, which a
+    checkpoint may hold (a subset's loaderx 3.0.0 fingerprint named its
+    dataset's path): a state holding one resumes too.
 """
 from __future__ import annotations
 
+import os
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple,
                     runtime_checkable)
 
@@ -230,6 +236,12 @@ def check_streams(streams: Any, source: Optional[str] = None) -> Dict[str, Any]:
         if not isinstance(name, str):
             raise TypeError(f"{where}stream names must be str, got {name!r}")
         stream = as_stream(stream)
+        if isinstance(stream, (str, os.PathLike)):
+            raise TypeError(
+                f"{where}stream {name!r} is the path {os.fspath(stream)!r}: open it first with "
+                "loaderx.open_store(path) (a dataset: loaderx.open_dataset(path)); both take "
+                "local paths and URLs"
+            )
         if not is_stream(stream):
             raise TypeError(
                 f"{where}stream {name!r} is not a loaderx store (needs gather() and a kind in "

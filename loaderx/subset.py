@@ -61,6 +61,9 @@ from ._lib import usable_cores
 from ._objstore import is_url
 from ._store import deprecated, normalize_indices
 from .columns import Column, column_parts, is_scalar, scalar_chunks, store_path_of, text_chunks
+from .dataset import open_dataset
+from .dense import DenseStore
+from .shardset import ShardSet
 from .streams import NativePart, native_parts
 
 __all__ = ["select", "View", "Selection"]
@@ -83,32 +86,55 @@ _ENGINES = (None, "arrow", "duckdb")
 class Selection:
     """The selected records of one dataset: a sorted, unique, read-only
     int64 array `rows` into its index space of `total` records, with what
-    made it (`where`: the predicate text, or None for a mask / index array)."""
+    made it (`where`: the predicate text, or None for a mask / index array).
+    `identity` names the dataset's records wherever they are (each column's
+    ``content_id``, see `_identity`); `legacy` is what loaderx 3.0 named
+    them by (the columns' paths and lengths), accepted from old checkpoints."""
 
     def __init__(self, rows: np.ndarray, total: int, *, where: Optional[str], dataset: str,
-                 identity: str, source: Optional[str] = None, engine: Optional[str] = None):
+                 identity: str, source: Optional[str] = None, engine: Optional[str] = None,
+                 legacy: Optional[str] = None):
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         rows.flags.writeable = False
         self.rows = rows
         self.total = int(total)
         self.where = where
         self.dataset = dataset  # for people: the dataset directory or a column's path
-        self.identity = identity  # the base columns' paths and lengths
+        self.identity = identity  # the columns' content, wherever they are
+        self.legacy = legacy  # the columns' paths and lengths (3.0's fingerprints)
         self.source = source  # the dataset directory, if it came from one
         self.engine = engine
         self._fingerprint: Optional[str] = None
 
     @property
     def fingerprint(self) -> str:
-        """``subset of DATASET: K of N records, blake2b:HASH``: the hash covers
-        the index set and the columns' identity (paths, lengths)."""
+        """``subset of K of N records (columns ...): data blake2b:D, rows
+        blake2b:R``: D names the dataset's records (its columns' content
+        ids: kinds, dtypes, shapes, lengths and each store's id, which a copy
+        of its files keeps), R the index set. No path: a checkpoint taken
+        on ``s3://...`` resumes on a copy anywhere; another dataset or
+        another subset differs in D or R."""
         if self._fingerprint is None:
-            h = hashlib.blake2b(digest_size=12)
-            h.update(self.identity.encode())
-            h.update(self.rows.astype("<i8", copy=False).tobytes())
-            self._fingerprint = (f"subset of {self.dataset}: {len(self.rows):,} of "
-                                 f"{self.total:,} records, blake2b:{h.hexdigest()}")
+            data = hashlib.blake2b(self.identity.encode(), digest_size=12).hexdigest()
+            rows = hashlib.blake2b(self.rows.astype("<i8", copy=False).tobytes(),
+                                   digest_size=12).hexdigest()
+            columns = self.identity.split("\n", 1)[0]
+            self._fingerprint = (f"subset of {len(self.rows):,} of {self.total:,} records "
+                                 f"({columns}): data blake2b:{data}, rows blake2b:{rows}")
         return self._fingerprint
+
+    @property
+    def fingerprint_aliases(self) -> Tuple[str, ...]:
+        """Older spellings of `fingerprint` a checkpoint may hold: loaderx
+        3.0's (the dataset's path, its columns' paths and lengths), which
+        still resumes where the dataset has not moved."""
+        if self.legacy is None:
+            return ()
+        h = hashlib.blake2b(digest_size=12)
+        h.update(self.legacy.encode())
+        h.update(self.rows.astype("<i8", copy=False).tobytes())
+        return (f"subset of {self.dataset}: {len(self.rows):,} of {self.total:,} records, "
+                f"blake2b:{h.hexdigest()}",)
 
     def describe(self) -> str:
         how = f"where {self.where}" if self.where is not None else "by index"
@@ -118,25 +144,23 @@ class Selection:
         if self.where is not None and self.source is not None and len(self.rows) > PICKLE_ROWS_MAX:
             return (_reselect, (self.source, self.where, self.engine, self.fingerprint))
         return (_restore, (self.rows, self.total, self.where, self.dataset, self.identity,
-                           self.source, self.engine))
+                           self.source, self.engine, self.legacy))
 
 
-def _restore(rows, total, where, dataset, identity, source, engine) -> Selection:
+def _restore(rows, total, where, dataset, identity, source, engine, legacy=None) -> Selection:
     return Selection(rows, total, where=where, dataset=dataset, identity=identity, source=source,
-                     engine=engine)
+                     engine=engine, legacy=legacy)
 
 
 def _reselect(source: str, where: str, engine: Optional[str], fingerprint: str) -> Selection:
     """A pickled selection, evaluated again on its dataset; the same records or an error."""
-    from .dataset import open_dataset
-
     opened = open_dataset(source)
     try:
         selection = _select(opened, where, engine, source)[1]
     finally:
         for stream in opened.values():
             stream.close()
-    if selection.fingerprint != fingerprint:
+    if fingerprint not in (selection.fingerprint,) + selection.fingerprint_aliases:
         raise ValueError(f"the subset {where!r} of {source} no longer selects the records it "
                          f"did when it was pickled: it was {fingerprint}, it is now "
                          f"{selection.fingerprint} (the dataset, or a file the predicate "
@@ -177,8 +201,6 @@ def _write_compact(base: Any, rows: np.ndarray, first: np.ndarray, shape: tuple,
     later appends and every read go through those descriptors), so the
     rest of the copy is written nameless: a process killed while it
     copies leaves nothing behind, and the memory goes with the handle."""
-    from .dense import DenseStore
-
     copy = DenseStore(os.path.join(where, "records"), base.dtype, shape, codec="raw")
     try:
         copy.append(first)
@@ -244,6 +266,10 @@ class View:
     @property
     def fingerprint(self) -> str:
         return self._selection.fingerprint
+
+    @property
+    def fingerprint_aliases(self) -> Tuple[str, ...]:
+        return self._selection.fingerprint_aliases
 
     @property
     def kind(self) -> str:
@@ -400,9 +426,6 @@ class View:
         return self._compact or None
 
     def _build_compact(self) -> Any:
-        from .dense import DenseStore
-        from .shardset import ShardSet
-
         base, rows = self._base, self._selection.rows
         if not isinstance(base, (DenseStore, ShardSet)) or base.kind != "dense" or base.is_remote:
             return None
@@ -477,8 +500,6 @@ def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[st
     owned = False
     source = None
     if isinstance(dataset, (str, os.PathLike)):
-        from .dataset import open_dataset
-
         source = _located(dataset)
         dataset = open_dataset(source)
         owned = True
@@ -509,12 +530,13 @@ def _select(dataset: Any, where: Any, engine: Optional[str],
         text = f"({prior.where}) AND ({text})"
     elif prior is not None:
         text = None
-    dataset_name, identity = _identity(bases)
+    dataset_name, identity, legacy = _identity(bases)
     if prior is not None:
         source = source or prior.source
     source = source or store_path_of(first)
     return bases, Selection(rows, total, where=text, dataset=dataset_name, identity=identity,
-                            source=source if text is not None else None, engine=used)
+                            source=source if text is not None else None, engine=used,
+                            legacy=legacy)
 
 
 def _bases(dataset: Any) -> Tuple[Dict[str, Any], Optional[Selection]]:
@@ -544,19 +566,28 @@ def _bases(dataset: Any) -> Tuple[Dict[str, Any], Optional[Selection]]:
     return dict(dataset), None
 
 
-def _identity(bases: Dict[str, Any]) -> Tuple[str, str]:
-    """(the dataset for people, the columns' identity for the fingerprint)."""
-    parts = []
+def _identity(bases: Dict[str, Any]) -> Tuple[str, str, str]:
+    """(the dataset for people, the columns' content for the fingerprint,
+    loaderx 3.0's identity: the columns' paths and lengths). The content is
+    a first line naming the columns, then a line per column: its
+    ``content_id`` (see ``Store.content_id``), or, for a column of stores
+    without one (written before stores had an id), its absolute paths and
+    lengths as before."""
+    content, legacy = [], []
     for name, base in bases.items():
         stores = column_parts(base)
         paths = [_located(getattr(s, "path", "") or "") for s in stores]
-        parts.append(f"{name}={paths}:{[len(s) for s in stores]}")
+        place = f"{paths}:{[len(s) for s in stores]}"
+        legacy.append(f"{name}={place}")
+        stream = base.stream if isinstance(base, Column) else base
+        content.append(f"{name}={getattr(stream, 'content_id', None) or place}")
     first = next(iter(bases.values()))
     root = store_path_of(first)
     if root is None:
         path = getattr(column_parts(first)[0], "path", None)
         root = _located(path) if path else "an in-memory dataset"
-    return root, ";".join(parts)
+    columns = f"columns {', '.join(map(str, bases))}"
+    return root, "\n".join([columns] + content), ";".join(legacy)
 
 
 def _located(path: Any) -> str:

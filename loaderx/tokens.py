@@ -54,6 +54,7 @@ time, each lane keeping its last decoded frames for the next window.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -84,6 +85,10 @@ class TokenWindows:
         if isinstance(store, np.ndarray):
             raise TypeError("TokenWindows reads stores; for a NumPy array (a memmap of a flat "
                             "token file) use TokenWindows.from_array(array, seq_len)")
+        if isinstance(store, (str, os.PathLike)):
+            raise TypeError(f"TokenWindows reads an open store, not the path "
+                            f"{os.fspath(store)!r}: open it first with loaderx.open_store(path) "
+                            "(local paths and URLs alike)")
         kind = getattr(store, "kind", None)
         shape = getattr(store, "item_shape", None)
         flat = kind == "dense" and shape is not None and tuple(shape) == ()

@@ -29,7 +29,7 @@ Common contract
 """
 from __future__ import annotations
 
-from . import _objstore, _original
+from . import _objstore, _openers, _original
 from ._store import Store, stored_kind
 from .bytestore import Zrecord
 from .dense import DenseStore
@@ -71,10 +71,9 @@ def open_store(path, *, cache_dir=None, cache_limit=None, storage_options=None) 
     `cache_limit`, with `storage_options` for the object store (see
     docs/remote.md); they are ignored for a local path."""
     if _objstore.is_url(path):
-        from . import remote
-        cfg = remote.config(cache_dir, cache_limit, storage_options)
-        with remote.using(cfg):
-            with remote.opening({path.rstrip("/"): remote.bind_for_open(path)}):
+        opener = _openers.remote(path)
+        with opener.settings(cache_dir, cache_limit, storage_options):
+            with opener.opening(opener.bind(path)):  # bound once: the probe and the store
                 return _open_store(path)
     return _open_store(path)
 

@@ -384,9 +384,13 @@ pub const Info = extern struct {
     fixed_size: u64,
     /// Non-zero: longer records are written seekable, in frames of this many bytes.
     frame_size: u64,
+    /// The random id written at create (never 0; 0: a store written before
+    /// format.Header had one). Copies of the store's files keep it: it names
+    /// the records, not the place (a subset's checkpoint fingerprint uses it).
+    uid: u64,
 
     comptime {
-        std.debug.assert(@sizeOf(Info) == 48);
+        std.debug.assert(@sizeOf(Info) == 56);
         std.debug.assert(@alignOf(Info) == 8);
     }
 };
@@ -404,6 +408,7 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
         .user_size = h.header.user_size,
         .fixed_size = h.header.fixed_size,
         .frame_size = h.header.frame_size,
+        .uid = h.header.uid,
     };
     return 0;
 }

@@ -1145,3 +1145,88 @@ def test_manifest_gives_each_source_file_its_rows(tmp_path, hf_dataset):
     assert loaderx.labels(ds, "label") == ["cat", "dog", "eel"]
     for v in ds.values():
         v.close()
+
+
+def _typed_dataset(tmp_path) -> str:
+    """A converted Parquet file: text with nulls, an int column with nulls,
+    a categorical, a ragged list column and an image-free dense column."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    n = 60
+    table = pa.table({
+        "t": [None if i % 7 == 0 else f"s{i}" for i in range(n)],
+        "x": pa.array([None if i % 5 == 0 else i for i in range(n)], pa.int64()),
+        "c": pa.array([["a", "b", "c"][i % 3] for i in range(n)]).dictionary_encode(),
+        "v": [[float(j) for j in range(i % 4)] for i in range(n)],
+        "d": [[i, -i] for i in range(n)],
+    })
+    pq.write_table(table, tmp_path / "a.parquet")
+    loaderx.convert(str(tmp_path / "a.parquet"), str(tmp_path / "src"), progress="off")
+    return str(tmp_path / "src")
+
+
+def _same_records(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        n = len(a[name])
+        assert len(b[name]) == n
+        for got, want in zip(b[name][np.arange(n)], a[name][np.arange(n)]):
+            if want is None or isinstance(want, str):
+                assert got == want, name
+            else:
+                assert_same(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_loaderx_dataset_converts_to_a_copy_with_its_columns_as_they_are(tmp_path, workers):
+    """Converting a loaderx dataset (local here; a URL in test_remote.py)
+    copies every record exactly, keeps what its manifest says of each
+    column (text, categories, nulls and their masks) and records each
+    column's content, so a subset's fingerprint is the same on the copy."""
+    src = _typed_dataset(tmp_path)
+    copy = loaderx.convert(src, str(tmp_path / "copy"), codec="raw", workers=workers,
+                           progress="off")
+    ds = open_dataset(src)
+    _same_records(ds, copy)
+    have, made = read_manifest(src)["columns"], read_manifest(str(tmp_path / "copy"))["columns"]
+    assert list(made) == list(have)
+    for name, entry in have.items():
+        mine = made[name]
+        assert {k: v for k, v in mine.items() if k not in ("shards", "codec", "content")} == \
+            {k: v for k, v in entry.items() if k not in ("shards", "codec")}, name
+        assert mine["content"]["rows"] == 60 and mine["codec"] == "raw"
+    assert read_manifest(str(tmp_path / "copy"))["source"]["type"] == "loaderx"
+    where = "x > 10 AND t IS NOT NULL"
+    assert loaderx.select(ds, where)["x"].fingerprint == \
+        loaderx.select(copy, where)["x"].fingerprint
+    for col in list(ds.values()) + list(copy.values()):
+        col.close()
+
+
+def test_a_loaderx_store_and_a_dataset_of_splits_convert_too(tmp_path):
+    ragged = [np.arange(i, dtype=np.int32) for i in range(9)]
+    from_iterator(str(tmp_path / "tokens"), ragged).close()
+    copy = loaderx.convert(str(tmp_path / "tokens"), str(tmp_path / "one"), progress="off")
+    assert list(copy) == ["tokens"] and len(copy["tokens"]) == 9
+    for got, want in zip(copy["tokens"][np.arange(9)], ragged):
+        assert_same(got, want)
+    copy["tokens"].close()
+    with pytest.raises(ConvertError, match="columns names \\['nope'\\], which the source"):
+        loaderx.convert(str(tmp_path / "tokens"), str(tmp_path / "bad"), columns=["nope"],
+                        progress="off")
+    splits = {"train": {"x": np.arange(10)}, "test": {"x": np.arange(3)}}
+    for name, arrays in splits.items():
+        loaderx.convert(arrays, str(tmp_path / "parts" / name), progress="off")
+    root = tmp_path / "split-ds"
+    os.makedirs(root / "gen-000001")
+    for name in splits:
+        os.rename(tmp_path / "parts" / name, root / "gen-000001" / name)
+    (root / "loaderx.json").write_text(json.dumps({
+        "format": "loaderx-dataset", "version": 2, "generation": "gen-000001",
+        "splits": {name: f"gen-000001/{name}" for name in splits}}))
+    out = loaderx.convert(str(root), str(tmp_path / "split-copy"), progress="off")
+    assert sorted(out) == ["test", "train"] and len(out["train"]["x"]) == 10
+    assert out["test"]["x"][:].tolist() == [0, 1, 2]
+    for split in out.values():
+        for col in split.values():
+            col.close()

@@ -531,6 +531,71 @@ def test_hard_failures_raise_os_errors_naming_the_url_quickly(tmp_path, s3, url,
     assert time.monotonic() - t < 30
 
 
+@pytest.fixture
+def bare_aws_env(monkeypatch, tmp_path):
+    """An environment with no AWS setting at all (no credentials, profile or
+    config files: HOME is empty), and fresh clients before and after."""
+    from loaderx import _objstore
+
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    _objstore._forget_clients()
+    yield monkeypatch
+    _objstore._forget_clients()
+
+
+def test_a_plain_http_endpoint_without_allow_http_names_the_setting(tmp_path, s3, url,
+                                                                    bare_aws_env):
+    """AWS_ENDPOINT_URL=http://... without AWS_ALLOW_HTTP: the client refuses
+    the scheme ("builder error"); the error says which setting allows it,
+    at once (never retried)."""
+    bare_aws_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    opts = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+    t = time.monotonic()
+    with pytest.raises(RemoteIOError, match=r"plain http://.*AWS_ALLOW_HTTP=true.*allow_http") \
+            as e:
+        loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=opts)
+    assert str(e.value).startswith(url) and time.monotonic() - t < 5
+    bare_aws_env.setenv("AWS_ALLOW_HTTP", "true")  # the setting it names: then it reads
+    from loaderx import _objstore
+    _objstore._forget_clients()
+    ds = loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=opts)
+    assert len(ds["raw"]) == N
+    for col in ds.values():
+        col.close()
+
+
+def test_no_credentials_anywhere_is_a_permission_error_naming_where_they_go(tmp_path, s3, url,
+                                                                            bare_aws_env):
+    """No keys, no profile, and a metadata service that gives none (here a
+    server on loopback that answers every request with an error, standing
+    in for 169.254.169.254): `RemotePermissionError`, naming the variables
+    and the profile files, without the retries of a transient fault."""
+    os.makedirs(tmp_path / "empty")
+    server, metadata = range_server(str(tmp_path / "empty"))
+    bare_aws_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    bare_aws_env.setenv("AWS_ALLOW_HTTP", "true")
+    bare_aws_env.setenv("AWS_METADATA_ENDPOINT", metadata)
+    try:
+        t = time.monotonic()
+        with pytest.raises(RemotePermissionError, match="no credentials found") as e:
+            loaderx.open_store(f"{url}/{RAW}", cache_dir=str(tmp_path),
+                               storage_options={"region": "us-east-1"})
+        assert time.monotonic() - t < 30
+    finally:
+        server.shutdown()
+    text = str(e.value)
+    assert text.startswith(f"{url}/{RAW}")
+    for named in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+                  "~/.aws/credentials", "storage_options"):
+        assert named in text, named
+    assert isinstance(e.value, PermissionError)
+
+
 def test_url_paths_everywhere(tmp_path, s3, url, data):
     dense, _ = data
     opts = s3.options()
@@ -1944,3 +2009,265 @@ def test_hostile_servers_end_in_exact_bytes_or_a_clear_error_in_bounded_time(
           + ", ".join(f"{v} {k}" for k, v in sorted(tally.items()))
           + f"; slowest step {slowest:.1f} s (bound {bound:.1f} s)")
     assert not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------- every path takes a URL (issue 38)
+
+#: Parameters that name a place to read or write.
+PATH_PARAMS = ("path", "paths", "shards", "dataset", "source", "dest", "src", "dst", "store",
+               "sources", "streams")
+#: The public modules whose path-taking callables the walk finds by themselves.
+PUBLIC_MODULES = ("loaderx", "loaderx.dataset", "loaderx.zrecord", "loaderx.legacy",
+                  "loaderx.subset", "loaderx.converters", "loaderx.shardset", "loaderx.tokens",
+                  "loaderx.mixture", "loaderx.dataloader", "loaderx.utils", "loaderx.converter",
+                  "loaderx.ray")
+
+
+def _path_callables() -> set:
+    """``{(callable, parameter)}`` of every public callable (a class: its
+    constructor, ``create`` and ``open``) with a parameter in PATH_PARAMS."""
+    import importlib
+    import inspect
+
+    found = set()
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, BaseException) or not callable(obj):
+                continue
+            targets = [(obj, obj)]
+            if isinstance(obj, type):
+                targets = [(obj, obj.__init__)] + [(getattr(obj, m), getattr(obj, m))
+                                                   for m in ("create", "open") if m in vars(obj)]
+            for key, fn in targets:
+                try:
+                    params = inspect.signature(fn).parameters
+                except (TypeError, ValueError):
+                    continue
+                found |= {(_callable_name(key), p) for p in params if p in PATH_PARAMS}
+    return found
+
+
+def _callable_name(obj) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _walk_calls(c) -> dict:
+    """``{(callable, parameter): (how the walk calls it with an s3:// URL, what
+    it must do: "works", "refused", or a reason it is not called here)}``."""
+    lx = loaderx
+    new = c["new"]
+    return {
+        ("loaderx.zrecord.open_store", "path"): (lambda: lx.open_store(c["dense"]), "works"),
+        ("loaderx.dataset.open_dataset", "path"): (lambda: lx.open_dataset(c["ds"]), "works"),
+        ("loaderx._manifest.read_manifest", "path"): (lambda: lx.dataset.read_manifest(c["ds"]),
+                                                      "works"),
+        ("loaderx.dataset.labels", "dataset"): (lambda: lx.labels(c["ds"], "raw"), "works"),
+        ("loaderx.subset.select", "dataset"): (lambda: lx.select(c["ds"], np.arange(N) < 9),
+                                               "works"),
+        ("loaderx.converters.convert", "source"): (
+            lambda: lx.convert(c["ds"], c["tmp"] / "from-url", progress="off"), "works"),
+        ("loaderx.converters.convert", "dest"): (
+            lambda: lx.convert({"x": np.arange(5)}, new(), progress="off"), "works"),
+        ("loaderx.converters.convert_to_directory", "source"): (
+            lambda: lx.converters.convert_to_directory(c["dense"], c["tmp"] / "one-store",
+                                                       progress="off"), "works"),
+        ("loaderx.converters.convert_to_directory", "dest"): (
+            lambda: lx.converters.convert_to_directory({"x": np.arange(5)}, new(),
+                                                       progress="off"), "works"),
+        ("loaderx.converters.open_source", "source"): (
+            lambda: lx.converters.open_source(c["ds"], __import__(
+                "loaderx.converters._source", fromlist=["Options"]).Options()), "works"),
+        ("loaderx.dataset.from_numpy", "path"): (lambda: lx.from_numpy(new(), np.arange(4)),
+                                                 "works"),
+        ("loaderx.dataset.from_iterator", "path"): (
+            lambda: lx.from_iterator(new(), [np.arange(3)]), "works"),
+        ("loaderx.dataset.write_dataset", "path"): (
+            lambda: lx.dataset.write_dataset(new(), np.arange(4)), "works"),
+        ("loaderx.bytestore.Zrecord", "path"): (lambda: lx.Zrecord(c["bytes"]), "works"),
+        ("loaderx.bytestore.Zrecord.create", "path"): (lambda: lx.Zrecord.create(new()),
+                                                       "refused"),
+        ("loaderx.dense.DenseStore", "path"): (lambda: lx.DenseStore(c["dense"]),
+                                                        "works"),
+        ("loaderx.dense.DenseStore.create", "path"): (
+            lambda: lx.DenseStore.create(new(), np.uint8, (3,)), "refused"),
+        ("loaderx._store.Store.open", "path"): (lambda: lx.RaggedStore.open(c["ragged"]),
+                                                "works"),
+        ("loaderx.ragged.RaggedStore", "path"): (lambda: lx.RaggedStore(c["ragged"]),
+                                                          "works"),
+        ("loaderx.ragged.RaggedStore.create", "path"): (
+            lambda: lx.RaggedStore.create(new(), np.int32), "refused"),
+        ("loaderx.shardset.ShardSet", "shards"): (
+            lambda: lx.ShardSet([c["dense"], c["dense"]]), "works"),
+        ("loaderx.tokens.TokenWindows", "store"): (
+            lambda: lx.TokenWindows(c["ragged"], 8), "refused"),  # a path: open it first
+        ("loaderx.mixture.Mixture", "sources"): (
+            lambda: lx.Mixture({"a": {"x": c["dense"]}}, {"a": 1}), "refused"),
+        ("loaderx.dataloader.DataLoader", "streams"): (
+            lambda: lx.DataLoader({"x": c["dense"]}, 4), "refused"),
+        ("loaderx.dictionary.train_dict", "source"): (
+            lambda: lx.train_dict(lx.open_store(c["ragged"]), "fast"), "works"),
+        ("loaderx.dictionary.train_dict", "path"): (
+            lambda: lx.train_dict([b"x" * 64] * 16, path=new()), "refused"),
+        ("loaderx.legacy.Dataset", "path"): (lambda: lx.Dataset(c["dense"]), "works"),
+        ("loaderx.legacy.PackedDataset", "path"): (
+            lambda: lx.dataset.Dataset(c["ragged"]), "works"),
+        ("loaderx.subset.Selection", "dataset"): (None, "a description for people, never opened"),
+        ("loaderx.subset.Selection", "source"): (
+            None, "the dataset a selection came from, as select recorded it (select takes URLs)"),
+        ("loaderx.ray.write_dataset", "dest"): (
+            None, "starts Ray: tests/test_ray.py writes to s3:// (moto) and reads it back"),
+        ("loaderx.ray.read_dataset", "dest"): (
+            None, "starts Ray: tests/test_ray.py reads what it wrote to s3:// back"),
+    }
+
+
+def _close(got) -> None:
+    values = got.values() if isinstance(got, dict) else [got]
+    for v in values:
+        _close(v) if isinstance(v, dict) else getattr(v, "close", lambda: None)()
+
+
+def _walked(fn, url_part: str) -> str:
+    """What one call did: "works", or "refused" with an error that is
+    loaderx's (or a TypeError) and names the URL; never a raw OS error or a
+    URL taken for a local path (``<cwd>/s3:/...``)."""
+    try:
+        got = fn()
+    except Exception as e:  # noqa: BLE001 - judged below
+        text = str(e)
+        assert isinstance(e, (loaderx.LoaderxError, TypeError)), f"{type(e).__name__}: {text}"
+        assert url_part in text, f"{type(e).__name__} does not name the URL: {text}"
+        assert "s3:/" not in text.replace("s3://", ""), f"a URL taken for a path: {text}"
+        return "refused"
+    _close(got)
+    return "works"
+
+
+def test_every_public_path_takes_a_url_or_refuses_it_naming_it(tmp_path, s3, url):
+    """Every public callable with a path parameter (found by signature in
+    the public modules, so a new one must join the table) given an s3://
+    URL: it works, or it refuses the URL with a loaderx error naming it."""
+    from loaderx import _objstore
+
+    bytes_dir = tmp_path / "bytes"
+    with loaderx.Zrecord.create(str(bytes_dir)) as records:
+        records.append([b"ab", b"", b"cde"])
+    made = iter(range(1000))
+    c = {"ds": url, "dense": f"{url}/{RAW}", "ragged": f"{url}/gen-000001/rag/part-00000",
+         "bytes": s3.upload_dir(str(bytes_dir), "walk/bytes"), "tmp": tmp_path,
+         "new": lambda: f"s3://{s3.bucket}/walk/new-{next(made)}"}
+    calls = _walk_calls(c)
+    missing = sorted(_path_callables() - set(calls))
+    assert not missing, f"path-taking callables the walk does not call: {missing}"
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=s3.options())
+    try:
+        done = {}
+        for key, (fn, want) in calls.items():
+            if fn is None:
+                continue
+            got = _walked(fn, "s3://")
+            assert got == want, f"{key}: {got}, expected {want}"
+            done[key] = got
+        assert sum(1 for v in done.values() if v == "works") >= 20
+        _adapters_read_urls(c)
+    finally:
+        remote._DEFAULTS.clear()
+        _objstore._forget_clients()
+
+
+def _adapters_read_urls(c) -> None:
+    """The torch and JAX adapters over a dataset opened from its URL."""
+    ds = loaderx.open_dataset(c["ds"], ["raw"])
+    try:
+        local = ds["raw"][:8]
+        torch = pytest.importorskip("torch")
+        import loaderx.torch as lxtorch
+
+        adapter = lxtorch.IterableDataset(
+            lambda rank, world: loaderx.DataLoader(ds, 8, mode="sequential",
+                                                   shard=(rank, world)), rank=0, world=1)
+        batch = next(iter(adapter))
+        assert isinstance(batch["raw"], torch.Tensor)
+        assert_same(batch["raw"].numpy(), local)
+        adapter.close()
+        jax = pytest.importorskip("jax")
+        import loaderx.jax as lxjax
+
+        sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]),
+                                                                ("d",)),
+                                              jax.sharding.PartitionSpec("d"))
+        with loaderx.DataLoader(ds, 8, mode="sequential") as loader:
+            got = next(lxjax.global_batches(loader, sharding))
+        assert_same(np.asarray(got["raw"]), local)
+    finally:
+        ds["raw"].close()
+
+
+def test_the_cli_takes_a_url_for_every_path_or_refuses_it_naming_it(tmp_path, s3, url, local_ds,
+                                                                     capsys):
+    """`loaderx info / verify / select / convert / compact / train-dict` with an
+    s3:// URL for each path they take."""
+    from loaderx import _objstore
+    from loaderx.__main__ import main
+
+    loaderx.convert({"x": np.arange(50)}, str(tmp_path / "scalar"), progress="off")
+    scalar = s3.upload_dir(str(tmp_path / "scalar"), "cli-walk/scalar")
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=s3.options())
+    store = f"{url}/{RAW}"
+    runs = [
+        (["info", url, "--json"], 0), (["info", store], 0), (["verify", store], 0),
+        (["select", scalar, "x < 5", "--count"], 0),
+        (["convert", url, str(tmp_path / "copy"), "-q"], 0),
+        (["convert", store, f"s3://{s3.bucket}/cli-walk/one", "-q"], 0),
+        (["compact", store], 1),  # a remote store is read-only
+        (["train-dict", f"{url}/gen-000001/rag/part-00000", "-o", str(tmp_path / "d")], 0),
+        (["train-dict", store, "-o", f"s3://{s3.bucket}/d"], 1),
+        (["select", scalar, "x < 5", "--out", f"s3://{s3.bucket}/rows.npy"], 1),
+    ]
+    try:
+        for argv, want in runs:
+            capsys.readouterr()
+            rc = main(argv)
+            err = capsys.readouterr().err
+            assert rc == want, (argv, err)
+            if rc:
+                assert "s3://" in err and "[Errno" not in err, (argv, err)
+                assert "s3:/" not in err.replace("s3://", ""), (argv, err)
+    finally:
+        remote._DEFAULTS.clear()
+        _objstore._forget_clients()
+    copy = loaderx.open_dataset(str(tmp_path / "copy"))
+    local = loaderx.open_dataset(local_ds)
+    assert list(copy) == list(local) == ["raw", "z", "zz", "rag"]
+    for name in copy:
+        for got, want in zip(copy[name][[0, 7, N - 1]], local[name][[0, 7, N - 1]]):
+            assert_same(got, want)
+    for col in list(copy.values()) + list(local.values()):
+        col.close()
+
+
+def test_a_subset_checkpoint_taken_on_s3_resumes_on_a_local_copy(tmp_path, s3, url, local_ds):
+    """A subset's fingerprint names the records, not where they are: a state
+    taken over the dataset at its s3:// URL resumes on the local directory
+    its files came from, and on a local copy converted from the URL."""
+    remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=s3.options())
+    try:
+        mask = np.arange(N) % 3 == 0
+        view = loaderx.select(url, mask)["raw"]
+        with loaderx.DataLoader({"raw": view}, 8, seed=1) as loader:
+            next(loader)
+            state = loader.state_dict()
+            expected = next(loader)["raw"]
+        view.close()
+        loaderx.convert(url, str(tmp_path / "converted"), progress="off")
+    finally:
+        remote._DEFAULTS.clear()
+    for where in (local_ds, str(tmp_path / "converted")):
+        local = loaderx.select(where, mask)["raw"]
+        assert local.fingerprint == state["fingerprints"]["raw"], where
+        with loaderx.DataLoader({"raw": local}, 8, seed=1) as loader:
+            loader.load_state_dict(state)
+            assert_same(next(loader)["raw"], expected)
+        local.close()

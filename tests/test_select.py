@@ -16,6 +16,8 @@ import functools
 import json
 import os
 import pickle
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -528,7 +530,13 @@ def test_fingerprints_name_the_records_and_the_dataset(data, tmp_path):
     b = loaderx.select(ds, "label = 4")["id"]
     same = loaderx.select(ds, "label + 0 = 3")["id"]
     assert a.fingerprint == same.fingerprint != b.fingerprint
-    assert a.fingerprint.startswith("subset of ") and " of 3,000 records, blake2b:" in a.fingerprint
+    assert a.fingerprint.startswith("subset of ") and " of 3,000 records (columns id, " \
+        in a.fingerprint
+    assert re.search(r"\): data blake2b:\w{24}, rows blake2b:\w{24}$", a.fingerprint)
+    # The same data, another subset: the data part is the same, the rows part differs.
+    assert a.fingerprint.split(", rows")[0].split("):")[1] == \
+        b.fingerprint.split(", rows")[0].split("):")[1]
+    assert str(tmp_path) not in a.fingerprint and "/" not in a.fingerprint  # no place in it
     loaderx.convert({"x": np.arange(20)}, tmp_path / "d", progress="off")
     before = loaderx.select(tmp_path / "d", "x < 5")["x"].fingerprint
     loaderx.convert({"x": np.arange(20)}, tmp_path / "d", mode="append", progress="off")
@@ -624,9 +632,9 @@ def test_resume_refuses_another_subset_or_a_changed_dataset(tmp_path):
     again.load_state_dict(state)  # the same subset: resumes
     assert (next(again)["x"] % 2 == 0).all()
     again.close()
-    with pytest.raises(ValueError, match=r"state fingerprints\['x'\] is 'subset of .*: 50 of 100 "
-                                         r"records, blake2b:\w+' but this loader has 'subset of "
-                                         r".*: 50 of 100 records, blake2b:\w+'"):
+    with pytest.raises(ValueError, match=r"state fingerprints\['x'\] is 'subset of 50 of 100 "
+                                         r"records .*' but this loader has 'subset of 50 of 100 "
+                                         r"records .*': they hold other records"):
         _resume(low, state)
     loaderx.convert({"x": np.arange(101, 121, 2, dtype=np.int64)}, tmp_path / "d", mode="append",
                     progress="off")
@@ -634,6 +642,66 @@ def test_resume_refuses_another_subset_or_a_changed_dataset(tmp_path):
     assert len(grown) == 50
     with pytest.raises(ValueError, match=r"50 of 100 records.* but this loader has .*50 of 110"):
         _resume(grown, state)
+
+
+def _legacy_fingerprint(view) -> str:
+    """The fingerprint loaderx 3.0.0 gave `view` of a one-store column, as an
+    old checkpoint holds it: its store's path (3.0.0 named a version 2
+    dataset by its column's part), its path and length, and the rows."""
+    import hashlib
+
+    path = os.path.abspath(view.base.path)
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"x={[path]}:{[len(view.base)]}".encode())
+    h.update(view.rows.astype("<i8").tobytes())
+    return f"subset of {path}: {len(view.rows):,} of {view.selection.total:,} records, " \
+        f"blake2b:{h.hexdigest()}"
+
+
+def test_a_subset_checkpoint_names_data_not_places(tmp_path):
+    """A subset's state resumes on a copy of the dataset anywhere (its files
+    copied, or the directory moved, or converted again from it), because
+    its fingerprint names the records; another dataset of the same shape is
+    refused, with both fingerprints and what to do. A loaderx 3.0.0 state
+    (the dataset's path in its fingerprint) resumes where the dataset still
+    is, and is refused, naming both, once it moved."""
+    values = np.arange(100, dtype=np.int64)
+    loaderx.convert({"x": values}, tmp_path / "d", progress="off")
+    even = loaderx.select(tmp_path / "d", "x % 2 = 0")["x"]
+    state = _drain_state(even)
+    with loaderx.DataLoader({"x": even}, 10, seed=0) as loader:
+        loader.load_state_dict(state)
+        expected = next(loader)["x"]
+    old_state = dict(state, fingerprints={"x": _legacy_fingerprint(even)})
+    assert even.fingerprint_aliases == (old_state["fingerprints"]["x"],)
+    with loaderx.DataLoader({"x": even}, 10, seed=0) as loader:
+        loader.load_state_dict(old_state)  # an old checkpoint, the dataset where it was
+        assert_same(next(loader)["x"], expected)
+    even.close()
+    shutil.copytree(tmp_path / "d", tmp_path / "copy")
+    os.rename(tmp_path / "d", tmp_path / "moved")
+    loaderx.convert(tmp_path / "moved", tmp_path / "converted", codec="raw", progress="off")
+    for where in ("copy", "moved", "converted"):
+        view = loaderx.select(tmp_path / where, "x % 2 = 0")["x"]
+        assert view.fingerprint == state["fingerprints"]["x"], where
+        with loaderx.DataLoader({"x": view}, 10, seed=0) as loader:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+            assert_same(next(loader)["x"], expected)
+        if where == "moved":
+            with pytest.raises(ValueError, match=r"is 'subset of /.*' but this loader has "
+                                                 r"'subset of 50 of 100 records.*loaderx 3.0.0, "
+                                                 r"which named the dataset's path"):
+                _resume(view, old_state)  # the old fingerprint named the old place
+        view.close()
+    loaderx.convert({"x": values[::-1].copy()}, tmp_path / "other", progress="off")
+    other = loaderx.select(tmp_path / "other", "x % 2 = 0")["x"]
+    assert len(other) == len(even) and other.rows.tolist() != even.rows.tolist()
+    with pytest.raises(ValueError) as e:
+        _resume(other, state)
+    text = str(e.value)
+    assert state["fingerprints"]["x"] in text and other.fingerprint in text
+    assert "Resume on the data the checkpoint was taken on" in text and "step=" in text
+    other.close()
 
 
 def _drain_state(view):

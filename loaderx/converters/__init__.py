@@ -37,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import _objstore
+from .. import _objstore, _openers
 from .._checks import check_level, check_mode
 from .._writer import codec_of
-from ..dataset import MANIFEST_NAME, open_dataset
+from .._manifest import MANIFEST_NAME
+from ..dataset import open_dataset
 from ..errors import DictionaryError, IdentityError, StoreNotFoundError
+from ..zrecord import train_dict
 from ._columns import (
     ColumnSpec,
     ConvertError,
@@ -52,6 +54,7 @@ from ._columns import (
     with_extra,
 )
 from ._dest import Destination, safe_name
+from ._loaderx_src import LoaderxSource, is_loaderx_data, loaderx_splits
 from ._progress import make_progress
 from ._run import (
     StoreOptions,
@@ -187,11 +190,9 @@ def _url_destination(fn):
     def convert_anywhere(source, dest, job):
         if not _objstore.is_url(dest):
             return fn(source, dest, job)
-        from ..remote import write_dataset_to
-
-        return write_dataset_to(dest, job["mode"],
-                                lambda local: fn(source, local, {**job, "mode": "create"}),
-                                cli=job["cli"])
+        return _openers.remote(dest).write_dataset(
+            dest, job["mode"], lambda local: fn(source, local, {**job, "mode": "create"}),
+            job["cli"])
     return convert_anywhere
 
 
@@ -257,6 +258,10 @@ def _splits(source: Any) -> list | None:
         return list(source.items())
     if isinstance(source, (str, os.PathLike)):
         p = os.fspath(source)
+        if _objstore.is_url(p) or os.path.isdir(p):
+            splits = loaderx_splits(p)  # a loaderx dataset of splits
+            if splits is not None:
+                return splits
         marker = os.path.join(p, "dataset_dict.json")
         if os.path.isfile(marker):
             names = _json_file(marker).get("splits")
@@ -309,6 +314,8 @@ def open_source(source: Any, options: Options) -> Source:
             "arrays or a datasets.Dataset"
         )
     p = os.fspath(source)
+    if _objstore.is_url(p) or (os.path.isdir(p) and is_loaderx_data(p)):
+        return _loaderx_source(p, options)
     if not os.path.exists(p):
         raise StoreNotFoundError(f"{p}: no such file or directory", path=p)
     low = p.lower()
@@ -326,6 +333,16 @@ def open_source(source: Any, options: Options) -> Source:
     return _open_directory(
         p, options, ArrowSource, arrow_files, ImageFolderSource, WebDatasetSource, tar_files
     )
+
+
+def _loaderx_source(p: str, options: Options) -> Source:
+    """A loaderx dataset or store, local or at a URL (what convert reads at a URL)."""
+    if _objstore.is_url(p) and not is_loaderx_data(p):
+        raise StoreNotFoundError(
+            f"{p}: no loaderx dataset or store here (no {MANIFEST_NAME}, no meta); convert "
+            "reads loaderx data at a URL: download other files first, then convert them",
+            path=p)
+    return LoaderxSource(p, options)
 
 
 def _open_directory(
@@ -368,8 +385,6 @@ def column_codecs(specs: list[ColumnSpec], codec: str) -> dict:
 
 def _train_dicts(source: Source, task, specs: list[ColumnSpec], codecs: dict,
                  size: int | None) -> dict:
-    from ..zrecord import train_dict
-
     wanted = [s for s in specs if codecs[s.name] != "raw"]
     if not wanted:
         return {}

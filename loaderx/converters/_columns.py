@@ -161,6 +161,9 @@ class ColumnSpec:
         return replace(self, kind="ragged", item_shape=trailing, provisional=False, extra=extra)
     #: ``fill_null`` for this column: nulls become this value (no mask).
     fill: Any = field(default=None, compare=False)
+    #: The manifest's ``content`` of this column's mask (a conversion of
+    #: loaderx data copies the source mask's; see `mask_spec`).
+    mask_content: Any = field(default=None, compare=False)
 
     @property
     def dense_shape(self) -> tuple:
@@ -626,9 +629,10 @@ def mask_name(name: str) -> str:
 
 def mask_spec(spec: ColumnSpec) -> ColumnSpec:
     """The validity mask column of `spec`: one bool per row."""
-    return ColumnSpec(
-        mask_name(spec.name), "dense", np.dtype(np.bool_), (), extra={"valid_of": spec.name}
-    )
+    extra: dict = {"valid_of": spec.name}
+    if spec.mask_content is not None:
+        extra["content"] = spec.mask_content
+    return ColumnSpec(mask_name(spec.name), "dense", np.dtype(np.bool_), (), extra=extra)
 
 
 def with_extra(spec: ColumnSpec, **extra) -> ColumnSpec:

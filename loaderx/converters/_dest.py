@@ -55,7 +55,7 @@ import uuid
 
 from .. import _locks
 from .._writer import check_destination
-from ..dataset import (
+from .._manifest import (
     GENERATION_RE,
     MANIFEST_FORMAT,
     MANIFEST_NAME,

@@ -44,7 +44,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from .._checks import KINDS
+from .._lib import error_for, ffi, lib
 from .._original import is_original, map_regular, open_regular, read_regular
+from .._store import byte_ptr, u64_ptr
 from ..errors import CorruptStoreError, DictionaryError
 from ._columns import ColumnSpec, ConvertError, Packed
 from ._source import Batch, Options, Source, row_tasks, rows_per_batch
@@ -421,9 +423,6 @@ class OriginalSource(Source):
 
     def _decode_run(self, first: int, e: np.ndarray, dst: np.ndarray) -> None:
         """Entries `e` (all in one chunk, the first being record `first`) into `dst`."""
-        from .._lib import error_for, ffi, lib
-        from .._store import byte_ptr, u64_ptr
-
         cid = int(e["chunk_id"][0])
         src = self._chunk(cid)
         offsets = np.ascontiguousarray(e["offset"], dtype=np.uint64)

@@ -25,8 +25,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._lib import lib
 from .._lib import usable_cores as _cores  # the cores this process may use
 from .._store import stored_kind
+from ..zrecord import DenseStore, RaggedStore, Zrecord
 from ..errors import ZrecordError
 from ._columns import ColumnSpec, ConvertError, Nullable, Packed, mask_name, mask_spec
 
@@ -57,8 +59,6 @@ class StoreOptions:
 
 
 def open_writer(path: str, spec: ColumnSpec, opts: StoreOptions):
-    from ..zrecord import DenseStore, RaggedStore, Zrecord
-
     codec = opts.codecs.get(spec.name, "raw")  # validity masks are raw
     kw = {
         "codec": codec,
@@ -86,8 +86,6 @@ def dense_to_ragged(path: str, spec: ColumnSpec, opts: StoreOptions):
     records, each of the dense shape) and returns it open for appending: the
     fallback of a provisional dense column (see `ColumnSpec.provisional`).
     It costs one pass over what was written, never a second read of the source."""
-    from ..zrecord import DenseStore, RaggedStore
-
     staging = path + ".ragged"
     with DenseStore(path) as dense:
         shape = tuple(dense.item_shape)
@@ -475,8 +473,6 @@ def worker_main(job: str) -> int:
     watch = _ParentWatch(job) if os.environ.get(_PIPE_ENV) == "1" else None
     lanes = os.environ.get(_LANES_ENV)
     if lanes:
-        from .._lib import lib
-
         lib.lx_set_lanes(int(lanes))
     with open(job, "rb") as f:
         source, task, specs, paths, opts = pickle.load(f)
