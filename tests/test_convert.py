@@ -1230,3 +1230,14 @@ def test_a_loaderx_store_and_a_dataset_of_splits_convert_too(tmp_path):
     for split in out.values():
         for col in split.values():
             col.close()
+
+
+def test_appending_to_a_categorical_keeps_the_column_s_fill_and_provisional_flag():
+    from loaderx.converters import _merge_categories
+    from loaderx.converters._columns import ColumnSpec
+
+    spec = ColumnSpec("c", "dense", np.dtype(np.int8), (), extra={"categories": ["a", "b"]},
+                      fill="a")
+    merged = _merge_categories([spec], {"columns": {"c": {"categories": ["b"]}}}, "dst")[0]
+    assert merged.fill == "a" and merged.provisional is False
+    assert merged.extra["categories"] == ["b", "a"] and merged.dtype == np.int8

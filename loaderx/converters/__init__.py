@@ -28,6 +28,7 @@ when needed: ``pip install 'loaderx[convert]'`` brings pyarrow and Pillow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -487,8 +488,8 @@ def _merge_categories(specs: list[ColumnSpec], manifest: dict, dest: str) -> lis
                 f"{dest}: column {s.name!r} would grow to {len(merged)} categories, more "
                 f"than its {code_dtype(len(have))} codes hold; convert into a new dataset"
             )
-        out.append(ColumnSpec(s.name, s.kind, code_dtype(len(have)), s.item_shape, s.decode,
-                              s.codec, {**s.extra, "categories": merged}, s.fill))
+        out.append(dataclasses.replace(s, dtype=code_dtype(len(have)),
+                                       extra={**s.extra, "categories": merged}))
     return out
 
 

@@ -148,6 +148,11 @@ class ColumnSpec:
     codec: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
     provisional: bool = field(default=False, compare=False)
+    #: ``fill_null`` for this column: nulls become this value (no mask).
+    fill: Any = field(default=None, compare=False)
+    #: The manifest's ``content`` of this column's mask (a conversion of
+    #: loaderx data copies the source mask's; see `mask_spec`).
+    mask_content: Any = field(default=None, compare=False)
 
     def as_ragged(self) -> "ColumnSpec":
         """The RaggedStore column a provisional dense one falls back to: a
@@ -159,11 +164,6 @@ class ColumnSpec:
         if "image_mode" in extra:  # later images keep their own modes (see decode_image)
             extra["image_mode"] = PER_IMAGE
         return replace(self, kind="ragged", item_shape=trailing, provisional=False, extra=extra)
-    #: ``fill_null`` for this column: nulls become this value (no mask).
-    fill: Any = field(default=None, compare=False)
-    #: The manifest's ``content`` of this column's mask (a conversion of
-    #: loaderx data copies the source mask's; see `mask_spec`).
-    mask_content: Any = field(default=None, compare=False)
 
     @property
     def dense_shape(self) -> tuple:
