@@ -130,6 +130,9 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     assert "== machine ==" in printed and "cores usable" in printed
     report = json.loads(out.read_text())
     assert report["invalid"] == []
+    # What the reference's tables say above them (scripts/bench_report.py).
+    assert report["command"].startswith(f"python scripts/bench.py {layer} --size tiny")
+    assert report["commit"] and report["date"] and report["machine"]["cpu"]
     rows = [row for section in report["sections"] for row in section["rows"]]
     assert rows, "the layer produced no rows"
     for row in rows:
@@ -469,3 +472,22 @@ def test_the_bench_scripts_import_no_cycle():
 
     cycles = [c for c in (cycle_from(name, [name]) for name in graph) if c]
     assert not cycles, " -> ".join(cycles[0])
+
+
+def test_publish_makes_the_run_the_references(tmp_path, monkeypatch):
+    """bench.py --publish NAME hands its report to bench_report.publish, once
+    the run is valid: one command re-measures and rewrites the tables."""
+    import bench_report
+
+    published = []
+    monkeypatch.setattr(bench_report, "publish",
+                        lambda report, name: published.append((json.loads(report.read_text()), name)))
+    argv = ["sampler", "--size", "tiny", "--repeat", "1", "--workdir", str(tmp_path),
+            "--venvs", "off", "--publish", "xeon"]
+    assert bench.main(argv) == 0
+    (report, name), = published
+    assert name == "xeon" and report["command"].endswith("--publish xeon")
+    assert report["sections"][0]["key"] == "sampler"
+    assert list(tmp_path.iterdir()) == []  # the report went to the reference only
+    with pytest.raises(SystemExit):
+        bench.parse_args(["sampler", "--publish", "Xeon 2"])

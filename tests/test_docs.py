@@ -195,3 +195,16 @@ def test_a_page_runs_its_blocks_in_one_directory(tmp_path):
     with pytest.raises(AssertionError, match="FileExistsError"):
         page.run_through(blocks[2])
     assert page.failed is blocks[2]
+
+
+def test_design_names_every_export_of_the_c_abi():
+    """docs/design.md lists the library's exported functions: all of them,
+    and the count it states."""
+    with open(os.path.join(ROOT, "src", "capi.zig"), encoding="utf-8") as f:
+        exports = set(re.findall(r"^pub export fn (lx_\w+)", f.read(), re.M))
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        design = f.read()
+    named = set(re.findall(r"`(lx_\w+)`", design))
+    assert exports - named == set(), "exports design.md does not name"
+    assert named - exports == set(), "names design.md gives that are not exports"
+    assert f"Its {len(exports)} functions" in design
