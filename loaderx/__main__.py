@@ -221,6 +221,10 @@ def _scalar_columns(opened: dict) -> dict:
         if not info.type:
             continue
         entry: dict = {"type": info.type, "dtype": str(info.dtype), "nullable": info.nullable}
+        zone = getattr(col, "timezone", None)
+        if zone is not None:  # numpy's datetime64[ns] holds UTC; pandas names it so
+            entry["timezone"] = zone
+            entry["dtype"] = f"{str(info.dtype)[:-1]}, {zone}]"
         if info.categories is not None:
             entry["categories"] = list(info.categories)
         if info.labels is not None:
@@ -253,7 +257,7 @@ def _column_facts(path: str, name: str, entry: dict) -> dict:
     names = labels(path, name)
     if names is not None:
         facts["labels"] = names
-    for key in ("image_mode", "image_modes", "role"):
+    for key in ("image_mode", "image_modes", "role", "timezone"):
         if key in entry:
             facts[key] = entry[key]
     return facts
@@ -299,6 +303,8 @@ def _print_facts(col: dict, indent: str) -> None:
         print(f"{indent}{'images:':<10} {col['image_mode']}" + (f" (seen: {seen})" if seen else ""))
     if col.get("role") == "key":
         print(f"{indent}{'role:':<10} key (where each row came from)")
+    if "timezone" in col:
+        print(f"{indent}{'timezone:':<10} {col['timezone']} (the records are UTC instants)")
 
 
 def _sum_reports(reports: list[dict]) -> dict:

@@ -16,7 +16,7 @@ handler can interrupt).
 Why pooled: a fresh multi-MiB batch is a fresh ``mmap`` with a page fault per
 4 KiB on first touch, the kernel's zeroing of each page and a TLB shootdown
 at ``munmap``; a pooled block is faulted once, when it is made, and reused
-(measured in docs/performance.md and by ``scripts/bench_faults.py``). Blocks
+(measured in CHANGELOG.md, 2026-12-01, and by ``scripts/bench_faults.py``). Blocks
 are page aligned, and from 2 MiB on 2 MiB aligned and advised
 ``MADV_HUGEPAGE``.
 

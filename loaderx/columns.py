@@ -12,11 +12,13 @@ manifest (``loaderx.json``), additively to the store's own identity:
   label column the same way (`loaderx.labels` reads both);
 * ``"valid": "<name>.valid"`` — the column had nulls: ``<name>.valid`` is a
   bool DenseStore column, False where the source held a null (the mask
-  column says ``"valid_of": "<name>"``).
+  column says ``"valid_of": "<name>"``);
+* ``"timezone": "Europe/Paris"`` — zone-aware timestamps: the values are
+  the UTC instants (numpy's datetime64 holds no zone), written in that zone.
 
 `open_dataset` wraps such columns in a `Column`: it reads like the store
 (``len``, ``col[i]``, ``gather``), says what it holds (``.text``,
-``.categories``, ``.valid``) and gives ``str`` for text and ``None`` for a
+``.categories``, ``.valid``, ``.timezone``) and gives ``str`` for text and ``None`` for a
 null in list outputs. A dense column's mask is also a column of the dataset
 (``ds["age.valid"]``), so a loader over the dataset yields it alongside the
 values; a list column's nulls are ``None`` items instead.
@@ -39,6 +41,7 @@ import numpy as np
 
 from . import _records
 from ._store import normalize_indices
+from .errors import CorruptStoreError
 
 __all__ = ["Column", "scalar_chunks", "is_scalar", "column_parts"]
 
@@ -49,17 +52,19 @@ class Column:
     """A dataset column whose type says more than its store's (see the
     module docs). `stream`: the store or ShardSet of the values; `valid`: the
     mask's store or ShardSet (None: no nulls); `categories`: names of the
-    codes (a categorical) or of the integer labels (``labels=True``)."""
+    codes (a categorical) or of the integer labels (``labels=True``);
+    `timezone`: the zone of timestamps stored as UTC instants."""
 
     def __init__(self, stream: Any, *, name: str = "", text: bool = False,
                  categories: Optional[Sequence] = None, labels: bool = False,
-                 valid: Any = None):
+                 valid: Any = None, timezone: Optional[str] = None):
         self._stream = stream
         self._name = name
         self._text = bool(text)
         self._categories = tuple(categories) if categories is not None else None
         self._labels = bool(labels)
         self._valid = valid
+        self._timezone = timezone
 
     # -- what it holds
     @property
@@ -93,6 +98,14 @@ class Column:
     def valid(self) -> Any:
         """The validity mask (a bool store or ShardSet, False: null), or None."""
         return self._valid
+
+    @property
+    def timezone(self) -> Optional[str]:
+        """The zone of a zone-aware timestamp column (``"Europe/Paris"``), or
+        None. Its records are UTC instants: numpy's datetime64 holds no zone
+        (``pandas.to_datetime(col[:], utc=True).tz_convert(col.timezone)``
+        gives the times in it)."""
+        return self._timezone
 
     @property
     def kind(self) -> str:
@@ -184,7 +197,7 @@ class Column:
     def __reduce__(self):
         # A reference: the stores pickle as references themselves.
         return (_rebuild, (self._stream, self._name, self._text, self._categories, self._labels,
-                           self._valid))
+                           self._valid, self._timezone))
 
     def __repr__(self) -> str:
         what = []
@@ -196,12 +209,14 @@ class Column:
             what.append(f"{'labels' if self._labels else 'categories'}=[{shown}{more}]")
         if self._valid is not None:
             what.append("nullable")
+        if self._timezone is not None:
+            what.append(f"timezone={self._timezone!r}")
         return f"Column({self._name!r}, {', '.join(what)}, {self._stream!r})"
 
 
-def _rebuild(stream, name, text, categories, labels, valid) -> Column:
+def _rebuild(stream, name, text, categories, labels, valid, timezone=None) -> Column:
     return Column(stream, name=name, text=text, categories=categories, labels=labels,
-                  valid=valid)
+                  valid=valid, timezone=timezone)
 
 
 def wrap_columns(opened: dict, manifest_columns: dict) -> dict:
@@ -220,11 +235,23 @@ def wrap_columns(opened: dict, manifest_columns: dict) -> dict:
         labels = cats is None and names is not None
         if labels:
             cats = names
-        if entry.get("text") or cats is not None or mask is not None:
+        zone = _zone_of(name, entry, stream)
+        if entry.get("text") or cats is not None or mask is not None or zone is not None:
             stream = Column(stream, name=name, text=bool(entry.get("text")), categories=cats,
-                            labels=labels, valid=mask)
+                            labels=labels, valid=mask, timezone=zone)
         out[name] = stream
     return out
+
+
+def _zone_of(name: str, entry: dict, stream: Any) -> Optional[str]:
+    """A column's ``"timezone"``, checked: a zone's name, on timestamps."""
+    zone = entry.get("timezone")
+    if zone is None:
+        return None
+    if not isinstance(zone, str) or not zone or np.dtype(stream.dtype).kind != "M":
+        raise CorruptStoreError(f"the manifest's column {name!r} has a malformed 'timezone': "
+                                f"{str(zone)[:80]!r} on {stream.dtype} records")
+    return zone
 
 
 # ----------------------------------------------------------------- values as arrays

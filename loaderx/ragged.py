@@ -25,7 +25,7 @@ def encode_shape(shape: tuple) -> bytes:
 
 
 # Raw bytes in one zstd frame of a long token document (see RaggedStore);
-# the measurements behind the choice are in docs/performance.md.
+# the measurements behind the choice are in CHANGELOG.md (2026-12-02).
 TOKEN_FRAME_SIZE = 4 << 10
 
 

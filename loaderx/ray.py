@@ -299,7 +299,7 @@ def _read_rows(dest: str, columns, batch: dict) -> dict:
         out = {}
         for name, col in opened.items():
             if col.kind == "dense":
-                out[name] = col.gather(idx)
+                out[name] = _zoned(col, col.gather(idx))
                 continue
             records = col.gather(idx)
             values = np.empty(len(records), dtype=object)
@@ -310,6 +310,18 @@ def _read_rows(dest: str, columns, batch: dict) -> dict:
     finally:
         for col in opened.values():
             col.close()
+
+
+def _zoned(col, values: np.ndarray):
+    """A zone-aware timestamp column's values as Arrow holds them
+    (``timestamp[ns, tz=...]``), which Ray keeps; others as they are."""
+    zone = getattr(col, "timezone", None)
+    if zone is None or values.ndim != 1:
+        return values
+    import pyarrow as pa
+
+    unit = np.datetime_data(values.dtype)[0]
+    return pa.array(values, type=pa.timestamp(unit, tz=zone))
 
 
 def _check_read_columns(path: str, manifest: dict, columns) -> list | None:

@@ -57,7 +57,7 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     have a ``prefetch`` for callers, but the native ring reads their
     records itself, cold ones at the device's queue depth, and a Python
     call per step cost more than it saved (4-9x fewer steps per second on
-    warm 200-byte records, raw or zstd: scripts/probe_prefetch_hook.py).
+    warm 200-byte records, raw or zstd: CHANGELOG.md, 2026-12-03).
 
 ``prefetch_warm(indices: np.ndarray) -> bool``
     A ``prefetch`` that fetches nothing: True when every record of

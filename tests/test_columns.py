@@ -345,3 +345,90 @@ def test_a_mask_split_otherwise_than_its_column_reads_right(tmp_path):
         late = loaderx.select(ds, "x >= 990 OR x IS NULL")
         assert loaderx.select(late, "x IS NOT NULL AND x < 1010", engine=engine)[
             "x"][:].tolist() == list(range(990, 1000)) + list(range(1001, 1010))
+
+
+# ----------------------------------------------------------------- time zones
+
+def _paris(n=6) -> "pd.Series":
+    # Across the spring change of clocks: the offset moves from +01:00 to +02:00.
+    return pd.Series(pd.date_range("2024-03-31 00:30", periods=n, freq="h", tz="Europe/Paris"))
+
+
+def test_a_zone_aware_timestamp_column_keeps_its_zone(tmp_path):
+    """Stored as the UTC instants Arrow holds, the zone in the manifest, the
+    column saying it; read back into the zone, the source's times exactly."""
+    times = _paris()
+    pd.DataFrame({"at": times, "naive": times.dt.tz_localize(None)}).to_parquet(
+        tmp_path / "t.parquet")
+    ds = _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    entry = json.loads((tmp_path / "ds" / "loaderx.json").read_text())["columns"]["at"]
+    assert entry["timezone"] == "Europe/Paris" and entry["dtype"] == "datetime64[us]"
+    col = ds["at"]
+    assert col.timezone == "Europe/Paris" and "timezone='Europe/Paris'" in repr(col)
+    want_utc = times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy()
+    assert_same(col[:], want_utc.astype("datetime64[us]"))
+    back = pd.to_datetime(col[:], utc=True).tz_convert(col.timezone)
+    assert list(back) == list(times)
+    # A naive column has no zone: a plain store, as before.
+    assert getattr(ds["naive"], "timezone", None) is None
+    assert_same(ds["naive"][:], times.dt.tz_localize(None).to_numpy().astype("datetime64[us]"))
+    # Through the loader and a pickle (a torch worker) the column is the same.
+    with loaderx.DataLoader({"at": col}, batch_size=3, mode="sequential") as loader:
+        assert_same(next(loader)["at"], want_utc[:3].astype("datetime64[us]"))
+    assert pickle.loads(pickle.dumps(col)).timezone == "Europe/Paris"
+    # A predicate compares the instants: a literal without an offset is UTC.
+    assert len(loaderx.select(ds, "at >= '2024-03-31 01:00'")["at"]) == 4  # 01:30Z on
+    for c in ds.values():
+        c.close()
+
+
+def test_info_shows_a_timestamp_column_with_its_zone(tmp_path):
+    pd.DataFrame({"at": _paris()}).to_parquet(tmp_path / "t.parquet")
+    _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    text = _cli("info", tmp_path / "ds")
+    assert text.returncode == 0, text.stderr
+    assert "  at datetime64[us, Europe/Paris]\n" in text.stdout
+    assert "timezone:  Europe/Paris" in text.stdout
+    report = json.loads(_cli("info", tmp_path / "ds", "--json").stdout)
+    scalar = report["scalar_columns"]["at"]
+    assert scalar["dtype"] == "datetime64[us, Europe/Paris]" and scalar["timezone"] == "Europe/Paris"
+    assert report["columns"]["at"]["timezone"] == "Europe/Paris"
+
+
+def test_lists_of_zone_aware_timestamps_keep_the_zone(tmp_path):
+    stamps = pa.array([[0, 3_600_000_000], [7_200_000_000]], pa.list_(pa.timestamp("us", tz="UTC")))
+    pq.write_table(pa.table({"visits": stamps}), tmp_path / "t.parquet")
+    ds = _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    assert ds["visits"].timezone == "UTC"
+    assert_same(ds["visits"][1], np.array(["1970-01-01T02:00"], "datetime64[us]"))
+    ds["visits"].close()
+
+
+def test_an_append_in_another_zone_is_refused_and_the_same_zone_appends(tmp_path):
+    pd.DataFrame({"at": _paris(2)}).to_parquet(tmp_path / "a.parquet")
+    _convert(tmp_path / "a.parquet", tmp_path / "ds")
+    pd.DataFrame({"at": _paris(2).dt.tz_convert("UTC")}).to_parquet(tmp_path / "utc.parquet")
+    with pytest.raises(ConvertError, match=r"'at': the dataset's timestamps are in "
+                                           r"Europe/Paris, the new data's in UTC"):
+        _convert(tmp_path / "utc.parquet", tmp_path / "ds", mode="append")
+    pd.DataFrame({"at": _paris(2).dt.tz_localize(None)}).to_parquet(tmp_path / "naive.parquet")
+    with pytest.raises(ConvertError, match="the new data's without a zone"):
+        _convert(tmp_path / "naive.parquet", tmp_path / "ds", mode="append")
+    ds = _convert(tmp_path / "a.parquet", tmp_path / "ds", mode="append")
+    assert len(ds["at"]) == 4 and ds["at"].timezone == "Europe/Paris"
+    ds["at"].close()
+
+
+def test_a_malformed_timezone_in_a_manifest_is_refused(tmp_path):
+    pd.DataFrame({"at": _paris(2), "n": [1, 2]}).to_parquet(tmp_path / "t.parquet")
+    _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    path = tmp_path / "ds" / "loaderx.json"
+    for column, zone in (("at", 7), ("at", ""), ("n", "UTC")):
+        manifest = json.loads(path.read_text())
+        good = json.loads(path.read_text())
+        manifest["columns"][column]["timezone"] = zone
+        path.write_text(json.dumps(manifest))
+        with pytest.raises(loaderx.CorruptStoreError, match=f"column '{column}' has a "
+                                                            "malformed 'timezone'"):
+            loaderx.open_dataset(tmp_path / "ds")
+        path.write_text(json.dumps(good))

@@ -266,3 +266,16 @@ def test_ray_write_task_refuses_blocks_unlike_its_first():
         assert words in str(info.value), name
     same = _BlocksSource(iter([first, first]), options, 5).read(None, specs, 1 << 20)
     assert [b.columns["v"].tolist() for b in same] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_read_dataset_gives_zone_aware_timestamps_in_their_zone(tmp_path, local_ray):
+    pd = pytest.importorskip("pandas", reason="pandas comes with datasets in the test extra")
+    import pyarrow as pa
+
+    times = pd.Series(pd.date_range("2024-03-31 00:30", periods=5, freq="h", tz="Europe/Paris"))
+    pd.DataFrame({"at": times, "n": np.arange(5)}).to_parquet(tmp_path / "t.parquet")
+    loaderx.convert(tmp_path / "t.parquet", tmp_path / "ds", progress=False)["at"].close()
+    table = lray.read_dataset(tmp_path / "ds").to_arrow_refs()
+    table = pa.concat_tables(ray.get(table))
+    assert table.schema.field("at").type == pa.timestamp("us", tz="Europe/Paris")
+    assert list(table.column("at").to_pandas()) == list(times)

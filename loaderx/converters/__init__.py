@@ -517,8 +517,24 @@ def _like_existing(specs: list[ColumnSpec], existing: dict | None) -> list[Colum
                 f"column {s.name!r}: the dataset's labels are {had}, the new data's {names}; "
                 "appended, the same code would name another label"
             )
+        _check_zone(s, have)
         out.append(s)
     return out
+
+
+def _check_zone(spec: ColumnSpec, have: dict) -> None:
+    """Appended timestamps are in the zone of the dataset's column (or in
+    none, as it is): one column, one zone to read its instants in."""
+    zone, had = spec.extra.get("timezone"), have.get("timezone")
+    if have and zone != had and np.dtype(spec.dtype).kind == "M":
+        def say(z):
+            return f"in {z}" if z else "without a zone"
+
+        raise ConvertError(
+            f"column {spec.name!r}: the dataset's timestamps are {say(had)}, the new data's "
+            f"{say(zone)}; convert them to the dataset's zone first (pandas: "
+            "Series.dt.tz_convert / tz_localize)"
+        )
 
 
 def _check_settled_append(target: Destination, settled: list[ColumnSpec]) -> None:

@@ -28,6 +28,11 @@ source and is never wrong.
 Anything else (structs, maps, decimals, nested variable lists) is refused
 with a `ConvertError` that names the column and the flag that skips it.
 
+A zone-aware timestamp (Arrow ``timestamp[ns, tz=Europe/Paris]``, a pandas
+``datetime64[ns, Europe/Paris]`` column) keeps its zone: the values are the
+UTC instants Arrow holds, and the manifest names the zone (``"timezone"``),
+which the dataset's column reports (`loaderx.columns.Column.timezone`).
+
 Nulls never stop a conversion. A null float scalar becomes NaN (and a null
 timestamp NaT in the values). Any other null row is stored as a filler value
 (0, False, "", an empty list; NaT for timestamps) and the column gets a
@@ -200,6 +205,15 @@ def _leaf_dtype(pa, t) -> np.dtype | None:
     return None
 
 
+def _zone(pa, t) -> dict:
+    """A zone-aware timestamp type's zone, for the manifest: its values are
+    stored as they are in Arrow, UTC instants (numpy's datetime64 has no
+    zone), and the column says in which zone they were written."""
+    if pa.types.is_timestamp(t) and t.tz:
+        return {"timezone": str(t.tz)}
+    return {}
+
+
 def _is_list(pa, t) -> bool:
     return (
         pa.types.is_list(t)
@@ -261,7 +275,7 @@ def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
         return _extension_spec(pa, name, t, flags)
     leaf = _leaf_dtype(pa, t)
     if leaf is not None:
-        return ColumnSpec(name, "dense", leaf, ())
+        return ColumnSpec(name, "dense", leaf, (), extra=_zone(pa, t))
     if _is_bytes(pa, t):
         text = "string" in str(t)
         return ColumnSpec(
@@ -275,12 +289,12 @@ def arrow_spec(pa, name: str, t, flags: Flags) -> ColumnSpec:
     dims, inner = _fixed_chain(pa, t)
     inner_leaf = _leaf_dtype(pa, inner)
     if dims and inner_leaf is not None:
-        return ColumnSpec(name, "dense", inner_leaf, dims)
+        return ColumnSpec(name, "dense", inner_leaf, dims, extra=_zone(pa, inner))
     if _is_list(pa, t):
         tdims, tinner = _fixed_chain(pa, t.value_type)
         tinner_leaf = _leaf_dtype(pa, tinner)
         if tinner_leaf is not None:
-            return ColumnSpec(name, "ragged", tinner_leaf, tdims)
+            return ColumnSpec(name, "ragged", tinner_leaf, tdims, extra=_zone(pa, tinner))
     raise unmappable(name, f"Arrow type {t}", flags)
 
 
