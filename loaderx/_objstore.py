@@ -40,6 +40,7 @@ retries are spent, `RemoteIOError` (an ``OSError``: unreachable, timeouts).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
 import functools
@@ -587,6 +588,40 @@ def _loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
+#: How long the interpreter's exit waits for requests still in flight.
+EXIT_DRAIN_S = 10.0
+#: And then for obstore's runtime threads to be done handing results over.
+EXIT_SETTLE_S = 0.05
+
+
+def _drain_at_exit() -> None:
+    """Lets the requests still in flight at interpreter exit finish, stops
+    the loop, then gives obstore's runtime threads a moment to return into
+    Python. A runtime thread hands a result over by calling the loop's
+    call_soon_threadsafe, which writes to the loop's wake-up socket with the
+    GIL released and takes it again after: the loop may already have passed
+    the result on and the program ended. If the interpreter is finalising
+    by then, Python ends that thread with pthread_exit, and the unwind
+    through Rust frames aborts the process (SIGABRT after the program's own
+    last line). Waiting here, while Python is whole, lets it return."""
+    loop = _LOOP
+    if loop is None or not loop.is_running():
+        return
+
+    async def drain() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=EXIT_DRAIN_S)
+
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError, RuntimeError):
+        asyncio.run_coroutine_threadsafe(drain(), loop).result(EXIT_DRAIN_S + 1)
+    loop.call_soon_threadsafe(loop.stop)
+    time.sleep(EXIT_SETTLE_S)
+
+
+atexit.register(_drain_at_exit)
+
+
 #: obstore's get_ranges reads ranges closer than this as one request (object_store's
 #: coalescing), gap included; ranges in one call are kept further apart than this,
 #: so nothing is fetched that the caller did not ask for.
@@ -714,14 +749,15 @@ class _RangeFetch:
 
 
 async def _all(coros: list) -> list:
-    """The results of `coros`, run concurrently; the first error cancels the
-    rest (no request outlives the call that wanted it) and is raised."""
+    """The results of `coros`, run concurrently; the first error (in order)
+    is raised once every request has ended, so no request outlives the call
+    that wanted it. (Cancelling them instead leaves their requests running
+    in obstore's runtime, which hands each result back to Python when it
+    comes: one that comes at interpreter exit aborts the process. Each
+    request is bounded by its own deadline, see `_attempted`.)"""
     tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
+    await asyncio.wait(tasks)
+    return [t.result() for t in tasks]
 
 
 def _write_all(fd: int, view: memoryview, offset: int) -> None:

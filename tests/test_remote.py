@@ -2271,3 +2271,23 @@ def test_a_subset_checkpoint_taken_on_s3_resumes_on_a_local_copy(tmp_path, s3, u
             loader.load_state_dict(state)
             assert_same(next(loader)["raw"], expected)
         local.close()
+
+
+def test_a_failed_open_leaves_no_request_to_abort_the_interpreter_at_exit(s3, tmp_path):
+    """Opening a missing dataset raised while sibling requests were still in
+    flight; one that finished during interpreter finalisation made obstore's
+    runtime thread take the GIL there, and the process died of SIGABRT after
+    the script's last line (about 1 run in 4 before the fix)."""
+    import json
+
+    code = ("import json, sys, loaderx\n"
+            "try:\n"
+            "    loaderx.open_dataset('s3://loaderx-test/no-such-dataset', cache_dir=sys.argv[2],"
+            " storage_options=json.loads(sys.argv[1]))\n"
+            "except FileNotFoundError:\n"
+            "    pass\n")
+    for run in range(15):
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(s3.options()),
+                               str(tmp_path / f"c{run}")], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, (run, proc.returncode, proc.stderr[-2000:])
