@@ -268,7 +268,7 @@ STORE_KINDS = {"bytes": 0, "dense": 1, "ragged": 2}
 IDENTITY_ENCODINGS = {"none": 0, "native": 1, "msgpack": 2}
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
-#: lx_cache_policy_t's defaults (src/cache.zig, Policy.default).
+#: lx_cache_policy_t's defaults (src/Cache.zig, Policy.default).
 CACHE_POLICY = {"limit": 0,
     "free_reserve_ppm": 50000,
     "reserve_min": 1073741824,
@@ -280,7 +280,7 @@ CACHE_POLICY = {"limit": 0,
     "index_request_bytes": 65536,
     "index_with_batch_max": 16777216,
     "fetch_wait_ms": 120000}
-#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/replica.zig).
+#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/cache_fetch.zig).
 BEGIN_FLAGS = {"pin": 1, "warm_only": 2, "whole_index": 4}
 FETCH_STATUS = {"done": 0, "ranges": 1, "miss": 2}
 FETCH_FLAGS = {"over_limit": 1, "disk_nearly_full": 2, "index_due": 4,

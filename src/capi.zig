@@ -79,8 +79,9 @@ const Loader = @import("Loader.zig");
 const store_maintain = @import("store_maintain.zig");
 const store_parts = @import("store_parts.zig");
 const windows = @import("windows.zig");
-const Cache = @import("cache.zig");
-const Replica = @import("replica.zig");
+const Cache = @import("Cache.zig");
+const Replica = @import("Replica.zig");
+const cache_fetch = @import("cache_fetch.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -805,9 +806,10 @@ pub export fn lx_verify_records(
 }
 
 // ---------------------------------------------------------------- node-local cache
-// The node-local cache of remote stores: src/cache.zig owns the cache
-// directory and the protocol its processes share, src/replica.zig one
-// replica. Python (loaderx/remote.py) keeps only the network: it opens a
+// The node-local cache of remote stores: src/Cache.zig owns the cache
+// directory and the protocol its processes share (its files are
+// src/cache_format.zig's), src/Replica.zig one replica, src/cache_fetch.zig
+// the fetch plans. Python (loaderx/remote.py) keeps only the network: it opens a
 // cache and a replica, starts a read (lx_replica_begin), fetches the byte
 // ranges the returned fetch names into the replica's files, says they
 // landed (lx_fetch_landed), and reads the records with the store calls.
@@ -824,10 +826,10 @@ pub const CachePolicy = Cache.Policy;
 pub const ReplicaSpec = Replica.Spec;
 /// lx_meta_t: what the cache reads of a store's meta.
 pub const MetaInfo = Replica.Meta;
-/// lx_fetch_t: a read's fetch through the cache (src/replica.zig, `Fetch`).
-pub const Fetch = Replica.Fetch;
+/// lx_fetch_t: a read's fetch through the cache (src/cache_fetch.zig, `Fetch`).
+pub const Fetch = cache_fetch.Fetch;
 /// lx_requests_t: one file's requests of a fetch step.
-pub const FetchRequests = Replica.Requests;
+pub const FetchRequests = cache_fetch.Requests;
 
 /// lx_cache_stats_t: a cache's shared counters and this process's part.
 pub const CacheStats = Cache.Stats;
@@ -974,7 +976,8 @@ pub export fn lx_meta_parse(meta: ?[*]const u8, len: u64, out: ?*MetaInfo) c_int
     diag.clear();
     const o = out orelse return invalid("out is null", .{});
     if (len > 0 and meta == null) return invalid("meta is null", .{});
-    o.* = Replica.parseMeta(if (len > 0) meta.?[0..@intCast(len)] else &.{}) catch |e| return code(e);
+    const bytes: []const u8 = if (len > 0) meta.?[0..@intCast(len)] else &.{};
+    o.* = Replica.parseMeta(bytes) catch |e| return code(e);
     return 0;
 }
 
@@ -1012,7 +1015,8 @@ pub export fn lx_replica_info(
 ) c_int {
     diag.clear();
     const o = out orelse return invalid("out is null", .{});
-    const rep = if (r != null) replicaHandle(r) orelse return invalid("not a replica handle", .{}) else blk: {
+    const rep = if (r != null) replicaHandle(r) orelse
+        return invalid("not a replica handle", .{}) else blk: {
         const h = cacheHandle(c) orelse return invalid("not a cache handle", .{});
         const k = key orelse return invalid("key is null", .{});
         break :blk Replica.lookup(h, std.mem.span(k), null) catch |e| return code(e);
@@ -1046,9 +1050,10 @@ pub export fn lx_replica_begin(
     const fetch = f orelse return invalid("f is null", .{});
     fetch.* = std.mem.zeroes(Fetch);
     const rep = replicaHandle(r) orelse return invalid("not a replica handle", .{});
-    const recs = recordSlice(records, count) orelse return invalid("records: {d} records at null, or over 2^32", .{count});
+    const recs = recordSlice(records, count) orelse
+        return invalid("records: {d} records at null, or over 2^32", .{count});
     if (flags & ~@as(u32, 7) != 0) return invalid("unknown begin flags {d}", .{flags});
-    rep.begin(recs, flags, fetch) catch |e| return code(e);
+    cache_fetch.begin(rep, recs, flags, fetch) catch |e| return code(e);
     return 0;
 }
 
@@ -1059,8 +1064,9 @@ pub export fn lx_replica_begin(
 pub export fn lx_fetch_landed(f: ?*Fetch) c_int {
     diag.clear();
     const fetch = f orelse return invalid("f is null", .{});
-    if (fetch.status != Replica.Status.ranges) return invalid("the fetch has no step to land", .{});
-    Replica.landed(fetch) catch |e| return code(e);
+    if (fetch.status != cache_fetch.Status.ranges)
+        return invalid("the fetch has no step to land", .{});
+    cache_fetch.landed(fetch) catch |e| return code(e);
     return 0;
 }
 
@@ -1073,7 +1079,7 @@ pub export fn lx_fetch_landed(f: ?*Fetch) c_int {
 pub export fn lx_fetch_failed(f: ?*Fetch, err: c_int) c_int {
     diag.clear();
     const fetch = f orelse return invalid("f is null", .{});
-    Replica.failed(fetch, err) catch |e| return code(e);
+    cache_fetch.failed(fetch, err) catch |e| return code(e);
     return 0;
 }
 
@@ -1129,7 +1135,8 @@ pub export fn lx_replica_spans(
     diag.clear();
     const rep = replicaHandle(r) orelse return invalid("not a replica handle", .{});
     const recs = recordSlice(records, count) orelse return invalid("records is null", .{});
-    if (count > 0 and (starts == null or ends == null)) return invalid("starts or ends is null", .{});
+    if (count > 0 and (starts == null or ends == null))
+        return invalid("starts or ends is null", .{});
     if (count == 0) return 0;
     rep.spans(recs, starts.?[0..recs.len], ends.?[0..recs.len]) catch |e| return code(e);
     return 0;
@@ -1138,7 +1145,12 @@ pub export fn lx_replica_spans(
 /// Writes to `*out` the stored bytes of `records[0..count]` (a loader's
 /// prefetch budget): exact for a fixed layout and for records this
 /// process checked, the store's mean otherwise. Errors: invalid.
-pub export fn lx_replica_nbytes(r: ?*Replica, records: ?[*]const u64, count: u64, out: ?*u64) c_int {
+pub export fn lx_replica_nbytes(
+    r: ?*Replica,
+    records: ?[*]const u64,
+    count: u64,
+    out: ?*u64,
+) c_int {
     diag.clear();
     const rep = replicaHandle(r) orelse return invalid("not a replica handle", .{});
     const recs = recordSlice(records, count) orelse return invalid("records is null", .{});
@@ -1706,6 +1718,9 @@ test {
     _ = Loader;
     _ = Cache;
     _ = Replica;
+    _ = cache_fetch;
+    _ = @import("cache_format.zig");
+    _ = @import("cache_os.zig");
     _ = fsio;
     _ = store_maintain;
     _ = mixture;

@@ -13,8 +13,10 @@ const fsio = @import("fsio.zig");
 const Loader = @import("Loader.zig");
 const Store = @import("Store.zig");
 const outbuf = @import("outbuf.zig");
-const Cache = @import("cache.zig");
-const Replica = @import("replica.zig");
+const Cache = @import("Cache.zig");
+const Replica = @import("Replica.zig");
+const cache_fetch = @import("cache_fetch.zig");
+const layout = @import("cache_format.zig");
 
 /// Zig types that C sees by name.
 const named = .{
@@ -151,9 +153,10 @@ fn enumDict(comptime name: []const u8, comptime E: type) []const u8 {
 const identity_flag_by_name = format.Identity.Flags.dtype_by_name;
 
 /// The node-local cache's shared constants: the default policy, and the
-/// flags and statuses of a fetch (src/cache.zig, src/replica.zig).
+/// flags and statuses of a fetch (src/Cache.zig, src/cache_fetch.zig).
 fn cacheConstants() []const u8 {
-    var text: []const u8 = "#: lx_cache_policy_t's defaults (src/cache.zig, Policy.default).\nCACHE_POLICY = {";
+    var text: []const u8 = "#: lx_cache_policy_t's defaults (src/Cache.zig, Policy.default).\n" ++
+        "CACHE_POLICY = {";
     const p = Cache.Policy.default;
     for (@typeInfo(Cache.Policy).@"struct".field_names, 0..) |name, i| {
         const entry = std.fmt.comptimePrint("\"{s}\": {d}", .{ name, @field(p, name) });
@@ -161,7 +164,7 @@ fn cacheConstants() []const u8 {
     }
     return text ++ std.fmt.comptimePrint(
         \\}}
-        \\#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/replica.zig).
+        \\#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/cache_fetch.zig).
         \\BEGIN_FLAGS = {{"pin": {d}, "warm_only": {d}, "whole_index": {d}}}
         \\FETCH_STATUS = {{"done": {d}, "ranges": {d}, "miss": {d}}}
         \\FETCH_FLAGS = {{"over_limit": {d}, "disk_nearly_full": {d}, "index_due": {d},
@@ -170,10 +173,10 @@ fn cacheConstants() []const u8 {
         \\CACHE_SLOTS = {d}
         \\
     , .{
-        Replica.Begin.pin,       Replica.Begin.warm_only,     Replica.Begin.whole_index,
-        Replica.Status.done,     Replica.Status.ranges,       Replica.Status.miss,
-        Cache.Warn.over_limit,   Cache.Warn.disk_nearly_full, Replica.index_due,
-        Replica.bad_record_flag, Cache.pin_calls,             Cache.slots_max,
+        cache_fetch.Begin.pin,       cache_fetch.Begin.warm_only, cache_fetch.Begin.whole_index,
+        cache_fetch.Status.done,     cache_fetch.Status.ranges,   cache_fetch.Status.miss,
+        Cache.Warn.over_limit,       Cache.Warn.disk_nearly_full, cache_fetch.index_due,
+        cache_fetch.bad_record_flag, Cache.pin_calls,             layout.slots_max,
     });
 }
 

@@ -1,4 +1,4 @@
-//! Generates tests/_lxlayout.py from src/format.zig and src/cache.zig (`zig
+//! Generates tests/_lxlayout.py from src/format.zig and src/cache_format.zig (`zig
 //! build forger-layout`): for every on-disk struct its Python `struct`
 //! format, field names and offsets, and every constant of the format
 //! (magics, versions, offsets, checksum seeds, file names, enums), and the
@@ -9,7 +9,7 @@
 //! does for loaderx/_abi.py.
 const std = @import("std");
 const format = @import("format.zig");
-const cache = @import("cache.zig");
+const cache = @import("cache_format.zig");
 
 /// The Python `struct` code of one scalar field type.
 fn code(comptime T: type) []const u8 {
@@ -119,7 +119,7 @@ const python = blk: {
         \\"""The on-disk layout of a loaderx store as data, for the test forger
         \\(tests/_lxformat.py): struct formats, field names and offsets, and every
         \\constant of the format. src/format.zig documents what each byte means; the
-        \\node-local cache's state files (CACHE_*, REPLICA_*) are src/cache.zig's."""
+        \\node-local cache's state files (CACHE_*, REPLICA_*) are src/cache_format.zig's."""
         \\
         \\
     ;

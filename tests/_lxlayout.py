@@ -4,7 +4,7 @@
 """The on-disk layout of a loaderx store as data, for the test forger
 (tests/_lxformat.py): struct formats, field names and offsets, and every
 constant of the format. src/format.zig documents what each byte means; the
-node-local cache's state files (CACHE_*, REPLICA_*) are src/cache.zig's."""
+node-local cache's state files (CACHE_*, REPLICA_*) are src/cache_format.zig's."""
 
 MAGIC = 0x145524F5453584C
 FORMAT_VERSION = 3

@@ -3,7 +3,7 @@
 //! process of a node shares. This file owns the directory and the protocol
 //! its processes share: the mapped `state` file and each replica's
 //! `cache.state` (both documented below in format.zig's style, each struct's
-//! offsets proved at compile time; tests/_lxlayout.py carries them for the
+//! offsets proved at compile time; tests/_lxpy carries them for the
 //! tests that forge one), process slots and their liveness, the cache's
 //! lock, the eviction sequence (both sides: a read's start in `startRead`,
 //! an eviction in `evict`), eviction itself, hole punching and
@@ -12,40 +12,6 @@
 //! plans, its files and the meta parse. Python (loaderx/remote.py) keeps
 //! only the network: it fetches the byte ranges a plan names into the
 //! replica's files and says when they landed.
-//!
-//! ## The directory
-//!
-//!   state        `StateHead` at 0 (40 bytes; the rest of page 0 zeros), then
-//!                `slots_max` `Slot`s of 16 bytes from 4096 (20480 bytes in
-//!                all). Mapped shared by every process using the cache.
-//!   lock         empty; its exclusive flock is the cache's lock, held for
-//!                short sections only (marking blocks present, eviction,
-//!                publishing a replica, housekeeping), never across network
-//!                I/O. A process's threads take its mutex first: flock
-//!                does not order the threads of one process.
-//!   slots.lock   empty; byte k is POSIX-locked (fcntl) by the live process
-//!                in slot k: the kernel frees a slot when its process dies,
-//!                and `users` asks it who holds which (F_GETLK).
-//!   stores/<key>/  a replica (src/replica.zig): a store directory (meta,
-//!                index, data, lock) whose index and data are sparse files of
-//!                their full sizes, plus `cache.state`, `index.fetch` and
-//!                `data.fetch` (fetch locks: byte b locked = block b being
-//!                fetched) and `source.json` (URL and versions, for people).
-//!   stores/.tmp-*, .damaged-*   a replica being made, or moved aside.
-//!   uploads/<name>/  a conversion's files on their way to a bucket, held by a
-//!                shared flock on the directory while in use.
-//!   .cleared-*   what an interrupted clear left.
-//!
-//! ## cache.state (one per replica; `ReplicaGeometry` sizes it)
-//!
-//!   [0, 4096)    `ReplicaHead` at 0 (80 bytes), then zeros.
-//!   4096         the index bitmap: bit b of u64 word w set = index block
-//!                64w + b holds the server's bytes; `index_words` words.
-//!   then         the data bitmap: one u64 word per region of 64 data blocks.
-//!   then         `atime`, a u64 per region: the tick of its last read.
-//!   then         `ptime`, a u64 per region: the tick of its last prefetch.
-//! The file is allocated whole when it is made: a hole of a full tmpfs read
-//! or written through a mapping is a SIGBUS.
 //!
 //! ## The protocol
 //!
@@ -69,10 +35,8 @@
 //! count moved and checks its records again. A slot whose process died is
 //! ignored, and emptied by the first eviction that finds it so.
 //!
-//! ## Versions
-//!
-//! `StateHead.version` 2 (version 1 locked every read and left word 4 all
-//! ones: upgraded in place at open). `ReplicaHead.version` 1.
+//! The cache's files are src/cache_format.zig's; its system calls
+//! src/cache_os.zig's.
 const Cache = @This();
 
 const std = @import("std");
@@ -82,243 +46,11 @@ const Io = std.Io;
 const pool = @import("pool.zig");
 const diag = @import("diag.zig");
 const Store = @import("Store.zig");
-const Replica = @import("replica.zig");
+const Replica = @import("Replica.zig");
+const layout = @import("cache_format.zig");
+const files = @import("cache_os.zig");
 
 pub const Error = Store.Error;
-
-// ---------------------------------------------------------------- format
-
-/// "LXCHE1" read as a little-endian u64.
-pub const state_magic: u64 = 0x31454843584C;
-pub const state_version: u64 = 2;
-/// "LXSTA1" read as a little-endian u64.
-pub const replica_magic: u64 = 0x31415453584C;
-pub const replica_version: u64 = 1;
-pub const page: u64 = 4096;
-/// Processes that can use one cache at once.
-pub const slots_max = 1024;
-pub const state_size: u64 = page + slots_max * @sizeOf(Slot);
-/// Data blocks per eviction region: one u64 of the data bitmap.
-pub const region_blocks = 64;
-/// A watermark with no read (or prefetch) behind it.
-pub const none: u64 = std.math.maxInt(u64);
-/// A file system allocates whole units of 2^12 bytes (a tmpfs page, an ext4
-/// or xfs block): the cache counts a present block as the units it touches.
-pub const disk_shift = 12;
-
-/// `state` page 0.
-pub const StateHead = extern struct {
-    /// 0: `state_magic`.
-    magic: u64,
-    /// 8: `state_version`.
-    version: u64,
-    /// 16: the last tick taken (a read's start takes the next).
-    tick: u64,
-    /// 24: bytes the replicas' present blocks take on disk, in whole units
-    /// (`footprint`); kept under the lock, recounted when over the limit.
-    used: u64,
-    /// 32: the eviction sequence: odd while an eviction runs.
-    seq: u64,
-
-    comptime {
-        assertLayout(StateHead, 40, .{ .magic = 0, .version = 8, .tick = 16, .used = 24, .seq = 32 });
-    }
-};
-
-/// One process's watermarks (`state` from 4096, slot k at 4096 + 16k).
-pub const Slot = extern struct {
-    /// 0: the tick of its oldest read in flight, or `none`.
-    read: u64,
-    /// 8: the tick of its oldest kept prefetch, or `none`.
-    pin: u64,
-
-    comptime {
-        assertLayout(Slot, 16, .{ .read = 0, .pin = 8 });
-    }
-};
-
-/// `cache.state` page 0: the replica's geometry and its eviction count.
-pub const ReplicaHead = extern struct {
-    /// 0: `replica_magic`.
-    magic: u64,
-    /// 8: `replica_version`.
-    version: u64,
-    /// 16, 24, 32: the store's records, data bytes and fixed record size
-    /// (0: the table layout), from its meta.
-    record_count: u64,
-    data_size: u64,
-    fixed_size: u64,
-    /// 40, 48: log2 of an index block's and a data block's bytes.
-    index_shift: u64,
-    data_shift: u64,
-    /// 56: index blocks; 64: regions (data bitmap words).
-    index_blocks: u64,
-    regions: u64,
-    /// 72: regions evicted and records dropped, ever: a process's checked
-    /// bits belong to one value of it.
-    evictions: u64,
-
-    comptime {
-        assertLayout(ReplicaHead, 80, .{
-            .magic = 0,
-            .version = 8,
-            .record_count = 16,
-            .data_size = 24,
-            .fixed_size = 32,
-            .index_shift = 40,
-            .data_shift = 48,
-            .index_blocks = 56,
-            .regions = 64,
-            .evictions = 72,
-        });
-    }
-};
-
-/// The structs of the cache's files, for the generated test layout.
-pub const structs = .{
-    .{ "CACHE_HEAD", StateHead },
-    .{ "CACHE_SLOT", Slot },
-    .{ "REPLICA_HEAD", ReplicaHead },
-};
-
-/// A replica's geometry, from its store's shape: blocks about an eighth of
-/// a mean record (a random record costs about one block of overfetch), at
-/// least 512 B; at most 2^27 data blocks and about 4096 index blocks.
-pub const Geometry = struct {
-    record_count: u64,
-    data_size: u64,
-    fixed_size: u64,
-    entry_size: u64,
-    index_size: u64,
-    index_shift: u6,
-    data_shift: u6,
-    index_blocks: u64,
-    data_blocks: u64,
-    regions: u64,
-    index_words: u64,
-
-    pub fn of(record_count: u64, data_size: u64, fixed_size: u64) Geometry {
-        const entry: u64 = if (fixed_size != 0) 4 else 32;
-        const index_size = record_count * entry;
-        const eighth = if (record_count != 0) data_size / record_count / 8 else 0;
-        const dshift = @min(24, @max(9, log2Floor(eighth), log2Ceil(divCeil(data_size, 1 << 27))));
-        const want = if (record_count != 0) @min(index_size / 4096, eighth) else 0;
-        const ishift = @min(16, @max(9, log2Floor(want)));
-        const dblocks = divCeil(data_size, @as(u64, 1) << @intCast(dshift));
-        const iblocks = divCeil(index_size, @as(u64, 1) << @intCast(ishift));
-        return .{
-            .record_count = record_count,
-            .data_size = data_size,
-            .fixed_size = fixed_size,
-            .entry_size = entry,
-            .index_size = index_size,
-            .index_shift = @intCast(ishift),
-            .data_shift = @intCast(dshift),
-            .index_blocks = iblocks,
-            .data_blocks = dblocks,
-            .regions = divCeil(dblocks, region_blocks),
-            .index_words = divCeil(iblocks, 64),
-        };
-    }
-
-    pub fn fromHead(h: *const ReplicaHead) Geometry {
-        return of(h.record_count, h.data_size, h.fixed_size);
-    }
-
-    /// Whether head `h` describes this geometry.
-    pub fn matches(g: Geometry, h: *const ReplicaHead) bool {
-        return h.magic == replica_magic and h.version == replica_version and
-            h.record_count == g.record_count and h.data_size == g.data_size and
-            h.fixed_size == g.fixed_size and h.index_shift == g.index_shift and
-            h.data_shift == g.data_shift and h.index_blocks == g.index_blocks and
-            h.regions == g.regions;
-    }
-
-    pub fn stateSize(g: Geometry) u64 {
-        return page + (g.index_words + 3 * g.regions) * 8;
-    }
-
-    pub fn head(g: Geometry) ReplicaHead {
-        return .{
-            .magic = replica_magic,
-            .version = replica_version,
-            .record_count = g.record_count,
-            .data_size = g.data_size,
-            .fixed_size = g.fixed_size,
-            .index_shift = g.index_shift,
-            .data_shift = g.data_shift,
-            .index_blocks = g.index_blocks,
-            .regions = g.regions,
-            .evictions = 0,
-        };
-    }
-};
-
-fn divCeil(a: u64, b: u64) u64 {
-    return if (a == 0) 0 else (a - 1) / b + 1;
-}
-
-fn log2Floor(x: u64) u64 {
-    return if (x == 0) 0 else 63 - @as(u64, @clz(x));
-}
-
-fn log2Ceil(x: u64) u64 {
-    return if (x <= 1) 0 else 64 - @as(u64, @clz(x - 1));
-}
-
-// ---------------------------------------------------------------- bitmaps
-
-pub fn bitTest(words: []const u64, b: u64) bool {
-    const w = @atomicLoad(u64, &words[@intCast(b >> 6)], .acquire);
-    return w >> @intCast(b & 63) & 1 != 0;
-}
-
-/// Sets bits [b0, b1) (under the lock: writers never race).
-pub fn bitsSet(words: []u64, b0: u64, b1: u64) void {
-    assert(b0 <= b1);
-    assert(b1 <= words.len * 64);
-    var b = b0;
-    while (b < b1) {
-        const w: usize = @intCast(b >> 6);
-        const lo: u6 = @intCast(b & 63);
-        const n = @min(b1 - b, 64 - @as(u64, lo));
-        const mask = (if (n == 64) ~@as(u64, 0) else (@as(u64, 1) << @intCast(n)) - 1) << lo;
-        @atomicStore(u64, &words[w], words[w] | mask, .release);
-        b += n;
-    }
-}
-
-pub fn bitsClear(words: []u64, b0: u64, b1: u64) void {
-    assert(b0 <= b1);
-    assert(b1 <= words.len * 64);
-    var b = b0;
-    while (b < b1) {
-        const w: usize = @intCast(b >> 6);
-        const lo: u6 = @intCast(b & 63);
-        const n = @min(b1 - b, 64 - @as(u64, lo));
-        const mask = (if (n == 64) ~@as(u64, 0) else (@as(u64, 1) << @intCast(n)) - 1) << lo;
-        @atomicStore(u64, &words[w], words[w] & ~mask, .release);
-        b += n;
-    }
-}
-
-/// Bytes on disk of the blocks of 2^shift bytes that `word`'s bits mark,
-/// in whole 2^disk_shift units: eight random 512 B blocks are eight units.
-pub fn footprintWord(word: u64, shift: u6) u64 {
-    if (shift >= disk_shift) return @as(u64, @popCount(word)) << shift;
-    const per: u7 = @as(u7, 1) << @intCast(disk_shift - shift); // blocks per unit: 2 to 8
-    const mask: u64 = (@as(u64, 1) << @intCast(per)) - 1;
-    var units: u64 = 0;
-    var k: u7 = 0;
-    while (k < 64) : (k += per) units += @intFromBool(word >> @intCast(k) & mask != 0);
-    return units << disk_shift;
-}
-
-pub fn footprint(words: []const u64, shift: u6) u64 {
-    var total: u64 = 0;
-    for (words) |*w| total += footprintWord(@atomicLoad(u64, w, .monotonic), shift);
-    return total;
-}
 
 // ---------------------------------------------------------------- policy
 
@@ -366,7 +98,8 @@ pub const Policy = extern struct {
 
     pub fn problem(p: *const Policy) ?[]const u8 {
         if (p.free_reserve_ppm > 1_000_000) return "free_reserve_ppm is over 1000000";
-        if (p.request_max < 512 or p.request_max > 1 << 30) return "request_max is not 512 B to 1 GiB";
+        if (p.request_max < 512 or p.request_max > 1 << 30)
+            return "request_max is not 512 B to 1 GiB";
         if (p.max_gap > p.request_max) return "max_gap is over request_max";
         if (p.whole_index_chunk < 512 or p.whole_index_chunk > 1 << 30)
             return "whole_index_chunk is not 512 B to 1 GiB";
@@ -385,8 +118,8 @@ root: Io.Dir,
 /// Its path as given, NUL-terminated, for messages.
 root_path: [:0]u8,
 map: []align(std.heap.page_size_min) u8,
-head: *StateHead,
-slots: *[slots_max]Slot,
+head: *layout.StateHead,
+slots: *[layout.slots_max]layout.Slot,
 /// `state`'s identity: a directory deleted and made anew is another cache.
 state_dev: u64,
 state_ino: u64,
@@ -420,22 +153,23 @@ pub const canary_value: u64 = 0x314548434143584C;
 /// and missing), or shares the handle this process has of it already.
 pub fn open(gpa: std.mem.Allocator, path: []const u8, create: bool) Error!*Cache {
     if (builtin.os.tag == .windows) {
-        return diag.fail(error.IoFailed, "the node-local cache needs POSIX file locks (not on Windows)", .{});
+        const why = "the node-local cache needs POSIX file locks (not on Windows)";
+        return diag.fail(error.IoFailed, why, .{});
     }
     const io = pool.io();
     if (create) Io.Dir.cwd().createDirPath(io, path) catch |e|
-        return ioError(e, "{s}: making the cache directory", .{path});
+        return files.ioError(e, "{s}: making the cache directory", .{path});
     const root = Io.Dir.cwd().openDir(io, path, .{}) catch |e| switch (e) {
         error.FileNotFound, error.NotDir => return diag.fail(
             error.NotFound,
             "{s}: not a loaderx cache directory (no such directory)",
             .{path},
         ),
-        else => return ioError(e, "{s}: opening the cache directory", .{path}),
+        else => return files.ioError(e, "{s}: opening the cache directory", .{path}),
     };
     errdefer root.close(io);
     if (create) try makeState(root, path);
-    const st = try statAt(root.handle, "state", path);
+    const st = try files.statAt(root.handle, "state", path);
     lockRegistry();
     defer registry_mutex.unlock();
     var it = registry_head;
@@ -453,19 +187,21 @@ pub fn open(gpa: std.mem.Allocator, path: []const u8, create: bool) Error!*Cache
     return c;
 }
 
-fn openNew(gpa: std.mem.Allocator, root: Io.Dir, path: []const u8, st: FileId) Error!*Cache {
-    const fd = openAt(root.handle, "state", .{ .ACCMODE = .RDWR, .CLOEXEC = true }, 0);
-    if (fd < 0) return errnoFail(error.IoFailed, "{s}/state", .{path});
+fn openNew(gpa: std.mem.Allocator, root: Io.Dir, path: []const u8, st: files.FileId) Error!*Cache {
+    const fd = files.openAt(root.handle, "state", files.read_write, 0);
+    if (fd < 0) return files.errnoFail(error.IoFailed, "{s}/state", .{path});
     defer _ = std.c.close(fd);
-    if (st.size < state_size) {
+    if (st.size < layout.state_size) {
         return diag.fail(error.Corrupt, "{s}: not a loaderx cache directory of this version " ++
             "(its state file is {d} bytes)", .{ path, st.size });
     }
-    const map = std.posix.mmap(null, state_size, .{ .READ = true, .WRITE = true }, .{ .TYPE = .SHARED }, fd, 0) catch
+    const prot: std.posix.PROT = .{ .READ = true, .WRITE = true };
+    const map = std.posix.mmap(null, layout.state_size, prot, .{ .TYPE = .SHARED }, fd, 0) catch
         return diag.fail(error.OutOfMemory, "{s}/state: cannot be mapped", .{path});
     errdefer std.posix.munmap(map);
-    const head: *StateHead = @ptrCast(map.ptr);
-    if (head.magic != state_magic or (head.version != 1 and head.version != state_version)) {
+    const head: *layout.StateHead = @ptrCast(map.ptr);
+    const known = head.version == 1 or head.version == layout.state_version;
+    if (head.magic != layout.state_magic or !known) {
         return diag.fail(error.Corrupt, "{s}: not a loaderx cache directory of this version " ++
             "(remove it)", .{path});
     }
@@ -478,13 +214,13 @@ fn openNew(gpa: std.mem.Allocator, root: Io.Dir, path: []const u8, st: FileId) E
         .root_path = root_path,
         .map = map,
         .head = head,
-        .slots = @ptrCast(map[page..][0 .. slots_max * @sizeOf(Slot)]),
+        .slots = @ptrCast(map[layout.page..][0 .. layout.slots_max * @sizeOf(layout.Slot)]),
         .state_dev = st.dev,
         .state_ino = st.ino,
-        .preallocate = needsPages(root.handle),
+        .preallocate = files.needsPages(root.handle),
     };
     if (head.version == 1) try c.upgrade();
-    moreDescriptors();
+    files.moreDescriptors();
     return c;
 }
 
@@ -495,36 +231,45 @@ fn upgrade(c: *Cache) Error!void {
     defer c.unlock();
     if (c.head.version == 1) {
         @atomicStore(u64, &c.head.seq, 0, .seq_cst);
-        @atomicStore(u64, &c.head.version, state_version, .seq_cst);
+        @atomicStore(u64, &c.head.version, layout.state_version, .seq_cst);
     }
 }
 
 /// Makes `state` when it is missing or short: written aside whole (head,
 /// then every slot empty) and renamed into place under the cache's lock.
 fn makeState(root: Io.Dir, path: []const u8) Error!void {
-    if (statAt(root.handle, "state", path)) |st| {
-        if (st.size >= state_size) return;
+    if (files.statAt(root.handle, "state", path)) |st| {
+        if (st.size >= layout.state_size) return;
     } else |_| {}
-    const lfd = openAt(root.handle, "lock", .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644);
-    if (lfd < 0) return errnoFail(error.IoFailed, "{s}/lock", .{path});
+    const lfd = files.openAt(root.handle, "lock", files.read_write_create, 0o644);
+    if (lfd < 0) return files.errnoFail(error.IoFailed, "{s}/lock", .{path});
     defer _ = std.c.close(lfd);
-    try flockRetry(lfd, std.posix.LOCK.EX);
-    if (statAt(root.handle, "state", path)) |st| {
-        if (st.size >= state_size) return;
+    try files.flockRetry(lfd, std.posix.LOCK.EX);
+    if (files.statAt(root.handle, "state", path)) |st| {
+        if (st.size >= layout.state_size) return;
     } else |_| {}
     var name_buf: [32]u8 = undefined;
-    const tmp = std.fmt.bufPrintSentinel(&name_buf, "state.{x}", .{pool.currentPid()}, 0) catch unreachable;
-    var bytes: [state_size]u8 = undefined;
-    @memset(bytes[0..page], 0);
-    @memset(bytes[page..], 0xFF); // every slot `none`
-    const h: StateHead = .{ .magic = state_magic, .version = state_version, .tick = 0, .used = 0, .seq = 0 };
-    @memcpy(bytes[0..@sizeOf(StateHead)], std.mem.asBytes(&h));
-    const fd = openAt(root.handle, tmp, .{ .ACCMODE = .WRONLY, .CREAT = true, .TRUNC = true, .CLOEXEC = true }, 0o644);
-    if (fd < 0) return errnoFail(error.IoFailed, "{s}/{s}", .{ path, tmp });
+    // (a pid in hex is at most 16 digits)
+    const tmp = files.nameZ(&name_buf, "state.{x}", .{pool.currentPid()}) orelse unreachable;
+    var bytes: [layout.state_size]u8 = undefined;
+    @memset(bytes[0..layout.page], 0);
+    @memset(bytes[layout.page..], 0xFF); // every slot `none`
+    const h: layout.StateHead = .{
+        .magic = layout.state_magic,
+        .version = layout.state_version,
+        .tick = 0,
+        .used = 0,
+        .seq = 0,
+    };
+    @memcpy(bytes[0..@sizeOf(layout.StateHead)], std.mem.asBytes(&h));
+    var flags: std.posix.O = files.read_write_create;
+    flags.TRUNC = true;
+    const fd = files.openAt(root.handle, tmp, flags, 0o644);
+    if (fd < 0) return files.errnoFail(error.IoFailed, "{s}/{s}", .{ path, tmp });
     defer _ = std.c.close(fd);
-    try writeAll(fd, &bytes, 0, path, "state");
+    try files.writeAll(fd, &bytes, 0, path, "state");
     if (std.c.renameat(root.handle, tmp, root.handle, "state") != 0)
-        return errnoFail(error.IoFailed, "{s}/state: renaming it into place", .{path});
+        return files.errnoFail(error.IoFailed, "{s}/state: renaming it into place", .{path});
     _ = std.c.mkdirat(root.handle, "stores", 0o755);
 }
 
@@ -558,7 +303,7 @@ pub fn close(c: *Cache) void {
 /// Whether `state` in the directory is still the file this handle maps
 /// (false once the directory was deleted and made anew).
 pub fn current(c: *Cache) bool {
-    const st = statAt(c.root.handle, "state", c.root_path) catch return false;
+    const st = files.statAt(c.root.handle, "state", c.root_path) catch return false;
     return st.dev == c.state_dev and st.ino == c.state_ino;
 }
 
@@ -588,7 +333,7 @@ pub const Stats = extern struct {
 
 pub fn stats(c: *Cache) Stats {
     const used = @atomicLoad(u64, &c.head.used, .monotonic);
-    const space = if (c.policy.limit == 0) freeSpace(c.root.handle) else null;
+    const space = if (c.policy.limit == 0) files.freeSpace(c.root.handle) else null;
     const slot = @atomicLoad(u32, &c.slot, .acquire);
     var out: Stats = .{
         .tick = @atomicLoad(u64, &c.head.tick, .seq_cst),
@@ -598,8 +343,8 @@ pub fn stats(c: *Cache) Stats {
         .free = if (space) |sp| sp.free else 0,
         .reserve = if (space) |sp| c.reserve(sp.total) else 0,
         .slot = if (slot == slot_none) -1 else slot,
-        .read_mark = none,
-        .pin_mark = none,
+        .read_mark = layout.none,
+        .pin_mark = layout.none,
         .reads = 0,
         .pins = 0,
         .current = @intFromBool(c.current()),
@@ -645,19 +390,19 @@ pub fn enterProcess(c: *Cache) Error!void {
     defer c.mutex.unlock(io);
     if (c.slot != slot_none) return;
     try c.openFiles();
-    for (0..slots_max) |k| {
-        if (try lockRange(c.slots_fd, k, 1)) {
+    for (0..layout.slots_max) |k| {
+        if (try files.lockRange(c.slots_fd, k, 1)) {
             // Emptied while held: a process that took it before us is gone,
             // and nothing reads this slot's marks as ours until they are.
-            @atomicStore(u64, &c.slots[k].read, none, .seq_cst);
-            @atomicStore(u64, &c.slots[k].pin, none, .seq_cst);
+            @atomicStore(u64, &c.slots[k].read, layout.none, .seq_cst);
+            @atomicStore(u64, &c.slots[k].pin, layout.none, .seq_cst);
             c.reads = .{};
             @atomicStore(u32, &c.slot, @intCast(k), .release);
             return;
         }
     }
     return diag.fail(error.InvalidArgument, "{s}: more than {d} processes share this cache " ++
-        "directory", .{ c.root_path, slots_max });
+        "directory", .{ c.root_path, layout.slots_max });
 }
 
 /// This process's own files of `lock` and `slots.lock` (c.mutex held).
@@ -667,15 +412,15 @@ fn openFiles(c: *Cache) Error!void {
 }
 
 fn openLockFile(c: *Cache, name: [:0]const u8) Error!c_int {
-    const fd = openAt(c.root.handle, name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644);
-    if (fd < 0) return errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, name });
+    const fd = files.openAt(c.root.handle, name, files.read_write_create, 0o644);
+    if (fd < 0) return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, name });
     return fd;
 }
 
 fn releaseSlot(c: *Cache) void {
     if (c.slot != slot_none) {
-        @atomicStore(u64, &c.slots[c.slot].read, none, .seq_cst);
-        @atomicStore(u64, &c.slots[c.slot].pin, none, .seq_cst);
+        @atomicStore(u64, &c.slots[c.slot].read, layout.none, .seq_cst);
+        @atomicStore(u64, &c.slots[c.slot].pin, layout.none, .seq_cst);
     }
     // Closing our file of slots.lock drops our slot's lock.
     if (c.slots_fd >= 0) _ = std.c.close(c.slots_fd);
@@ -692,7 +437,7 @@ pub fn lock(c: *Cache) Error!void {
     c.mutex.lockUncancelable(io);
     errdefer c.mutex.unlock(io);
     try c.openFiles();
-    try flockRetry(c.lock_fd, std.posix.LOCK.EX);
+    try files.flockRetry(c.lock_fd, std.posix.LOCK.EX);
 }
 
 pub fn unlock(c: *Cache) void {
@@ -732,7 +477,8 @@ fn publish(c: *Cache, pin: bool) Error!u64 {
     p.lockSpin();
     defer p.spin.unlock();
     if (!pin and p.count >= reads_max) {
-        return diag.fail(error.Busy, "{d} reads in flight in one process through one cache", .{reads_max});
+        const why = "{d} reads in flight in one process through one cache";
+        return diag.fail(error.Busy, why, .{reads_max});
     }
     const tick = @atomicRmw(u64, &c.head.tick, .Add, 1, .seq_cst) +% 1;
     if (pin) {
@@ -748,7 +494,8 @@ fn publish(c: *Cache, pin: bool) Error!u64 {
     } else {
         p.active[p.count] = tick;
         p.count += 1;
-        if (@atomicLoad(u64, &slot.read, .seq_cst) == none) @atomicStore(u64, &slot.read, tick, .seq_cst);
+        if (@atomicLoad(u64, &slot.read, .seq_cst) == layout.none)
+            @atomicStore(u64, &slot.read, tick, .seq_cst);
     }
     assert(p.count <= reads_max and p.pins_kept <= pin_calls);
     return tick;
@@ -767,9 +514,9 @@ pub fn end(c: *Cache, tick: u64) void {
     } else return;
     p.count -= 1;
     p.active[i] = p.active[p.count];
-    var low: u64 = none;
+    var low: u64 = layout.none;
     for (p.active[0..p.count]) |t| low = @min(low, t);
-    assert(low == none or low <= tick or p.count > 0);
+    assert(low == layout.none or low <= tick or p.count > 0);
     @atomicStore(u64, &c.slots[c.slot].read, low, .seq_cst);
 }
 
@@ -781,14 +528,23 @@ pub fn unpin(c: *Cache) void {
     defer p.spin.unlock();
     p.pins_kept = 0;
     p.pins_first = 0;
-    @atomicStore(u64, &c.slots[c.slot].pin, none, .seq_cst);
+    @atomicStore(u64, &c.slots[c.slot].pin, layout.none, .seq_cst);
 }
+
+/// What `startRead` found: the read's tick, and whether the eviction
+/// sequence was odd.
+pub const Started = struct { tick: u64, odd: bool };
 
 /// A read's steps 1 to 3 (the file's comment): its tick, published; the
 /// stamps, by `stamp(ctx, tick)`; then the eviction sequence. Returns the
 /// tick and whether the sequence was odd (an eviction runs, or died
 /// running). A read, not a prefetch, is in flight only when this returns.
-pub fn startRead(c: *Cache, pin: bool, ctx: anytype, comptime stamp: fn (@TypeOf(ctx), u64) Error!void) Error!struct { tick: u64, odd: bool } {
+pub fn startRead(
+    c: *Cache,
+    pin: bool,
+    ctx: anytype,
+    comptime stamp: fn (@TypeOf(ctx), u64) Error!void,
+) Error!Started {
     try c.enterProcess();
     const tick = try c.publish(pin);
     errdefer if (!pin) c.end(tick);
@@ -802,7 +558,8 @@ pub fn startRead(c: *Cache, pin: bool, ctx: anytype, comptime stamp: fn (@TypeOf
 pub fn waitEviction(c: *Cache) Error!void {
     try c.lock();
     defer c.unlock();
-    if (@atomicLoad(u64, &c.head.seq, .seq_cst) & 1 != 0) _ = @atomicRmw(u64, &c.head.seq, .Add, 1, .seq_cst);
+    if (@atomicLoad(u64, &c.head.seq, .seq_cst) & 1 != 0)
+        _ = @atomicRmw(u64, &c.head.seq, .Add, 1, .seq_cst);
 }
 
 /// Raises `slot` to `tick`, never lowering it: reads of two processes stamp
@@ -818,14 +575,17 @@ pub fn raise(slot: *u64, tick: u64) void {
 /// process (under the lock). A slot whose process died is emptied, its
 /// lock held meanwhile, so a process that claims it next finds it empty.
 fn lowWatermarks(c: *Cache) Error![2]u64 {
-    var low: [2]u64 = .{ none, none };
+    var low: [2]u64 = .{ layout.none, layout.none };
     for (c.slots, 0..) |*s, k| {
-        const marks: [2]u64 = .{ @atomicLoad(u64, &s.read, .seq_cst), @atomicLoad(u64, &s.pin, .seq_cst) };
-        if (marks[0] == none and marks[1] == none) continue;
-        if (k != c.slot and try lockRange(c.slots_fd, k, 1)) {
-            @atomicStore(u64, &s.read, none, .seq_cst);
-            @atomicStore(u64, &s.pin, none, .seq_cst);
-            unlockRange(c.slots_fd, k, 1);
+        const marks: [2]u64 = .{
+            @atomicLoad(u64, &s.read, .seq_cst),
+            @atomicLoad(u64, &s.pin, .seq_cst),
+        };
+        if (marks[0] == layout.none and marks[1] == layout.none) continue;
+        if (k != c.slot and try files.lockRange(c.slots_fd, k, 1)) {
+            @atomicStore(u64, &s.read, layout.none, .seq_cst);
+            @atomicStore(u64, &s.pin, layout.none, .seq_cst);
+            files.unlockRange(c.slots_fd, k, 1);
             continue;
         }
         low = .{ @min(low[0], marks[0]), @min(low[1], marks[1]) };
@@ -837,7 +597,7 @@ fn lowWatermarks(c: *Cache) Error![2]u64 {
 /// system's reserve free; `reserve` and `free` are set when asked.
 pub fn effectiveLimit(c: *Cache, used: u64) u64 {
     if (c.policy.limit != 0) return c.policy.limit;
-    const space = freeSpace(c.root.handle) orelse return std.math.maxInt(u64);
+    const space = files.freeSpace(c.root.handle) orelse return std.math.maxInt(u64);
     return (used + space.free) -| c.reserve(space.total);
 }
 
@@ -866,7 +626,7 @@ pub fn maybeEvict(c: *Cache) Error!u32 {
     if (used <= limit) return 0;
     var warn: u32 = 0;
     if (c.policy.limit == 0) {
-        if (freeSpace(c.root.handle)) |space| {
+        if (files.freeSpace(c.root.handle)) |space| {
             if (limit < c.reserve(space.total)) warn |= Warn.disk_nearly_full;
         }
     }
@@ -895,7 +655,8 @@ pub fn evict(c: *Cache, used_now: u64, target: u64) Error!u64 {
             if (@atomicLoad(u64, w, .monotonic) == 0 or at >= low[0]) continue;
             if (@atomicLoad(u64, &r.ptime[region], .seq_cst) >= low[1]) continue;
             // Without memory for the list the cache grows instead.
-            cands.append(c.gpa, .{ .atime = at, .replica = @intCast(k), .region = region }) catch break;
+            const cand: Candidate = .{ .atime = at, .replica = @intCast(k), .region = region };
+            cands.append(c.gpa, cand) catch break;
         }
     }
     std.sort.pdq(Candidate, cands.items, {}, struct {
@@ -983,9 +744,9 @@ fn users(c: *Cache, out: []i64) Error!usize {
         if (n < out.len) out[n] = pool.currentPid();
         n += 1;
     }
-    for (0..slots_max) |k| {
+    for (0..layout.slots_max) |k| {
         if (k == c.slot) continue; // (locking our own again would succeed, unlocking drop it)
-        const holder = try lockHolder(c.slots_fd, k) orelse continue;
+        const holder = try files.lockHolder(c.slots_fd, k) orelse continue;
         if (n < out.len) out[n] = holder;
         n += 1;
     }
@@ -1000,13 +761,13 @@ pub fn stage(c: *Cache, name: [:0]const u8) Error!c_int {
     defer c.unlock();
     _ = std.c.mkdirat(c.root.handle, "uploads", 0o755);
     var buf: [320]u8 = undefined;
-    const sub = std.fmt.bufPrintSentinel(&buf, "uploads/{s}", .{name}, 0) catch
+    const sub = files.nameZ(&buf, "uploads/{s}", .{name}) orelse
         return diag.fail(error.InvalidArgument, "staging name too long", .{});
     if (std.c.mkdirat(c.root.handle, sub, 0o755) != 0)
-        return errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
-    const fd = openAt(c.root.handle, sub, .{ .ACCMODE = .RDONLY, .DIRECTORY = true, .CLOEXEC = true }, 0);
-    if (fd < 0) return errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
-    flockRetry(fd, std.posix.LOCK.SH) catch |e| {
+        return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
+    const fd = files.openAt(c.root.handle, sub, files.directory, 0);
+    if (fd < 0) return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
+    files.flockRetry(fd, std.posix.LOCK.SH) catch |e| {
         _ = std.c.close(fd);
         return e;
     };
@@ -1041,8 +802,8 @@ fn eachUpload(c: *Cache, ctx: anytype, live: *u64, comptime left: anytype) Error
     while (it.next(io) catch null) |entry| {
         if (entry.kind != .directory) continue;
         var buf: [320]u8 = undefined;
-        const sub = std.fmt.bufPrintSentinel(&buf, "{s}", .{entry.name}, 0) catch continue;
-        const fd = openAt(dir.handle, sub, .{ .ACCMODE = .RDONLY, .DIRECTORY = true, .CLOEXEC = true }, 0);
+        const sub = files.nameZ(&buf, "{s}", .{entry.name}) orelse continue;
+        const fd = files.openAt(dir.handle, sub, files.directory, 0);
         if (fd < 0) continue;
         defer _ = std.c.close(fd);
         if (std.c.flock(fd, std.posix.LOCK.EX | std.posix.LOCK.NB) != 0) {
@@ -1058,6 +819,8 @@ fn eachUpload(c: *Cache, ctx: anytype, live: *u64, comptime left: anytype) Error
 /// `<aside>/` go the staging directories no conversion holds and what an
 /// interrupted clear left; the caller removes `<aside>`.
 pub fn clear(c: *Cache, aside: [:0]const u8) Error!void {
+    if (aside.len == 0 or aside.len > 200 or std.mem.indexOfScalar(u8, aside, '/') != null)
+        return diag.fail(error.InvalidArgument, "clear: {s} is not a plain name", .{aside});
     try c.lock();
     defer c.unlock();
     var pids: [8]i64 = undefined;
@@ -1067,20 +830,25 @@ pub fn clear(c: *Cache, aside: [:0]const u8) Error!void {
         var w: usize = 0;
         for (pids[0..@min(n, pids.len)]) |pid| {
             if (pid < 0) continue;
-            const s = std.fmt.bufPrint(text[w..], "{s}{d}", .{ if (w > 0) ", " else "", pid }) catch break;
+            const sep = if (w > 0) ", " else "";
+            const s = std.fmt.bufPrint(text[w..], "{s}{d}", .{ sep, pid }) catch break;
             w += s.len;
         }
+        // (a count is at most 20 digits)
         if (w == 0) w = (std.fmt.bufPrint(&text, "{d}", .{n}) catch unreachable).len;
-        return diag.fail(error.Busy, "{s}: in use by process{s} {s}; clear it once they have exited", .{
+        const why = "{s}: in use by process{s} {s}; clear it once they have exited";
+        return diag.fail(error.Busy, why, .{
             c.root_path, if (n > 1) "es" else "", text[0..w],
         });
     }
     if (std.c.mkdirat(c.root.handle, aside, 0o755) != 0)
-        return errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, aside });
+        return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, aside });
     var buf: [640]u8 = undefined;
-    const to = std.fmt.bufPrintSentinel(&buf, "{s}/stores", .{aside}, 0) catch unreachable;
-    if (std.c.renameat(c.root.handle, "stores", c.root.handle, to) != 0 and errnoNow() != .NOENT)
-        return errnoFail(error.IoFailed, "{s}/stores: moving it aside", .{c.root_path});
+    // (`aside` is at most 200 bytes: checked above)
+    const to = files.nameZ(&buf, "{s}/stores", .{aside}) orelse unreachable;
+    const moved = std.c.renameat(c.root.handle, "stores", c.root.handle, to) == 0;
+    if (!moved and files.errnoNow() != .NOENT)
+        return files.errnoFail(error.IoFailed, "{s}/stores: moving it aside", .{c.root_path});
     _ = std.c.mkdirat(c.root.handle, "stores", 0o755);
     var ctx: struct { c: *Cache, aside: [:0]const u8, k: u32 = 0 } = .{ .c = c, .aside = aside };
     var live: u64 = 0;
@@ -1088,8 +856,8 @@ pub fn clear(c: *Cache, aside: [:0]const u8) Error!void {
         fn left(x: anytype, name: []const u8) Error!void {
             var a: [320]u8 = undefined;
             var b: [640]u8 = undefined;
-            const from = std.fmt.bufPrintSentinel(&a, "uploads/{s}", .{name}, 0) catch return;
-            const dest = std.fmt.bufPrintSentinel(&b, "{s}/upload-{d}", .{ x.aside, x.k }, 0) catch return;
+            const from = files.nameZ(&a, "uploads/{s}", .{name}) orelse return;
+            const dest = files.nameZ(&b, "{s}/upload-{d}", .{ x.aside, x.k }) orelse return;
             x.k += 1;
             _ = std.c.renameat(x.c.root.handle, from, x.c.root.handle, dest);
         }
@@ -1101,15 +869,16 @@ pub fn clear(c: *Cache, aside: [:0]const u8) Error!void {
 fn moveClearedAside(c: *Cache, aside: [:0]const u8) Error!void {
     const io = pool.io();
     var dir = c.root.openDir(io, ".", .{ .iterate = true }) catch
-        return errnoFail(error.IoFailed, "{s}: listing it", .{c.root_path});
+        return files.errnoFail(error.IoFailed, "{s}: listing it", .{c.root_path});
     defer dir.close(io);
     var it = dir.iterate();
     while (it.next(io) catch null) |entry| {
-        if (!std.mem.startsWith(u8, entry.name, ".cleared-") or std.mem.eql(u8, entry.name, aside)) continue;
+        if (!std.mem.startsWith(u8, entry.name, ".cleared-")) continue;
+        if (std.mem.eql(u8, entry.name, aside)) continue;
         var a: [320]u8 = undefined;
         var b: [640]u8 = undefined;
-        const from = std.fmt.bufPrintSentinel(&a, "{s}", .{entry.name}, 0) catch continue;
-        const dest = std.fmt.bufPrintSentinel(&b, "{s}/{s}", .{ aside, entry.name }, 0) catch continue;
+        const from = files.nameZ(&a, "{s}", .{entry.name}) orelse continue;
+        const dest = files.nameZ(&b, "{s}/{s}", .{ aside, entry.name }) orelse continue;
         _ = std.c.renameat(c.root.handle, from, c.root.handle, dest);
     }
 }
@@ -1149,287 +918,4 @@ pub fn adoptAllInChild() void {
         c.table_mutex = .init;
         for (c.replicas.items) |r| r.adoptInChild();
     }
-}
-
-// ---------------------------------------------------------------- files
-
-pub const FileId = struct { dev: u64, ino: u64, size: u64, blocks: u64 };
-
-pub fn statAt(dirfd: c_int, name: [:0]const u8, what: []const u8) Error!FileId {
-    return statRaw(dirfd, name, false) orelse {
-        if (errnoNow() == .NOENT) return diag.fail(error.NotFound, "{s}: no {s} file", .{ what, name });
-        return errnoFail(error.IoFailed, "{s}/{s}", .{ what, name });
-    };
-}
-
-/// The identity and size of the open file `fd`.
-pub fn statFd(fd: c_int, what: []const u8) Error!FileId {
-    return statRaw(fd, "", true) orelse errnoFail(error.IoFailed, "{s}", .{what});
-}
-
-/// statx on Linux (the C library there may have no fstatat symbol),
-/// fstatat elsewhere; null with errno set on failure.
-fn statRaw(dirfd: c_int, name: [:0]const u8, empty_path: bool) ?FileId {
-    if (builtin.os.tag == .linux) {
-        const L = std.os.linux;
-        var st: L.Statx = undefined;
-        const flags: u32 = if (empty_path) L.AT.EMPTY_PATH else L.AT.SYMLINK_NOFOLLOW;
-        const rc = L.statx(dirfd, name, flags, @bitCast(@as(u32, 0x7ff)), &st);
-        const e = L.errno(rc);
-        if (e != .SUCCESS) {
-            std.c._errno().* = @intCast(@backingInt(e));
-            return null;
-        }
-        return .{
-            .dev = @as(u64, st.dev_major) << 32 | st.dev_minor,
-            .ino = st.ino,
-            .size = st.size,
-            .blocks = st.blocks,
-        };
-    }
-    var st: std.c.Stat = undefined;
-    const rc = if (empty_path) std.c.fstat(dirfd, &st) else std.c.fstatat(dirfd, name, &st, 0);
-    if (rc != 0) return null;
-    return .{
-        .dev = @bitCast(@as(i64, @intCast(st.dev))),
-        .ino = @intCast(st.ino),
-        .size = @intCast(st.size),
-        .blocks = @intCast(st.blocks),
-    };
-}
-
-pub fn openAt(dirfd: c_int, name: [:0]const u8, flags: std.posix.O, mode: std.posix.mode_t) c_int {
-    var f = flags;
-    if (@hasField(std.posix.O, "NOFOLLOW")) f.NOFOLLOW = true;
-    while (true) {
-        const fd = std.c.openat(dirfd, name, f, mode);
-        if (fd >= 0 or errnoNow() != .INTR) return fd;
-    }
-}
-
-pub fn errnoNow() std.posix.E {
-    return std.posix.errno(@as(c_int, -1));
-}
-
-extern "c" fn strerror(errnum: c_int) [*:0]const u8;
-
-/// The errno of the failed call just made, as people say it.
-pub fn errnoText(e: std.posix.E) []const u8 {
-    return std.mem.span(strerror(@intCast(@backingInt(e))));
-}
-
-/// `err` with a message naming what failed and the system's reason.
-pub fn errnoFail(err: Error, comptime fmt: []const u8, args: anytype) Error {
-    const e = errnoNow();
-    var buf: [512]u8 = undefined;
-    const what = std.fmt.bufPrint(&buf, fmt, args) catch buf[0..];
-    const kind: Error = switch (e) {
-        .NOSPC, .DQUOT => error.NoSpace,
-        .ACCES, .PERM, .ROFS => error.ReadOnly,
-        .NOMEM => error.OutOfMemory,
-        else => err,
-    };
-    return diag.fail(kind, "{s}: {s}", .{ what, errnoText(e) });
-}
-
-fn ioError(e: anyerror, comptime fmt: []const u8, args: anytype) Error {
-    var buf: [512]u8 = undefined;
-    const what = std.fmt.bufPrint(&buf, fmt, args) catch buf[0..];
-    return diag.fail(error.IoFailed, "{s}: {s}", .{ what, @errorName(e) });
-}
-
-pub fn writeAll(fd: c_int, bytes: []const u8, offset: u64, root: []const u8, what: []const u8) Error!void {
-    var done: usize = 0;
-    while (done < bytes.len) {
-        const n = std.c.pwrite(fd, bytes[done..].ptr, bytes.len - done, @intCast(offset + done));
-        if (n < 0 and errnoNow() == .INTR) continue;
-        if (n < 0) return errnoFail(error.IoFailed, "{s}: writing {s}", .{ root, what });
-        if (n == 0) return diag.fail(error.NoSpace, "{s}: writing {s}: no space left", .{ root, what });
-        done += @intCast(n);
-    }
-}
-
-pub fn flockRetry(fd: c_int, op: c_int) Error!void {
-    while (std.c.flock(fd, op) != 0) {
-        if (errnoNow() != .INTR) return errnoFail(error.IoFailed, "a cache lock (fd {d})", .{fd});
-    }
-}
-
-/// An exclusive POSIX lock on bytes [start, start + len) of `fd`, without
-/// waiting: false when another process holds part of it. The lock belongs
-/// to this process (all its threads), and closing any descriptor of the
-/// file drops it: each file is opened once per process and kept.
-pub fn lockRange(fd: c_int, start: u64, len: u64) Error!bool {
-    assert(fd >= 0);
-    assert(len > 0);
-    var fl = std.mem.zeroes(std.c.Flock);
-    fl.type = std.c.F.WRLCK;
-    fl.whence = std.c.SEEK.SET;
-    fl.start = @intCast(start);
-    fl.len = @intCast(len);
-    while (std.c.fcntl(fd, std.c.F.SETLK, &fl) != 0) {
-        switch (errnoNow()) {
-            .INTR => continue,
-            .AGAIN, .ACCES => return false,
-            else => return errnoFail(error.IoFailed, "a cache fetch lock (fd {d})", .{fd}),
-        }
-    }
-    return true;
-}
-
-pub fn unlockRange(fd: c_int, start: u64, len: u64) void {
-    var fl = std.mem.zeroes(std.c.Flock);
-    fl.type = std.c.F.UNLCK;
-    fl.whence = std.c.SEEK.SET;
-    fl.start = @intCast(start);
-    fl.len = @intCast(len);
-    _ = std.c.fcntl(fd, std.c.F.SETLK, &fl);
-}
-
-/// The pid of the process that holds byte `k` of `fd` (-1: one does, the
-/// system does not say who), or null when none does.
-fn lockHolder(fd: c_int, k: u64) Error!?i64 {
-    var fl = std.mem.zeroes(std.c.Flock);
-    fl.type = std.c.F.WRLCK;
-    fl.whence = std.c.SEEK.SET;
-    fl.start = @intCast(k);
-    fl.len = 1;
-    if (std.c.fcntl(fd, std.c.F.GETLK, &fl) != 0) return errnoFail(error.IoFailed, "slots.lock", .{});
-    if (fl.type == std.c.F.UNLCK) return null;
-    return if (builtin.os.tag == .linux) @as(i64, fl.pid) else -1;
-}
-
-/// Frees bytes [offset, offset + len) of a file (they read as zeros). Where
-/// holes cannot be punched, `zero` writes zeros instead (same reads, the
-/// space kept); best effort either way.
-pub fn punch(fd: c_int, offset: u64, len: u64, zero: bool) void {
-    if (len == 0) return;
-    if (builtin.os.tag == .linux) {
-        const mode = std.os.linux.FALLOC.FL_PUNCH_HOLE | std.os.linux.FALLOC.FL_KEEP_SIZE;
-        const rc = std.os.linux.fallocate(fd, mode, @intCast(offset), @intCast(len));
-        if (std.os.linux.errno(rc) == .SUCCESS or !zero) return;
-    } else if (!zero) return;
-    const zeros: [64 << 10]u8 = @splat(0);
-    var done: u64 = 0;
-    while (done < len) {
-        const n: usize = @intCast(@min(zeros.len, len - done));
-        const w = std.c.pwrite(fd, &zeros, n, @intCast(offset + done));
-        if (w <= 0) return;
-        done += @intCast(w);
-    }
-}
-
-/// Gives bytes [offset, offset + len) their blocks before anything is
-/// written there (the Linux system call, never glibc's posix_fallocate,
-/// which writes zeros over bytes another process may be writing): a full
-/// file system says so here (ENOSPC, EDQUOT) instead of in a write, and a
-/// tmpfs page that exists reads through a mapping without a fault. Where
-/// the system has no such call, nothing is done. Returns the errno.
-pub fn allocate(fd: c_int, offset: u64, len: u64) std.posix.E {
-    if (builtin.os.tag != .linux or len == 0) return .SUCCESS;
-    while (true) {
-        const rc = std.os.linux.fallocate(fd, 0, @intCast(offset), @intCast(len));
-        switch (std.os.linux.errno(rc)) {
-            .INTR => continue,
-            .OPNOTSUPP, .NOSYS, .INVAL => return .SUCCESS, // (the writes report a full disk)
-            else => |e| return e,
-        }
-    }
-}
-
-/// The [start, end) ranges below `size` of a sparse file that hold data
-/// (SEEK_DATA/SEEK_HOLE; all of it where the system has no such seek).
-pub const Extents = struct {
-    fd: c_int,
-    size: u64,
-    at: u64 = 0,
-
-    pub fn next(x: *Extents) ?[2]u64 {
-        if (x.at >= x.size) return null;
-        if (builtin.os.tag != .linux) {
-            x.at = x.size;
-            return .{ 0, x.size };
-        }
-        const lo = std.os.linux.lseek(x.fd, @intCast(x.at), 3); // SEEK_DATA
-        if (std.os.linux.errno(lo) != .SUCCESS) {
-            const all = std.os.linux.errno(lo) != .NXIO; // ENXIO: a hole to the end
-            defer x.at = x.size;
-            return if (all) .{ x.at, x.size } else null;
-        }
-        if (lo >= x.size) return null;
-        const hi_raw = std.os.linux.lseek(x.fd, @intCast(lo), 4); // SEEK_HOLE
-        const hi = if (std.os.linux.errno(hi_raw) == .SUCCESS) @min(hi_raw, x.size) else x.size;
-        x.at = hi;
-        return .{ lo, hi };
-    }
-};
-
-/// Whether a fetch into this file system allocates its blocks before it
-/// writes them: everything but ext2-4, xfs and btrfs (by statfs f_type),
-/// whose holes read as the zero page through a mapping and whose writes
-/// fail cleanly when full. A tmpfs, an overlay on one, a system that does
-/// not say: yes.
-fn needsPages(fd: c_int) bool {
-    const st = statFs(fd) orelse return true;
-    return switch (st.f_type) {
-        0xEF53, 0x58465342, 0x9123683E => false,
-        else => true,
-    };
-}
-
-const StatFs = extern struct {
-    f_type: i64,
-    f_bsize: i64,
-    f_blocks: u64,
-    f_bfree: u64,
-    f_bavail: u64,
-    f_files: u64,
-    f_ffree: u64,
-    f_fsid: [2]i32,
-    f_namelen: i64,
-    f_frsize: i64,
-    f_flags: i64,
-    f_spare: [4]i64,
-};
-
-/// The kernel's statfs of a 64-bit Linux (x86_64, aarch64 share it).
-fn statFs(fd: c_int) ?StatFs {
-    if (builtin.os.tag != .linux or @sizeOf(usize) != 8) return null;
-    var st: StatFs = undefined;
-    const rc = std.os.linux.syscall2(.fstatfs, @as(usize, @bitCast(@as(isize, fd))), @intFromPtr(&st));
-    return if (std.os.linux.errno(rc) == .SUCCESS) st else null;
-}
-
-/// Bytes free to an unprivileged user, and the size, of the file system
-/// of `fd` (null where the system does not say).
-pub fn freeSpace(fd: c_int) ?struct { free: u64, total: u64 } {
-    const st = statFs(fd) orelse return null;
-    const unit: u64 = @intCast(if (st.f_frsize > 0) st.f_frsize else st.f_bsize);
-    return .{ .free = st.f_bavail *| unit, .total = st.f_blocks *| unit };
-}
-
-/// Raises this process's soft limit of open files to its hard limit: each
-/// replica holds a few descriptors, and a dataset may have thousands of
-/// shards. Best effort.
-fn moreDescriptors() void {
-    if (builtin.os.tag != .linux and builtin.os.tag != .macos) return;
-    var lim: std.c.rlimit = undefined;
-    if (std.c.getrlimit(.NOFILE, &lim) != 0) return;
-    const want = if (lim.max == std.c.RLIM.INFINITY) @max(lim.cur, 1 << 16) else lim.max;
-    if (lim.cur != std.c.RLIM.INFINITY and lim.cur < want) {
-        lim.cur = want;
-        _ = std.c.setrlimit(.NOFILE, &lim);
-    }
-}
-
-/// Proves at compile time that extern struct `T` is exactly `size` bytes of
-/// the fields named in `offsets`, at those offsets, with no padding.
-fn assertLayout(comptime T: type, comptime size: usize, comptime offsets: anytype) void {
-    var end_at: usize = 0;
-    for (@typeInfo(T).@"struct".field_names, @typeInfo(T).@"struct".field_types) |name, F| {
-        if (@offsetOf(T, name) != @field(offsets, name) or @offsetOf(T, name) != end_at)
-            @compileError(@typeName(T) ++ "." ++ name ++ " is not at its documented offset");
-        end_at += @sizeOf(F);
-    }
-    if (end_at != size or @sizeOf(T) != size) @compileError(@typeName(T) ++ " is not its documented size");
 }
