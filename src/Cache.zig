@@ -1,17 +1,21 @@
 //! The node-local cache of remote stores (docs/remote.md is the user's view,
 //! docs/design.md "Remote stores" the read path): one directory that every
-//! process of a node shares. This file owns the directory and the protocol
-//! its processes share: the mapped `state` file and each replica's
-//! `cache.state` (both documented below in format.zig's style, each struct's
-//! offsets proved at compile time; tests/_lxpy carries them for the
-//! tests that forge one), process slots and their liveness, the cache's
-//! lock, the eviction sequence (both sides: a read's start in `startRead`,
-//! an eviction in `evict`), eviction itself, hole punching and
-//! pre-allocation, and the housekeeping of `loaderx cache`. src/replica.zig
-//! owns one replica: its presence and checked bits, fetch locks and fetch
-//! plans, its files and the meta parse. Python (loaderx/remote.py) keeps
-//! only the network: it fetches the byte ranges a plan names into the
-//! replica's files and says when they landed.
+//! process of a node shares. This file owns the cache and the protocol its
+//! processes share: process slots and their liveness, the cache's lock,
+//! the eviction sequence (both sides: a read's start in `startRead`, an
+//! eviction in `evict`), eviction itself and the room a full disk needs,
+//! the limit, and the housekeeping of `loaderx cache`. Its parts:
+//!   src/cache_format.zig  every byte of the cache's files (the mapped
+//!                         `state` and each replica's `cache.state`),
+//!                         a replica's geometry, the bitmaps;
+//!   src/Replica.zig       one replica: its files, presence and checked
+//!                         bits, a read's start and stamps, what eviction
+//!                         and a failed check drop, the meta parse;
+//!   src/cache_fetch.zig   fetch plans: the byte ranges a read must fetch
+//!                         (reserved by fetch locks), taken in once landed;
+//!   src/cache_os.zig      the system calls (locks, holes, allocation).
+//! Python (loaderx/remote.py) keeps only the network: it fetches the byte
+//! ranges a plan names into the replica's files and says when they landed.
 //!
 //! ## The protocol
 //!
@@ -35,8 +39,11 @@
 //! count moved and checks its records again. A slot whose process died is
 //! ignored, and emptied by the first eviction that finds it so.
 //!
-//! The cache's files are src/cache_format.zig's; its system calls
-//! src/cache_os.zig's.
+//! Threads: any thread of a process may use a cache and its replicas at
+//! once. `mutex` orders the process's threads before the flock (which
+//! does not order them); a replica's `mutex` guards the process's fetch
+//! locks on it. Lock order: the cache's lock, the replica table's, a
+//! replica's. The cache starts no thread.
 const Cache = @This();
 
 const std = @import("std");
@@ -133,6 +140,8 @@ preallocate: bool,
 /// This process's threads, before the flock of `lock` (and around the
 /// process fields below).
 mutex: Io.Mutex = .init,
+/// The thread holding the cache's lock (its id + 1; 0: none), for assertions.
+lock_owner: std.atomic.Value(u64) = .init(0),
 /// This process's own files of `lock` and `slots.lock` (-1: not yet; a
 /// forked child opens its own), its slot (`slot_none`: none yet).
 lock_fd: c_int = -1,
@@ -169,7 +178,15 @@ pub fn open(gpa: std.mem.Allocator, path: []const u8, create: bool) Error!*Cache
     };
     errdefer root.close(io);
     if (create) try makeState(root, path);
-    const st = try files.statAt(root.handle, "state", path);
+    if (create) _ = std.c.mkdirat(root.handle, "stores", 0o755); // (a clear makes it anew)
+    const st = files.statAt(root.handle, "state", path) catch |e| switch (e) {
+        error.NotFound => return diag.fail(
+            error.NotFound,
+            "{s}: not a loaderx cache directory (no state file)",
+            .{path},
+        ),
+        else => return e,
+    };
     lockRegistry();
     defer registry_mutex.unlock();
     var it = registry_head;
@@ -208,6 +225,7 @@ fn openNew(gpa: std.mem.Allocator, root: Io.Dir, path: []const u8, st: files.Fil
     const c = gpa.create(Cache) catch return error.OutOfMemory;
     errdefer gpa.destroy(c);
     const root_path = gpa.dupeSentinel(u8, path, 0) catch return error.OutOfMemory;
+    errdefer gpa.free(root_path);
     c.* = .{
         .gpa = gpa,
         .root = root,
@@ -219,6 +237,7 @@ fn openNew(gpa: std.mem.Allocator, root: Io.Dir, path: []const u8, st: files.Fil
         .state_ino = st.ino,
         .preallocate = files.needsPages(root.handle),
     };
+    errdefer c.releaseSlot();
     if (head.version == 1) try c.upgrade();
     files.moreDescriptors();
     return c;
@@ -270,7 +289,6 @@ fn makeState(root: Io.Dir, path: []const u8) Error!void {
     try files.writeAll(fd, &bytes, 0, path, "state");
     if (std.c.renameat(root.handle, tmp, root.handle, "state") != 0)
         return files.errnoFail(error.IoFailed, "{s}/state: renaming it into place", .{path});
-    _ = std.c.mkdirat(root.handle, "stores", 0o755);
 }
 
 /// Drops one open of the handle; the last frees it, with every replica.
@@ -438,12 +456,25 @@ pub fn lock(c: *Cache) Error!void {
     errdefer c.mutex.unlock(io);
     try c.openFiles();
     try files.flockRetry(c.lock_fd, std.posix.LOCK.EX);
+    assert(c.lock_owner.load(.monotonic) == 0);
+    c.lock_owner.store(threadMark(), .monotonic);
 }
 
 pub fn unlock(c: *Cache) void {
     assert(c.lock_fd >= 0);
+    assert(c.holdsLock());
+    c.lock_owner.store(0, .monotonic);
     _ = std.c.flock(c.lock_fd, std.posix.LOCK.UN);
     c.mutex.unlock(pool.io());
+}
+
+/// Whether this thread holds the cache's lock (for assertions).
+pub fn holdsLock(c: *const Cache) bool {
+    return c.lock_owner.load(.monotonic) == threadMark();
+}
+
+fn threadMark() u64 {
+    return @as(u64, std.Thread.getCurrentId()) + 1;
 }
 
 // ---------------------------------------------------------------- reads in flight
@@ -516,7 +547,7 @@ pub fn end(c: *Cache, tick: u64) void {
     p.active[i] = p.active[p.count];
     var low: u64 = layout.none;
     for (p.active[0..p.count]) |t| low = @min(low, t);
-    assert(low == layout.none or low <= tick or p.count > 0);
+    assert((low == layout.none) == (p.count == 0));
     @atomicStore(u64, &c.slots[c.slot].read, low, .seq_cst);
 }
 
@@ -575,6 +606,7 @@ pub fn raise(slot: *u64, tick: u64) void {
 /// process (under the lock). A slot whose process died is emptied, its
 /// lock held meanwhile, so a process that claims it next finds it empty.
 fn lowWatermarks(c: *Cache) Error![2]u64 {
+    assert(c.holdsLock());
     var low: [2]u64 = .{ layout.none, layout.none };
     for (c.slots, 0..) |*s, k| {
         const marks: [2]u64 = .{
@@ -617,6 +649,7 @@ pub const Warn = struct {
 /// Returns `Warn` bits: over its limit with everything in use, or a disk so
 /// full that the cache without a limit holds less than its reserve.
 pub fn maybeEvict(c: *Cache) Error!u32 {
+    assert(c.holdsLock());
     const used0 = @atomicLoad(u64, &c.head.used, .monotonic);
     const limit = c.effectiveLimit(used0);
     if (used0 <= limit) return 0;
@@ -639,6 +672,10 @@ pub fn maybeEvict(c: *Cache) Error!u32 {
 /// recently read regions no reader uses, until `used` <= `target` or none
 /// is left. Returns the new `used` (also stored in the head).
 pub fn evict(c: *Cache, used_now: u64, target: u64) Error!u64 {
+    assert(c.holdsLock());
+    // Odd under the lock: an evictor killed mid-way. Even first, then odd.
+    if (@atomicLoad(u64, &c.head.seq, .seq_cst) & 1 != 0)
+        _ = @atomicRmw(u64, &c.head.seq, .Add, 1, .seq_cst);
     _ = @atomicRmw(u64, &c.head.seq, .Add, 1, .seq_cst); // odd: reads that start now wait
     defer _ = @atomicRmw(u64, &c.head.seq, .Add, 1, .seq_cst); // even: every drop counted
     assert(@atomicLoad(u64, &c.head.seq, .seq_cst) & 1 == 1);
@@ -695,20 +732,23 @@ fn presentBytes(c: *Cache) u64 {
     return total;
 }
 
-/// The current replicas this process opened (a copy: the table may grow);
-/// empty without memory for it.
+/// The current replicas this process opened (a copy the caller frees: the
+/// table may grow meanwhile); empty without memory for it.
 fn snapshot(c: *Cache) []*Replica {
     const io = pool.io();
     c.table_mutex.lockUncancelable(io);
     defer c.table_mutex.unlock(io);
-    const out = c.gpa.alloc(*Replica, c.replicas.items.len) catch return &.{};
     var n: usize = 0;
+    for (c.replicas.items) |r| n += @intFromBool(!r.retired);
+    const out = c.gpa.alloc(*Replica, n) catch return &.{};
+    var k: usize = 0;
     for (c.replicas.items) |r| {
         if (r.retired) continue;
-        out[n] = r;
-        n += 1;
+        out[k] = r;
+        k += 1;
     }
-    return out[0..n];
+    assert(k == n);
+    return out;
 }
 
 /// Opens every replica in `stores/` this process has not (eviction reaches
@@ -720,16 +760,16 @@ fn scanReplicas(c: *Cache) Error!void {
     var it = dir.iterate();
     while (it.next(io) catch null) |entry| {
         if (entry.name.len == 0 or entry.name[0] == '.' or entry.kind != .directory) continue;
-        _ = Replica.lookup(c, entry.name, null) catch continue;
+        _ = Replica.lookup(c, entry.name, .{}) catch continue;
     }
 }
 
 // ---------------------------------------------------------------- housekeeping
 
 /// The pids of the processes using the cache (holding a slot), under its
-/// lock: this
-/// process's first when it holds one; -1 each where the system does not
-/// say (not Linux). Writes at most `out.len`; returns how many there are.
+/// lock: this process's first when it holds one; -1 each where the system
+/// does not say (not Linux). Writes at most `out.len`; returns how many
+/// there are.
 pub fn usersLocked(c: *Cache, out: []i64) Error!usize {
     try c.lock();
     defer c.unlock();
@@ -916,6 +956,7 @@ pub fn adoptAllInChild() void {
         c.reads = .{};
         c.mutex = .init;
         c.table_mutex = .init;
+        c.lock_owner = .init(0);
         for (c.replicas.items) |r| r.adoptInChild();
     }
 }

@@ -118,23 +118,40 @@ pub fn bits(r: *const Replica, f: File) []u64 {
     return if (f == .index) r.ibits else r.dwords;
 }
 
+pub fn blockCount(r: *const Replica, f: File) u64 {
+    return if (f == .index) r.geo.index_blocks else r.geo.data_blocks;
+}
+
 // ---------------------------------------------------------------- opening
+
+/// How `lookup` opens a replica: `weak` (when given) sets its pinning by
+/// the index; `store` opens its store (to check records with) too.
+pub const Want = struct { weak: ?bool = null, store: bool = false };
 
 /// The open replica `key` of cache `c` (a current one; made anew when the
 /// directory holds another since), opening it when this process has not.
-pub fn lookup(c: *Cache, key: []const u8, weak: ?bool) Error!*Replica {
+pub fn lookup(c: *Cache, key: []const u8, want: Want) Error!*Replica {
     const io = pool.io();
     c.table_mutex.lockUncancelable(io);
     defer c.table_mutex.unlock(io);
-    for (c.replicas.items) |r| {
+    const r = for (c.replicas.items) |r| {
         if (r.retired or !std.mem.eql(u8, r.key, key)) continue;
-        if (r.isCurrent()) return r;
+        if (r.isCurrent()) break r;
         r.retired = true;
+    } else blk: {
+        c.replicas.ensureUnusedCapacity(c.gpa, 1) catch return error.OutOfMemory;
+        const r = try openReplica(c, key);
+        c.replicas.appendAssumeCapacity(r);
+        break :blk r;
+    };
+    if (want.weak) |w| r.weak = w;
+    if (want.store and r.store == null) {
+        var buf: [std.fs.max_path_bytes]u8 = undefined;
+        const path = std.fmt.bufPrint(&buf, "{s}/stores/{s}", .{ c.root_path, key }) catch
+            return diag.fail(error.InvalidArgument, "cache path too long", .{});
+        r.store = try Store.open(c.gpa, path, .{});
     }
-    c.replicas.ensureUnusedCapacity(c.gpa, 1) catch return error.OutOfMemory;
-    const r = try openReplica(c, key);
-    if (weak) |w| r.weak = w;
-    c.replicas.appendAssumeCapacity(r);
+    assert(!r.retired);
     return r;
 }
 
@@ -350,14 +367,7 @@ pub fn openFromSpec(
         const why = "{s}: replica {s} is missing or not whole";
         return diag.fail(error.NotFound, why, .{ c.root_path, key });
     }
-    const r = try lookup(c, key, weak);
-    if (r.store == null) {
-        var buf: [std.fs.max_path_bytes]u8 = undefined;
-        const path = std.fmt.bufPrint(&buf, "{s}/stores/{s}", .{ c.root_path, key }) catch
-            return diag.fail(error.InvalidArgument, "cache path too long", .{});
-        r.store = try Store.open(c.gpa, path, .{});
-    }
-    return r;
+    return lookup(c, key, .{ .weak = weak, .store = true });
 }
 
 /// Whether replica `key` is whole: every file there at the sizes of its
@@ -659,18 +669,25 @@ pub fn anyUnchecked(r: *const Replica, records: []const u64) bool {
 }
 
 /// Stamps every region of `records` with `tick` (atime, and ptime for a
-/// prefetch): a read's step 2. Records outside the store are skipped.
+/// prefetch): a read's step 2. Records outside the store are skipped, and
+/// so is a record whose index entry is not present (it may be a hole), in
+/// `missing`: such a read must not go on.
 const Stamp = struct {
     r: *Replica,
     records: []const u64,
     pin: bool,
+    missing: *bool,
 
     fn stamp(s: Stamp, tick: u64) Error!void {
         const r = s.r;
         const region_shift: u6 = r.geo.data_shift + 6;
         for (s.records) |i| {
             if (i >= r.geo.record_count) continue;
-            const sp = try r.spanPresent(i);
+            if (r.geo.fixed_size == 0 and !layout.bitTest(r.ibits, r.indexBlock(i))) {
+                s.missing.* = true;
+                continue;
+            }
+            const sp = r.span(i);
             if (sp[1] == sp[0]) continue; // (no bytes to keep)
             const first = sp[0] >> region_shift;
             const last = (sp[1] - 1) >> region_shift;
@@ -684,14 +701,20 @@ const Stamp = struct {
     }
 };
 
-/// Starts a read of `records` (cache.zig's steps 1 to 3): its tick (in
+/// Starts a read of `records` (Cache.zig's steps 1 to 3): its tick (in
 /// flight until `Cache.end`, or a kept prefetch with `pin`), then, after
-/// any eviction that ran, the checked bits made current. Every table
-/// entry of an unchecked record must be present.
-pub fn startRead(r: *Replica, records: []const u64, pin: bool) Error!u64 {
+/// any eviction that ran, the checked bits made current. Null (nothing in
+/// flight) when a record's index entry is not present: fetch it first.
+pub fn startRead(r: *Replica, records: []const u64, pin: bool) Error!?u64 {
     const c = r.cache;
-    const s = try c.startRead(pin, Stamp{ .r = r, .records = records, .pin = pin }, Stamp.stamp);
+    var missing = false;
+    const stamp: Stamp = .{ .r = r, .records = records, .pin = pin, .missing = &missing };
+    const s = try c.startRead(pin, stamp, Stamp.stamp);
     errdefer if (!pin) c.end(s.tick);
+    if (missing) {
+        if (!pin) c.end(s.tick);
+        return null;
+    }
     if (s.odd) try c.waitEviction();
     const ev = @atomicLoad(u64, &r.head.evictions, .seq_cst);
     if (ev != @atomicLoad(u64, &r.checked_at, .seq_cst)) {
@@ -709,12 +732,13 @@ pub fn startRead(r: *Replica, records: []const u64, pin: bool) Error!u64 {
 pub fn beginWarm(r: *Replica, records: []const u64, pin: bool) Error!?u64 {
     if (r.anyUnchecked(records)) return null;
     const c = r.cache;
-    const stamp: Stamp = .{ .r = r, .records = records, .pin = pin };
+    var missing = false;
+    const stamp: Stamp = .{ .r = r, .records = records, .pin = pin, .missing = &missing };
     const s = c.startRead(pin, stamp, Stamp.stamp) catch |e| switch (e) {
         error.Busy => return null,
         else => return e,
     };
-    if (s.odd or r.anyUnchecked(records)) {
+    if (s.odd or missing or r.anyUnchecked(records)) {
         if (!pin) c.end(s.tick);
         return null;
     }
@@ -831,6 +855,8 @@ pub fn reservedOverlap(r: *const Replica, f: File, b0: u64, b1: u64) bool {
 /// replica's eviction count moved, its bytes punched. Returns the bytes freed.
 pub fn evictRegion(r: *Replica, region: u64) u64 {
     assert(region < r.dwords.len);
+    assert(r.cache.holdsLock());
+    assert(@atomicLoad(u64, &r.cache.head.seq, .seq_cst) & 1 == 1);
     const io = pool.io();
     r.mutex.lockUncancelable(io);
     defer r.mutex.unlock(io);
@@ -841,8 +867,9 @@ pub fn evictRegion(r: *Replica, region: u64) u64 {
     defer files.unlockRange(fd, b0, layout.region_blocks);
     const word = @atomicLoad(u64, &r.dwords[@intCast(region)], .monotonic);
     const freed = layout.footprintWord(word, r.geo.data_shift);
+    const ev = @atomicRmw(u64, &r.head.evictions, .Add, 1, .seq_cst);
     @atomicStore(u64, &r.dwords[@intCast(region)], 0, .release);
-    _ = @atomicRmw(u64, &r.head.evictions, .Add, 1, .seq_cst);
+    assert(@atomicLoad(u64, &r.head.evictions, .seq_cst) > ev);
     const lo = b0 << r.geo.data_shift;
     const hi = @min(r.geo.data_size, (b0 + layout.region_blocks) << r.geo.data_shift);
     files.punch(r.fds[fd_data], lo, hi - lo, true);
@@ -854,6 +881,7 @@ pub fn evictRegion(r: *Replica, region: u64) u64 {
 /// failed write), where no fetch holds them; found with SEEK_DATA, so it
 /// costs what is on disk. Under the cache's lock.
 pub fn sweep(r: *Replica) void {
+    assert(r.cache.holdsLock());
     const io = pool.io();
     r.mutex.lockUncancelable(io);
     defer r.mutex.unlock(io);
@@ -889,6 +917,9 @@ pub fn drop(r: *Replica, records: []const u64) Error!void {
     const c = r.cache;
     try c.lock();
     defer c.unlock();
+    // Counted first: a reader that sees a bit cleared below sees the count
+    // moved too, and checks its records again.
+    const ev = @atomicRmw(u64, &r.head.evictions, .Add, 1, .seq_cst);
     // Every record's data blocks before any index block: a record's entry
     // may share a block with another's.
     for (records) |i| {
@@ -899,5 +930,5 @@ pub fn drop(r: *Replica, records: []const u64) Error!void {
     if (!r.weak) {
         for (records) |i| layout.bitsClear(r.ibits, r.indexBlock(i), r.indexBlock(i) + 1);
     }
-    _ = @atomicRmw(u64, &r.head.evictions, .Add, 1, .seq_cst);
+    assert(@atomicLoad(u64, &r.head.evictions, .seq_cst) > ev);
 }

@@ -135,6 +135,9 @@ const Step = struct {
     }
 };
 
+/// Restarts a read's start allows (entries another process keeps dropping).
+const restarts_max = 8;
+
 const Stage = enum { index_first, read, refetch_index, refetch_data, whole_index };
 
 const Plan = struct {
@@ -152,6 +155,8 @@ const Plan = struct {
     retried: bool = false,
     /// The next index block a whole-index round looks at.
     cursor: u64 = 0,
+    /// Starts of the read undone by entries dropped meanwhile.
+    restarts: u32 = 0,
     flags: u32 = 0,
 
     fn destroy(p: *Plan) void {
@@ -220,12 +225,13 @@ pub fn begin(r: *Replica, records: []const u64, flags: u32, f: *Fetch) Error!voi
     }
     const table = r.geo.fixed_size == 0;
     if (!r.anyUnchecked(records)) {
-        const tick = try r.startRead(records, pin);
-        if (!r.anyUnchecked(records)) {
-            f.tick = if (pin) 0 else tick;
-            return;
+        if (try r.startRead(records, pin)) |tick| {
+            if (!r.anyUnchecked(records)) {
+                f.tick = if (pin) 0 else tick;
+                return;
+            }
+            if (!pin) r.cache.end(tick); // an eviction since: the full start
         }
-        if (!pin) r.cache.end(tick); // an eviction since: the full start
     }
     const p = try newPlan(r, if (table) .index_first else .read, pin, records);
     errdefer p.destroy();
@@ -260,8 +266,19 @@ fn beginWholeIndex(r: *Replica, f: *Fetch) Error!void {
 /// The read's start (the tick, the stamps) and its unchecked records'
 /// data, with a fixed layout's checksums: the `read` stage's step.
 fn startReadStage(r: *Replica, p: *Plan, f: *Fetch) Error!void {
+    const tick = try r.startRead(p.records, p.pin) orelse {
+        // An entry dropped meanwhile (another process's failed check):
+        // fetched again before the read starts.
+        assert(r.geo.fixed_size == 0);
+        p.restarts += 1;
+        if (p.restarts > restarts_max) {
+            const why = "{s}: records' entries dropped {d} times while a read started";
+            return diag.fail(error.Corrupt, why, .{ r.key, restarts_max });
+        }
+        p.stage = .index_first;
+        return planIndex(r, p, p.records, false);
+    };
     p.stage = .read;
-    const tick = try r.startRead(p.records, p.pin);
     p.tick = tick;
     f.tick = if (p.pin) 0 else tick;
     const fresh = r.checkedCurrent();
@@ -656,7 +673,7 @@ fn preallocate(r: *Replica, s: *Step, f: File) ?u64 {
             .SUCCESS => {},
             .NOSPC, .DQUOT => {
                 for (s.keep_lo.items[0 .. k + 1], s.keep_hi.items[0 .. k + 1]) |a, b|
-                    files.punch(fd, a, b - a, false);
+                    punchUnmarked(r, f, a, b);
                 var need: u64 = 0;
                 for (s.keep_lo.items, s.keep_hi.items) |a, b| need += b - a;
                 return need;
@@ -665,6 +682,29 @@ fn preallocate(r: *Replica, s: *Step, f: File) ?u64 {
         }
     }
     return null;
+}
+
+/// Punches bytes [lo, hi) of file `f` that no block marks present: what a
+/// fetch that failed was to write (nothing of it is marked, so nothing
+/// else would ever free it). Blocks marked meanwhile (another fetcher's,
+/// after a wait that ran out) keep their bytes.
+fn punchUnmarked(r: *Replica, f: File, lo: u64, hi: u64) void {
+    assert(lo < hi);
+    const sh = r.shift(f);
+    const words = r.bits(f);
+    var b = lo >> sh;
+    const last = ((hi - 1) >> sh) + 1;
+    while (b < last) {
+        if (layout.bitTest(words, b)) {
+            b += 1;
+            continue;
+        }
+        var e = b + 1;
+        while (e < last and !layout.bitTest(words, e)) e += 1;
+        const a = @max(lo, b << sh);
+        files.punch(r.fileFd(f), a, @min(hi, e << sh) - a, false);
+        b = e;
+    }
 }
 
 /// The NoSpace error of a fetch of `need` bytes of `f` that found the
@@ -736,11 +776,16 @@ fn mark(r: *Replica, p: *Plan) Error!void {
         const words = r.bits(f);
         const sh = r.shift(f);
         for (s.todo.items) |run| {
+            assert(run[0] < run[1]);
+            assert(run[1] <= r.blockCount(f));
             const w0: usize = @intCast(run[0] >> 6);
             const w1: usize = @intCast(((run[1] - 1) >> 6) + 1);
             const before = layout.footprint(words[w0..w1], sh);
             layout.bitsSet(words, run[0], run[1]);
-            added += layout.footprint(words[w0..w1], sh) - before;
+            const after = layout.footprint(words[w0..w1], sh);
+            assert(after >= before);
+            assert(layout.bitTest(words, run[0]) and layout.bitTest(words, run[1] - 1));
+            added += after - before;
         }
     }
     _ = @atomicRmw(u64, &c.head.used, .Add, added, .monotonic);
@@ -761,9 +806,9 @@ pub fn failed(f: *Fetch, err: c_int) Error!void {
     errdefer p.destroy();
     var need: u64 = 0;
     for (&p.steps, 0..) |*s, k| {
-        const fd = r.fileFd(@fromBackingInt(@intCast(k)));
+        const file: File = @fromBackingInt(@intCast(k));
         for (s.keep_lo.items, s.keep_hi.items) |lo, hi| {
-            files.punch(fd, lo, hi - lo, false);
+            punchUnmarked(r, file, lo, hi);
             need += hi - lo;
         }
     }

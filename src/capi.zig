@@ -1019,7 +1019,7 @@ pub export fn lx_replica_info(
         return invalid("not a replica handle", .{}) else blk: {
         const h = cacheHandle(c) orelse return invalid("not a cache handle", .{});
         const k = key orelse return invalid("key is null", .{});
-        break :blk Replica.lookup(h, std.mem.span(k), null) catch |e| return code(e);
+        break :blk Replica.lookup(h, std.mem.span(k), .{}) catch |e| return code(e);
     };
     o.* = rep.info();
     return 0;
