@@ -4,7 +4,7 @@
 //! processes share: process slots and their liveness, the cache's lock,
 //! the eviction sequence (both sides: a read's start in `startRead`, an
 //! eviction in `evict`), eviction itself and the room a full disk needs,
-//! the limit, and the housekeeping of `loaderx cache`. Its parts:
+//! the limit, and the fork of a process using it. Its parts:
 //!   src/cache_format.zig  every byte of the cache's files (the mapped
 //!                         `state` and each replica's `cache.state`),
 //!                         a replica's geometry, the bitmaps;
@@ -13,6 +13,9 @@
 //!                         and a failed check drop, the meta parse;
 //!   src/cache_fetch.zig   fetch plans: the byte ranges a read must fetch
 //!                         (reserved by fetch locks), taken in once landed;
+//!   src/cache_make.zig    a replica made from its store's meta (parsed
+//!                         and checked there), published under the lock;
+//!   src/cache_admin.zig   `loaderx cache`: users, staging, clear;
 //!   src/cache_os.zig      the system calls (locks, holes, allocation).
 //! Python (loaderx/remote.py) keeps only the network: it fetches the byte
 //! ranges a plan names into the replica's files and says when they landed.
@@ -764,165 +767,6 @@ fn scanReplicas(c: *Cache) Error!void {
     }
 }
 
-// ---------------------------------------------------------------- housekeeping
-
-/// The pids of the processes using the cache (holding a slot), under its
-/// lock: this process's first when it holds one; -1 each where the system
-/// does not say (not Linux). Writes at most `out.len`; returns how many
-/// there are.
-pub fn usersLocked(c: *Cache, out: []i64) Error!usize {
-    try c.lock();
-    defer c.unlock();
-    return c.users(out);
-}
-
-/// `usersLocked`, the lock held.
-fn users(c: *Cache, out: []i64) Error!usize {
-    assert(c.slots_fd >= 0);
-    var n: usize = 0;
-    if (c.slot != slot_none) {
-        if (n < out.len) out[n] = pool.currentPid();
-        n += 1;
-    }
-    for (0..layout.slots_max) |k| {
-        if (k == c.slot) continue; // (locking our own again would succeed, unlocking drop it)
-        const holder = try files.lockHolder(c.slots_fd, k) orelse continue;
-        if (n < out.len) out[n] = holder;
-        n += 1;
-    }
-    return n;
-}
-
-/// Makes `uploads/<name>` for a conversion's files and holds it (a shared
-/// flock on the directory, taken under the cache's lock): returns that
-/// descriptor, which the caller closes once it removed the directory.
-pub fn stage(c: *Cache, name: [:0]const u8) Error!c_int {
-    try c.lock();
-    defer c.unlock();
-    _ = std.c.mkdirat(c.root.handle, "uploads", 0o755);
-    var buf: [320]u8 = undefined;
-    const sub = files.nameZ(&buf, "uploads/{s}", .{name}) orelse
-        return diag.fail(error.InvalidArgument, "staging name too long", .{});
-    if (std.c.mkdirat(c.root.handle, sub, 0o755) != 0)
-        return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
-    const fd = files.openAt(c.root.handle, sub, files.directory, 0);
-    if (fd < 0) return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, sub });
-    files.flockRetry(fd, std.posix.LOCK.SH) catch |e| {
-        _ = std.c.close(fd);
-        return e;
-    };
-    return fd;
-}
-
-/// The staging directories under `uploads/` whose conversion is gone (no
-/// process holds them): their names, each followed by a NUL, into `out`
-/// (cut short when it is full); `out_len` the bytes written, `live` the
-/// count of those still held. Under the cache's lock.
-pub fn uploads(c: *Cache, out: []u8, out_len: *usize, live: *u64) Error!void {
-    try c.lock();
-    defer c.unlock();
-    out_len.* = 0;
-    live.* = 0;
-    var ctx: struct { out: []u8, len: *usize } = .{ .out = out, .len = out_len };
-    try c.eachUpload(&ctx, live, struct {
-        fn left(x: anytype, name: []const u8) Error!void {
-            if (x.len.* + name.len + 1 > x.out.len) return;
-            @memcpy(x.out[x.len.*..][0..name.len], name);
-            x.out[x.len.* + name.len] = 0;
-            x.len.* += name.len + 1;
-        }
-    }.left);
-}
-
-fn eachUpload(c: *Cache, ctx: anytype, live: *u64, comptime left: anytype) Error!void {
-    const io = pool.io();
-    var dir = c.root.openDir(io, "uploads", .{ .iterate = true }) catch return;
-    defer dir.close(io);
-    var it = dir.iterate();
-    while (it.next(io) catch null) |entry| {
-        if (entry.kind != .directory) continue;
-        var buf: [320]u8 = undefined;
-        const sub = files.nameZ(&buf, "{s}", .{entry.name}) orelse continue;
-        const fd = files.openAt(dir.handle, sub, files.directory, 0);
-        if (fd < 0) continue;
-        defer _ = std.c.close(fd);
-        if (std.c.flock(fd, std.posix.LOCK.EX | std.posix.LOCK.NB) != 0) {
-            live.* += 1;
-            continue;
-        }
-        try left(ctx, entry.name);
-    }
-}
-
-/// Empties the cache (under its lock; `users` must be none, else Busy naming
-/// them): `stores/` becomes `<aside>/stores` and a new one is made, and into
-/// `<aside>/` go the staging directories no conversion holds and what an
-/// interrupted clear left; the caller removes `<aside>`.
-pub fn clear(c: *Cache, aside: [:0]const u8) Error!void {
-    if (aside.len == 0 or aside.len > 200 or std.mem.indexOfScalar(u8, aside, '/') != null)
-        return diag.fail(error.InvalidArgument, "clear: {s} is not a plain name", .{aside});
-    try c.lock();
-    defer c.unlock();
-    var pids: [8]i64 = undefined;
-    const n = try c.users(&pids);
-    if (n > 0) {
-        var text: [160]u8 = undefined;
-        var w: usize = 0;
-        for (pids[0..@min(n, pids.len)]) |pid| {
-            if (pid < 0) continue;
-            const sep = if (w > 0) ", " else "";
-            const s = std.fmt.bufPrint(text[w..], "{s}{d}", .{ sep, pid }) catch break;
-            w += s.len;
-        }
-        // (a count is at most 20 digits)
-        if (w == 0) w = (std.fmt.bufPrint(&text, "{d}", .{n}) catch unreachable).len;
-        const why = "{s}: in use by process{s} {s}; clear it once they have exited";
-        return diag.fail(error.Busy, why, .{
-            c.root_path, if (n > 1) "es" else "", text[0..w],
-        });
-    }
-    if (std.c.mkdirat(c.root.handle, aside, 0o755) != 0)
-        return files.errnoFail(error.IoFailed, "{s}/{s}", .{ c.root_path, aside });
-    var buf: [640]u8 = undefined;
-    // (`aside` is at most 200 bytes: checked above)
-    const to = files.nameZ(&buf, "{s}/stores", .{aside}) orelse unreachable;
-    const moved = std.c.renameat(c.root.handle, "stores", c.root.handle, to) == 0;
-    if (!moved and files.errnoNow() != .NOENT)
-        return files.errnoFail(error.IoFailed, "{s}/stores: moving it aside", .{c.root_path});
-    _ = std.c.mkdirat(c.root.handle, "stores", 0o755);
-    var ctx: struct { c: *Cache, aside: [:0]const u8, k: u32 = 0 } = .{ .c = c, .aside = aside };
-    var live: u64 = 0;
-    try c.eachUpload(&ctx, &live, struct {
-        fn left(x: anytype, name: []const u8) Error!void {
-            var a: [320]u8 = undefined;
-            var b: [640]u8 = undefined;
-            const from = files.nameZ(&a, "uploads/{s}", .{name}) orelse return;
-            const dest = files.nameZ(&b, "{s}/upload-{d}", .{ x.aside, x.k }) orelse return;
-            x.k += 1;
-            _ = std.c.renameat(x.c.root.handle, from, x.c.root.handle, dest);
-        }
-    }.left);
-    try c.moveClearedAside(aside);
-    @atomicStore(u64, &c.head.used, 0, .monotonic);
-}
-
-fn moveClearedAside(c: *Cache, aside: [:0]const u8) Error!void {
-    const io = pool.io();
-    var dir = c.root.openDir(io, ".", .{ .iterate = true }) catch
-        return files.errnoFail(error.IoFailed, "{s}: listing it", .{c.root_path});
-    defer dir.close(io);
-    var it = dir.iterate();
-    while (it.next(io) catch null) |entry| {
-        if (!std.mem.startsWith(u8, entry.name, ".cleared-")) continue;
-        if (std.mem.eql(u8, entry.name, aside)) continue;
-        var a: [320]u8 = undefined;
-        var b: [640]u8 = undefined;
-        const from = files.nameZ(&a, "{s}", .{entry.name}) orelse continue;
-        const dest = files.nameZ(&b, "{s}/{s}", .{ aside, entry.name }) orelse continue;
-        _ = std.c.renameat(c.root.handle, from, c.root.handle, dest);
-    }
-}
-
 // ---------------------------------------------------------------- fork
 
 /// Every open cache handle of this process (for the fork handler), under
@@ -959,4 +803,137 @@ pub fn adoptAllInChild() void {
         c.lock_owner = .init(0);
         for (c.replicas.items) |r| r.adoptInChild();
     }
+}
+
+// ---------------------------------------------------------------- tests
+
+/// A cache in a fresh directory of `tmp`, for the tests.
+pub fn openTest(tmp: *std.testing.TmpDir) !*Cache {
+    const io = pool.io();
+    const base = try tmp.dir.realPathFileAlloc(io, ".", std.testing.allocator);
+    defer std.testing.allocator.free(base);
+    var buf: [std.fs.max_path_bytes]u8 = undefined;
+    const path = try std.fmt.bufPrint(&buf, "{s}/cache", .{base});
+    return open(std.testing.allocator, path, true);
+}
+
+fn noStamp(_: void, _: u64) Error!void {}
+
+test "one handle and one slot per process; a dead process's slot is emptied, a live one's kept" {
+    if (builtin.os.tag != .linux) return error.SkipZigTest;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const c = try openTest(&tmp);
+    defer c.close();
+    try std.testing.expectEqual(c, try openTest(&tmp)); // the same directory: the same handle
+    c.close();
+    try c.enterProcess();
+    try std.testing.expectEqual(@as(u32, 0), c.slot);
+    // Marks in a slot no process holds: a process that died. Ignored, emptied.
+    c.slots[7] = .{ .read = 3, .pin = 4 };
+    var pipe: [2]c_int = undefined;
+    try std.testing.expectEqual(@as(c_int, 0), std.c.pipe(&pipe));
+    defer for (pipe) |fd| {
+        _ = std.c.close(fd);
+    };
+    const pid = std.c.fork();
+    if (pid == 0) { // a reader of its own (the handle adopted at fork: a slot of its own)
+        const s = c.startRead(false, {}, noStamp) catch std.c._exit(1);
+        if (c.slot == 0 or c.slots[c.slot].read != s.tick) std.c._exit(2);
+        _ = std.c.write(pipe[1], std.mem.asBytes(&s.tick), 8);
+        while (true) _ = std.c.nanosleep(&.{ .sec = 1, .nsec = 0 }, null);
+    }
+    var alive = true;
+    defer if (alive) {
+        _ = std.c.kill(pid, .KILL);
+        _ = std.c.waitpid(pid, null, 0);
+    };
+    var tick: u64 = 0;
+    try std.testing.expectEqual(@as(isize, 8), std.c.read(pipe[0], std.mem.asBytes(&tick), 8));
+    try c.lock();
+    const live = try c.lowWatermarks();
+    c.unlock();
+    try std.testing.expectEqual([2]u64{ tick, layout.none }, live); // the child's read kept
+    try std.testing.expectEqual(layout.none, c.slots[7].read); // slot 7 emptied
+    _ = std.c.kill(pid, .KILL);
+    _ = std.c.waitpid(pid, null, 0);
+    alive = false;
+    try c.lock();
+    const after = try c.lowWatermarks();
+    c.unlock();
+    try std.testing.expectEqual([2]u64{ layout.none, layout.none }, after); // it died
+}
+
+test "the watermarks follow the oldest read in flight and the oldest kept prefetch" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const c = try openTest(&tmp);
+    defer c.close();
+    const a = (try c.startRead(false, {}, noStamp)).tick;
+    const slot = &c.slots[c.slot];
+    try std.testing.expectEqual(a, slot.read);
+    const b = (try c.startRead(false, {}, noStamp)).tick;
+    try std.testing.expectEqual(a, slot.read); // the older read keeps it
+    c.end(a);
+    try std.testing.expectEqual(b, slot.read); // rises to the read still in flight
+    c.end(a); // ended already: nothing changes
+    try std.testing.expectEqual(b, slot.read);
+    c.end(b);
+    try std.testing.expectEqual(layout.none, slot.read);
+    // Prefetches: the oldest of the last pin_calls is kept.
+    var first: u64 = 0;
+    for (0..pin_calls + 3) |i| {
+        const t = (try c.startRead(true, {}, noStamp)).tick;
+        if (i == 0) first = t;
+        c.end(t); // a prefetch's tick is not a read in flight: no change
+    }
+    try std.testing.expectEqual(first + 3, slot.pin);
+    try std.testing.expectEqual(layout.none, slot.read);
+    c.unpin();
+    try std.testing.expectEqual(layout.none, slot.pin);
+    // A process with reads_max reads in flight is told so.
+    c.reads.count = reads_max;
+    try std.testing.expectError(error.Busy, c.startRead(false, {}, noStamp));
+    c.reads.count = 0;
+}
+
+test "the eviction sequence: odd while evicting; a dead evictor's odd one is made even" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const c = try openTest(&tmp);
+    defer c.close();
+    try c.enterProcess();
+    try c.lock();
+    _ = try c.evict(0, 0); // nothing to evict: odd, then even again
+    c.unlock();
+    try std.testing.expectEqual(@as(u64, 2), c.head.seq);
+    // An evictor killed mid-way left it odd: a read sees it so, waits for
+    // the lock (free: its holder is gone) and makes it even.
+    c.head.seq = 3;
+    const s = try c.startRead(false, {}, noStamp);
+    try std.testing.expect(s.odd);
+    try c.waitEviction();
+    try std.testing.expectEqual(@as(u64, 4), c.head.seq);
+    c.end(s.tick);
+    // The next eviction under the lock also repairs one: even, odd, even.
+    c.head.seq = 5;
+    try c.lock();
+    _ = try c.evict(0, 0);
+    c.unlock();
+    try std.testing.expectEqual(@as(u64, 8), c.head.seq);
+    // The lock is released: another file of `lock` takes it at once.
+    const other = files.openAt(c.root.handle, "lock", files.read_write, 0);
+    defer _ = std.c.close(other);
+    const nb = std.posix.LOCK.EX | std.posix.LOCK.NB;
+    try std.testing.expectEqual(@as(c_int, 0), std.c.flock(other, nb));
+}
+
+test "a policy out of its bounds is refused" {
+    var p = Policy.default;
+    try std.testing.expect(p.problem() == null);
+    p.request_max = 100;
+    try std.testing.expect(p.problem() != null);
+    p = Policy.default;
+    p.whole_index_share = 0;
+    try std.testing.expect(p.problem() != null);
 }

@@ -856,3 +856,90 @@ fn appendRuns(gpa: std.mem.Allocator, out: *std.ArrayList([2]u64), blocks: []con
         k = j;
     }
 }
+
+// ---------------------------------------------------------------- tests
+
+const TestBed = @import("cache_make.zig").TestBed;
+
+test "a plan fetches the missing blocks, checks the records and marks them present" {
+    for ([_]u64{ 3000, 0 }) |fixed| {
+        var t = try TestBed.init(fixed, 400);
+        defer t.deinit();
+        const r = t.replica;
+        const idx = [_]u64{ 5, 399, 0, 5, 200 };
+        const tick = try t.read(&idx, 0);
+        try std.testing.expect(tick != 0 and t.steps >= 1);
+        for (idx) |i| try std.testing.expect(r.isChecked(i));
+        try std.testing.expect(!r.isChecked(6) and !r.isChecked(398));
+        const sp = r.span(200);
+        try std.testing.expect(layout.bitTest(r.dwords, sp[0] >> r.geo.data_shift));
+        try std.testing.expect(layout.bitTest(r.ibits, r.indexBlock(200)));
+        try std.testing.expect(@atomicLoad(u64, &t.cache.head.used, .monotonic) > 0);
+        r.cache.end(tick);
+        // Warm: one call, no step, nothing served.
+        const bytes = t.bytes;
+        const warm = try t.read(&idx, 0);
+        try std.testing.expectEqual(bytes, t.bytes);
+        r.cache.end(warm);
+        r.cache.end((try r.beginWarm(&idx, false)).?);
+        // A warm-only start of a record not fetched is a miss and starts nothing.
+        var f: Fetch = undefined;
+        try begin(r, &.{ 5, 7 }, Begin.warm_only, &f);
+        try std.testing.expectEqual(Status.miss, f.status);
+        try std.testing.expectEqual(@as(u32, 0), t.cache.reads.count);
+    }
+}
+
+test "a step that failed is punched and released; a full disk makes room and plans it again" {
+    var t = try TestBed.init(3000, 200);
+    defer t.deinit();
+    const r = t.replica;
+    var f: Fetch = undefined;
+    try begin(r, &.{ 10, 11, 150 }, 0, &f);
+    try std.testing.expectEqual(Status.ranges, f.status);
+    try t.serve(&f); // the bytes are written, then the fetch fails
+    try failed(&f, @backingInt(std.posix.E.IO));
+    try std.testing.expectEqual(Status.done, f.status);
+    try std.testing.expect(f.plan == null);
+    try std.testing.expectEqual(@as(usize, 0), r.reserved[0].items.len + r.reserved[1].items.len);
+    try std.testing.expect(!layout.bitTest(r.dwords, @as(u64, 10 * 3000) >> r.geo.data_shift));
+    var back: [3000]u8 = undefined;
+    _ = std.c.pread(r.fds[1], &back, back.len, 10 * 3000);
+    for (back) |b| try std.testing.expectEqual(@as(u8, 0), b); // punched: zeros again
+    r.cache.end(f.tick);
+    // A full disk: room made, the same step planned again (once).
+    try begin(r, &.{ 10, 11 }, 0, &f);
+    try failed(&f, @backingInt(std.posix.E.NOSPC));
+    try std.testing.expectEqual(Status.ranges, f.status);
+    try std.testing.expectError(error.NoSpace, failed(&f, @backingInt(std.posix.E.NOSPC)));
+    r.cache.end(f.tick);
+}
+
+test "a record whose bytes fail its check is fetched again, then named" {
+    var t = try TestBed.init(0, 100);
+    defer t.deinit();
+    t.garbage = true;
+    var f: Fetch = undefined;
+    try begin(t.replica, &.{ 7, 8 }, 0, &f);
+    const e = while (f.status == Status.ranges) {
+        try t.serve(&f);
+        landed(&f) catch |e| break e;
+    } else error.TestUnexpectedResult;
+    try std.testing.expectEqual(error.Corrupt, e);
+    try std.testing.expect(f.flags & bad_record_flag != 0 and f.bad_record == 7);
+    try std.testing.expect(t.steps >= 3); // the index, the data, the data again
+    t.cache.end(f.tick);
+    t.garbage = false; // the server's bytes, good this time
+    t.cache.end(try t.read(&.{ 7, 8 }, 0));
+    try std.testing.expect(t.replica.isChecked(7) and t.replica.isChecked(8));
+}
+
+test "the whole index comes in rounds; then a batch's step is its data only" {
+    var t = try TestBed.init(0, 300);
+    defer t.deinit();
+    _ = try t.read(&.{}, Begin.whole_index);
+    try std.testing.expectEqual(@as(u64, 0), t.replica.indexMissingBytes());
+    const steps = t.steps;
+    t.cache.end(try t.read(&.{ 3, 250 }, 0));
+    try std.testing.expectEqual(steps + 1, t.steps);
+}

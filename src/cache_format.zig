@@ -293,3 +293,58 @@ fn assertLayout(comptime T: type, comptime size: usize, comptime offsets: anytyp
     if (end_at != size or @sizeOf(T) != size)
         @compileError(@typeName(T) ++ " is not its documented size");
 }
+
+test "a replica's blocks are an eighth of a mean record, 512 B to 16 MiB" {
+    // 400 records of 3,000 B, fixed: 4 B of index each.
+    const a = Geometry.of(400, 400 * 3000, 3000);
+    try std.testing.expectEqual(@as(u64, 1600), a.index_size);
+    try std.testing.expectEqual(@as(u6, 9), a.index_shift);
+    try std.testing.expectEqual(@as(u6, 9), a.data_shift);
+    try std.testing.expectEqual(@as(u64, 4), a.index_blocks);
+    try std.testing.expectEqual(divCeil(400 * 3000, 512), a.data_blocks);
+    try std.testing.expectEqual(divCeil(a.data_blocks, 64), a.regions);
+    try std.testing.expectEqual(page + (1 + 3 * a.regions) * 8, a.stateSize());
+    // Records of 1 MiB: blocks of 128 KiB; a table layout's 32 B entries.
+    const b = Geometry.of(1000, 1000 << 20, 0);
+    try std.testing.expectEqual(@as(u6, 17), b.data_shift);
+    try std.testing.expectEqual(@as(u64, 32_000), b.index_size);
+    // 2^50 bytes in 2^20 records: at most 2^27 data blocks (16 MiB cap aside).
+    const c = Geometry.of(1 << 20, 1 << 50, 0);
+    try std.testing.expect(c.data_blocks <= 1 << 27);
+    try std.testing.expect(c.data_shift <= 24);
+    // A head made from a geometry matches it; one field off does not.
+    var h = a.head();
+    try std.testing.expect(a.matches(&h));
+    h.regions += 1;
+    try std.testing.expect(!a.matches(&h));
+    const empty = Geometry.of(0, 0, 0);
+    try std.testing.expectEqual(@as(u64, 0), empty.regions);
+    try std.testing.expectEqual(page, empty.stateSize());
+}
+
+test "bitmaps: runs across words set, clear and test exactly their bits" {
+    var words: [4]u64 = @splat(0);
+    bitsSet(&words, 60, 130);
+    for (0..256) |b| try std.testing.expectEqual(b >= 60 and b < 130, bitTest(&words, b));
+    bitsClear(&words, 64, 128);
+    for (0..256) |b| {
+        const set = (b >= 60 and b < 64) or (b >= 128 and b < 130);
+        try std.testing.expectEqual(set, bitTest(&words, b));
+    }
+    bitsSet(&words, 0, 256);
+    try std.testing.expectEqual(~@as(u64, 0), words[3]);
+    bitsClear(&words, 5, 5); // an empty run changes nothing
+    try std.testing.expect(bitTest(&words, 5));
+}
+
+test "the footprint counts whole 4 KiB units of the blocks marked" {
+    // 512 B blocks: eight a unit. Bits 0 and 7 share one, bit 8 starts another.
+    try std.testing.expectEqual(@as(u64, 4096), footprintWord(0b1000_0001, 9));
+    try std.testing.expectEqual(@as(u64, 8192), footprintWord(0b1_0000_0001, 9));
+    try std.testing.expectEqual(@as(u64, 8 * 4096), footprintWord(~@as(u64, 0), 9));
+    // 4 KiB blocks and larger: a unit or more each.
+    try std.testing.expectEqual(@as(u64, 3 << 12), footprintWord(0b111, 12));
+    try std.testing.expectEqual(@as(u64, 2 << 16), footprintWord(0b11, 16));
+    const words = [_]u64{ 0b1, 0, 1 << 63 };
+    try std.testing.expectEqual(@as(u64, 2 * 4096), footprint(&words, 10));
+}

@@ -305,3 +305,72 @@ pub fn moreDescriptors() void {
         _ = std.c.setrlimit(.NOFILE, &lim);
     }
 }
+
+fn testFile(tmp: *std.testing.TmpDir, name: [:0]const u8, size: u64) !c_int {
+    const fd = openAt(tmp.dir.handle, name, read_write_create, 0o644);
+    try std.testing.expect(fd >= 0);
+    try std.testing.expectEqual(@as(c_int, 0), std.c.ftruncate(fd, @intCast(size)));
+    return fd;
+}
+
+test "hole punching frees a range that then reads as zeros; allocation gives blocks" {
+    if (builtin.os.tag != .linux) return error.SkipZigTest;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const fd = try testFile(&tmp, "f", 1 << 20);
+    defer _ = std.c.close(fd);
+    // A sparse file: allocating 256 KiB gives it blocks, and nothing else.
+    const before = (try statFd(fd, "f")).blocks;
+    try std.testing.expectEqual(std.posix.E.SUCCESS, allocate(fd, 0, 256 << 10));
+    const allocated = (try statFd(fd, "f")).blocks;
+    try std.testing.expect(allocated * 512 >= before * 512 + (256 << 10));
+    const ones: [64 << 10]u8 = @splat(0xAB);
+    try writeAll(fd, &ones, 0, "tmp", "f");
+    punch(fd, 4096, 3 * 4096, false);
+    var back: [64 << 10]u8 = undefined;
+    try std.testing.expectEqual(@as(isize, back.len), std.c.pread(fd, &back, back.len, 0));
+    for (back, 0..) |b, i| {
+        const want: u8 = if (i >= 4096 and i < 16384) 0 else 0xAB;
+        try std.testing.expectEqual(want, b);
+    }
+    try std.testing.expect((try statFd(fd, "f")).blocks < allocated);
+    // The extents of a sparse file are where its data is (the rest holes).
+    const g = try testFile(&tmp, "g", 1 << 20);
+    defer _ = std.c.close(g);
+    try writeAll(g, ones[0..4096], 512 << 10, "tmp", "g");
+    var ext: Extents = .{ .fd = g, .size = 1 << 20 };
+    const first = ext.next().?;
+    try std.testing.expect(first[0] <= 512 << 10 and first[1] >= (512 << 10) + 4096);
+    try std.testing.expect(ext.next() == null);
+}
+
+test "a byte-range lock is the process's: another process is refused and told who" {
+    if (builtin.os.tag != .linux) return error.SkipZigTest;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const fd = try testFile(&tmp, "locks", 0);
+    defer _ = std.c.close(fd);
+    try std.testing.expect(try lockRange(fd, 5, 3));
+    try std.testing.expect(try lockRange(fd, 5, 3)); // (the same process: granted again)
+    const parent: i64 = @intCast(std.c.getpid());
+    const pid = std.c.fork();
+    if (pid == 0) {
+        // The child: bytes 5..8 are the parent's, byte 9 is free.
+        var code: u8 = 0;
+        if (lockRange(fd, 6, 1) catch true) code |= 1;
+        if ((lockHolder(fd, 7) catch null) != parent) code |= 2;
+        if (!(lockRange(fd, 9, 1) catch false)) code |= 4;
+        std.c._exit(code);
+    }
+    var status: c_int = 0;
+    _ = std.c.waitpid(pid, &status, 0);
+    try std.testing.expectEqual(@as(c_int, 0), status);
+    unlockRange(fd, 5, 3);
+    try std.testing.expectEqual(@as(?i64, null), try lockHolder(fd, 6));
+}
+
+test "a name is NUL-terminated, or null when it does not fit" {
+    var buf: [8]u8 = undefined;
+    try std.testing.expectEqualStrings("ab/7", (nameZ(&buf, "{s}/{d}", .{ "ab", 7 }).?));
+    try std.testing.expect(nameZ(&buf, "{s}", .{"much too long"}) == null);
+}

@@ -82,6 +82,8 @@ const windows = @import("windows.zig");
 const Cache = @import("Cache.zig");
 const Replica = @import("Replica.zig");
 const cache_fetch = @import("cache_fetch.zig");
+const cache_make = @import("cache_make.zig");
+const cache_admin = @import("cache_admin.zig");
 
 comptime {
     // The ABI passes sizes as uint64 and hands them to zstd as size_t.
@@ -823,9 +825,9 @@ pub export fn lx_verify_records(
 /// fields' meanings in src/cache.zig, `Policy`; defaults in CACHE_POLICY).
 pub const CachePolicy = Cache.Policy;
 /// lx_replica_spec_t: what lx_replica_open makes a replica from.
-pub const ReplicaSpec = Replica.Spec;
+pub const ReplicaSpec = cache_make.Spec;
 /// lx_meta_t: what the cache reads of a store's meta.
-pub const MetaInfo = Replica.Meta;
+pub const MetaInfo = cache_make.Meta;
 /// lx_fetch_t: a read's fetch through the cache (src/cache_fetch.zig, `Fetch`).
 pub const Fetch = cache_fetch.Fetch;
 /// lx_requests_t: one file's requests of a fetch step.
@@ -926,8 +928,8 @@ pub export fn lx_cache_users(c: ?*Cache, pids: ?[*]i64, cap: u64, count: ?*u64) 
     const h = cacheHandle(c) orelse return invalid("not a cache handle", .{});
     const n = count orelse return invalid("count is null", .{});
     if (cap > 0 and pids == null) return invalid("pids is null", .{});
-    n.* = h.usersLocked(if (cap > 0) pids.?[0..@intCast(@min(cap, 1 << 20))] else &.{}) catch |e|
-        return code(e);
+    const room: []i64 = if (cap > 0) pids.?[0..@intCast(@min(cap, 1 << 20))] else &.{};
+    n.* = cache_admin.usersLocked(h, room) catch |e| return code(e);
     return 0;
 }
 
@@ -939,7 +941,7 @@ pub export fn lx_cache_stage(c: ?*Cache, name: ?[*:0]const u8, fd: ?*i32) c_int 
     const h = cacheHandle(c) orelse return invalid("not a cache handle", .{});
     const n = name orelse return invalid("name is null", .{});
     const o = fd orelse return invalid("fd is null", .{});
-    o.* = h.stage(std.mem.span(n)) catch |e| return code(e);
+    o.* = cache_admin.stage(h, std.mem.span(n)) catch |e| return code(e);
     return 0;
 }
 
@@ -953,7 +955,8 @@ pub export fn lx_cache_uploads(c: ?*Cache, out: ?[*]u8, cap: u64, len: ?*u64, li
     const v = live orelse return invalid("live is null", .{});
     if (cap > 0 and out == null) return invalid("out is null", .{});
     var n: usize = 0;
-    h.uploads(if (cap > 0) out.?[0..@intCast(cap)] else &.{}, &n, v) catch |e| return code(e);
+    const room: []u8 = if (cap > 0) out.?[0..@intCast(cap)] else &.{};
+    cache_admin.uploads(h, room, &n, v) catch |e| return code(e);
     l.* = n;
     return 0;
 }
@@ -965,7 +968,7 @@ pub export fn lx_cache_clear(c: ?*Cache, aside: ?[*:0]const u8) c_int {
     diag.clear();
     const h = cacheHandle(c) orelse return invalid("not a cache handle", .{});
     const a = aside orelse return invalid("aside is null", .{});
-    h.clear(std.mem.span(a)) catch |e| return code(e);
+    cache_admin.clear(h, std.mem.span(a)) catch |e| return code(e);
     return 0;
 }
 
@@ -977,7 +980,7 @@ pub export fn lx_meta_parse(meta: ?[*]const u8, len: u64, out: ?*MetaInfo) c_int
     const o = out orelse return invalid("out is null", .{});
     if (len > 0 and meta == null) return invalid("meta is null", .{});
     const bytes: []const u8 = if (len > 0) meta.?[0..@intCast(len)] else &.{};
-    o.* = Replica.parseMeta(bytes) catch |e| return code(e);
+    o.* = cache_make.parseMeta(bytes) catch |e| return code(e);
     return 0;
 }
 
@@ -999,7 +1002,7 @@ pub export fn lx_replica_open(c: ?*Cache, spec: ?*const ReplicaSpec, out: ?*?*Re
     const meta: ?[]const u8 = if (s.meta) |m| m[0..@intCast(s.meta_len)] else null;
     const source: []const u8 = if (s.source) |x| x[0..@intCast(s.source_len)] else &.{};
     const index: ?[]const u8 = if (s.index) |x| x[0..@intCast(s.index_len)] else null;
-    o.* = Replica.openFromSpec(h, std.mem.span(key), meta, source, index, s.weak != 0) catch |e|
+    o.* = cache_make.openFromSpec(h, std.mem.span(key), meta, source, index, s.weak != 0) catch |e|
         return code(e);
     return 0;
 }
@@ -1719,6 +1722,8 @@ test {
     _ = Cache;
     _ = Replica;
     _ = cache_fetch;
+    _ = cache_make;
+    _ = cache_admin;
     _ = @import("cache_format.zig");
     _ = @import("cache_os.zig");
     _ = fsio;
