@@ -231,6 +231,7 @@ int lx_fetch_failed(lx_fetch_t *, int);
 int lx_replica_end(lx_replica *, uint64_t);
 int lx_gather_cached(lx_replica *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, uint32_t, uint32_t *);
 int lx_replica_spans(lx_replica *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
+void lx_debug_cache_pause(uint32_t);
 int lx_replica_nbytes(lx_replica *, const uint64_t *, uint64_t, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
 int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);

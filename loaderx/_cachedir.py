@@ -1,6 +1,6 @@
 """The node-local cache of remote stores as Python holds it: thin wrappers of
-the native cache and replica handles (src/cache.zig owns the cache directory
-and the protocol its processes share, src/replica.zig a replica), the cache's
+the native cache and replica handles (src/Cache.zig owns the cache directory
+and the protocol its processes share, src/Replica.zig a replica), the cache's
 settings, and the ``loaderx cache`` command's view of a directory. Nothing
 here knows a byte of the cache's files: loaderx/remote.py fetches what a
 native fetch plan names, and that is all Python does for the cache."""
@@ -23,7 +23,7 @@ from .errors import InvalidArgumentError
 
 __all__ = ["Cache", "Replica", "parse_limit", "describe", "clear", "CACHE_POLICY"]
 
-#: How a cache sizes itself and plans fetches (src/cache.zig, ``Policy``):
+#: How a cache sizes itself and plans fetches (src/Cache.zig, ``Policy``):
 #: the library's defaults, passed at every open of a cache (so a change here
 #: holds for caches opened after it). ``limit`` comes from ``cache_limit``.
 CACHE_POLICY: dict = dict(_abi.CACHE_POLICY)

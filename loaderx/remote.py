@@ -6,8 +6,8 @@ a store object and its cached replica.
 Opening ``s3://bucket/ds/col/part-00000`` fetches the store's ``meta``
 (checked like any store's) and the versions (ETags) of its ``index`` and
 ``data``, then opens the cache's replica of exactly that version as a
-normal store: O(1), no index download. The cache is native (src/cache.zig,
-src/replica.zig; loaderx._cachedir holds its handles): Python keeps only
+normal store: O(1), no index download. The cache is native (src/Cache.zig
+and its parts; loaderx._cachedir holds its handles): Python keeps only
 the network. Reads go through `Binding.begin`, which starts the read
 natively and fetches the byte ranges the native fetch plan names into the
 replica's files until every record is present and checked (natively) and

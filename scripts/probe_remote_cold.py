@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 import bench_remote as br  # noqa: E402
 
 import loaderx  # noqa: E402
-from loaderx import _cache  # noqa: E402
+from loaderx import _cachedir  # noqa: E402
 
 READERS = ("get_ranges", "loaderx", "loaderx, index after 4x its bytes in data",
            "loaderx, batch index blocks only", "loaderx, index fetched first")
@@ -56,8 +56,7 @@ def main() -> None:
     url = f"s3://{br.BUCKET}/{name}"
     make = br.zrecords if args.codec == "zstd" else br.records
     rates: dict = {k: [] for k in READERS}
-    whole_after = _cache.WHOLE_INDEX_AFTER
-    request_bytes = _cache.INDEX_REQUEST_BYTES
+    policy = dict(_cachedir.CACHE_POLICY)
     try:
         br._build_local(remote / name, n, codec=args.codec)
         br._upload(remote / name, url, server.options)
@@ -84,17 +83,18 @@ def main() -> None:
                     continue
                 fresh = work / "cache"
                 shutil.rmtree(fresh, ignore_errors=True)
-                col = loaderx.open_dataset(url, cache_dir=str(fresh),
-                                           storage_options=server.options)["x"]
-                if key == "loaderx, index fetched first":
-                    col._remote.all_index()
-                    drop()
-                _cache.WHOLE_INDEX_AFTER = (1 << 62 if key == "loaderx, batch index blocks only"
-                                            else whole_after)
+                # The policy a cache takes at its open (src/Cache.zig, Policy).
+                if key == "loaderx, batch index blocks only":
+                    _cachedir.CACHE_POLICY["whole_index_after"] = 1 << 62
                 if key in ("loaderx, batch index blocks only",
                            "loaderx, index after 4x its bytes in data"):
-                    _cache.INDEX_REQUEST_BYTES = 0  # (as before: never whole with a batch)
+                    _cachedir.CACHE_POLICY["index_request_bytes"] = 0  # (never whole with a batch)
                 try:
+                    col = loaderx.open_dataset(url, cache_dir=str(fresh),
+                                               storage_options=server.options)["x"]
+                    if key == "loaderx, index fetched first":
+                        col._remote.all_index()
+                        drop()
                     t = time.perf_counter()
                     if args.ahead:
                         got = br._stand_in_loop(col, batches, args.ahead)[-1]
@@ -103,8 +103,7 @@ def main() -> None:
                             got = col.gather(b)
                     rates[key].append(payload / (time.perf_counter() - t))
                 finally:
-                    _cache.WHOLE_INDEX_AFTER = whole_after
-                    _cache.INDEX_REQUEST_BYTES = request_bytes
+                    _cachedir.CACHE_POLICY.update(policy)
                 assert np.array_equal(got, make(batches[-1]))
                 col.close()
             print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rates.items())

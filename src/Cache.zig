@@ -704,12 +704,28 @@ pub fn evict(c: *Cache, used_now: u64, target: u64) Error!u64 {
             return a.atime < b.atime;
         }
     }.less);
-    for (cands.items) |cand| {
+    for (cands.items, 0..) |cand, k| {
         if (used <= target) break;
         used -|= all[cand.replica].evictRegion(cand.region);
+        if (k == 0) debugPause();
     }
     @atomicStore(u64, &c.head.used, used, .monotonic);
     return used;
+}
+
+/// For the tests (lx_debug_cache_pause): an eviction sleeps this long after
+/// it dropped its first region, the sequence odd and the lock held, so a
+/// test can kill its process there. 0: off (the default).
+pub var debug_evict_pause_ms: std.atomic.Value(u32) = .init(0);
+
+fn debugPause() void {
+    const ms = debug_evict_pause_ms.load(.monotonic);
+    if (ms == 0) return;
+    const ts: std.c.timespec = .{
+        .sec = @intCast(ms / 1000),
+        .nsec = @intCast((ms % 1000) * 1_000_000),
+    };
+    _ = std.c.nanosleep(&ts, null);
 }
 
 /// After a fetch found the file system full: evicts what no reader uses

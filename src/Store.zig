@@ -1166,7 +1166,7 @@ fn unregister(s: *Store) void {
 }
 
 /// Installs the atfork handlers once per process, on the first open of a
-/// store or of a node-local cache (src/cache.zig, whose handles the same
+/// store or of a node-local cache (src/Cache.zig, whose handles the same
 /// handlers make the child's own).
 pub fn installForkHandlers() void {
     if (!has_fork) return;

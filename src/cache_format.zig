@@ -20,7 +20,7 @@
 //!   slots.lock   empty; byte k is POSIX-locked (fcntl) by the live process
 //!                in slot k: the kernel frees a slot when its process dies,
 //!                and `users` asks it who holds which (F_GETLK).
-//!   stores/<key>/  a replica (src/replica.zig): a store directory (meta,
+//!   stores/<key>/  a replica (src/Replica.zig): a store directory (meta,
 //!                index, data, lock) whose index and data are sparse files of
 //!                their full sizes, plus `cache.state`, `index.fetch` and
 //!                `data.fetch` (fetch locks: byte b locked = block b being

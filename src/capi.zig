@@ -822,7 +822,7 @@ pub export fn lx_verify_records(
 // on Windows every call returns io.
 
 /// lx_cache_policy_t: how a cache sizes itself and plans fetches (the
-/// fields' meanings in src/cache.zig, `Policy`; defaults in CACHE_POLICY).
+/// fields' meanings in src/Cache.zig, `Policy`; defaults in CACHE_POLICY).
 pub const CachePolicy = Cache.Policy;
 /// lx_replica_spec_t: what lx_replica_open makes a replica from.
 pub const ReplicaSpec = cache_make.Spec;
@@ -1143,6 +1143,14 @@ pub export fn lx_replica_spans(
     if (count == 0) return 0;
     rep.spans(recs, starts.?[0..recs.len], ends.?[0..recs.len]) catch |e| return code(e);
     return 0;
+}
+
+/// For the tests: every eviction of the node-local cache in this process
+/// sleeps `ms` milliseconds after it dropped its first region (its lock
+/// held, its sequence odd), so a test can kill the process mid-eviction.
+/// 0 (the default) turns it off. Any thread.
+pub export fn lx_debug_cache_pause(ms: u32) void {
+    Cache.debug_evict_pause_ms.store(ms, .monotonic);
 }
 
 /// Writes to `*out` the stored bytes of `records[0..count]` (a loader's

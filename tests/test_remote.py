@@ -2,7 +2,7 @@
 loaderx._cachedir, loaderx._objstore) against real servers on loopback:
 moto's S3, a Range-honouring HTTP server and a fault-injecting proxy that
 counts the bytes it forwards. Tests that look inside the cache's mapped
-state use the layout generated from src/cache.zig (tests/_lxlayout.py)."""
+state use the layout generated from src/cache_format.zig (tests/_lxlayout.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -110,7 +110,7 @@ NONE = 2**64 - 1  # a watermark with nothing behind it
 
 def replica_state(r) -> dict:
     """A replica's mapped ``cache.state`` as numpy arrays (the layout
-    src/cache.zig documents): head words by name, the bitmaps and ticks."""
+    src/cache_format.zig documents): head words by name, the bitmaps and ticks."""
     info = r.info()
     mm = np.memmap(os.path.join(r.dir, "cache.state"), np.uint8, "r+")
     head = mm[:CACHE_PAGE].view(np.uint64)
@@ -1067,6 +1067,153 @@ def test_a_process_killed_mid_fetch_leaves_nothing_marked_and_nothing_locked(
     store.close()
 
 
+# ----------------------------------------------------------------- kill -9 beside others (issue 38)
+
+_SHARER = r"""
+import sys, hashlib, json, warnings, numpy as np, loaderx
+from loaderx._lib import lib
+url, cache, endpoint, limit, pause, plan = sys.argv[1:7]
+warnings.simplefilter("ignore")  # (a cache over its limit says so)
+if int(pause):
+    lib.lx_debug_cache_pause(int(pause))  # every eviction sleeps after its first region
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+col = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, storage_options=opts,
+                           cache_limit=int(limit) or None)["raw"]
+print("open", flush=True)
+for batch in json.loads(plan):
+    got = col[np.asarray(batch)]
+    print(json.dumps(batch), hashlib.sha256(got.tobytes()).hexdigest(), flush=True)
+"""
+
+
+def _sharer(url, cache, endpoint, plan, limit=0, pause=0):
+    """A process reading `plan` (batches of the raw column) through `cache`,
+    printing "open", then each batch and the digest of its bytes."""
+    import json
+    p = subprocess.Popen([sys.executable, "-c", _SHARER, url, str(cache), endpoint, str(limit),
+                          str(pause), json.dumps(plan)], env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "open", p.stderr.read() if p.poll() else ""
+    return p
+
+
+def _exact(dense, lines: list) -> int:
+    """How many batch lines (from `_sharer`) there are, each checked exact."""
+    import hashlib
+    import json
+    for line in lines:
+        batch, digest = line.rsplit(" ", 1)
+        assert digest == hashlib.sha256(dense[json.loads(batch)].tobytes()).hexdigest(), batch
+    return len(lines)
+
+
+def _finished(p, dense) -> int:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    return _exact(dense, out.splitlines())
+
+
+def _replica_dir(cache) -> str:
+    (key,) = [k for k in os.listdir(os.path.join(cache, "stores")) if not k.startswith(".")]
+    return os.path.join(cache, "stores", key)
+
+
+def test_a_process_killed_mid_fetch_beside_two_others_leaves_every_reader_exact(
+        tmp_path, s3, url, proxy, data):
+    """Three processes share a cache. One is killed (kill -9) in the middle of
+    a fetch: some of its ranges written, others still coming, its fetch
+    locks held. The two others, waiting for those locks, fetch the blocks
+    themselves once it is gone: every batch exact, nothing of the dead
+    one's marked present; later readers read every record exactly."""
+    import fcntl
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    src = f"{url}/{RAW}"  # (the dataset's URL: the replica of its raw column)
+    rng = np.random.default_rng(21)
+    shared = sorted(rng.choice(N, 60, replace=False).tolist())
+    faults.delay = 30.0  # two of the victim's data requests never come in time
+    faults.add("slow", 2, lambda m, p: m == "GET" and p.endswith("raw/part-00000/data"))
+    victim = _sharer(url, cache, base, [shared])
+    try:
+        assert faults.slow_started.wait(60)
+        time.sleep(0.5)  # its other ranges land in the files; its locks stay held
+        d = _replica_dir(cache)
+        fd = os.open(os.path.join(d, "data.fetch"), os.O_RDWR)
+        try:  # another process holds fetch locks on the data
+            with pytest.raises(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+        finally:
+            os.close(fd)
+        others = [_sharer(url, cache, s3.endpoint, [shared, sorted(rng.choice(N, 30).tolist())])
+                  for _ in range(2)]
+        time.sleep(1.0)  # both wait for the victim's locks now
+        assert all(p.poll() is None for p in others)
+        victim.kill()  # SIGKILL: no cleanup runs
+        victim.wait(30)
+        t = time.monotonic()
+        assert [_finished(p, dense) for p in others] == [2, 2]
+        assert time.monotonic() - t < 30  # (not the 120 s a stuck fetcher is given)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    faults.plan.clear()
+    reader = _sharer(url, cache, s3.endpoint, [list(range(k, k + 50)) for k in range(0, N, 50)])
+    assert _finished(reader, dense) == N // 50
+    store = loaderx.open_store(src, cache_dir=str(cache), storage_options=s3.options())
+    try:
+        assert_same(store[np.arange(N)], dense)
+    finally:
+        store.close()
+
+
+def test_a_process_killed_mid_eviction_beside_two_others_leaves_every_reader_exact(
+        tmp_path, s3, url, data):
+    """Three processes share a cache under a small limit. One is killed
+    (kill -9) in the middle of an eviction: the cache's lock held, its
+    eviction sequence odd, a region dropped. The others, one reading all
+    along and one started meanwhile, wait for the lock, repair the
+    sequence, check their records again and read on: every batch exact,
+    and later readers read every record exactly."""
+    dense, _ = data
+    cache = tmp_path / "cache"
+    limit = 40 * REC
+    rng = np.random.default_rng(22)
+
+    def batches(n):
+        return [sorted(rng.choice(N, 8, replace=False).tolist()) for _ in range(n)]
+    evictor = _sharer(url, cache, s3.endpoint, batches(60), limit=limit, pause=60_000)
+    first = _sharer(url, cache, s3.endpoint, batches(60), limit=limit)
+    second = None
+    try:
+        mm = np.memmap(cache / "state", np.uint8, "r", shape=(CACHE_PAGE,))
+        head = mm.view(np.uint64)
+        deadline = time.monotonic() + 60
+        seen = []
+        while time.monotonic() < deadline:  # the evictor paused mid-eviction: odd, and staying
+            seen = (seen + [int(head[SEQ])])[-4:]
+            if len(seen) == 4 and seen[0] % 2 == 1 and len(set(seen)) == 1:
+                break
+            time.sleep(0.25)
+        else:
+            raise AssertionError(f"no eviction paused: sequence {seen}")
+        second = _sharer(url, cache, s3.endpoint, batches(30), limit=limit)
+        time.sleep(1.0)  # (it waits for the lock too)
+        evictor.kill()  # SIGKILL in the middle of an eviction
+        evictor.wait(30)
+        assert _finished(first, dense) == 60 and _finished(second, dense) == 30
+        assert int(head[SEQ]) % 2 == 0  # repaired, and every eviction since ended
+        _exact(dense, evictor.stdout.read().splitlines())  # what it read before: exact too
+    finally:
+        for p in (evictor, first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+    reader = _sharer(url, cache, s3.endpoint, [list(range(k, k + 50)) for k in range(0, N, 50)],
+                     limit=limit)
+    assert _finished(reader, dense) == N // 50
+
+
 def test_a_cache_directory_deleted_between_opens_is_made_anew_not_trusted(tmp_path, s3, url,
                                                                           data):
     dense, _ = data
@@ -1332,7 +1479,7 @@ def test_a_read_stamps_every_region_of_a_record_many_regions_long(tmp_path, s3):
 @pytest.mark.parametrize("column", ["raw", "rag"])
 def test_a_read_stamps_exactly_its_records_regions_and_fetches_only_the_unchecked(
         tmp_path, s3, url, column):
-    # The native start of a read (src/replica.zig, src/cache.zig: the tick,
+    # The native start of a read (src/Replica.zig, src/Cache.zig: the tick,
     # the watermark, the stamps, the unchecked records) against the layout
     # in numpy: a raw dense store's fixed records, a ragged store's entries.
     ds = opened(url, tmp_path / "cache", s3, columns=[column])
