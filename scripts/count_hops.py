@@ -113,18 +113,16 @@ def remote_main() -> None:
                     count, seen = hops(lambda: store[idx])
                     _report("remote DenseStore[idx], warm", count, seen, native.take())
                     steps = 8
-                    with DataLoader({"x": store}, 256, workers=2, seed=1) as loader:
-                        native.take()
-                        for _ in range(steps):
-                            next(loader)
-                    print(f"remote DataLoader, cold: {sum(native.take().values()) / steps:.1f} "
-                          "native calls per step (every thread)")
-                    with DataLoader({"x": store}, 256, workers=2, seed=1) as loader:
-                        native.take()
-                        for _ in range(steps):
-                            next(loader)
-                    print(f"remote DataLoader, warm: {sum(native.take().values()) / steps:.1f} "
-                          "native calls per step (every thread)")
+                    for what in ("cold", "warm"):  # (the second run reads the same steps)
+                        with DataLoader({"x": store}, 256, workers=2, seed=1) as loader:
+                            native.take()
+                            for _ in range(steps):
+                                next(loader)
+                        seen = native.take()
+                        print(f"remote DataLoader, {what}: {sum(seen.values()) / steps:.1f} "
+                              f"native calls per step (every thread, {steps} steps)")
+                        for name, n in seen.most_common():
+                            print(f"    {n:3d}  lib.{name}")
                 finally:
                     native.restore()
     finally:

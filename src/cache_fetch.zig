@@ -141,6 +141,8 @@ const restarts_max = 8;
 const Stage = enum { index_first, read, refetch_index, refetch_data, whole_index };
 
 const Plan = struct {
+    /// `plan_canary` while the plan lives (the ABI's fetches point at it).
+    canary: u64 = plan_canary,
     r: *Replica,
     stage: Stage,
     pin: bool,
@@ -167,6 +169,7 @@ const Plan = struct {
         p.todo.deinit(gpa);
         p.bad.deinit(gpa);
         gpa.free(p.records);
+        p.canary = 0;
         gpa.destroy(p);
     }
 
@@ -728,14 +731,22 @@ fn noSpace(r: *Replica, need: u64, f: File, e: std.posix.E) Error {
     });
 }
 
+/// "LXPLAN01" read as a little-endian u64.
+const plan_canary: u64 = 0x31304E414C50584C;
+
+/// The plan fetch `f` points at, checked (null: none, or not a live plan).
+fn planOf(f: *const Fetch) ?*Plan {
+    const p: *Plan = @ptrCast(@alignCast(f.plan orelse return null));
+    return if (p.canary == plan_canary) p else null;
+}
+
 /// This step's ranges landed in the files (lx_fetch_landed): their blocks
 /// are marked present (under the lock, counted against the limit, which
 /// may evict), released, and the plan moves on: blocks another fetcher
 /// held are waited for, then the next stage.
 pub fn landed(f: *Fetch) Error!void {
-    const plan = f.plan orelse
+    const p = planOf(f) orelse
         return diag.fail(error.InvalidArgument, "the fetch has no step to land", .{});
-    const p: *Plan = @ptrCast(@alignCast(plan));
     const r = p.r;
     f.plan = null;
     errdefer p.destroy();
@@ -799,7 +810,9 @@ fn mark(r: *Replica, p: *Plan) Error!void {
 /// then it is a NoSpace error. Anything else ends the fetch (status done,
 /// for the caller's own error).
 pub fn failed(f: *Fetch, err: c_int) Error!void {
-    const p: *Plan = @ptrCast(@alignCast(f.plan orelse return));
+    if (f.plan == null) return;
+    const p = planOf(f) orelse
+        return diag.fail(error.InvalidArgument, "the fetch's state is not a plan", .{});
     const r = p.r;
     f.plan = null;
     f.status = Status.done;

@@ -1042,6 +1042,10 @@ pub export fn lx_replica_info(
 /// system, after making room once), io; corrupt with f.bad_record (a
 /// record's server bytes fail their checksum, fetched twice). After an
 /// error nothing is reserved; a tick in `f.tick` is still in flight.
+/// Ownership: while status is ranges, `f.plan` is the library's state and
+/// `f.files` point into it: pass `f` to lx_fetch_landed or lx_fetch_failed
+/// until status is done (the ranges stay reserved, for every process,
+/// until then or until this process exits). Threads: any, one per fetch.
 pub export fn lx_replica_begin(
     r: ?*Replica,
     records: ?[*]const u64,
