@@ -612,14 +612,14 @@ def cmd_compact(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from . import _cache, remote
+    from . import _cachedir, remote
 
     root = args.dir if args.dir is not None else remote.Config().cache_dir
     if args.clear:
-        freed = _cache.clear(root)
+        freed = _cachedir.clear(root)
         _say(args, f"cleared {os.path.realpath(root)}: {_fmt_bytes(freed)} freed")
         return 0
-    r = _cache.describe(root)
+    r = _cachedir.describe(root)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0

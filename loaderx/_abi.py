@@ -6,6 +6,8 @@ Python shares with the library. loaderx/_lib.py loads the library with them."""
 CDEF = """
 typedef struct lx_store lx_store;
 typedef struct lx_loader lx_loader;
+typedef struct lx_cache lx_cache;
+typedef struct lx_replica lx_replica;
 typedef struct {
     uint32_t codec;
     int32_t level;
@@ -136,32 +138,87 @@ typedef struct {
     uint64_t name_size;
 } lx_identity_t;
 typedef struct {
-    uint64_t record_count;
-    uint64_t fixed;
-    const uint8_t *entries;
-    uint64_t data_size;
-    uint32_t region_shift;
-    uint32_t _reserved;
-    uint64_t *atime;
-    uint64_t *ptime;
-    uint64_t regions;
-    uint8_t *checked;
-    uint64_t *evictions;
-    uint64_t checked_at;
-} lx_replica_t;
+    uint64_t limit;
+    uint64_t free_reserve_ppm;
+    uint64_t reserve_min;
+    uint64_t max_gap;
+    uint64_t request_max;
+    uint64_t whole_index_after;
+    uint64_t whole_index_share;
+    uint64_t whole_index_chunk;
+    uint64_t index_request_bytes;
+    uint64_t index_with_batch_max;
+    uint64_t fetch_wait_ms;
+} lx_cache_policy_t;
 typedef struct {
-    uint64_t *tick;
-    uint64_t *seq;
-    uint64_t *marks;
-    int lock_fd;
-    uint32_t reads;
-    uint32_t pins_first;
-    uint32_t pins_kept;
-    uint32_t lock;
+    uint64_t tick;
+    uint64_t used;
+    uint64_t seq;
+    uint64_t limit;
+    uint64_t free;
+    uint64_t reserve;
+    int64_t slot;
+    uint64_t read_mark;
+    uint64_t pin_mark;
+    uint64_t reads;
+    uint64_t pins;
+    uint32_t current;
+    uint32_t preallocate;
+} lx_cache_stats_t;
+typedef struct {
+    const char *key;
+    const uint8_t *meta;
+    uint64_t meta_len;
+    const uint8_t *source;
+    uint64_t source_len;
+    const uint8_t *index;
+    uint64_t index_len;
+    uint32_t weak;
     uint32_t _reserved;
-    uint64_t active[256];
-    uint64_t pins[128];
-} lx_reads_t;
+} lx_replica_spec_t;
+typedef struct {
+    uint64_t record_count;
+    uint64_t data_size;
+    uint64_t fixed_size;
+    uint64_t index_size;
+    uint64_t index_shift;
+    uint64_t data_shift;
+    uint64_t index_blocks;
+    uint64_t data_blocks;
+    uint64_t regions;
+    uint64_t present_bytes;
+    uint64_t index_missing;
+    uint64_t evictions;
+    uint64_t checked_at;
+    uint64_t fetched;
+    uint64_t fetched_data;
+    uint64_t index_gets;
+    uint32_t whole_running;
+    uint32_t whole_started;
+} lx_replica_info_t;
+typedef struct {
+    uint64_t record_count;
+    uint64_t data_size;
+    uint64_t fixed_size;
+    uint64_t index_size;
+} lx_meta_t;
+typedef struct {
+    uint64_t count;
+    const uint64_t *starts;
+    const uint64_t *ends;
+    uint64_t keep_count;
+    const uint64_t *keep_request;
+    const uint64_t *keep_lo;
+    const uint64_t *keep_hi;
+} lx_requests_t;
+typedef struct {
+    uint64_t tick;
+    uint32_t status;
+    uint32_t flags;
+    lx_requests_t files[2];
+    uint64_t bad_record;
+    void *plan;
+} lx_fetch_t;
 uint32_t lx_version(void);
 uint32_t lx_format_version(void);
 uint32_t lx_zstd_version(void);
@@ -190,10 +247,26 @@ int lx_stats(lx_store *, lx_stats_t *);
 int lx_sync(lx_store *);
 int lx_verify(lx_store *, uint64_t *);
 int lx_verify_records(lx_store *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
-int lx_replica_begin(lx_reads_t *, lx_replica_t *, const uint64_t *, uint64_t, uint32_t, uint32_t, uint64_t *, uint64_t *, uint64_t *);
-int lx_gather_cached(lx_reads_t *, lx_replica_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, uint32_t, uint32_t *);
-int lx_replica_end(lx_reads_t *, uint64_t);
-int lx_cache_evicting(uint64_t *);
+int lx_cache_open(const char *, uint32_t, const lx_cache_policy_t *, lx_cache **);
+void lx_cache_close(lx_cache *);
+int lx_cache_configure(lx_cache *, const lx_cache_policy_t *);
+int lx_cache_stats(lx_cache *, lx_cache_stats_t *);
+int lx_cache_evict(lx_cache *, uint32_t, uint32_t *);
+int lx_cache_users(lx_cache *, int64_t *, uint64_t, uint64_t *);
+int lx_cache_stage(lx_cache *, const char *, int32_t *);
+int lx_cache_uploads(lx_cache *, uint8_t *, uint64_t, uint64_t *, uint64_t *);
+int lx_cache_clear(lx_cache *, const char *);
+int lx_meta_parse(const uint8_t *, uint64_t, lx_meta_t *);
+int lx_replica_open(lx_cache *, const lx_replica_spec_t *, lx_replica **);
+int lx_replica_info(lx_cache *, const char *, lx_replica *, lx_replica_info_t *);
+int lx_replica_begin(lx_replica *, const uint64_t *, uint64_t, uint32_t, lx_fetch_t *);
+int lx_fetch_landed(lx_fetch_t *);
+int lx_fetch_failed(lx_fetch_t *, int);
+int lx_replica_end(lx_replica *, uint64_t);
+int lx_gather_cached(lx_replica *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t, uint32_t, uint32_t *);
+int lx_replica_spans(lx_replica *, const uint64_t *, uint64_t, uint64_t *, uint64_t *);
+void lx_debug_cache_pause(uint32_t);
+int lx_replica_nbytes(lx_replica *, const uint64_t *, uint64_t, uint64_t *);
 int lx_train_dict(const uint8_t *, const uint64_t *, uint64_t, uint8_t *, uint64_t, uint64_t *);
 int lx_decode_frames(const uint8_t *, uint64_t, const uint64_t *, const uint64_t *, const uint8_t *, uint64_t, uint8_t *, uint64_t, const uint64_t *, const uint8_t *, uint64_t, uint64_t *);
 int lx_sampler_fill(uint64_t, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t *);
@@ -242,6 +315,25 @@ IMAGE_OPS_MAX = 16
 IMAGE_SIDE_MAX = 16384
 #: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).
 FAULT_OPS = {"create": 0, "write": 1, "sync": 2, "truncate": 3, "rename": 4, "unlink": 5, "mkdir": 6, "sync_dir": 7}
+#: lx_cache_policy_t's defaults (src/Cache.zig, Policy.default).
+CACHE_POLICY = {"limit": 0,
+    "free_reserve_ppm": 50000,
+    "reserve_min": 1073741824,
+    "max_gap": 4096,
+    "request_max": 8388608,
+    "whole_index_after": 4,
+    "whole_index_share": 8,
+    "whole_index_chunk": 1048576,
+    "index_request_bytes": 65536,
+    "index_with_batch_max": 16777216,
+    "fetch_wait_ms": 120000}
+#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/cache_fetch.zig).
+BEGIN_FLAGS = {"pin": 1, "warm_only": 2, "whole_index": 4}
+FETCH_STATUS = {"done": 0, "ranges": 1, "miss": 2}
+FETCH_FLAGS = {"over_limit": 1, "disk_nearly_full": 2, "index_due": 4,
+    "bad_record": 8}
+CACHE_PIN_CALLS = 128
+CACHE_SLOTS = 1024
 LOADER_COLUMNS_MAX = 1024
 LOADER_SOURCES_MAX = 256
 PARTS_MAX = 65535

@@ -435,23 +435,11 @@ class Store:
         remote = self._remote
         if remote is None or not len(idx):
             return None
-        return remote.begin(idx, self._check_records)
+        return remote.begin(idx)
 
     def _remote_end(self, token: int | None) -> None:
         if token is not None:
             self._remote.end(token)
-
-    def _check_records(self, idx: np.ndarray) -> np.ndarray:
-        """Positions in `idx` (record indices, int64) of the records that fail
-        their check (native: location, sizes, checksum)."""
-        idx = np.ascontiguousarray(idx, dtype=U64)
-        bad = np.empty(len(idx), dtype=U64)
-        count = ffi.new("uint64_t *")
-        h = self._h()
-        check(lib.lx_verify_records(h, u64_ptr(idx), len(idx), u64_ptr(bad), count), self._path,
-              "check")
-        del h
-        return bad[:count[0]].astype(np.int64)
 
     def read_only(self):
         """Makes this handle refuse every mutation from now on (`ReadOnlyError`);
@@ -587,7 +575,7 @@ class Store:
         h = self._h()  # held for the call: keeps the handle's memory alive
         if len(idx):
             if self._remote is not None:
-                self._remote.begin(idx, self._check_records, pin=True)
+                self._remote.begin(idx, pin=True)
             else:
                 _records.prefetch(self._parts, 1, idx, wait, self._path)
         del h
@@ -622,7 +610,7 @@ class Store:
         each one's location and checksum."""
         if self._remote is not None:
             self._h()
-            self._remote.verify_all(self._check_records)
+            self._remote.verify_all()
             return
         bad = ffi.new("uint64_t *")
         check(lib.lx_verify(self._h(), bad), self._path, "verify")

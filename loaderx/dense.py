@@ -278,7 +278,7 @@ class DenseStore(Store):
                                threads)
         else:  # through the cache: fetched and checked first (docs/remote.md)
             rc = self._remote.gather(self._parts, ip, n, op, out.nbytes, self._record_bytes,
-                                     threads, idx, self._check_records)
+                                     threads, idx)
         del h
         if rc:
             if rc == RC_OUT_OF_RANGE and not exact:

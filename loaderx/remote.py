@@ -9,9 +9,12 @@ imports this module.
 Opening ``s3://bucket/ds/col/part-00000`` fetches the store's ``meta``
 (checked like any store's) and the versions (ETags) of its ``index`` and
 ``data``, then opens the cache's replica of exactly that version as a
-normal store (loaderx._cache): O(1), no index download. Reads go through
-`Binding.begin`, which makes the records' bytes present and checked before
-the native engine reads them, and keeps them from eviction while it does.
+normal store: O(1), no index download. The cache is native (src/Cache.zig
+and its parts; loaderx._cachedir holds its handles): Python keeps only
+the network. Reads go through `Binding.begin`, which starts the read
+natively and fetches the byte ranges the native fetch plan names into the
+replica's files until every record is present and checked (natively) and
+kept from eviction for the read.
 
 Versions: every fetch checks, once its bytes are in and before they count
 as present, that the object is still the version the store was opened at
@@ -33,43 +36,39 @@ import contextlib
 import contextvars
 import hashlib
 import os
-import struct
 import threading
+import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from . import _cache, _objstore, _openers
-from ._cache import Cache, Layout, parse_limit
+from . import _abi, _objstore, _openers
+from ._cachedir import Cache, Replica, parse_limit
 from ._checks import check_mode
-from ._lib import ffi, lib
+from ._lib import RESULTS, check, error_for, ffi, lib
 from ._manifest import MANIFEST_NAME, checked_manifest
 from ._objstore import Options, is_url, join
-from ._store import stored_kind
 from .errors import (
     ConvertError,
     CorruptStoreError,
     DestinationExistsError,
     IdentityError,
+    LoaderxError,
     LockedError,
     NotAStoreError,
     ReadOnlyError,
     RemoteChangedError,
     RemoteNotFoundError,
-    ZrecordError,
+    StoreNotFoundError,
+    ZrecordIOError,
 )
 
 __all__ = ["configure", "is_url", "Config"]
 
-_HEADER = struct.Struct("<QIIB3xiQQQQQ")  # magic .. fixed_size (format.Header's head)
-_COMMIT = struct.Struct("<QQQQQQQQ")
-_MAGIC = 0x0145524F5453584C
-_PAGE = 4096
-#: The largest store the cache replicates: 2**36 records (this process
-#: keeps a bit per record) and 2**51 bytes of data (2**27 blocks of 16 MiB).
-#: A meta that says more is refused before any file is made for it.
-_RECORDS_MAX = 1 << 36
-_DATA_MAX = 1 << 51
+_BEGIN = _abi.BEGIN_FLAGS
+_STATUS = _abi.FETCH_STATUS
+_FLAGS = _abi.FETCH_FLAGS
+_FILES = ("index", "data")
 #: Records checked per chunk by verify().
 _VERIFY_CHUNK_BYTES = 64 << 20
 
@@ -185,16 +184,17 @@ def map_concurrently(fn: Callable, items: Sequence) -> list:
 # ----------------------------------------------------------------- opening a store
 
 class Binding:
-    """A store object's link to the replica of the version it opened."""
+    """A store object's link to the replica of the version it opened: the
+    native read start, and the network fetches its plans ask for."""
 
-    def __init__(self, url: str, cfg: Config, key: str, etags: dict, layout: Layout):
+    def __init__(self, url: str, cfg: Config, key: str, etags: dict, replica: Replica):
         self.url = url
         self.cfg = cfg
         self.key = key
         self.etags = etags
-        self.layout = layout
-        self.cache = cfg.cache()
-        self.local_dir = os.path.join(self.cache.stores, key)
+        self.rep = replica
+        self.cache = replica.cache
+        self.local_dir = replica.dir
         # A server without ETags: the version is pinned by the index, whole
         # in the replica since the open (see bind).
         self.weak = any(str(v).startswith(_objstore.WEAK) for v in etags.values())
@@ -202,80 +202,54 @@ class Binding:
     def __reduce__(self):
         return (_rebind, (self.url, self.cfg, {"key": self.key, "etags": self.etags}))
 
-    def replica(self):
-        return self.cache.replica(self.key)
+    def replica(self) -> Replica:
+        return self.rep
 
     # -- reads
-    def begin(self, indices: np.ndarray, check: Callable, pin: bool = False) -> int:
+    def begin(self, indices: np.ndarray, pin: bool = False) -> int:
         """Makes records `indices` present and checked and protects them from
         eviction; returns a token for `end` (a prefetch, ``pin=True``, stays
         protected for the process's next prefetches instead)."""
-        # Kept lean: a warm batch takes this path only (one native call takes
-        # the tick, publishes the watermark, stamps the records' regions and
-        # lists the unchecked, without the cache's lock).
-        r = self.replica()
-        lay = r.layout
         u = _records(indices)
-        if not lay.fixed:
-            # The records' index entries first (their places in the data).
-            if len(u) and (int(u.min()) < 0 or int(u.max()) >= lay.record_count):
-                u = u[(u >= 0) & (u < lay.record_count)]  # the native read names a bad index
-            if len(r.unchecked(u)):
-                self._fetch_index(r, np.unique(u))
-        p = self.cache.proc()
-        with p.tlock:  # the process's reads in flight: one thread at a time
-            tick, todo = r.begin_read(p, u, pin)
-        if not len(todo):
-            return tick
-        todo = np.unique(todo)
+        f = ffi.new("lx_fetch_t *")
+        rc = lib.lx_replica_begin(self.rep.h, ffi.from_buffer("uint64_t[]", u), len(u),
+                                  _BEGIN["pin"] if pin else 0, f)
+        if rc == 0 and f.status == _STATUS["done"] and not f.flags:
+            return int(f.tick)  # (a warm start: one native call)
         try:
-            starts, ends = r.ranges(todo)
-            blocks = r.data_blocks(starts, ends)
-            jobs = [lambda: r.fetch("data", blocks, self._downloader(r))]
-            if lay.fixed:  # the checksums live in the index: fetched alongside the data
-                jobs.append(lambda: self._fetch_index(r, todo))
-            map_concurrently(lambda job: job(), jobs)
-            self._check(r, todo, check)
+            self._landing(rc, f)
+            self._fetch(f)
         except BaseException:
-            self.end(tick)
+            lib.lx_fetch_failed(f, 0)  # (releases what is still reserved)
+            self.end(int(f.tick))
             raise
-        with contextlib.suppress(OSError):  # (only ever a speed-up: the read is done)
-            if r.index_due():
-                r.fetch_whole_index(self._downloader(r))
-        return tick
+        return int(f.tick)
 
     def pin_warm(self, indices: np.ndarray) -> bool:
         """A prefetch of records `indices` that fetches nothing: when every
         one is present and checked, protects them as a prefetch does
-        (``begin(pin=True)``) and returns True; otherwise False (what it
-        stamped stays harmless), for the caller's full prefetch."""
-        r = self.replica()
+        (``begin(pin=True)``) and returns True; otherwise False, for the
+        caller's full prefetch."""
         u = _records(indices)
-        if not len(u) or int(u.min()) < 0 or int(u.max()) >= r.layout.record_count:
+        if not len(u) or int(u.max()) >= self.rep.records:
             return False  # (the full prefetch names a bad index)
-        # Checked by this process since the last eviction implies present (and
-        # a table layout's entries known): a cold run takes no pin slot.
-        if len(r.unchecked(u)):
-            return False
-        p = self.cache.proc()
-        with p.tlock:
-            _, todo = r.begin_read(p, u, True)
-        return not len(todo)  # (an eviction since the check: False)
+        f = ffi.new("lx_fetch_t *")
+        check(lib.lx_replica_begin(self.rep.h, ffi.from_buffer("uint64_t[]", u), len(u),
+                                   _BEGIN["pin"] | _BEGIN["warm_only"], f), self.url)
+        return f.status == _STATUS["done"]
 
     def gather(self, parts, ip, n: int, op, nbytes: int, stride: int, threads: int,
-               idx: np.ndarray, check: Callable) -> int:
+               idx: np.ndarray) -> int:
         """A dense gather of records `idx` (``ip``: their uint64 cdata) into
         ``op`` through the cache; returns lx_gather's result. A warm batch
         (every record cached and checked) is one native call that starts the
         read, gathers and ends it; anything else starts it with `begin`."""
-        p = self.cache.proc()
-        r = p.replicas.get(self.key) or self.replica()
         read = ffi.new("uint32_t *")
-        rc = lib.lx_gather_cached(p.reads, r._rep, parts, 1, ip, n, op, nbytes, stride, threads,
+        rc = lib.lx_gather_cached(self.rep.h, parts, 1, ip, n, op, nbytes, stride, threads,
                                   read)
         if read[0] or rc:
             return rc
-        token = self.begin(idx, check)
+        token = self.begin(idx)
         try:
             return lib.lx_gather(parts, 1, ip, n, op, nbytes, stride, ffi.NULL, 0, threads)
         finally:
@@ -283,56 +257,125 @@ class Binding:
 
     def nbytes(self, indices: np.ndarray) -> int:
         """Stored bytes of records `indices` (see Store.prefetch_size)."""
-        r = self.replica()
-        lay = r.layout
-        u = np.asarray(indices).astype(np.int64)
-        if lay.fixed:
-            return int(len(u) * lay.fixed)
-        mean = lay.data_size / max(1, lay.record_count)
-        known = ~np.isin(u, r.unchecked(u))
-        checked = u[known]
-        starts, ends = r.ranges(checked)
-        return int((ends - starts).sum() + round((len(u) - len(checked)) * mean))
+        u = _records(indices)
+        out = ffi.new("uint64_t *")
+        check(lib.lx_replica_nbytes(self.rep.h, ffi.from_buffer("uint64_t[]", u), len(u), out),
+              self.url)
+        return int(out[0])
 
     def end(self, tick: int) -> None:
         """The read of `begin` is over (a no-op for a prefetch's tick)."""
-        self.cache.end(tick)
+        lib.lx_replica_end(self.rep.h, tick)
 
-    def _fetch_index(self, r, u: np.ndarray) -> None:
-        # The index whole where that is cheaper than these records' blocks
-        # (see Replica.index_for), in concurrent requests of a chunk each.
-        r.fetch("index", r.index_for(r.index_blocks(u)), self._downloader(r),
-                _cache.WHOLE_INDEX_CHUNK)
+    def verify_all(self) -> None:
+        """Fetches (through the cache) and checks every record."""
+        info = self.rep.info()
+        count = int(info.record_count)
+        per = max(1, _VERIFY_CHUNK_BYTES // max(1, int(info.data_size) // max(1, count)))
+        for start in range(0, count, per):
+            self.end(self.begin(np.arange(start, min(start + per, count), dtype=np.uint64)))
 
-    def _downloader(self, r) -> Callable:
-        # The data's bytes are checked against the index's checksums (of the
-        # version opened: its fetches end with a HEAD) before any read uses
-        # them, so data fetches skip that HEAD, a round trip each.
-        def download(which: str, starts: list, ends: list, keeps: list) -> int:
-            return _objstore.get_ranges_into(join(self.url, which), self.cfg.options, starts,
-                                             ends, os.path.join(r.dir, which), keeps,
-                                             self.etags.get(which), which != "data")
-        return download
+    def all_index(self) -> None:
+        """Makes the whole record table present (a token window index needs
+        every record's size)."""
+        f = ffi.new("lx_fetch_t *")
+        try:
+            self._landing(lib.lx_replica_begin(self.rep.h, ffi.NULL, 0, _BEGIN["whole_index"],
+                                               f), f)
+            self._fetch(f)
+        except BaseException:
+            lib.lx_fetch_failed(f, 0)
+            raise
 
-    def _check(self, r, todo: np.ndarray, check: Callable) -> None:
-        bad = check(todo)
-        if len(bad):
-            mask = np.ones(len(todo), bool)
-            mask[bad] = False
-            r.mark_checked(todo[mask])
-            # Torn or tampered cache bytes: drop them, fetch again, check again.
-            todo = todo[bad]
-            # (An index that came whole at the open pins the version of a
-            # server without ETags: it is never fetched again.)
-            r.drop(todo, index=not self.weak)
-            self._fetch_index(r, todo)
-            starts, ends = r.ranges(todo)
-            r.fetch("data", r.data_blocks(starts, ends), self._downloader(r))
-            bad = check(todo)
-            if len(bad):
-                r.drop(todo[bad], index=not self.weak)
-                self._server_damaged(int(todo[bad][0]))
-        r.mark_checked(todo)
+    # -- the network side of a fetch
+    def _fetch(self, f) -> None:
+        """Moves fetch `f` on until its records are present and checked: each
+        step's ranges (index and data at once) fetched into the replica's
+        files, then `lx_fetch_landed` (which marks, checks and plans on)."""
+        while f.status == _STATUS["ranges"]:
+            try:
+                map_concurrently(lambda k: self._download(k, f.files[k]),
+                                 [k for k in (0, 1) if f.files[k].count])
+            except BaseException as e:
+                self._failed(f, e)
+                continue  # (room made on a full disk: the step again)
+            self._landing(lib.lx_fetch_landed(f), f)
+        flags = int(f.flags)
+        if flags & (_FLAGS["over_limit"] | _FLAGS["disk_nearly_full"]):
+            self._warn(flags)
+        if flags & _FLAGS["index_due"]:
+            self._whole_index_later()
+
+    def _download(self, k: int, req) -> int:
+        which = _FILES[k]
+        n, m = int(req.count), int(req.keep_count)
+        keeps: list = [[] for _ in range(n)]
+        for q, lo, hi in zip(ffi.unpack(req.keep_request, m), ffi.unpack(req.keep_lo, m),
+                             ffi.unpack(req.keep_hi, m)):
+            keeps[q].append((lo, hi))
+        path = os.path.join(self.local_dir, which)
+        try:
+            # The data's bytes are checked against the index's checksums (of
+            # the version opened: its fetches end with a HEAD) before any read
+            # uses them, so data fetches skip that HEAD, a round trip each.
+            return _objstore.get_ranges_into(join(self.url, which), self.cfg.options,
+                                             ffi.unpack(req.starts, n), ffi.unpack(req.ends, n),
+                                             path, keeps, self.etags.get(which), which != "data")
+        except OSError as e:
+            if not isinstance(e, LoaderxError):
+                e.filename = path
+            raise
+
+    def _failed(self, f, e: BaseException) -> None:
+        """The step's fetch failed with `e`: the native side punches what it
+        was to write; a full disk makes room and plans it again (return),
+        once; anything else is raised."""
+        own = isinstance(e, OSError) and not isinstance(e, LoaderxError)
+        err = e.errno if own and isinstance(e, OSError) and e.errno else 0
+        check(lib.lx_fetch_failed(f, err))
+        if f.status == _STATUS["ranges"]:
+            return
+        if own and isinstance(e, OSError):
+            raise ZrecordIOError(f"{e.filename or self.local_dir}: writing fetched bytes into "
+                                 f"the cache failed: {e.strerror or e}",
+                                 path=self.local_dir) from None
+        raise e
+
+    def _landing(self, rc: int, f) -> None:
+        """Raises the error of a native fetch call, if any: a record whose
+        server bytes fail twice is named after a look at the server."""
+        if rc == RESULTS["corrupt"] and int(f.flags) & _FLAGS["bad_record"]:
+            self._server_damaged(int(f.bad_record))
+        if rc:
+            raise error_for(rc, None if rc == RESULTS["no_space"] else self.url)
+
+    def _warn(self, flags: int) -> None:
+        c = self.cache
+        st = c.stats()
+        if flags & _FLAGS["disk_nearly_full"] and c.warn_once("disk"):
+            warnings.warn(f"loaderx cache {c.root}: its file system has {st.free} bytes free and "
+                          f"the cache leaves {st.reserve} free (without a cache_limit), so it "
+                          f"holds at most {st.limit} bytes and drops cached ranges as others "
+                          "are read; free disk space, or set cache_limit (or "
+                          "LOADERX_CACHE_LIMIT)", RuntimeWarning, stacklevel=6)
+        if flags & _FLAGS["over_limit"] and c.warn_once("limit"):
+            warnings.warn(f"loaderx cache {c.root} holds {st.used} bytes, over its limit of "
+                          f"{st.limit}: every cached range is being read (raise cache_limit)",
+                          RuntimeWarning, stacklevel=6)
+
+    def _whole_index_later(self) -> None:
+        """Fetches the rest of the index whole on a daemon thread (the
+        native plan said it is due): after it, a cold batch is its data
+        ranges only. An error ends it quietly: reads fetch their records'
+        index blocks as before."""
+        def run() -> None:
+            try:
+                self.all_index()
+            except Exception:
+                pass
+        t = self.rep.whole_index = threading.Thread(target=run, name="loaderx-index",
+                                                    daemon=True)
+        t.start()
 
     def _server_damaged(self, record: int):
         for which in ("meta", "index", "data"):
@@ -352,27 +395,12 @@ class Binding:
                                 "holds it (the store's bytes on the server are damaged; run "
                                 "loaderx verify)", path=self.url)
 
-    def verify_all(self, check: Callable) -> None:
-        """Fetches (through the cache) and checks every record."""
-        lay = self.layout
-        per = max(1, _VERIFY_CHUNK_BYTES // max(1, lay.data_size // max(1, lay.record_count)))
-        for start in range(0, lay.record_count, per):
-            idx = np.arange(start, min(start + per, lay.record_count), dtype=np.uint64)
-            self.end(self.begin(idx, check))
-
-    def all_index(self) -> None:
-        """Makes the whole record table present (a token window index needs
-        every record's size)."""
-        r = self.replica()
-        if r.layout.iblocks:
-            r.fetch("index", np.arange(r.layout.iblocks, dtype=np.int64), self._downloader(r))
-
 
 def _records(indices: np.ndarray) -> np.ndarray:
-    """Record indices as int64 (uint64 ones viewed: a huge one is negative,
-    out of range), without a copy when they are already."""
-    u = np.asarray(indices)
-    return u.view(np.int64) if u.dtype == np.uint64 else u.astype(np.int64, copy=False)
+    """Record indices as the uint64 the native calls take (a negative one is
+    huge: outside the store), without a copy when they are already."""
+    u = np.ascontiguousarray(indices)
+    return u if u.dtype == np.uint64 else u.astype(np.int64, copy=False).view(np.uint64)
 
 
 def _rebind(url: str, cfg: Config, pins: dict) -> "Binding":
@@ -400,22 +428,15 @@ def bind_for_open(url: str) -> Binding:
     return b if b is not None else bind(url)
 
 
-def _parse_meta(url: str, meta: bytes) -> Layout:
-    if len(meta) < 2 * _PAGE or _HEADER.unpack_from(meta, 0)[0] != _MAGIC:
-        raise NotAStoreError(f"{url} holds no loaderx store (its meta has no loaderx header)",
-                             path=url)
-    fixed = _HEADER.unpack_from(meta, 0)[9]
-    count, data_size, _live, durable, *_ = _COMMIT.unpack_from(meta, _PAGE)
-    if durable != count:
-        raise CorruptStoreError(
-            f"{url}: this store was uploaded while a writer had it open ({count - durable} "
-            "records since its last sync); open and close it locally, then upload it again",
-            path=url)
-    if count > _RECORDS_MAX or data_size > _DATA_MAX:
-        raise CorruptStoreError(f"{url}: its meta says {count} records and {data_size} bytes of "
-                                f"data, more than a store read through the cache holds (at most "
-                                f"{_RECORDS_MAX} records and {_DATA_MAX} bytes)", path=url)
-    return Layout(int(count), int(data_size), int(fixed))
+def _parse_meta(url: str, meta: bytes):
+    """The store's meta, parsed and checked natively (``lx_meta_t``)."""
+    out = ffi.new("lx_meta_t *")
+    rc = lib.lx_meta_parse(ffi.from_buffer("uint8_t[]", meta), len(meta), out)
+    if rc == RESULTS["not_a_store"]:
+        detail = error_for(rc)
+        raise NotAStoreError(f"{url} holds no loaderx store ({detail})", path=url)
+    check(rc, url)
+    return out
 
 
 def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) -> Binding:
@@ -427,14 +448,19 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
     cfg = cfg or config()
     url = url.rstrip("/")
     cache = cfg.cache()
-    if pins is not None and cache.intact(pins["key"]):
-        return Binding(url, cfg, pins["key"], pins["etags"],
-                       cache.replica(pins["key"], recheck=True).layout)
+    if pins is not None:
+        weak = any(str(v).startswith(_objstore.WEAK) for v in pins["etags"].values())
+        try:
+            rep = cache.replica(pins["key"], weak=weak, where=url)
+        except StoreNotFoundError:
+            rep = None  # (not whole here: opened from the server below)
+        if rep is not None:
+            return Binding(url, cfg, pins["key"], pins["etags"], rep)
     meta, layout, infos = _objects(url, cfg.options)
     etags = {which: info["etag"] for which, info in infos.items()}
     index = None
     if any(info["weak"] for info in infos.values()):
-        index = _whole_index(url, cfg.options, layout, etags["index"])
+        index = _whole_index(url, cfg.options, int(layout.index_size), etags["index"])
     key = hashlib.sha256("\n".join([url, hashlib.sha256(meta).hexdigest(), str(etags["index"]),
                                     str(etags["data"]), str(infos["index"]["size"]),
                                     str(infos["data"]["size"])]
@@ -443,20 +469,14 @@ def bind(url: str, cfg: Optional[Config] = None, pins: Optional[dict] = None) ->
     if pins is not None and pins["key"] != key:
         raise RemoteChangedError(f"{url}: the store changed on the server since it was opened "
                                  "(reopen the dataset to read the new version)", path=url)
-
-    def check(local: str) -> None:
-        try:
-            stored_kind(local)
-        except ZrecordError as e:
-            raise type(e)(f"{url}: {str(e).replace(local, '').lstrip(': ')}", path=url) from None
-    cache.materialize(key, meta, layout, {"url": url, "etags": etags}, check, index)
-    cache.replica(key, recheck=True)
-    return Binding(url, cfg, key, etags, layout)
+    rep = cache.replica(key, meta, {"url": url, "etags": etags}, index, index is not None, url)
+    return Binding(url, cfg, key, etags, rep)
 
 
-def _objects(url: str, opts: _objstore.Options) -> tuple[bytes, Layout, dict]:
-    """The store's meta, its layout, and ``{meta, index, data}`` metadata
-    (size, version) of its objects, fetched at once; sizes checked."""
+def _objects(url: str, opts: _objstore.Options) -> tuple:
+    """The store's meta, its parse (``lx_meta_t``), and ``{meta, index,
+    data}`` metadata (size, version) of its objects, fetched at once; sizes
+    checked."""
     def meta_get():
         return _objstore.get(join(url, "meta"), opts)
 
@@ -478,13 +498,13 @@ def _objects(url: str, opts: _objstore.Options) -> tuple[bytes, Layout, dict]:
     return meta, layout, {"meta": meta_info, "index": index_info, "data": data_info}
 
 
-def _whole_index(url: str, opts: _objstore.Options, layout: Layout, etag: str) -> bytes:
+def _whole_index(url: str, opts: _objstore.Options, index_size: int, etag: str) -> bytes:
     """The store's index, whole, of the version `etag` (a server without
     ETags: its size and Last-Modified). Pinning the version by the bytes
     themselves: every record read is checked against this index."""
-    if not layout.index_size:
+    if not index_size:
         return b""
-    data, _ = _objstore.get(join(url, "index"), opts, etag, (0, layout.index_size))
+    data, _ = _objstore.get(join(url, "index"), opts, etag, (0, index_size))
     return data
 
 

@@ -156,13 +156,10 @@ def _hollow(local: Path) -> None:
     this machine's disk. The records a round reads are written back before
     they are read (_fill): the local copy is then sparse as the cache's
     replica is, with the same records present."""
-    from loaderx._cache import _punch
-
-    fd = os.open(_data_file(local), os.O_RDWR)
-    try:
-        _punch(fd, 0, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
+    path = _data_file(local)
+    size = os.path.getsize(path)
+    os.truncate(path, 0)  # every block freed; then the size back, as holes
+    os.truncate(path, size)
 
 
 def _fill(local: Path, idx: np.ndarray) -> None:
@@ -289,14 +286,8 @@ def stored_ranges(url: str, options: dict, batches: list, cache: Path) -> list:
     col = loaderx.open_dataset(url, cache_dir=str(cache), storage_options=options)["x"]
     try:
         binding = col._remote
-        rep = binding.replica()
-        out = []
-        for idx in batches:
-            u = np.asarray(idx, dtype=np.int64)
-            binding._fetch_index(rep, np.unique(u))
-            starts, ends = rep.ranges(u)
-            out.append((np.asarray(starts, np.int64), np.asarray(ends, np.int64)))
-        return out
+        binding.all_index()  # every record's place in the data
+        return [binding.replica().spans(np.asarray(idx, dtype=np.int64)) for idx in batches]
     finally:
         col.close()
         shutil.rmtree(cache, ignore_errors=True)

@@ -84,6 +84,7 @@ const mapping = @import("mapping.zig");
 const store_read = @import("store_read.zig");
 const store_append = @import("store_append.zig");
 const store_maintain = @import("store_maintain.zig");
+const Cache = @import("Cache.zig");
 const Codec = format.Codec;
 const RecordLoc = format.RecordLoc;
 const Commit = format.Commit;
@@ -562,7 +563,7 @@ pub fn readExact(file: File, buf: []u8, offset: u64, what: []const u8) Error!voi
     if (n != buf.len) return diag.fail(error.Corrupt, "{s} is truncated", .{what});
 }
 
-fn checkHeader(h: *const Header) Error!void {
+pub fn checkHeader(h: *const Header) Error!void {
     if (h.magic == format.magic_swapped) {
         return diag.fail(error.NotAStore, "store was written with the other byte order", .{});
     }
@@ -1166,8 +1167,10 @@ fn unregister(s: *Store) void {
     s.registry_next = null;
 }
 
-/// Installs the atfork handlers once per process, on the first open.
-fn installForkHandlers() void {
+/// Installs the atfork handlers once per process, on the first open of a
+/// store or of a node-local cache (src/Cache.zig, whose handles the same
+/// handlers make the child's own).
+pub fn installForkHandlers() void {
     if (!has_fork) return;
     while (true) {
         switch (atfork_state.load(.acquire)) {
@@ -1186,15 +1189,19 @@ fn installForkHandlers() void {
 
 fn forkPrepare() callconv(.c) void {
     lockRegistry();
+    Cache.lockRegistry();
 }
 
 fn forkParent() callconv(.c) void {
+    Cache.registry_mutex.unlock();
     registry_mutex.unlock();
 }
 
 fn forkChild() callconv(.c) void {
     var it = registry_head;
     while (it) |s| : (it = s.registry_next) s.adoptInChild();
+    Cache.adoptAllInChild();
+    Cache.registry_mutex.unlock();
     registry_mutex.unlock();
 }
 

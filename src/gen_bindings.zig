@@ -15,6 +15,10 @@ const Store = @import("Store.zig");
 const outbuf = @import("outbuf.zig");
 const image_plan = @import("image/plan.zig");
 const image = @import("image/stage.zig");
+const Cache = @import("Cache.zig");
+const Replica = @import("Replica.zig");
+const cache_fetch = @import("cache_fetch.zig");
+const layout = @import("cache_format.zig");
 
 /// Zig types that C sees by name.
 const named = .{
@@ -32,11 +36,18 @@ const named = .{
     .{ capi.LoaderPart, "lx_loader_part_t" },
     .{ capi.WindowsSpec, "lx_windows_t" },
     .{ capi.IdentitySpec, "lx_identity_t" },
-    .{ capi.ReplicaSpec, "lx_replica_t" },
-    .{ capi.Reads, "lx_reads_t" },
     .{ capi.ImageOp, "lx_image_op_t" },
     .{ capi.ImageSpec, "lx_image_spec_t" },
     .{ capi.ImageColumn, "lx_image_column_t" },
+    .{ Cache, "lx_cache" },
+    .{ Replica, "lx_replica" },
+    .{ capi.CachePolicy, "lx_cache_policy_t" },
+    .{ capi.CacheStats, "lx_cache_stats_t" },
+    .{ capi.ReplicaSpec, "lx_replica_spec_t" },
+    .{ capi.ReplicaInfo, "lx_replica_info_t" },
+    .{ capi.MetaInfo, "lx_meta_t" },
+    .{ capi.FetchRequests, "lx_requests_t" },
+    .{ capi.Fetch, "lx_fetch_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -49,6 +60,8 @@ fn cName(comptime T: type) []const u8 {
         f32 => "float",
         f64 => "double",
         i32 => "int32_t",
+        i64 => "int64_t",
+        anyopaque => "void",
         u64 => "uint64_t",
         u16 => "uint16_t",
         c_int => "int",
@@ -110,14 +123,18 @@ fn structDef(comptime T: type) []const u8 {
 const cdef = blk: {
     @setEvalBranchQuota(200_000);
     var text: []const u8 = "typedef struct lx_store lx_store;\n" ++
-        "typedef struct lx_loader lx_loader;\n";
+        "typedef struct lx_loader lx_loader;\n" ++
+        "typedef struct lx_cache lx_cache;\n" ++
+        "typedef struct lx_replica lx_replica;\n";
     const structs = .{
         capi.Info,         Store.Stats,       capi.Move,
         capi.Part,         capi.LoaderConfig, capi.Cursor,
         capi.LoaderSource, capi.ImageOp,      capi.ImageSpec,
         capi.ImageColumn,  capi.LoaderColumn, capi.LoaderPart,
         capi.WindowsSpec,  capi.PoolStats,    capi.IdentitySpec,
-        capi.ReplicaSpec,  capi.Reads,
+        capi.CachePolicy,  capi.CacheStats,   capi.ReplicaSpec,
+        capi.ReplicaInfo,  capi.MetaInfo,     capi.FetchRequests,
+        capi.Fetch,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (@typeInfo(capi).@"struct".decl_names) |name| {
@@ -142,6 +159,34 @@ fn enumDict(comptime name: []const u8, comptime E: type) []const u8 {
 }
 
 const identity_flag_by_name = format.Identity.Flags.dtype_by_name;
+
+/// The node-local cache's shared constants: the default policy, and the
+/// flags and statuses of a fetch (src/Cache.zig, src/cache_fetch.zig).
+fn cacheConstants() []const u8 {
+    var text: []const u8 = "#: lx_cache_policy_t's defaults (src/Cache.zig, Policy.default).\n" ++
+        "CACHE_POLICY = {";
+    const p = Cache.Policy.default;
+    for (@typeInfo(Cache.Policy).@"struct".field_names, 0..) |name, i| {
+        const entry = std.fmt.comptimePrint("\"{s}\": {d}", .{ name, @field(p, name) });
+        text = text ++ (if (i > 0) ",\n    " else "") ++ entry;
+    }
+    return text ++ std.fmt.comptimePrint(
+        \\}}
+        \\#: lx_replica_begin's flags, lx_fetch_t's statuses and flags (src/cache_fetch.zig).
+        \\BEGIN_FLAGS = {{"pin": {d}, "warm_only": {d}, "whole_index": {d}}}
+        \\FETCH_STATUS = {{"done": {d}, "ranges": {d}, "miss": {d}}}
+        \\FETCH_FLAGS = {{"over_limit": {d}, "disk_nearly_full": {d}, "index_due": {d},
+        \\    "bad_record": {d}}}
+        \\CACHE_PIN_CALLS = {d}
+        \\CACHE_SLOTS = {d}
+        \\
+    , .{
+        cache_fetch.Begin.pin,       cache_fetch.Begin.warm_only, cache_fetch.Begin.whole_index,
+        cache_fetch.Status.done,     cache_fetch.Status.ranges,   cache_fetch.Status.miss,
+        Cache.Warn.over_limit,       Cache.Warn.disk_nearly_full, cache_fetch.index_due,
+        cache_fetch.bad_record_flag, Cache.pin_calls,             layout.slots_max,
+    });
+}
 
 const python = blk: {
     @setEvalBranchQuota(200_000);
@@ -178,6 +223,7 @@ const python = blk: {
     });
     text = text ++ "#: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).\n";
     text = text ++ enumDict("FAULT_OPS", fsio.Op);
+    text = text ++ cacheConstants();
     text = text ++ std.fmt.comptimePrint(
         \\LOADER_COLUMNS_MAX = {d}
         \\LOADER_SOURCES_MAX = {d}

@@ -1,13 +1,15 @@
-//! Generates tests/_lxlayout.py from src/format.zig (`zig build
-//! forger-layout`): for every on-disk struct its Python `struct` format,
-//! field names and offsets, and every constant of the format (magics,
-//! versions, offsets, checksum seeds, file names, enums). The test forger
+//! Generates tests/_lxlayout.py from src/format.zig and src/cache_format.zig (`zig
+//! build forger-layout`): for every on-disk struct its Python `struct`
+//! format, field names and offsets, and every constant of the format
+//! (magics, versions, offsets, checksum seeds, file names, enums), and the
+//! node-local cache's mapped state files. The test forger
 //! (tests/_lxformat.py) builds and damages store files with them, so its
 //! layouts cannot drift from the engine's: tests/test_format_layout.py
 //! regenerates the file and fails on any difference, as tests/test_abi.py
 //! does for loaderx/_abi.py.
 const std = @import("std");
 const format = @import("format.zig");
+const cache = @import("cache_format.zig");
 
 /// The Python `struct` code of one scalar field type.
 fn code(comptime T: type) []const u8 {
@@ -116,7 +118,8 @@ const python = blk: {
         \\# difference.
         \\"""The on-disk layout of a loaderx store as data, for the test forger
         \\(tests/_lxformat.py): struct formats, field names and offsets, and every
-        \\constant of the format. src/format.zig documents what each byte means."""
+        \\constant of the format. src/format.zig documents what each byte means; the
+        \\node-local cache's state files (CACHE_*, REPLICA_*) are src/cache_format.zig's."""
         \\
         \\
     ;
@@ -158,7 +161,24 @@ const python = blk: {
     text = text ++ constants("SEED_", format.seeds) ++ constants("FILE_", format.file_names);
     text = text ++ enumDict("CODECS", format.Codec) ++ enumDict("KINDS", format.Kind);
     text = text ++ enumDict("IDENTITY_ENCODINGS", I.Encoding) ++ "\n";
+    text = text ++ std.fmt.comptimePrint(
+        \\CACHE_STATE_MAGIC = 0x{X}
+        \\CACHE_STATE_VERSION = {d}
+        \\CACHE_STATE_SIZE = {d}
+        \\CACHE_REPLICA_MAGIC = 0x{X}
+        \\CACHE_REPLICA_VERSION = {d}
+        \\CACHE_PAGE = {d}
+        \\CACHE_SLOTS = {d}
+        \\CACHE_REGION_BLOCKS = {d}
+        \\
+        \\
+    , .{
+        cache.state_magic,   cache.state_version,   cache.state_size,
+        cache.replica_magic, cache.replica_version, cache.page,
+        cache.slots_max,     cache.region_blocks,
+    });
     for (format.structs) |entry| text = text ++ layout(entry[0], entry[1]);
+    for (cache.structs) |entry| text = text ++ layout(entry[0], entry[1]);
     break :blk text[0 .. text.len - 1];
 };
 

@@ -3,7 +3,8 @@
 # difference.
 """The on-disk layout of a loaderx store as data, for the test forger
 (tests/_lxformat.py): struct formats, field names and offsets, and every
-constant of the format. src/format.zig documents what each byte means."""
+constant of the format. src/format.zig documents what each byte means; the
+node-local cache's state files (CACHE_*, REPLICA_*) are src/cache_format.zig's."""
 
 MAGIC = 0x145524F5453584C
 FORMAT_VERSION = 3
@@ -45,6 +46,15 @@ FILE_META_TMP = "meta.tmp"
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
 KINDS = {"bytes": 0, "dense": 1, "ragged": 2}
 IDENTITY_ENCODINGS = {"none": 0, "native": 1, "msgpack": 2}
+
+CACHE_STATE_MAGIC = 0x31454843584C
+CACHE_STATE_VERSION = 2
+CACHE_STATE_SIZE = 20480
+CACHE_REPLICA_MAGIC = 0x31415453584C
+CACHE_REPLICA_VERSION = 1
+CACHE_PAGE = 4096
+CACHE_SLOTS = 1024
+CACHE_REGION_BLOCKS = 64
 
 HEADER_SIZE = 112
 HEADER_FORMAT = "<QIIB3siQQQQQQQ3QQ"
@@ -279,4 +289,59 @@ IDENTITY_OFFSETS = {
     "item_shape_29": 272,
     "item_shape_30": 280,
     "item_shape_31": 288,
+}
+
+CACHE_HEAD_SIZE = 40
+CACHE_HEAD_FORMAT = "<QQQQQ"
+CACHE_HEAD_FIELDS = (
+    "magic",
+    "version",
+    "tick",
+    "used",
+    "seq",
+)
+CACHE_HEAD_OFFSETS = {
+    "magic": 0,
+    "version": 8,
+    "tick": 16,
+    "used": 24,
+    "seq": 32,
+}
+
+CACHE_SLOT_SIZE = 16
+CACHE_SLOT_FORMAT = "<QQ"
+CACHE_SLOT_FIELDS = (
+    "read",
+    "pin",
+)
+CACHE_SLOT_OFFSETS = {
+    "read": 0,
+    "pin": 8,
+}
+
+REPLICA_HEAD_SIZE = 80
+REPLICA_HEAD_FORMAT = "<QQQQQQQQQQ"
+REPLICA_HEAD_FIELDS = (
+    "magic",
+    "version",
+    "record_count",
+    "data_size",
+    "fixed_size",
+    "index_shift",
+    "data_shift",
+    "index_blocks",
+    "regions",
+    "evictions",
+)
+REPLICA_HEAD_OFFSETS = {
+    "magic": 0,
+    "version": 8,
+    "record_count": 16,
+    "data_size": 24,
+    "fixed_size": 32,
+    "index_shift": 40,
+    "data_shift": 48,
+    "index_blocks": 56,
+    "regions": 64,
+    "evictions": 72,
 }

@@ -1,6 +1,8 @@
-"""Remote datasets (loaderx.remote, loaderx._cache, loaderx._objstore)
-against real servers on loopback: moto's S3, a Range-honouring HTTP server
-and a fault-injecting proxy that counts the bytes it forwards."""
+"""Remote datasets (loaderx.remote, the native cache through
+loaderx._cachedir, loaderx._objstore) against real servers on loopback:
+moto's S3, a Range-honouring HTTP server and a fault-injecting proxy that
+counts the bytes it forwards. Tests that look inside the cache's mapped
+state use the layout generated from src/cache_format.zig (tests/_lxlayout.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +22,7 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
 import loaderx  # noqa: E402
-from loaderx import _cache, remote  # noqa: E402
+from loaderx import _cachedir, remote  # noqa: E402
 from loaderx.errors import (  # noqa: E402
     CorruptStoreError,
     ReadOnlyError,
@@ -31,6 +33,12 @@ from loaderx.errors import (  # noqa: E402
 )
 
 from _helpers import assert_same  # noqa: E402
+from _lxlayout import (  # noqa: E402
+    CACHE_HEAD_OFFSETS,
+    CACHE_PAGE,
+    CACHE_STATE_SIZE,
+    REPLICA_HEAD_OFFSETS,
+)
 from _servers import MotoS3, fault_proxy, range_server  # noqa: E402
 
 REC = 3000  # bytes of a dense record
@@ -97,10 +105,29 @@ def proxy(s3):
     server.shutdown()
 
 
-def _forget_prefetches(cache, p):
-    """Drops this process's kept prefetches, as if they were old history."""
-    p.reads.pins_kept = 0
-    cache._watermarks[p.slot, 1] = _cache._NONE
+NONE = 2**64 - 1  # a watermark with nothing behind it
+
+
+def replica_state(r) -> dict:
+    """A replica's mapped ``cache.state`` as numpy arrays (the layout
+    src/cache_format.zig documents): head words by name, the bitmaps and ticks."""
+    info = r.info()
+    mm = np.memmap(os.path.join(r.dir, "cache.state"), np.uint8, "r+")
+    head = mm[:CACHE_PAGE].view(np.uint64)
+    words = mm[CACHE_PAGE:].view(np.uint64)
+    iw, n = -(-int(info.index_blocks) // 64), int(info.regions)
+    return {"head": head, "evictions": REPLICA_HEAD_OFFSETS["evictions"] // 8,
+            "ibits": words[:iw], "dwords": words[iw:iw + n], "atime": words[iw + n:iw + 2 * n],
+            "ptime": words[iw + 2 * n:iw + 3 * n]}
+
+
+def cache_head(cache) -> np.ndarray:
+    """The cache's mapped ``state`` head (u64 words; CACHE_HEAD_OFFSETS)."""
+    mm = np.memmap(os.path.join(cache.root, "state"), np.uint8, "r+", shape=(CACHE_STATE_SIZE,))
+    return mm[:CACHE_PAGE].view(np.uint64)
+
+
+SEQ = CACHE_HEAD_OFFSETS["seq"] // 8
 
 
 def opened(url, cache, s3, endpoint=None, **kw):
@@ -195,7 +222,7 @@ def zz_shard(tmp_path, s3, url, proxy):
                                storage_options=s3.options(base))
     try:
         r = store._remote.replica()
-        assert r.layout.index_size == 6400 and r.layout.iblocks == 13
+        assert r.info().index_size == 6400 and r.info().index_blocks == 13
         faults.reset_counts()
         yield store, r
     finally:
@@ -203,7 +230,9 @@ def zz_shard(tmp_path, s3, url, proxy):
 
 
 def _index_missing(r) -> int:
-    return len(r.missing("index", np.arange(r.layout.iblocks, dtype=np.int64)))
+    """Index blocks not present."""
+    info = r.info()
+    return int(info.index_missing) >> int(info.index_shift)
 
 
 def _gets(faults, obj: str, what: str = "bytes") -> int:
@@ -217,9 +246,7 @@ def test_a_small_index_comes_whole_with_the_first_cold_batch(
     # Two records' entries would cost two GETs, worth more than the whole
     # table (INDEX_REQUEST_BYTES a GET): the table comes whole, in requests
     # of WHOLE_INDEX_CHUNK bytes, with the batch; later batches GET data only.
-    from loaderx import _cache
-
-    monkeypatch.setattr(_cache, "WHOLE_INDEX_CHUNK", 2048)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "whole_index_chunk", 2048)
     dense, _ = data
     faults = proxy[1]
     with zz_shard(tmp_path, s3, url, proxy) as (store, r):
@@ -239,9 +266,7 @@ def test_an_index_over_the_batch_cap_does_not_come_with_a_batch(
         tmp_path, s3, url, proxy, data, monkeypatch):
     # The same table, worth two GETs, but over INDEX_WITH_BATCH_MAX: the
     # batch fetches its own two blocks only.
-    from loaderx import _cache
-
-    monkeypatch.setattr(_cache, "INDEX_WITH_BATCH_MAX", 4096)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "index_with_batch_max", 4096)
     dense, _ = data
     with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         assert_same(store[np.array([3, 150])], dense[[3, 150]])
@@ -262,16 +287,14 @@ def test_index_gets_add_up_to_the_whole_index(tmp_path, s3, url, proxy, data, mo
     # A GET worth 2,048 B: one batch's GET of its blocks is worth less than
     # the table, and so are two; the third batch's GET with the two before
     # it is worth more than what is missing, so it brings the table whole.
-    from loaderx import _cache
-
-    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 2048)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "index_request_bytes", 2048)
     dense, _ = data
     with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         cold = _three_cold_batches(store, dense)
         next(cold)
-        assert _index_missing(r) == 11 and r.index_gets == 1
+        assert _index_missing(r) == 11 and r.info().index_gets == 1
         next(cold)
-        assert _index_missing(r) == 10 and r.index_gets == 2
+        assert _index_missing(r) == 10 and r.info().index_gets == 2
         assert r.whole_index is None  # 2 x 2,048 B < 5,120 B missing
         next(cold)
         assert not _index_missing(r)
@@ -284,20 +307,18 @@ def test_index_gets_over_the_batch_cap_bring_the_index_in_the_background(
     # its own blocks, and once their GETs are worth the missing table it
     # comes whole in the background (the data fetched never outweighs it
     # here: WHOLE_INDEX_AFTER set out of reach).
-    from loaderx import _cache
-
-    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 2048)
-    monkeypatch.setattr(_cache, "INDEX_WITH_BATCH_MAX", 4096)
-    monkeypatch.setattr(_cache, "WHOLE_INDEX_AFTER", 1 << 40)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "index_request_bytes", 2048)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "index_with_batch_max", 4096)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "whole_index_after", 1 << 40)
     dense, _ = data
     faults = proxy[1]
     with zz_shard(tmp_path, s3, url, proxy) as (store, r):
         cold = _three_cold_batches(store, dense)
         next(cold)
         next(cold)
-        assert r.whole_index is None and r.index_gets == 2
+        assert r.whole_index is None and r.info().index_gets == 2
         next(cold)
-        assert r.index_gets == 3  # 6,144 B worth > 4,608 B missing
+        assert r.info().index_gets == 3  # 6,144 B worth > 4,608 B missing
         _settled([r])
         assert r.whole_index is not None and not _index_missing(r)
         faults.reset_counts()
@@ -313,9 +334,7 @@ def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
     # once the process has fetched 4x the index's missing bytes in data, the
     # rest of the index comes whole, in the background, and a cold batch
     # then GETs data only.
-    from loaderx import _cache
-
-    monkeypatch.setattr(_cache, "INDEX_REQUEST_BYTES", 512)
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "index_request_bytes", 512)
     dense, _ = data
     faults = proxy[1]
     with zz_shard(tmp_path, s3, url, proxy) as (store, r):
@@ -327,7 +346,7 @@ def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
         _settled([r])
         assert r.whole_index is not None
         assert not _index_missing(r)
-        assert r.fetched <= 1.5 * r.fetched_data  # the index, whole, a share of the data
+        assert r.fetched <= 1.5 * r.info().fetched_data  # the index, whole, a share of the data
         faults.reset_counts()
         later = np.array([100, 120, 199])
         assert_same(store[later], dense[later])  # cold records, their entries known
@@ -336,7 +355,7 @@ def test_the_whole_index_is_fetched_once_the_data_fetched_outweighs_it(
         # ... and no HEAD: the data's bytes are checked against the index
         # (of the version opened), so their GETs need no version check after.
         assert faults.count(lambda m, p: m == "HEAD") == 0
-        assert not r.index_due()  # once per process
+        assert r.info().whole_started  # (once per process: never due again)
 
 
 def test_first_batch_of_a_large_store_fetches_a_sliver_of_its_index(tmp_path, s3):
@@ -638,7 +657,8 @@ def test_cache_limit_is_kept_and_a_prefetched_step_is_never_evicted(tmp_path, s3
             assert_same(store[idx], dense[idx])
             assert cache.used() <= limit + 4 * REC + 8 * (REC + 8192)
         # Evictions ran, each between an odd and an even eviction sequence.
-        assert int(cache._head[4]) > 0 and int(cache._head[4]) % 2 == 0
+        seq = int(cache.stats().seq)
+        assert seq > 0 and seq % 2 == 0
         # The prefetched step's records are still there: no fetch to read them.
         before = faults.body_bytes(data_get)
         assert_same(store[step], dense[step])
@@ -670,7 +690,8 @@ def test_a_cache_on_a_nearly_full_disk_warns_and_reads_exact_records(tmp_path, s
     would fetch its data again and again) and reads stay exact."""
     dense, _ = data
     monkeypatch.delenv("LOADERX_CACHE_LIMIT", raising=False)
-    monkeypatch.setattr(_cache, "FREE_RESERVE", 1.0)  # the whole disk: nothing fits
+    # The whole disk as the reserve: nothing fits.
+    monkeypatch.setitem(_cachedir.CACHE_POLICY, "free_reserve_ppm", 1_000_000)
     ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
     store = ds["raw"]
     try:
@@ -712,12 +733,12 @@ def test_uploads_use_parts_s3_takes_at_any_size(tmp_path, s3):
 
 
 def test_limit_parsing():
-    assert _cache.parse_limit("200GiB") == 200 << 30
-    assert _cache.parse_limit("1.5 MB") == 1_500_000
-    assert _cache.parse_limit(4096) == 4096
+    assert _cachedir.parse_limit("200GiB") == 200 << 30
+    assert _cachedir.parse_limit("1.5 MB") == 1_500_000
+    assert _cachedir.parse_limit(4096) == 4096
     for bad in (0, -1, "x", "10 parsecs", True):
         with pytest.raises(ValueError):
-            _cache.parse_limit(bad)
+            _cachedir.parse_limit(bad)
 
 
 _READER = r"""
@@ -906,10 +927,10 @@ def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetc
     pins, warm = [], []
     begin, pin_warm = remote.Binding.begin, remote.Binding.pin_warm
 
-    def counted(self, indices, check, pin=False):
+    def counted(self, indices, pin=False):
         if pin:
             pins.append(len(indices))
-        return begin(self, indices, check, pin)
+        return begin(self, indices, pin)
 
     def counted_warm(self, indices):
         ready = pin_warm(self, indices)
@@ -1103,12 +1124,159 @@ def test_a_process_killed_mid_fetch_leaves_nothing_marked_and_nothing_locked(
     ds = opened(url, cache, s3, base, columns=["raw"])
     store = ds["raw"]
     replica = store._remote.replica()
-    assert not replica.state.dbits.any()
+    assert not replica_state(replica)["dwords"].any()
     t = time.monotonic()
     idx = np.arange(0, 400, 7)
     assert_same(store[idx], dense[idx])
     assert time.monotonic() - t < 20
     store.close()
+
+
+# ----------------------------------------------------------------- kill -9 beside others (issue 38)
+
+_SHARER = r"""
+import sys, hashlib, json, warnings, numpy as np, loaderx
+from loaderx._lib import lib
+url, cache, endpoint, limit, pause, plan = sys.argv[1:7]
+warnings.simplefilter("ignore")  # (a cache over its limit says so)
+if int(pause):
+    lib.lx_debug_cache_pause(int(pause))  # every eviction sleeps after its first region
+opts = {"endpoint": endpoint, "access_key_id": "testing", "secret_access_key": "testing",
+        "region": "us-east-1", "allow_http": "true"}
+col = loaderx.open_dataset(url, columns=["raw"], cache_dir=cache, storage_options=opts,
+                           cache_limit=int(limit) or None)["raw"]
+print("open", flush=True)
+for batch in json.loads(plan):
+    got = col[np.asarray(batch)]
+    print(json.dumps(batch), hashlib.sha256(got.tobytes()).hexdigest(), flush=True)
+"""
+
+
+def _sharer(url, cache, endpoint, plan, limit=0, pause=0):
+    """A process reading `plan` (batches of the raw column) through `cache`,
+    printing "open", then each batch and the digest of its bytes."""
+    import json
+    p = subprocess.Popen([sys.executable, "-c", _SHARER, url, str(cache), endpoint, str(limit),
+                          str(pause), json.dumps(plan)], env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "open", p.stderr.read() if p.poll() else ""
+    return p
+
+
+def _exact(dense, lines: list) -> int:
+    """How many batch lines (from `_sharer`) there are, each checked exact."""
+    import hashlib
+    import json
+    for line in lines:
+        batch, digest = line.rsplit(" ", 1)
+        assert digest == hashlib.sha256(dense[json.loads(batch)].tobytes()).hexdigest(), batch
+    return len(lines)
+
+
+def _finished(p, dense) -> int:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    return _exact(dense, out.splitlines())
+
+
+def _replica_dir(cache) -> str:
+    (key,) = [k for k in os.listdir(os.path.join(cache, "stores")) if not k.startswith(".")]
+    return os.path.join(cache, "stores", key)
+
+
+def test_a_process_killed_mid_fetch_beside_two_others_leaves_every_reader_exact(
+        tmp_path, s3, url, proxy, data):
+    """Three processes share a cache. One is killed (kill -9) in the middle of
+    a fetch: some of its ranges written, others still coming, its fetch
+    locks held. The two others, waiting for those locks, fetch the blocks
+    themselves once it is gone: every batch exact, nothing of the dead
+    one's marked present; later readers read every record exactly."""
+    import fcntl
+    dense, _ = data
+    base, faults = proxy
+    cache = tmp_path / "cache"
+    src = f"{url}/{RAW}"  # (the dataset's URL: the replica of its raw column)
+    rng = np.random.default_rng(21)
+    shared = sorted(rng.choice(N, 60, replace=False).tolist())
+    faults.delay = 30.0  # two of the victim's data requests never come in time
+    faults.add("slow", 2, lambda m, p: m == "GET" and p.endswith("raw/part-00000/data"))
+    victim = _sharer(url, cache, base, [shared])
+    try:
+        assert faults.slow_started.wait(60)
+        time.sleep(0.5)  # its other ranges land in the files; its locks stay held
+        d = _replica_dir(cache)
+        fd = os.open(os.path.join(d, "data.fetch"), os.O_RDWR)
+        try:  # another process holds fetch locks on the data
+            with pytest.raises(OSError):
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+        finally:
+            os.close(fd)
+        others = [_sharer(url, cache, s3.endpoint, [shared, sorted(rng.choice(N, 30).tolist())])
+                  for _ in range(2)]
+        time.sleep(1.0)  # both wait for the victim's locks now
+        assert all(p.poll() is None for p in others)
+        victim.kill()  # SIGKILL: no cleanup runs
+        victim.wait(30)
+        t = time.monotonic()
+        assert [_finished(p, dense) for p in others] == [2, 2]
+        assert time.monotonic() - t < 30  # (not the 120 s a stuck fetcher is given)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    faults.plan.clear()
+    reader = _sharer(url, cache, s3.endpoint, [list(range(k, k + 50)) for k in range(0, N, 50)])
+    assert _finished(reader, dense) == N // 50
+    store = loaderx.open_store(src, cache_dir=str(cache), storage_options=s3.options())
+    try:
+        assert_same(store[np.arange(N)], dense)
+    finally:
+        store.close()
+
+
+def test_a_process_killed_mid_eviction_beside_two_others_leaves_every_reader_exact(
+        tmp_path, s3, url, data):
+    """Three processes share a cache under a small limit. One is killed
+    (kill -9) in the middle of an eviction: the cache's lock held, its
+    eviction sequence odd, a region dropped. The others, one reading all
+    along and one started meanwhile, wait for the lock, repair the
+    sequence, check their records again and read on: every batch exact,
+    and later readers read every record exactly."""
+    dense, _ = data
+    cache = tmp_path / "cache"
+    limit = 40 * REC
+    rng = np.random.default_rng(22)
+
+    def batches(n):
+        return [sorted(rng.choice(N, 8, replace=False).tolist()) for _ in range(n)]
+    evictor = _sharer(url, cache, s3.endpoint, batches(60), limit=limit, pause=60_000)
+    first = _sharer(url, cache, s3.endpoint, batches(60), limit=limit)
+    second = None
+    try:
+        mm = np.memmap(cache / "state", np.uint8, "r", shape=(CACHE_PAGE,))
+        head = mm.view(np.uint64)
+        deadline = time.monotonic() + 60
+        seen = []
+        while time.monotonic() < deadline:  # the evictor paused mid-eviction: odd, and staying
+            seen = (seen + [int(head[SEQ])])[-4:]
+            if len(seen) == 4 and seen[0] % 2 == 1 and len(set(seen)) == 1:
+                break
+            time.sleep(0.25)
+        else:
+            raise AssertionError(f"no eviction paused: sequence {seen}")
+        second = _sharer(url, cache, s3.endpoint, batches(30), limit=limit)
+        time.sleep(1.0)  # (it waits for the lock too)
+        evictor.kill()  # SIGKILL in the middle of an eviction
+        evictor.wait(30)
+        assert _finished(first, dense) == 60 and _finished(second, dense) == 30
+        assert int(head[SEQ]) % 2 == 0  # repaired, and every eviction since ended
+        _exact(dense, evictor.stdout.read().splitlines())  # what it read before: exact too
+    finally:
+        for p in (evictor, first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+    reader = _sharer(url, cache, s3.endpoint, [list(range(k, k + 50)) for k in range(0, N, 50)],
+                     limit=limit)
+    assert _finished(reader, dense) == N // 50
 
 
 def test_a_cache_directory_deleted_between_opens_is_made_anew_not_trusted(tmp_path, s3, url,
@@ -1164,9 +1332,7 @@ def test_eviction_spares_other_processes_pins_and_ignores_dead_ones(tmp_path, s3
     assert "pinned" in died.stdout, died.stderr
     cache = store._remote.cache
     assert cache.used() > limit
-    with cache.locked() as p:
-        _forget_prefetches(cache, p)
-        cache.maybe_evict(p)
+    cache.evict(unpin=True)  # (this process's kept prefetches dropped first)
     assert cache.used() <= limit
     assert_same(store[step], dense[step])  # fetched again
     store.close()
@@ -1248,16 +1414,18 @@ def test_a_read_meeting_a_dead_evictors_sequence_waits_for_the_lock_and_repairs_
         assert_same(store[idx], dense[idx])
         cache = store._remote.cache
         r = store._remote.replica()
+        head, state = cache_head(cache), replica_state(r)
         fd = os.open(os.path.join(cache.root, "lock"), os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)  # the evictor, holding the lock
-        cache._head[4] += np.uint64(1)  # ... in the middle of an eviction
-        r.state.header[9] += np.uint64(1)  # ... that evicted from this replica
+        head[SEQ] += np.uint64(1)  # ... in the middle of an eviction
+        state["head"][state["evictions"]] += np.uint64(1)  # ... that evicted from this replica
         threading.Timer(0.3, lambda: os.close(fd)).start()  # then dies
         t0 = time.monotonic()
         assert_same(store[idx], dense[idx])
         assert time.monotonic() - t0 >= 0.25  # it waited for the lock
-        assert int(cache._head[4]) % 2 == 0
-        assert r._rep.checked_at == r.state.evictions  # checked again, after the eviction
+        assert int(cache.stats().seq) % 2 == 0
+        info = r.info()
+        assert info.checked_at == info.evictions  # checked again, after the eviction
         # With the sequence even again, a read takes no lock: it reads while
         # another process holds it.
         fd = os.open(os.path.join(cache.root, "lock"), os.O_RDWR)
@@ -1271,18 +1439,16 @@ def test_a_read_meeting_a_dead_evictors_sequence_waits_for_the_lock_and_repairs_
 
 
 def test_a_version_1_cache_directory_is_upgraded_in_place(tmp_path):
-    import mmap
+    import gc
     root = str(tmp_path / "cache")
-    _cache.Cache.get(root)
-    with open(os.path.join(root, "state"), "r+b") as f:
-        mm = mmap.mmap(f.fileno(), 0)
-        head = np.frombuffer(mm, np.uint64, 5)
-        head[1], head[4] = 1, np.uint64(2**64 - 1)  # version 1: word 4 unused, all ones
-        del head
-        mm.close()
-    _cache.Cache._instances.clear()
-    c = _cache.Cache.get(root)
-    assert int(c._head[1]) == 2 and int(c._head[4]) == 0
+    c = _cachedir.Cache(root)
+    head = cache_head(c)
+    del c
+    gc.collect()  # (the native handle closed: the next open reads the file anew)
+    version = CACHE_HEAD_OFFSETS["version"] // 8
+    head[version], head[SEQ] = 1, np.uint64(NONE)  # version 1: word 4 unused, all ones
+    c = _cachedir.Cache(root)
+    assert int(head[version]) == 2 and int(head[SEQ]) == 0 and int(c.stats().seq) == 0
 
 
 def test_a_warm_dense_gather_is_one_native_call_and_a_miss_takes_the_full_start(
@@ -1304,9 +1470,8 @@ def test_a_warm_dense_gather_is_one_native_call_and_a_miss_takes_the_full_start(
         assert len(begins) == 1
         assert_same(store[[4, 5]], dense[[4, 5]])  # 5 is not cached: a miss, then the full start
         assert len(begins) == 2
-        p = store._remote.cache.proc()
-        assert p.reads.reads == 0  # nothing left in flight
-        assert store._remote.cache._watermarks[p.slot, 0] == _cache._NONE
+        st = store._remote.cache.stats()
+        assert st.reads == 0 and st.read_mark == NONE  # nothing left in flight
         with pytest.raises(IndexError):
             store[np.array([4, N])]
     finally:
@@ -1340,9 +1505,9 @@ def test_threads_gathering_under_a_tight_cache_limit_read_exact_records(tmp_path
         for t in threads:
             t.join(120)
         assert not errors, errors[:3]
-        p = store._remote.cache.proc()
-        assert p.reads.reads == 0
-        assert int(store._remote.cache._head[4]) > 0  # evictions ran meanwhile
+        st = store._remote.cache.stats()
+        assert st.reads == 0
+        assert st.seq > 0  # evictions ran meanwhile
     finally:
         store.close()
 
@@ -1361,58 +1526,64 @@ def test_a_read_stamps_every_region_of_a_record_many_regions_long(tmp_path, s3):
     try:
         assert np.array_equal(store[200], recs[200])
         r = store._remote.replica()
-        lay = r.layout
-        s, e = r.ranges(np.array([200], np.int64))
-        rsh = lay.dshift + 6
+        s, e = r.spans(np.array([200]))
+        rsh = int(r.info().data_shift) + 6
         first, last = int(s[0]) >> rsh, (int(e[0]) - 1) >> rsh
         assert last - first >= 3  # the record spans more than two regions
-        p = r.cache.proc()
-        with p.tlock:
-            tick, todo = r.begin_read(p, np.array([200], np.int64), False)
-        r.cache.end(tick)
-        assert len(todo) == 0
-        assert (r.state.atime[first:last + 1] == tick).all()
-        assert (r.state.atime[:first] < tick).all() and (r.state.atime[last + 1:] < tick).all()
+        fetched = r.fetched
+        tick = store._remote.begin(np.array([200]))
+        store._remote.end(tick)
+        assert r.fetched == fetched  # present and checked: nothing fetched
+        atime = replica_state(r)["atime"]
+        assert (atime[first:last + 1] == tick).all()
+        assert (atime[:first] < tick).all() and (atime[last + 1:] < tick).all()
     finally:
         store.close()
 
 
 @pytest.mark.parametrize("column", ["raw", "rag"])
-def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
+def test_a_read_stamps_exactly_its_records_regions_and_fetches_only_the_unchecked(
         tmp_path, s3, url, column):
-    # The native start of a read (src/replica.zig: the lock, the tick, the
-    # watermark, the stamps, the unchecked records) against the layout in
-    # numpy: a raw dense store's fixed records, a ragged store's entries.
+    # The native start of a read (src/Replica.zig, src/Cache.zig: the tick,
+    # the watermark, the stamps, the unchecked records) against the layout
+    # in numpy: a raw dense store's fixed records, a ragged store's entries.
     ds = opened(url, tmp_path / "cache", s3, columns=[column])
     store = ds[column].shards[0] if hasattr(ds[column], "shards") else ds[column]
     try:
-        r = store._remote.replica()
-        lay = r.layout
+        b, r = store._remote, store._remote.replica()
+        info = r.info()
         rng = np.random.default_rng(5)
-        warm = rng.choice(lay.record_count, 40, replace=False)
+        warm = rng.choice(int(info.record_count), 40, replace=False)
         store[np.sort(warm)]  # fetched and checked (entries too)
-        atime, ptime = r.state.atime, r.state.ptime
+        state = replica_state(r)
+        atime, ptime = state["atime"], state["ptime"]
         for pin in (False, True):
             before_a, before_p = atime.copy(), ptime.copy()
-            u = np.concatenate([warm[:25], [-1, lay.record_count]]).astype(np.int64)
-            p = r.cache.proc()
-            mark = r.cache._watermarks[p.slot, int(pin)]
-            assert mark == _cache._NONE  # no read in flight, no prefetch kept
-            last = int(r.cache._head[2])
-            with p.tlock:
-                tick, todo = r.begin_read(p, u, pin)
-            assert tick == last + 1 == int(r.cache._head[2])
-            # The slot held none: the read's tick protects its regions now.
-            assert r.cache._watermarks[p.slot, int(pin)] == tick
+            u = np.concatenate([warm[:25], [-1, int(info.record_count)]]).astype(np.int64)
+            st = r.cache.stats()
+            mark = (st.pin_mark if pin else st.read_mark)
+            assert mark == NONE  # no read in flight, no prefetch kept
+            fetched = r.fetched
+            tick = b.begin(u, pin=pin)
+            st = r.cache.stats()
+            assert r.fetched == fetched  # every record of u in range was checked
             if pin:
-                _forget_prefetches(r.cache, p)
+                assert tick == 0 and st.pin_mark == st.tick  # a prefetch: no read to end
+                tick = int(st.tick)
             else:
-                r.cache.end(tick)
-            assert r.cache._watermarks[p.slot, int(pin)] == _cache._NONE
-            assert len(todo) == 0  # every record of u in range was checked
-            s, e = r.ranges(warm[:25].astype(np.int64))
-            rsh = lay.dshift + 6
-            regions = _cache._spans(s >> rsh, (np.maximum(e, s + 1) - 1) >> rsh)
+                assert tick == st.tick  # the tick taken
+            # The slot held none: the read's tick protects its regions now.
+            assert (st.pin_mark if pin else st.read_mark) == tick
+            if pin:
+                r.cache.evict(unpin=True)
+            else:
+                b.end(tick)
+            st = r.cache.stats()
+            assert (st.pin_mark if pin else st.read_mark) == NONE
+            s, e = r.spans(warm[:25])
+            rsh = int(info.data_shift) + 6
+            regions = np.unique(np.concatenate([np.arange(lo >> rsh, ((hi - 1) >> rsh) + 1)
+                                                for lo, hi in zip(s, e) if hi > lo]))
             want_a = before_a.copy()
             want_a[regions] = tick
             assert (atime == want_a).all()
@@ -1420,14 +1591,18 @@ def test_a_read_stamps_exactly_its_records_regions_and_lists_the_unchecked(
             if pin:
                 want_p[regions] = tick
             assert (ptime == want_p).all()
-        # A record this process has not checked is listed, in batch order.
-        fresh = np.setdiff1d(np.arange(lay.record_count), warm)[:3].astype(np.int64)
+        # Records this process has not checked are fetched (what of them is
+        # missing: their blocks may be cached with their neighbours') and
+        # checked: a warm prefetch says no before, and yes after.
+        fresh = np.setdiff1d(np.arange(int(info.record_count)), warm)[:3].astype(np.int64)
         u = np.concatenate([fresh[::-1], warm[:2]]).astype(np.int64)
-        p = r.cache.proc()
-        with r.cache.locked():  # the caller holding the lock already: no flock of its own
-            tick, todo = r.begin_read(p, u if lay.fixed else warm[:2].astype(np.int64), False)
-        r.cache.end(tick)
-        assert todo.tolist() == (fresh[::-1].tolist() if lay.fixed else [])
+        assert not b.pin_warm(u)
+        data = r.info().fetched_data
+        b.end(b.begin(u))
+        assert b.pin_warm(u)
+        s, e = r.spans(fresh)
+        block = 1 << int(info.data_shift)
+        assert int(r.info().fetched_data) - data <= int((e - s).sum()) + 3 * (2 * block + 4096)
     finally:
         store.close()
 
@@ -1483,7 +1658,7 @@ def test_the_cache_command_lists_replicas_and_clears_only_an_unused_cache(tmp_pa
     (left / "data").write_bytes(b"x" * 100_000)
     interrupted = cache / ".cleared-0badc0de"  # a clear killed before it removed its files
     (interrupted / "stores").mkdir(parents=True)
-    with _cache.Cache.get(str(cache)).staging() as live:
+    with _cachedir.Cache.get(str(cache)).staging() as live:
         report = json.loads(cli("--json").stdout)
         assert report["processes"] == []
         assert (report["uploads_live"], report["uploads_left"]) == (1, 1)
