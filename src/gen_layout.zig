@@ -3,8 +3,8 @@
 //! field names and offsets, and every constant of the format (magics,
 //! versions, offsets, checksum seeds, file names, enums). The test forger
 //! (tests/_lxformat.py) builds and damages store files with them, so its
-//! layouts cannot drift from the engine's: tests/test_format_layout.py
-//! regenerates the file and fails on any difference, as tests/test_abi.py
+//! layouts cannot drift from the engine's: tests/store/test_format.py
+//! regenerates the file and fails on any difference, as tests/project/test_abi.py
 //! does for loaderx/_abi.py.
 const std = @import("std");
 const format = @import("format.zig");

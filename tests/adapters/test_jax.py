@@ -23,6 +23,7 @@ import sys
 import numpy as np
 import pytest
 
+from _helpers import ROOT, TESTS
 from _jax_checks import BATCH_SIZE, STEPS, build_stores, numpy_batches
 
 pytestmark = pytest.mark.skipif(
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.skipif(
     reason="jax is not installed (pip install 'loaderx[jax]')",
 )
 
-CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jax_checks.py")
-REPO = os.path.dirname(os.path.dirname(CHECKS))
+CHECKS = os.path.join(TESTS, "_jax_checks.py")
 TIMEOUT_S = 180
 
 
@@ -44,7 +44,7 @@ def child_env(device_count):
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
     env["JAX_PLATFORMS"] = "cpu"
     # The loaderx this test imports, also in the child.
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     return env
 
 
@@ -155,8 +155,7 @@ def test_jax_dtypes_byte_order_and_indivisible_batches(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     env["JAX_PLATFORMS"] = "cpu"
-    tests = os.path.join(REPO, "tests")  # for _jax_checks
-    env["PYTHONPATH"] = os.pathsep.join([REPO, tests] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS] + [p for p in [env.get("PYTHONPATH")] if p])
     result = subprocess.run([sys.executable, "-c", JAX_CHILD, str(tmp_path)], env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0 and result.stdout.split() == ["ok"], result.stderr[-3000:]

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from _helpers import assert_same
+from _helpers import ROOT, TESTS, assert_same
 
 import loaderx
 from loaderx.dataset import read_manifest
@@ -30,8 +30,9 @@ def _has(module):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    # Ray's workers import loaderx and this module's map functions by name.
-    paths = [os.path.dirname(os.path.dirname(loaderx.__file__)), os.path.dirname(__file__)]
+    # Ray's workers import loaderx, this module's map functions by name and the
+    # shared test modules it imports.
+    paths = [ROOT, os.path.dirname(os.path.abspath(__file__)), TESTS]
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -194,26 +195,18 @@ def test_read_dataset_gives_equal_length_lists_as_fixed_tensors(tmp_path, local_
     assert_same(batch["pixels"][order], np.stack(pixels))
 
 
-def test_write_dataset_to_a_url_uploads_from_the_tasks_and_reads_back(local_ray, tmp_path):
-    pytest.importorskip("moto")
-    pytest.importorskip("obstore")
-    from _servers import MotoS3
-
-    s3 = MotoS3()
-    try:
-        url = f"s3://{s3.bucket}/ray/ds"
-        manifest = lray.write_dataset(_source(), url, columns=["x", "y"],
-                                      storage_options=s3.options())
-        assert manifest["rows"] == ROWS
-        ds = loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=s3.options())
-        ids = np.arange(ROWS)
-        assert_same(ds["y"][:], ids * 3)
-        assert_same(ds["x"][[0, ROWS - 1]],
-                    np.stack([np.full((2, 3), v, np.float32) for v in (0, ROWS - 1)]))
-        for col in ds.values():
-            col.close()
-    finally:
-        s3.stop()
+def test_write_dataset_to_a_url_uploads_from_the_tasks_and_reads_back(local_ray, tmp_path, s3):
+    url = f"s3://{s3.bucket}/ray/ds"
+    manifest = lray.write_dataset(_source(), url, columns=["x", "y"],
+                                  storage_options=s3.options())
+    assert manifest["rows"] == ROWS
+    ds = loaderx.open_dataset(url, cache_dir=str(tmp_path), storage_options=s3.options())
+    ids = np.arange(ROWS)
+    assert_same(ds["y"][:], ids * 3)
+    assert_same(ds["x"][[0, ROWS - 1]],
+                np.stack([np.full((2, 3), v, np.float32) for v in (0, ROWS - 1)]))
+    for col in ds.values():
+        col.close()
 
 
 # read_dataset with an unknown column or batch_rows=0 gave a Dataset that failed

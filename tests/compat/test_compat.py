@@ -5,7 +5,7 @@ metadata; skipped without a package index) runs unchanged; 1.7.7's names
 ``__getitems__``), its DataLoader keywords and positional order, and streams
 written for it (``__len__`` + ``__getitems__``) work; ``sampler="1.7.7"`` is
 checked. (Stores written by 1.7.7 and its exact sequences:
-tests/test_original177.py.)"""
+tests/compat/test_original177.py.)"""
 from __future__ import annotations
 
 import re

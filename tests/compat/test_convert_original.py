@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 from _original_store import dense_records, patch_entry, write_store, zstd
+from _helpers import ROOT
 
 import loaderx
 from loaderx import DenseStore, RaggedStore, Zrecord, _abi
@@ -25,13 +26,6 @@ from loaderx.errors import CorruptStoreError, NotAStoreError
 Z = zstd()
 needs_zstd = pytest.mark.skipif(
     Z is None, reason="zstd frames need compression.zstd (Python 3.14) or the zstandard package")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cli(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "loaderx", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=120)
 
 
 def _only(dataset: dict):
@@ -208,7 +202,7 @@ def _damage_cases():
 
 
 @pytest.mark.parametrize("damage, message", _damage_cases(), ids=lambda v: getattr(v, "__name__", ""))
-def test_damaged_store_names_file_and_entry_and_leaves_nothing(tmp_path, damage, message):
+def test_damaged_store_names_file_and_entry_and_leaves_nothing(tmp_path, damage, message, cli):
     old = tmp_path / "old"
     write_store(old, [bytes([i]) * 100 for i in range(20)], chunk_bytes=1000)
     damage(old)
@@ -216,13 +210,13 @@ def test_damaged_store_names_file_and_entry_and_leaves_nothing(tmp_path, damage,
         loaderx.convert(old, tmp_path / "new", progress=False)
     assert str(old) in str(info.value)
     _nothing_left(tmp_path, tmp_path / "new")
-    out = _cli("info", str(old))
+    out = cli("info", str(old))
     assert out.returncode == 1 and "CorruptStore" not in out.stderr
     assert "a damaged store written by the original loaderx" in out.stderr
 
 
 @needs_zstd
-def test_a_bad_frame_found_mid_conversion_leaves_nothing(tmp_path):
+def test_a_bad_frame_found_mid_conversion_leaves_nothing(tmp_path, cli):
     old = tmp_path / "old"
     records = [bytes(range(256)) * 4 for _ in range(400)]
     entries = write_store(old, records, codecs=[1] * 400, chunk_bytes=1 << 30)
@@ -235,7 +229,7 @@ def test_a_bad_frame_found_mid_conversion_leaves_nothing(tmp_path):
                        r"phys_length \d+\) does not decode to its 1,024 bytes"):
         loaderx.convert(old, tmp_path / "new", batch_bytes=4096, progress=False)
     _nothing_left(tmp_path, tmp_path / "new")
-    assert _cli("verify", str(old)).returncode == 1
+    assert cli("verify", str(old)).returncode == 1
 
 
 @needs_zstd
@@ -251,46 +245,46 @@ def test_dictionary_records_without_dict_zr_are_damage(tmp_path):
 
 
 @needs_zstd
-def test_cli_info_verify_and_convert(tmp_path):
+def test_cli_info_verify_and_convert(tmp_path, cli):
     x = np.arange(200 * 8, dtype=np.uint16).reshape(200, 8)
     write_store(tmp_path / "old", dense_records(x), codecs=[1] * 200,
                 schema={"kind": "dense", "dtype": "uint16", "shape": [8]}, version=3)
-    info = _cli("info", str(tmp_path / "old"))
+    info = cli("info", str(tmp_path / "old"))
     assert info.returncode == 0, info.stderr
     assert "a store of the original loaderx 0.9, format version 3" in info.stdout
     assert "converts to a DenseStore uint16[8]" in info.stdout
     assert f"loaderx convert {tmp_path / 'old'} DEST" in info.stdout
-    report = json.loads(_cli("info", "--json", str(tmp_path / "old")).stdout)
+    report = json.loads(cli("info", "--json", str(tmp_path / "old")).stdout)
     assert (report["records"], report["codecs"], report["format_version"]) == (200, {"zstd": 200}, 3)
-    verify = _cli("verify", str(tmp_path / "old"))
+    verify = cli("verify", str(tmp_path / "old"))
     assert verify.returncode == 0 and "ok: 200 records of a store written by the original" in \
         verify.stdout and "loaderx convert" in verify.stdout
-    compact = _cli("compact", str(tmp_path / "old"))
+    compact = cli("compact", str(tmp_path / "old"))
     assert compact.returncode == 1 and "does not change: loaderx convert" in compact.stderr
-    conv = _cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q")
+    conv = cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q")
     assert conv.returncode == 0, conv.stderr
     assert _only(loaderx.open_dataset(tmp_path / "new"))[np.arange(200)].tobytes() == x.tobytes()
-    new_info = _cli("info", str(tmp_path / "new"))
+    new_info = cli("info", str(tmp_path / "new"))
     assert "loaderx dataset manifest version 2" in new_info.stdout
     assert f"loaderx store format {_abi.FORMAT_VERSION}" in new_info.stdout
 
 
-def test_cli_convert_takes_dtype_and_item_shape(tmp_path):
+def test_cli_convert_takes_dtype_and_item_shape(tmp_path, cli):
     write_store(tmp_path / "old", [np.full(6, i, np.int16).tobytes() for i in range(5)])
     (tmp_path / "old" / "schema.msgpack").write_bytes(b"\x93")  # an array cut short
-    bad = _cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q")
+    bad = cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q")
     assert bad.returncode == 1 and "--dtype DTYPE and --item-shape SHAPE" in bad.stderr
-    ok = _cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q", "--dtype", "int16",
-              "--item-shape", "2,3", "--allow-tiny-records")
+    ok = cli("convert", str(tmp_path / "old"), str(tmp_path / "new"), "-q", "--dtype", "int16",
+             "--item-shape", "2,3", "--allow-tiny-records")
     assert ok.returncode == 0, ok.stderr
     col = _only(loaderx.open_dataset(tmp_path / "new"))
     assert col.item_shape == (2, 3) and col[4].tolist() == [[4] * 3] * 2
 
 
-def test_a_loaderx_store_is_not_taken_for_an_original_one(tmp_path):
+def test_a_loaderx_store_is_not_taken_for_an_original_one(tmp_path, cli):
     with DenseStore(tmp_path / "s", np.int32, (2,)) as s:
         s.append(np.zeros((3, 2), np.int32))
-    out = _cli("info", str(tmp_path / "s"))
+    out = cli("info", str(tmp_path / "s"))
     assert out.returncode == 0 and f"loaderx store format {_abi.FORMAT_VERSION}" in out.stdout
 
 

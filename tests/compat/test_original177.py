@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -25,7 +24,6 @@ from loaderx import DenseStore, RaggedStore
 from loaderx.zsampler import Sampler177
 from loaderx.errors import BusyError, CorruptStoreError, IdentityError, ReadOnlyError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORES = [
     "bytes_dict", "bytes_zstd", "dense_bool", "dense_deleted", "dense_deleted_compacted",
     "dense_dict_balanced", "dense_dict_fast", "dense_dict_max", "dense_empty",
@@ -113,25 +111,19 @@ def test_every_store_converts_exactly(old, tmp_path, name):
             assert col.codec == "zstd_dict" and col.dictionary() == s.dictionary()
 
 
-def test_info_and_verify_describe_a_1_7_store(old):
+def test_info_and_verify_describe_a_1_7_store(old, cli):
     root, _ = old
     for name, kind in (("dense_dict_max", "dense (uint8[192]); converts to a DenseStore uint8[192]"),
                        ("ragged_multichunk", "ragged (uint8); converts to a RaggedStore uint8")):
         path = os.path.join(root, name)
-        info = _cli("info", path)
+        info = cli("info", path)
         assert info.returncode == 0, info.stderr
         assert "a store of the original loaderx 1.7, format version 4" in info.stdout
         assert f"kind:      {kind}" in info.stdout
-        verify = _cli("verify", path)
+        verify = cli("verify", path)
         assert verify.returncode == 0, verify.stderr
         assert "records of a store written by the original loaderx 1.7 verified" in verify.stdout
-    assert "2 chunk files" in _cli("info", os.path.join(root, "ragged_multichunk")).stdout
-
-
-def _cli(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "loaderx", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    assert "2 chunk files" in cli("info", os.path.join(root, "ragged_multichunk")).stdout
 
 
 # ----------------------------------------------------------------- read-only, locked

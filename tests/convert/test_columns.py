@@ -12,15 +12,12 @@ scalar column.
 from __future__ import annotations
 
 import json
-import os
 import re
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from _helpers import assert_same
+from _helpers import assert_same, convert_quiet
 
 import loaderx
 from loaderx.converters import ConvertError
@@ -28,18 +25,6 @@ from loaderx.converters import ConvertError
 pd = pytest.importorskip("pandas", reason="pandas comes with the test extra (datasets)")
 pa = pytest.importorskip("pyarrow", reason="pyarrow is part of the test extra")
 pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is part of the test extra")
-
-ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
-
-
-def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
-def _convert(src, dest, **kw):
-    return loaderx.convert(src, dest, progress="off", **kw)
 
 
 def _iris_like() -> pd.DataFrame:
@@ -62,7 +47,7 @@ def _iris_like() -> pd.DataFrame:
     return df
 
 
-def test_a_pandas_table_with_nulls_converts_without_flags(tmp_path):
+def test_a_pandas_table_with_nulls_converts_without_flags(tmp_path, cli):
     df = _iris_like()
     df.to_parquet(tmp_path / "iris.parquet", row_group_size=16)
     ds = loaderx.convert(tmp_path / "iris.parquet", tmp_path / "ds", workers=2, progress="off")
@@ -102,11 +87,11 @@ def test_a_pandas_table_with_nulls_converts_without_flags(tmp_path):
     assert batch["name"][7] is None and batch["name"][0] == "n0"
     for col in ds.values():
         col.close()
-    out = _cli("verify", tmp_path / "ds")  # every store, the folded name.valid too
+    out = cli("verify", tmp_path / "ds")  # every store, the folded name.valid too
     assert out.returncode == 0 and "in 24 stores verified" in out.stdout, out.stderr
 
 
-def test_fill_null_instead_of_a_mask(tmp_path):
+def test_fill_null_instead_of_a_mask(tmp_path, cli):
     df = _iris_like()
     df.to_parquet(tmp_path / "iris.parquet")
     ds = loaderx.convert(tmp_path / "iris.parquet", tmp_path / "ds", progress="off",
@@ -122,12 +107,12 @@ def test_fill_null_instead_of_a_mask(tmp_path):
         loaderx.convert(tmp_path / "iris.parquet", tmp_path / "y", fill_null={"count": "abc"})
     with pytest.raises(ConvertError, match="fill_null value 'oak' is not one of its categories"):
         loaderx.convert(tmp_path / "iris.parquet", tmp_path / "z", fill_null={"species": "oak"})
-    out = _cli("convert", tmp_path / "iris.parquet", tmp_path / "cli", "--fill-null", "count=7",
-               "--fill-null", "ok=true", "-q")
+    out = cli("convert", tmp_path / "iris.parquet", tmp_path / "cli", "--fill-null", "count=7",
+              "--fill-null", "ok=true", "-q")
     assert out.returncode == 0, out.stderr
-    cli = loaderx.open_dataset(tmp_path / "cli")
-    assert cli["count"][3] == 7 and cli["ok"][5] and "ok.valid" not in cli
-    out = _cli("convert", tmp_path / "iris.parquet", tmp_path / "bad", "--fill-null", "count")
+    from_cli = loaderx.open_dataset(tmp_path / "cli")
+    assert from_cli["count"][3] == 7 and from_cli["ok"][5] and "ok.valid" not in from_cli
+    out = cli("convert", tmp_path / "iris.parquet", tmp_path / "bad", "--fill-null", "count")
     assert out.returncode == 2 and "expected COL=VALUE" in out.stderr
 
 
@@ -136,22 +121,22 @@ def test_a_null_deep_in_a_nested_column_is_filled_and_named(tmp_path):
     rows[7] = [[1.0, 2.0], [3.0, None]]
     table = pa.table({"a": pa.array(rows, pa.list_(pa.list_(pa.float64(), 2)))})
     pq.write_table(table, tmp_path / "n.parquet", row_group_size=4)
-    out = _convert(tmp_path / "n.parquet", tmp_path / "out")
+    out = convert_quiet(tmp_path / "n.parquet", tmp_path / "out")
     got = out["a"][7]
     assert got.shape == (2, 2) and got[1, 0] == 3.0 and np.isnan(got[1, 1])  # a float: NaN
     ints = pa.table({"a": pa.array([[1, 2]] * 7 + [[3, None]] + [[4]] * 2, pa.list_(pa.int32()))})
     pq.write_table(ints, tmp_path / "i.parquet", row_group_size=4)
     with pytest.warns(UserWarning, match=r"1 null values inside lists \(the first in row 7\) are stored as 0"):
-        out = _convert(tmp_path / "i.parquet", tmp_path / "iout")
+        out = convert_quiet(tmp_path / "i.parquet", tmp_path / "iout")
     assert_same(out["a"][7], np.array([3, 0], np.int32))
-    out = _convert(tmp_path / "i.parquet", tmp_path / "f", fill_null={"a": -1})
+    out = convert_quiet(tmp_path / "i.parquet", tmp_path / "f", fill_null={"a": -1})
     assert_same(out["a"][7], np.array([3, -1], np.int32))
 
 
-def test_flags_in_messages_are_shell_quoted(tmp_path):
+def test_flags_in_messages_are_shell_quoted(tmp_path, cli):
     table = pa.table({"a b": pa.array([{"x": 1}] * 3), "c": pa.array([1, 2, 3])})
     pq.write_table(table, tmp_path / "s.parquet")
-    out = _cli("convert", tmp_path / "s.parquet", tmp_path / "o")
+    out = cli("convert", tmp_path / "s.parquet", tmp_path / "o")
     assert out.returncode == 1 and "--skip-columns 'a b'" in out.stderr
     with pytest.raises(ConvertError, match=r"skip_columns=\['a b'\]"):
         loaderx.convert(tmp_path / "s.parquet", tmp_path / "o")
@@ -261,7 +246,7 @@ def shop(tmp_path_factory):
         "count": pd.array([1, None, 3, 4] * 5, dtype="Int64"),
         "name": pd.array(["a", None, "c", "d"] * 5, dtype="string"),
     }).to_parquet(tmp / "shop.parquet")
-    _convert(tmp / "shop.parquet", tmp / "shop")
+    convert_quiet(tmp / "shop.parquet", tmp / "shop")
     return tmp / "shop"
 
 
@@ -332,10 +317,10 @@ def test_a_mask_split_otherwise_than_its_column_reads_right(tmp_path):
     values' (this used to raise a raw IndexError in a predicate)."""
     pd.DataFrame({"x": pd.array(range(1000), dtype="Int64")}).to_parquet(
         tmp_path / "a.parquet", row_group_size=100)
-    _convert(tmp_path / "a.parquet", tmp_path / "ds", workers=2)
+    convert_quiet(tmp_path / "a.parquet", tmp_path / "ds", workers=2)
     pd.DataFrame({"x": pd.array([None if v % 10 == 0 else v for v in range(1000, 1100)],
                                 dtype="Int64")}).to_parquet(tmp_path / "b.parquet")
-    ds = _convert(tmp_path / "b.parquet", tmp_path / "ds", mode="append")
+    ds = convert_quiet(tmp_path / "b.parquet", tmp_path / "ds", mode="append")
     columns = json.loads((tmp_path / "ds" / "loaderx.json").read_text())["columns"]
     assert [s["rows"] for s in columns["x"]["shards"]] == [500, 500, 100]
     assert [s["rows"] for s in columns["x.valid"]["shards"]] == [1000, 100]
@@ -360,7 +345,7 @@ def test_a_zone_aware_timestamp_column_keeps_its_zone(tmp_path):
     times = _paris()
     pd.DataFrame({"at": times, "naive": times.dt.tz_localize(None)}).to_parquet(
         tmp_path / "t.parquet")
-    ds = _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    ds = convert_quiet(tmp_path / "t.parquet", tmp_path / "ds")
     entry = json.loads((tmp_path / "ds" / "loaderx.json").read_text())["columns"]["at"]
     assert entry["timezone"] == "Europe/Paris" and entry["dtype"] == "datetime64[us]"
     col = ds["at"]
@@ -382,14 +367,14 @@ def test_a_zone_aware_timestamp_column_keeps_its_zone(tmp_path):
         c.close()
 
 
-def test_info_shows_a_timestamp_column_with_its_zone(tmp_path):
+def test_info_shows_a_timestamp_column_with_its_zone(tmp_path, cli):
     pd.DataFrame({"at": _paris()}).to_parquet(tmp_path / "t.parquet")
-    _convert(tmp_path / "t.parquet", tmp_path / "ds")
-    text = _cli("info", tmp_path / "ds")
+    convert_quiet(tmp_path / "t.parquet", tmp_path / "ds")
+    text = cli("info", tmp_path / "ds")
     assert text.returncode == 0, text.stderr
     assert "  at datetime64[us, Europe/Paris]\n" in text.stdout
     assert "timezone:  Europe/Paris" in text.stdout
-    report = json.loads(_cli("info", tmp_path / "ds", "--json").stdout)
+    report = json.loads(cli("info", tmp_path / "ds", "--json").stdout)
     scalar = report["scalar_columns"]["at"]
     assert scalar["dtype"] == "datetime64[us, Europe/Paris]" and scalar["timezone"] == "Europe/Paris"
     assert report["columns"]["at"]["timezone"] == "Europe/Paris"
@@ -398,7 +383,7 @@ def test_info_shows_a_timestamp_column_with_its_zone(tmp_path):
 def test_lists_of_zone_aware_timestamps_keep_the_zone(tmp_path):
     stamps = pa.array([[0, 3_600_000_000], [7_200_000_000]], pa.list_(pa.timestamp("us", tz="UTC")))
     pq.write_table(pa.table({"visits": stamps}), tmp_path / "t.parquet")
-    ds = _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    ds = convert_quiet(tmp_path / "t.parquet", tmp_path / "ds")
     assert ds["visits"].timezone == "UTC"
     assert_same(ds["visits"][1], np.array(["1970-01-01T02:00"], "datetime64[us]"))
     ds["visits"].close()
@@ -406,22 +391,22 @@ def test_lists_of_zone_aware_timestamps_keep_the_zone(tmp_path):
 
 def test_an_append_in_another_zone_is_refused_and_the_same_zone_appends(tmp_path):
     pd.DataFrame({"at": _paris(2)}).to_parquet(tmp_path / "a.parquet")
-    _convert(tmp_path / "a.parquet", tmp_path / "ds")
+    convert_quiet(tmp_path / "a.parquet", tmp_path / "ds")
     pd.DataFrame({"at": _paris(2).dt.tz_convert("UTC")}).to_parquet(tmp_path / "utc.parquet")
     with pytest.raises(ConvertError, match=r"'at': the dataset's timestamps are in "
                                            r"Europe/Paris, the new data's in UTC"):
-        _convert(tmp_path / "utc.parquet", tmp_path / "ds", mode="append")
+        convert_quiet(tmp_path / "utc.parquet", tmp_path / "ds", mode="append")
     pd.DataFrame({"at": _paris(2).dt.tz_localize(None)}).to_parquet(tmp_path / "naive.parquet")
     with pytest.raises(ConvertError, match="the new data's without a zone"):
-        _convert(tmp_path / "naive.parquet", tmp_path / "ds", mode="append")
-    ds = _convert(tmp_path / "a.parquet", tmp_path / "ds", mode="append")
+        convert_quiet(tmp_path / "naive.parquet", tmp_path / "ds", mode="append")
+    ds = convert_quiet(tmp_path / "a.parquet", tmp_path / "ds", mode="append")
     assert len(ds["at"]) == 4 and ds["at"].timezone == "Europe/Paris"
     ds["at"].close()
 
 
 def test_a_malformed_timezone_in_a_manifest_is_refused(tmp_path):
     pd.DataFrame({"at": _paris(2), "n": [1, 2]}).to_parquet(tmp_path / "t.parquet")
-    _convert(tmp_path / "t.parquet", tmp_path / "ds")
+    convert_quiet(tmp_path / "t.parquet", tmp_path / "ds")
     path = tmp_path / "ds" / "loaderx.json"
     for column, zone in (("at", 7), ("at", ""), ("n", "UTC")):
         manifest = json.loads(path.read_text())

@@ -12,14 +12,10 @@ import time
 
 import numpy as np
 import pytest
+from _helpers import ROOT, convert_quiet
 
 import loaderx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _convert(src, dest, **kw):
-    return loaderx.convert(src, dest, progress="off", **kw)
 
 
 _SLOW_SOURCE = '''
@@ -131,7 +127,7 @@ def test_more_workers_than_cores_run_a_core_s_worth_at_a_time(tmp_path, monkeypa
     monkeypatch.setattr(_run.subprocess, "Popen", popen)
     x = np.arange(30, dtype=np.int64).reshape(10, 3)
     np.save(tmp_path / "x.npy", x)
-    _convert(tmp_path / "x.npy", tmp_path / "out", workers=3)
+    convert_quiet(tmp_path / "x.npy", tmp_path / "out", workers=3)
     assert len(started) == 3
     col = loaderx.open_dataset(tmp_path / "out")["x"]
     assert col[np.arange(10)].tolist() == x.tolist()

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import pytest
+from _helpers import ROOT, convert_quiet
 
 import loaderx
 from loaderx.errors import ZrecordError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_flock = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
 
 
@@ -40,10 +40,6 @@ def _column_dir(path, column: str) -> str:
 
 
 # ----------------------------------------------------------------- overwrite vs readers
-
-def _convert(src, dest, **kw):
-    return loaderx.convert(src, dest, progress="off", **kw)
-
 
 _WRITER = """
 import os, sys, time
@@ -221,7 +217,7 @@ def test_a_killed_conversion_s_leftovers_are_swept_by_the_next_one(tmp_path):
         subprocess.run([sys.executable, "-c", child, str(tmp_path / "out")], check=False)
     killed = [n for n in os.listdir(tmp_path) if "loaderx-partial" in n]
     assert len(killed) == 1
-    _convert(tmp_path / "x.npy", tmp_path / "other")  # another destination: touches nothing
+    convert_quiet(tmp_path / "x.npy", tmp_path / "other")  # another destination: touches nothing
     assert (tmp_path / killed[0]).is_dir()
     fresh = tmp_path / ".out.loaderx-partial-fresh"  # unowned, just made: kept
     stale = tmp_path / ".out.loaderx-partial-stale"  # unowned, old: removed
@@ -233,11 +229,11 @@ def test_a_killed_conversion_s_leftovers_are_swept_by_the_next_one(tmp_path):
     live = Destination(tmp_path / "out", "create", loaderx.converters._columns.Flags())
     live.begin([])  # a conversion still running in this process; it swept already
     assert not (tmp_path / killed[0]).exists() and not stale.exists()
-    _convert(tmp_path / "x.npy", tmp_path / "out")
+    convert_quiet(tmp_path / "x.npy", tmp_path / "out")
     left = sorted(n for n in os.listdir(tmp_path) if n.startswith(".out."))
     assert left == sorted([os.path.basename(live.staging), fresh.name, old.name])
     # (out was missing: the old copy may be all there is of it, so it stayed)
-    _convert(tmp_path / "x.npy", tmp_path / "out", mode="overwrite")
+    convert_quiet(tmp_path / "x.npy", tmp_path / "out", mode="overwrite")
     assert not old.exists()
     live.abort()
     assert loaderx.open_dataset(tmp_path / "out")["x"][[3]].tolist() == [[9, 10, 11]]
@@ -259,22 +255,22 @@ def test_conversions_into_one_dataset_never_lose_each_other_s_rows(tmp_path):
     x = np.arange(12).reshape(4, 3)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
-    _convert(tmp_path / "x.npy", out)
+    convert_quiet(tmp_path / "x.npy", out)
     held = lock_dataset(str(out))  # an append or overwrite still running
     for mode in ("append", "overwrite"):
         with pytest.raises(LockedError, match="another conversion is writing to this dataset"):
-            _convert(tmp_path / "x.npy", out, mode=mode)
+            convert_quiet(tmp_path / "x.npy", out, mode=mode)
     os.close(held)
     orphan = out / "gen-000001" / "x" / "part-00007"  # an append killed before its manifest
     orphan.mkdir()
     (orphan / "data").write_bytes(b"x" * 100)
-    _convert(tmp_path / "x.npy", out, mode="append")
+    convert_quiet(tmp_path / "x.npy", out, mode="append")
     assert not orphan.exists()
     assert sorted(os.listdir(out / "gen-000001" / "x")) == ["part-00000", "part-00001"]
     assert loaderx.open_dataset(out)["x"][np.arange(8)].tolist() == x.tolist() * 2
     late = Destination(tmp_path / "new", "create", Flags())
     late.begin([])  # a create that started before the one below finished
-    _convert(tmp_path / "x.npy", tmp_path / "new")
+    convert_quiet(tmp_path / "x.npy", tmp_path / "new")
     with pytest.raises(DestinationExistsError, match="appeared while this conversion ran"):
         late.commit([], {}, [], {})
     late.abort()

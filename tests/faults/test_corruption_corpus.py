@@ -73,6 +73,8 @@ if sys.platform == "win32":
 
 import _fuzz  # noqa: E402
 import _fuzz_cases  # noqa: E402
+import _fuzz_common  # noqa: E402
+import _fuzz_crafted  # noqa: E402
 from _lxformat import StoreImage, block, frame, raw_frame  # noqa: E402
 from _lxlayout import SEED_BLOB, SEED_COMMIT, SEED_HEADER  # noqa: E402
 from _xxhash import xxh64  # noqa: E402
@@ -85,7 +87,7 @@ SEED = int(os.environ.get("LOADERX_FUZZ_SEED", "11"))
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz-bases")
-    made = _fuzz_cases.build_bases(str(root))
+    made = _fuzz_common.build_bases(str(root))
     path = str(root / "bases.pkl")
     _fuzz.save_bases(made, path)
     return made, path
@@ -151,7 +153,7 @@ def test_forged_stores_are_valid_to_the_engine(bases, tmp_path):
     for name in ("bytes_dict", "dense_raw"):
         img = StoreImage(made[name].files)
         n = img.count
-        entries, c, after = _fuzz_cases._delete_plan(img, random.Random(3), 2)
+        entries, c, after = _fuzz_crafted.delete_plan(img, random.Random(3), 2)
         img.put_journal(entries, c)
         img.write(tmp_path / f"journal-{name}")
         z = Zrecord if name == "bytes_dict" else DenseStore

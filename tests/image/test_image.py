@@ -415,20 +415,11 @@ def test_the_torch_and_jax_adapters_hand_over_image_batches(image_ds):
     assert arr.shape == (4, 3, 16, 16) and np.allclose(np.asarray(arr), batch["image"].numpy())
 
 
-def test_a_remote_image_dataset_goes_through_the_pipeline(image_ds, image_dir, tmp_path):
-    pytest.importorskip("obstore")
-    pytest.importorskip("moto")
-    sys.path.insert(0, os.path.dirname(__file__))
-    from _servers import MotoS3
-
-    server = MotoS3()
-    try:
-        url = server.upload_dir(image_dir, "images")
-        remote = loaderx.open_dataset(url, cache_dir=str(tmp_path / "cache"),
-                                      storage_options=server.options())
-        with loaderx.DataLoader(remote, batch_size=4, seed=3, image={"image": TRAIN}) as a, \
-                loaderx.DataLoader(image_ds, batch_size=4, seed=3, image={"image": TRAIN}) as b:
-            for _ in range(3):
-                assert np.array_equal(next(a)["image"], next(b)["image"])
-    finally:
-        server.stop()
+def test_a_remote_image_dataset_goes_through_the_pipeline(image_ds, image_dir, tmp_path, s3):
+    url = s3.upload_dir(image_dir, "images")
+    remote = loaderx.open_dataset(url, cache_dir=str(tmp_path / "cache"),
+                                  storage_options=s3.options())
+    with loaderx.DataLoader(remote, batch_size=4, seed=3, image={"image": TRAIN}) as a, \
+            loaderx.DataLoader(image_ds, batch_size=4, seed=3, image={"image": TRAIN}) as b:
+        for _ in range(3):
+            assert np.array_equal(next(a)["image"], next(b)["image"])

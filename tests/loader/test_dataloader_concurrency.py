@@ -16,17 +16,11 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import ROOT, WAIT_S, counting_store, within
+from _helpers import ROOT, WAIT_S, within
 from _storm import storm_next
 
 from loaderx import DataLoader, DenseStore
 from loaderx.errors import ClosedError
-
-
-@pytest.fixture
-def store(tmp_path):
-    """A dense store whose record i is i (int64), 200 records."""
-    yield from counting_store(tmp_path)
 
 
 def identity(batch):

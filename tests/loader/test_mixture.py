@@ -16,15 +16,8 @@ import math
 
 import numpy as np
 import pytest
-from _helpers import counting_store
 
 from loaderx import DataLoader, DenseStore, Mixture, RaggedStore, ShardSet
-
-
-@pytest.fixture
-def store(tmp_path):
-    """A dense store whose record i is i (int64), 200 records."""
-    yield from counting_store(tmp_path)
 
 
 def make_sources(tmp_path, sizes=(500, 300, 200)):

@@ -16,16 +16,7 @@ from loaderx.zsampler import Sampler
 from _helpers import loader_threads
 
 
-def worker_threads():
-    return loader_threads()
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leaks():
-    yield
-    import gc
-    gc.collect()
-    assert worker_threads() == [], "a test left loaderx threads running"
+pytestmark = pytest.mark.usefixtures("no_thread_leaks")
 
 
 @pytest.fixture
@@ -351,7 +342,7 @@ def test_close_waits_for_a_prefetch_in_progress(growing):
     loader = DataLoader({"x": stream}, 10, mode="sequential", workers=1, prefetch=1)
     next(loader)
     loader.close()
-    assert worker_threads() == []
+    assert loader_threads() == []
 
 
 # ----------------------------------------------------------------- prefetch_bytes

@@ -9,9 +9,8 @@ import subprocess
 import pytest
 
 from loaderx import _abi, _lib, errors
-from _helpers import assert_generated_current
+from _helpers import ROOT, assert_generated_current
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_generated_bindings_are_current(tmp_path):

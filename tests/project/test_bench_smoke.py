@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import ROOT
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(ROOT) / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import bench  # noqa: E402

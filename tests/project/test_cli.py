@@ -14,22 +14,20 @@ import numpy as np
 import pytest
 
 import loaderx
+from _helpers import ROOT
 from loaderx import DenseStore, RaggedStore
 from loaderx import __main__ as cli
 from loaderx.__main__ import main
 
-ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
 
+@pytest.fixture
+def run(cli):
+    """The conftest's CLI runner with progress logged at every step
+    (``LOADERX_LOG_INTERVAL=0``); ``env_extra`` adds to the environment."""
+    def run(*args, env_extra=None):
+        return cli(*args, env={"LOADERX_LOG_INTERVAL": "0", **(env_extra or {})})
 
-def run(*args, env_extra=None):
-    env = {**os.environ, "PYTHONPATH": ROOT, "LOADERX_LOG_INTERVAL": "0", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "loaderx", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return run
 
 
 @pytest.fixture
@@ -40,7 +38,7 @@ def npz(tmp_path):
     return tmp_path / "d.npz", x
 
 
-def test_version_and_usage(capsys):
+def test_version_and_usage(capsys, run):
     out = run("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"loaderx {loaderx.__version__}"
     out = run("convert")
@@ -52,7 +50,7 @@ def test_version_and_usage(capsys):
     assert err.startswith("loaderx info: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_convert_info_verify_compact(tmp_path, npz):
+def test_convert_info_verify_compact(tmp_path, npz, run):
     src, x = npz
     out = run("convert", src, tmp_path / "ds", "--workers", "2")
     assert out.returncode == 0, out.stderr
@@ -90,7 +88,7 @@ def test_convert_info_verify_compact(tmp_path, npz):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
-def test_info_of_a_single_store_and_tiny_records(tmp_path):
+def test_info_of_a_single_store_and_tiny_records(tmp_path, run):
     with RaggedStore(tmp_path / "r", np.int32) as r:
         r.append([np.arange(n, dtype=np.int32) for n in (1, 2, 3)] * 100)
     out = run("info", tmp_path / "r", "--json")
@@ -107,7 +105,7 @@ def test_info_of_a_single_store_and_tiny_records(tmp_path):
     assert report["index_bytes"] == 40 and report["ratio"] == 1.0
 
 
-def test_convert_flags_reach_the_converter(tmp_path):
+def test_convert_flags_reach_the_converter(tmp_path, run):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
     out = run("convert", tmp_path / "tok.npy", tmp_path / "t0", "-q")  # a scalar column
     assert out.returncode == 0, out.stderr
@@ -140,7 +138,7 @@ def test_convert_flags_reach_the_converter(tmp_path):
     assert out.returncode == 2
 
 
-def test_train_dict_and_dict_conversion(tmp_path):
+def test_train_dict_and_dict_conversion(tmp_path, run):
     rng = np.random.default_rng(5)
     words = [b"alpha ", b"beta ", b"gamma ", b"delta "]
     rows = np.array(
@@ -168,7 +166,7 @@ def test_cli_train_dict_refuses_a_damaged_npy(tmp_path, capsys):
     assert len(err) == 1 and "bad.npy: not a readable .npy array" in err[0]
 
 
-def test_demo_runs_and_checks_its_options():
+def test_demo_runs_and_checks_its_options(run):
     out = run("demo", "--records", "500", "--steps", "5")
     assert out.returncode == 0, out.stderr
     out = run("demo", "--records", "0")
@@ -191,7 +189,7 @@ def test_demo_refuses_bad_seed_and_workers_before_building(args, words, capsys):
     assert "built" not in captured.out  # refused before writing any store
 
 
-def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz):
+def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz, run):
     src, _ = npz
     assert run("convert", src, tmp_path / "ds", "-q").returncode == 0
     env = {**os.environ, "PYTHONPATH": ROOT}
@@ -207,7 +205,7 @@ def test_info_into_a_closed_pipe_exits_quietly(tmp_path, npz):
     assert err == ""
 
 
-def test_warnings_name_the_input_not_loaderx_source_lines(tmp_path):
+def test_warnings_name_the_input_not_loaderx_source_lines(tmp_path, run):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
     out = run("convert", tmp_path / "tok.npy", tmp_path / "t", "--row-length", "3000", "-q")
     assert out.returncode == 0, out.stderr
@@ -217,7 +215,7 @@ def test_warnings_name_the_input_not_loaderx_source_lines(tmp_path):
     )
 
 
-def test_progress_shows_records_and_bytes_from_the_first_batch(tmp_path):
+def test_progress_shows_records_and_bytes_from_the_first_batch(tmp_path, run):
     members = [(f"s{i:05d}.txt", bytes(200) + b"%d" % i) for i in range(3000)]
     _tar_file(tmp_path / "t.tar", members)
     out = run("convert", tmp_path / "t.tar", tmp_path / "o")
@@ -235,7 +233,7 @@ def test_progress_shows_records_and_bytes_from_the_first_batch(tmp_path):
     assert first.startswith("convert: 64/4,096 rows") and "64.0 KiB read" in first
 
 
-def test_info_shows_labels_files_and_keys(tmp_path):
+def test_info_shows_labels_files_and_keys(tmp_path, run):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
     for cls in ("ant", "bee"):
         (tmp_path / "imgs" / cls).mkdir(parents=True)
@@ -276,7 +274,7 @@ def _tar_file(path, members) -> None:
             tf.addfile(info, io.BytesIO(data))
 
 
-def test_convert_image_column_flags(tmp_path):
+def test_convert_image_column_flags(tmp_path, run):
     Image = pytest.importorskip("PIL.Image", reason="Pillow is part of the test extra")
     import io
 

@@ -31,8 +31,8 @@ from typing import List, Optional
 import pytest
 
 from _user_code import run_python
+from _helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(
     os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
     if name.endswith(".md"))
@@ -78,9 +78,10 @@ def uses_s3(code: str) -> bool:
 class Page:
     """One page's run: its directory, its server, and how far it got."""
 
-    def __init__(self, blocks: List[Block], directory):
+    def __init__(self, blocks: List[Block], directory, s3=None):
         self.blocks = blocks
         self.directory = directory
+        self.s3 = s3  # () -> the session's MotoS3 (the conftest's `s3` fixture)
         self.done = 0  # blocks run so far, in page order
         self.failed: Optional[Block] = None
         self.skipped: List[str] = []  # "page:line (why)" of blocks skipped
@@ -90,9 +91,8 @@ class Page:
     def start_server(self) -> None:
         pytest.importorskip("moto")
         pytest.importorskip("obstore")
-        from _servers import MotoS3
-
-        self.server = MotoS3("my-bucket")
+        # The suite's one S3 server, with the pages' bucket made anew for this page.
+        self.server = self.s3().fresh_bucket("my-bucket")
         self.env = self.server.env
         self.restore = heads_as_on_aws()
 
@@ -133,7 +133,6 @@ class Page:
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.stop()
             self.restore()
 
 
@@ -157,14 +156,16 @@ def heads_as_on_aws():
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Each page's run, made when its first block runs."""
+def pages(tmp_path_factory, request):
+    """Each page's run, made when its first block runs (the S3 server is
+    started when a page's first object-storage block runs)."""
     runs: dict = {}
 
     def get(page: str) -> Page:
         if page not in runs:
             name = re.sub(r"[^A-Za-z0-9]+", "-", page)
-            runs[page] = Page(PAGES[page], tmp_path_factory.mktemp(name))
+            runs[page] = Page(PAGES[page], tmp_path_factory.mktemp(name),
+                              lambda: request.getfixturevalue("s3"))
         return runs[page]
 
     yield get

@@ -3,7 +3,7 @@ examples/NAME.py`` in a fresh process (working directory: a temporary one),
 and must exit 0 within the timeout. A script that imports a package this
 environment lacks is skipped, naming the package (the test extra installs
 every one they use). The Python blocks of README.md and docs/*.md run in
-tests/test_docs.py.
+tests/project/test_docs.py.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import ROOT as REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_harness  # noqa: E402

@@ -5,7 +5,9 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _helpers import ROOT as REPO
+
+ROOT = Path(REPO)
 sys.path.insert(0, str(ROOT / "scripts"))
 import build_wheels as bw  # noqa: E402  (scripts/ is not a package)
 

@@ -9,7 +9,7 @@ wrong exports, a wrong tag, CPU or libc.
 Slow, and skipped unless LOADERX_WHEEL_TEST=1 is set (minutes: Zig builds plus fresh
 virtualenvs that install numpy and friends from the index):
 
-    LOADERX_WHEEL_TEST=1 python -m pytest -q tests/test_wheels.py
+    LOADERX_WHEEL_TEST=1 python -m pytest -q tests/project/test_wheels.py
 
 - the host's wheel: `build_wheels.py --only <host tag>` builds the sdist and, from it, the
   host's wheel through setup.py, retags and audits it; the wheel is installed into a fresh
@@ -34,8 +34,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _helpers import ROOT as REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 _spec = importlib.util.spec_from_file_location("build_wheels", ROOT / "scripts" / "build_wheels.py")
 bw = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("build_wheels", bw)

@@ -18,9 +18,6 @@ import os
 import pickle
 import re
 import shutil
-import subprocess
-import sys
-import threading
 
 import numpy as np
 import pytest
@@ -43,7 +40,6 @@ except ImportError:  # the DuckDB cases are skipped, naming the package
                                                                    "duckdb"))]
 
 N = 3000
-ROOT = os.path.dirname(os.path.dirname(loaderx.__file__))
 
 
 def _frame() -> pd.DataFrame:
@@ -596,29 +592,23 @@ def _make_loader(streams, rank, world):
     return loaderx.DataLoader(streams, 8, seed=0, shard=(rank, world), workers=1)
 
 
-def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
-def test_cli_select_and_info(data, tmp_path):
+def test_cli_select_and_info(data, tmp_path, cli):
     tmp, df, _, _, _ = data
     want = _rows(_na(df.label == 3) & _na(df.score > .5, df.score))
-    out = _cli("select", tmp / "ds", "label = 3 AND score > 0.5", "--count")
+    out = cli("select", tmp / "ds", "label = 3 AND score > 0.5", "--count")
     assert out.returncode == 0 and out.stdout.strip() == str(len(want)), out.stderr
-    out = _cli("select", tmp / "ds", "label = 3 AND score > 0.5", "--out", tmp_path / "i.npy")
+    out = cli("select", tmp / "ds", "label = 3 AND score > 0.5", "--out", tmp_path / "i.npy")
     assert out.returncode == 0 and f"selected {len(want):,} of 3,000 records" in out.stdout
     assert_same(np.load(tmp_path / "i.npy"), want)
-    out = _cli("select", tmp / "ds", "lable = 3")
+    out = cli("select", tmp / "ds", "lable = 3")
     assert out.returncode == 1 and "unknown column 'lable'" in out.stderr
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
-    out = _cli("info", tmp / "ds", "--json")
+    out = cli("info", tmp / "ds", "--json")
     scalars = json.loads(out.stdout)["scalar_columns"]
     assert scalars["label"] == {"type": "int", "dtype": "int32", "nullable": False}
     assert scalars["lang"]["categories"] == ["en", "de", "fr"] and scalars["lang"]["nullable"]
     assert scalars["name"]["type"] == "string" and "vec" not in scalars and "tokens" not in scalars
-    out = _cli("info", tmp / "ds")
+    out = cli("info", tmp / "ds")
     assert "scalar columns" in out.stdout and "lang categorical string (3: en, de, fr)" in out.stdout
 
 

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 import pytest
 
+from _helpers import ROOT
 from loaderx import _buffers
 from loaderx._buffers import HUGE_PAGE_BYTES, PAGE_BYTES, POOL
 from loaderx._lib import ffi
@@ -429,9 +430,8 @@ def test_a_batch_still_held_at_interpreter_exit_is_freed_quietly(big_records):
               "s = DenseStore(sys.argv[1])\n"
               "t = torch.from_numpy(s[np.arange(64)])\n"
               "v = s[np.arange(64)][1:]\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script, store.path], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=root))
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Exception ignored" not in out.stderr, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]

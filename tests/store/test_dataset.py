@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import assert_same
+from _helpers import ROOT as REPO, assert_same
 
 from loaderx.dataset import from_iterator, from_numpy, open_store, pad
 from loaderx.errors import IdentityError, NotAStoreError, ZrecordError
 from loaderx.zrecord import DenseStore, RaggedStore, Zrecord, train_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(REPO)
 STRUCT = np.dtype([("a", "<i4"), ("b", "<f8", (2,))])
 
 

@@ -7,13 +7,14 @@ import sys
 import msgpack
 import numpy as np
 import pytest
+from _helpers import TESTS
 from _lxformat import pack_identity, rewrite_identity
 
 import loaderx
 from loaderx import DenseStore, open_store
 from loaderx.errors import CorruptStoreError, NewerFormatError
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
+sys.path.insert(0, os.path.join(TESTS, "fixtures"))
 import format2_stores  # noqa: E402
 
 
