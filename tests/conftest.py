@@ -31,6 +31,13 @@ os.environ.setdefault("LOADERX_CACHE_LIMIT", "4GiB")
 from _helpers import counting_store, run_cli  # noqa: E402
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The fast tier first, then the tests marked ``slow``, each in the order
+    collected (after the folders' conftest.py files have marked theirs)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
 @pytest.fixture(scope="session")
 def s3():
     """moto's S3 server on loopback with the bucket ``loaderx-test``

@@ -209,3 +209,13 @@ def test_design_names_every_export_of_the_c_abi():
     assert exports - named == set(), "exports design.md does not name"
     assert named - exports == set(), "names design.md gives that are not exports"
     assert f"Its {len(exports)} functions" in design
+
+
+def test_the_readme_gives_the_command_ci_runs():
+    """README.md's one test command is the one .ci/run runs, word for word, and
+    it runs the fast tier before the slow one."""
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        (command,) = [line for line in f.read().splitlines() if line.startswith("pip install")]
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert f"\n    {command}\n" in f.read()
+    assert 0 < command.index('pytest -q -m "not slow"') < command.index("pytest -q -m slow")
