@@ -21,7 +21,7 @@ CODECS = _abi.CODECS
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 # Result code name -> exception class: every native code maps to exactly one
-# class (tests/test_abi.py checks the two lists agree).
+# class (tests/project/test_abi.py checks the two lists agree).
 ERROR_CLASSES = {
     "io": errors.ZrecordIOError,
     "invalid": errors.InvalidArgumentError,

@@ -5,7 +5,7 @@ started on 1.7.7 continues here with the same batches
 default: checkpoints of loaderx 3 depend on it.
 
 What 1.7.7 computes (its src/zsampler.zig, confirmed against the installed
-package by tests/test_original177.py), for ``length`` L, ``batch_size`` B,
+package by tests/compat/test_original177.py), for ``length`` L, ``batch_size`` B,
 ``seed`` S (default 42) and step s:
 
 * SEQUENTIAL (0): ``(s*B + i) % L`` for i in 0..B.

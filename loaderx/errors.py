@@ -5,7 +5,7 @@ Where a standard exception says the same thing, the class also derives from it,
 so ``except FileNotFoundError`` / ``IndexError`` / ``TypeError`` work as usual.
 
 Every exception loaderx raises on purpose is defined here and exported from the
-package top level (``loaderx.CorruptStoreError``...; tests/test_tidy.py checks
+package top level (``loaderx.CorruptStoreError``...; tests/project/test_tidy.py checks
 both), so one ``except loaderx.LoaderxError`` catches them all and each can be
 caught by name without knowing which module raised it.
 

@@ -28,7 +28,7 @@ A generated block is the text between a line
   limits        the limits the bars are held against, one column per
                 machine kind (its runs: KIND.json and KIND-remote.json).
 
-tests/test_perf_docs.py checks that every block is what its JSON makes.
+tests/project/test_perf_docs.py checks that every block is what its JSON makes.
 """
 from __future__ import annotations
 

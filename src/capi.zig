@@ -1,7 +1,7 @@
 //! The C ABI of libloaderx: the only file that exports symbols. Read it as the
 //! library's header. loaderx/_abi.py (the cffi declarations and every shared
 //! constant) is generated from this file by `zig build bindings`
-//! (src/gen_bindings.zig); tests/test_abi.py regenerates it and fails on any
+//! (src/gen_bindings.zig); tests/project/test_abi.py regenerates it and fails on any
 //! difference, and checks that the library exports nothing else.
 //!
 //! Conventions for every function below:

@@ -2,7 +2,7 @@
 //! directory (create, write, fsync, truncate, rename, unlink, mkdir, and the
 //! directory fsync that makes a name durable) goes through this file, so that
 //! tests can make the N-th such call fail (fault injection) or record every one
-//! of them to simulate a power loss afterwards (see tests/test_faults.py).
+//! of them to simulate a power loss afterwards (see tests/faults/test_faults.py).
 //!
 //! Files the engine opens are opened relative to the store's directory handle
 //! with no-follow semantics: a symlink planted inside a store (say `journal`

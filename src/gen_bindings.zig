@@ -3,7 +3,7 @@
 //! types, and every constant Python shares with the library (result codes
 //! with their names, codecs, sampler modes, gather parts, blob ids, fault
 //! kinds, loader bounds, the format version, struct sizes). Nothing is kept
-//! twice by hand: tests/test_abi.py regenerates the file and fails on any
+//! twice by hand: tests/project/test_abi.py regenerates the file and fails on any
 //! difference.
 const std = @import("std");
 const capi = @import("capi.zig");

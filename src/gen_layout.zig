@@ -4,8 +4,8 @@
 //! (magics, versions, offsets, checksum seeds, file names, enums), and the
 //! node-local cache's mapped state files. The test forger
 //! (tests/_lxformat.py) builds and damages store files with them, so its
-//! layouts cannot drift from the engine's: tests/test_format_layout.py
-//! regenerates the file and fails on any difference, as tests/test_abi.py
+//! layouts cannot drift from the engine's: tests/store/test_format.py
+//! regenerates the file and fails on any difference, as tests/project/test_abi.py
 //! does for loaderx/_abi.py.
 const std = @import("std");
 const format = @import("format.zig");

@@ -1,4 +1,5 @@
-"""Child processes for the crash and locking tests in ``tests/test_engine.py``.
+"""Child processes for the crash and locking tests of the byte store
+(``tests/store/test_bytes_crash.py``, ``tests/store/test_bytes_concurrency.py``).
 
 ``python _crash_writer.py zygote``
     Imports loaderx once, prints ``ready``, then serves commands read from

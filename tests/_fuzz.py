@@ -3,7 +3,7 @@ gathers and verifies hostile stores one after another, and a driver that feeds
 workers case numbers, notices a worker's death (a crash) or silence (a hang),
 blames the case in flight, and starts a fresh worker for the rest.
 
-The invariants each case is held to are stated in tests/test_corruption_corpus.py.
+The invariants each case is held to are stated in tests/faults/test_corruption_corpus.py.
 
     python tests/_fuzz.py repro SEED I [DIR]   # one case in this process, files kept in DIR
 """
@@ -344,7 +344,7 @@ def run_case(case, records: list, workdir: str) -> dict:
 
 
 def case_kind(case) -> str:
-    from _fuzz_cases import KINDS
+    from _fuzz_common import KINDS
 
     return KINDS[case.base]
 
@@ -366,7 +366,7 @@ def summarize(out: Outcome) -> dict:
 
 
 def load_bases(path: str) -> dict:
-    from _fuzz_cases import Base
+    from _fuzz_common import Base
 
     with open(path, "rb") as f:
         raw = pickle.load(f)
@@ -421,7 +421,7 @@ def open_descriptors() -> int | None:
 def _warm_up(bases: dict, workdir: str) -> None:
     """Runs each intact base once, so lazily opened descriptors exist before
     the first case is counted."""
-    from _fuzz_cases import Case
+    from _fuzz_common import Case
     from _lxformat import StoreImage
 
     for base in bases.values():
@@ -778,7 +778,8 @@ def repro(seed: int, i: int, keep: str | None = None) -> dict:
     """Builds the bases, runs case i in this process (with a worker's limits), prints it."""
     limit_resources()
     faulthandler.enable()
-    from _fuzz_cases import build_bases, make_case
+    from _fuzz_cases import make_case
+    from _fuzz_common import build_bases
 
     root = keep or tempfile.mkdtemp(prefix="lxfuzz-")
     bases = build_bases(os.path.join(root, "bases"))

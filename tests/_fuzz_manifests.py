@@ -1,4 +1,4 @@
-"""The seeded fuzz corpus of hostile dataset manifests (tests/test_corruption_corpus.py).
+"""The seeded fuzz corpus of hostile dataset manifests (tests/faults/test_corruption_corpus.py).
 
 A template dataset directory is made from the five base stores of
 tests/_fuzz_cases.py (a quarter of the manifests are version 1, without a

@@ -1,4 +1,4 @@
-"""The seeded fuzz corpus of predicates (tests/test_select_hostile.py).
+"""The seeded fuzz corpus of predicates (tests/select/test_select_hostile.py).
 
 A small dataset (`write_dataset`: an int column ``i``, a float32 column
 ``f`` with NaNs, a nullable int ``n`` and a nullable bool ``b``, both with

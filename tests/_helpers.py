@@ -7,7 +7,9 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The folder of the shared test modules (tests/), and the repository root.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 
 def assert_same(got, expected) -> None:
@@ -98,3 +100,20 @@ def counting_store(tmp_path, count: int = 200):
     with DenseStore(tmp_path / "x", np.int64, ()) as ds:
         ds.append(np.arange(count, dtype=np.int64))
         yield ds
+
+
+def run_cli(*args, cwd=None, env=None, timeout: float = 300):
+    """``python -m loaderx ARGS`` as a user runs it: a fresh process with the
+    repository on PYTHONPATH (`env` adds to the environment); returns the
+    CompletedProcess, its output as text (the conftest's `cli` fixture)."""
+    full = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)],
+                          capture_output=True, text=True, env=full, cwd=cwd, timeout=timeout)
+
+
+def convert_quiet(src, dest, **kw):
+    """`loaderx.convert` without its progress bar (what the converter tests
+    call: the bar is tested on its own)."""
+    import loaderx
+
+    return loaderx.convert(src, dest, progress="off", **kw)

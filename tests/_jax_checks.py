@@ -1,4 +1,4 @@
-"""Checks of loaderx.jax, run by tests/test_jax.py in child processes.
+"""Checks of loaderx.jax, run by tests/adapters/test_jax.py in child processes.
 
 JAX reads ``XLA_FLAGS`` (``--xla_force_host_platform_device_count``) once, at
 its first import, so these checks cannot run inside the pytest process: the

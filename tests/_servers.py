@@ -3,6 +3,7 @@
 fault-injecting HTTP proxy that also counts what crosses it."""
 from __future__ import annotations
 
+import copy
 import email.utils
 import hashlib
 import http.client
@@ -318,6 +319,21 @@ class MotoS3:
                 rel = os.path.relpath(path, local).replace(os.sep, "/")
                 c.upload_file(path, self.bucket, f"{prefix}/{rel}")
         return f"s3://{self.bucket}/{prefix}"
+
+    def fresh_bucket(self, bucket: str) -> "MotoS3":
+        """This server with bucket `bucket` made anew (empty, no policy): a
+        view that shares the server, for tests that need a bucket of their
+        own on the session's server. Stop the server, not the view."""
+        c = self.client()
+        if any(b["Name"] == bucket for b in c.list_buckets().get("Buckets", [])):
+            for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                for item in page.get("Contents", []):
+                    c.delete_object(Bucket=bucket, Key=item["Key"])
+            c.delete_bucket(Bucket=bucket)
+        c.create_bucket(Bucket=bucket)
+        view = copy.copy(self)
+        view.bucket = bucket
+        return view
 
     def stop(self) -> None:
         self.server.stop()

@@ -7,12 +7,12 @@ implementation written from the published algorithm pins the format. The
 format's checksums come from Zig's std.hash, so a Zig upgrade that changed
 them, or an edited seed, would silently change what every store on disk must
 match; a forger that borrowed the library's function would follow the change
-and every test would still pass. tests/test_format.py checks this module
+and every test would still pass. tests/store/test_format.py checks this module
 against the library on random inputs of every length path instead.
 
 Written from the published algorithm descriptions (xxHash's spec: XXH64's
 four-lane accumulate/merge/avalanche, XXH3's 0-240 byte paths over its default
-192-byte secret); checked against the engine in tests/test_format.py.
+192-byte secret); checked against the engine in tests/store/test_format.py.
 Only what the store format needs is here: XXH3 inputs longer than 240 bytes
 never reach it (`record_checksum` switches to XXH64 there, as the engine does).
 """
