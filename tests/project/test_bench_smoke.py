@@ -621,3 +621,20 @@ def test_publish_makes_the_run_the_references(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # the report went to the reference only
     with pytest.raises(SystemExit):
         bench.parse_args(["sampler", "--publish", "Xeon 2"])
+
+
+def test_max_side_bench_converts_both_ways_and_compares(tmp_path, capsys):
+    """scripts/bench_max_side.py: both stores made from the same folder, the
+    shrunk one smaller, both read by the native stage, and the fidelity line
+    (a finite PSNR: the shrunk images differ, but not wildly)."""
+    import bench_max_side
+
+    assert bench_max_side.main(["--count", "12", "--rounds", "1", "--steps", "1",
+                                "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in out if line.startswith(("keep", "max"))}
+    assert set(rows) == {"keep_encoded", "max_side=256"}
+    assert float(rows["max_side=256"][2]) < float(rows["keep_encoded"][2])  # KiB/image
+    assert rows["keep_encoded"][4] == "1.00x"
+    psnr = float(out[-1].split("PSNR ")[1].split()[0])
+    assert 20 < psnr < 60
