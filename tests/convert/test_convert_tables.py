@@ -449,7 +449,7 @@ def _same_records(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_loaderx_dataset_converts_to_a_copy_with_its_columns_as_they_are(tmp_path, workers):
-    """Converting a loaderx dataset (local here; a URL in test_remote.py)
+    """Converting a loaderx dataset (local here; a URL in test_remote_datasets.py)
     copies every record exactly, keeps what its manifest says of each
     column (text, categories, nulls and their masks) and records each
     column's content, so a subset's fingerprint is the same on the copy."""
