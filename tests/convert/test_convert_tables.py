@@ -202,6 +202,7 @@ def _check_hf(ds: dict, order, images) -> None:
     assert [r.tolist() for r in ds["ids"][:]] == [list(range(i % 5)) for i in order]
 
 
+@pytest.mark.slow
 def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
     _, hf, images = hf_dataset
     ds = loaderx.convert(hf, tmp_path / "a")
@@ -220,6 +221,7 @@ def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
     ds["img"].close()
 
 
+@pytest.mark.slow
 def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
     datasets, hf, images = hf_dataset
     hf.save_to_disk(str(tmp_path / "disk"))
