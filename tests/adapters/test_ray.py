@@ -67,6 +67,7 @@ def _leftovers(parent) -> list:
     return [n for n in os.listdir(parent) if n.startswith(".")]
 
 
+@pytest.mark.slow
 def test_write_then_open_and_read_back(tmp_path, local_ray):
     manifest = lray.write_dataset(_source(), tmp_path / "ds")
     assert manifest["rows"] == ROWS and manifest["source"]["type"] == "ray"

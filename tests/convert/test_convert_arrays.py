@@ -390,6 +390,7 @@ print(base, peak() - base)
 """
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_on_a_large_input(tmp_path):
     """A 256 MiB input converted with 2 MiB batches: the converting process's
     own peak RSS (VmHWM) grows by well under half the input (the full-size

@@ -202,6 +202,7 @@ def _check_hf(ds: dict, order, images) -> None:
     assert [r.tolist() for r in ds["ids"][:]] == [list(range(i % 5)) for i in order]
 
 
+@pytest.mark.slow
 def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
     _, hf, images = hf_dataset
     ds = loaderx.convert(hf, tmp_path / "a")
@@ -220,6 +221,7 @@ def test_hf_dataset_object_and_shuffled_view(tmp_path, hf_dataset):
     ds["img"].close()
 
 
+@pytest.mark.slow
 def test_hf_save_to_disk_and_dataset_dict(tmp_path, hf_dataset):
     datasets, hf, images = hf_dataset
     hf.save_to_disk(str(tmp_path / "disk"))
@@ -449,7 +451,7 @@ def _same_records(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_loaderx_dataset_converts_to_a_copy_with_its_columns_as_they_are(tmp_path, workers):
-    """Converting a loaderx dataset (local here; a URL in test_remote.py)
+    """Converting a loaderx dataset (local here; a URL in test_remote_datasets.py)
     copies every record exactly, keeps what its manifest says of each
     column (text, categories, nulls and their masks) and records each
     column's content, so a subset's fingerprint is the same on the copy."""

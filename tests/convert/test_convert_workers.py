@@ -109,6 +109,7 @@ def test_convert_workers_stop_when_the_converting_process_is_killed(tmp_path):
         parent.wait()
 
 
+@pytest.mark.slow
 def test_more_workers_than_cores_run_a_core_s_worth_at_a_time(tmp_path, monkeypatch):
     """workers=N started N interpreters at once whatever the cores (20 for
     workers=10**6 on 20 rows). They now run one per usable core at a time,

@@ -82,6 +82,7 @@ print(json.dumps(counts))
 """
 
 
+@pytest.mark.slow
 @needs_flock
 def test_readers_see_the_old_dataset_or_the_new_one_during_overwrites(tmp_path):
     """Before the fix, readers opening a dataset while another process

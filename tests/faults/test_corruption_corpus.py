@@ -189,6 +189,7 @@ def test_hand_made_frames_decode_as_zstd_says(bases, tmp_path):
 # ----------------------------------------------------------------- the driver
 
 
+@pytest.mark.slow
 def test_driver_blames_crashes_and_hangs_on_their_case(bases, tmp_path, monkeypatch):
     """A worker killed by a signal, or silent past the timeout, is charged to
     the case in flight; a fresh worker carries on with the next cases."""
@@ -215,6 +216,7 @@ def test_driver_blames_crashes_and_hangs_on_their_case(bases, tmp_path, monkeypa
 # ----------------------------------------------------------------- the corpus
 
 
+@pytest.mark.slow
 def test_fuzz_corpus(bases, tmp_path, capsys):
     """The corpus (see the module docstring for the invariants and the exact
     meaning of "wrong bytes")."""
@@ -259,6 +261,7 @@ def test_fuzz_corpus(bases, tmp_path, capsys):
 MANIFEST_CASES = int(os.environ.get("LOADERX_FUZZ_MANIFEST_CASES", "360"))
 
 
+@pytest.mark.slow
 def test_fuzz_manifest_corpus(bases, tmp_path, capsys):
     """Hostile dataset manifests (tests/_fuzz_manifests.py), opened with
     `open_dataset` in worker subprocesses: no crash, no hang, no leaked

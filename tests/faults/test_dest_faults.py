@@ -140,6 +140,7 @@ def run_killed(dest: str, mode: str, kill_at: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
 @pytest.mark.parametrize("mode", ["overwrite", "append", "create"])
 def test_a_conversion_killed_at_any_step_leaves_old_or_new(tmp_path, mode):
@@ -167,6 +168,7 @@ def test_a_conversion_killed_at_any_step_leaves_old_or_new(tmp_path, mode):
     assert step > 5, "the recorder saw too few steps"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["overwrite", "append", "create"])
 def test_a_power_loss_at_any_step_keeps_old_or_new(tmp_path, mode):
     """Before the fix nothing fsynced a dataset's directories: after a power

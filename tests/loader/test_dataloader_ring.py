@@ -285,6 +285,7 @@ def big_record_store(path, count=64):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["default", "unmap"])
 def test_close_racing_a_blocked_next_never_frees_a_batch_the_ring_writes(tmp_path, setting):
     """close() woke the consumer blocked in next(), which dropped its step's
@@ -318,6 +319,7 @@ print(f"ok interrupts={interrupts} lost_by_the_caller={len(after_return)}")
 """
 
 
+@pytest.mark.slow
 def test_interrupts_storming_next_never_free_a_batch_the_ring_writes(tmp_path):
     """An exception from a signal handler between taking a step's buffers and
     the native wait dropped them while the ring built that step: SIGSEGV with

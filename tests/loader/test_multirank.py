@@ -245,6 +245,7 @@ def free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_torch_distributed_gloo(tmp_path):
     """The same proof with ranks that meet through torch.distributed (gloo, loopback).
 

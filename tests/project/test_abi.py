@@ -13,6 +13,7 @@ from _helpers import ROOT, assert_generated_current
 
 
 
+@pytest.mark.slow
 def test_generated_bindings_are_current(tmp_path):
     """Regenerate _abi.py from the Zig source; the committed file must match."""
     assert_generated_current("bindings-print", "bindings/_abi.py", "loaderx/_abi.py", tmp_path)

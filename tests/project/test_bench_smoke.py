@@ -145,6 +145,7 @@ def _run_tiny(layer: str, tmp_path: Path) -> tuple[int, Path]:
     return bench.main(argv), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", LAYERS)
 def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     code, out = _run_tiny(layer, tmp_path)
@@ -371,6 +372,7 @@ def test_token_rows_validate_against_the_documented_api(backend, tmp_path):
         bench_tokens._validate(result, stream, backend, backend)
 
 
+@pytest.mark.slow
 def test_convert_bench_runs_every_row_and_validates(tmp_path, capsys):
     """scripts/bench_convert.py at 1 MiB: every row converts, the loaderx outputs
     pass the bench's own value check, and every ratio is reported."""

@@ -173,6 +173,7 @@ def pages(tmp_path_factory, request):
         run.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [b for blocks in PAGES.values() for b in blocks],
                          ids=lambda b: b.id)
 def test_python_block_runs(block, pages):

@@ -41,7 +41,10 @@ checked mechanically (as TigerBeetle's tidy does).
   through other loaderx classes, from an ``...Error``, ``...Exception`` or
   ``...Warning`` base) is importable from the ``loaderx`` package, so users
   catch it by name; `INTERNAL_EXCEPTIONS` lists the ones that never leave
-  loaderx, with the reason.
+  loaderx, with the reason;
+- no test file (``tests/**/test_*.py``, the shared ``_*.py`` modules and the
+  ``conftest.py`` files) is over 1,000 lines: split a larger one by what its
+  tests pin, as tests/remote/ is split.
 
 Each test lists every violation as `file:line: what`, so one run shows them all.
 Run as a script (`python tests/project/test_tidy.py`) it prints the counts and the largest
@@ -520,6 +523,34 @@ def test_every_exception_is_exported_from_the_package():
     missing = [name for name in loaderx.__all__ if not hasattr(loaderx, name)]
     assert not missing, f"loaderx.__all__ names what loaderx lacks: {missing}"
     assert set(INTERNAL_EXCEPTIONS) <= names, "INTERNAL_EXCEPTIONS names a class that is gone"
+
+
+TEST_FILE_LINES_MAX = 1000
+
+
+def suite_files():
+    """The suite's Python files: test modules, shared helpers, conftest.py."""
+    found = set()
+    for pattern in ("test_*.py", "_*.py", "conftest.py"):
+        found |= set(glob.glob(os.path.join(ROOT, "tests", "**", pattern), recursive=True))
+    return sorted(p for p in found if "__pycache__" not in p)
+
+
+def long_test_files():
+    found = []
+    for path in suite_files():
+        with open(path, encoding="utf-8") as f:
+            count = sum(1 for _ in f)
+        if count > TEST_FILE_LINES_MAX:
+            found.append(f"{rel(path)}: {count:,} lines (at most {TEST_FILE_LINES_MAX:,}: "
+                         "split it by what its tests pin)")
+    return found
+
+
+def test_test_files_are_short():
+    assert any(p.endswith(os.path.join("project", "test_tidy.py")) for p in suite_files())
+    found = long_test_files()
+    assert not found, report("test files over the line limit", found)
 
 
 #: The old private stream dunders (split so this file does not match itself).

@@ -187,6 +187,7 @@ print("ok", outcomes)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "ragged", "bytes"])
 def test_close_races_every_call_without_a_crash(tmp_path, kind):
     """200 close-vs-call races per store kind and operation. Before the fix,

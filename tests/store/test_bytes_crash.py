@@ -144,6 +144,7 @@ def test_interrupted_compact_is_consistent_and_rerunnable(tmp_path, zygote):
 
 # ----------------------------------------------------------------- 5. kill -9 while appending
 
+@pytest.mark.slow
 def test_kill9_during_appends_leaves_an_exact_prefix(tmp_path, zygote):
     """Each victim appends calls of batch_sizes(seed, start, big=True) records
     (some larger than one native append); after every kill the store must

@@ -96,6 +96,7 @@ def converted_gib(tmp_path_factory):
     shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_from_numpy_gib_returns_open_dense_store(converted_gib):
     _, _, report = converted_gib
     assert report["type"] == "DenseStore"

@@ -1,0 +1,78 @@
+"""The remote layer's parts that need no server (the fast tier): cache limit
+parsing, how the fetch client groups ranges and leases file descriptors
+(loaderx._objstore), and the upgrade of a version 1 cache directory."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+
+from loaderx import _cachedir  # noqa: E402
+
+from _lxlayout import CACHE_HEAD_OFFSETS  # noqa: E402
+from _remote_helpers import NONE, SEQ, cache_head  # noqa: E402
+
+
+def test_limit_parsing():
+    assert _cachedir.parse_limit("200GiB") == 200 << 30
+    assert _cachedir.parse_limit("1.5 MB") == 1_500_000
+    assert _cachedir.parse_limit(4096) == 4096
+    for bad in (0, -1, "x", "10 parsecs", True):
+        with pytest.raises(ValueError):
+            _cachedir.parse_limit(bad)
+
+
+def test_fetch_calls_keep_their_ranges_apart_and_cover_each_once():
+    from loaderx import _objstore
+
+    rng = np.random.default_rng(11)
+    gap, per = _objstore.COALESCE_GAP, _objstore.RANGES_PER_CALL
+    for n in (1, 5, 40, 300):
+        starts = np.sort(rng.choice(64 * gap // 4096, n, replace=False)) * 4096
+        ends = starts + rng.integers(1, 4096, n)
+        starts, ends = starts.tolist()[::-1], ends.tolist()[::-1]  # any order in
+        groups = _objstore._calls(starts, ends)
+        assert sorted(i for g in groups for i in g) == list(range(n))
+        for g in groups:
+            assert 1 <= len(g) <= per
+            assert all(starts[b] - ends[a] > gap for a, b in zip(g, g[1:]))
+
+
+def test_making_room_for_file_descriptors_never_closes_one_a_fetch_writes_through(tmp_path):
+    # A fetch writes through a leased descriptor while another thread opens
+    # more cache files than the table keeps: only idle descriptors close (a
+    # CI run lost an index fetch to EBADF when all of them did).
+    from loaderx import _objstore
+
+    files = _objstore._Files()
+    paths = []
+    for i in range(files.LIMIT + 8):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(b"\0" * 8)
+    with files.lease(str(paths[0])) as busy:
+        for p in paths[1:]:
+            with files.lease(str(p)) as fd:
+                os.pwrite(fd, b"x", 0)
+        os.pwrite(busy, b"busy", 2)
+        with files.lease(str(paths[0])) as again:
+            assert again == busy  # one descriptor per file, reused
+    assert paths[0].read_bytes() == b"\0\0busy\0\0"
+    assert len(files._fds) <= files.LIMIT
+    with files.lease(str(paths[0])) as fd:  # idle now: may be closed on the next overflow
+        assert os.fstat(fd).st_ino == paths[0].stat().st_ino
+
+
+def test_a_version_1_cache_directory_is_upgraded_in_place(tmp_path):
+    import gc
+    root = str(tmp_path / "cache")
+    c = _cachedir.Cache(root)
+    head = cache_head(c)
+    del c
+    gc.collect()  # (the native handle closed: the next open reads the file anew)
+    version = CACHE_HEAD_OFFSETS["version"] // 8
+    head[version], head[SEQ] = 1, np.uint64(NONE)  # version 1: word 4 unused, all ones
+    c = _cachedir.Cache(root)
+    assert int(head[version]) == 2 and int(head[SEQ]) == 0 and int(c.stats().seq) == 0
