@@ -1,6 +1,7 @@
-"""The bindings cannot drift: loaderx/_abi.py is generated from src/capi.zig
-(`zig build bindings`), this test regenerates it and fails on any difference,
-and the library exports exactly the functions it declares."""
+"""The bindings cannot drift: loaderx/_abi.py is generated from the C ABI
+(src/capi.zig and its area files, src/capi/*.zig) by `zig build bindings`,
+this test regenerates it and fails on any difference, and the library exports
+exactly the functions it declares."""
 import os
 import re
 import shutil
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 
 from loaderx import _abi, _lib, errors
-from _helpers import ROOT, assert_generated_current
+from _helpers import assert_generated_current, c_abi_exports
 
 
 
@@ -30,9 +31,11 @@ def test_every_declared_function_resolves():
 
 
 def test_exports_are_exactly_the_zig_exports():
-    """capi.zig's `export fn lx_*` set equals the generated declarations."""
-    src = open(os.path.join(ROOT, "src", "capi.zig")).read()
-    assert sorted(re.findall(r"export fn (lx_\w+)\(", src)) == sorted(declared_functions())
+    """The C ABI's `export fn lx_*` set (src/capi.zig, src/capi/*.zig) equals
+    the generated declarations, each declared once."""
+    exports = c_abi_exports()
+    assert len(exports) == len(set(exports))
+    assert sorted(exports) == sorted(declared_functions())
 
 
 @pytest.mark.skipif(shutil.which("nm") is None or not _lib.LIBRARY_PATH.endswith(".so"),
