@@ -136,6 +136,9 @@ pub const randomU64 = store_create.randomU64;
 pub const installForkHandlers = store_fork.installForkHandlers;
 pub const adoptInChild = store_fork.adoptInChild;
 
+/// `canary_value` from open until the handle is freed (the C ABI checks
+/// it: a null, foreign or freed pointer is refused, not followed).
+canary: u64 = canary_value,
 gpa: Allocator,
 dir: Io.Dir,
 meta: File,
@@ -192,7 +195,9 @@ delete_epoch: std.atomic.Value(u64) = .init(0),
 registry_prev: ?*Store = null,
 registry_next: ?*Store = null,
 
-const closed_bit: u64 = 1 << 63;
+pub const closed_bit: u64 = 1 << 63;
+
+pub const canary_value: u64 = 0x45524F5453584C31;
 
 // ---------------------------------------------------------------- lifetime
 
@@ -238,6 +243,7 @@ pub fn hold(s: *Store) void {
 pub fn unhold(s: *Store) void {
     if (s.holders.fetchSub(1, .acq_rel) != 1) return;
     assert(s.users.load(.acquire) == closed_bit);
+    s.canary = 0;
     s.gpa.destroy(s);
 }
 

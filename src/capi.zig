@@ -69,6 +69,7 @@
 //! - lx_close does not sync (Python's close() calls lx_sync first).
 
 const std = @import("std");
+const assert = std.debug.assert;
 const Store = @import("Store.zig");
 const format = @import("format.zig");
 const codec = @import("codec.zig");
@@ -190,11 +191,58 @@ pub fn io(comptime fmt: []const u8, args: anytype) c_int {
     return @backingInt(Result.io);
 }
 
-/// Counts a call on `h` in (the caller defers h.leave()); a result code when
-/// the handle is closed.
+/// `invalid`, with the message the check that refused an argument set.
+pub fn refuse() c_int {
+    return @backingInt(Result.invalid);
+}
+
+// Handles. Every export that takes one checks it before it reads through it:
+// null, a pointer to anything else, or a handle already freed (its canary is
+// cleared before its memory goes) is refused with `invalid`, never followed.
+
+/// `h` when it is a live store handle, else null.
+pub fn storeHandle(h: ?*Store) ?*Store {
+    const s = h orelse return null;
+    return if (s.canary == Store.canary_value) s else null;
+}
+
+/// The store an extern struct's `store` field names, read as C may have
+/// written it (null included), checked as storeHandle checks a handle.
+pub fn storeField(field: *const *Store) ?*Store {
+    return storeHandle(@as(*const ?*Store, @ptrCast(field)).*);
+}
+
+/// `invalid` for a store handle storeHandle refused.
+pub fn notAStore() c_int {
+    return invalid("not a store handle (null, or freed)", .{});
+}
+
+/// `l` when it is a live loader handle, else null.
+pub fn loaderHandle(l: ?*Loader) ?*Loader {
+    const h = l orelse return null;
+    return if (h.canary == Loader.canary_value) h else null;
+}
+
+/// `c` when it is a live cache handle, else null.
+pub fn cacheHandle(c: ?*Cache) ?*Cache {
+    const h = c orelse return null;
+    return if (h.canary == Cache.canary_value) h else null;
+}
+
+/// `r` when it is a live replica handle, else null.
+pub fn replicaHandle(r: ?*Replica) ?*Replica {
+    const h = r orelse return null;
+    return if (h.canary == Replica.canary_value) h else null;
+}
+
+/// Counts a call on the live handle `h` in (the caller defers h.leave()); a
+/// result code when the handle is closed.
 pub fn enter(h: *Store) ?c_int {
     diag.clear();
     h.enter() catch |e| return code(e);
+    // Counted in: the files stay mapped until this call leaves, even if
+    // another thread closes the handle meanwhile.
+    assert(h.users.load(.monotonic) & ~Store.closed_bit >= 1);
     return null;
 }
 
@@ -289,13 +337,29 @@ pub fn leaveParts(parts: []const Part) void {
     for (parts) |p| p.store.leave();
 }
 
-/// The parts of a gather, checked: 1 to 65535, sorted by `first` from 0.
+/// The parts of a gather, checked: 1 to 65535, sorted by `first` from 0,
+/// each a live store handle; null with the message set (return refuse()).
 pub fn partsOf(parts: ?[*]const Part, part_count: u32) ?[]const Part {
-    const p = parts orelse return null;
-    if (part_count == 0 or part_count > store_parts.parts_max) return null;
+    const max = store_parts.parts_max;
+    const p = parts orelse {
+        diag.set("parts is null", .{});
+        return null;
+    };
+    if (part_count == 0 or part_count > max) {
+        diag.set("parts must be 1 to {d}, got {d}", .{ max, part_count });
+        return null;
+    }
     const slice = p[0..part_count];
-    if (slice[0].first != 0) return null;
-    for (slice[1..], slice[0 .. slice.len - 1]) |b, a| if (b.first <= a.first) return null;
+    for (slice, 0..) |*part, k| {
+        if (storeField(&part.store) == null) {
+            diag.set("part {d}: not a store handle (null, or freed)", .{k});
+            return null;
+        }
+        if ((k == 0 and part.first != 0) or (k > 0 and part.first <= slice[k - 1].first)) {
+            diag.set("parts must be sorted by first from 0 (part {d})", .{k});
+            return null;
+        }
+    }
     return slice;
 }
 

@@ -11,6 +11,7 @@
 //! which one thread at a time moves on. The cache needs POSIX file locks:
 //! on Windows every call returns io.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const Cache = @import("../Cache.zig");
 const Replica = @import("../Replica.zig");
@@ -30,16 +31,8 @@ const Part = capi.Part;
 const code = capi.code;
 const invalid = capi.invalid;
 const gpa = capi.gpa;
-
-fn cacheHandle(c: ?*Cache) ?*Cache {
-    const h = c orelse return null;
-    return if (h.canary == Cache.canary_value) h else null;
-}
-
-fn replicaHandle(r: ?*Replica) ?*Replica {
-    const h = r orelse return null;
-    return if (h.canary == Replica.canary_value) h else null;
-}
+const cacheHandle = capi.cacheHandle;
+const replicaHandle = capi.replicaHandle;
 
 /// The records a call names: `count` of them at `records` (null when 0),
 /// at most 2^32 a call.
@@ -72,6 +65,7 @@ pub export fn lx_cache_open(
         c.close();
         return code(e);
     };
+    assert(cacheHandle(c) == c); // live until its last lx_cache_close
     o.* = c;
     return 0;
 }
@@ -150,6 +144,7 @@ pub export fn lx_cache_uploads(c: ?*Cache, out: ?[*]u8, cap: u64, len: ?*u64, li
     var n: usize = 0;
     const room: []u8 = if (cap > 0) out.?[0..@intCast(cap)] else &.{};
     cache_admin.uploads(h, room, &n, v) catch |e| return code(e);
+    assert(n <= room.len); // whole names that fit, never a part of one past `cap`
     l.* = n;
     return 0;
 }
@@ -317,6 +312,7 @@ pub export fn lx_gather_cached(
     const rep = replicaHandle(r) orelse return invalid("not a replica handle", .{});
     const records = recordSlice(indices, count) orelse return invalid("indices is null", .{});
     const tick = (rep.beginWarm(records, false) catch |e| return code(e)) orelse return 0;
+    assert(tick != 0); // 0 is no read: lx_replica_end ignores it
     defer rep.cache.end(tick);
     done.* = 1;
     const lx_gather = gather.lx_gather;

@@ -1,6 +1,7 @@
 //! The C ABI, codec work outside a store: training a zstd dictionary, and
 //! decoding records another writer stored (`loaderx convert`).
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const codec = @import("../codec.zig");
 const diag = @import("../diag.zig");
@@ -18,11 +19,12 @@ pub export fn lx_train_dict(
     count: u64,
     out: ?[*]u8,
     cap: u64,
-    out_len: *u64,
+    out_len: ?*u64,
 ) c_int {
     const smp = samples orelse return invalid("samples is null", .{});
     const szs = sizes orelse return invalid("sizes is null", .{});
     const o = out orelse return invalid("out is null", .{});
+    const written = out_len orelse return invalid("out_len is null", .{});
     if (count == 0) return invalid("no samples", .{});
     var total: u64 = 0;
     for (szs[0..@intCast(count)]) |s| {
@@ -30,7 +32,7 @@ pub export fn lx_train_dict(
     }
     const sz: [*]const usize = @ptrCast(szs);
     var why: [*:0]const u8 = "";
-    out_len.* = codec.trainDict(
+    written.* = codec.trainDict(
         smp[0..@intCast(total)],
         sz[0..@intCast(count)],
         o[0..@intCast(cap)],
@@ -39,6 +41,7 @@ pub export fn lx_train_dict(
         diag.set("zstd could not train a dictionary: {s}", .{why});
         return @backingInt(Result.bad_dictionary);
     };
+    assert(written.* <= cap); // zstd writes the dictionary into out[0..cap]
     return 0;
 }
 
@@ -62,10 +65,11 @@ pub export fn lx_decode_frames(
     dst_sizes: ?[*]const u64,
     dict: ?[*]const u8,
     dict_len: u64,
-    bad_index: *u64,
+    bad_index: ?*u64,
 ) c_int {
     diag.clear();
-    bad_index.* = std.math.maxInt(u64);
+    const bad = bad_index orelse return invalid("bad_index is null", .{});
+    bad.* = std.math.maxInt(u64);
     if (count == 0) return 0;
     const n: usize = @intCast(count);
     const offs = (src_offsets orelse return invalid("src_offsets is null", .{}))[0..n];
@@ -87,7 +91,7 @@ pub export fn lx_decode_frames(
         d[0..@intCast(dst_len)],
         ds,
         if (dict) |p| p[0..@intCast(dict_len)] else &.{},
-        bad_index,
+        bad,
         &why,
     ) catch |e| switch (e) {
         error.Corrupt => {

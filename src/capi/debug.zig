@@ -18,9 +18,9 @@ pub export fn lx_debug_fault(mask: u32, nth: u64, sticky: c_int) void {
 
 /// Test hook: matching file-system calls and injected faults since the last
 /// lx_debug_fault.
-pub export fn lx_debug_fault_counts(calls: *u64, faults: *u64) void {
-    calls.* = fsio.callCount();
-    faults.* = fsio.faultCount();
+pub export fn lx_debug_fault_counts(calls: ?*u64, faults: ?*u64) void {
+    if (calls) |c| c.* = fsio.callCount();
+    if (faults) |f| f.* = fsio.faultCount();
 }
 
 /// Test hook: starts (`on` != 0, dropping any earlier log) or stops recording
@@ -32,11 +32,13 @@ pub export fn lx_debug_record(on: c_int) void {
 /// Test hook: copies the recording into `out` when it fits in `cap` bytes and
 /// writes its size to `*len`. Errors: out_of_memory (recording ran out of
 /// memory and is incomplete).
-pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: *u64) c_int {
+pub export fn lx_debug_recording(out: ?[*]u8, cap: u64, len: ?*u64) c_int {
+    const n_out = len orelse return capi.invalid("len is null", .{});
+    if (cap > 0 and out == null) return capi.invalid("out is null", .{});
     const n = fsio.takeRecording(if (out) |o| o[0..@intCast(cap)] else null) orelse {
         diag.set("the recording ran out of memory and is incomplete", .{});
         return @backingInt(Result.out_of_memory);
     };
-    len.* = n;
+    n_out.* = n;
     return 0;
 }

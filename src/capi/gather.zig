@@ -12,6 +12,7 @@ const invalid = capi.invalid;
 const enterParts = capi.enterParts;
 const leaveParts = capi.leaveParts;
 const partsOf = capi.partsOf;
+const refuse = capi.refuse;
 const gpa = capi.gpa;
 
 /// Reads records `indices[0..count]` of the index space `parts` into `dest`
@@ -35,8 +36,7 @@ pub export fn lx_gather(
     part: c_int,
     lanes: u32,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse return refuse();
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     if (count == 0) return 0;
@@ -72,15 +72,16 @@ pub export fn lx_gather_alloc(
     lanes: u32,
     raw_sizes: ?[*]u64,
     aux_sizes: ?[*]u64,
-    out: *?[*]u8,
-    out_len: *u64,
+    out: ?*?[*]u8,
+    out_len: ?*u64,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse return refuse();
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
-    out.* = null;
-    out_len.* = 0;
+    const o = out orelse return invalid("out is null", .{});
+    const ol = out_len orelse return invalid("out_len is null", .{});
+    o.* = null;
+    ol.* = 0;
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const raw = raw_sizes orelse return invalid("raw_sizes is null", .{});
@@ -97,8 +98,8 @@ pub export fn lx_gather_alloc(
         aux[0..n],
         sc,
     ) catch |e| return code(e);
-    if (buf.len > 0) out.* = buf.ptr;
-    out_len.* = buf.len;
+    if (buf.len > 0) o.* = buf.ptr;
+    ol.* = buf.len;
     return 0;
 }
 
@@ -119,8 +120,7 @@ pub export fn lx_prefetch(
     count: u64,
     flags: u32,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse return refuse();
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     if (count == 0) return 0;

@@ -1,6 +1,7 @@
 //! The C ABI, the image stage (src/image/): running a column's pipeline
 //! outside a loader, and choosing the libjpeg that decodes JPEGs.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const image = @import("../image/stage.zig");
 const jpeg = @import("../image/jpeg.zig");
@@ -33,12 +34,14 @@ pub export fn lx_image_apply(
     position: u64,
     out: ?[*]u8,
     out_len: u64,
-    skipped: *u32,
-    failed: *u64,
+    skipped: ?*u32,
+    failed: ?*u64,
 ) c_int {
     diag.clear();
-    skipped.* = 0;
-    failed.* = 0;
+    const replaced = skipped orelse return invalid("skipped is null", .{});
+    const failing = failed orelse return invalid("failed is null", .{});
+    replaced.* = 0;
+    failing.* = 0;
     const col = column orelse return invalid("column is null", .{});
     image.checkColumn(col) catch |e| return code(e);
     const dest = out orelse return invalid("out is null", .{});
@@ -67,12 +70,13 @@ pub export fn lx_image_apply(
     image.batch(gpa, &col.spec, records, key, dest, &lanes, 0, &outcome) catch |e| switch (e) {
         error.OutOfMemory => return code(error.OutOfMemory),
         error.BadRecord => {
-            failed.* = outcome.failed_slot.?;
-            diag.set("record {d}: {s}", .{ failed.*, outcome.message[0..outcome.message_len] });
+            failing.* = outcome.failed_slot.?;
+            diag.set("record {d}: {s}", .{ failing.*, outcome.message[0..outcome.message_len] });
             return @backingInt(Result.bad_image);
         },
     };
-    skipped.* = outcome.skipped;
+    assert(outcome.skipped <= count);
+    replaced.* = outcome.skipped;
     return 0;
 }
 
@@ -153,9 +157,11 @@ pub export fn lx_image_use_jpeg(path: ?[*:0]const u8) c_int {
 /// Writes the path of the libjpeg decoding JPEGs ("" for the built-in
 /// libjpeg-turbo) to `out` (up to `cap` bytes, NUL-terminated when it fits)
 /// and its length to `*len`. Choosing nothing by then chooses the built-in.
-pub export fn lx_image_jpeg_library(out: ?[*]u8, cap: u64, len: *u64) c_int {
+pub export fn lx_image_jpeg_library(out: ?[*]u8, cap: u64, len: ?*u64) c_int {
+    diag.clear();
+    const n = len orelse return invalid("len is null", .{});
     const path = jpeg.libraryPath();
-    len.* = path.len;
+    n.* = path.len;
     const o = out orelse return 0;
     if (cap < path.len + 1) return 0;
     @memcpy(o[0..path.len], path);

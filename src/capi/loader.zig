@@ -1,6 +1,7 @@
 //! The C ABI, the loader ring (src/Loader.zig): open one, release and wait
 //! for its steps, read the indices it builds them with, reset, stop, free.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const Loader = @import("../Loader.zig");
 const diag = @import("../diag.zig");
@@ -14,6 +15,12 @@ const Cursor = capi.Cursor;
 const code = capi.code;
 const invalid = capi.invalid;
 const gpa = capi.gpa;
+const loaderHandle = capi.loaderHandle;
+
+fn notALoader() c_int {
+    return invalid("not a loader handle (null, or freed)", .{});
+}
+const storeField = capi.storeField;
 
 /// Starts a prefetch ring (see src/Loader.zig): `config->threads` library
 /// threads build steps in order — the step's indices over `sources` (one, or
@@ -47,6 +54,15 @@ pub export fn lx_loader_open(
     const s = sources orelse return invalid("sources is null", .{});
     const cols = columns orelse return invalid("columns is null", .{});
     const p = parts orelse return invalid("parts is null", .{});
+    if (part_count > Loader.parts_max) {
+        const max = Loader.parts_max;
+        return invalid("a loader takes at most {d} parts, got {d}", .{ max, part_count });
+    }
+    for (p[0..part_count], 0..) |*part, k| {
+        if (storeField(&part.store) == null) {
+            return invalid("part {d}: not a store handle (null, or freed)", .{k});
+        }
+    }
     o.* = Loader.create(
         gpa,
         c.*,
@@ -68,13 +84,14 @@ pub export fn lx_loader_open(
 /// gated, count 0, out of order, too far ahead, or an older generation:
 /// dropped by a reset).
 pub export fn lx_loader_submit(
-    l: *Loader,
+    handle: ?*Loader,
     step: u64,
     count: u64,
     generation: u64,
     failure: ?[*:0]const u8,
 ) c_int {
     diag.clear();
+    const l = loaderHandle(handle) orelse return notALoader();
     const message: ?[]const u8 = if (failure) |f| std.mem.span(f) else null;
     l.submit(step, count, generation, message) catch |e| return code(e);
     return 0;
@@ -98,10 +115,10 @@ pub export fn lx_loader_submit(
 /// bad_image (an image column's record; the message names its index), or
 /// any lx_gather error.
 pub export fn lx_loader_wait(
-    l: *Loader,
+    handle: ?*Loader,
     step: u64,
     generation: u64,
-    failed_column: *u32,
+    failed_column: ?*u32,
     buffers: ?[*]const ?*?[*]u8,
     lengths: ?[*]u64,
     sizes: ?[*]u64,
@@ -110,11 +127,14 @@ pub export fn lx_loader_wait(
     images_skipped: ?*u32,
 ) c_int {
     diag.clear();
+    const l = loaderHandle(handle) orelse return notALoader();
+    const failed = failed_column orelse return invalid("failed_column is null", .{});
     const b = buffers orelse return invalid("buffers is null", .{});
     const n = lengths orelse return invalid("lengths is null", .{});
     const count = l.columns.count();
+    assert(count <= Loader.columns_max); // checked by lx_loader_open
     l.wait(step, generation, .{
-        .failed_column = failed_column,
+        .failed_column = failed,
         .buffers = b[0..count],
         .lengths = n[0..count],
         .sizes = sizes,
@@ -132,13 +152,14 @@ pub export fn lx_loader_wait(
 /// thread may call it. Errors: invalid (before the ring's first step, count
 /// 0 or above the ring's window, or `indices` null), out_of_memory.
 pub export fn lx_loader_indices(
-    l: *Loader,
+    handle: ?*Loader,
     step: u64,
     count: u64,
     indices: ?[*]u64,
     sources: ?[*]u16,
 ) c_int {
     diag.clear();
+    const l = loaderHandle(handle) orelse return notALoader();
     const out = indices orelse return invalid("indices is null", .{});
     if (count == 0 or count > l.config.window) {
         return invalid("count must be 1 to the window ({d}), got {d}", .{ l.config.window, count });
@@ -160,31 +181,34 @@ pub export fn lx_loader_indices(
 /// invalid (a CYCLIC mixture without cursors, or `generation` null;
 /// nothing is dropped then).
 pub export fn lx_loader_reset(
-    l: *Loader,
+    handle: ?*Loader,
     step: u64,
     position: u64,
     cursors: ?[*]const Cursor,
     generation: ?*u64,
 ) c_int {
     diag.clear();
+    const l = loaderHandle(handle) orelse return notALoader();
     const out = generation orelse return invalid("generation is null", .{});
     if (!l.hasCursors()) {
         out.* = l.reset(step, position, &.{});
         return 0;
     }
     const c = cursors orelse return invalid("a CYCLIC mixture needs every source's cursor", .{});
+    assert(l.sources.len >= 1 and l.sources.len <= Loader.sources_max);
     out.* = l.reset(step, position, c[0..l.sources.len]);
     return 0;
 }
 
 /// Stops and joins the ring's threads; waiters return closed. Idempotent; any
 /// thread may call it, also while another waits.
-pub export fn lx_loader_stop(l: *Loader) void {
+pub export fn lx_loader_stop(handle: ?*Loader) void {
+    const l = loaderHandle(handle) orelse return;
     l.stop();
 }
 
 /// Stops the ring, lets go of its stores and frees it. Must not race any
 /// other call on the same ring.
 pub export fn lx_loader_free(l: ?*Loader) void {
-    if (l) |ring| ring.destroy();
+    if (loaderHandle(l)) |ring| ring.destroy();
 }

@@ -1,6 +1,7 @@
 //! The C ABI, keeping a store: delete and compact (which need the store to
 //! themselves), its byte counts, sync, and verifying every record or some.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const Store = @import("../Store.zig");
 
@@ -8,6 +9,8 @@ const Move = capi.Move;
 const code = capi.code;
 const invalid = capi.invalid;
 const enter = capi.enter;
+const storeHandle = capi.storeHandle;
+const notAStore = capi.notAStore;
 const gpa = capi.gpa;
 
 /// Deletes records (any order, duplicates allowed) by the original swap-last
@@ -20,28 +23,32 @@ const gpa = capi.gpa;
 /// Errors: closed, failed, out_of_range (nothing deleted), busy, locked,
 /// read_only, io, no_space.
 pub export fn lx_delete(
-    h: *Store,
+    handle: ?*Store,
     indices: ?[*]const u64,
     count: u64,
     moves: ?[*]Move,
-    move_count: *u64,
+    move_count: ?*u64,
 ) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    move_count.* = 0;
+    const moved = move_count orelse return invalid("move_count is null", .{});
+    moved.* = 0;
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const n: usize = @intCast(count);
     const own = moves == null;
     const out: [*]Move = moves orelse (gpa.alloc(Move, n) catch return code(error.OutOfMemory)).ptr;
     defer if (own) gpa.free(out[0..n]);
-    move_count.* = h.delete(idx[0..n], out[0..n]) catch |e| return code(e);
+    moved.* = h.delete(idx[0..n], out[0..n]) catch |e| return code(e);
+    assert(moved.* <= n); // a survivor moves only into a deleted index
     return 0;
 }
 
 /// Reclaims deleted bytes in place (see Durability). Errors: closed, failed,
 /// busy, locked, read_only, io, no_space.
-pub export fn lx_compact(h: *Store) c_int {
+pub export fn lx_compact(handle: ?*Store) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
     h.compact() catch |e| return code(e);
@@ -51,10 +58,12 @@ pub export fn lx_compact(h: *Store) c_int {
 /// Fills `*out` with {records, live_bytes, chunk_bytes, reclaimable,
 /// generation}; O(1).
 /// Errors: closed, corrupt.
-pub export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
+pub export fn lx_stats(handle: ?*Store, out: ?*Store.Stats) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    out.* = h.stats() catch |e| return code(e);
+    const o = out orelse return invalid("out is null", .{});
+    o.* = h.stats() catch |e| return code(e);
     return 0;
 }
 
@@ -62,7 +71,8 @@ pub export fn lx_stats(h: *Store, out: *Store.Stats) c_int {
 /// table, then commit). A no-op for a handle that never wrote (or that a
 /// forked child inherited). Errors: closed, failed (also from now on, when
 /// the fsync fails: the kernel may have dropped the pages), io.
-pub export fn lx_sync(h: *Store) c_int {
+pub export fn lx_sync(handle: ?*Store) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
     h.sync() catch |e| return code(e);
@@ -72,10 +82,12 @@ pub export fn lx_sync(h: *Store) c_int {
 /// Checks every record (location, checksum, decode). On corrupt, `*bad_index`
 /// is the first damaged record (UINT64_MAX when the damage is not one record's).
 /// Errors: closed, failed, corrupt, busy, out_of_memory.
-pub export fn lx_verify(h: *Store, bad_index: *u64) c_int {
+pub export fn lx_verify(handle: ?*Store, bad_index: ?*u64) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    h.verify(bad_index) catch |e| return code(e);
+    const bad = bad_index orelse return invalid("bad_index is null", .{});
+    h.verify(bad) catch |e| return code(e);
     return 0;
 }
 
@@ -86,20 +98,23 @@ pub export fn lx_verify(h: *Store, bad_index: *u64) c_int {
 /// damaged records are not an error. Errors: closed, failed, out_of_range,
 /// busy, corrupt (the commit), invalid.
 pub export fn lx_verify_records(
-    h: *Store,
+    handle: ?*Store,
     indices: ?[*]const u64,
     count: u64,
     bad: ?[*]u64,
-    bad_count: *u64,
+    bad_count: ?*u64,
 ) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    bad_count.* = 0;
+    const failed = bad_count orelse return invalid("bad_count is null", .{});
+    failed.* = 0;
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     const out = bad orelse return invalid("bad is null", .{});
     const n = h.verifyRecords(idx[0..@intCast(count)], out[0..@intCast(count)]) catch |e|
         return code(e);
-    bad_count.* = n;
+    assert(n <= count); // positions into `indices`, each at most once
+    failed.* = n;
     return 0;
 }

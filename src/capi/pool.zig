@@ -54,6 +54,7 @@ pub export fn lx_pool_configure(max_idle_bytes: u64, min_bytes: u64) void {
 /// The output pool's counters (buffers created, reused, returned, unmapped;
 /// idle bytes and blocks; the bounds): how a caller sees that batches reuse
 /// memory instead of faulting in fresh pages.
-pub export fn lx_pool_stats(out: *PoolStats) void {
-    out.* = outbuf.stats(&outbuf.default_pool);
+pub export fn lx_pool_stats(out: ?*PoolStats) void {
+    const o = out orelse return;
+    o.* = outbuf.stats(&outbuf.default_pool);
 }

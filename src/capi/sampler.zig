@@ -2,6 +2,7 @@
 //! mixture's bounds and cursors (pure functions, any thread), and the lanes
 //! (threads) every call may use.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const sampler = @import("../sampler.zig");
 const mixture = @import("../mixture.zig");
@@ -67,6 +68,7 @@ pub export fn lx_mixture_step_max(
     if (rc != 0) return rc;
     const o = out orelse return invalid("out is null", .{});
     if (global == 0) return invalid("global must be >= 1", .{});
+    assert(source_count >= 1 and source_count <= mixture.sources_max); // mixtureOf's bounds
     for (0..source_count) |k| o[k] = @intCast(mix.windowMax(k, global));
     return 0;
 }

@@ -1,6 +1,7 @@
 //! The C ABI, one store: open, close and free a handle, what it holds (its
 //! length, header, identity and blobs), and appends.
 const std = @import("std");
+const assert = std.debug.assert;
 const capi = @import("../capi.zig");
 const Store = @import("../Store.zig");
 const format = @import("../format.zig");
@@ -14,6 +15,8 @@ const Blob = capi.Blob;
 const code = capi.code;
 const invalid = capi.invalid;
 const enter = capi.enter;
+const storeHandle = capi.storeHandle;
+const notAStore = capi.notAStore;
 const gpa = capi.gpa;
 
 /// The identity `spec` names, its fields bounded (format.Identity.parse
@@ -106,6 +109,7 @@ pub export fn lx_open(
         .fixed_size = fixed_size,
         .frame_size = frame_size,
     }) catch |e| return code(e);
+    assert(storeHandle(s) == s); // live until lx_free
     o.* = s;
     return 0;
 }
@@ -115,13 +119,13 @@ pub export fn lx_open(
 /// another thread returns (at once when there is none) or, if a loader ring
 /// reads the store, when the ring is freed. Does not sync. Idempotent.
 pub export fn lx_close(h: ?*Store) void {
-    if (h) |s| s.shutdown();
+    if (storeHandle(h)) |s| s.shutdown();
 }
 
 /// Closes the handle (as lx_close) and frees it. Call once, when no thread
 /// can pass `h` any more.
 pub export fn lx_free(h: ?*Store) void {
-    if (h) |s| {
+    if (storeHandle(h)) |s| {
         s.shutdown();
         s.unhold();
     }
@@ -129,18 +133,22 @@ pub export fn lx_free(h: ?*Store) void {
 
 /// Writes the number of committed records (0..len are live) to `*out`.
 /// Errors: closed, failed, corrupt (the published commit is unreadable).
-pub export fn lx_len(h: *Store, out: *u64) c_int {
+pub export fn lx_len(handle: ?*Store, out: ?*u64) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    out.* = h.recordCount() catch |e| return code(e);
+    const o = out orelse return invalid("out is null", .{});
+    o.* = h.recordCount() catch |e| return code(e);
     return 0;
 }
 
 /// Fills `*out` with the store's identity. Errors: closed.
-pub export fn lx_info(h: *Store, out: *Info) c_int {
+pub export fn lx_info(handle: ?*Store, out: ?*Info) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
-    out.* = .{
+    const o = out orelse return invalid("out is null", .{});
+    o.* = .{
         .codec = @backingInt(h.codecOf()),
         .level = h.header.level,
         .format_version = h.header.format_version,
@@ -156,29 +164,35 @@ pub export fn lx_info(h: *Store, out: *Info) c_int {
 
 /// Fills `*out` with the store's type identity (see IdentitySpec; read its
 /// texts with lx_blob). Errors: closed.
-pub export fn lx_identity(h: *Store, out: *IdentitySpec) c_int {
+pub export fn lx_identity(handle: ?*Store, out: ?*IdentitySpec) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
+    const o = out orelse return invalid("out is null", .{});
     const id = h.identity.head;
-    out.* = std.mem.zeroes(IdentitySpec);
-    out.encoding = @backingInt(h.identity_encoding);
+    o.* = std.mem.zeroes(IdentitySpec);
+    o.encoding = @backingInt(h.identity_encoding);
     if (h.identity_encoding != .native) return 0;
-    out.kind = id.kind;
-    out.flags = id.flags;
-    out.ndim = id.ndim;
-    out.itemsize = id.itemsize;
-    out.item_shape = id.item_shape;
-    out.descr_size = id.descr_size;
-    out.name_size = id.name_size;
+    // Checked at open (format.Identity.parse): the texts are the sizes it states.
+    assert(h.identity.descr.len == id.descr_size and h.identity.name.len == id.name_size);
+    o.kind = id.kind;
+    o.flags = id.flags;
+    o.ndim = id.ndim;
+    o.itemsize = id.itemsize;
+    o.item_shape = id.item_shape;
+    o.descr_size = id.descr_size;
+    o.name_size = id.name_size;
     return 0;
 }
 
 /// Copies the store's blob `which` (Blob) into `out` (`cap` bytes) when it
 /// fits, and writes its size to `*len` either way (call with cap 0 to size
 /// the buffer). Errors: closed, invalid (unknown blob, out null with cap > 0).
-pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64) c_int {
+pub export fn lx_blob(handle: ?*Store, which: c_int, out: ?[*]u8, cap: u64, len: ?*u64) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
+    const n = len orelse return invalid("len is null", .{});
     const w = std.enums.fromInt(Blob, which) orelse return invalid("unknown blob {d}", .{which});
     const b = switch (w) {
         .dictionary => h.dictionary(),
@@ -186,7 +200,7 @@ pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64)
         .dtype_descr => h.identity.descr,
         .dtype_name => h.identity.name,
     };
-    len.* = b.len;
+    n.* = b.len;
     if (cap >= b.len and b.len > 0) {
         const o = out orelse return invalid("out is null", .{});
         @memcpy(o[0..b.len], b);
@@ -203,23 +217,25 @@ pub export fn lx_blob(h: *Store, which: c_int, out: ?[*]u8, cap: u64, len: *u64)
 /// read_only, invalid, size_mismatch, no_space, io, out_of_memory (nothing is
 /// committed then).
 pub export fn lx_append(
-    h: *Store,
+    handle: ?*Store,
     count: u64,
     ptrs: ?[*]const [*]const u8,
     sizes: ?[*]const u64,
     aux_ptrs: ?[*]const [*]const u8,
     aux_sizes: ?[*]const u64,
     stage: c_int,
-    first: *u64,
+    first: ?*u64,
 ) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
+    const f = first orelse return invalid("first is null", .{});
     if (count > 0 and (ptrs == null or sizes == null)) return invalid("ptrs or sizes is null", .{});
     if ((aux_ptrs == null) != (aux_sizes == null)) {
         return invalid("aux_ptrs and aux_sizes must both be given or both be null", .{});
     }
     const empty: [*]const [*]const u8 = @ptrFromInt(@alignOf([*]const u8));
-    first.* = h.append(.{
+    f.* = h.append(.{
         .ptrs = ptrs orelse empty,
         .sizes = sizes orelse @ptrFromInt(@alignOf(u64)),
         .aux_ptrs = aux_ptrs,
@@ -232,7 +248,8 @@ pub export fn lx_append(
 /// Publishes the records of staged appends (`keep` != 0) or drops them
 /// (`keep` == 0, e.g. after an error). While records are staged, delete and
 /// compact return busy. Errors: closed, failed, io.
-pub export fn lx_publish(h: *Store, keep: c_int) c_int {
+pub export fn lx_publish(handle: ?*Store, keep: c_int) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
     h.publish(keep != 0) catch |e| return code(e);

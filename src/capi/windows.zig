@@ -14,6 +14,9 @@ const enter = capi.enter;
 const enterParts = capi.enterParts;
 const leaveParts = capi.leaveParts;
 const partsOf = capi.partsOf;
+const refuse = capi.refuse;
+const storeHandle = capi.storeHandle;
+const notAStore = capi.notAStore;
 const gpa = capi.gpa;
 
 /// Writes the prefix sums of a token corpus to `out[0..docs+1]`: the
@@ -31,12 +34,13 @@ const gpa = capi.gpa;
 /// out_of_range (docs > the store's records), size_mismatch (a record is not
 /// 1-D), corrupt, invalid.
 pub export fn lx_windows_index(
-    h: *Store,
+    handle: ?*Store,
     itemsize: u32,
     has_separator: c_int,
     out: ?[*]u64,
     docs: u64,
 ) c_int {
+    const h = storeHandle(handle) orelse return notAStore();
     if (enter(h)) |rc| return rc;
     defer h.leave();
     const o = out orelse return invalid("out is null", .{});
@@ -55,12 +59,12 @@ pub export fn lx_windows_index(
 /// Read it before building a corpus's prefix sums: a delete after that
 /// changes it, and every lx_windows_gather of the corpus then fails with
 /// size_mismatch. Errors: closed, invalid.
-pub export fn lx_windows_epoch(parts: ?[*]const Part, part_count: u32, out: *u64) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+pub export fn lx_windows_epoch(parts: ?[*]const Part, part_count: u32, out: ?*u64) c_int {
+    const ps = partsOf(parts, part_count) orelse return refuse();
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
-    out.* = windows.epochOf(ps);
+    const o = out orelse return invalid("out is null", .{});
+    o.* = windows.epochOf(ps);
     return 0;
 }
 
@@ -81,8 +85,7 @@ pub export fn lx_windows_gather(
     segments: ?[*]i32,
     lanes: u32,
 ) c_int {
-    const ps = partsOf(parts, part_count) orelse
-        return invalid("parts must be 1 to {d}, sorted by first from 0", .{store_parts.parts_max});
+    const ps = partsOf(parts, part_count) orelse return refuse();
     if (enterParts(ps)) |rc| return rc;
     defer leaveParts(ps);
     const sp = spec orelse return invalid("spec is null", .{});
