@@ -17,6 +17,7 @@ const invalid = capi.invalid;
 const gpa = capi.gpa;
 const loaderHandle = capi.loaderHandle;
 
+/// `invalid` for a loader handle loaderHandle refused.
 fn notALoader() c_int {
     return invalid("not a loader handle (null, or freed)", .{});
 }

@@ -3,7 +3,6 @@
 const std = @import("std");
 const capi = @import("../capi.zig");
 const Store = @import("../Store.zig");
-const store_parts = @import("../store_parts.zig");
 const windows = @import("../windows.zig");
 
 const Part = capi.Part;
