@@ -7,7 +7,7 @@
 //!   zig build            host library into loaderx/lib/ (portable target, not the host CPU)
 //!   zig build test       the native test suite, Debug, ReleaseSafe and ReleaseFast
 //!   zig build dist       every release target into zig-out/dist/<wheel platform tag>/
-//!   zig build bindings   regenerate loaderx/_abi.py from src/capi.zig (committed)
+//!   zig build bindings   regenerate loaderx/_abi.py from src/capi.zig, src/capi/ (committed)
 //!   zig build bindings-print   the same file into <prefix>/bindings/ (tests compare)
 //!   zig build forger-layout    regenerate tests/_lxlayout.py from src/format.zig (committed)
 //!   zig build forger-layout-print   the same file into <prefix>/layout/ (tests compare)
@@ -296,7 +296,7 @@ pub fn build(b: *std.Build) void {
     const abi = b.addRunArtifact(gen).captureStdOut(.{});
     const update = b.addUpdateSourceFiles();
     update.addCopyFileToSource(abi, "loaderx/_abi.py");
-    b.step("bindings", "Regenerate loaderx/_abi.py from src/capi.zig").dependOn(&update.step);
+    b.step("bindings", "Regenerate loaderx/_abi.py from the C ABI (src/capi*)").dependOn(&update.step);
     const print = b.addInstallFile(abi, "bindings/_abi.py");
     b.step("bindings-print", "Write the generated _abi.py to <prefix>/bindings/").dependOn(&print.step);
 

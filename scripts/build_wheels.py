@@ -11,7 +11,8 @@
    retags the wheel `py3-none-<tag>`: the library links no CPython (cffi ABI mode).
 3. Checks: `auditwheel show` on Linux wheels (for the musl ones see auditwheel_tag); lief
    reads every library (format, CPU, exports, glibc symbol versions, macOS minos and
-   signature); and our own check: the exports equal src/capi.zig's `export fn lx_*` set.
+   signature); and our own check: the exports equal the C ABI's `export fn lx_*` set
+   (src/capi.zig and its area files, src/capi/*.zig).
 """
 from __future__ import annotations
 
@@ -70,8 +71,11 @@ def versions() -> dict[str, str]:
 
 
 def capi_exports() -> set[str]:
-    """The `export fn` names of src/capi.zig: what every library must export, exactly."""
-    return set(re.findall(r"\bexport\s+fn\s+(\w+)\s*\(", (ROOT / "src/capi.zig").read_text()))
+    """The `export fn` names of the C ABI (src/capi.zig, the root, and its area files
+    src/capi/*.zig): what every library must export, exactly."""
+    files = [ROOT / "src/capi.zig", *sorted((ROOT / "src/capi").glob("*.zig"))]
+    return {name for path in files
+            for name in re.findall(r"\bexport\s+fn\s+(\w+)\s*\(", path.read_text())}
 
 
 def parse_tag(tag: str) -> tuple[str, str, tuple[int, int] | None]:
@@ -136,7 +140,7 @@ def check_library(path: Path, tag: str, expected: set[str] | None) -> str:
     if os_name == "macosx":
         names = {n[1:] for n in names - MACHO_LINKER_SYMBOLS}
     if expected is not None and names != expected:
-        raise PackError(f"{tag}: exports differ from src/capi.zig: missing "
+        raise PackError(f"{tag}: exports differ from the C ABI (src/capi*): missing "
                         f"{sorted(expected - names)}, extra {sorted(names - expected)}")
     if not names or any(not n.startswith("lx_") for n in names):
         raise PackError(f"{tag}: exports must be lx_* only, got {sorted(names)[:10]}")

@@ -218,6 +218,9 @@ pub const Handout = struct {
     images_skipped: ?*u32 = null,
 };
 
+/// `canary_value` from create until destroy (the C ABI checks it: a null,
+/// foreign or freed pointer is refused, not followed).
+canary: u64 = canary_value,
 gpa: Allocator,
 config: Config,
 mode: sampler.Mode,
@@ -623,6 +626,8 @@ pub fn stop(l: *Loader) void {
     l.joined.store(true, .release);
 }
 
+pub const canary_value: u64 = 0x5245444144584C31;
+
 /// Stops, lets go of the stores and frees the loader (and every buffer it
 /// still holds). No other call may race it.
 pub fn destroy(l: *Loader) void {
@@ -636,6 +641,7 @@ pub fn destroy(l: *Loader) void {
     const gpa = l.gpa;
     gpa.free(l.threads);
     l.freeBuffers();
+    l.canary = 0;
     gpa.destroy(l);
 }
 

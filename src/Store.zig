@@ -4,16 +4,19 @@
 //! own that take `*Store` first; the public ones are re-exported below as
 //! methods (`s.gather(...)`). Where each method lives:
 //!
-//!   Store.zig           the struct and its lifetime (open, create, enter,
-//!                       leave, shutdown, hold, unhold, close), errors
-//!                       (ioFail, failWith, checkUsable), the header, blobs
-//!                       and identity read at open, the commit (readCommit,
+//!   Store.zig           the struct and its lifetime (open, enter, leave,
+//!                       shutdown, hold, unhold, close), errors (ioFail,
+//!                       failWith, checkUsable), the header, blobs and
+//!                       identity read at open, the commit (readCommit,
 //!                       writeCommit, syncFile, syncLocked), the mapped table
 //!                       and data (table, Table, dataMap, checkLoc), readers
 //!                       (enterRead, exitRead), the writer lock and exclusive
 //!                       access (beginMutation, takeWriterLock,
-//!                       acquireExclusive, releaseExclusive), fork adoption
-//!                       (adoptInChild), stats.
+//!                       acquireExclusive, releaseExclusive), stats.
+//!   store_create.zig    a create: its options (OpenOptions) and their checks,
+//!                       the new store's files, randomU64.
+//!   store_fork.zig      the registry of open handles and the atfork
+//!                       handlers (installForkHandlers, adoptInChild).
 //!   store_read.zig      gather, gatherAlloc, verify; for multi-store reads
 //!                       snapshot, publishedCommit, gatherReads, packedReads.
 //!   store_append.zig    append, publish, sync (Batch, Scratch).
@@ -69,7 +72,6 @@
 const Store = @This();
 
 const std = @import("std");
-const builtin = @import("builtin");
 const Io = std.Io;
 const File = Io.File;
 const Allocator = std.mem.Allocator;
@@ -84,7 +86,8 @@ const mapping = @import("mapping.zig");
 const store_read = @import("store_read.zig");
 const store_append = @import("store_append.zig");
 const store_maintain = @import("store_maintain.zig");
-const Cache = @import("Cache.zig");
+const store_create = @import("store_create.zig");
+const store_fork = @import("store_fork.zig");
 const Codec = format.Codec;
 const RecordLoc = format.RecordLoc;
 const Commit = format.Commit;
@@ -126,7 +129,16 @@ pub const publish = store_append.publish;
 pub const sync = store_append.sync;
 pub const delete = store_maintain.delete;
 pub const compact = store_maintain.compact;
+pub const OpenOptions = store_create.OpenOptions;
+pub const frame_size_min = store_create.frame_size_min;
+pub const frame_size_max = store_create.frame_size_max;
+pub const randomU64 = store_create.randomU64;
+pub const installForkHandlers = store_fork.installForkHandlers;
+pub const adoptInChild = store_fork.adoptInChild;
 
+/// `canary_value` from open until the handle is freed (the C ABI checks
+/// it: a null, foreign or freed pointer is refused, not followed).
+canary: u64 = canary_value,
 gpa: Allocator,
 dir: Io.Dir,
 meta: File,
@@ -183,7 +195,9 @@ delete_epoch: std.atomic.Value(u64) = .init(0),
 registry_prev: ?*Store = null,
 registry_next: ?*Store = null,
 
-const closed_bit: u64 = 1 << 63;
+pub const closed_bit: u64 = 1 << 63;
+
+pub const canary_value: u64 = 0x45524F5453584C31;
 
 // ---------------------------------------------------------------- lifetime
 
@@ -229,6 +243,7 @@ pub fn hold(s: *Store) void {
 pub fn unhold(s: *Store) void {
     if (s.holders.fetchSub(1, .acq_rel) != 1) return;
     assert(s.users.load(.acquire) == closed_bit);
+    s.canary = 0;
     s.gpa.destroy(s);
 }
 
@@ -237,7 +252,7 @@ fn releaseResources(s: *Store) void {
     // The last user is gone: no call and no gather can touch what is freed.
     assert(s.users.load(.acquire) == closed_bit);
     assert(s.readers_active.load(.acquire) == 0);
-    unregister(s);
+    store_fork.unregister(s);
     s.index_maps.deinit();
     s.data_maps.deinit();
     s.meta_map.unmap();
@@ -357,108 +372,19 @@ pub fn checkUsable(s: *const Store) Error!void {
     );
 }
 
-// ---------------------------------------------------------------- open / create
-
-pub const OpenOptions = struct {
-    create: bool = false,
-    codec: Codec = .zstd,
-    level: i32 = codec.level_default,
-    dict: []const u8 = &.{},
-    /// The type identity (null: none, a plain byte store). Checked in full
-    /// (format.Identity.parse) before anything is created.
-    identity: ?format.Identity.Full = null,
-    /// Non-zero (raw codec only): the fixed-width layout, see format.Header.
-    fixed_size: u64 = 0,
-    /// Non-zero (zstd codecs only): records longer than this are written
-    /// seekable, in frames of this many raw bytes (format.zig).
-    frame_size: u64 = 0,
-};
-
-/// The bounds of `OpenOptions.frame_size`: a seek table entry holds a frame's
-/// sizes in 32 bits, and frames below a few dozen bytes only add overhead.
-pub const frame_size_min: u64 = 64;
-pub const frame_size_max: u64 = 1 << 30;
-
-fn validateCreate(opts: OpenOptions) Error!void {
-    if (opts.fixed_size != 0 and opts.codec != .raw) {
-        return diag.fail(error.InvalidArgument, "the fixed-width layout needs codec raw", .{});
-    }
-    if (!codec.levelValid(opts.level)) {
-        return diag.fail(error.InvalidArgument, "zstd level {d} is out of range", .{opts.level});
-    }
-    if (opts.frame_size != 0 and opts.codec == .raw) {
-        return diag.fail(error.InvalidArgument, "frame_size applies to the zstd codecs", .{});
-    }
-    if (opts.frame_size != 0 and
-        (opts.frame_size < frame_size_min or opts.frame_size > frame_size_max))
-    {
-        return diag.fail(
-            error.InvalidArgument,
-            "frame_size {d} is out of range ({d} to {d} bytes)",
-            .{ opts.frame_size, frame_size_min, frame_size_max },
-        );
-    }
-    if (opts.codec == .zstd_dict) {
-        if (opts.dict.len == 0) {
-            return diag.fail(
-                error.BadDictionary,
-                "codec zstd_dict needs a dictionary (dict_bytes); train one with train_dict",
-                .{},
-            );
-        }
-        var d = codec.Dict.init(opts.dict, opts.level) catch
-            return diag.fail(
-                error.BadDictionary,
-                "dict_bytes ({d} bytes) is not a zstd dictionary; train one with train_dict",
-                .{opts.dict.len},
-            );
-        d.deinit();
-    } else if (opts.dict.len != 0) {
-        return diag.fail(
-            error.BadDictionary,
-            "dict_bytes given but codec is {s}; use codec zstd_dict",
-            .{@tagName(opts.codec)},
-        );
-    }
-}
-
-/// The stored form of a create's identity (empty for none), checked as
-/// every open checks it. The caller frees it.
-fn identityBytes(gpa: Allocator, opts: OpenOptions) Error![]u8 {
-    const id = opts.identity orelse return &.{};
-    if (id.descr.len > format.Identity.descr_size_max or
-        id.name.len > format.Identity.name_size_max or
-        id.head.descr_size != id.descr.len or id.head.name_size != id.name.len)
-    {
-        const why = "the type identity's dtype texts are too long";
-        return diag.fail(error.InvalidArgument, why, .{});
-    }
-    const bytes = gpa.alloc(u8, id.size()) catch return error.OutOfMemory;
-    errdefer gpa.free(bytes);
-    id.write(bytes);
-    const why = switch (format.Identity.parse(bytes)) {
-        .ok => |full| blk: {
-            var h = std.mem.zeroes(Header);
-            h.fixed_size = opts.fixed_size;
-            break :blk full.head.layoutProblem(&h) orelse return bytes;
-        },
-        .newer => "it names a version this library does not write",
-        .bad => |b| b,
-    };
-    return diag.fail(error.InvalidArgument, "the type identity is invalid: {s}", .{why});
-}
+// ---------------------------------------------------------------- open
 
 pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     const io = pool.io();
     var user: []u8 = &.{};
     if (opts.create) {
-        try validateCreate(opts);
-        user = try identityBytes(gpa, opts);
+        try store_create.validateCreate(opts);
+        user = try store_create.identityBytes(gpa, opts);
     }
     defer gpa.free(user);
     const dir = try openDir(path, opts.create);
     errdefer dir.close(io);
-    if (opts.create) try createIfMissing(dir, opts, user);
+    if (opts.create) try store_create.createIfMissing(dir, opts, user);
 
     const s = gpa.create(Store) catch return error.OutOfMemory;
     errdefer gpa.destroy(s);
@@ -482,7 +408,7 @@ pub fn open(gpa: Allocator, path: []const u8, opts: OpenOptions) Error!*Store {
     assert(s.header.format_version <= format.format_version);
     assert(s.commit.consistent());
     assert(s.users.load(.monotonic) == 1);
-    register(s);
+    store_fork.register(s);
     return s;
 }
 
@@ -706,118 +632,6 @@ fn loadIdentity(s: *Store) Error!void {
     s.identity_encoding = .native;
     assert(s.identity.descr.len == s.identity.head.descr_size);
     assert(s.identity.name.len == s.identity.head.name_size);
-}
-
-fn initialCommit() Commit {
-    var c = std.mem.zeroes(Commit);
-    c.checksum = c.computeChecksum();
-    return c;
-}
-
-fn newHeader(opts: OpenOptions, user: []const u8) Header {
-    var header = std.mem.zeroes(Header);
-    header.magic = format.magic;
-    header.format_version = format.format_version;
-    header.header_size = @sizeOf(Header);
-    header.codec = @backingInt(opts.codec);
-    header.level = opts.level;
-    header.dict_size = opts.dict.len;
-    header.user_size = user.len;
-    header.fixed_size = opts.fixed_size;
-    header.frame_size = opts.frame_size;
-    header.uid = newUid();
-    header.blob_checksum = format.blobChecksum(opts.dict, user);
-    header.checksum = header.computeChecksum();
-    // validateCreate's rules, which every open checks again (checkHeader).
-    assert(header.fixed_size == 0 or opts.codec == .raw);
-    assert(header.frame_size == 0 or opts.codec != .raw);
-    assert(header.uid != 0);
-    return header;
-}
-
-/// A random store id, never 0 (0 marks stores written before ids existed).
-fn newUid() u64 {
-    return randomU64() | 1;
-}
-
-var random_calls: std.atomic.Value(u64) = .init(0);
-
-/// 64 random bits for names and ids (unique, not secret): the kernel's
-/// getrandom on Linux (a system call: no descriptor kept open, unlike a
-/// cached /dev/urandom), mixed with the clock, the process and a counter,
-/// which alone keep values distinct where there is no such call.
-pub fn randomU64() u64 {
-    var bytes: [8]u8 = @splat(0);
-    if (builtin.os.tag == .linux) _ = std.os.linux.getrandom(&bytes, bytes.len, 0);
-    var h = std.hash.XxHash64.init(0x4C5F);
-    h.update(&bytes);
-    h.update(std.mem.asBytes(&pool.currentPid()));
-    const now = Io.Timestamp.now(pool.io(), .real);
-    h.update(std.mem.asBytes(&now));
-    h.update(std.mem.asBytes(&random_calls.fetchAdd(1, .monotonic)));
-    return h.final();
-}
-
-fn createIfMissing(dir: Io.Dir, opts: OpenOptions, user: []const u8) Error!void {
-    const io = pool.io();
-    if (dir.access(io, "meta", .{})) |_| return else |_| {}
-    // Before creating anything: a refused create leaves the directory as it was.
-    try refuseForeignFiles(dir);
-    // The writer lock serializes concurrent creators: only one writes meta.
-    const lock = fsio.create(dir, "lock", false) catch |e| return ioFail(e, "creating lock");
-    defer lock.close(io);
-    lock.lock(io, .exclusive) catch |e| return ioFail(e, "locking lock");
-    if (dir.access(io, "meta", .{})) |_| return else |_| {}
-
-    for ([_][:0]const u8{ "index", "data" }) |name| {
-        const f = fsio.create(dir, name, true) catch |e| return ioFail(e, "creating store files");
-        f.close(io);
-    }
-    try writeNewMeta(dir, newHeader(opts, user), opts.dict, user);
-    // meta appears atomically, complete: a crash before this leaves no store.
-    fsio.rename(dir, "meta.tmp", "meta") catch |e| return ioFail(e, "publishing meta");
-    fsio.syncDir(dir, ".") catch |e| return ioFail(e, "syncing the store directory");
-}
-
-fn writeNewMeta(dir: Io.Dir, header: Header, dict: []const u8, user: []const u8) Error!void {
-    assert(header.dict_size == dict.len);
-    assert(header.user_size == user.len);
-    assert(header.blob_checksum == format.blobChecksum(dict, user));
-    const io = pool.io();
-    const commit = initialCommit();
-    const tmp = fsio.create(dir, "meta.tmp", true) catch |e| return ioFail(e, "creating meta");
-    defer tmp.close(io);
-    var page: [format.page_size]u8 = @splat(0);
-    @memcpy(page[0..@sizeOf(Header)], std.mem.asBytes(&header));
-    fsio.write(tmp, "meta.tmp", &page, 0) catch |e| return ioFail(e, "writing meta");
-    @memset(&page, 0);
-    @memcpy(page[0..@sizeOf(Commit)], std.mem.asBytes(&commit));
-    fsio.write(tmp, "meta.tmp", &page, format.commit_offset) catch |e|
-        return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", dict, format.blob_offset) catch |e|
-        return ioFail(e, "writing meta");
-    fsio.write(tmp, "meta.tmp", user, format.blob_offset + dict.len) catch |e|
-        return ioFail(e, "writing meta");
-    fsio.sync(tmp, "meta.tmp") catch |e| return ioFail(e, "syncing meta");
-}
-
-fn refuseForeignFiles(dir: Io.Dir) Error!void {
-    const io = pool.io();
-    const known = [_][]const u8{ "lock", "index", "data", "meta.tmp", "journal" };
-    const d = dir.openDir(io, ".", .{ .iterate = true }) catch |e|
-        return ioFail(e, "listing the store directory");
-    defer d.close(io);
-    var it = d.iterate();
-    while (it.next(io) catch |e| return ioFail(e, "listing the store directory")) |entry| {
-        if (store_maintain.isWindowsIndexName(entry.name)) continue; // bound to its store's uid
-        for (known) |k| {
-            if (std.mem.eql(u8, k, entry.name)) break;
-        } else return diag.fail(
-            error.NotAStore,
-            "directory is not empty and holds no loaderx store (found '{s}')",
-            .{entry.name},
-        );
-    }
 }
 
 // ---------------------------------------------------------------- state
@@ -1128,175 +942,8 @@ pub fn releaseExclusive(s: *Store) void {
     s.exclusive.store(false, .seq_cst);
 }
 
-// ---------------------------------------------------------------- fork
-
-/// Every handle whose files are open in this process. `registry_mutex` is
-/// held across fork() by the atfork handlers, so a child never finds the
-/// list half-updated by a thread that does not exist there.
-var registry_head: ?*Store = null;
-var registry_mutex: std.atomic.Mutex = .unlocked;
-/// 0: the atfork handlers are not installed, 1: being installed, 2: installed.
-var atfork_state: std.atomic.Value(u8) = .init(0);
-const has_fork = builtin.os.tag != .windows and builtin.os.tag != .wasi;
-
-fn lockRegistry() void {
-    while (!registry_mutex.tryLock()) std.atomic.spinLoopHint();
-}
-
-fn register(s: *Store) void {
-    assert(s.registry_prev == null);
-    assert(s.registry_next == null);
-    installForkHandlers();
-    lockRegistry();
-    defer registry_mutex.unlock();
-    s.registry_prev = null;
-    s.registry_next = registry_head;
-    if (registry_head) |head| head.registry_prev = s;
-    registry_head = s;
-}
-
-fn unregister(s: *Store) void {
-    lockRegistry();
-    defer registry_mutex.unlock();
-    if (s.registry_prev) |prev| prev.registry_next = s.registry_next else {
-        assert(registry_head == s);
-        registry_head = s.registry_next;
-    }
-    if (s.registry_next) |next| next.registry_prev = s.registry_prev;
-    s.registry_prev = null;
-    s.registry_next = null;
-}
-
-/// Installs the atfork handlers once per process, on the first open of a
-/// store or of a node-local cache (src/Cache.zig, whose handles the same
-/// handlers make the child's own).
-pub fn installForkHandlers() void {
-    if (!has_fork) return;
-    while (true) {
-        switch (atfork_state.load(.acquire)) {
-            2 => return,
-            0 => if (atfork_state.cmpxchgStrong(0, 1, .acquire, .monotonic) == null) {
-                // Fails only without memory for the handler table: forks then
-                // keep the behaviour of a plain inherited descriptor.
-                _ = std.c.pthread_atfork(forkPrepare, forkParent, forkChild);
-                atfork_state.store(2, .release);
-                return;
-            },
-            else => std.atomic.spinLoopHint(),
-        }
-    }
-}
-
-fn forkPrepare() callconv(.c) void {
-    lockRegistry();
-    Cache.lockRegistry();
-}
-
-fn forkParent() callconv(.c) void {
-    Cache.registry_mutex.unlock();
-    registry_mutex.unlock();
-}
-
-fn forkChild() callconv(.c) void {
-    var it = registry_head;
-    while (it) |s| : (it = s.registry_next) s.adoptInChild();
-    Cache.adoptAllInChild();
-    Cache.registry_mutex.unlock();
-    registry_mutex.unlock();
-}
-
-/// In a forked child, inside fork() (one thread; async-signal-safe calls
-/// only): makes the inherited handle `s` the child's own. See "Fork" in the
-/// file comment. A store whose `meta` is gone from its directory keeps the
-/// inherited file (and no lock of its own).
-pub fn adoptInChild(s: *Store) void {
-    if (s.writer_lock) |l| {
-        // Closing the child's copy leaves the parent's lock in place.
-        _ = std.c.close(l.handle);
-        s.writer_lock = null;
-    }
-    // Held, maybe, by parent threads that do not exist here: the child never
-    // writes (open_pid), and its reads must not wait for them.
-    s.write_mutex = .init;
-    s.index_maps.mutex = .init;
-    s.data_maps.mutex = .init;
-    // `dir` pins the store's directory even if it was renamed; `meta` is never
-    // replaced once a handle can open it, so this is the same file.
-    var flags: std.posix.O = .{ .ACCMODE = .RDONLY, .CLOEXEC = true };
-    flags.NOFOLLOW = true;
-    const fd = std.c.openat(s.dir.handle, "meta", flags, @as(std.posix.mode_t, 0));
-    if (fd < 0) return;
-    if (!s.isClosed()) {
-        // Blocks while the parent's delete or compact holds meta exclusively:
-        // reading during it would see records move.
-        while (std.c.flock(fd, std.posix.LOCK.SH) != 0) {
-            if (std.posix.errno(@as(c_int, -1)) != .INTR) {
-                _ = std.c.close(fd);
-                return;
-            }
-        }
-    }
-    _ = std.c.close(s.meta.handle);
-    s.meta = .{ .handle = fd, .flags = .{ .nonblocking = false } };
-    // A delete, compact or gathers the parent was running: their threads do
-    // not exist here, and their changes are published by now.
-    s.exclusive.store(false, .seq_cst);
-    s.readers_active.store(0, .seq_cst);
-}
-
-test "the registry holds exactly the open handles" {
-    var tmp = std.testing.tmpDir(.{});
-    defer tmp.cleanup();
-    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", std.testing.allocator);
-    defer std.testing.allocator.free(base);
-    var buf: [4096]u8 = undefined;
-    const a = try open(std.testing.allocator, try std.fmt.bufPrint(&buf, "{s}/a", .{base}), .{
-        .create = true,
-    });
-    var buf2: [4096]u8 = undefined;
-    const b = try open(std.testing.allocator, try std.fmt.bufPrint(&buf2, "{s}/b", .{base}), .{
-        .create = true,
-    });
-    try std.testing.expect(registered(a) and registered(b));
-    a.close();
-    try std.testing.expect(!registered(a) and registered(b));
-    b.close();
-}
-
-fn registered(s: *Store) bool {
-    lockRegistry();
-    defer registry_mutex.unlock();
-    var it = registry_head;
-    while (it) |x| : (it = x.registry_next) if (x == s) return true;
-    return false;
-}
-
-test "adopting a handle drops the writer lock and holds meta through its own file" {
-    if (!has_fork) return error.SkipZigTest;
-    var tmp = std.testing.tmpDir(.{});
-    defer tmp.cleanup();
-    const base = try tmp.dir.realPathFileAlloc(pool.io(), ".", std.testing.allocator);
-    defer std.testing.allocator.free(base);
-    var buf: [4096]u8 = undefined;
-    const path = try std.fmt.bufPrint(&buf, "{s}/s", .{base});
-    const s = try open(std.testing.allocator, path, .{ .create = true });
-    defer s.close();
-    const rec: []const u8 = "abc";
-    const ptrs = [_][*]const u8{rec.ptr};
-    const sizes = [_]u64{rec.len};
-    _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = 1 }, false);
-    try std.testing.expect(s.writer_lock != null);
-    const old_meta = s.meta.handle;
-    s.adoptInChild(); // here the only copy of the writer lock: closing it frees it
-    try std.testing.expect(s.writer_lock == null and s.meta.handle != old_meta);
-    const other = try open(std.testing.allocator, path, .{});
-    defer other.close();
-    const lock = try other.takeWriterLock();
-    lock.close(pool.io());
-    // The adopted handle's own shared lock refuses another handle's delete.
-    try std.testing.expect(!(try other.upgradeMetaLock()));
-}
-
 test {
     _ = @import("store_test.zig");
+    _ = store_create;
+    _ = store_fork;
 }

@@ -1,6 +1,7 @@
 //! Generates loaderx/_abi.py from the C ABI itself (`zig build bindings`):
-//! the cffi declarations of every `lx_*` export of capi.zig, read from their
-//! types, and every constant Python shares with the library (result codes
+//! the cffi declarations of every `lx_*` export of the C ABI (src/capi.zig
+//! and its area files under src/capi/, in the order of `capi.areas`), read
+//! from their types, and every constant Python shares with the library (result codes
 //! with their names, codecs, sampler modes, gather parts, blob ids, fault
 //! kinds, loader bounds, the format version, struct sizes). Nothing is kept
 //! twice by hand: tests/project/test_abi.py regenerates the file and fails on any
@@ -92,8 +93,8 @@ fn cType(comptime T: type) []const u8 {
     };
 }
 
-fn declaration(comptime name: []const u8) []const u8 {
-    const info = @typeInfo(@TypeOf(@field(capi, name))).@"fn";
+fn declaration(comptime area: type, comptime name: []const u8) []const u8 {
+    const info = @typeInfo(@TypeOf(@field(area, name))).@"fn";
     const ret = cType(info.return_type.?);
     var params: []const u8 = "";
     inline for (info.param_types, 0..) |t, i| {
@@ -137,11 +138,13 @@ const cdef = blk: {
         capi.Fetch,
     };
     for (structs) |T| text = text ++ structDef(T);
-    for (@typeInfo(capi).@"struct".decl_names) |name| {
-        if (std.mem.startsWith(u8, name, "lx_") and
-            @typeInfo(@TypeOf(@field(capi, name))) == .@"fn")
-        {
-            text = text ++ declaration(name);
+    for (capi.areas) |area| {
+        for (@typeInfo(area).@"struct".decl_names) |name| {
+            if (std.mem.startsWith(u8, name, "lx_") and
+                @typeInfo(@TypeOf(@field(area, name))) == .@"fn")
+            {
+                text = text ++ declaration(area, name);
+            }
         }
     }
     break :blk text;

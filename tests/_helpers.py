@@ -1,7 +1,9 @@
 """Helpers shared by the Python test modules."""
 from __future__ import annotations
 
+import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -53,6 +55,18 @@ def assert_generated_current(step: str, printed: str, committed: str, tmp_path) 
     with open(os.path.join(ROOT, committed)) as f:
         assert fresh == f.read(), f"{committed} is stale: run `python -m ziglang build " \
             f"{step.removesuffix('-print')}`"
+
+
+def c_abi_exports() -> list[str]:
+    """The `pub export fn lx_*` names of the C ABI, as its sources declare
+    them: src/capi.zig (the root) and its area files, src/capi/*.zig."""
+    paths = [os.path.join(ROOT, "src", "capi.zig")]
+    paths += sorted(glob.glob(os.path.join(ROOT, "src", "capi", "*.zig")))
+    names = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            names += re.findall(r"^pub export fn (lx_\w+)\(", f.read(), re.M)
+    return names
 
 
 def loader_threads():

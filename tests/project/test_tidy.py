@@ -5,6 +5,9 @@ checked mechanically (as TigerBeetle's tidy does).
   Python: the `def` line to the last line of the body);
 - every line is at most 100 columns (generated files, whose first line says
   "Generated", are exempt: they mirror their source);
+- every Zig file under src/ is at most 1,000 lines (generated ones exempt, as
+  above): a file past it is split by responsibility (src/capi/ holds the C
+  ABI's areas, store_*.zig the store's operations);
 - src/ has no `@panic`, and every `unreachable` carries a comment, on its line or
   the line above, naming the invariant that makes it unreachable;
 - every file starts with a doc comment (Zig `//!`, Python a module docstring);
@@ -64,6 +67,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FUNCTION_LINES_MAX = 70
 LINE_COLUMNS_MAX = 100
+ZIG_FILE_LINES_MAX = 1000
 
 
 def zig_files():
@@ -193,6 +197,21 @@ def is_generated(lines):
     return bool(lines) and "Generated" in lines[0]
 
 
+def long_zig_files():
+    """`file: N lines` for every Zig file under src/ over ZIG_FILE_LINES_MAX
+    (lines as `wc -l` counts them)."""
+    found = []
+    for path in zig_files():
+        lines = read_lines(path)
+        if is_generated(lines):
+            continue
+        count = len(lines) - (lines[-1] == "")
+        if count > ZIG_FILE_LINES_MAX:
+            found.append(f"{rel(path)}: {count} lines (max {ZIG_FILE_LINES_MAX}): split it by "
+                         "responsibility")
+    return found
+
+
 def long_lines():
     found = []
     for path in all_files():
@@ -247,6 +266,11 @@ def test_functions_are_short():
 def test_lines_are_short():
     found = long_lines()
     assert not found, report(f"lines over {LINE_COLUMNS_MAX} columns", found)
+
+
+def test_zig_files_stay_within_their_lines():
+    found = long_zig_files()
+    assert not found, report(f"Zig files over {ZIG_FILE_LINES_MAX} lines", found)
 
 
 def test_no_panic_and_unreachable_is_explained():
@@ -621,6 +645,7 @@ if __name__ == "__main__":
     sizes = function_sizes()
     over = [s for s in sizes if s[3] > FUNCTION_LINES_MAX]
     print(f"long lines: {len(long_lines())}")
+    print(f"Zig files over {ZIG_FILE_LINES_MAX} lines: {long_zig_files() or 'none'}")
     print(f"functions over {FUNCTION_LINES_MAX} lines: {len(over)}")
     for path, line, name, size in sorted(over, key=lambda s: -s[3]):
         print(f"  {path}:{line}: {name} {size}")

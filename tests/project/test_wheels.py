@@ -161,8 +161,8 @@ def _built_libraries() -> list[tuple[Path, str]]:
                          or [pytest.param(None, None, marks=pytest.mark.skip(
                              reason="no library built (pip install -e . or zig build dist)"))])
 def test_built_libraries_pass_the_release_checks(lib, tag):
-    # The dev library is rebuilt with every install, so it must export exactly capi.zig's
-    # set; zig-out/dist may predate the latest edit of capi.zig, so there only lx_* names
+    # The dev library is rebuilt with every install, so it must export exactly the C ABI's
+    # set; zig-out/dist may predate the latest edit of it, so there only lx_* names
     # are required (the exact set is checked again when the release is packed).
     expected = bw.capi_exports() if lib == _dev_library() else None
     summary = bw.check_library(lib, tag, expected)
@@ -295,7 +295,7 @@ def test_host_wheel_passes_the_suite_in_a_fresh_venv(release):
     assert re.fullmatch(r"\d+\.\d+\.\d+", where["version"])
     _run([venv / ("Scripts" if sys.platform == "win32" else "bin") / "loaderx", "--help"],
          cwd=outside)
-    # The suite, copied out of the repository. tests/ reads src/capi.zig (the ABI test),
+    # The suite, copied out of the repository. tests/ reads src/capi*.zig (the ABI test),
     # scripts/ (the bench smoke test) and the README, docs/ and examples/ (whose code
     # runs as tests), so those come along as data; the loaderx
     # package exists only in the venv. The three source-tree tests stay behind: this
