@@ -489,8 +489,11 @@ class Store:
         return self._frame_size
 
     def __len__(self) -> int:
+        h = self._h()
+        if self._remote is not None:  # the version it opened: its length never changes
+            return self._remote.rep.records
         n = ffi.new("uint64_t *")
-        check(lib.lx_len(self._h(), n), self._path)
+        check(lib.lx_len(h, n), self._path)
         return int(n[0])
 
     def _indices(self, key) -> tuple[np.ndarray, bool]:
