@@ -47,28 +47,53 @@ pub const Scratch = struct {
     }
 };
 
-/// What a thread keeps of its scratch between calls (see `threadScratch`):
-/// a call that needed more gives the rest back when it ends, so a thread
-/// holds, and a thread that exits leaks, at most this much.
-pub const thread_keep_bytes: usize = 256 << 10;
+/// What a kept scratch may hold between calls (see `ScratchPool`): a call
+/// that needed more frees it when it ends.
+pub const scratch_keep_bytes: usize = 256 << 10;
 
-threadlocal var thread_scratch: Scratch = .{};
-threadlocal var thread_scratch_busy: bool = false;
+/// Scratches kept between C-ABI calls, shared by every thread: a call takes
+/// one (a kept one, or a new one), uses it, and gives it back. At most
+/// `kept` of at most `scratch_keep_bytes` each stay, owned by the pool, so a
+/// thread that exits leaves nothing behind (a thread-local scratch leaked its
+/// bytes with every thread that ended). `T` has `capacityBytes` and `deinit`.
+pub fn ScratchPool(comptime T: type) type {
+    return struct {
+        const kept = 8;
+        var lock: std.atomic.Mutex = .unlocked;
+        var free: [kept]T = undefined;
+        var free_len: usize = 0;
 
-/// The calling thread's scratch for one C-ABI gather or prefetch, reused
-/// call after call instead of built and freed by each; `releaseThreadScratch`
-/// ends its use. A call never nests in another on the same thread.
-pub fn threadScratch() *Scratch {
-    assert(!thread_scratch_busy);
-    thread_scratch_busy = true;
-    return &thread_scratch;
+        /// A scratch for one call, owned by the caller until `give`.
+        pub fn take() T {
+            while (!lock.tryLock()) std.atomic.spinLoopHint();
+            defer lock.unlock();
+            assert(free_len <= kept);
+            if (free_len == 0) return .{};
+            free_len -= 1;
+            return free[free_len];
+        }
+
+        /// Ends a call's use of `sc`: kept for the next call when it is small
+        /// and the pool has room, freed otherwise.
+        pub fn give(sc: *T, gpa: Allocator) void {
+            if (sc.capacityBytes() <= scratch_keep_bytes) {
+                while (!lock.tryLock()) std.atomic.spinLoopHint();
+                defer lock.unlock();
+                if (free_len < kept) {
+                    free[free_len] = sc.*;
+                    free_len += 1;
+                    sc.* = .{};
+                    return;
+                }
+            }
+            sc.deinit(gpa);
+            sc.* = .{};
+        }
+    };
 }
 
-pub fn releaseThreadScratch(gpa: Allocator) void {
-    assert(thread_scratch_busy);
-    thread_scratch_busy = false;
-    if (thread_scratch.capacityBytes() > thread_keep_bytes) thread_scratch.deinit(gpa);
-}
+/// The pool of the gathers' and prefetches' scratches.
+pub const scratches = ScratchPool(Scratch);
 
 /// Holds a read on every part's store and snapshots them all; `end` gives
 /// the holds back. Nothing is held when it fails.
@@ -231,4 +256,30 @@ test "indices map to the part that holds them" {
     try std.testing.expectEqual(@as(u64, 14), at.local);
     try std.testing.expectEqual(@as(u16, 2), find(&parts, &snaps, 28).?.part);
     try std.testing.expect(find(&parts, &snaps, 29) == null);
+}
+
+test "a scratch pool keeps small scratches for the next call and frees the rest" {
+    const gpa = std.testing.allocator;
+    const pool = ScratchPool(Scratch);
+    var a = pool.take();
+    try a.local.resize(gpa, 16);
+    pool.give(&a, gpa);
+    try std.testing.expectEqual(@as(usize, 0), a.local.capacity); // the pool owns it now
+    var b = pool.take(); // the kept one, its capacity reused
+    try std.testing.expect(b.local.capacity >= 16);
+    try b.local.resize(gpa, scratch_keep_bytes); // over the limit: freed, not kept
+    pool.give(&b, gpa);
+    var c = pool.take();
+    try std.testing.expectEqual(@as(usize, 0), c.capacityBytes());
+    var more: [10]Scratch = undefined; // more than the pool keeps: the rest freed
+    for (&more) |*m| {
+        m.* = pool.take();
+        try m.local.resize(gpa, 8);
+    }
+    for (&more) |*m| pool.give(m, gpa);
+    pool.give(&c, gpa);
+    for (0..pool.kept) |_| { // empty the pool, for the leak check
+        var k = pool.take();
+        k.deinit(gpa);
+    }
 }

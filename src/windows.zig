@@ -187,31 +187,15 @@ pub const Scratch = struct {
         for (&sc.lanes) |*lc| lc.deinit(gpa);
     }
 
-    fn capacityBytes(sc: *const Scratch) usize {
+    pub fn capacityBytes(sc: *const Scratch) usize {
         var n = sc.parts.capacityBytes();
         for (&sc.lanes) |*lc| n += lc.capacityBytes();
         return n;
     }
 };
 
-threadlocal var thread_scratch: Scratch = .{};
-threadlocal var thread_scratch_busy: bool = false;
-
-/// The calling thread's window scratch for one C-ABI call, reused call after
-/// call; kept up to store_parts.thread_keep_bytes (see store_parts.threadScratch).
-pub fn threadScratch() *Scratch {
-    assert(!thread_scratch_busy);
-    thread_scratch_busy = true;
-    return &thread_scratch;
-}
-
-pub fn releaseThreadScratch(gpa: Allocator) void {
-    assert(thread_scratch_busy);
-    thread_scratch_busy = false;
-    if (thread_scratch.capacityBytes() > store_parts.thread_keep_bytes) {
-        thread_scratch.deinit(gpa);
-    }
-}
+/// The pool of the window gathers' scratches (see store_parts.ScratchPool).
+pub const scratches = store_parts.ScratchPool(Scratch);
 
 /// Where window k of a batch goes: row `rows[k]` (k when null) of `tokens`
 /// ((L + 1) * itemsize bytes a row) and of `segments` ((L + 1) int32 a row).

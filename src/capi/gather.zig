@@ -44,8 +44,9 @@ pub export fn lx_gather(
     const d = dest orelse return invalid("dest is null", .{});
     const p = std.enums.fromInt(Store.Part, part) orelse
         return invalid("unknown part {d}", .{part});
-    const sc = store_parts.threadScratch();
-    defer store_parts.releaseThreadScratch(gpa);
+    var scratch = store_parts.scratches.take();
+    defer store_parts.scratches.give(&scratch, gpa);
+    const sc = &scratch;
     store_parts.gather(gpa, ps, idx[0..@intCast(count)], .{
         .base = d,
         .len = @intCast(dest_len),
@@ -87,8 +88,9 @@ pub export fn lx_gather_alloc(
     const raw = raw_sizes orelse return invalid("raw_sizes is null", .{});
     const aux = aux_sizes orelse return invalid("aux_sizes is null", .{});
     const n: usize = @intCast(count);
-    const sc = store_parts.threadScratch();
-    defer store_parts.releaseThreadScratch(gpa);
+    var scratch = store_parts.scratches.take();
+    defer store_parts.scratches.give(&scratch, gpa);
+    const sc = &scratch;
     const buf = store_parts.gatherAlloc(
         gpa,
         ps,
@@ -126,8 +128,9 @@ pub export fn lx_prefetch(
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
     if (flags & ~@as(u32, 3) != 0) return invalid("unknown prefetch flags {d}", .{flags});
-    const sc = store_parts.threadScratch();
-    defer store_parts.releaseThreadScratch(gpa);
+    var scratch = store_parts.scratches.take();
+    defer store_parts.scratches.give(&scratch, gpa);
+    const sc = &scratch;
     const force = flags & 1 != 0;
     const wait = flags & 2 == 0;
     store_parts.prefetch(gpa, ps, idx[0..@intCast(count)], force, wait, sc) catch |e|

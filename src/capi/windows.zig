@@ -91,8 +91,9 @@ pub export fn lx_windows_gather(
     windows.checkSpec(sp.*) catch |e| return code(e);
     if (count == 0) return 0;
     const idx = indices orelse return invalid("indices is null", .{});
-    const sc = windows.threadScratch();
-    defer windows.releaseThreadScratch(gpa);
+    var scratch = windows.scratches.take();
+    defer windows.scratches.give(&scratch, gpa);
+    const sc = &scratch;
     const o: windows.Out = .{ .tokens = tokens, .segments = segments };
     windows.gather(gpa, sp.*, ps, idx[0..@intCast(count)], o, lanes, sc) catch |e| return code(e);
     return 0;
