@@ -11,7 +11,7 @@ import numpy as np
 from . import _abi, _state, image, streams
 from ._lib import usable_cores
 from ._pipeline import Plan
-from ._prefetch import Prefetcher
+from ._prefetch import Prefetcher, Stager, stageable
 from ._ring import Ring
 from ._workers import Workers
 from .mixture import Mixture
@@ -141,7 +141,8 @@ def build_ring(plan: Plan, sampler: Any, options: Options, *, base: Any,
         ring.stage = Workers(ring, transform=transform, workers=workers,
                              gather_kwargs={"threads": lanes} if lanes else {})
     if plan.prefetching:
-        ring.prefetcher = Prefetcher(ring, options.prefetch_bytes)
+        kind = Stager if stageable(plan) else Prefetcher
+        ring.prefetcher = kind(ring, options.prefetch_bytes)
     return ring
 
 

@@ -1,5 +1,17 @@
 """The prefetch stage of a DataLoader whose streams have a ``prefetch`` hook
-(see ``loaderx.streams``): one thread, ``loaderx-prefetch``, computes each
+(see ``loaderx.streams``), in one of two forms.
+
+`Stager`, when every hooked stream is the library's own remote store, view
+or ShardSet (``ring_stages_prefetch``) read natively: the ring stages its
+own steps (src/loader/Stage.zig, a ring opened with ``gated`` 2). Its
+thread, ``loaderx-stage``, sits in ``lx_loader_stage``, which computes each
+step's indices, maps them through the parts (a view's rows too) to each
+replica's records and releases the step once they are in the node-local
+cache, natively, and comes back to Python only for a fetch plan: the thread
+fetches the plan's byte ranges (obstore), lands them and calls again. A warm
+step costs it no call at all, a cold one a call and a landing.
+
+`Prefetcher`, for any other hook: one thread, ``loaderx-prefetch``, computes each
 step's indices ahead (``lx_loader_indices``: a pure function of the step, so
 mixtures are covered), calls the hooks with them in step order, and only then
 releases the step to the gated native ring; a hook's exception fails that
@@ -26,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import streams
+from ._lib import RESULTS, error_for, ffi, lib
 from ._ring import _OWN, Kick, Ring
 from .errors import LoaderClosedError
 
@@ -219,3 +232,115 @@ def _prefetch_main(prefetcher: Prefetcher) -> None:
                 return
         except LoaderClosedError:  # (computing a step's indices)
             return
+
+
+def stageable(plan: Any) -> bool:
+    """Whether the ring can stage every hooked stream of `plan` itself: each
+    is the library's remote store, view or ShardSet (``ring_stages_prefetch``),
+    read natively as records (not token windows) from remote parts."""
+    hooked = [(col, k) for col in plan.columns for k, hook in enumerate(col.prefetch)
+              if hook is not None]
+    return bool(hooked) and all(
+        col.native and not col.windows
+        and getattr(col.streams[k], "ring_stages_prefetch", False) is True
+        and all(part.remote is not None for part in col.parts_of(k))
+        for col, k in hooked)
+
+
+class _Still:
+    """A Kick that nothing needs: the native stager wakes itself."""
+
+    def wake(self) -> None:
+        pass
+
+
+class Stager:
+    """The thread that drives a staged ring (``lx_loader_stage``; see the
+    module docs): it fetches the byte ranges of the plans the ring hands
+    back and lands them. Same interface to the Ring as `Prefetcher`."""
+
+    staged = True
+    #: (The Ring's wake test: a staged ring's budget is the native side's.)
+    budget = None
+
+    def __init__(self, ring: Ring, budget: Optional[int] = None):
+        self.ring = ring
+        self.bytes = budget or 0
+        self.lock = threading.Lock()
+        self.kick = _Still()
+        self.generation = 0
+        self.closed = False
+        self.thread: Optional[threading.Thread] = None
+
+    def bindings(self) -> Dict[int, Any]:
+        """Replica address -> the remote binding of every part the ring reads."""
+        found = {}
+        for col in self.ring.columns:
+            for k in range(len(col.streams)):
+                for part in col.parts_of(k):
+                    if part.remote is not None:
+                        found[int(ffi.cast("uintptr_t", part.remote.rep.h))] = part.remote
+        return found
+
+    def start(self) -> None:
+        with self.lock:
+            if self.closed or self.thread is not None:
+                return
+            self.thread = threading.Thread(target=_stage_main, args=(self, self.bindings()),
+                                           name="loaderx-stage", daemon=True)
+            self.thread.start()
+
+    def wake(self) -> None:
+        pass
+
+    def due(self, deliver: int) -> bool:
+        return False
+
+    def restart(self, step: int, generation: int) -> None:
+        """After a reset (the native stager moved itself): steps of older
+        generations no longer fail. Caller holds ``lock``."""
+        self.generation = generation
+
+    def fail(self, step: int, generation: int, exc: BaseException) -> Any:
+        """Step `step`'s fetch failed with `exc`: raised by its ``next()``;
+        the message that fails it natively."""
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(loaderx: raised fetching step {step} into the node-local cache)")
+        with self.lock:
+            if generation == self.generation:
+                self.ring.failures[step] = exc
+        return ffi.new("char[]", f"the prefetch of step {step} failed: {exc!r}".encode(
+            "utf-8", "replace"))
+
+    def close(self) -> List[threading.Thread]:
+        with self.lock:
+            self.closed = True
+        return [self.thread] if self.thread is not None else []
+
+
+def _stage_main(stager: Stager, bindings: Dict[int, Any]) -> None:
+    ring = stager.ring
+    _OWN.ring = ring
+    f = ffi.new("lx_fetch_t *")
+    out = ffi.new("lx_stage_t *")
+    failure: Any = ffi.NULL
+    while True:
+        try:
+            with ring.entered("DataLoader is closed"):
+                rc = lib.lx_loader_stage(ring.handle, stager.bytes, failure, f, out)
+        except LoaderClosedError:
+            return
+        failure = ffi.NULL
+        if rc == RESULTS["closed"]:
+            return
+        if out.replica == ffi.NULL:  # (a misuse of the call: not for a step)
+            raise error_for(rc, None, "DataLoader staging")
+        binding = bindings[int(ffi.cast("uintptr_t", out.replica))]
+        step, generation = int(out.step), int(out.generation)
+        try:
+            binding._landing(rc, f)  # (a start's error)
+            binding._fetch(f)
+        except BaseException as exc:  # noqa: B036 - raised by next() of its step
+            if not rc:
+                lib.lx_fetch_failed(f, 0)  # (releases what is still reserved)
+            failure = stager.fail(step, generation, exc)

@@ -424,6 +424,14 @@ class Ring:
         self.leave()  # frees the ring unless a native call is still leaving
 
 
+def _gating(ring: Ring) -> int:
+    """lx_loader_config_t.gated: 2 when the ring stages its own steps (a
+    Stager), 1 when Python releases them, else 0."""
+    if getattr(ring.prefetcher, "staged", False):
+        return 2
+    return int(ring.stage is not None or ring.prefetcher is not None)
+
+
 def _pointer(kind: str, array: Optional[np.ndarray]) -> Any:
     if array is None or array.size == 0:
         return ffi.NULL
@@ -451,7 +459,7 @@ def _open(ring: Ring) -> Tuple[Any, List[Any]]:
     plan, keep = ring.plan, []
     config = ffi.new("lx_loader_config_t *", dict(
         ring.config, step=ring.base.step, position=ring.base.position,
-        gated=int(ring.stage is not None or ring.prefetcher is not None)))
+        gated=_gating(ring)))
     cursors = ring.base.cursors or [(0, 0, 0)] * len(plan.lengths)
     sources = ffi.new("lx_source_t[]", [
         {"length": n, "seed": s, "weight": w, "cursor": _cursor(c)}
@@ -508,6 +516,8 @@ def _parts(columns: List[_pipeline.Column], keep: List[Any]) -> Any:
     for i, (part, k, c) in enumerate(found):
         keep.append(part.handle)
         parts[i].store, parts[i].first = part.handle, part.first
+        if part.remote is not None:
+            parts[i].replica = part.remote.rep.h
         parts[i].source, parts[i].column = k, c
         if part.rows is not None:
             rows = np.ascontiguousarray(part.rows, dtype=np.uint64)

@@ -378,7 +378,7 @@ class Store:
         stream protocol, ``loaderx.streams``: a ShardSet and the DataLoader
         read stores in native code; callers keep the handle alive while they
         use it)."""
-        return [NativePart(self._h(), 0, None)]
+        return [NativePart(self._h(), 0, None, self._remote)]
 
     @property
     def is_remote(self) -> bool:
@@ -402,6 +402,14 @@ class Store:
         shape = "" if ident.item_shape is None else str(list(ident.item_shape))
         dtype = "" if ident.dtype is None else f" {ident.dtype}{shape}"
         return f"{ident.kind}{dtype} x{len(self)} #{self._uid:016x}"
+
+    @property
+    def ring_stages_prefetch(self) -> bool:
+        """Whether this store's ``prefetch`` only brings its native parts'
+        remote records into the node-local cache, which a staged ring does
+        itself (loaderx._prefetch): it is remote and its ``prefetch`` is the
+        library's (not a subclass's own)."""
+        return self._remote is not None and type(self).prefetch is Store.prefetch
 
     def prefetch_warm(self, indices) -> bool:
         """The stream protocol's ``prefetch_warm``: True when records

@@ -123,11 +123,13 @@ class ShardSet:
         # the parts valid even if an owner closes a shard (reads then fail
         # with ClosedError instead of touching freed memory).
         self._part_list = []
+        self._part_remotes = []  # parallel: each part's remote binding, or None
         offset = 0
         for store, n in zip(self._stores, self._lengths):
             if n:  # an empty shard holds no index: no part
                 for part in store.native_parts():
                     self._part_list.append((part.handle, offset + part.first))
+                    self._part_remotes.append(part.remote)
             offset += n
         self._parts = _records.parts_array(self._part_list) if self._part_list else None
         self._starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
@@ -265,7 +267,8 @@ class ShardSet:
     def native_parts(self) -> list:
         """The shards as native parts (the stream protocol, ``loaderx.streams``)."""
         self._check_open()
-        return [NativePart(handle, first, None) for handle, first in self._part_list]
+        return [NativePart(handle, first, None, remote)
+                for (handle, first), remote in zip(self._part_list, self._part_remotes)]
 
     def __getitems__(self, indices) -> Any:
         """``gather(indices)``: a batch in one call (the original loaderx's
@@ -316,6 +319,13 @@ class ShardSet:
                 self._remote_end(tokens)
             check(rc, None, "ShardSet gather")
         return out
+
+    @property
+    def ring_stages_prefetch(self) -> bool:
+        """As ``Store.ring_stages_prefetch``: every shard is remote (a local
+        one's prefetch reads it into memory) and ``prefetch`` is the library's."""
+        return (len(self._remote) == len(self._stores)
+                and type(self).prefetch is ShardSet.prefetch)
 
     def prefetch_warm(self, indices) -> bool:
         """As ``Store.prefetch_warm``, over the remote shards (False for a

@@ -121,6 +121,10 @@ class NativePart(NamedTuple):
     handle: Any
     first: int
     rows: Optional[np.ndarray] = None
+    #: The library's own: the remote binding (``loaderx.remote.Binding``) of
+    #: a store read from object storage, whose records the ring brings into
+    #: the node-local cache before it reads them; None for a local store.
+    remote: Any = None
 
 
 class ArrayStream:

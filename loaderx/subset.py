@@ -336,6 +336,12 @@ class View:
         if callable(hook):
             hook(self._mapped(indices))
 
+    @property
+    def ring_stages_prefetch(self) -> bool:
+        """As ``Store.ring_stages_prefetch``, when the base column's is."""
+        return (type(self).prefetch is View.prefetch
+                and getattr(self._base, "ring_stages_prefetch", False) is True)
+
     def prefetch_warm(self, indices) -> bool:
         """The stream protocol's ``prefetch_warm``, of the base column's
         records ``rows[indices]`` (False when the base has none)."""
@@ -394,7 +400,7 @@ class View:
                 local = rows[a:b] - np.uint64(part.first)
                 if part.rows is not None:  # the base part selects records itself
                     local = np.asarray(part.rows, np.uint64)[local]
-                out.append(NativePart(part.handle, a, np.ascontiguousarray(local)))
+                out.append(NativePart(part.handle, a, np.ascontiguousarray(local), part.remote))
         return out
 
     def _compact_copy(self) -> Any:

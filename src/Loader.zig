@@ -70,6 +70,8 @@ const windows = @import("windows.zig");
 const image = @import("image/stage.zig");
 pub const Columns = @import("loader/Columns.zig");
 pub const Builder = @import("loader/Builder.zig");
+pub const Stage = @import("loader/Stage.zig");
+const Replica = @import("Replica.zig");
 
 const Loader = @This();
 
@@ -140,9 +142,12 @@ pub const Part = extern struct {
     column: u32,
     rows: ?[*]const u64 = null,
     row_count: u64 = 0,
+    /// A remote store's replica (src/Replica.zig): a staged ring (`gated`
+    /// 2) brings the records it reads into the cache first. Null: local.
+    replica: ?*Replica = null,
 
     comptime {
-        assert(@sizeOf(Part) == 40);
+        assert(@sizeOf(Part) == 48);
     }
 };
 
@@ -167,7 +172,8 @@ pub const Config = extern struct {
     /// Lanes of one gather (0: every usable core).
     lanes: u32,
     /// 0: a step is built as soon as its slot is free; 1: only once released
-    /// by lx_loader_submit.
+    /// by lx_loader_submit; 2: once its records are in the node-local cache
+    /// (staged natively, loader/Stage.zig, driven by lx_loader_stage).
     gated: u32 = 0,
     _reserved: u32 = 0,
 
@@ -193,6 +199,8 @@ const Slot = struct {
     sizes: []u64 = &.{},
     /// Image records the build replaced (Decode on_error skip).
     images_skipped: u32 = 0,
+    /// A staged step's stored bytes (its budget's share, until handed over).
+    held: u64 = 0,
 };
 
 /// A column's buffer of a step: from outbuf.zig (owned by the ring until
@@ -245,6 +253,9 @@ mutex: Io.Mutex = .init,
 work_ready: Io.Condition = .init,
 /// Waiters (and reset) wait here for a finished step (or close, or a reset).
 step_done: Io.Condition = .init,
+/// A staged ring's stager waits here for room (or close, or a reset).
+room: Io.Condition = .init,
+stage: Stage = .{},
 // Under `mutex`:
 next_claim: u64,
 /// Gated rings: the next step to release.
@@ -299,7 +310,7 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
     if (sources.len > 1 and total > mixture.weight_total_max) {
         return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
     }
-    if (c.gated > 1) return invalid("gated must be 0 or 1, got {d}", .{c.gated});
+    if (c.gated > 2) return invalid("gated must be 0, 1 or 2, got {d}", .{c.gated});
     try Columns.check(columns, c.batch_size);
 }
 
@@ -378,6 +389,7 @@ pub fn create(
         .threads = &.{},
         .next_claim = config.step,
         .next_release = config.step,
+        .stage = .{ .next = config.step },
     };
     errdefer l.freeBuffers();
     try l.allocate(sources);
@@ -414,6 +426,7 @@ fn allocate(l: *Loader, sources: []const Source) Error!void {
 fn freeBuffers(l: *Loader) void {
     const gpa = l.gpa;
     for (l.builders) |*b| b.deinit(gpa);
+    l.stage.deinit(gpa);
     for (l.results) |r| outbuf.free(r.buffer);
     for (l.slots) |slot| {
         gpa.free(slot.indices);
@@ -462,8 +475,15 @@ pub fn submit(l: *Loader, step: u64, count: u64, generation: u64, failure: ?[]co
     l.mutex.lockUncancelable(io);
     defer l.mutex.unlock(io);
     if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
-    if (l.config.gated == 0) return invalid("submit: this ring is not gated", .{});
+    if (l.config.gated != 1) return invalid("submit: this ring is not gated", .{});
     if (generation != l.generation) return dropped(step);
+    return l.submitLocked(step, count, failure, 0);
+}
+
+/// `submit` for the holder of the mutex (and a staged ring's stager, whose
+/// steps hold `held` bytes each until handed over).
+pub fn submitLocked(l: *Loader, step: u64, count: u64, failure: ?[]const u8, held: u64) Error!void {
+    const io = pool.io();
     if (step != l.next_release) {
         return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_release });
     }
@@ -488,6 +508,7 @@ pub fn submit(l: *Loader, step: u64, count: u64, generation: u64, failure: ?[]co
         const slot = &l.slots[l.slotOf(at)];
         slot.state = .submitted;
         slot.step = at;
+        slot.held = held;
         if (failure) |message| {
             slot.state = .done;
             slot.failure = error.Failed;
@@ -536,8 +557,10 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     assert(slot.step == step and slot.state == .done);
     assert(step >= l.config.step and step < @max(l.next_claim, l.next_release));
     slot.state = .free;
-    // Its slot is free: an ungated ring builds the step `window` later now.
+    // Its slot is free: an ungated ring builds the step `window` later now,
+    // a staged one stages it (once the stager's run is due).
     l.work_ready.signal(io);
+    if (l.stage.waiting and step >= l.stage.wake_at) l.room.signal(io);
     const results = l.results[k * l.columns.count() ..][0..l.columns.count()];
     if (slot.failure) |err| {
         freeResults(results);
@@ -606,6 +629,8 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
     l.config.position = position;
     l.next_claim = step;
     l.next_release = step;
+    l.stage.next = step;
+    l.room.broadcast(io);
     // Builds read the cursors unlocked (indicesAt copies them under the
     // mutex); none runs now, and the next claims come after this.
     if (l.hasCursors()) {
@@ -652,6 +677,7 @@ fn closeAndWake(l: *Loader) void {
     l.mutex.unlock(io);
     l.work_ready.broadcast(io);
     l.step_done.broadcast(io);
+    l.room.broadcast(io);
 }
 
 fn slotOf(l: *const Loader, step: u64) usize {
@@ -668,7 +694,7 @@ fn invariants(l: *const Loader) void {
     if (!std.debug.runtime_safety) return;
     assert(l.running <= l.config.threads);
     assert(l.next_claim >= l.config.step);
-    if (l.config.gated == 1) {
+    if (l.config.gated != 0) {
         assert(l.next_claim <= l.next_release);
     } else {
         assert(l.next_release == l.config.step);
@@ -679,7 +705,7 @@ fn invariants(l: *const Loader) void {
         switch (slot.state) {
             .free => continue,
             .submitted => {
-                assert(l.config.gated == 1);
+                assert(l.config.gated != 0);
                 assert(slot.step >= l.next_claim and slot.step < l.next_release);
             },
             .running => {

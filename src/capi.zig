@@ -395,6 +395,8 @@ pub const WindowsSpec = windows.Spec;
 pub const LoaderSource = Loader.Source;
 pub const LoaderColumn = Loader.Column;
 pub const LoaderPart = Loader.Part;
+/// lx_stage_t: where lx_loader_stage stopped (src/loader/Stage.zig, `Out`).
+pub const LoaderStage = Loader.Stage.Out;
 /// The kinds of a loader column (lx_column_t.kind).
 pub const ColumnKind = Loader.ColumnKind;
 

@@ -49,6 +49,7 @@ const named = .{
     .{ capi.MetaInfo, "lx_meta_t" },
     .{ capi.FetchRequests, "lx_requests_t" },
     .{ capi.Fetch, "lx_fetch_t" },
+    .{ capi.LoaderStage, "lx_stage_t" },
 };
 
 fn cName(comptime T: type) []const u8 {
@@ -135,7 +136,7 @@ const cdef = blk: {
         capi.WindowsSpec,  capi.PoolStats,    capi.IdentitySpec,
         capi.CachePolicy,  capi.CacheStats,   capi.ReplicaSpec,
         capi.ReplicaInfo,  capi.MetaInfo,     capi.FetchRequests,
-        capi.Fetch,
+        capi.Fetch,        capi.LoaderStage,
     };
     for (structs) |T| text = text ++ structDef(T);
     for (capi.areas) |area| {

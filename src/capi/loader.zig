@@ -10,6 +10,8 @@ const LoaderConfig = capi.LoaderConfig;
 const LoaderSource = capi.LoaderSource;
 const LoaderColumn = capi.LoaderColumn;
 const LoaderPart = capi.LoaderPart;
+const LoaderStage = capi.LoaderStage;
+const Fetch = capi.Fetch;
 const WindowsSpec = capi.WindowsSpec;
 const Cursor = capi.Cursor;
 const code = capi.code;
@@ -63,6 +65,9 @@ pub export fn lx_loader_open(
         if (storeField(&part.store) == null) {
             return invalid("part {d}: not a store handle (null, or freed)", .{k});
         }
+        if (part.replica != null and capi.replicaHandle(part.replica) == null) {
+            return invalid("part {d}: not a replica handle (freed)", .{k});
+        }
     }
     o.* = Loader.create(
         gpa,
@@ -95,6 +100,39 @@ pub export fn lx_loader_submit(
     const l = loaderHandle(handle) orelse return notALoader();
     const message: ?[]const u8 = if (failure) |f| std.mem.span(f) else null;
     l.submit(step, count, generation, message) catch |e| return code(e);
+    return 0;
+}
+
+/// Stages the steps of a staged ring (config->gated = 2; see
+/// src/loader/Stage.zig): releases each step, in order, once the records
+/// its parts' replicas hold for it are present and checked in the cache
+/// (kept there as a prefetch keeps them), within the window and, with a
+/// nonzero `budget`, within that many stored bytes of steps released and
+/// not yet handed over. It blocks while every step of the window is
+/// staged. When a step needs bytes fetched, returns 0 with `*f` holding
+/// the ranges (status ranges, as lx_replica_begin fills it) and `*out`
+/// naming the step, its generation and the replica: fetch them, call
+/// lx_fetch_landed until the status is done, then call again with
+/// `failure` null; if the fetch failed (after lx_fetch_failed), call again
+/// with its message: the step fails with it, as lx_loader_submit fails
+/// one. A nonzero result with `out->replica` set is that step's error
+/// (lx_replica_begin's; nothing of it stays reserved): call again with a
+/// failure. One thread at a time. Errors: closed (the ring stopped: done),
+/// invalid (not a staged ring, two callers), out_of_memory, and a step's.
+pub export fn lx_loader_stage(
+    handle: ?*Loader,
+    budget: u64,
+    failure: ?[*:0]const u8,
+    f: ?*Fetch,
+    out: ?*LoaderStage,
+) c_int {
+    diag.clear();
+    const l = loaderHandle(handle) orelse return notALoader();
+    const fetch = f orelse return invalid("f is null", .{});
+    const o = out orelse return invalid("out is null", .{});
+    o.* = .{};
+    const message: ?[]const u8 = if (failure) |m| std.mem.span(m) else null;
+    Loader.Stage.run(l, budget, message, fetch, o) catch |e| return code(e);
     return 0;
 }
 

@@ -13,6 +13,7 @@ const store_read = @import("../store_read.zig");
 const windows = @import("../windows.zig");
 const diag = @import("../diag.zig");
 const image = @import("../image/stage.zig");
+const Replica = @import("../Replica.zig");
 
 const Columns = @This();
 const Error = Loader.Error;
@@ -30,6 +31,8 @@ variable_count: usize = 0,
 /// is parallel to it (null: the store's own records).
 parts: []store_parts.Part = &.{},
 rows: []?[]const u64 = &.{},
+/// Parallel to `parts`: a remote store's replica (a staged ring's), or null.
+replicas: []?*Replica = &.{},
 /// Per (column, source): the window index of a windows/segments column.
 specs: []windows.Spec = &.{},
 /// Per column: its image pipeline (image columns only; a private copy).
@@ -57,6 +60,7 @@ pub fn init(
     c.list = gpa.dupe(Column, columns) catch return error.OutOfMemory;
     c.parts = gpa.alloc(store_parts.Part, parts.len) catch return error.OutOfMemory;
     c.rows = gpa.alloc(?[]const u64, parts.len) catch return error.OutOfMemory;
+    c.replicas = gpa.alloc(?*Replica, parts.len) catch return error.OutOfMemory;
     c.specs = gpa.alloc(windows.Spec, columns.len * k_count) catch return error.OutOfMemory;
     c.images = gpa.alloc(?image.Column, columns.len) catch return error.OutOfMemory;
     @memset(c.images, null);
@@ -72,7 +76,7 @@ pub fn init(
 pub fn deinit(c: *Columns) void {
     const gpa = c.gpa;
     inline for (.{
-        "list", "parts", "rows", "specs", "images", "col_start", "range_start", "outs", "out_start",
+        "list", "parts", "rows", "replicas", "specs", "images", "col_start", "range_start", "outs", "out_start",
     }) |name| {
         gpa.free(@field(c, name));
     }
@@ -197,7 +201,7 @@ fn checkSpecs(c: *Columns, sources: []const Source, specs: ?[*]const windows.Spe
 }
 
 /// A part with its rows, as sorted by `layout`.
-const Placed = struct { part: store_parts.Part, rows: ?[]const u64 };
+const Placed = struct { part: store_parts.Part, rows: ?[]const u64, replica: ?*Replica };
 
 /// Checks the parts and lays them out by column, source and `first`.
 fn layout(c: *Columns, parts: []const Part) Error!void {
@@ -231,7 +235,8 @@ fn layout(c: *Columns, parts: []const Part) Error!void {
     for (parts) |p| {
         const at = &fill[p.column * k_count + p.source];
         const rows: ?[]const u64 = if (p.rows) |r| r[0..@intCast(p.row_count)] else null;
-        placed[at.*] = .{ .part = .{ .store = p.store, .first = p.first }, .rows = rows };
+        const part: store_parts.Part = .{ .store = p.store, .first = p.first };
+        placed[at.*] = .{ .part = part, .rows = rows, .replica = p.replica };
         at.* += 1;
     }
     for (0..c_count * k_count) |r| {
@@ -239,9 +244,10 @@ fn layout(c: *Columns, parts: []const Part) Error!void {
         std.mem.sortUnstable(Placed, range, {}, firstLess);
         try checkRange(range, r / k_count, r % k_count);
     }
-    for (placed, c.parts, c.rows) |p, *part, *rows| {
+    for (placed, c.parts, c.rows, c.replicas) |p, *part, *rows, *replica| {
         part.* = p.part;
         rows.* = p.rows;
+        replica.* = p.replica;
     }
     // Every part placed once, each range filled exactly to the next's start.
     assert(c.range_start[c_count * k_count] == parts.len);
@@ -278,15 +284,11 @@ fn firstLess(_: void, a: Placed, b: Placed) bool {
 }
 
 /// Where stream index `index` lives among parts[lo..hi] (one source of one
-/// column): (part among them, record of its store); null when none holds it.
-pub fn find(
-    c: *const Columns,
-    lo: usize,
-    hi: usize,
-    snaps: []const store_read.Snapshot,
-    index: u64,
-) ?struct { part: usize, local: u64 } {
-    assert(lo < hi and snaps.len == hi - lo);
+/// column), by the parts' starts and rows alone: (part among them, record
+/// of its store, which may be past the store's end); null when no part's
+/// rows reach it.
+pub fn place(c: *const Columns, lo: usize, hi: usize, index: u64) ?Place {
+    assert(lo < hi);
     const parts = c.parts[lo..hi];
     // The last part starting at or before `index` (the parts are sorted).
     var i: usize = 0;
@@ -298,9 +300,23 @@ pub fn find(
     assert(i < parts.len and (i + 1 == parts.len or parts[i + 1].first > index));
     if (index < parts[i].first) return null;
     const offset = index - parts[i].first;
-    const rows = c.rows[lo + i] orelse {
-        return if (offset < snaps[i].count) .{ .part = i, .local = offset } else null;
-    };
-    if (offset >= rows.len or rows[@intCast(offset)] >= snaps[i].count) return null;
+    const rows = c.rows[lo + i] orelse return .{ .part = i, .local = offset };
+    if (offset >= rows.len) return null;
     return .{ .part = i, .local = rows[@intCast(offset)] };
+}
+
+pub const Place = struct { part: usize, local: u64 };
+
+/// Where stream index `index` lives among parts[lo..hi] (one source of one
+/// column): (part among them, record of its store); null when none holds it.
+pub fn find(
+    c: *const Columns,
+    lo: usize,
+    hi: usize,
+    snaps: []const store_read.Snapshot,
+    index: u64,
+) ?Place {
+    assert(lo < hi and snaps.len == hi - lo);
+    const at = c.place(lo, hi, index) orelse return null;
+    return if (at.local < snaps[at.part].count) at else null;
 }

@@ -57,48 +57,57 @@ def test_the_loader_reads_a_remote_dataset_as_the_local_copy_and_resumes_across(
 def test_the_native_ring_reads_remote_streams_and_views_only_after_their_prefetch(
         tmp_path, s3, url, local_ds, monkeypatch):
     # The ring reads a remote store's cache replica natively: holes read as
-    # zeros, so every step must be fetched (prefetch) before it is built. A
-    # view maps its indices to the base's records, and so must its prefetch.
+    # zeros, so every step must be fetched before it is built. The ring
+    # stages its steps itself (lx_loader_stage): a view's indices are mapped
+    # to the base's records natively, and Python only fetches the plans'
+    # byte ranges, on the loaderx-stage thread, never per step otherwise.
     ds = opened(url, tmp_path / "cache", s3, columns=["raw"])
     local = loaderx.open_dataset(local_ds, columns=["raw"])
     rows = np.arange(3, len(local["raw"]), 7)
-    pins, warm = [], []
-    begin, pin_warm = remote.Binding.begin, remote.Binding.pin_warm
+    pins, fetches = [], []
+    begin, fetch = remote.Binding.begin, remote.Binding._fetch
 
     def counted(self, indices, pin=False):
         if pin:
             pins.append(len(indices))
         return begin(self, indices, pin)
 
-    def counted_warm(self, indices):
-        ready = pin_warm(self, indices)
-        if ready:
-            warm.append(len(indices))
-        return ready
+    def counted_fetch(self, f):
+        fetches.append(threading.current_thread().name)
+        return fetch(self, f)
     monkeypatch.setattr(remote.Binding, "begin", counted)
-    monkeypatch.setattr(remote.Binding, "pin_warm", counted_warm)
+    monkeypatch.setattr(remote.Binding, "_fetch", counted_fetch)
     try:
         for remote_streams, local_streams in (
                 (ds, local), (loaderx.select(ds, rows), loaderx.select(local, rows))):
             a = loaderx.DataLoader(remote_streams, batch_size=16, seed=5, workers=2)
             b = loaderx.DataLoader(local_streams, batch_size=16, seed=5, workers=2)
             pins.clear()
-            warm.clear()
-            steps = 2 * len(rows) // 16 + 3  # more than a cycle
-            for _ in range(steps):
+            fetches.clear()
+            cycle = len(remote_streams["raw"]) // 16
+            steps = 2 * len(rows) // 16 + 3  # more than a cycle of the view
+            first_cycle = None
+            for i in range(steps):
+                if i == cycle:
+                    first_cycle = len(fetches)
                 x, y = next(a), next(b)
                 assert_same(x["raw"], y["raw"])
-            # Native: no Python worker threads read these streams.
-            assert not [t for t in threading.enumerate() if t.name.startswith("loaderx-worker")]
+            # Native: no Python worker threads read these streams, and no
+            # Python prefetch runs per step.
+            names = {t.name for t in threading.enumerate()}
+            assert not [n for n in names if n.startswith(("loaderx-worker", "loaderx-prefetch"))]
+            assert "loaderx-stage" in names
             a.close()
             b.close()
-            # Records not cached are fetched step by step; once cached (the
-            # view's second cycle), a run of steps is pinned in one call
-            # (prefetch_warm), not one per step.
-            assert pins and all(n == 16 for n in pins)
+            assert not pins
+            assert fetches and set(fetches) == {"loaderx-stage"}
+            assert len(fetches) <= steps + a.prefetch + a.workers
             if remote_streams is not ds:
-                assert warm and all(n % 16 == 0 and n >= 2 * 16 for n in warm)
-                assert len(pins) + len(warm) < steps
+                # The view's second cycle reads records the first one cached
+                # (all but those of its tail, which no whole step of the
+                # first cycle read): most of its steps fetch nothing.
+                assert first_cycle is not None
+                assert len(fetches) - first_cycle < (steps - cycle) // 2
     finally:
         for s in list(ds.values()) + list(local.values()):
             s.close()
