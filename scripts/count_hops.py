@@ -80,6 +80,10 @@ class NativeCalls:
             m.lib = self.real
 
 
+#: A loader's calls once per life, not per step.
+LOADER_LIFE = ("lx_loader_open", "lx_loader_stop", "lx_loader_free")
+
+
 def _report(what: str, count: int, seen, native) -> None:
     calls = sum(native.values())
     print(f"{what}: {count} loaderx Python calls (calling thread), {calls} native calls")
@@ -112,15 +116,18 @@ def remote_main() -> None:
                     _report("remote DenseStore[idx], cold", count, seen, native.take())
                     count, seen = hops(lambda: store[idx])
                     _report("remote DenseStore[idx], warm", count, seen, native.take())
-                    steps = 8
+                    steps = 32
                     for what in ("cold", "warm"):  # (the second run reads the same steps)
                         with DataLoader({"x": store}, 256, workers=2, seed=1) as loader:
                             native.take()
                             for _ in range(steps):
                                 next(loader)
                         seen = native.take()
-                        print(f"remote DataLoader, {what}: {sum(seen.values()) / steps:.1f} "
-                              f"native calls per step (every thread, {steps} steps)")
+                        life = {name: seen.pop(name) for name in LOADER_LIFE if name in seen}
+                        print(f"remote DataLoader, {what}: {sum(seen.values()) / steps:.2f} "
+                              f"native calls per step (every thread, {steps} steps; besides "
+                              f"the loader's {sum(life.values())} of opening and closing; "
+                              "steps staged ahead of the last one taken count too)")
                         for name, n in seen.most_common():
                             print(f"    {n:3d}  lib.{name}")
                 finally:

@@ -76,7 +76,8 @@ pub fn init(
 pub fn deinit(c: *Columns) void {
     const gpa = c.gpa;
     inline for (.{
-        "list", "parts", "rows", "replicas", "specs", "images", "col_start", "range_start", "outs", "out_start",
+        "list",        "parts", "rows",      "replicas", "specs", "images", "col_start",
+        "range_start", "outs",  "out_start",
     }) |name| {
         gpa.free(@field(c, name));
     }

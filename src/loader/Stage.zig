@@ -107,33 +107,14 @@ pub fn run(
     s.busy = true;
     defer s.busy = false;
     if (s.builder == null) try s.init(l);
-    if (s.handed) {
-        const cur = s.current.?;
-        s.handed = false;
-        if (failure) |message| {
-            if (cur.generation == l.generation) try l.submitLocked(cur.step, 1, message, 0);
-            s.done(l, cur.generation);
-        } else s.group += 1;
-    }
+    if (s.handed) try s.takeBack(l, failure);
     while (true) {
         if (l.closed) {
             out.* = .{};
             return diag.fail(error.Closed, "the loader is closed", .{});
         }
         const cur = s.current orelse {
-            if (!s.roomFor(l, s.next)) {
-                s.sleep(l, s.next + runLength(l) - 1 -| l.config.window);
-                continue;
-            }
-            s.plan(l) catch |e| {
-                // (Out of memory mapping it: the step fails, the next goes on.)
-                var message: [256]u8 = undefined;
-                const text = std.fmt.bufPrint(&message, "staging step {d}: {s}", .{
-                    s.next, @errorName(e),
-                }) catch "staging a step failed";
-                try l.submitLocked(s.next, 1, text, 0);
-                s.next += 1;
-            };
+            try s.begin(l);
             continue;
         };
         if (cur.generation != l.generation) {
@@ -166,6 +147,39 @@ pub fn run(
         try l.submitLocked(cur.step, 1, null, s.bytes);
         s.done(l, cur.generation);
     }
+}
+
+/// The caller is back with the group `run` handed it: landed (the step's
+/// next group), or failed with `failure` (the step fails with it).
+fn takeBack(s: *Stage, l: *Loader, failure: ?[]const u8) Error!void {
+    const cur = s.current.?;
+    s.handed = false;
+    const message = failure orelse {
+        s.group += 1;
+        return;
+    };
+    if (cur.generation == l.generation) try l.submitLocked(cur.step, 1, message, 0);
+    s.done(l, cur.generation);
+}
+
+/// Makes step `next` current once its slot is free, or sleeps until the
+/// consumer frees a run of slots. A step that cannot be mapped (out of
+/// memory) fails, and the next goes on.
+fn begin(s: *Stage, l: *Loader) Error!void {
+    if (!s.roomFor(l, s.next)) {
+        s.sleep(l, s.next + runLength(l) - 1 -| l.config.window);
+        return;
+    }
+    const generation = l.generation;
+    s.plan(l) catch |e| {
+        if (generation != l.generation) return; // (reset meanwhile: `next` moved)
+        var message: [256]u8 = undefined;
+        const text = std.fmt.bufPrint(&message, "staging step {d}: {s}", .{
+            s.next, @errorName(e),
+        }) catch "staging a step failed";
+        try l.submitLocked(s.next, 1, text, 0);
+        s.next += 1;
+    };
 }
 
 /// Starts group `g` as a kept prefetch: true when it is ready (present and
