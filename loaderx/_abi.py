@@ -47,6 +47,7 @@ typedef struct {
     uint32_t lanes;
     uint32_t gated;
     uint32_t _reserved;
+    uint64_t budget;
 } lx_loader_config_t;
 typedef struct {
     uint64_t cycle;
@@ -285,7 +286,7 @@ int lx_windows_epoch(const lx_part_t *, uint32_t, uint64_t *);
 int lx_windows_gather(const lx_windows_t *, const lx_part_t *, uint32_t, const uint64_t *, uint64_t, uint8_t *, int32_t *, uint32_t);
 int lx_loader_open(const lx_loader_config_t *, const lx_source_t *, uint32_t, const lx_column_t *, uint32_t, const lx_loader_part_t *, uint32_t, const lx_windows_t *, lx_loader **);
 int lx_loader_submit(lx_loader *, uint64_t, uint64_t, uint64_t, const char *);
-int lx_loader_stage(lx_loader *, uint64_t, const char *, lx_fetch_t *, lx_stage_t *);
+int lx_loader_stage(lx_loader *, const char *, lx_fetch_t *, lx_stage_t *);
 int lx_loader_wait(lx_loader *, uint64_t, uint64_t, uint32_t *, uint8_t **const *, uint64_t *, uint64_t *, uint64_t *, uint16_t *, uint32_t *);
 int lx_loader_indices(lx_loader *, uint64_t, uint64_t, uint64_t *, uint16_t *);
 int lx_loader_reset(lx_loader *, uint64_t, uint64_t, const lx_cursor_t *, uint64_t *);
@@ -357,7 +358,7 @@ IDENTITY_DESCR_SIZE_MAX = 1048576
 IDENTITY_NAME_SIZE_MAX = 255
 IDENTITY_FLAG_DTYPE_BY_NAME = 1
 STRUCT_SIZES = {"lx_info_t": 56, "lx_stats_t": 40, "lx_move_t": 16, "lx_part_t": 16,
-    "lx_loader_config_t": 72, "lx_cursor_t": 24, "lx_source_t": 48,
+    "lx_loader_config_t": 80, "lx_cursor_t": 24, "lx_source_t": 48,
     "lx_column_t": 32, "lx_loader_part_t": 48, "lx_windows_t": 48,
     "lx_pool_stats_t": 64, "lx_identity_t": 312, "lx_image_op_t": 56,
     "lx_image_spec_t": 960, "lx_image_column_t": 984}

@@ -3,13 +3,15 @@
 
 `Stager`, when every hooked stream is the library's own remote store, view
 or ShardSet (``ring_stages_prefetch``) read natively: the ring stages its
-own steps (src/loader/Stage.zig, a ring opened with ``gated`` 2). Its
-thread, ``loaderx-stage``, sits in ``lx_loader_stage``, which computes each
-step's indices, maps them through the parts (a view's rows too) to each
-replica's records and releases the step once they are in the node-local
-cache, natively, and comes back to Python only for a fetch plan: the thread
-fetches the plan's byte ranges (obstore), lands them and calls again. A warm
-step costs it no call at all, a cold one a call and a landing.
+own steps (src/loader/Stage.zig, a ring opened with ``gated`` 2). A ring
+worker maps each step's indices through the parts (a view's rows too) to
+each replica's records, and builds the step at once when they are in the
+node-local cache; otherwise the step waits for the stager. Its thread,
+``loaderx-stage``, sits in ``lx_loader_stage`` and comes back to Python
+only with a fetch plan: it fetches the plan's byte ranges (obstore), lands
+them and calls again. A warm step costs no Python and no call, a cold one
+a call and a landing. ``prefetch_bytes`` bounds the stored bytes of the
+steps not yet handed over, natively.
 
 `Prefetcher`, for any other hook: one thread, ``loaderx-prefetch``, computes each
 step's indices ahead (``lx_loader_indices``: a pure function of the step, so
@@ -327,7 +329,7 @@ def _stage_main(stager: Stager, bindings: Dict[int, Any]) -> None:
     while True:
         try:
             with ring.entered("DataLoader is closed"):
-                rc = lib.lx_loader_stage(ring.handle, stager.bytes, failure, f, out)
+                rc = lib.lx_loader_stage(ring.handle, failure, f, out)
         except LoaderClosedError:
             return
         failure = ffi.NULL

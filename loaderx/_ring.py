@@ -459,7 +459,7 @@ def _open(ring: Ring) -> Tuple[Any, List[Any]]:
     plan, keep = ring.plan, []
     config = ffi.new("lx_loader_config_t *", dict(
         ring.config, step=ring.base.step, position=ring.base.position,
-        gated=_gating(ring)))
+        gated=_gating(ring), budget=getattr(ring.prefetcher, "bytes", 0)))
     cursors = ring.base.cursors or [(0, 0, 0)] * len(plan.lengths)
     sources = ffi.new("lx_source_t[]", [
         {"length": n, "seed": s, "weight": w, "cursor": _cursor(c)}

@@ -127,7 +127,7 @@ def remote_main() -> None:
                         print(f"remote DataLoader, {what}: {sum(seen.values()) / steps:.2f} "
                               f"native calls per step (every thread, {steps} steps; besides "
                               f"the loader's {sum(life.values())} of opening and closing; "
-                              "steps staged ahead of the last one taken count too)")
+                              "steps fetched ahead of the last one taken count too)")
                         for name, n in seen.most_common():
                             print(f"    {n:3d}  lib.{name}")
                 finally:

@@ -32,9 +32,10 @@
 //! steps in order and build them: a step as soon as its slot is free, or,
 //! in a gated ring, once the caller released it (`submit`: the DataLoader
 //! releases a step after its streams' prefetch hook returned; a failed
-//! prefetch releases it failed). `wait` blocks until a step is built and
-//! hands it over: its buffers belong to the caller from then on, and its
-//! slot is free for the step `window` later.
+//! prefetch releases it failed), or, in a staged ring, once its records
+//! are in the node-local cache (loader/Stage.zig). `wait` blocks until a
+//! step is built and hands it over: its buffers belong to the caller from
+//! then on, and its slot is free for the step `window` later.
 //!
 //! Ownership (the invariant every path keeps). Memory a worker writes is the
 //! ring's until the worker is provably done with it: a step's buffers are
@@ -172,13 +173,16 @@ pub const Config = extern struct {
     /// Lanes of one gather (0: every usable core).
     lanes: u32,
     /// 0: a step is built as soon as its slot is free; 1: only once released
-    /// by lx_loader_submit; 2: once its records are in the node-local cache
-    /// (staged natively, loader/Stage.zig, driven by lx_loader_stage).
+    /// by lx_loader_submit; 2: as soon as its slot is free, once its records
+    /// are in the node-local cache (staged, loader/Stage.zig).
     gated: u32 = 0,
     _reserved: u32 = 0,
+    /// A staged ring's bound on the stored bytes of its steps not yet
+    /// handed over (0: none).
+    budget: u64 = 0,
 
     comptime {
-        assert(@sizeOf(Config) == 72);
+        assert(@sizeOf(Config) == 80);
     }
 };
 
@@ -253,8 +257,10 @@ mutex: Io.Mutex = .init,
 work_ready: Io.Condition = .init,
 /// Waiters (and reset) wait here for a finished step (or close, or a reset).
 step_done: Io.Condition = .init,
-/// A staged ring's stager waits here for room (or close, or a reset).
-room: Io.Condition = .init,
+/// A staged ring: the stager waits here for a request (or close), its
+/// workers for their fetch or for budget (or close, or a reset).
+fetch_wanted: Io.Condition = .init,
+fetched: Io.Condition = .init,
 stage: Stage = .{},
 // Under `mutex`:
 next_claim: u64,
@@ -311,6 +317,7 @@ fn checkConfig(c: Config, sources: []const Source, columns: []const Column) Erro
         return invalid("weights add up to more than {d}", .{mixture.weight_total_max});
     }
     if (c.gated > 2) return invalid("gated must be 0, 1 or 2, got {d}", .{c.gated});
+    if (c.budget != 0 and c.gated != 2) return invalid("a budget is for a staged ring", .{});
     try Columns.check(columns, c.batch_size);
 }
 
@@ -389,7 +396,6 @@ pub fn create(
         .threads = &.{},
         .next_claim = config.step,
         .next_release = config.step,
-        .stage = .{ .next = config.step },
     };
     errdefer l.freeBuffers();
     try l.allocate(sources);
@@ -426,7 +432,6 @@ fn allocate(l: *Loader, sources: []const Source) Error!void {
 fn freeBuffers(l: *Loader) void {
     const gpa = l.gpa;
     for (l.builders) |*b| b.deinit(gpa);
-    l.stage.deinit(gpa);
     for (l.results) |r| outbuf.free(r.buffer);
     for (l.slots) |slot| {
         gpa.free(slot.indices);
@@ -477,13 +482,6 @@ pub fn submit(l: *Loader, step: u64, count: u64, generation: u64, failure: ?[]co
     if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
     if (l.config.gated != 1) return invalid("submit: this ring is not gated", .{});
     if (generation != l.generation) return dropped(step);
-    return l.submitLocked(step, count, failure, 0);
-}
-
-/// `submit` for the holder of the mutex (and a staged ring's stager, whose
-/// steps hold `held` bytes each until handed over).
-pub fn submitLocked(l: *Loader, step: u64, count: u64, failure: ?[]const u8, held: u64) Error!void {
-    const io = pool.io();
     if (step != l.next_release) {
         return invalid("step {d} submitted out of order (next is {d})", .{ step, l.next_release });
     }
@@ -508,7 +506,6 @@ pub fn submitLocked(l: *Loader, step: u64, count: u64, failure: ?[]const u8, hel
         const slot = &l.slots[l.slotOf(at)];
         slot.state = .submitted;
         slot.step = at;
-        slot.held = held;
         if (failure) |message| {
             slot.state = .done;
             slot.failure = error.Failed;
@@ -557,10 +554,10 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     assert(slot.step == step and slot.state == .done);
     assert(step >= l.config.step and step < @max(l.next_claim, l.next_release));
     slot.state = .free;
-    // Its slot is free: an ungated ring builds the step `window` later now,
-    // a staged one stages it (once the stager's run is due).
+    // Its slot is free: an ungated ring builds the step `window` later now.
     l.work_ready.signal(io);
-    if (l.stage.waiting and step >= l.stage.wake_at) l.room.signal(io);
+    slot.held = 0;
+    if (l.stage.budget_waiting > 0) l.fetched.broadcast(io);
     const results = l.results[k * l.columns.count() ..][0..l.columns.count()];
     if (slot.failure) |err| {
         freeResults(results);
@@ -613,6 +610,7 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
     if (l.closed) return l.generation;
     l.generation += 1;
     l.step_done.broadcast(io);
+    l.fetched.broadcast(io); // (staged workers drop what is not being fetched)
     while (l.running > 0) {
         // Stopped meanwhile: leave the slots to the builders still running
         // (destroy frees everything once they are joined).
@@ -629,8 +627,6 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
     l.config.position = position;
     l.next_claim = step;
     l.next_release = step;
-    l.stage.next = step;
-    l.room.broadcast(io);
     // Builds read the cursors unlocked (indicesAt copies them under the
     // mutex); none runs now, and the next claims come after this.
     if (l.hasCursors()) {
@@ -677,7 +673,8 @@ fn closeAndWake(l: *Loader) void {
     l.mutex.unlock(io);
     l.work_ready.broadcast(io);
     l.step_done.broadcast(io);
-    l.room.broadcast(io);
+    l.fetch_wanted.broadcast(io);
+    l.fetched.broadcast(io);
 }
 
 fn slotOf(l: *const Loader, step: u64) usize {
@@ -694,7 +691,7 @@ fn invariants(l: *const Loader) void {
     if (!std.debug.runtime_safety) return;
     assert(l.running <= l.config.threads);
     assert(l.next_claim >= l.config.step);
-    if (l.config.gated != 0) {
+    if (l.config.gated == 1) {
         assert(l.next_claim <= l.next_release);
     } else {
         assert(l.next_release == l.config.step);
@@ -705,7 +702,7 @@ fn invariants(l: *const Loader) void {
         switch (slot.state) {
             .free => continue,
             .submitted => {
-                assert(l.config.gated != 0);
+                assert(l.config.gated == 1);
                 assert(slot.step >= l.next_claim and slot.step < l.next_release);
             },
             .running => {
@@ -726,7 +723,7 @@ fn invariants(l: *const Loader) void {
 fn claimable(l: *Loader) ?*Slot {
     while (true) {
         const slot = &l.slots[l.slotOf(l.next_claim)];
-        if (l.config.gated == 0) return if (slot.state == .free) slot else null;
+        if (l.config.gated != 1) return if (slot.state == .free) slot else null;
         assert(l.next_claim <= l.next_release);
         if (l.next_claim >= l.next_release) return null;
         if (slot.step == l.next_claim and slot.state == .submitted) return slot;
@@ -763,7 +760,7 @@ fn workerMain(l: *Loader, worker_index: usize) void {
         assert(l.running < l.config.threads);
         l.running += 1;
         l.invariants();
-        const base = .{ l.config.step, l.config.position };
+        const base = .{ l.config.step, l.config.position, l.generation };
         l.mutex.unlock(io);
         const n = l.columns.count();
         var failed_column: u32 = 0;
@@ -841,7 +838,7 @@ pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!v
 fn build(
     l: *Loader,
     step: u64,
-    base: struct { u64, u64 },
+    base: struct { u64, u64, u64 },
     slot: *Slot,
     builder: *Builder,
     results: []Result,
@@ -853,7 +850,7 @@ fn build(
     try l.slotBuffers(slot);
     assert(step >= base[0]);
     const at: mixture.Base = .{ .step = base[0], .position = base[1] };
-    var built: Builder.Built = .{};
+    var built: Builder.Built = .{ .generation = base[2], .held = &slot.held };
     try builder.build(l, step, at, slot.sizes, results, failed_column, &built);
     @memcpy(slot.indices, builder.indices);
     @memcpy(slot.sources, builder.sources);

@@ -103,25 +103,23 @@ pub export fn lx_loader_submit(
     return 0;
 }
 
-/// Stages the steps of a staged ring (config->gated = 2; see
-/// src/loader/Stage.zig): releases each step, in order, once the records
-/// its parts' replicas hold for it are present and checked in the cache
-/// (kept there as a prefetch keeps them), within the window and, with a
-/// nonzero `budget`, within that many stored bytes of steps released and
-/// not yet handed over. It blocks while every step of the window is
-/// staged. When a step needs bytes fetched, returns 0 with `*f` holding
-/// the ranges (status ranges, as lx_replica_begin fills it) and `*out`
-/// naming the step, its generation and the replica: fetch them, call
-/// lx_fetch_landed until the status is done, then call again with
-/// `failure` null; if the fetch failed (after lx_fetch_failed), call again
-/// with its message: the step fails with it, as lx_loader_submit fails
-/// one. A nonzero result with `out->replica` set is that step's error
+/// The stager of a staged ring (config->gated = 2; see
+/// src/loader/Stage.zig): the ring's workers read a step as soon as the
+/// records its parts' replicas hold for it are present and checked in the
+/// cache (kept there as a prefetch keeps them); a step with bytes to fetch
+/// waits for this call. It takes those steps in order and blocks while
+/// there is none. When a step needs bytes fetched, returns 0 with `*f`
+/// holding the ranges (status ranges, as lx_replica_begin fills it) and
+/// `*out` naming the step, its generation and the replica: fetch them, call
+/// lx_fetch_landed until the status is done, then call again with `failure`
+/// null; if the fetch failed (after lx_fetch_failed), call again with its
+/// message: the step fails with it (its lx_loader_wait returns LX_FAILED).
+/// A nonzero result with `out->replica` set is that step's error
 /// (lx_replica_begin's; nothing of it stays reserved): call again with a
 /// failure. One thread at a time. Errors: closed (the ring stopped: done),
-/// invalid (not a staged ring, two callers), out_of_memory, and a step's.
+/// invalid (not a staged ring, two callers), and a step's.
 pub export fn lx_loader_stage(
     handle: ?*Loader,
-    budget: u64,
     failure: ?[*:0]const u8,
     f: ?*Fetch,
     out: ?*LoaderStage,
@@ -132,7 +130,7 @@ pub export fn lx_loader_stage(
     const o = out orelse return invalid("out is null", .{});
     o.* = .{};
     const message: ?[]const u8 = if (failure) |m| std.mem.span(m) else null;
-    Loader.Stage.run(l, budget, message, fetch, o) catch |e| return code(e);
+    Loader.Stage.run(l, message, fetch, o) catch |e| return code(e);
     return 0;
 }
 

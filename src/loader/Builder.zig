@@ -17,6 +17,7 @@ const store_read = @import("../store_read.zig");
 const store_parts = @import("../store_parts.zig");
 const windows = @import("../windows.zig");
 const image = @import("../image/stage.zig");
+const Stage = @import("Stage.zig");
 
 const Builder = @This();
 const Error = Loader.Error;
@@ -37,6 +38,8 @@ picked: []u64 = &.{},
 image_sizes: []u64 = &.{},
 /// The image stage's per-lane buffers (made at the first image step).
 image_lanes: image.Lanes = .{},
+/// A staged ring's: the step's records of each replica, and its request.
+stage: Stage.Worker = .{},
 
 /// A builder for `l`'s batch size, world and sources.
 pub fn init(l: *const Loader) Error!Builder {
@@ -70,6 +73,7 @@ pub fn deinit(b: *Builder, gpa: Allocator) void {
     b.parts.deinit(gpa);
     b.win.deinit(gpa);
     b.image_lanes.deinit(gpa);
+    b.stage.deinit(gpa);
     b.* = .{};
 }
 
@@ -77,6 +81,10 @@ pub fn deinit(b: *Builder, gpa: Allocator) void {
 pub const Built = struct {
     /// Image records replaced by another of the step (Decode on_error skip).
     images_skipped: u32 = 0,
+    /// In: the generation the step was claimed in, and its slot's count of
+    /// stored bytes (a staged ring's, loader/Stage.zig).
+    generation: u64 = 0,
+    held: ?*u64 = null,
 };
 
 /// Builds `step` (its indices in b.indices and b.sources, for the base the
@@ -98,6 +106,7 @@ pub fn build(
     assert(step >= base.step);
     failed_column.* = @intCast(cols.count());
     b.indicesOf(l, step, base, l.cursors[0..l.sources.len]);
+    if (l.config.gated == 2) try Stage.ready(l, b, step, built.generation, built.held.?);
     const batch: usize = @intCast(l.config.batch_size);
     var variable: usize = 0;
     for (0..cols.count()) |c| {

@@ -1,27 +1,33 @@
-//! The loader's native staging (a ring opened with `gated` 2): the ring
-//! releases its own steps once their records are in the node-local cache,
-//! so a remote loader's steps need no Python between the sampler and the
-//! batch. One caller thread drives it (`run`, through lx_loader_stage):
-//! for each step of the window, in order, the step's indices are computed
-//! (Builder.indicesOf), mapped through every column's parts (a view's rows
-//! included) to the records of each replica (one group per replica), and
-//! each group is started as a kept prefetch (Replica.beginWarm: present and
-//! checked, nothing to fetch; else cache_fetch.begin with Begin.pin). A
-//! group with bytes to fetch is handed back to the caller as a fetch plan
-//! (the network is Python's: obstore); the caller lands it and calls again,
-//! and once every group of the step is ready the step is released to the
-//! workers (Loader.submitLocked). A warm run of steps costs the caller no
-//! call at all: it sleeps in `run` until the consumer frees half the window.
+//! The loader's native staging (a ring opened with `gated` 2): a remote
+//! store's records are brought into the node-local cache by the ring
+//! itself, so a remote loader's steps need no Python between the sampler
+//! and the batch, and a cached step no thread beyond the ring's.
 //!
-//! Budget. With a `budget`, a step is staged only while the stored bytes of
-//! the steps staged and not handed over (Replica.nbytes of each group) plus
-//! its own stay within it, or when nothing is held (so a step larger than
-//! the budget still runs, alone).
+//! A worker that claimed a step computes its indices (Builder.indicesOf),
+//! then, before it reads a record, `ready`: it maps the indices through
+//! every column's parts (a view's rows included) to the records of each
+//! replica (one group per replica) and starts each group as a kept
+//! prefetch (Replica.beginWarm, present and checked). When every group is
+//! ready it builds the step at once: a warm step costs the ring a few
+//! microseconds and nothing else. Otherwise it queues a request for the
+//! step and sleeps until the stager has fetched it. The stager is one
+//! caller thread (Python's `loaderx-stage`, the network being obstore's) in
+//! `run`, through lx_loader_stage: it takes the queued requests in order,
+//! starts each group of one (cache_fetch.begin with Begin.pin), and hands
+//! a group with bytes to fetch back to its caller as a fetch plan; the
+//! caller lands it and calls again (or fails the step with a message), and
+//! once every group of a request is ready its worker builds the step.
 //!
-//! Resets. `Loader.reset` moves `next` to the new base step and wakes the
-//! caller; a step of an older generation whose fetch the caller still
-//! holds is dropped when the caller comes back (its pins stay, as a
-//! prefetch's do), never released.
+//! Budget. With `Config.budget`, a step is staged only while the stored
+//! bytes (Replica.nbytes of its groups) of the steps before it that are not
+//! yet handed over, plus its own, stay within it, or when none is held:
+//! the earliest step never waits, so the ring always moves on.
+//!
+//! Resets and stop. A request of an older generation is dropped (its
+//! worker's build fails, and the reset frees it). A worker leaves a request
+//! the stager has not taken at once on a reset or stop; one the stager is
+//! fetching it waits for, but not once the ring is stopped: requests live
+//! in the workers' builders, which the ring frees only at destroy.
 const std = @import("std");
 const assert = std.debug.assert;
 const Allocator = std.mem.Allocator;
@@ -29,7 +35,6 @@ const Loader = @import("../Loader.zig");
 const Builder = @import("Builder.zig");
 const Replica = @import("../Replica.zig");
 const cache_fetch = @import("../cache_fetch.zig");
-const mixture = @import("../mixture.zig");
 const pool = @import("../pool.zig");
 const diag = @import("../diag.zig");
 
@@ -48,56 +53,179 @@ pub const Out = extern struct {
     }
 };
 
-/// One replica's records of the step being staged.
-const Group = struct {
+/// One replica's records of a step.
+pub const Group = struct {
     replica: *Replica,
     records: std.ArrayList(u64) = .empty,
 };
 
-// Under the loader's mutex:
-/// The next step to stage.
-next: u64 = 0,
-/// The caller sleeps on `Loader.room` until the consumer hands `wake_at`
-/// over (or anything frees held bytes, with a budget).
-waiting: bool = false,
-wake_at: u64 = 0,
-/// A caller is in `run` (one at a time).
-busy: bool = false,
+const State = enum { pending, active, done, failed, dropped };
 
-// The caller's alone (one caller at a time), kept between calls:
-builder: ?Builder = null,
-cursors: []mixture.Cursor = &.{},
-/// The step being staged, of `generation`; `group` is the next of its
-/// groups to start (the one before it was handed back when `handed`).
-current: ?struct { step: u64, generation: u64 } = null,
+/// A worker's step to fetch (its builder's, so it outlives the worker's
+/// wait; under the loader's mutex while queued).
+pub const Request = struct {
+    step: u64 = 0,
+    generation: u64 = 0,
+    groups: []Group = &.{},
+    state: State = .done,
+    message_len: usize = 0,
+    message: [256]u8 = undefined,
+    next: ?*Request = null,
+};
+
+/// A worker's staging: its step's groups and its request.
+pub const Worker = struct {
+    groups: std.ArrayList(Group) = .empty,
+    request: Request = .{},
+
+    pub fn deinit(w: *Worker, gpa: Allocator) void {
+        for (w.groups.items) |*g| g.records.deinit(gpa);
+        w.groups.deinit(gpa);
+        w.* = .{};
+    }
+};
+
+// Under the loader's mutex:
+/// Requests not yet taken, oldest first.
+head: ?*Request = null,
+tail: ?*Request = null,
+/// The request the stager works on; `group` is the next of its groups to
+/// start (the one before it was handed back when `handed`).
+active: ?*Request = null,
 group: usize = 0,
 handed: bool = false,
-groups: std.ArrayList(Group) = .empty,
-bytes: u64 = 0,
+/// A caller is in `run` (one at a time).
+busy: bool = false,
+/// Workers waiting for budget (the consumer's hand-overs wake them).
+budget_waiting: u32 = 0,
 
-pub fn deinit(s: *Stage, gpa: Allocator) void {
-    if (s.builder) |*b| b.deinit(gpa);
-    gpa.free(s.cursors);
-    for (s.groups.items) |*g| g.records.deinit(gpa);
-    s.groups.deinit(gpa);
-    s.* = .{};
+// ---------------------------------------------------------------- workers
+
+/// Makes the records of `step` (the builder's indices, of `generation`)
+/// ready to read: at once when they are cached, else through the stager.
+/// `held` is the step's slot's count of its stored bytes. Errors: Closed,
+/// InvalidArgument (dropped by a reset), Failed (its fetch failed; the
+/// message says how), OutOfMemory, and a warm start's errors.
+pub fn ready(l: *Loader, b: *Builder, step: u64, generation: u64, held: *u64) Error!void {
+    const w = &b.stage;
+    try mapGroups(l, b);
+    if (l.config.budget != 0) try waitBudget(l, w.groups.items, step, generation, held);
+    var warm = true;
+    for (w.groups.items) |*g| {
+        if (try g.replica.beginWarm(g.records.items, true) == null) {
+            warm = false;
+            break;
+        }
+    }
+    if (warm) return;
+    const io = pool.io();
+    const req = &w.request;
+    l.mutex.lockUncancelable(io);
+    defer l.mutex.unlock(io);
+    assert(req.state != .pending and req.state != .active);
+    req.* = .{ .step = step, .generation = generation, .groups = w.groups.items };
+    req.state = .pending;
+    l.stage.enqueue(req);
+    l.fetch_wanted.signal(io);
+    while (true) {
+        switch (req.state) {
+            .done => return if (l.generation == generation) {} else dropped(step),
+            .failed => return diag.fail(error.Failed, "{s}", .{req.message[0..req.message_len]}),
+            .dropped => return dropped(step),
+            .pending => if (l.closed or l.generation != generation) {
+                l.stage.unlink(req);
+                req.state = .dropped;
+                if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
+                return dropped(step);
+            },
+            .active => if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{}),
+        }
+        l.fetched.waitUncancelable(io, &l.mutex);
+    }
 }
 
-/// Stages steps until one needs a fetch: then fills `f` (status ranges, as
-/// lx_replica_begin fills it) and `out` and returns; the caller fetches,
-/// lands it (lx_fetch_landed until status done) and calls again with
-/// `failure` null, or, when the fetch failed, with its message (the step
-/// fails with it). A group whose start fails returns its error with `out`
-/// naming it (nothing of it stays reserved): call again with a failure.
-/// Errors: Closed (the loader stopped: return), InvalidArgument (not a
-/// staged ring, or two callers), OutOfMemory, and a group's errors.
-pub fn run(
+fn dropped(step: u64) Error {
+    return diag.fail(error.InvalidArgument, "step {d} was dropped by a reset", .{step});
+}
+
+/// The builder's step as the records of each replica it reads.
+fn mapGroups(l: *const Loader, b: *Builder) Error!void {
+    const w = &b.stage;
+    for (w.groups.items) |*g| g.records.clearRetainingCapacity();
+    const c = &l.columns;
+    const k_count = c.source_count;
+    for (b.indices, b.sources) |index, source| {
+        for (0..c.count()) |col| {
+            const r = col * k_count + source;
+            const lo = c.range_start[r];
+            const at = c.place(lo, c.range_start[r + 1], index) orelse continue;
+            const rep = c.replicas[lo + at.part] orelse continue;
+            if (at.local >= rep.geo.record_count) continue; // (the read names it)
+            const g = try groupOf(w, l.gpa, rep);
+            g.records.append(l.gpa, at.local) catch return error.OutOfMemory;
+        }
+    }
+    // Groups without records (a replica this step does not read) go.
+    var kept: usize = 0;
+    for (w.groups.items) |g| {
+        if (g.records.items.len == 0) {
+            var empty = g;
+            empty.records.deinit(l.gpa);
+            continue;
+        }
+        w.groups.items[kept] = g;
+        kept += 1;
+    }
+    w.groups.shrinkRetainingCapacity(kept);
+}
+
+fn groupOf(w: *Worker, gpa: Allocator, rep: *Replica) Error!*Group {
+    for (w.groups.items) |*g| if (g.replica == rep) return g;
+    w.groups.append(gpa, .{ .replica = rep }) catch return error.OutOfMemory;
+    return &w.groups.items[w.groups.items.len - 1];
+}
+
+/// Waits until the step's bytes fit the budget beside those of the earlier
+/// steps not yet handed over (or none is held), and counts them in `held`.
+fn waitBudget(
     l: *Loader,
-    budget: u64,
-    failure: ?[]const u8,
-    f: *cache_fetch.Fetch,
-    out: *Out,
+    groups: []const Group,
+    step: u64,
+    generation: u64,
+    held: *u64,
 ) Error!void {
+    var bytes: u64 = 0;
+    for (groups) |g| bytes += g.replica.nbytes(g.records.items);
+    const io = pool.io();
+    l.mutex.lockUncancelable(io);
+    defer l.mutex.unlock(io);
+    held.* = bytes;
+    while (true) {
+        if (l.closed) return diag.fail(error.Closed, "the loader is closed", .{});
+        if (l.generation != generation) return dropped(step);
+        var before: u64 = 0;
+        for (l.slots) |slot| {
+            if (slot.state != .free and slot.step < step) before += slot.held;
+        }
+        if (before == 0 or before + bytes <= l.config.budget) return;
+        l.stage.budget_waiting += 1;
+        l.fetched.waitUncancelable(io, &l.mutex);
+        l.stage.budget_waiting -= 1;
+    }
+}
+
+// ---------------------------------------------------------------- the stager
+
+/// Fetches the queued requests until one needs bytes: then fills `f`
+/// (status ranges, as lx_replica_begin fills it) and `out` and returns; the
+/// caller fetches, lands it (lx_fetch_landed until status done) and calls
+/// again with `failure` null, or, when the fetch failed, with its message
+/// (the step fails with it). A group whose start fails returns its error
+/// with `out` naming it (nothing of it stays reserved): call again with a
+/// failure. Sleeps while nothing is queued. Errors: Closed (the loader
+/// stopped: return), InvalidArgument (not a staged ring, or two callers),
+/// and a group's.
+pub fn run(l: *Loader, failure: ?[]const u8, f: *cache_fetch.Fetch, out: *Out) Error!void {
     const io = pool.io();
     const s = &l.stage;
     l.mutex.lockUncancelable(io);
@@ -106,80 +234,71 @@ pub fn run(
     if (s.busy) return invalid("lx_loader_stage: one caller at a time", .{});
     s.busy = true;
     defer s.busy = false;
-    if (s.builder == null) try s.init(l);
-    if (s.handed) try s.takeBack(l, failure);
+    if (s.handed) s.takeBack(l, failure);
     while (true) {
         if (l.closed) {
             out.* = .{};
             return diag.fail(error.Closed, "the loader is closed", .{});
         }
-        const cur = s.current orelse {
-            try s.begin(l);
+        const req = s.active orelse {
+            const next = s.head orelse {
+                l.fetch_wanted.waitUncancelable(io, &l.mutex);
+                continue;
+            };
+            s.unlink(next);
+            next.state = .active;
+            s.active = next;
+            s.group = 0;
             continue;
         };
-        if (cur.generation != l.generation) {
-            s.done(l, cur.generation);
+        if (req.generation != l.generation) {
+            s.finish(l, .dropped);
             continue;
         }
-        if (s.group == 0 and budget != 0 and !s.fits(l, budget)) {
-            s.sleep(l, 0);
+        if (s.group == req.groups.len) {
+            s.finish(l, .done);
             continue;
         }
-        if (s.group < s.groups.items.len) {
-            const g = &s.groups.items[s.group];
-            out.* = .{ .step = cur.step, .generation = cur.generation, .replica = g.replica };
-            l.mutex.unlock(io);
-            const ready = start(g, f);
-            l.mutex.lockUncancelable(io);
-            if (ready) |warm| {
-                if (warm) {
-                    s.group += 1;
-                    continue;
-                }
-                s.handed = true;
-                return;
-            } else |e| {
-                s.handed = true;
-                return e;
-            }
+        const g = &req.groups[s.group];
+        out.* = .{ .step = req.step, .generation = req.generation, .replica = g.replica };
+        l.mutex.unlock(io);
+        const started = start(g, f);
+        l.mutex.lockUncancelable(io);
+        const warm = started catch |e| {
+            s.handed = true;
+            return e;
+        };
+        if (!warm) {
+            s.handed = true;
+            return;
         }
-        // Every group ready: the workers may build it.
-        try l.submitLocked(cur.step, 1, null, s.bytes);
-        s.done(l, cur.generation);
+        s.group += 1;
     }
 }
 
-/// The caller is back with the group `run` handed it: landed (the step's
-/// next group), or failed with `failure` (the step fails with it).
-fn takeBack(s: *Stage, l: *Loader, failure: ?[]const u8) Error!void {
-    const cur = s.current.?;
+/// The caller is back with the group `run` handed it: landed (the next
+/// group), or failed with `failure` (the step fails with it).
+fn takeBack(s: *Stage, l: *Loader, failure: ?[]const u8) void {
+    assert(s.active != null);
     s.handed = false;
     const message = failure orelse {
         s.group += 1;
         return;
     };
-    if (cur.generation == l.generation) try l.submitLocked(cur.step, 1, message, 0);
-    s.done(l, cur.generation);
+    const req = s.active.?;
+    req.message_len = @min(message.len, req.message.len);
+    @memcpy(req.message[0..req.message_len], message[0..req.message_len]);
+    s.finish(l, .failed);
 }
 
-/// Makes step `next` current once its slot is free, or sleeps until the
-/// consumer frees a run of slots. A step that cannot be mapped (out of
-/// memory) fails, and the next goes on.
-fn begin(s: *Stage, l: *Loader) Error!void {
-    if (!s.roomFor(l, s.next)) {
-        s.sleep(l, s.next + runLength(l) - 1 -| l.config.window);
-        return;
-    }
-    const generation = l.generation;
-    s.plan(l) catch |e| {
-        if (generation != l.generation) return; // (reset meanwhile: `next` moved)
-        var message: [256]u8 = undefined;
-        const text = std.fmt.bufPrint(&message, "staging step {d}: {s}", .{
-            s.next, @errorName(e),
-        }) catch "staging a step failed";
-        try l.submitLocked(s.next, 1, text, 0);
-        s.next += 1;
-    };
+/// The active request is over: its worker goes on.
+fn finish(s: *Stage, l: *Loader, state: State) void {
+    const req = s.active.?;
+    assert(req.state == .active);
+    req.state = state;
+    s.active = null;
+    s.group = 0;
+    l.fetched.broadcast(pool.io());
 }
 
 /// Starts group `g` as a kept prefetch: true when it is ready (present and
@@ -192,104 +311,26 @@ fn start(g: *Group, f: *cache_fetch.Fetch) Error!bool {
     return f.status == cache_fetch.Status.done;
 }
 
-fn init(s: *Stage, l: *Loader) Error!void {
-    s.builder = try Builder.init(l);
-    s.cursors = l.gpa.alloc(mixture.Cursor, if (l.hasCursors()) l.sources.len else 0) catch
-        return error.OutOfMemory;
+fn enqueue(s: *Stage, req: *Request) void {
+    req.next = null;
+    if (s.tail) |t| t.next = req else s.head = req;
+    s.tail = req;
 }
 
-/// The current step is over (released, failed or dropped): the next one.
-fn done(s: *Stage, l: *const Loader, generation: u64) void {
-    const cur = s.current.?;
-    if (generation == l.generation) s.next = cur.step + 1;
-    s.current = null;
-    s.group = 0;
-    s.handed = false;
-}
-
-/// Steps the caller stages per wake-up: half the window (as the consumer
-/// frees it), so a warm loader wakes its stager once per run.
-fn runLength(l: *const Loader) u64 {
-    return @max(1, l.config.window / 2);
-}
-
-/// Whether step `step`'s slot is free for it. Caller holds the mutex.
-fn roomFor(_: *const Stage, l: *const Loader, step: u64) bool {
-    return l.slots[@intCast(step % l.config.window)].state == .free;
-}
-
-/// Whether the current step's bytes fit the budget beside the held ones.
-fn fits(s: *const Stage, l: *const Loader, budget: u64) bool {
-    var held: u64 = 0;
-    var any = false;
-    for (l.slots) |slot| {
-        if (slot.state == .free) continue;
-        held += slot.held;
-        any = true;
+fn unlink(s: *Stage, req: *Request) void {
+    var prev: ?*Request = null;
+    var at = s.head;
+    while (at) |r| : ({
+        prev = r;
+        at = r.next;
+    }) {
+        if (r != req) continue;
+        if (prev) |p| p.next = r.next else s.head = r.next;
+        if (s.tail == r) s.tail = prev;
+        r.next = null;
+        return;
     }
-    return !any or held + s.bytes <= budget;
-}
-
-/// Sleeps until the consumer hands step `wake_at` over (or a reset, or
-/// stop). Caller holds the mutex.
-fn sleep(s: *Stage, l: *Loader, wake_at: u64) void {
-    s.waiting = true;
-    s.wake_at = wake_at;
-    l.room.waitUncancelable(pool.io(), &l.mutex);
-    s.waiting = false;
-}
-
-/// Makes step `next` current: its indices (of the current base), and the
-/// records of each replica it reads. Runs unlocked (the caller holds the
-/// mutex on entry and exit).
-fn plan(s: *Stage, l: *Loader) Error!void {
-    const io = pool.io();
-    const step = s.next;
-    const generation = l.generation;
-    const base: mixture.Base = .{ .step = l.config.step, .position = l.config.position };
-    @memcpy(s.cursors, l.cursors[0..s.cursors.len]);
-    assert(step >= base.step);
-    l.mutex.unlock(io);
-    defer l.mutex.lockUncancelable(io);
-    const b = &s.builder.?;
-    b.indicesOf(l, step, base, s.cursors);
-    for (s.groups.items) |*g| g.records.clearRetainingCapacity();
-    const c = &l.columns;
-    const k_count = c.source_count;
-    for (b.indices, b.sources) |index, source| {
-        for (0..c.count()) |col| {
-            const r = col * k_count + source;
-            const lo = c.range_start[r];
-            const hi = c.range_start[r + 1];
-            const at = c.place(lo, hi, index) orelse continue;
-            const rep = c.replicas[lo + at.part] orelse continue;
-            if (at.local >= rep.geo.record_count) continue; // (the read names it)
-            const g = try s.groupOf(l.gpa, rep);
-            g.records.append(l.gpa, at.local) catch return error.OutOfMemory;
-        }
-    }
-    // Groups without records (a replica this step does not read) go.
-    var kept: usize = 0;
-    s.bytes = 0;
-    for (s.groups.items) |g| {
-        if (g.records.items.len == 0) {
-            var dropped = g;
-            dropped.records.deinit(l.gpa);
-            continue;
-        }
-        s.bytes += g.replica.nbytes(g.records.items);
-        s.groups.items[kept] = g;
-        kept += 1;
-    }
-    s.groups.shrinkRetainingCapacity(kept);
-    s.current = .{ .step = step, .generation = generation };
-    s.group = 0;
-}
-
-fn groupOf(s: *Stage, gpa: Allocator, rep: *Replica) Error!*Group {
-    for (s.groups.items) |*g| if (g.replica == rep) return g;
-    s.groups.append(gpa, .{ .replica = rep }) catch return error.OutOfMemory;
-    return &s.groups.items[s.groups.items.len - 1];
+    unreachable; // (queued requests only)
 }
 
 fn invalid(comptime fmt: []const u8, args: anytype) Error {
@@ -304,22 +345,20 @@ const lt = @import("testing.zig");
 const TestBed = @import("../cache_make.zig").TestBed;
 
 /// The consumer of a staged test ring: takes steps `first` .. `first +
-/// count - 1` and checks every record against the server's bytes (or the
-/// failure of step `failing`).
+/// count - 1`, checks every record against the server's bytes (or the
+/// failure of step `failing`), then stops the ring.
 const Consumer = struct {
     l: *Loader,
     first: u64,
     count: u64,
-    generation: u64 = 0,
     failing: ?u64 = null,
-    record: usize,
     bad: u32 = 0,
 
     fn main(c: *Consumer) void {
         var t: lt.Taken = .{};
         var indices: [4]u64 = undefined;
         for (c.first..c.first + c.count) |step| {
-            lt.take(c.l, step, c.generation, &t, &indices, null) catch {
+            lt.take(c.l, step, 0, &t, &indices, null) catch {
                 if (c.failing != step) c.bad += 1;
                 continue;
             };
@@ -327,18 +366,17 @@ const Consumer = struct {
             if (c.failing == step) c.bad += 1;
             var buf: [4096]u8 = undefined;
             for (indices, 0..) |i, k| {
-                const want = TestBed.pattern(@intCast(i), &buf)[0..c.record];
-                const got = t.buffers[0].?[k * c.record ..][0..c.record];
-                if (!std.mem.eql(u8, want, got)) c.bad += 1;
+                const want = TestBed.pattern(@intCast(i), &buf)[0..64];
+                if (!std.mem.eql(u8, want, t.buffers[0].?[k * 64 ..][0..64])) c.bad += 1;
             }
         }
         c.l.stop();
     }
 };
 
-/// A staged, SEQUENTIAL ring (batch 4, window 4, 2 threads) over the bed's
-/// replica of 400 records of 64 bytes.
-fn stagedLoader(t: *TestBed, step: u64) !*Loader {
+/// A staged, SEQUENTIAL ring (batch 4, window 4, 2 threads) from `step`
+/// over the bed's replica of 400 records of 64 bytes.
+fn stagedLoader(t: *TestBed, step: u64, budget: u64) !*Loader {
     const sources = [_]Loader.Source{.{ .length = 400, .seed = 0, .weight = 1 }};
     const parts = [_]Loader.Part{.{
         .store = t.replica.store.?,
@@ -351,25 +389,29 @@ fn stagedLoader(t: *TestBed, step: u64) !*Loader {
     var config = lt.testConfig(4, 4, 2, step);
     config.mode = @backingInt(sampler.Mode.sequential);
     config.gated = 2;
+    config.budget = budget;
     return Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
 }
 
-/// Drives the stager until the ring stops, serving every fetch plan (and
-/// failing the one of step `failing`); returns the plans served.
-fn drive(l: *Loader, t: *TestBed, failing: ?u64) !u64 {
+/// Runs a consumer of `count` steps from `first` against the stager, which
+/// serves every fetch plan (and fails step `failing`'s) until the ring
+/// stops; returns the plans served.
+fn drive(t: *TestBed, l: *Loader, c: *Consumer) !u64 {
+    const thread = try std.Thread.spawn(.{}, Consumer.main, .{c});
+    defer thread.join();
     var plans: u64 = 0;
     var failure: ?[]const u8 = null;
     while (true) {
         var f: cache_fetch.Fetch = undefined;
         var out: Out = .{};
-        run(l, 0, failure, &f, &out) catch |e| switch (e) {
+        run(l, failure, &f, &out) catch |e| switch (e) {
             error.Closed => return plans,
             else => return e,
         };
         failure = null;
         try testing.expect(out.replica == t.replica);
         plans += 1;
-        if (failing == out.step) {
+        if (c.failing == out.step) {
             try cache_fetch.failed(&f, 0);
             failure = "the fetch failed";
             continue;
@@ -385,83 +427,66 @@ test "a staged ring fetches each step's records before building it, then reads w
     var t = try TestBed.init(64, 400);
     defer t.deinit();
     // Cold: every step's records are fetched, checked, then built exactly.
-    const l = try stagedLoader(&t, 0);
-    var c: Consumer = .{ .l = l, .first = 0, .count = 20, .record = 64 };
-    const thread = try std.Thread.spawn(.{}, Consumer.main, .{&c});
-    const plans = try drive(l, &t, null);
-    thread.join();
-    l.destroy();
+    const l = try stagedLoader(&t, 0, 0);
+    defer l.destroy();
+    var c: Consumer = .{ .l = l, .first = 0, .count = 20 };
+    const plans = try drive(&t, l, &c);
     try testing.expectEqual(@as(u32, 0), c.bad);
     try testing.expect(plans >= 1 and plans <= 20 + 4);
     for (0..80) |i| try testing.expect(t.replica.isChecked(i));
-    // Warm: the same steps again fetch nothing (12 steps, and at most a
-    // window more staged: all of them among the 20 fetched above).
-    const again = try stagedLoader(&t, 0);
-    var w: Consumer = .{ .l = again, .first = 0, .count = 12, .record = 64 };
-    const second = try std.Thread.spawn(.{}, Consumer.main, .{&w});
-    try testing.expectEqual(@as(u64, 0), try drive(again, &t, null));
-    second.join();
-    again.destroy();
+    // Warm: the same steps again ask the stager for nothing (12 steps, and
+    // at most a window more built: all among the 20 fetched above).
+    const again = try stagedLoader(&t, 0, 0);
+    defer again.destroy();
+    var w: Consumer = .{ .l = again, .first = 0, .count = 12 };
+    const served = t.steps;
+    try testing.expectEqual(@as(u64, 0), try drive(&t, again, &w));
     try testing.expectEqual(@as(u32, 0), w.bad);
+    try testing.expectEqual(served, t.steps);
 }
 
 test "a staged step whose fetch failed fails alone; the steps after it are built" {
     var t = try TestBed.init(64, 400);
     defer t.deinit();
-    const l = try stagedLoader(&t, 30);
+    const l = try stagedLoader(&t, 30, 0);
     defer l.destroy();
-    var c: Consumer = .{ .l = l, .first = 30, .count = 6, .failing = 32, .record = 64 };
-    const thread = try std.Thread.spawn(.{}, Consumer.main, .{&c});
-    _ = try drive(l, &t, 32);
-    thread.join();
+    var c: Consumer = .{ .l = l, .first = 30, .count = 6, .failing = 32 };
+    _ = try drive(&t, l, &c);
     try testing.expectEqual(@as(u32, 0), c.bad);
-    // A second caller, or a ring not staged, is refused.
     var f: cache_fetch.Fetch = undefined;
     var out: Out = .{};
-    try testing.expectError(error.Closed, run(l, 0, null, &f, &out));
+    try testing.expectError(error.Closed, run(l, null, &f, &out));
+    // A ring not staged has no stager.
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try lt.testStore(&tmp, "x", 30, 1);
+    defer s.close();
+    const gated = try lt.gatedTestLoader(s);
+    defer gated.destroy();
+    try testing.expectError(error.InvalidArgument, run(gated, null, &f, &out));
 }
 
-test "a staged ring keeps within its budget, and a reset restarts its stager" {
+test "a staged ring within a budget of one step still delivers every step" {
     var t = try TestBed.init(64, 400);
     defer t.deinit();
-    const l = try stagedLoader(&t, 0);
+    // 4 records of 64 bytes a step: a step waits until the ones before it
+    // were handed over, and the earliest never waits.
+    const l = try stagedLoader(&t, 0, 256);
     defer l.destroy();
-    // A budget of one step's bytes (4 records of 64): one step staged at a time.
-    var f: cache_fetch.Fetch = undefined;
-    var out: Out = .{};
-    try run(l, 256, null, &f, &out);
-    try testing.expectEqual(@as(u64, 0), out.step);
-    while (f.status == cache_fetch.Status.ranges) {
-        try t.serve(&f);
-        try cache_fetch.landed(&f);
-    }
-    // Step 0 is released; step 1 waits for room in the budget (step 0 is
-    // held until handed over), so the stager sleeps: hand step 0 over from
-    // another thread, then stop.
-    const Taker = struct {
-        fn main(ring: *Loader, bad: *u32) void {
-            var taken: lt.Taken = .{};
-            lt.take(ring, 0, 0, &taken, null, null) catch {
-                bad.* += 1;
-                return;
-            };
-            taken.free();
-            // The next stage call fetches step 1 only now.
-            ring.stop();
-        }
-    };
-    var bad: u32 = 0;
-    const taker = try std.Thread.spawn(.{}, Taker.main, .{ l, &bad });
-    const next = run(l, 256, null, &f, &out);
-    taker.join();
-    try testing.expectEqual(@as(u32, 0), bad);
-    if (next) |_| {
-        try testing.expectEqual(@as(u64, 1), out.step);
-        try cache_fetch.failed(&f, 0);
-    } else |e| try testing.expectEqual(error.Closed, e);
-    // A reset moves the stager to the new base (under the mutex).
-    const fresh = try stagedLoader(&t, 0);
-    defer fresh.destroy();
-    _ = fresh.reset(50, 200, &.{});
-    try testing.expectEqual(@as(u64, 50), fresh.stage.next);
+    var c: Consumer = .{ .l = l, .first = 0, .count = 25 };
+    _ = try drive(&t, l, &c);
+    try testing.expectEqual(@as(u32, 0), c.bad);
+}
+
+test "a budget needs a staged ring" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const s = try lt.testStore(&tmp, "x", 30, 1);
+    defer s.close();
+    const sources = [_]Loader.Source{.{ .length = 30, .seed = 0, .weight = 1 }};
+    const parts = [_]Loader.Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
+    var config = lt.testConfig(3, 4, 2, 0);
+    config.budget = 100;
+    const made = Loader.create(testing.allocator, config, &sources, &lt.dense8(), &parts, null);
+    try testing.expectError(error.InvalidArgument, made);
 }
