@@ -346,12 +346,15 @@ const TestBed = @import("../cache_make.zig").TestBed;
 
 /// The consumer of a staged test ring: takes steps `first` .. `first +
 /// count - 1`, checks every record against the server's bytes (or the
-/// failure of step `failing`), then stops the ring.
+/// failure of step `failing`, which the stager's driver sets before it
+/// fails it: the ring's mutex orders the two), then stops the ring.
 const Consumer = struct {
     l: *Loader,
     first: u64,
     count: u64,
-    failing: ?u64 = null,
+    /// Fail the first step the stager hands a fetch plan of.
+    fail_first: bool = false,
+    failing: std.atomic.Value(u64) = .init(std.math.maxInt(u64)),
     bad: u32 = 0,
 
     fn main(c: *Consumer) void {
@@ -359,11 +362,11 @@ const Consumer = struct {
         var indices: [4]u64 = undefined;
         for (c.first..c.first + c.count) |step| {
             lt.take(c.l, step, 0, &t, &indices, null) catch {
-                if (c.failing != step) c.bad += 1;
+                if (c.failing.load(.acquire) != step) c.bad += 1;
                 continue;
             };
             defer t.free();
-            if (c.failing == step) c.bad += 1;
+            if (c.failing.load(.acquire) == step) c.bad += 1;
             var buf: [4096]u8 = undefined;
             for (indices, 0..) |i, k| {
                 const want = TestBed.pattern(@intCast(i), &buf)[0..64];
@@ -394,8 +397,8 @@ fn stagedLoader(t: *TestBed, step: u64, budget: u64) !*Loader {
 }
 
 /// Runs a consumer of `count` steps from `first` against the stager, which
-/// serves every fetch plan (and fails step `failing`'s) until the ring
-/// stops; returns the plans served.
+/// serves every fetch plan (and fails the first, with `fail_first`) until
+/// the ring stops; returns the plans served.
 fn drive(t: *TestBed, l: *Loader, c: *Consumer) !u64 {
     const thread = try std.Thread.spawn(.{}, Consumer.main, .{c});
     defer thread.join();
@@ -411,7 +414,8 @@ fn drive(t: *TestBed, l: *Loader, c: *Consumer) !u64 {
         failure = null;
         try testing.expect(out.replica == t.replica);
         plans += 1;
-        if (c.failing == out.step) {
+        if (c.fail_first and plans == 1) c.failing.store(out.step, .release);
+        if (c.failing.load(.monotonic) == out.step) {
             try cache_fetch.failed(&f, 0);
             failure = "the fetch failed";
             continue;
@@ -450,9 +454,10 @@ test "a staged step whose fetch failed fails alone; the steps after it are built
     defer t.deinit();
     const l = try stagedLoader(&t, 30, 0);
     defer l.destroy();
-    var c: Consumer = .{ .l = l, .first = 30, .count = 6, .failing = 32 };
+    var c: Consumer = .{ .l = l, .first = 30, .count = 6, .fail_first = true };
     _ = try drive(&t, l, &c);
     try testing.expectEqual(@as(u32, 0), c.bad);
+    try testing.expect(c.failing.load(.monotonic) >= 30 and c.failing.load(.monotonic) < 36);
     var f: cache_fetch.Fetch = undefined;
     var out: Out = .{};
     try testing.expectError(error.Closed, run(l, null, &f, &out));
