@@ -22,7 +22,10 @@ Optional capabilities, each found by ``getattr`` (nothing to inherit):
     reads store record ``rows[i]`` (a selected subset). Parts are sorted by
     ``first`` from 0; a part ends where the next one begins. Stores and
     ShardSets return ``rows=None`` parts. The loader keeps the handles and
-    rows arrays referenced while its ring runs.
+    rows arrays referenced while its ring runs. A fourth field, ``remote``,
+    is the library's own: the remote binding of a store read from object
+    storage (None otherwise), whose records the ring brings into the
+    node-local cache itself before it reads them.
 
 ``native_windows() -> (list[NativePart], lx_windows_t spec, segments: bool)``
     Token windows read natively: the corpus's document parts (``rows`` must
