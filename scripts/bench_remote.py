@@ -66,6 +66,9 @@ from bench_s3 import BUCKET, UPLOAD_PART, Server, upload, uploaded
 
 REC = 12 << 10
 BATCH = 256
+#: Alternating passes of each warm comparison (a pass takes milliseconds,
+#: so one preempted pass moves a median of few; 25 keep it put).
+WARM_PASSES = 25
 # records, batches per round, records of the first-batch store, server
 SIZES = {
     "tiny": (600, 2, 10**4, "moto"),
@@ -594,7 +597,7 @@ def _warm_loaders(col, local, r: int, steps: int, payload: float, rows: dict) ->
         for reader in loaders.values():  # first passes untimed
             _take(reader, steps)
         rates: dict = {"remote": [], "local": []}
-        for _ in range(5):
+        for _ in range(WARM_PASSES):
             for key, reader in loaders.items():
                 t = time.perf_counter()
                 _take(reader, steps, rewind=True)
@@ -616,7 +619,7 @@ def _warm(col, local, batches: list, payload: float, rows: dict) -> None:
             local.gather(b)
             col.gather(b)
     warm: dict = {"remote": [], "local": []}
-    for _ in range(5):
+    for _ in range(WARM_PASSES):
         for key, reader in (("remote", col), ("local", local)):
             t = time.perf_counter()
             for b in batches:
