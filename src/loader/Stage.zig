@@ -73,15 +73,38 @@ pub const Request = struct {
     next: ?*Request = null,
 };
 
-/// A worker's staging: its step's groups and its request.
+/// A worker's staging: one group per replica its parts read (made at its
+/// first step and kept, emptied at every step: a step of a few replicas
+/// leaves the others' groups empty), each part's group, and its request.
 pub const Worker = struct {
     groups: std.ArrayList(Group) = .empty,
+    /// Per part of the loader: its group, or `no_group` (a local part).
+    part_group: []u32 = &.{},
     request: Request = .{},
+
+    const no_group = std.math.maxInt(u32);
 
     pub fn deinit(w: *Worker, gpa: Allocator) void {
         for (w.groups.items) |*g| g.records.deinit(gpa);
         w.groups.deinit(gpa);
+        gpa.free(w.part_group);
         w.* = .{};
+    }
+
+    /// The groups, one per replica, and each part's (once).
+    fn init(w: *Worker, l: *const Loader) Error!void {
+        const c = &l.columns;
+        w.part_group = l.gpa.alloc(u32, c.parts.len) catch return error.OutOfMemory;
+        for (c.replicas, w.part_group) |replica, *slot| {
+            slot.* = no_group;
+            const rep = replica orelse continue;
+            for (w.groups.items, 0..) |g, k| {
+                if (g.replica == rep) slot.* = @intCast(k);
+            }
+            if (slot.* != no_group) continue;
+            slot.* = @intCast(w.groups.items.len);
+            w.groups.append(l.gpa, .{ .replica = rep }) catch return error.OutOfMemory;
+        }
     }
 };
 
@@ -112,6 +135,7 @@ pub fn ready(l: *Loader, b: *Builder, step: u64, generation: u64, held: *u64) Er
     if (l.config.budget != 0) try waitBudget(l, w.groups.items, step, generation, held);
     var warm = true;
     for (w.groups.items) |*g| {
+        if (g.records.items.len == 0) continue;
         if (try g.replica.beginWarm(g.records.items, true) == null) {
             warm = false;
             break;
@@ -151,6 +175,7 @@ fn dropped(step: u64) Error {
 /// The builder's step as the records of each replica it reads.
 fn mapGroups(l: *const Loader, b: *Builder) Error!void {
     const w = &b.stage;
+    if (w.part_group.len == 0) try w.init(l);
     for (w.groups.items) |*g| g.records.clearRetainingCapacity();
     const c = &l.columns;
     const k_count = c.source_count;
@@ -159,30 +184,13 @@ fn mapGroups(l: *const Loader, b: *Builder) Error!void {
             const r = col * k_count + source;
             const lo = c.range_start[r];
             const at = c.place(lo, c.range_start[r + 1], index) orelse continue;
-            const rep = c.replicas[lo + at.part] orelse continue;
-            if (at.local >= rep.geo.record_count) continue; // (the read names it)
-            const g = try groupOf(w, l.gpa, rep);
+            const k = w.part_group[lo + at.part];
+            if (k == Worker.no_group) continue; // (a local part)
+            const g = &w.groups.items[k];
+            if (at.local >= g.replica.geo.record_count) continue; // (the read names it)
             g.records.append(l.gpa, at.local) catch return error.OutOfMemory;
         }
     }
-    // Groups without records (a replica this step does not read) go.
-    var kept: usize = 0;
-    for (w.groups.items) |g| {
-        if (g.records.items.len == 0) {
-            var empty = g;
-            empty.records.deinit(l.gpa);
-            continue;
-        }
-        w.groups.items[kept] = g;
-        kept += 1;
-    }
-    w.groups.shrinkRetainingCapacity(kept);
-}
-
-fn groupOf(w: *Worker, gpa: Allocator, rep: *Replica) Error!*Group {
-    for (w.groups.items) |*g| if (g.replica == rep) return g;
-    w.groups.append(gpa, .{ .replica = rep }) catch return error.OutOfMemory;
-    return &w.groups.items[w.groups.items.len - 1];
 }
 
 /// Waits until the step's bytes fit the budget beside those of the earlier
@@ -260,6 +268,10 @@ pub fn run(l: *Loader, failure: ?[]const u8, f: *cache_fetch.Fetch, out: *Out) E
             continue;
         }
         const g = &req.groups[s.group];
+        if (g.records.items.len == 0) { // (a replica this step does not read)
+            s.group += 1;
+            continue;
+        }
         out.* = .{ .step = req.step, .generation = req.generation, .replica = g.replica };
         l.mutex.unlock(io);
         const started = start(g, f);
