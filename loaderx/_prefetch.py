@@ -35,6 +35,7 @@ once every earlier one was delivered (so the loader never stalls).
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -335,11 +336,17 @@ def _stage_main(stager: Stager, bindings: Dict[int, Any]) -> None:
         failure = ffi.NULL
         if rc == RESULTS["closed"]:
             return
-        if out.replica == ffi.NULL:  # (a misuse of the call: not for a step)
-            raise error_for(rc, None, "DataLoader staging")
-        binding = bindings[int(ffi.cast("uintptr_t", out.replica))]
+        if out.replica == ffi.NULL:
+            # Not a step's error (the call misused: cannot happen by
+            # construction). The ring's workers would wait for their
+            # fetches for ever: stop the ring, so next() raises instead.
+            warnings.warn(f"DataLoader: staging stopped: "
+                          f"{error_for(rc, None, 'DataLoader staging')}", RuntimeWarning)
+            ring.shutdown()
+            return
         step, generation = int(out.step), int(out.generation)
         try:
+            binding = bindings[int(ffi.cast("uintptr_t", out.replica))]
             binding._landing(rc, f)  # (a start's error)
             binding._fetch(f)
         except BaseException as exc:  # noqa: B036 - raised by next() of its step
