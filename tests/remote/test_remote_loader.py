@@ -50,7 +50,15 @@ def test_a_remote_loader_stays_within_prefetch_bytes_and_reads_the_local_batches
             with a, b:
                 for step in range(20):
                     assert_same(next(a)["raw"], next(b)["raw"])
-                    time.sleep(0.15)  # (a slow consumer: the fetches run ahead)
+                    # A slow consumer: the fetches run ahead. Without a
+                    # budget, wait (on a loaded machine, as long as it takes)
+                    # for them to fill the window; with one, give them the
+                    # time to overrun it if they could.
+                    deadline = time.monotonic() + (10.0 if budget is None else 0.15)
+                    while time.monotonic() < deadline:
+                        if budget is None and len(fetches) - (step + 1) >= 4:
+                            break
+                        time.sleep(0.01)
                     # Steps fetched ahead of the consumer: within the budget
                     # (the steps before one, not handed over, and its own),
                     # else within the window (prefetch + workers).
