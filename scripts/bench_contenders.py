@@ -330,6 +330,94 @@ def loaderx_copy_source(cfg: dict):
     return get, close
 
 
+
+_C_COPY = r"""
+#include <stdint.h>
+#include <string.h>
+
+/* One batch: rows `idx[0..n)` of x (row_bytes each) and y (8 bytes each), copied
+   with memcpy into dst_x and dst_y, in index order. */
+void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,
+                const int64_t *idx, size_t n, uint8_t *dst_x, int64_t *dst_y) {
+    for (size_t i = 0; i < n; i++) {
+        memcpy(dst_x + i * row_bytes, x + (size_t)idx[i] * row_bytes, row_bytes);
+        dst_y[i] = y[idx[i]];
+    }
+}
+"""
+
+
+def _compile_c(source: str, name: str) -> str:
+    """A shared library built from C `source` with zig's clang (the test extra's
+    ziglang) or else the system's cc, at -O2, into a temporary directory."""
+    import subprocess
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="bench-c-")
+    src, lib = os.path.join(folder, f"{name}.c"), os.path.join(folder, f"lib{name}.so")
+    with open(src, "w") as f:
+        f.write(source)
+    tried = []
+    for compiler in ([sys.executable, "-m", "ziglang", "cc"], ["cc"]):
+        try:
+            subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", lib, src],
+                           check=True, capture_output=True, timeout=300)
+            return lib
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{' '.join(compiler)}: {type(exc).__name__}")
+    raise RuntimeError(f"no C compiler built the copy loop ({'; '.join(tried)})")
+
+
+def c_copy_source(cfg: dict):
+    """A plain C streaming copy: one thread, the same random batches (indices drawn ahead of
+    time) copied row by row with libc memcpy from the memory-mapped .npy files into two
+    reused page-aligned buffers. No store, no sampler, no ring, no worker: what one core
+    streams, the ceiling of a loader whose copies are made on one core at a time."""
+    import cffi
+
+    x, y = _load(Path(cfg["data"]))
+    x = np.asarray(x)  # (np.load's memmap -> its ndarray view of the mapping)
+    ffi = cffi.FFI()
+    ffi.cdef("void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,"
+             " const int64_t *idx, size_t n, uint8_t *dst_x, int64_t *dst_y);")
+    lib = ffi.dlopen(_compile_c(_C_COPY, "benchcopy"))
+    rng = np.random.default_rng(0)
+    length, batch_size = len(x), cfg["batch_size"]
+    row_bytes = int(np.prod(x.shape[1:])) * x.itemsize
+    batches = [rng.integers(0, length, batch_size).astype(np.int64) for _ in range(64)]
+
+    def aligned(shape, dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        raw = np.empty(nbytes + 4096, np.uint8)
+        start = -raw.ctypes.data % 4096
+        return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+    outs = [(aligned((batch_size, *x.shape[1:]), x.dtype), aligned((batch_size,), y.dtype))
+            for _ in range(2)]
+    for ox, oy in outs:  # (the pages are the buffers' own before the window, as a ring's are)
+        ox.fill(0)
+        oy.fill(0)
+
+    def ptr(ctype: str, a: np.ndarray):
+        return ffi.cast(ctype, a.ctypes.data)
+
+    px, py = ptr("uint8_t *", x), ptr("int64_t *", y)
+    count = [0]
+
+    def get() -> dict:
+        indices, (ox, oy) = batches[count[0] % 64], outs[count[0] % 2]
+        count[0] += 1
+        lib.copy_batch(px, py, row_bytes, ptr("int64_t *", indices), batch_size,
+                       ptr("uint8_t *", ox), ptr("int64_t *", oy))
+        return {"x": ox, "y": oy}
+
+    def close() -> None:
+        keep.clear()
+
+    keep = [x, y, lib]  # (the raw pointers above are into these mappings and this library)
+    return get, close
+
+
 # backend -> (module proving the contender imports, source function name in this file)
 SOURCES = {
     "mds": ("streaming", "mds_source"),
@@ -339,6 +427,7 @@ SOURCES = {
     "lance": ("lance", "lance_source"),
     "loaderx_store": ("loaderx.zrecord", "loaderx_store_source"),
     "loaderx_copy": ("loaderx.zrecord", "loaderx_copy_source"),
+    "c_copy": ("cffi", "c_copy_source"),
 }
 
 

@@ -541,6 +541,7 @@ FAMILIES = {
     "loaderx_ragged": ("loaderx DataLoader, x from a RaggedStore (packed)", None),
     "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
     "loaderx_copy": ("copy limit: gather(out=) loop, reused buffers, no sampler", None),
+    "c_copy": ("C streaming copy: memcpy loop, one thread, reused buffers", None),
     "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
     "torchdata": (
         "torchdata StatefulDataLoader workers={w} (npy mmap)",
@@ -718,6 +719,8 @@ def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], li
         ("copy limit vs torchdata (best): the most any loader could show", copy,
          family("torchdata"), 3.0),
         ("loader end to end vs the copy limit", lx.name, [copy], 0.8),
+        ("loader end to end vs a plain C streaming copy (issue 38: 0.95x)", lx.name,
+         family("c_copy"), 0.95),
         ("loader end to end vs Lance take() of random batches (issue 27: no bar)", lx.name,
          family("lance"), 1.0),
     ]
