@@ -148,7 +148,10 @@ fn jpegLib(
     target: std.Build.ResolvedTarget,
     optimize: std.builtin.OptimizeMode,
 ) *std.Build.Step.Compile {
-    const mode: std.builtin.OptimizeMode = if (optimize == .debug) .debug else .fast;
+    // Always optimized: the Debug tests check our code (zstd keeps its UBSan
+    // build), and a Debug libjpeg-turbo cost `zig build test` 21 s of compile.
+    _ = optimize;
+    const mode: std.builtin.OptimizeMode = .fast;
     const Made = struct {
         var list: [16]struct { b: *std.Build, query: std.Target.Query, mode: std.builtin.OptimizeMode, lib: *std.Build.Step.Compile } = undefined;
         var len: usize = 0;
@@ -198,7 +201,7 @@ fn jpegLib(
         .include_path = "jversion.h",
     }, .{ .COPYRIGHT_YEAR = "1991-2022" }));
     mod.addIncludePath(src.path(""));
-    const flags: []const []const u8 = &.{ if (mode == .debug) "-O1" else "-O3", "-fvisibility=hidden" };
+    const flags: []const []const u8 = &.{ "-O3", "-fvisibility=hidden" };
     mod.addCSourceFiles(.{ .root = src.path(""), .files = &jpeg_sources, .flags = flags });
     mod.addCSourceFile(.{ .file = b.path("src/image/jpeg_shim.c"), .flags = flags });
     const lib = b.addLibrary(.{ .name = "jpeg", .linkage = .static, .root_module = mod });
