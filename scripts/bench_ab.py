@@ -1,6 +1,6 @@
 """Before/after of loaderx's own hot paths, two trees interleaved in one run.
 
-    python scripts/bench_ab.py --before /path/to/old/tree [--rounds 5]
+    python scripts/bench_ab.py --before /path/to/old/tree [--rounds 5] [--only loader ...]
 
 Each workload runs in a fresh process (this file, ``--child``) importing
 loaderx from one tree (PYTHONPATH), the two trees taking turns, the order
@@ -153,6 +153,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "loaderx-bench-ab"))
     ap.add_argument("--child", choices=WORKLOADS)
+    ap.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                    help="run only these workloads")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     if args.child:
@@ -163,17 +165,18 @@ def main() -> None:
     sys.path.insert(0, args.after)
     _data(args.workdir)
     trees = {"after": os.path.abspath(args.after), "before": os.path.abspath(args.before)}
-    rates: dict = {w: {"after": [], "before": []} for w in WORKLOADS}
+    workloads = [w for w in WORKLOADS if w in args.only]
+    rates: dict = {w: {"after": [], "before": []} for w in workloads}
     for r in range(args.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
-        for w in WORKLOADS:
+        for w in workloads:
             for side in order:
                 rates[w][side].append(run(trees[side], w, args.workdir))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(f"after: {trees['after']}\nbefore: {trees['before']}\n"
           f"{args.rounds} rounds, each tree's runs interleaved (MiB/s of payload, medians)")
     print(f"{'workload':<14}{'before':>10}{'after':>10}{'after/before':>14}")
-    for w in WORKLOADS:
+    for w in workloads:
         a, b = rates[w]["after"], rates[w]["before"]
         ratio = statistics.median(x / y for x, y in zip(a, b))
         print(f"{w:<14}{statistics.median(b):>10.0f}{statistics.median(a):>10.0f}"

@@ -332,17 +332,86 @@ def loaderx_copy_source(cfg: dict):
 
 
 _C_COPY = r"""
+#include <emmintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
-/* One batch: rows `idx[0..n)` of x (row_bytes each) and y (8 bytes each), copied
-   with memcpy into dst_x and dst_y, in index order. */
+/* A batch's rows copied by `threads` threads (the caller and helpers spinning
+   on a generation counter), each a contiguous share of the rows, with SSE2
+   non-temporal (streaming) stores into 64-byte-aligned destinations. */
+
+typedef struct {
+    const uint8_t *x; const int64_t *y; size_t row_bytes;
+    const int64_t *idx; size_t n; uint8_t *dst_x; int64_t *dst_y;
+} Job;
+
+static Job job;
+static size_t threads = 1;
+static atomic_ulong generation, done;
+static atomic_int stopping;
+static pthread_t helpers[64];
+
+static void copy_row(uint8_t *dst, const uint8_t *src, size_t n) {
+    size_t at = 0;
+    for (; at + 64 <= n; at += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + at));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + at + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + at + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + at + 48));
+        _mm_stream_si128((__m128i *)(dst + at), a);
+        _mm_stream_si128((__m128i *)(dst + at + 16), b);
+        _mm_stream_si128((__m128i *)(dst + at + 32), c);
+        _mm_stream_si128((__m128i *)(dst + at + 48), d);
+    }
+    memcpy(dst + at, src + at, n - at);
+}
+
+static void share(size_t t) {
+    size_t from = job.n * t / threads, to = job.n * (t + 1) / threads;
+    for (size_t i = from; i < to; i++) {
+        copy_row(job.dst_x + i * job.row_bytes, job.x + (size_t)job.idx[i] * job.row_bytes,
+                 job.row_bytes);
+        job.dst_y[i] = job.y[job.idx[i]];
+    }
+    _mm_sfence();
+}
+
+static void *helper(void *arg) {
+    size_t t = (size_t)arg;
+    unsigned long seen = 0;
+    for (;;) {
+        unsigned long g;
+        while ((g = atomic_load_explicit(&generation, memory_order_acquire)) == seen) {
+            if (atomic_load_explicit(&stopping, memory_order_relaxed)) return 0;
+            _mm_pause();
+        }
+        seen = g;
+        share(t);
+        atomic_fetch_add_explicit(&done, 1, memory_order_release);
+    }
+}
+
+int copy_start(size_t n_threads) {
+    threads = n_threads < 1 ? 1 : n_threads > 64 ? 64 : n_threads;
+    for (size_t t = 1; t < threads; t++)
+        if (pthread_create(&helpers[t], 0, helper, (void *)t)) return -1;
+    return 0;
+}
+
 void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,
                 const int64_t *idx, size_t n, uint8_t *dst_x, int64_t *dst_y) {
-    for (size_t i = 0; i < n; i++) {
-        memcpy(dst_x + i * row_bytes, x + (size_t)idx[i] * row_bytes, row_bytes);
-        dst_y[i] = y[idx[i]];
-    }
+    job = (Job){x, y, row_bytes, idx, n, dst_x, dst_y};
+    atomic_store_explicit(&done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    share(0);
+    while (atomic_load_explicit(&done, memory_order_acquire) != threads - 1) _mm_pause();
+}
+
+void copy_stop(void) {
+    atomic_store(&stopping, 1);
+    for (size_t t = 1; t < threads; t++) pthread_join(helpers[t], 0);
 }
 """
 
@@ -360,7 +429,7 @@ def _compile_c(source: str, name: str) -> str:
     tried = []
     for compiler in ([sys.executable, "-m", "ziglang", "cc"], ["cc"]):
         try:
-            subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-o", lib, src],
+            subprocess.run([*compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", lib, src],
                            check=True, capture_output=True, timeout=300)
             return lib
         except (OSError, subprocess.SubprocessError) as exc:
@@ -369,18 +438,22 @@ def _compile_c(source: str, name: str) -> str:
 
 
 def c_copy_source(cfg: dict):
-    """A plain C streaming copy: one thread, the same random batches (indices drawn ahead of
-    time) copied row by row with libc memcpy from the memory-mapped .npy files into two
-    reused page-aligned buffers. No store, no sampler, no ring, no worker: what one core
-    streams, the ceiling of a loader whose copies are made on one core at a time."""
+    """A plain C streaming copy: the same random batches (indices drawn ahead of time) copied
+    row by row from the memory-mapped .npy files into two reused page-aligned buffers by as
+    many threads as the loader has workers (the usable cores), each a share of the rows, with
+    non-temporal (streaming) stores, the helpers spinning between batches. No store, no
+    sampler, no ring, no hand-over: the fastest plain copy of these batches found here."""
     import cffi
 
     x, y = _load(Path(cfg["data"]))
     x = np.asarray(x)  # (np.load's memmap -> its ndarray view of the mapping)
     ffi = cffi.FFI()
-    ffi.cdef("void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,"
+    ffi.cdef("int copy_start(size_t n_threads); void copy_stop(void);"
+             " void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,"
              " const int64_t *idx, size_t n, uint8_t *dst_x, int64_t *dst_y);")
     lib = ffi.dlopen(_compile_c(_C_COPY, "benchcopy"))
+    if lib.copy_start(len(os.sched_getaffinity(0))) != 0:
+        raise RuntimeError("copy_start: pthread_create failed")
     rng = np.random.default_rng(0)
     length, batch_size = len(x), cfg["batch_size"]
     row_bytes = int(np.prod(x.shape[1:])) * x.itemsize
@@ -412,6 +485,7 @@ def c_copy_source(cfg: dict):
         return {"x": ox, "y": oy}
 
     def close() -> None:
+        lib.copy_stop()
         keep.clear()
 
     keep = [x, y, lib]  # (the raw pointers above are into these mappings and this library)

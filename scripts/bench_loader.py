@@ -541,7 +541,7 @@ FAMILIES = {
     "loaderx_ragged": ("loaderx DataLoader, x from a RaggedStore (packed)", None),
     "loaderx_store": ("loaderx DenseStore[idx] loop (random batch)", None),
     "loaderx_copy": ("copy limit: gather(out=) loop, reused buffers, no sampler", None),
-    "c_copy": ("C streaming copy: memcpy loop, one thread, reused buffers", None),
+    "c_copy": ("C streaming copy: non-temporal stores, a thread per core, reused buffers", None),
     "torch": ("torch DataLoader workers={w} (npy mmap)", "loader_torch_workers"),
     "torchdata": (
         "torchdata StatefulDataLoader workers={w} (npy mmap)",
