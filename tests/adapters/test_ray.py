@@ -23,6 +23,10 @@ import loaderx.ray as lray  # noqa: E402
 
 ROWS = 600
 
+# One worker runs the module: a local Ray instance per xdist worker cost each
+# of them 10-50 s on 2 cores.
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 def _has(module):
     return importlib.util.find_spec(module) is not None
@@ -73,7 +77,6 @@ def _leftovers(parent) -> list:
     return [n for n in os.listdir(parent) if n.startswith(".")]
 
 
-@pytest.mark.slow
 def test_write_then_open_and_read_back(tmp_path, local_ray):
     manifest = lray.write_dataset(_source(), tmp_path / "ds")
     assert manifest["rows"] == ROWS and manifest["source"]["type"] == "ray"
