@@ -719,7 +719,7 @@ def _targets(rows: dict, lx: Row, extra: dict, lx_cfg) -> tuple[list[Target], li
         ("copy limit vs torchdata (best): the most any loader could show", copy,
          family("torchdata"), 3.0),
         ("loader end to end vs the copy limit", lx.name, [copy], 0.8),
-        ("loader end to end vs a plain C streaming copy (issue 38: 0.95x)", lx.name,
+        ("loader end to end vs a plain C streaming copy", lx.name,
          family("c_copy"), 0.95),
         ("loader end to end vs Lance take() of random batches (issue 27: no bar)", lx.name,
          family("lance"), 1.0),

@@ -235,6 +235,9 @@ LIMITS = (
      "loader", "(context) copy limit vs torchdata (best): the most any loader could show"),
     ("the loader against that copy limit", "loader",
      "(context) loader end to end vs the copy limit"),
+    ("the loader against a plain C streaming copy of the same batches (non-temporal stores,"
+     " a thread per core)", "loader",
+     "(context) loader end to end vs a plain C streaming copy"),
     ("zstd's own decode: 12 KiB zstd gathers vs zstandard's 2-thread decode",
      "dense-12KiB", "(context) zstd gather vs measured 2-thread zstd"),
     ("zstd's own decode: that decode alone vs raw windows (real corpus)", "tokens-real",

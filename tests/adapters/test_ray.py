@@ -23,10 +23,6 @@ import loaderx.ray as lray  # noqa: E402
 
 ROWS = 600
 
-# One worker runs the module: a local Ray instance per xdist worker cost each
-# of them 10-50 s on 2 cores.
-pytestmark = pytest.mark.xdist_group("ray")
-
 
 def _has(module):
     return importlib.util.find_spec(module) is not None
