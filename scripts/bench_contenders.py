@@ -330,7 +330,6 @@ def loaderx_copy_source(cfg: dict):
     return get, close
 
 
-
 _C_COPY = r"""
 #include <emmintrin.h>
 #include <pthread.h>
@@ -447,6 +446,9 @@ def c_copy_source(cfg: dict):
 
     x, y = _load(Path(cfg["data"]))
     x = np.asarray(x)  # (np.load's memmap -> its ndarray view of the mapping)
+    row_bytes = int(np.prod(x.shape[1:])) * x.itemsize
+    if row_bytes % 16:  # (_mm_stream_si128 stores to 16-byte-aligned addresses only)
+        raise ValueError(f"C streaming copy: rows of {row_bytes} bytes are not 16-byte multiples")
     ffi = cffi.FFI()
     ffi.cdef("int copy_start(size_t n_threads); void copy_stop(void);"
              " void copy_batch(const uint8_t *x, const int64_t *y, size_t row_bytes,"
@@ -456,7 +458,6 @@ def c_copy_source(cfg: dict):
         raise RuntimeError("copy_start: pthread_create failed")
     rng = np.random.default_rng(0)
     length, batch_size = len(x), cfg["batch_size"]
-    row_bytes = int(np.prod(x.shape[1:])) * x.itemsize
     batches = [rng.integers(0, length, batch_size).astype(np.int64) for _ in range(64)]
 
     def aligned(shape, dtype) -> np.ndarray:
