@@ -31,11 +31,22 @@ os.environ.setdefault("LOADERX_CACHE_LIMIT", "4GiB")
 from _helpers import counting_store, run_cli  # noqa: E402
 
 
+# Files whose tests take 5-55 s each on 2 cores: they lead their tier, so
+# pytest-xdist deals them out one per worker in its first round instead of
+# handing a worker several of them in one later chunk. (Not test_ray.py: its
+# tests share a module fixture, a local Ray instance per worker that runs them.)
+LONG = frozenset({"test_bench_smoke.py", "test_corruption_corpus.py",
+                  "test_bytes_concurrency.py", "test_dataloader_ring.py",
+                  "test_examples.py", "test_cli.py", "test_bytes_crash.py"})
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
-    """The fast tier first, then the tests marked ``slow``, each in the order
-    collected (after the folders' conftest.py files have marked theirs)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    """The fast tier first, then the tests marked ``slow``, each tier's
+    longest files first, otherwise in the order collected (after the folders'
+    conftest.py files have marked theirs)."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is not None,
+                                 item.path.name not in LONG))
 
 
 @pytest.fixture(scope="session")
