@@ -94,7 +94,17 @@ pub const Worker = struct {
     /// The groups, one per replica, and each part's (once).
     fn init(w: *Worker, l: *const Loader) Error!void {
         const c = &l.columns;
-        w.part_group = l.gpa.alloc(u32, c.parts.len) catch return error.OutOfMemory;
+        assert(w.part_group.len == 0 and w.groups.items.len == 0);
+        const part_group = l.gpa.alloc(u32, c.parts.len) catch return error.OutOfMemory;
+        // Cut short (no memory), nothing half made is kept: the next step
+        // tries again from nothing.
+        errdefer {
+            l.gpa.free(part_group);
+            for (w.groups.items) |*g| g.records.deinit(l.gpa);
+            w.groups.clearRetainingCapacity();
+        }
+        w.part_group = part_group;
+        errdefer w.part_group = &.{};
         for (c.replicas, w.part_group) |replica, *slot| {
             slot.* = no_group;
             const rep = replica orelse continue;
