@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import time
 
 import numpy as np
 
 import loaderx
+from bench_ab import _rate
 
 N, B, ROW = 4096, 256, 12288
 
@@ -37,19 +37,14 @@ def main() -> None:
             out.append(raw[start:start + B * ROW].reshape(B, 64, 64, 3))
         return out
 
-    def rate(bufs: list, seconds: float = 1.0) -> float:
+    def rate(bufs: list) -> float:
+        """Batches/s of gathers into `bufs` in turn (bench_ab's timing loop)."""
         k = [0]
 
         def step() -> None:
             k[0] += 1
             store.gather(batches[k[0] % len(batches)], out=bufs[k[0] % len(bufs)])
-        for _ in range(10):
-            step()
-        n, t = 0, time.perf_counter()
-        while time.perf_counter() - t < seconds:
-            step()
-            n += 1
-        return n / (time.perf_counter() - t)
+        return _rate(step, B * ROW) * 2**20 / (B * ROW)
 
     rates: dict = {}
     for _ in range(3):
