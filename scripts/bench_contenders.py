@@ -441,7 +441,7 @@ def c_copy_source(cfg: dict):
     row by row from the memory-mapped .npy files into two reused page-aligned buffers by as
     many threads as the loader has workers (the usable cores), each a share of the rows, with
     non-temporal (streaming) stores, the helpers spinning between batches. No store, no
-    sampler, no ring, no hand-over: the fastest plain copy of these batches found here."""
+    sampler, no ring, no hand-over: the copy-limit row's counterpart without loaderx."""
     import cffi
 
     x, y = _load(Path(cfg["data"]))
