@@ -22,6 +22,9 @@ pa = pytest.importorskip("pyarrow", reason="Ray Data needs pyarrow")
 import loaderx.ray as lray  # noqa: E402
 
 ROWS = 600
+# One worker runs the module (`--dist loadgroup`, pyproject.toml): its tests share
+# one local Ray instance, started once instead of once per xdist worker.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def _has(module):

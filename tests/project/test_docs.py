@@ -174,7 +174,8 @@ def pages(tmp_path_factory, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [b for blocks in PAGES.values() for b in blocks],
+@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.xdist_group(b.page))
+                                   for blocks in PAGES.values() for b in blocks],
                          ids=lambda b: b.id)
 def test_python_block_runs(block, pages):
     pages(block.page).run_through(block)
