@@ -57,11 +57,24 @@ def build_native() -> None:
         raise SystemExit(f"loaderx build: zig build produced no library in {lib_dir}")
 
 
+def compile_in_place() -> None:
+    """An editable install byte-compiles the package where it lies, as pip does
+    for an installed one: with PYTHONDONTWRITEBYTECODE set no import writes a
+    .pyc, so every process would compile loaderx again (0.6 s against 0.34 s
+    to import it on a 2-core machine). An edited module's .pyc is stale by its
+    source's time stamp and ignored."""
+    import compileall
+
+    compileall.compile_dir(os.path.join(ROOT, "loaderx"), quiet=1)
+
+
 class BuildWithZig(build_py):
     def run(self):
         if not os.environ.get("LOADERX_SKIP_NATIVE"):
             build_native()
         super().run()
+        if self.editable_mode:
+            compile_in_place()
 
 
 class BinaryDistribution(Distribution):
