@@ -224,8 +224,8 @@ const jpeg_sources = [_][]const u8{
     "jsimd_none.c",
 };
 
-/// src/sampler_avx2.zig compiled for x86-64-v3 and linked into the library;
-/// the portable code calls it only on CPUs with AVX2 (see sampler.zig).
+/// src/avx2.zig compiled for x86-64-v3 and linked into the library; the
+/// portable code calls it only on CPUs with AVX2 (see cpu.zig).
 fn addAvx2Unit(
     b: *std.Build,
     mod: *std.Build.Module,
@@ -237,14 +237,17 @@ fn addAvx2Unit(
     query.cpu_features_add = .empty;
     query.cpu_features_sub = .empty;
     const obj = b.addObject(.{
-        .name = "sampler_avx2",
+        .name = "avx2",
         .root_module = b.createModule(.{
-            .root_source_file = b.path("src/sampler_avx2.zig"),
+            .root_source_file = b.path("src/avx2.zig"),
             .target = b.resolveTargetQuery(query),
             .optimize = optimize,
             .pic = true,
             .strip = optimize != .debug,
         }),
+        // LLVM in every mode: the self-hosted x86 backend of Debug builds
+        // does not assemble the unit's AVX instructions (vmovntdq).
+        .use_llvm = true,
     });
     mod.addObject(obj);
 }

@@ -7,6 +7,11 @@ const builtin = @import("builtin");
 
 const is_x86_64 = builtin.cpu.arch == .x86_64;
 
+/// Whether this build links avx2.zig, the routines compiled a second time for
+/// x86-64-v3 (called only when `hasAvx2`). A build whose target already has
+/// AVX2 has no need of it.
+pub const avx2_unit = is_x86_64 and !std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
+
 const Features = packed struct(u8) {
     probed: bool = false,
     erms: bool = false,

@@ -156,7 +156,7 @@ pub fn fillFrom(length: u64, mode: Mode, seed: u64, position_first: Position, ou
     switch (mode) {
         .sequential => fillSequential(length, position_first, out),
         .iid => fillIid(length, seed, position_first, out),
-        .cyclic => if (avx2_unit and cpu.hasAvx2()) {
+        .cyclic => if (cpu.avx2_unit and cpu.hasAvx2()) {
             const words: [3]u64 = @bitCast(position_first);
             loaderx_fill_cyclic_avx2(length, seed, &words, out.ptr, out.len);
         } else cyclic.fillCyclic(length, seed, position_first, out),
@@ -166,14 +166,9 @@ pub fn fillFrom(length: u64, mode: Mode, seed: u64, position_first: Position, ou
     for (out) |index| assert(index < length);
 }
 
-/// Whether this build links `sampler_avx2.zig`: the same CYCLIC code compiled
-/// for x86-64-v3, where the Feistel lanes run four to a register instead of
-/// two (the portable build targets baseline x86-64, SSE2 only). A build whose
-/// target already has AVX2 has no need of it.
-const avx2_unit = builtin.cpu.arch == .x86_64 and
-    !std.Target.x86.featureSetHas(builtin.cpu.features, .avx2);
-
-/// Defined (hidden, never exported) in sampler_avx2.zig.
+/// Defined (hidden, never exported) in avx2.zig: the same CYCLIC code
+/// compiled for x86-64-v3, where the Feistel lanes run four to a register
+/// instead of two.
 extern fn loaderx_fill_cyclic_avx2(
     length: u64,
     seed: u64,
@@ -182,7 +177,7 @@ extern fn loaderx_fill_cyclic_avx2(
     count: usize,
 ) void;
 
-/// The CYCLIC fill of `fill`, for sampler_avx2.zig to compile for its target.
+/// The CYCLIC fill of `fill`, for avx2.zig to compile for its target.
 pub fn fillCyclicWords(
     length: u64,
     seed: u64,
@@ -610,7 +605,7 @@ test "split divides exact 192-bit positions" {
 }
 
 test "the AVX2 build of CYCLIC gives the portable build's indices" {
-    if (!avx2_unit or !cpu.hasAvx2()) return error.SkipZigTest;
+    if (!cpu.avx2_unit or !cpu.hasAvx2()) return error.SkipZigTest;
     var prng = std.Random.DefaultPrng.init(0x5A3D);
     const random = prng.random();
     var portable: [700]u64 = undefined;

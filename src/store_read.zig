@@ -26,6 +26,10 @@ pub const Dest = struct {
     len: usize,
     stride: usize = 0,
     offsets: ?[*]const u64 = null,
+    /// Written now and read only much later (a loader's step buffer): raw
+    /// records are copied with codec.copyStream, and each lane fences its
+    /// streaming stores before the gather returns.
+    stream: bool = false,
 };
 
 /// Bytes of work below which a batch runs inline on the caller: handing half
@@ -134,6 +138,7 @@ const GatherJob = struct {
         _ = lane;
         var lease: ?codec.DPool.Lease = null;
         defer if (lease) |l| codec.DPool.release(l);
+        defer if (job.dest.stream) codec.streamFence();
         while (!job.failed.load(.monotonic)) {
             const block = job.next_block.fetchAdd(1, .monotonic);
             const start = block * job.block_size;
@@ -174,7 +179,8 @@ const GatherJob = struct {
             if (next < stop) prefetchSpan(data + @as(usize, @intCast(idx[next])) * size, span);
             assert(idx[i] < job.reads.snaps[0].count);
             const src = data + @as(usize, @intCast(idx[i])) * size;
-            codec.copy(job.dest.base[i * size ..][0..size], src[0..size]);
+            const dst = job.dest.base[i * size ..][0..size];
+            if (job.dest.stream) codec.copyStream(dst, src[0..size]) else codec.copy(dst, src[0..size]);
         }
     }
 
@@ -194,6 +200,10 @@ const GatherJob = struct {
         const src = (src_aux + loc.aux_size)[0..@intCast(loc.stored_size)];
         const dst = job.dest.base[at..][0..@intCast(loc.raw_size)];
         const c: Codec = @fromBackingInt(@intCast(loc.codec));
+        if (c == .raw and job.dest.stream and src.len == dst.len) {
+            codec.copyStream(dst, src);
+            return true;
+        }
         if (c != .raw and lease.* == null) {
             lease.* = codec.DPool.acquire() catch {
                 job.fail(job.reads.indices[i]);

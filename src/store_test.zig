@@ -415,6 +415,58 @@ test "fixed-width gathers into a stride: inline and on every lane, checked first
     try testing.expectError(error.SizeMismatch, s.gather(idx[0..4], half, .payload, 0));
 }
 
+test "streaming gathers write what plain ones do, on the strided and the general path" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var buf: [4096]u8 = undefined;
+    // 4100 B: above codec.stream_min, and every record after the first starts
+    // off a 32-byte boundary (the streaming copy's head and tail run too).
+    const size = 4100;
+    const count = 300;
+    const block = try gpa.alloc(u8, count * size);
+    defer gpa.free(block);
+    for (block, 0..) |*b, i| b.* = @truncate(i / size *% 31 +% i);
+    const ptrs = try gpa.alloc([*]const u8, count);
+    defer gpa.free(ptrs);
+    const szs = try gpa.alloc(u64, count);
+    defer gpa.free(szs);
+    for (ptrs, szs, 0..) |*p, *z, i| {
+        p.* = block[i * size ..].ptr;
+        z.* = size;
+    }
+    var prng = std.Random.DefaultPrng.init(0x57EA);
+    var idx: [256]u64 = undefined;
+    for (&idx) |*x| x.* = prng.random().uintLessThan(u64, count);
+    const plain = try gpa.alloc(u8, idx.len * size);
+    defer gpa.free(plain);
+    const streamed = try gpa.alloc(u8, idx.len * size);
+    defer gpa.free(streamed);
+    // fixed_size: the strided copy; 0: the general path (a table per record).
+    for ([_]u64{ size, 0 }, [_][]const u8{ "fixed", "general" }) |fixed, name| {
+        const path = try tmpPath(&tmp, &buf, name);
+        const s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = fixed });
+        defer s.close();
+        _ = try s.append(.{ .ptrs = ptrs.ptr, .sizes = szs.ptr, .count = count }, false);
+        // Inline (one lane) and on every lane.
+        for ([_]usize{ 1, 0 }) |lanes| {
+            @memset(plain, 0xEE);
+            @memset(streamed, 0x11);
+            const dest: Store.Dest = .{ .base = plain.ptr, .len = plain.len, .stride = size };
+            try s.gather(&idx, dest, .payload, lanes);
+            var to_stream = dest;
+            to_stream.base = streamed.ptr;
+            to_stream.stream = true;
+            try s.gather(&idx, to_stream, .payload, lanes);
+            try testing.expectEqualSlices(u8, plain, streamed);
+            for (idx, 0..) |x, i| {
+                const want = block[@intCast(x * size)..][0..size];
+                try testing.expectEqualSlices(u8, want, streamed[i * size ..][0..size]);
+            }
+        }
+    }
+}
+
 fn diagText() []const u8 {
     return std.mem.span(@import("diag.zig").get());
 }

@@ -242,8 +242,15 @@ fn buildDense(b: *Builder, l: *Loader, c: usize, dest: [*]u8) Error!void {
         .base = dest,
         .len = size * batch,
         .stride = size,
+        .stream = size * batch >= stream_step_min,
     }, .payload, l.config.lanes);
 }
+
+/// A dense column's step of at least this many bytes is written with
+/// streaming stores (store_read.Dest.stream): it outgrows a core's L2 cache,
+/// so its lines would not stay cached for the consumer anyway, while its
+/// buffer takes its turn among the ring's (see codec.copyStream).
+const stream_step_min: usize = 1 << 20;
 
 /// A variable column into one new buffer (owned by `result`), with each
 /// record's payload and aux sizes in `sizes`.
