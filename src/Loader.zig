@@ -266,6 +266,9 @@ stage: Stage = .{},
 next_claim: u64,
 /// Gated rings: the next step to release.
 next_release: u64,
+/// The step the consumer takes next (one past the last handed over): how far
+/// ahead of it a claimed step is decides how it is written (Builder.Built.ahead).
+next_wait: u64,
 /// Resets so far; waits and submits name the one they belong to.
 generation: u64 = 0,
 running: u32 = 0,
@@ -396,6 +399,7 @@ pub fn create(
         .threads = &.{},
         .next_claim = config.step,
         .next_release = config.step,
+        .next_wait = config.step,
     };
     errdefer l.freeBuffers();
     try l.allocate(sources);
@@ -554,6 +558,7 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     assert(slot.step == step and slot.state == .done);
     assert(step >= l.config.step and step < @max(l.next_claim, l.next_release));
     slot.state = .free;
+    l.next_wait = @max(l.next_wait, step + 1);
     // Its slot is free: an ungated ring builds the step `window` later now.
     l.work_ready.signal(io);
     slot.held = 0;
@@ -627,6 +632,7 @@ pub fn reset(l: *Loader, step: u64, position: u64, cursors: []const mixture.Curs
     l.config.position = position;
     l.next_claim = step;
     l.next_release = step;
+    l.next_wait = step;
     // Builds read the cursors unlocked (indicesAt copies them under the
     // mutex); none runs now, and the next claims come after this.
     if (l.hasCursors()) {
@@ -760,7 +766,7 @@ fn workerMain(l: *Loader, worker_index: usize) void {
         assert(l.running < l.config.threads);
         l.running += 1;
         l.invariants();
-        const base = .{ l.config.step, l.config.position, l.generation };
+        const base = .{ l.config.step, l.config.position, l.generation, step -| l.next_wait };
         l.mutex.unlock(io);
         const n = l.columns.count();
         var failed_column: u32 = 0;
@@ -838,7 +844,7 @@ pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!v
 fn build(
     l: *Loader,
     step: u64,
-    base: struct { u64, u64, u64 },
+    base: struct { u64, u64, u64, u64 },
     slot: *Slot,
     builder: *Builder,
     results: []Result,
@@ -850,7 +856,7 @@ fn build(
     try l.slotBuffers(slot);
     assert(step >= base[0]);
     const at: mixture.Base = .{ .step = base[0], .position = base[1] };
-    var built: Builder.Built = .{ .generation = base[2], .held = &slot.held };
+    var built: Builder.Built = .{ .generation = base[2], .held = &slot.held, .ahead = base[3] };
     try builder.build(l, step, at, slot.sizes, results, failed_column, &built);
     @memcpy(slot.indices, builder.indices);
     @memcpy(slot.sources, builder.sources);
