@@ -116,6 +116,20 @@ def refuse_own_thread(ring: "Ring", call: str) -> None:
             f"{threading.current_thread().name}: it would wait for itself forever")
 
 
+class _WaitArgs:
+    """The out-parameters of one ``lx_loader_wait`` besides the owners: a
+    ring keeps the ones its waits made and reuses them (one set per thread
+    waiting at once), so a step makes no cffi allocation but its owners."""
+
+    __slots__ = ("slots", "lengths", "failed", "skipped")
+
+    def __init__(self, columns: int) -> None:
+        self.slots = ffi.new("uint8_t **[]", max(1, columns))
+        self.lengths = ffi.new("uint64_t[]", max(1, columns))
+        self.failed = ffi.new("uint32_t *")
+        self.skipped = ffi.new("uint32_t *")
+
+
 class Ring:
     """One DataLoader's ring: opened at its first step, closed by
     ``shutdown()`` (from any thread)."""
@@ -137,6 +151,7 @@ class Ring:
         self.deliver = base.step  # the next undelivered step
         self.generation = 0  # resets of the native ring so far
         self.failures: Dict[int, BaseException] = {}  # steps a prefetch hook failed
+        self.spare_args: List[_WaitArgs] = []  # (list.pop and append are atomic)
         self.stage: Any = None  # Workers, when batches need Python
         self.prefetcher: Any = None  # Prefetcher, when streams have a prefetch hook
         self.consumer = threading.Lock()  # one next()/load_state_dict() at a time
@@ -304,28 +319,31 @@ class Ring:
         however the caller is interrupted afterwards."""
         n = len(self.columns)
         owners = [_buffers.owner() for _ in range(n)]
-        slots = ffi.new("uint8_t **[]", max(1, n))
-        for c, owner in enumerate(owners):
-            slots[c] = owner
-        lengths = ffi.new("uint64_t[]", max(1, n))
-        failed = ffi.new("uint32_t *")
         sizes = np.empty(2 * self.batch_size * len(self.variable), np.uint64) \
             if self.variable else None
         indices = np.empty(self.batch_size, np.uint64) if self.want_indices else None
         sources = np.empty(self.batch_size, np.uint16) if self.want_sources else None
-        skipped = ffi.new("uint32_t *")
-        args = (step, generation, failed, slots, lengths, _pointer("uint64_t *", sizes),
-                _pointer("uint64_t *", indices), _pointer("uint16_t *", sources), skipped)
+        try:
+            w = self.spare_args.pop()
+        except IndexError:
+            w = _WaitArgs(n)
+        for c, owner in enumerate(owners):
+            w.slots[c] = owner
+        args = (step, generation, w.failed, w.slots, w.lengths,
+                _pointer("uint64_t *", sizes), _pointer("uint64_t *", indices),
+                _pointer("uint16_t *", sources), w.skipped)
         self.enter("DataLoader is closed")
         try:
             rc = lib.lx_loader_wait(self.handle, *args)
         finally:
             self.leave()
+            lengths, failed, skipped = list(w.lengths), w.failed[0], w.skipped[0]
+            self.spare_args.append(w)
         if rc != _lib.LX_OK:
-            raise self.step_error(rc, failed[0], step)
-        if skipped[0]:
+            raise self.step_error(rc, failed, step)
+        if skipped:
             with self.lock:
-                self.images_skipped += int(skipped[0])
+                self.images_skipped += int(skipped)
         return rc, owners, lengths, sizes, indices, sources
 
     def build(self, step: int, generation: int) -> Tuple[Dict[str, Any], Any, Any]:

@@ -188,7 +188,7 @@ pub const Config = extern struct {
 
 const State = enum(u8) { free, submitted, running, done };
 
-const Slot = struct {
+pub const Slot = struct {
     state: State = .free,
     step: u64 = 0,
     failure: ?Error = null,
@@ -538,7 +538,13 @@ fn dropped(step: u64) Error {
 pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     assert(out.buffers.len == l.columns.count() and out.lengths.len == l.columns.count());
     const io = pool.io();
-    l.mutex.lockUncancelable(io);
+    // Wake-ups go out once the mutex is free (the last defer to run), so
+    // the woken thread does not sleep again at once on the mutex.
+    var wake_worker = false;
+    var wake_fetched = false;
+    defer if (wake_worker) l.work_ready.signal(io);
+    defer if (wake_fetched) l.fetched.broadcast(io);
+    pool.lockSpin(&l.mutex);
     defer l.mutex.unlock(io);
     defer l.invariants(); // runs first, under the mutex
     const k = l.slotOf(step);
@@ -560,9 +566,9 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
     slot.state = .free;
     l.next_wait = @max(l.next_wait, step + 1);
     // Its slot is free: an ungated ring builds the step `window` later now.
-    l.work_ready.signal(io);
+    wake_worker = true;
     slot.held = 0;
-    if (l.stage.budget_waiting > 0) l.fetched.broadcast(io);
+    wake_fetched = l.stage.budget_waiting > 0;
     const results = l.results[k * l.columns.count() ..][0..l.columns.count()];
     if (slot.failure) |err| {
         freeResults(results);
@@ -578,7 +584,7 @@ pub fn wait(l: *Loader, step: u64, generation: u64, out: Handout) Error!void {
 fn handOver(l: *Loader, slot: *const Slot, results: []Result, out: Handout) void {
     assert(slot.state == .free and slot.failure == null);
     const batch: usize = @intCast(l.config.batch_size);
-    // A built step's arrays (slotBuffers) and one result per column.
+    // A built step's arrays (Builder.slotBuffers) and one result per column.
     assert(slot.indices.len == batch and slot.sources.len == batch);
     assert(slot.sizes.len == 2 * batch * l.columns.variable_count);
     assert(results.len == l.columns.count());
@@ -771,8 +777,8 @@ fn workerMain(l: *Loader, worker_index: usize) void {
         const n = l.columns.count();
         var failed_column: u32 = 0;
         for (results[0..n]) |*r| r.* = .{};
-        const result = l.build(step, base, slot, builder, results[0..n], &failed_column);
-        l.mutex.lockUncancelable(io);
+        const result = builder.buildSlot(l, step, base, slot, results[0..n], &failed_column);
+        pool.lockSpin(&l.mutex);
         l.finish(slot, k, result, failed_column, results[0..n]);
         assert(l.running > 0);
         l.running -= 1;
@@ -835,50 +841,6 @@ pub fn indicesAt(l: *Loader, step: u64, indices: []u64, sources: ?[]u16) Error!v
         @memcpy(indices[i * batch ..][0..batch], b.indices);
         if (sources) |s| @memcpy(s[i * batch ..][0..batch], b.sources);
     }
-}
-
-// ---------------------------------------------------------------- building a step
-
-/// Builds `step` into its slot's buffers and `results`, with the indices of
-/// the base (step, position) the step was claimed under.
-fn build(
-    l: *Loader,
-    step: u64,
-    base: struct { u64, u64, u64, u64 },
-    slot: *Slot,
-    builder: *Builder,
-    results: []Result,
-    failed_column: *u32,
-) Error!void {
-    assert(slot.state == .running and slot.step == step);
-    assert(results.len == l.columns.count());
-    failed_column.* = @intCast(l.columns.count());
-    try l.slotBuffers(slot);
-    assert(step >= base[0]);
-    const at: mixture.Base = .{ .step = base[0], .position = base[1] };
-    var built: Builder.Built = .{ .generation = base[2], .held = &slot.held, .ahead = base[3] };
-    try builder.build(l, step, at, slot.sizes, results, failed_column, &built);
-    @memcpy(slot.indices, builder.indices);
-    @memcpy(slot.sources, builder.sources);
-    slot.images_skipped = built.images_skipped;
-}
-
-/// The slot's index, source and size arrays, allocated at its first build.
-fn slotBuffers(l: *Loader, slot: *Slot) Error!void {
-    if (slot.indices.len > 0) return;
-    const batch: usize = @intCast(l.config.batch_size);
-    const gpa = l.gpa;
-    const indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
-    errdefer gpa.free(indices);
-    const sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
-    errdefer gpa.free(sources);
-    slot.sizes = gpa.alloc(
-        u64,
-        2 * batch * l.columns.variable_count,
-    ) catch return error.OutOfMemory;
-    slot.sources = sources;
-    slot.indices = indices;
-    assert(slot.indices.len == batch and slot.sources.len == batch);
 }
 
 // ---------------------------------------------------------------- tests

@@ -636,7 +636,7 @@ test "copyStream matches the source at every size and alignment around its cut-o
     defer gpa.free(dst);
     for (src, 0..) |*b, i| b.* = @truncate(i *% 131 +% 7);
     const sizes = [_]usize{
-        0,              200,            stream_min - 1, stream_min,         stream_min + 1,
+        0,               200,             stream_min - 1,  stream_min,         stream_min + 1,
         stream_min + 31, stream_min + 63, stream_min + 64, 3 * stream_min + 5, 3 * stream_min,
     };
     for (sizes) |n| {

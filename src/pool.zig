@@ -63,6 +63,20 @@ pub fn io() Io {
     }
 }
 
+/// Takes `m`, spinning a little before sleeping on its futex: the loader's
+/// ring holds its mutex for a few lines of bookkeeping, far less than a futex
+/// sleep and wake-up costs (a context switch each, and on a VM an interrupt
+/// across CPUs).
+pub fn lockSpin(m: *Io.Mutex) void {
+    for (0..lock_spins) |_| {
+        if (m.state.load(.monotonic) == .unlocked and m.tryLock()) return;
+        std.atomic.spinLoopHint();
+    }
+    m.lockUncancelable(io());
+}
+
+const lock_spins = 100;
+
 /// Lanes one call may use: the usable cores, capped by `setLaneLimit`.
 pub fn lanes() usize {
     _ = io();

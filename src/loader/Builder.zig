@@ -79,6 +79,50 @@ pub fn deinit(b: *Builder, gpa: Allocator) void {
     b.* = .{};
 }
 
+/// Builds `step` into its slot's buffers and `results`, with the indices of
+/// the base (step, position) the step was claimed under, in the generation
+/// it was claimed in, `ahead` steps past the consumer's next.
+pub fn buildSlot(
+    b: *Builder,
+    l: *Loader,
+    step: u64,
+    base: struct { u64, u64, u64, u64 },
+    slot: *Loader.Slot,
+    results: []Loader.Result,
+    failed_column: *u32,
+) Error!void {
+    assert(slot.state == .running and slot.step == step);
+    assert(results.len == l.columns.count());
+    failed_column.* = @intCast(l.columns.count());
+    try slotBuffers(l, slot);
+    assert(step >= base[0]);
+    const at: mixture.Base = .{ .step = base[0], .position = base[1] };
+    var built: Built = .{ .generation = base[2], .held = &slot.held, .ahead = base[3] };
+    try b.build(l, step, at, slot.sizes, results, failed_column, &built);
+    @memcpy(slot.indices, b.indices);
+    @memcpy(slot.sources, b.sources);
+    slot.images_skipped = built.images_skipped;
+}
+
+/// The slot's index, source and size arrays, allocated at its first build
+/// (the slot owns them until Loader.destroy).
+fn slotBuffers(l: *Loader, slot: *Loader.Slot) Error!void {
+    if (slot.indices.len > 0) return;
+    const batch: usize = @intCast(l.config.batch_size);
+    const gpa = l.gpa;
+    const indices = gpa.alloc(u64, batch) catch return error.OutOfMemory;
+    errdefer gpa.free(indices);
+    const sources = gpa.alloc(u16, batch) catch return error.OutOfMemory;
+    errdefer gpa.free(sources);
+    slot.sizes = gpa.alloc(
+        u64,
+        2 * batch * l.columns.variable_count,
+    ) catch return error.OutOfMemory;
+    slot.sources = sources;
+    slot.indices = indices;
+    assert(slot.indices.len == batch and slot.sources.len == batch);
+}
+
 /// What `build` makes of a step besides its buffers.
 pub const Built = struct {
     /// Image records replaced by another of the step (Decode on_error skip).
