@@ -180,7 +180,11 @@ const GatherJob = struct {
             assert(idx[i] < job.reads.snaps[0].count);
             const src = data + @as(usize, @intCast(idx[i])) * size;
             const dst = job.dest.base[i * size ..][0..size];
-            if (job.dest.stream) codec.copyStream(dst, src[0..size]) else codec.copy(dst, src[0..size]);
+            if (job.dest.stream) {
+                codec.copyStream(dst, src[0..size]);
+            } else {
+                codec.copy(dst, src[0..size]);
+            }
         }
     }
 

@@ -445,7 +445,8 @@ test "streaming gathers write what plain ones do, on the strided and the general
     // fixed_size: the strided copy; 0: the general path (a table per record).
     for ([_]u64{ size, 0 }, [_][]const u8{ "fixed", "general" }) |fixed, name| {
         const path = try tmpPath(&tmp, &buf, name);
-        const s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = fixed });
+        const options: Store.OpenOptions = .{ .create = true, .codec = .raw, .fixed_size = fixed };
+        const s = try Store.open(gpa, path, options);
         defer s.close();
         _ = try s.append(.{ .ptrs = ptrs.ptr, .sizes = szs.ptr, .count = count }, false);
         // Inline (one lane) and on every lane.

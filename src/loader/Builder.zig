@@ -697,10 +697,12 @@ test "steps built ahead of the consumer stream their large dense columns, byte f
     _ = try s.append(.{ .ptrs = &ptrs, .sizes = &sizes, .count = count }, false);
     const sources = [_]Source{.{ .length = count, .seed = 7, .weight = 1 }};
     const parts = [_]Part{.{ .store = s, .first = 0, .source = 0, .column = 0 }};
-    const columns = [_]Column{.{ .kind = @backingInt(Loader.ColumnKind.dense), .record_size = size }};
+    const dense = @backingInt(Loader.ColumnKind.dense);
+    const columns = [_]Column{.{ .kind = dense, .record_size = size }};
     const batch = 256;
     comptime assert(batch * size >= stream_step_min);
-    const l = try Loader.create(testing.allocator, testConfig(batch, 6, 2, 0), &sources, &columns, &parts, null);
+    const config = testConfig(batch, 6, 2, 0);
+    const l = try Loader.create(testing.allocator, config, &sources, &columns, &parts, null);
     defer l.destroy();
     var indices: [batch]u64 = undefined;
     var t: Taken = .{};
