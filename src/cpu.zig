@@ -37,10 +37,9 @@ pub fn hasAvx2() bool {
 /// is not cached: AVX2 on an AMD (or Hygon) CPU. Their `rep movsb` and plain
 /// stores read each destination line before writing it; Intel's fast strings
 /// write whole lines of a large copy without reading them, and streaming only
-/// costs there. Measured with `scripts/bench_ab.py --only loader
-/// remote-warm` (7 rounds, the loader streaming its steps built ahead
-/// against the tree without): 1.14x on an AMD EPYC (family 25, model 1),
-/// 0.94x on an Intel Xeon (model 167).
+/// costs there. `scripts/bench_ab.py`'s DataLoader, streaming its steps
+/// built ahead against the tree without: 1.14x on an AMD EPYC (family 25,
+/// model 1; 5 rounds), 0.94x on an Intel Xeon (model 167; 7 rounds).
 pub fn streamingPays() bool {
     return is_x86_64 and features().avx2 and features().amd;
 }
