@@ -135,9 +135,12 @@ def readme(version: str) -> str:
     cached = os.path.join(cache_dir(), f"readme-{version}.md")
     if not os.path.isfile(cached):
         text = _download_readme(version)
-        with open(cached + ".tmp", "w", encoding="utf-8") as f:
+        # Each process its own temporary name: two xdist workers may fetch
+        # the same README at once (a shared name failed one of them on CI).
+        tmp = f"{cached}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(cached + ".tmp", cached)
+        os.replace(tmp, cached)
     with open(cached, encoding="utf-8") as f:
         return f.read()
 
