@@ -29,6 +29,43 @@ fn appendSlices(s: *Store, records: []const []const u8) !u64 {
     return s.append(.{ .ptrs = &ptrs, .sizes = &szs, .count = records.len }, false);
 }
 
+/// `count` records of `size` bytes in one block (record i's bytes vary with
+/// i and with their place), with the pointers and sizes an append takes.
+const Patterned = struct {
+    block: []u8,
+    ptrs: [][*]const u8,
+    szs: []u64,
+
+    fn init(gpa: Allocator, count: usize, size: usize) !Patterned {
+        const block = try gpa.alloc(u8, count * size);
+        errdefer gpa.free(block);
+        for (block, 0..) |*b, i| b.* = @truncate(i / size *% 31 +% i);
+        const ptrs = try gpa.alloc([*]const u8, count);
+        errdefer gpa.free(ptrs);
+        const szs = try gpa.alloc(u64, count);
+        for (ptrs, szs, 0..) |*p, *z, i| {
+            p.* = block[i * size ..].ptr;
+            z.* = size;
+        }
+        return .{ .block = block, .ptrs = ptrs, .szs = szs };
+    }
+
+    fn deinit(r: Patterned, gpa: Allocator) void {
+        gpa.free(r.szs);
+        gpa.free(r.ptrs);
+        gpa.free(r.block);
+    }
+
+    fn appendTo(r: Patterned, s: *Store) !u64 {
+        return s.append(.{ .ptrs = r.ptrs.ptr, .sizes = r.szs.ptr, .count = r.ptrs.len }, false);
+    }
+
+    fn record(r: Patterned, index: u64) []const u8 {
+        const size = r.block.len / r.ptrs.len;
+        return r.block[@intCast(index * size)..][0..size];
+    }
+};
+
 fn readOne(s: *Store, index: u64, out: *std.ArrayList(u8)) !void {
     var raw: [1]u64 = undefined;
     var aux: [1]u64 = undefined;
@@ -373,18 +410,9 @@ test "fixed-width gathers into a stride: inline and on every lane, checked first
     const count = 3000;
     const s = try Store.open(gpa, path, .{ .create = true, .codec = .raw, .fixed_size = size });
     defer s.close();
-    const block = try gpa.alloc(u8, count * size);
-    defer gpa.free(block);
-    for (block, 0..) |*b, i| b.* = @truncate(i / size *% 31 +% i);
-    const ptrs = try gpa.alloc([*]const u8, count);
-    defer gpa.free(ptrs);
-    const szs = try gpa.alloc(u64, count);
-    defer gpa.free(szs);
-    for (ptrs, szs, 0..) |*p, *z, i| {
-        p.* = block[i * size ..].ptr;
-        z.* = size;
-    }
-    _ = try s.append(.{ .ptrs = ptrs.ptr, .sizes = szs.ptr, .count = count }, false);
+    const records = try Patterned.init(gpa, count, size);
+    defer records.deinit(gpa);
+    _ = try records.appendTo(s);
     var prng = std.Random.DefaultPrng.init(0x57A1D);
     const idx = try gpa.alloc(u64, 2000);
     defer gpa.free(idx);
@@ -396,7 +424,7 @@ test "fixed-width gathers into a stride: inline and on every lane, checked first
         @memset(out, 0xEE);
         try s.gather(idx[0..n], .{ .base = out.ptr, .len = n * size, .stride = size }, .payload, 0);
         for (idx[0..n], 0..) |x, i| {
-            const want = block[@intCast(x * size)..][0..size];
+            const want = records.record(x);
             try testing.expectEqualSlices(u8, want, out[i * size ..][0..size]);
         }
         if (n < idx.len) try testing.expectEqual(@as(u8, 0xEE), out[n * size]);
@@ -424,17 +452,8 @@ test "streaming gathers write what plain ones do, on the strided and the general
     // off a 32-byte boundary (the streaming copy's head and tail run too).
     const size = 4100;
     const count = 300;
-    const block = try gpa.alloc(u8, count * size);
-    defer gpa.free(block);
-    for (block, 0..) |*b, i| b.* = @truncate(i / size *% 31 +% i);
-    const ptrs = try gpa.alloc([*]const u8, count);
-    defer gpa.free(ptrs);
-    const szs = try gpa.alloc(u64, count);
-    defer gpa.free(szs);
-    for (ptrs, szs, 0..) |*p, *z, i| {
-        p.* = block[i * size ..].ptr;
-        z.* = size;
-    }
+    const records = try Patterned.init(gpa, count, size);
+    defer records.deinit(gpa);
     var prng = std.Random.DefaultPrng.init(0x57EA);
     var idx: [256]u64 = undefined;
     for (&idx) |*x| x.* = prng.random().uintLessThan(u64, count);
@@ -448,7 +467,7 @@ test "streaming gathers write what plain ones do, on the strided and the general
         const options: Store.OpenOptions = .{ .create = true, .codec = .raw, .fixed_size = fixed };
         const s = try Store.open(gpa, path, options);
         defer s.close();
-        _ = try s.append(.{ .ptrs = ptrs.ptr, .sizes = szs.ptr, .count = count }, false);
+        _ = try records.appendTo(s);
         // Inline (one lane) and on every lane.
         for ([_]usize{ 1, 0 }) |lanes| {
             @memset(plain, 0xEE);
@@ -461,7 +480,7 @@ test "streaming gathers write what plain ones do, on the strided and the general
             try s.gather(&idx, to_stream, .payload, lanes);
             try testing.expectEqualSlices(u8, plain, streamed);
             for (idx, 0..) |x, i| {
-                const want = block[@intCast(x * size)..][0..size];
+                const want = records.record(x);
                 try testing.expectEqualSlices(u8, want, streamed[i * size ..][0..size]);
             }
         }

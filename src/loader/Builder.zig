@@ -687,7 +687,8 @@ test "steps built ahead of the consumer stream their large dense columns, byte f
     // after the first starts off a 32-byte boundary.
     const size = 4100;
     const count = 300;
-    const base = try tmp.dir.realPathFileAlloc(@import("../pool.zig").io(), ".", testing.allocator);
+    const io = @import("../pool.zig").io();
+    const base = try tmp.dir.realPathFileAlloc(io, ".", testing.allocator);
     defer testing.allocator.free(base);
     var buf: [4096]u8 = undefined;
     const path = try std.fmt.bufPrint(&buf, "{s}/big", .{base});
@@ -719,9 +720,9 @@ test "steps built ahead of the consumer stream their large dense columns, byte f
             // The ring fills up to its window while the consumer holds step
             // 0: steps 3 to 5 are claimed 2 or more ahead of its next.
             while (true) {
-                l.mutex.lockUncancelable(@import("../pool.zig").io());
+                l.mutex.lockUncancelable(io);
                 const claimed = l.next_claim;
-                l.mutex.unlock(@import("../pool.zig").io());
+                l.mutex.unlock(io);
                 if (claimed >= 6) break;
                 std.Thread.yield() catch {};
             }
