@@ -5,6 +5,7 @@
                                   [--images-count N]
                                   [--plot OUT.png] [--cache DIR] [--venvs build|use|off]
                                   [--baseline DIR] [--publish NAME]
+                                  [--latency-ms MS] [--server-disk auto|cold|warm]
 
 LAYER is one of sampler, dense, ragged, image-store (variable-size decoded
 images as a store workload), images (JPEG decode + RandomResizedCrop + flip
@@ -226,6 +227,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="remote layer: add this latency to every request (an object store's "
                              "first-byte time; scripts/latency_proxy.py)")
+    parser.add_argument("--server-disk", choices=("auto", "cold", "warm"), default="auto",
+                        help="remote layer: cold drops the server's files from the page cache "
+                             "before every reader's run, so each reads the server's disk; warm "
+                             "reads them once first; auto (default) is cold where the server's "
+                             "data outgrows half the memory, else warm")
     args = parser.parse_args(argv)
     if args.publish is not None and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", args.publish):
         parser.error(f"--publish {args.publish!r}: a run name is lowercase words joined by '-'"
@@ -307,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         size, workdir, args.repeat or size.repeat, args.seed, usable_cores(), log, venvs, args.cache,
         scale_max_bytes=None if args.scale_max_gib is None else int(args.scale_max_gib * (1 << 30)),
         baseline=None if args.baseline is None else args.baseline.resolve(),
-        latency_ms=args.latency_ms,
+        latency_ms=args.latency_ms, server_disk=args.server_disk,
     )
     info = machine_block()
     print_machine(info)

@@ -133,6 +133,7 @@ class Context:
     scale_max_bytes: int | None = None  # --scale-max-gib: the largest scale store to build
     baseline: Path | None = None  # --baseline: a loaderx package the fresh-process rows also run
     latency_ms: float = 0.0  # --latency-ms: added to every request of the remote layer
+    server_disk: str = "auto"  # --server-disk: the remote layer's server pages, cold or warm
 
     def options(self, key: str, budget_s: float | None = None, chunk: int = 1) -> Options:
         directory = self.workdir / key

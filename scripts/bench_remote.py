@@ -20,8 +20,9 @@ Rows and targets:
           LitData >= 3x, Lance take() >= 10x). The server's pages are warm
           for every reader (it read every copy once) while its data fits
           in half the memory; beyond (--size default: four copies of
-          12 GB), every reader's run starts with them dropped, so each
-          reads the server's disk alike
+          12 GB), or with --server-disk cold at any size, every reader's
+          run starts with them dropped, so each reads the server's disk
+          alike.
           The round's batches are the first steps of a DataLoader's sampler
           (seeded per round), so a DataLoader over the remote store (fresh
           cache, its own prefetch: what users run) reads exactly the same
@@ -468,10 +469,13 @@ def run_remote(ctx) -> list[Section]:
         peers = bench_remote_peers.Peers(ctx, server, cache, n, per_round)
         peers.prepare()
         server_dir = cache / f"{kind}-data-{UPLOAD_PART >> 20}m"
-        if kind == "weed" and _outgrows_memory(server_dir):
+        if kind == "weed" and (ctx.server_disk == "cold" or (ctx.server_disk == "auto"
+                                                            and _outgrows_memory(server_dir))):
             server_state = "server disk cold"
-            ctx.log(f"remote: the server's data ({_tree_bytes(server_dir) / (1 << 30):.1f} GiB) "
-                    "outgrows memory: its pages are dropped before every reader's run")
+            ctx.log(f"remote: the server's data ({_tree_bytes(server_dir) / (1 << 30):.1f} GiB): "
+                    "its pages are dropped before every reader's run"
+                    + (" (--server-disk cold)" if ctx.server_disk == "cold"
+                       else ", as it outgrows memory"))
 
             def drop() -> None:
                 _drop_server_pages(server_dir)
@@ -515,6 +519,8 @@ def run_remote(ctx) -> list[Section]:
                     payload / (time.perf_counter() - t))
 
             def zget_ranges_run() -> None:
+                if drop is not None:
+                    drop()
                 t = time.perf_counter()
                 _get_ranges(zurl, server.options, batches, zwhere)
                 rows["obstore get_ranges, the zstd store's ranges (cold)"].gather_mibs.append(

@@ -645,3 +645,59 @@ def test_max_side_bench_converts_both_ways_and_compares(tmp_path, capsys):
     assert rows["keep_encoded"][4] == "1.00x"
     psnr = float(out[-1].split("PSNR ")[1].split()[0])
     assert 20 < psnr < 60
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of `path`'s pages the page cache holds (mincore(2) over a
+    shared read-only mapping of the file)."""
+    import mmap
+
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef("int mincore(void *addr, size_t length, unsigned char *vec);")
+    libc = ffi.dlopen(None)
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+        pages = -(-size // mmap.PAGESIZE)
+        vec = ffi.new("unsigned char[]", pages)
+        base = ffi.from_buffer(mm)
+        try:
+            assert libc.mincore(ffi.cast("void *", base), size, vec) == 0, ffi.errno
+        finally:
+            ffi.release(base)
+    return sum(b & 1 for b in bytes(ffi.buffer(vec)))
+
+
+def _file_system_type(path: Path) -> str:
+    """The type of the file system `path` lies on (the longest mount point
+    above it in /proc/mounts)."""
+    with open("/proc/mounts") as f:
+        mounts = [line.split() for line in f]
+    path = str(path.resolve())
+    above = [m for m in mounts if path == m[1] or path.startswith(m[1].rstrip("/") + "/")]
+    return max(above, key=lambda m: len(m[1]))[2]
+
+
+def test_server_pages_are_dropped_before_a_cold_run(tmp_path):
+    """bench.py remote --server-disk cold: _drop_server_pages leaves none of
+    the server's files (any depth) in the page cache, so the next reader
+    reads the server's disk. Written and read back first, so every page was
+    resident (and dirty: the drop writes them back before dropping)."""
+    import bench_remote
+
+    if _file_system_type(tmp_path) == "tmpfs":
+        pytest.skip(f"{tmp_path} is on tmpfs: its pages are its storage, nothing to drop")
+    files = [tmp_path / "a.dat", tmp_path / "volume" / "1.dat"]
+    files[1].parent.mkdir()
+    for i, f in enumerate(files):
+        f.write_bytes(np.random.default_rng(i).bytes(1 << 20))
+        assert len(f.read_bytes()) == 1 << 20
+    pages = (1 << 20) // os.sysconf("SC_PAGE_SIZE")
+    assert [_resident_pages(f) for f in files] == [pages, pages]
+    bench_remote._drop_server_pages(tmp_path)
+    assert [_resident_pages(f) for f in files] == [0, 0]
+    assert bench.parse_args(["remote", "--server-disk", "cold"]).server_disk == "cold"
+    assert bench.parse_args(["remote"]).server_disk == "auto"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["remote", "--server-disk", "lukewarm"])
