@@ -7,7 +7,8 @@ Panels, each drawn when its layer ran:
   * loader end to end, batches per second, one bar per configuration;
   * token windows, batches per second;
   * scale: gather throughput and open time against the store's record count.
-Rows that did not run are listed in the bars with their status, never dropped.
+Rows that did not run are listed in the bars with their status, never dropped
+(in the remote panel, whose bars sit close, by its first word: "missing").
 The title names the CPU model, the usable cores and the code revision.
 `python scripts/bench_plot.py REPORT.json OUT.png` redraws a saved --json report.
 """
@@ -142,8 +143,8 @@ def _remote_panel(ax, sections: list[dict]) -> None:
     """The remote layer: payload MiB/s of every row, cold and warm, one bar each."""
     rows = [(s["key"].split("-", 1)[1], r) for s in sections for r in s["rows"]]
     names = [
-        f"{phase}: {r['name']}" if r["status"] == "ok" else
-        f"{phase}: {r['name']}\n[{_short(r['status'])}]" for phase, r in rows
+        (r["name"] if f"({phase})" in r["name"] else f"{phase}: {r['name']}")
+        + ("" if r["status"] == "ok" else f" [{r['status'].split(':')[0]}]") for phase, r in rows
     ]
     values = [r["gather_mib_s"] or 0.0 if r["status"] == "ok" else 0.0 for _, r in rows]
     colors = [LOADERX_COLOR if r["group"] == "loaderx" else
@@ -239,7 +240,7 @@ def draw(sections: list[dict], machine: dict, path: Path) -> None:
         fontsize=11,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # (no tick label cut at the edge)
     plt.close(fig)
 
 
