@@ -125,12 +125,23 @@ def label_text(target: dict) -> str:
     return target["label"].strip().replace("(context) ", "", 1).replace("|", "\\|")
 
 
+def not_run_text(section: dict, target: dict) -> str | None:
+    """Why a comparison has no ratio: the statuses of its rows that did not
+    run (the target's status names them), or None when it has a ratio."""
+    if target.get("ratio") is not None or target.get("shown"):
+        return None
+    named = target.get("status", "")
+    reasons = sorted({r["status"] for r in section["rows"]
+                      if r["status"] != "ok" and r["name"] in named})
+    return "not run" + "".join(f"; {why}" for why in reasons)
+
+
 def render_table(run: dict) -> list[str]:
     lines = [header(run), "", "| layer | comparison | result | bar | |", "|---|---|---|---|---|"]
     for section, target in targets(run):
+        status = not_run_text(section, target) or status_text(target)
         lines.append(f"| {section['key']} | {label_text(target)} | {ratio_text(target)} "
-                     f"| {bar_text(target)} "
-                     f"| {status_text(target)} |")
+                     f"| {bar_text(target)} | {status} |")
     return lines
 
 

@@ -127,3 +127,25 @@ def test_publish_makes_a_bench_report_the_run_and_rewrites_its_tables(tmp_path):
 def test_publish_refuses_a_name_that_is_not_a_run_name(tmp_path, name):
     with pytest.raises(SystemExit, match="is not a run name"):
         bench_report.publish(_report(tmp_path), name, _tree(tmp_path))
+
+
+def test_a_comparison_whose_rows_did_not_run_says_why():
+    """A comparison without a ratio shows the status of each of its rows that
+    did not run (named in the target's status), not a bare '-'; one with a
+    ratio shows its own status."""
+    section = {"key": "remote-cold", "rows": [
+        {"name": "loaderx zstd (cold)", "status": "missing: no room on the disk"},
+        {"name": "get_ranges zstd (cold)", "status": "missing: no room on the disk"},
+        {"name": "loaderx raw (cold)", "status": "ok"},
+        {"name": "lance take() (cold)", "status": "failed: it crashed"}]}
+    unrun = {"label": "zstd vs get_ranges", "ratio": None, "threshold": 0.8, "spec": False,
+             "status": "n/a (loaderx zstd (cold), get_ranges zstd (cold) unavailable)"}
+    ran = {"label": "raw vs get_ranges", "ratio": 0.93, "threshold": 0.8, "spec": True,
+           "status": "met"}
+    section["targets"] = [unrun, ran]
+    run = {"name": "x", "command": "bench", "commit": "abcdef1", "date": "2027-01-02",
+           "machine": {"cpu": "Some CPU", "cores usable": "2 (x)"}, "sections": [section]}
+    lines = bench_report.render_table(run)
+    assert lines[-2] == ("| remote-cold | zstd vs get_ranges | - |  "
+                         "| not run; missing: no room on the disk |")
+    assert lines[-1] == "| remote-cold | raw vs get_ranges | 0.93x | >= 0.8x | met |"
