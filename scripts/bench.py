@@ -231,7 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="remote layer: cold drops the server's files from the page cache "
                              "before every reader's run, so each reads the server's disk; warm "
                              "reads them once first; auto (default) is cold where the server's "
-                             "data outgrows half the memory, else warm")
+                             "data outgrows half the memory, else warm (SeaweedFS; moto, at "
+                             "--size tiny, keeps its objects in memory)")
     args = parser.parse_args(argv)
     if args.publish is not None and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", args.publish):
         parser.error(f"--publish {args.publish!r}: a run name is lowercase words joined by '-'"

@@ -469,13 +469,14 @@ def run_remote(ctx) -> list[Section]:
         peers = bench_remote_peers.Peers(ctx, server, cache, n, per_round)
         peers.prepare()
         server_dir = cache / f"{kind}-data-{UPLOAD_PART >> 20}m"
-        if kind == "weed" and (ctx.server_disk == "cold" or (ctx.server_disk == "auto"
-                                                            and _outgrows_memory(server_dir))):
+        # (moto keeps its objects in memory: nothing to drop)
+        cold = kind == "weed" and (ctx.server_disk == "cold" or (ctx.server_disk == "auto"
+                                                                 and _outgrows_memory(server_dir)))
+        if cold:
             server_state = "server disk cold"
+            why = "--server-disk cold" if ctx.server_disk == "cold" else "it outgrows memory"
             ctx.log(f"remote: the server's data ({_tree_bytes(server_dir) / (1 << 30):.1f} GiB): "
-                    "its pages are dropped before every reader's run"
-                    + (" (--server-disk cold)" if ctx.server_disk == "cold"
-                       else ", as it outgrows memory"))
+                    f"its pages are dropped before every reader's run ({why})")
 
             def drop() -> None:
                 _drop_server_pages(server_dir)

@@ -688,15 +688,20 @@ def test_server_pages_are_dropped_before_a_cold_run(tmp_path):
 
     if _file_system_type(tmp_path) == "tmpfs":
         pytest.skip(f"{tmp_path} is on tmpfs: its pages are its storage, nothing to drop")
+    import mmap
+
     files = [tmp_path / "a.dat", tmp_path / "volume" / "1.dat"]
     files[1].parent.mkdir()
     for i, f in enumerate(files):
         f.write_bytes(np.random.default_rng(i).bytes(1 << 20))
         assert len(f.read_bytes()) == 1 << 20
-    pages = (1 << 20) // os.sysconf("SC_PAGE_SIZE")
+    pages = (1 << 20) // mmap.PAGESIZE
     assert [_resident_pages(f) for f in files] == [pages, pages]
     bench_remote._drop_server_pages(tmp_path)
     assert [_resident_pages(f) for f in files] == [0, 0]
+
+
+def test_server_disk_takes_auto_cold_or_warm():
     assert bench.parse_args(["remote", "--server-disk", "cold"]).server_disk == "cold"
     assert bench.parse_args(["remote"]).server_disk == "auto"
     with pytest.raises(SystemExit):
