@@ -135,6 +135,8 @@ def readme(version: str) -> str:
     cached = os.path.join(cache_dir(), f"readme-{version}.md")
     if not os.path.isfile(cached):
         text = _download_readme(version)
+        # On a fresh machine this may be the worker's first use of the cache.
+        os.makedirs(cache_dir(), exist_ok=True)
         # Each process its own temporary name: two xdist workers may fetch
         # the same README at once (a shared name failed one of them on CI).
         tmp = f"{cached}.tmp-{os.getpid()}"
