@@ -166,7 +166,7 @@ def _loaderx_source(cfg: dict):
         stores.append(DenseStore(str(data / name)))
         return stores[-1]
 
-    out, ragged = None, "list"
+    out, packed = None, False
     if backend == "loaderx_mix":
         streams = Mixture(
             {half: {"x": dense(f"lx_x_{half}"), "y": dense(f"lx_y_{half}")} for half in "ab"},
@@ -174,7 +174,7 @@ def _loaderx_source(cfg: dict):
         )
     elif backend == "loaderx_ragged":
         stores.append(RaggedStore(str(data / "lx_x_ragged")))
-        streams, ragged = {"x": stores[-1], "y": dense("lx_y")}, "packed"
+        streams, packed = {"x": stores[-1], "y": dense("lx_y")}, True
     else:
         streams = {"x": dense("lx_x"), "y": dense("lx_y")}
     if backend == "loaderx_out":
@@ -186,12 +186,12 @@ def _loaderx_source(cfg: dict):
             "y": [np.empty((BATCH_SIZE,), dtype=np.int64) for _ in range(count)],
         }
     loader = DataLoader(streams, batch_size=BATCH_SIZE, seed=0, prefetch=PREFETCH, out=out,
-                        ragged=ragged)
+                        packed=packed)
     iterator = iter(loader)
 
     def get():
         batch = next(iterator)
-        if ragged == "packed":
+        if packed:
             values, _row_splits = batch["x"]
             batch = {"x": values.reshape(BATCH_SIZE, *ITEM_SHAPE), "y": batch["y"]}
         return batch

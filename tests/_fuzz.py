@@ -30,7 +30,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEMORY_LIMIT = 1 << 30  # RLIMIT_AS of a worker
 FILE_LIMIT = 64 << 20  # RLIMIT_FSIZE of a worker: no stray multi-GiB files
-GATHER_INTO_BYTES = 4 << 20
+GATHER_OUT_BYTES = 4 << 20
 
 
 # ----------------------------------------------------------------- exceptions
@@ -113,18 +113,14 @@ def _as_bytes(x) -> bytes:
 def _packed_records(store, n: int) -> list:
     import numpy as np
 
-    values, splits = store.gather_packed(np.arange(n))
+    values, splits = store.gather(np.arange(n), packed=True)
     return [values[int(splits[i]) : int(splits[i + 1])] for i in range(n)]
 
 
-def _gather_into_records(store, n: int) -> list:
-    buf = bytearray(GATHER_INTO_BYTES)
-    sizes = store.gather_into(list(range(n)), buf)
-    out, at = [], 0
-    for s in sizes.tolist():
-        out.append(bytes(buf[at : at + s]))
-        at += s
-    return out
+def _gather_out_records(store, n: int) -> list:
+    buf = bytearray(GATHER_OUT_BYTES)
+    _, splits = store.gather(list(range(n)), out=buf, packed=True)
+    return [bytes(buf[int(splits[i]) : int(splits[i + 1])]) for i in range(n)]
 
 
 def batch_reads(store, n: int) -> list:
@@ -144,11 +140,11 @@ def batch_reads(store, n: int) -> list:
     if isinstance(store, RaggedStore):
         return [
             ("rs[:]", False, lambda: store[:]),
-            ("rs.gather_packed", True, lambda: _packed_records(store, n)),
+            ("rs.gather(packed=True)", True, lambda: _packed_records(store, n)),
         ]
     return [
         ("z[:]", False, lambda: store[:]),
-        ("z.gather_into", False, lambda: _gather_into_records(store, n)),
+        ("z.gather(out=, packed=True)", False, lambda: _gather_out_records(store, n)),
     ]
 
 

@@ -136,12 +136,12 @@ def test_stop_iteration_from_user_code_is_an_error_not_the_end(store, where):
 
 @pytest.mark.parametrize("transform", [None, identity])
 def test_a_batch_that_cannot_be_packed_stops_the_loader_at_its_step(tmp_path, transform):
-    """Records without common trailing dimensions under ragged="packed": with
+    """Records without common trailing dimensions under packed=True: with
     no transform, the failing step raised ValueError and the next next()
     silently went on with the step after it."""
     with RaggedStore(tmp_path / "r", np.int32) as rs:
         rs.append([np.zeros((2, 3), np.int32), np.zeros((1, 4), np.int32)])
-        with DataLoader({"r": rs}, 2, mode="sequential", workers=1, ragged="packed",
+        with DataLoader({"r": rs}, 2, mode="sequential", workers=1, packed=True,
                         transform=transform) as loader:
             with pytest.raises(ValueError, match="trailing dimensions"):
                 next(loader)

@@ -207,7 +207,7 @@ def test_ragged_and_bytes_stores_are_built_without_python_threads(tmp_path):
             for t, r, i in zip(b["tok"], b["raw"], b["id"].tolist()):
                 np.testing.assert_array_equal(t, rs[i])
                 assert r == z[i]
-    with DataLoader({"tok": rs, "id": ids}, 16, seed=4, workers=1, ragged="packed") as loader:
+    with DataLoader({"tok": rs, "id": ids}, 16, seed=4, workers=1, packed=True) as loader:
         b = next(loader)
         values, splits = b["tok"]
         assert splits[0] == 0 and len(splits) == 17

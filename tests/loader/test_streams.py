@@ -132,12 +132,12 @@ class PythonRagged:
 
 
 def test_packed_ragged_output_for_python_streams_too(tmp_path):
-    """ragged="packed" gave (values, row_splits) for stores but still a list
-    for a ragged stream that is a Python object."""
+    """packed=True (then spelled ragged="packed") gave (values, row_splits)
+    for stores but still a list for a ragged stream that is a Python object."""
     with RaggedStore(tmp_path / "r", np.int32) as rs:
         rs.append([np.full(i % 3, i, np.int32) for i in range(50)])
         with DataLoader({"r": rs, "p": PythonRagged()}, 6, workers=1,
-                        ragged="packed") as loader:
+                        packed=True) as loader:
             for _ in range(3):
                 batch = next(loader)
                 values, splits = batch["p"]

@@ -72,11 +72,9 @@ def test_concurrent_gathers_see_only_whole_committed_records(tmp_path):
                     idx[0] = n - 1  # always the newest committed record
                     if into:
                         buf = bytearray(sum(len(exp[i]) for i in idx))
-                        sizes = h.gather_into(idx, buf)
-                        recs, at = [], 0
-                        for s in sizes.tolist():
-                            recs.append(bytes(buf[at:at + s]))
-                            at += s
+                        _, splits = h.gather(idx, out=buf, packed=True)
+                        recs = [bytes(buf[a:b]) for a, b in zip(splits[:-1].tolist(),
+                                                                splits[1:].tolist())]
                     else:
                         recs = h[idx]
                     for i, r in zip(idx.tolist(), recs):

@@ -244,7 +244,7 @@ def test_index_out_of_range(tmp_path):
             assert isinstance(ei.value, RecordIndexError)
             assert "out of range" in str(ei.value) and str(n) in str(ei.value)
         with pytest.raises(IndexError):
-            z.gather_into([n], bytearray(10))
+            z.gather([n], out=bytearray(10), packed=True)
         with pytest.raises(IndexError):
             z.delete([0, n])
         with pytest.raises(TypeError):
@@ -287,7 +287,8 @@ def test_use_after_close(tmp_path):
     assert z.closed and "closed" in repr(z)
     ops = [len, lambda s: s[0], lambda s: s.append([b"y"]), lambda s: s.delete([0]), lambda s: s.compact(),
            lambda s: s.stats(), lambda s: s.verify(), lambda s: s.sync(), lambda s: s.gather([0]),
-           lambda s: s.gather_into([0], bytearray(1)), lambda s: s.dictionary(), lambda s: s.__enter__()]
+           lambda s: s.gather([0], out=bytearray(1), packed=True), lambda s: s.dictionary(),
+           lambda s: s.__enter__()]
     for op in ops:
         with pytest.raises(ClosedError) as ei:
             op(z)
@@ -354,7 +355,7 @@ def test_damaged_index_entries_are_reported(tmp_path):
         patch(path / "index", base + field, value)
         with Zrecord(path) as z:
             assert z[0] == recs[0]
-            for read in (lambda: z[victim], lambda: z[:], lambda: z.gather_into([victim], bytearray(1 << 16))):
+            for read in (lambda: z[victim], lambda: z[:], lambda: z.gather([victim], out=bytearray(1 << 16), packed=True)):
                 with pytest.raises(CorruptStoreError) as ei:
                     read()
                 assert word in str(ei.value)
@@ -467,7 +468,7 @@ def test_threads_argument_is_checked_by_every_gather(tmp_path, bad):
         z.append([b"x"])
         tw = TokenWindows(rs, 4)
         calls = [lambda: ds.gather([0], threads=bad), lambda: rs.gather([0], threads=bad),
-                 lambda: rs.gather_packed([0], threads=bad), lambda: z.gather([0], threads=bad),
+                 lambda: rs.gather([0], packed=True, threads=bad), lambda: z.gather([0], threads=bad),
                  lambda: tw.gather([0], threads=bad), lambda: tw.segments.gather([0], threads=bad)]
         for call in calls:
             with pytest.raises((TypeError, ValueError), match="threads"):
@@ -501,29 +502,32 @@ def test_zrecord_append_takes_any_bytes_like_record(tmp_path):
     lambda: np.zeros(8, np.int32)[::2],
     lambda: memoryview(bytearray(12))[::2],
 ])
-def test_gather_into_refuses_a_buffer_it_cannot_fill_in_place(tmp_path, make):
+def test_gather_out_refuses_a_buffer_it_cannot_fill_in_place(tmp_path, make):
     """Before the fix, a Fortran-order or sliced 2-D `out` was filled through a
-    temporary copy: gather_into returned the sizes but the caller's buffer
-    stayed zero. Strided int32 arrays and memoryviews raised raw numpy errors."""
+    temporary copy: gather_into (now ``gather(out=, packed=True)``) returned the
+    sizes but the caller's buffer stayed zero. Strided int32 arrays and
+    memoryviews raised raw numpy errors."""
     with Zrecord(tmp_path / "z", create=True) as z:
         z.append([b"abcdef"])
         out = make()
         with pytest.raises(SizeMismatchError, match="out must be C-contiguous"):
-            z.gather_into([0], out)
+            z.gather([0], out=out, packed=True)
         assert not bytes(np.asarray(out).tobytes()).strip(b"\0")
         with pytest.raises(TypeError, match="out .*list"):
-            z.gather_into([0], [0] * 8)
+            z.gather([0], out=[0] * 8, packed=True)
 
 
 def test_gather_into_offsets_past_the_buffer_do_not_wrap(tmp_path):
     """Before the fix, an offset near 2**64 wrapped the end past zero, passed
-    the fit check, and numpy raised "could not broadcast ... into shape (0,)"."""
+    the fit check, and numpy raised "could not broadcast ... into shape (0,)".
+    (Offsets exist only in the deprecated alias.)"""
     with Zrecord(tmp_path / "z", create=True) as z:
         z.append([b"abcdef", b"x"])
         for offset in (2**64 - 2, 2**64 - 1, 11):
-            with pytest.raises(SizeMismatchError, match="does not fit the 10-byte buffer"):
+            with pytest.raises(SizeMismatchError, match="does not fit the 10-byte buffer"), \
+                    pytest.deprecated_call():
                 z.gather_into([1, 0], bytearray(10), np.array([0, offset], np.uint64))
-        with pytest.raises(SizeMismatchError, match="does not fit"):
+        with pytest.raises(SizeMismatchError, match="does not fit"), pytest.deprecated_call():
             z.gather_into([0], bytearray(10), [2**63])
 
 
@@ -543,12 +547,13 @@ def test_append_from_inside_the_records_of_an_append_raises(tmp_path):
 
 
 def test_gather_into_refuses_fractional_offsets(tmp_path):
-    """Before the fix, gather_into(offsets=[0.5]) silently truncated to 0."""
+    """Before the fix, gather_into(offsets=[0.5]) silently truncated to 0.
+    (Offsets exist only in the deprecated alias.)"""
     with Zrecord(tmp_path / "z", create=True) as z:
         z.append([b"abc"])
-        with pytest.raises(TypeError, match="integers"):
+        with pytest.raises(TypeError, match="integers"), pytest.deprecated_call():
             z.gather_into([0], bytearray(8), offsets=[0.5])
-        with pytest.raises(ValueError, match="non-negative"):
+        with pytest.raises(ValueError, match="non-negative"), pytest.deprecated_call():
             z.gather_into([0], bytearray(8), offsets=[-1])
 
 
