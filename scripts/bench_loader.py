@@ -367,11 +367,12 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
     first_s = time.perf_counter() - start
     warm, warm_s = _warm_up(cfg, lambda: observe(get(), len(checks) < CHECKED_BATCHES))
     faults, switches = tree_counters()
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.thread_time()
     while count < cfg["batches"] and (count < 3 or time.perf_counter() - start < cfg["seconds"]):
         observe(get(), False)
         count += 1
     seconds = time.perf_counter() - start
+    cpu = time.thread_time() - cpu
     faults_end, switches_end = tree_counters()
     close()
     touched = np.flatnonzero(seen)
@@ -384,6 +385,7 @@ def _measure(cfg: dict, rss: TreeRss | None) -> dict:
         "warmup_batches_per_s": warm / warm_s if warm_s > 0 else 0.0,
         "faults_per_batch": (faults_end - faults) / count,
         "switches_per_batch": (switches_end - switches) / count,
+        "main_cpu_us_per_batch": 1e6 * cpu / count,
         "vmhwm_bytes": _proc_kib("/proc/self/status", "VmHWM:") * 1024,
         "tree_peak_bytes": (rss.peak_kib * 1024) if rss else 0,
         "touched_records": int(len(touched)),
@@ -586,7 +588,8 @@ def run_loader(ctx, log):
         for cfg in _configs(ctx)
     }
     extra = {
-        cfg: {"first_s": [], "warm": [], "rss": [], "faults": [], "switches": [], "bound": None}
+        cfg: {"first_s": [], "warm": [], "rss": [], "faults": [], "switches": [], "main_cpu": [],
+              "bound": None}
         for cfg in rows
     }
     for cfg, row in rows.items():
@@ -661,6 +664,7 @@ def _record(row: Row, extra: dict, result: dict, prepared: dict | None) -> None:
     extra["rss"].append(max(result["vmhwm_bytes"], result["tree_peak_bytes"]))
     extra["faults"].append(result["faults_per_batch"])
     extra["switches"].append(result["switches_per_batch"])
+    extra["main_cpu"].append(result["main_cpu_us_per_batch"])
     if prepared is not None:
         extra["bound"] = max(extra["bound"] or 0, _memory_bound(result, prepared["store_bytes"]))
 
@@ -670,12 +674,14 @@ def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
     head = (
         f"  {'loader':<{width}} {'batches/s':>10} {'MiB/s':>8} {'first s':>8} {'warm b/s':>9}"
         f" {'peak RSS MiB':>12}"
-        f" {'faults/b':>9} {'ctxsw/b':>8} {'loaderx/this':>12}"
+        f" {'faults/b':>9} {'ctxsw/b':>8} {'main us/b':>9} {'loaderx/this':>12}"
     )
     legend = (
         "  warm b/s: batches/s during the warm-up (the same time for every row, before the timed"
         " window); faults/b, ctxsw/b: minor page faults and context switches of the process tree"
-        " per batch;"
+        " per batch; main us/b: CPU time per batch of the thread that takes the batches (a"
+        " training loop's thread; the bench's own look at each batch is in it, the same for every"
+        " row);"
         f" loaderx/this: '{lx.name}' over the row (median of per-round ratios)"
     )
     lines = [legend, head, "  " + "-" * (len(head) - 2)]
@@ -691,6 +697,7 @@ def _table(rows: dict, extra: dict, lx: Row) -> list[str]:
             f" {np.median(e['warm']):>9.1f}"
             f" {max(e['rss']) / MIB:>12.1f}"
             f" {np.median(e['faults']):>9.1f} {np.median(e['switches']):>8.1f}"
+            f" {np.median(e['main_cpu']):>9.1f}"
             f" {fmt(versus, '.2f') + 'x' if versus else '-':>12}"
         )
     return lines
