@@ -177,6 +177,10 @@ def test_layer_runs_and_validates_at_tiny_size(layer, tmp_path, capsys):
     if layer == "loader":  # the test extra's ziglang builds the C copy loop
         assert [row["status"] for row in rows
                 if row["name"].startswith("C streaming copy")] == ["ok"], rows
+        # Every row that ran says what it cost the consumer's thread per batch.
+        for row in rows:
+            if row["status"] == "ok":
+                assert all(us > 0 for us in row["extra"]["main_cpu"]), row
     for prefix in EXPECTED.get(layer, ()):
         assert any(name.startswith(prefix) for name in names), (prefix, names)
     if VENVS == "off":
