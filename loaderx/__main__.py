@@ -813,7 +813,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_train_dict)
     p = sub.add_parser(
         "cache", parents=[quiet], help="what a remote datasets' cache directory holds; --clear",
-        description="DIR: a cache directory (default: $LOADERX_CACHE_DIR or ~/.cache/loaderx). "
+        description="DIR: a cache directory (default: $LOADERX_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/loaderx, else ~/.cache/loaderx). "
         "--clear removes every cached replica and what killed conversions left, and is refused "
         "while a process uses the cache.",
     )

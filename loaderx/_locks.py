@@ -32,6 +32,11 @@ The locks:
   away while it holds it; when readers hold it, the generation is left for a
   later sweep. A reader that locks a generation checks that its name still
   points at it, so it never opens one that was just retired.
+* **Reader of an original (1.7) store** (`share_original`): shared, on the
+  store's ``meta.zr``, for as long as loaderx reads the store in place
+  (loaderx/_original.py). loaderx 1.7 holds that file's lock exclusively
+  while it has the store open, so neither reads a store the other is using.
+  Never waited for: the open fails with `BusyError`.
 
 Where ``flock`` does not exist (Windows) every lock here is a no-op: staging
 directories are never swept, and readers rely on `open_dataset`'s retry.
@@ -50,7 +55,7 @@ except ImportError:  # no flock (Windows)
 
 from .errors import LockedError
 
-__all__ = ["OWNER", "abandoned", "lock_dataset", "own", "reading", "retire"]
+__all__ = ["OWNER", "abandoned", "lock_dataset", "own", "reading", "retire", "share_original"]
 
 #: The owner file of a staging directory.
 OWNER = ".loaderx-owner"
@@ -105,6 +110,19 @@ def own(staging: str) -> int | None:
                    fcntl.LOCK_EX)
     assert fd is not None, f"{staging}: a fresh owner file is locked by someone else"
     return fd
+
+
+def share_original(fd: int) -> bool:
+    """The shared lock on an original store's open ``meta.zr`` (`fd`, held
+    until it is closed); False when loaderx 1.7 holds the file's lock. True
+    where flock does not exist."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def abandoned(path: str) -> bool:

@@ -35,7 +35,8 @@ its byte range, a dense record's width). Damage raises `CorruptStoreError`
 naming the file and what is wrong. A reader holds a shared ``flock`` on
 ``meta.zr`` as long as it is open: loaderx 1.7.7 takes an exclusive one for
 every handle, so a store open in 1.7.7 is refused here (`BusyError`), and
-1.7.7 cannot open (and so write) a store loaderx is reading.
+1.7.7 cannot open (and so write) a store loaderx is reading (the lock is
+`loaderx._locks.share_original`, with every other lock taken from Python).
 
 Every file is opened only if it is a regular file (``lstat``, then
 ``O_NOFOLLOW | O_NONBLOCK`` and ``fstat``): a FIFO, device, socket or
@@ -43,7 +44,6 @@ symbolic link is refused by name instead of blocking or being followed.
 """
 from __future__ import annotations
 
-import fcntl
 import math
 import mmap
 import os
@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from . import identity
+from . import _locks, identity
 from ._lib import error_for, ffi, lib
 from .errors import (BusyError, ClosedError, CorruptStoreError, DictionaryError,
                      NewerFormatError)
@@ -326,11 +326,9 @@ class Layout177:
         return kind, record_bytes, dtype, shape
 
     def _lock(self) -> None:
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _locks.share_original(self._lock_fd):
             raise BusyError(f"{self.path}: the store is open in loaderx 1.7 (a process holds "
-                            "its lock on meta.zr); close it there first", path=self.path) from None
+                            "its lock on meta.zr); close it there first", path=self.path)
 
     def _header(self) -> Any:
         file = os.path.join(self.path, META_NAME)
