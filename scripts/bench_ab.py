@@ -17,6 +17,9 @@ Workloads (random batches of 256 records of 12 KiB, 20,000 records):
   loader         DataLoader over the raw store, 2 workers (the fastest
                  configuration: the loader's own copy is all it does)
   loader-zstd    the same over the default codec's store (what users get)
+  loader-ragged  the same records as one-dimensional ragged records (a raw
+                 RaggedStore), batches packed: the per-step decoding of
+                 variable-size records
   remote-warm    DataLoader over the same store on a moto S3 server, every
                  record in the node-local cache (read once before timing)
   remote-cold    DataLoader over a store of 2,000 such records on moto with
@@ -40,24 +43,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RECORDS, REC, BATCH = 20_000, 12 << 10, 256
 SMALL = 2_000
-WORKLOADS = ("dense-raw", "dense-zstd", "loader", "loader-zstd", "remote-warm", "remote-cold")
+WORKLOADS = ("dense-raw", "dense-zstd", "loader", "loader-zstd", "loader-ragged", "remote-warm",
+             "remote-cold")
 TIMED_S = 1.5
 
 
 def _data(workdir: str) -> None:
-    """The raw and zstd stores (record i: a pattern of i), once."""
+    """The raw, zstd and ragged stores (record i: a pattern of i), once."""
     import numpy as np
 
     import loaderx
 
     for name, codec, n in (("raw", "raw", RECORDS), ("zstd", "zstd", RECORDS),
-                           ("small", "raw", SMALL)):
+                           ("small", "raw", SMALL), ("ragged", "raw", RECORDS)):
         path = os.path.join(workdir, name)
         if os.path.exists(path):
             continue
         rows = (np.arange(n, dtype=np.uint64)[:, None] * 7
                 + np.arange(REC, dtype=np.uint64)[None, :] // 64).astype(np.uint8)
-        loaderx.from_numpy(path + ".tmp", rows, codec=codec).close()
+        if name == "ragged":
+            with loaderx.RaggedStore.create(path + ".tmp", np.uint8, codec=codec) as store:
+                store.append(list(rows))
+        else:
+            loaderx.from_numpy(path + ".tmp", rows, codec=codec).close()
         os.rename(path + ".tmp", path)
 
 
@@ -92,10 +100,10 @@ def _gather(workdir: str, codec: str) -> float:
         return _rate(step, BATCH * REC)
 
 
-def _loader_rate(store, steps: int = 0) -> float:
+def _loader_rate(store, steps: int = 0, packed: bool = False) -> float:
     import loaderx
 
-    with loaderx.DataLoader({"x": store}, BATCH, seed=1, workers=2) as loader:
+    with loaderx.DataLoader({"x": store}, BATCH, seed=1, workers=2, packed=packed) as loader:
         if steps:  # a fixed count (cold: each step a fetch)
             t = time.perf_counter()
             for _ in range(steps):
@@ -129,12 +137,12 @@ def _remote(workdir: str, warm: bool) -> float:
 def child(workload: str, workdir: str) -> None:
     if workload in ("dense-raw", "dense-zstd"):
         rate = _gather(workdir, workload.split("-")[1])
-    elif workload in ("loader", "loader-zstd"):
+    elif workload in ("loader", "loader-zstd", "loader-ragged"):
         import loaderx
 
-        codec = "zstd" if workload == "loader-zstd" else "raw"
-        with loaderx.open_store(os.path.join(workdir, codec)) as store:
-            rate = _loader_rate(store)
+        name = {"loader": "raw", "loader-zstd": "zstd", "loader-ragged": "ragged"}[workload]
+        with loaderx.open_store(os.path.join(workdir, name)) as store:
+            rate = _loader_rate(store, packed=workload == "loader-ragged")
     else:
         rate = _remote(workdir, warm=workload == "remote-warm")
     print(json.dumps({"mib_s": rate}))

@@ -179,6 +179,28 @@ def test_hostile_ragged_shape_is_refused_at_read(tmp_path):
             rs[0]
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32])
+def test_a_step_of_ragged_records_decodes_to_offsets_and_refuses_a_torn_size(dtype):
+    """The decode every ragged read ends in (`_records.variable_batch`): the
+    records' element offsets and values, and a size that is not a multiple
+    of the item refused naming the record's index."""
+    records = [np.arange(n, dtype=dtype) + n for n in (3, 0, 5)]
+    buf = np.concatenate([r.view(np.uint8) for r in records])
+    raw = np.array([r.nbytes for r in records], np.uint64)
+    aux = np.zeros(3, np.uint64)
+    idx = np.array([7, 8, 9], np.uint64)
+    values, splits = loaderx._records.variable_batch("ragged", np.dtype(dtype), buf, raw, aux,
+                                                     idx, "s", None, True)
+    assert splits.tolist() == [0, 3, 3, 8]
+    assert values.dtype == dtype and values.tolist() == np.concatenate(records).tolist()
+    if np.dtype(dtype).itemsize > 1:
+        torn = raw.copy()
+        torn[2] -= 1  # record 9's size loses a byte
+        with pytest.raises(CorruptStoreError, match="record 9 has a damaged size"):
+            loaderx._records.variable_batch("ragged", np.dtype(dtype), buf, torn, aux, idx,
+                                            "s", None, True)
+
+
 def test_ragged_append_one_pass_generator(tmp_path):
     with RaggedStore(tmp_path / "g", np.int64) as rs:
         consumed = []
