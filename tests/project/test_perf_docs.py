@@ -49,6 +49,16 @@ def test_a_table_edited_by_hand_is_found(tmp_path):
     assert "| 1.67x |" in page.read_text() and bench_report.stale(root) == []
 
 
+def test_a_label_a_bench_renamed_is_found_and_shown_under_its_new_name():
+    old, new = next(iter(bench_report.RENAMED.items()))
+    target = {"label": f"  {old}", "ratio": 2.0, "status": "context: below"}
+    run = {"sections": [{"key": "loader", "targets": [target], "rows": []}]}
+    assert bench_report.find_target(run, "loader", new) is target
+    assert bench_report.find_target(run, "loader", old) is target
+    assert bench_report.label_text(target) == new.replace("(context) ", "")
+    assert bench_report.find_target(run, "loader", "(context) something else") is None
+
+
 def test_reconstructed_runs_say_so_above_their_tables():
     for path in sorted((ROOT / "docs" / "perf").glob("*.json")):
         run = json.loads(path.read_text())
