@@ -303,7 +303,6 @@ def test_venvs_report_missing_with_pips_reason(tmp_path):
 
 
 def test_plot_draws_a_png(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is in the bench extra, not the test extra")
     import bench_plot
 
     def row(name, group, mib, records=None, status="ok"):
