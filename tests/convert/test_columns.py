@@ -199,7 +199,8 @@ def test_a_raw_scalar_column_is_a_memory_mapped_array(tmp_path):
     ds = loaderx.convert(tmp_path / "label.npy", tmp_path / "ds", progress="off")
     store = ds["label"]
     arr = store.as_array()
-    assert_same(arr, labels) and not arr.flags.writeable and type(arr) is np.ndarray
+    assert_same(arr, labels)
+    assert not arr.flags.writeable and type(arr) is np.ndarray
     with pytest.raises(ValueError):
         arr[0] = 1
     store.close()

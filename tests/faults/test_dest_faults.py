@@ -32,7 +32,6 @@ import loaderx
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="kills and the step recorder need Linux"
 )
-STATS = {"kills": 0, "losses": 0}
 
 
 def data(value: int, rows: int = 5) -> dict:
@@ -164,7 +163,6 @@ def test_a_conversion_killed_at_any_step_leaves_old_or_new(tmp_path, mode):
         shutil.rmtree(parent)
         if not killed:
             break
-        STATS["kills"] += 1
     assert step > 5, "the recorder saw too few steps"
 
 
@@ -182,7 +180,6 @@ def test_a_power_loss_at_any_step_keeps_old_or_new(tmp_path, mode):
         convert(data(2), dest, mode)
     tree.finish()
     rng = random.Random(21)
-    losses = 0
     for cut in range(len(tree.log) + 1):
         at = tree.at(cut)
         for variant in range(3):  # only what was fsynced, then two random keeps
@@ -200,12 +197,4 @@ def test_a_power_loss_at_any_step_keeps_old_or_new(tmp_path, mode):
                     shutil.rmtree(lost, ignore_errors=True)
                 check_recovery(lost, mode, got)
             shutil.rmtree(target)
-            losses += 1
-    STATS["losses"] += losses
     assert len(tree.log) > 5, "the recorder saw too few steps"
-
-
-def test_report_counts():
-    """Prints the totals of this module's runs (for the closing note)."""
-    print(f"\ndataset faults: {STATS['kills']} conversions killed; "
-          f"{STATS['losses']} power losses simulated")

@@ -54,7 +54,6 @@ from loaderx.zrecord import DenseStore, Zrecord
 
 ALL_OPS = sum(1 << v for v in _abi.FAULT_OPS.values())
 PAGE = 4096
-STATS = {"faults": 0, "losses": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -251,7 +250,6 @@ def test_every_io_call_of_an_operation_fails_cleanly(tmp_path, sc):
         for nth in range(1, total + 1):
             copy_store(base, work)
             injected += run_with_fault(sc, work, nth, sticky)
-    STATS["faults"] += injected
     assert injected >= total
 
 
@@ -282,7 +280,6 @@ def test_every_io_call_of_a_create_fails_cleanly(tmp_path):
                 pass  # the store was never published
             with Zrecord(path, create=True) as z:  # creating again works
                 z.verify()
-    STATS["faults"] += injected
     assert injected >= total
 
 
@@ -462,7 +459,6 @@ def test_power_loss_at_every_instant_keeps_what_was_made_durable(tmp_path):
             assert got in allowed_states(model, cut, base), f"cut {cut}/{len(log)} keep={keep}: {len(got)} records"
             shutil.rmtree(target)
             losses += 1
-    STATS["losses"] += losses
     assert losses >= 200
 
 
@@ -504,11 +500,6 @@ def test_a_data_file_truncated_from_outside(tmp_path):
     assert mapped.returncode == -signal.SIGBUS, (mapped.returncode, mapped.stdout, mapped.stderr)
     with pytest.raises(CorruptStoreError, match="truncated"):
         DenseStore(tmp_path / "b")
-
-
-def test_report_counts():
-    """Prints the totals of this module's runs (for the closing note)."""
-    print(f"\nfault injection: {STATS['faults']} faults injected; power loss: {STATS['losses']} losses simulated")
 
 
 # ----------------------------------------------------------------- the token window index
@@ -574,7 +565,6 @@ def test_power_loss_never_leaves_a_stale_window_index(tmp_path):
                 s.verify()
             shutil.rmtree(target)
             losses += 1
-    STATS["losses"] += losses
 
 
 # ----------------------------------------------------------------- single faults, journals

@@ -255,12 +255,15 @@ def _records(ds, indices):
 def test_a_loader_batch_is_the_pipeline_on_the_step_s_records(image_ds):
     with loaderx.DataLoader(image_ds, batch_size=6, seed=7, image={"image": TRAIN},
                             stop_after=3) as loader:
+        seen = 0
         for step, batch in enumerate(loader):
             idx = loaderx.Sampler(len(image_ds["image"]), 6, seed=7).at(step)
             assert batch["image"].shape == (6, 32, 32, 3) and batch["image"].dtype == np.uint8
             want = TRAIN.apply(_records(image_ds, idx), seed=7, step=step)
             assert np.array_equal(batch["image"], want)
             assert np.array_equal(batch["label"], image_ds["label"][idx])
+            seen += 1
+    assert seen == 3
 
 
 def test_resume_is_exact_and_the_thread_count_changes_nothing(image_ds):
@@ -272,9 +275,12 @@ def test_resume_is_exact_and_the_thread_count_changes_nothing(image_ds):
             batches = [b["image"] for b in loader]
             return batches, loader.state_dict()
     whole, _ = run(2, 8)
-    assert all(np.array_equal(a, b) for a, b in zip(whole, run(1, 8)[0]))
+    single, _ = run(1, 8)
+    assert len(single) == len(whole) == 8
+    assert all(np.array_equal(a, b) for a, b in zip(whole, single))
     first, state = run(2, 3)
     rest, _ = run(1, 8, state)
+    assert len(first) == 3 and len(first) + len(rest) == len(whole) == 8
     assert all(np.array_equal(a, b) for a, b in zip(whole, first + rest))
 
 
@@ -345,8 +351,9 @@ def test_a_bad_record_names_the_dataset_column_and_record(tmp_path, jpegs):
 def test_hostile_records_fail_cleanly_never_crash(jpegs):
     png = _encode(_photo(30, 30, 9), "PNG")
     rng = np.random.default_rng(0)
+    cases = []
     for good in (jpegs[0], png):
-        cases = [good[:n] for n in rng.integers(0, len(good), 40)]
+        cases += [good[:n] for n in rng.integers(0, len(good), 40)]
         for _ in range(60):
             bad = bytearray(good)
             for at in rng.integers(0, len(bad), 3):
@@ -355,11 +362,18 @@ def test_hostile_records_fail_cleanly_never_crash(jpegs):
         cases += [b"", b"\xff\xd8\xff", os.urandom(500)]
     for tiny in (_encode(_photo(1, 1, 0)), _encode(_photo(1, 1, 0), "PNG")):
         assert TRAIN.apply([tiny]).shape == (1, 32, 32, 3)  # a 1x1 image upscales
-        for case in cases:
-            try:
-                TRAIN.apply([case])
-            except loaderx.ImageError:
-                pass
+        cases += [tiny[:len(tiny) // 2], tiny[:8], tiny[:-1]]  # and its truncations
+    assert len(cases) == 2 * (40 + 60 + 3) + 2 * 3
+    ran = failed = 0
+    for case in cases:
+        try:
+            TRAIN.apply([case])
+        except loaderx.ImageError:
+            failed += 1
+        ran += 1
+    assert ran == len(cases) == 212
+    # At least the two empty records, the two bare JPEG markers and the two 8-byte tiny heads.
+    assert failed >= 6
 
 
 def test_the_decoder_is_chosen_once_and_can_be_forced_builtin():

@@ -173,10 +173,19 @@ def test_interrupts_storming_next_lose_no_batch(store, transform):
     then a hang); without one, the first gave KeyError for good."""
     count = 300
     want = reference(store, count, batch_size=4, seed=9)
-    with DataLoader({"x": store}, 4, seed=9, workers=2, transform=transform) as loader:
-        got, after_return, _ = storm_next(loader, count, lambda batch: batch["x"].copy(),
-                                          period_s=0.0003, deadline_s=4 * WAIT_S)
-    assert_storm_lost_nothing(got, after_return, want, count)
+    # Without a transform next() is short: a storm lands in it a few times
+    # (1 to 15 measured on a loaded machine, sometimes 0), so storms are run
+    # until one did; each is checked.
+    interrupts = 0
+    for _ in range(5):
+        with DataLoader({"x": store}, 4, seed=9, workers=2, transform=transform) as loader:
+            got, after_return, landed = storm_next(loader, count, lambda batch: batch["x"].copy(),
+                                                   period_s=0.0003, deadline_s=4 * WAIT_S)
+        assert_storm_lost_nothing(got, after_return, want, count)
+        interrupts += landed
+        if interrupts:
+            break
+    assert interrupts > 0, "no storm landed inside next(): nothing was tested"
 
 
 def test_close_never_waits_for_a_call_count_an_interrupt_cut_short(store):
@@ -263,6 +272,6 @@ def test_a_forked_child_drops_an_inherited_loader_without_hanging(tmp_path):
             del loader
             os._exit(code)
         _, status = os.waitpid(pid, 0)
-        assert os.WEXITSTATUS(status) == 0
+        assert os.waitstatus_to_exitcode(status) == 0  # (a signal gives -signum)
         assert next(loader)["x"].shape == (8,)  # the parent's loader still works
         loader.close()

@@ -150,7 +150,8 @@ def test_select_and_scalar_columns_of_a_remote_dataset_read_fetched_checked_reco
         assert len(loaderx.select(ds, "t = ''")["x"]) == 0
         assert_same(loaderx.select(ds, "x >= 990 AND t <> 't9'")["x"].rows, x[990:999])
         whole = ds["x"].as_array()
-        assert_same(whole, x) and not whole.flags.writeable
+        assert_same(whole, x)
+        assert not whole.flags.writeable
     finally:
         for col in ds.values():
             col.close()

@@ -251,31 +251,47 @@ def test_close_ranges_are_fetched_as_asked_not_merged_by_the_client(tmp_path, s3
 
 
 def test_prefetch_is_idempotent_thread_safe_and_makes_reads_local(tmp_path, s3, url, proxy, data):
-    """A stand-in for the loader's prefetch thread: prefetch(step s + 2)
-    runs while step s is read."""
+    """Stand-ins for the loader's prefetch thread: three threads prefetch
+    overlapping steps (each one all of them, from a different start) while
+    the first half of them is read; the second half, read afterwards, fetches
+    nothing."""
     dense, _ = data
     base, faults = proxy
     ds = opened(url, tmp_path / "cache", s3, base, columns=["raw", "zz"])
     steps = [np.random.default_rng(s).choice(N, 12, replace=False) for s in range(12)]
     import threading
-    errors = []
+    errors, started, overlapped = [], threading.Barrier(4), []
 
-    def prefetcher():
+    def prefetcher(k):
         try:
-            for s in steps:
+            started.wait(30)
+            for s in steps[4 * k:] + steps[:4 * k]:
                 for col in ds.values():
                     col.prefetch(s)
                     col.prefetch(s)  # idempotent
-        except Exception as e:  # pragma: no cover - reported below
+        except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
-    t = threading.Thread(target=prefetcher)
-    t.start()
-    t.join()
-    assert not errors
+    threads = [threading.Thread(target=prefetcher, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        started.wait(30)
+        for s in steps[:6]:  # read while the prefetches run
+            overlapped.append(any(t.is_alive() for t in threads))
+            for name in ("raw", "zz"):
+                assert_same(ds[name][s], dense[s])
+    finally:
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    assert overlapped[0]  # (at least the first step was read while they ran)
     faults.reset_counts()
-    for s in steps:
+    for s in steps[6:] + steps[:6]:
         for name in ("raw", "zz"):
             assert_same(ds[name][s], dense[s])
+        for col in ds.values():
+            col.prefetch(s)  # again: nothing left to fetch
     assert faults.body_bytes() == 0  # everything was prefetched
     # What a step costs the loader's prefetch_bytes budget: stored bytes.
     assert ds["raw"].prefetch_size(steps[0]) == 12 * REC

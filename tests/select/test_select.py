@@ -190,7 +190,8 @@ def test_masks_and_index_arrays(data):
     _, df, ds, _, _ = data
     mask = (df.label.to_numpy() % 2 == 0)
     sub = loaderx.select(ds, mask)
-    assert_same(sub["label"].rows, np.flatnonzero(mask)) and sub["label"].where is None
+    assert_same(sub["label"].rows, np.flatnonzero(mask))
+    assert sub["label"].where is None
     sub = loaderx.select(ds, [5, 3, 5, -1])  # any order, repeats once, negatives wrap
     assert_same(sub["id"].rows, np.array([3, 5, N - 1], np.int64))
     assert_same(sub["id"][:], df.id.to_numpy()[[3, 5, N - 1]])
@@ -212,7 +213,8 @@ def test_select_on_a_view_narrows_it(data):
     assert second["id"].where == "(label IN (1, 2, 3)) AND (score > 0.5)"
     assert second["id"].base is ds["id"]  # views of the dataset, not views of views
     third = loaderx.select(second, np.arange(len(want)) < 4)
-    assert_same(third["id"].rows, want[:4]) and third["id"].where is None
+    assert_same(third["id"].rows, want[:4])
+    assert third["id"].where is None
     with pytest.raises(TypeError, match="different selects"):
         loaderx.select({"a": first["id"], "b": second["id"]}, "a > 0")
 

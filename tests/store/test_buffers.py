@@ -377,7 +377,7 @@ def test_dense_small_batches_stay_plain_numpy(big_records):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path):
+def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path, pool_of):
     """Ragged batches of >= 1 MiB come in buffers the library keeps for reuse
     when freed (src/outbuf.zig): held batches stay intact, dropped ones are
     reused, and a forked child reads correctly with its parent's idle buffers."""
@@ -389,6 +389,9 @@ def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path):
         store.append(records)
     store = RaggedStore(tmp_path / "r")
     batches = [rng.integers(0, len(records), 256) for _ in range(8)]
+    # The library's default bounds, no idle block left over, counters from now.
+    pool = pool_of(max_idle_bytes=_buffers.MAX_IDLE_BYTES_DEFAULT,
+                   min_bytes=_buffers.MIN_BYTES_DEFAULT)
 
     def check(batch, idx):
         assert len(batch) == len(idx)
@@ -399,11 +402,19 @@ def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path):
     for idx in batches[1:4]:
         check(store[idx], idx)  # each dropped at once
     check(held, batches[0])
+    st = pool.stats()
+    # One block for the held batch, one for the first dropped one, which the
+    # next two reuse.
+    assert st["created"] <= 2 and st["reused"] >= 2, st
+    assert st["outstanding"] == 1, st  # the held batch
     pid = os.fork()
     if pid == 0:
         try:
             for idx in batches[4:]:
                 check(store[idx], idx)
+            child = pool.stats()  # (the parent's counters, copied at the fork)
+            if child["created"] != st["created"] or child["reused"] < st["reused"] + 4:
+                os._exit(4)  # the child did not reuse its copy of the idle block
             os._exit(0)
         except BaseException:
             os._exit(3)
@@ -412,6 +423,8 @@ def test_large_ragged_batches_reuse_native_buffers_and_survive_fork(tmp_path):
     for idx in batches[4:]:
         check(store[idx], idx)
     check(held, batches[0])
+    after = pool.stats()
+    assert after["created"] == st["created"] and after["reused"] >= st["reused"] + 4, after
     store.close()
 
 

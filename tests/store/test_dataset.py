@@ -252,9 +252,9 @@ def test_from_iterator_empty_and_mixed(tmp_path):
     with from_iterator(tmp_path / "e", [], dtype=np.float32) as store:
         assert len(store) == 0
         assert store.dtype == np.float32
-    with pytest.raises((ValueError, TypeError)):
+    with pytest.raises(ValueError, match="from_iterator needs a dtype when the iterable is empty"):
         from_iterator(tmp_path / "n", [])
-    with pytest.raises(IdentityError):
+    with pytest.raises(IdentityError, match="record 1 has dtype float64, store holds int32"):
         from_iterator(tmp_path / "m", [np.zeros(2, np.int32), np.zeros(2, np.float64)])
 
 

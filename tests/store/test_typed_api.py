@@ -74,14 +74,16 @@ def test_kind_mismatch(tmp_path):
     DenseStore(dense, np.float32, (2,)).close()
     RaggedStore(ragged, np.float32).close()
     Zrecord(raw, create=True).close()
-    for cls, path in ((DenseStore, ragged), (RaggedStore, dense), (DenseStore, raw), (RaggedStore, raw)):
-        with pytest.raises(TypeError):
+    for cls, path, holds in ((DenseStore, ragged, "ragged"), (RaggedStore, dense, "dense"),
+                             (DenseStore, raw, "bytes"), (RaggedStore, raw, "bytes")):
+        want = "dense" if cls is DenseStore else "ragged"
+        with pytest.raises(IdentityError, match=f"store holds {holds} records, not {want} ones"):
             cls(path)
-    with pytest.raises(TypeError):
+    with pytest.raises(IdentityError, match="store holds ragged records, not dense ones"):
         DenseStore(ragged, np.float32, (2,))
-    with pytest.raises(TypeError):
+    with pytest.raises(IdentityError, match="store holds dense records, not ragged ones"):
         RaggedStore(dense, np.float32)
-    with pytest.raises(TypeError):
+    with pytest.raises(IdentityError, match="store holds dense records; open it with DenseStore"):
         Zrecord(dense)
 
 
@@ -93,11 +95,13 @@ def test_missing_store_is_not_created(tmp_path):
 
 
 def test_object_dtype_refused(tmp_path):
-    with pytest.raises(TypeError):
+    # (a plain TypeError, as for the library's other argument checks)
+    refused = "holds Python objects, which cannot be stored"
+    with pytest.raises(TypeError, match=f"dtype object {refused}"):
         DenseStore(tmp_path / "d", object, (2,))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=f"dtype object {refused}"):
         RaggedStore(tmp_path / "r", object)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"dtype \[\('a', '<i4'\), \('o', 'O'\)\] " + refused):
         DenseStore(tmp_path / "s", np.dtype([("a", "<i4"), ("o", "O")]), ())
     assert not (tmp_path / "d").exists()
     assert not (tmp_path / "r").exists()

@@ -129,13 +129,18 @@ def test_convert_to_directory_takes_exactly_converts_options(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
-@pytest.mark.parametrize("bad", [dict(level=0), dict(codec="zstd", dict_bytes=b"x" * 300),
-                                 dict(level="high")])
-def test_a_bad_argument_never_costs_the_store_an_overwrite_would_replace(tmp_path, bad):
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(level=0), loaderx.InvalidArgumentError, "level 0 is not a zstd level"),
+    (dict(codec="zstd", dict_bytes=b"x" * 300), loaderx.DictionaryError,
+     "dict_bytes given but codec is 'zstd'"),
+    (dict(level="high"), loaderx.ArgumentTypeError, "level must be an int, not str"),
+])
+def test_a_bad_argument_never_costs_the_store_an_overwrite_would_replace(tmp_path, bad, error,
+                                                                         match):
     loaderx.from_numpy(tmp_path / "s", ROWS[:10]).close()
-    with pytest.raises((ValueError, TypeError)):
+    with pytest.raises(error, match=match):
         loaderx.from_numpy(tmp_path / "s", ROWS[:20], mode="overwrite", **bad)
-    with pytest.raises((ValueError, TypeError)):
+    with pytest.raises(error, match=match):
         loaderx.DenseStore.create(tmp_path / "s", np.uint8, (92,), mode="overwrite", **bad)
     with loaderx.DenseStore.open(tmp_path / "s") as s:
         assert len(s) == 10
