@@ -8,7 +8,9 @@ next undelivered step, the base of the last reset (a ``loaderx._state.Base``:
 its step, the global position of its first record and a CYCLIC mixture's
 cursors; the ring computes every later step's indices from it, and so does
 ``Base.at``), and whether a ``next()`` was cut short (``torn``: the next call
-rebuilds that step exactly). Two optional stages hang off it:
+rebuilds that step exactly, or, when the step was already delivered and the
+call was cut short after that, returns it: ``handed``). Two optional stages
+hang off it:
 
 * ``Workers`` (``_workers.py``): where a batch needs Python (a transform, or
   streams that are Python objects), worker threads map that over the ring's
@@ -156,6 +158,10 @@ class Ring:
         self.prefetcher: Any = None  # Prefetcher, when streams have a prefetch hook
         self.consumer = threading.Lock()  # one next()/load_state_dict() at a time
         self.torn = False
+        # The step a take is delivering, from just before the consumer's place
+        # moves past it to the take's return: a take cut short in between
+        # (an interrupt in a wake-up's Python frame) leaves it to the next.
+        self.handed: Optional[Tuple[int, Any, Optional[BaseException]]] = None
         self.native = Native()
         self.closed = False
         self.inherited = False
@@ -188,12 +194,22 @@ class Ring:
         refuse_own_thread(self, "next()")
         with self.consumer:
             if self.torn:
+                handed = self.handed
+                if handed is not None and handed[0] + 1 == self.deliver:
+                    # Cut short once its step was delivered: that step, now,
+                    # after the wake-ups the interrupt may have cost (cut
+                    # short again there, the next take comes back here).
+                    self.woke_after_delivery(self.deliver)
+                    self.handed = None
+                    self.torn = False
+                    return handed
                 self.reset_locked(self.base_at(self.deliver))
             self.torn = True
             if self.stage is not None:
                 taken = self.stage.next_locked()
             else:
                 taken = self.next_locked()
+            self.handed = None
             self.torn = False
             return taken
 
@@ -211,11 +227,20 @@ class Ring:
         if self.closed:
             raise LoaderClosedError("DataLoader was closed while next() was waiting")
         if error is None:
+            self.handed = (step, batch, error)
             self.delivered(step + 1)
         return step, batch, error
 
+    def woke_after_delivery(self, step: int) -> None:
+        """The wake-ups the consumer's move to `step` sends (again: waking a
+        thread that has nothing to do costs it one look)."""
+        self.delivered(step)
+        if self.stage is not None:
+            self.stage.room_changed.wake()
+
     def delivered(self, step: int) -> None:
-        """The consumer's place moved on to `step`."""
+        """The consumer's place moved on to `step` (the last thing a take
+        does that the next one must not repeat: see ``handed``)."""
         self.deliver = step
         prefetcher = self.prefetcher
         # Only when its next run is due, or it may wait for budget: a wake-up
@@ -244,6 +269,7 @@ class Ring:
         """``reset()`` for the holder of ``consumer``; cut short, it leaves the
         ring ``torn`` and the next take resets again."""
         self.torn = True
+        self.handed = None
         closed = "DataLoader was closed during load_state_dict()"
         if self.closed:
             raise LoaderClosedError("DataLoader is closed")

@@ -70,6 +70,7 @@ class Workers:
                 raise LoaderClosedError("DataLoader is closed")
             batch, error = self.ready.pop(step)
             if error is None:
+                self.ring.handed = (step, batch, error)  # (see Ring.handed)
                 self.ring.delivered(step + 1)
                 self.room_changed.wake()  # one more step fits into the window
         return step, batch, error

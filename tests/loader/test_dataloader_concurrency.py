@@ -94,6 +94,33 @@ def test_an_interrupted_next_loses_no_batch(store, transform):
 
 
 @pytest.mark.parametrize("transform", [None, identity])
+def test_a_next_interrupted_after_its_step_was_delivered_returns_that_step(store, transform):
+    """Ctrl-C in a wake-up's Python frame after the consumer's place moved
+    past the step (seen in the interrupt storm: 'step 296 lost'): the step
+    was dropped, and the next next() returned the one after it."""
+    want = reference(store, 8, batch_size=10, seed=3)
+    loader = DataLoader({"x": store}, 10, seed=3, workers=2, transform=transform)
+    with loader:
+        got = [next(loader)["x"].copy() for _ in range(3)]
+        ring = loader._ring
+        moved = ring.delivered
+
+        def interrupted(step):
+            moved(step)
+            ring.delivered = moved  # once
+            raise KeyboardInterrupt
+        ring.delivered = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            next(loader)
+        assert loader.step == 4  # delivered: the next call must give step 3 itself
+        got += [within(lambda: next(loader))["x"].copy() for _ in range(5)]
+        assert loader.state_dict()["step"] == 8
+    assert len(got) == len(want) == 8
+    for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
+
+
+@pytest.mark.parametrize("transform", [None, identity])
 def test_two_consumer_threads_share_the_batches(store, transform):
     """next() from two threads: one got KeyError (no transform), or one
     blocked forever (with a transform). Now every step goes to exactly one."""
