@@ -231,6 +231,15 @@ class Ring:
             self.delivered(step + 1)
         return step, batch, error
 
+    @property
+    def next_step(self) -> int:
+        """The step the next take returns: the consumer's place, or the step
+        a take cut short had already delivered (``handed``)."""
+        handed = self.handed
+        if self.torn and handed is not None and handed[0] + 1 == self.deliver:
+            return handed[0]
+        return self.deliver
+
     def woke_after_delivery(self, step: int) -> None:
         """The wake-ups the consumer's move to `step` sends (again: waking a
         thread that has nothing to do costs it one look)."""

@@ -241,7 +241,7 @@ class DataLoader:
     def __next__(self) -> Any:
         ring = self._usable_ring()
         stop_after = self._options.stop_after
-        if stop_after is not None and ring.deliver >= stop_after:
+        if stop_after is not None and ring.next_step >= stop_after:
             raise StopIteration
         step, batch, error = ring.take()
         if error is not None:
@@ -273,14 +273,14 @@ class DataLoader:
     @property
     def step(self) -> int:
         """The step of the next batch ``next()`` will return."""
-        return self._require_ring().deliver
+        return self._require_ring().next_step
 
     @property
     def position(self) -> int:
         """The global position of the next batch's first record (one-source
         CYCLIC: ``cycle * length + offset``, see the module docs)."""
         ring = self._require_ring()
-        return ring.position_of(ring.deliver)
+        return ring.position_of(ring.next_step)
 
     @property
     def batch_size(self) -> int:
@@ -344,7 +344,7 @@ class DataLoader:
         """A small versioned dict from which ``load_state_dict`` resumes exactly
         (see the module docs and ``loaderx._state``)."""
         ring = self._require_ring()
-        return _state.state_dict(self._plan, self._sampler, ring.base_at(ring.deliver))
+        return _state.state_dict(self._plan, self._sampler, ring.base_at(ring.next_step))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the state's position, discarding every prefetched batch.

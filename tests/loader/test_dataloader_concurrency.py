@@ -112,11 +112,19 @@ def test_a_next_interrupted_after_its_step_was_delivered_returns_that_step(store
         ring.delivered = interrupted
         with pytest.raises(KeyboardInterrupt):
             next(loader)
-        assert loader.step == 4  # delivered: the next call must give step 3 itself
+        assert loader.step == 3  # delivered, but not returned: the next call gives it
+        state = loader.state_dict()
         got += [within(lambda: next(loader))["x"].copy() for _ in range(5)]
         assert loader.state_dict()["step"] == 8
     assert len(got) == len(want) == 8
     for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
+    # A checkpoint taken right after the interruption resumes at that step.
+    with DataLoader({"x": store}, 10, seed=3, workers=2, transform=transform) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.step == 3
+        got = [next(resumed)["x"].copy() for _ in range(5)]
+    for step, (g, w) in enumerate(zip(got, want[3:]), start=3):
         np.testing.assert_array_equal(g, w, err_msg=f"step {step}")
 
 
