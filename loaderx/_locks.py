@@ -32,6 +32,10 @@ The locks:
   away while it holds it; when readers hold it, the generation is left for a
   later sweep. A reader that locks a generation checks that its name still
   points at it, so it never opens one that was just retired.
+* **Is a store being written?** (`writer_busy`): the writer lock of a store
+  (``lock`` in its directory, which src/Store.zig's writers hold
+  exclusively) tried for a moment: an overwrite never replaces a store a
+  live writer has open.
 * **Reader of an original (1.7) store** (`share_original`): shared, on the
   store's ``meta.zr``, for as long as loaderx reads the store in place
   (loaderx/_original.py). loaderx 1.7 holds that file's lock exclusively
@@ -55,7 +59,8 @@ except ImportError:  # no flock (Windows)
 
 from .errors import LockedError
 
-__all__ = ["OWNER", "abandoned", "lock_dataset", "own", "reading", "retire", "share_original"]
+__all__ = ["OWNER", "abandoned", "lock_dataset", "own", "reading", "retire", "share_original",
+           "writer_busy"]
 
 #: The owner file of a staging directory.
 OWNER = ".loaderx-owner"
@@ -110,6 +115,21 @@ def own(staging: str) -> int | None:
                    fcntl.LOCK_EX)
     assert fd is not None, f"{staging}: a fresh owner file is locked by someone else"
     return fd
+
+
+def writer_busy(store: str) -> bool:
+    """Whether a live writer holds the writer lock of the store directory
+    `store` (False where flock does not exist, or the store has no lock file)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = _try_lock(os.path.join(store, "lock"), os.O_RDONLY | _NOFOLLOW, fcntl.LOCK_EX)
+    except FileNotFoundError:
+        return False
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
 
 
 def share_original(fd: int) -> bool:

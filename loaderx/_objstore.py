@@ -74,6 +74,9 @@ __all__ = ["is_url", "join", "Options", "head", "get", "get_ranges_into", "put",
            "delete", "MissingRemoteDependencyError"]
 
 _SCHEMES = ("s3", "gs", "az", "azure", "abfs", "abfss", "http", "https")
+#: What a URL's scheme looks like (RFC 3986), two letters at least: ``C://``
+#: stays a (Windows) path.
+_URL_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")
 _WRITABLE = ("s3", "gs", "az", "azure", "abfs", "abfss")
 
 #: Whole-operation retries on top of obstore's per-request ones.
@@ -97,11 +100,21 @@ GET_MAX = 256 << 20
 # ----------------------------------------------------------------- URLs
 
 def is_url(path: Any) -> bool:
-    """Whether `path` is a URL of a scheme loaderx reads (not a local path)."""
+    """Whether `path` is a URL of a scheme loaderx reads (not a local path).
+    A URL of another scheme (``ftp://``, ``file://``...) is refused
+    (ValueError), never taken for a local path named ``ftp:``."""
     if not isinstance(path, str):
         return False
     head, sep, _ = path.partition("://")
-    return bool(sep) and head.lower() in _SCHEMES
+    if not sep:
+        return False
+    if head.lower() in _SCHEMES:
+        return True
+    if _URL_LIKE.fullmatch(head):
+        raise ValueError(
+            f"{path}: loaderx does not read {head}:// URLs; it reads "
+            + ", ".join(f"{s}://" for s in _SCHEMES) + " (write a local path without a scheme)")
+    return False
 
 
 def scheme(url: str) -> str:

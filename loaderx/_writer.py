@@ -24,11 +24,13 @@ import os
 import shutil
 from typing import Any, Callable
 
+from . import _locks
 from ._checks import check_mode
 from ._store import deprecated
-from .errors import DestinationExistsError
+from .errors import DestinationExistsError, LockedError
 
-__all__ = ["CODECS", "check_destination", "prepare_store", "codec_of", "is_store_dir"]
+__all__ = ["CODECS", "check_destination", "prepare_store", "codec_of", "is_store_dir",
+           "is_store_file", "refuse_foreign", "refuse_written"]
 
 #: The codecs every writer names (``mode`` words: `loaderx._checks.WRITE_MODES`).
 CODECS = ("raw", "zstd", "zstd_dict")
@@ -37,6 +39,36 @@ CODECS = ("raw", "zstd", "zstd_dict")
 def is_store_dir(path: str) -> bool:
     """Whether `path` is a directory holding a loaderx store."""
     return os.path.isfile(os.path.join(path, "meta"))
+
+
+#: The files a store directory holds (src/store_create.zig's list, and meta).
+STORE_FILES = frozenset({"meta", "meta.tmp", "index", "data", "lock", "journal"})
+
+
+def is_store_file(name: str) -> bool:
+    """Whether `name` is one of a store directory's own files (its token
+    windows' index included: src/store_maintain.zig's isWindowsIndexName)."""
+    return name in STORE_FILES or name.startswith("windows.idx") \
+        or (name.startswith("windows-") and name.endswith(".idx"))
+
+
+def refuse_foreign(path: str, foreign: list, what: str) -> None:
+    """An overwrite never removes what loaderx did not write: refuses `path`
+    when it holds such entries (`foreign`), naming a few."""
+    if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise DestinationExistsError(
+            f"{path} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} that "
+            f"{'is' if len(foreign) == 1 else 'are'} not the {what}'s ({shown}); refusing to "
+            f"overwrite it: move {'it' if len(foreign) == 1 else 'them'} out, or remove "
+            f"{'it' if len(foreign) == 1 else 'them'} yourself", path=path)
+
+
+def refuse_written(path: str) -> None:
+    """An overwrite never replaces a store a live writer has open."""
+    if _locks.writer_busy(path):
+        raise LockedError(f"{path}: another handle holds this store's writer lock (a writer "
+                          "has it open); close it before overwriting the store", path=path)
 
 
 def check_destination(path, mode: str, *, ours: Callable[[str], bool], what: str,
@@ -64,7 +96,11 @@ def prepare_store(path, mode: str) -> bool:
     if not check_destination(path, mode, ours=is_store_dir, what="loaderx store"):
         return False
     if mode == "overwrite":
-        shutil.rmtree(os.fspath(path))
+        p = os.fspath(path)
+        refuse_foreign(p, sorted(n for n in os.listdir(p) if not is_store_file(n)),
+                       "loaderx store")
+        refuse_written(p)
+        shutil.rmtree(p)
         return False
     return True
 

@@ -54,7 +54,7 @@ import stat
 import uuid
 
 from .. import _locks
-from .._writer import check_destination
+from .._writer import check_destination, is_store_file, refuse_foreign, refuse_written
 from .._manifest import (
     GENERATION_RE,
     MANIFEST_FORMAT,
@@ -203,6 +203,15 @@ def _named(manifest: dict | None) -> set:
         s["path"] for c in manifest.get("columns", {}).values() for s in c["shards"]
     ]
     return {p.split("/")[0] for p in paths}
+
+
+def _ours(name: str, manifest: dict | None) -> bool:
+    """Whether an overwrite may replace the entry `name` of DEST: the
+    manifest, a generation, what `manifest` names, or a store's files (a
+    single store at DEST). Hidden entries are loaderx's staging and trash,
+    which the sweeps own (an overwrite leaves them)."""
+    return name == MANIFEST_NAME or bool(GENERATION_RE.fullmatch(name)) \
+        or name in _named(manifest) or is_store_file(name)
 
 
 def _retire(dest: str, name: str) -> bool:
@@ -378,6 +387,11 @@ class Destination:
             self._dest_lock = _locks.lock_dataset(self.dest)
             if self.mode == "append" or os.path.isfile(os.path.join(self.dest, MANIFEST_NAME)):
                 current = self._current_manifest()  # again: under the lock now
+            if self.mode == "overwrite":
+                refuse_foreign(self.dest, sorted(
+                    n for n in os.listdir(self.dest)
+                    if not n.startswith(".") and not _ours(n, current)), "loaderx dataset")
+                refuse_written(self.dest)  # (a single store at DEST)
             _sweep_inside(self.dest, current)
             self.staging = os.path.join(self.dest, f"{_PARTIAL}{tag}")
         else:
@@ -566,11 +580,11 @@ class Destination:
         staging, gen, dest = self._staging_dir(), self._generation(), self.dest
         os.rename(os.path.join(staging, gen), os.path.join(dest, gen))
         sync_dir(dest)
-        # Everything else DEST holds goes, as the whole old directory went
-        # before generations: the old generation or version 1 columns, the
-        # files of a store, what a damaged manifest no longer names.
+        # What the old dataset was goes: its generation or version 1
+        # columns, or the files of a store (begin() refused anything else).
         old = sorted(n for n in os.listdir(dest) if n not in (gen, MANIFEST_NAME)
-                     and not n.startswith((".", MANIFEST_NAME + ".tmp-")))
+                     and not n.startswith((".", MANIFEST_NAME + ".tmp-"))
+                     and _ours(n, self.existing))
         retired = os.path.join(dest, f"{_RETIRED}{uuid.uuid4().hex[:12]}.json")
         write_json(retired, {"remove": old})
         write_json(os.path.join(dest, MANIFEST_NAME), manifest)

@@ -76,3 +76,26 @@ def test_a_version_1_cache_directory_is_upgraded_in_place(tmp_path):
     head[version], head[SEQ] = 1, np.uint64(NONE)  # version 1: word 4 unused, all ones
     c = _cachedir.Cache(root)
     assert int(head[version]) == 2 and int(head[SEQ]) == 0 and int(c.stats().seq) == 0
+
+
+@pytest.mark.parametrize("url", ["ftp://host/x", "file:///tmp/x", "hdfs://nn/p", "S3A://b/k"])
+def test_a_url_of_a_scheme_loaderx_does_not_read_is_refused_not_written_as_a_path(
+        tmp_path, monkeypatch, url):
+    """Before, `ftp://x/y` was a relative path: convert wrote ./ftp:/x/y."""
+    import subprocess
+    import sys
+
+    import loaderx
+
+    monkeypatch.chdir(tmp_path)
+    scheme = url.partition("://")[0]
+    for call in (lambda: loaderx.from_numpy(url, np.arange(3)),
+                 lambda: loaderx.convert({"x": np.arange(3)}, url, progress=False),
+                 lambda: loaderx.open_dataset(url), lambda: loaderx.open_store(url)):
+        with pytest.raises(ValueError, match=f"does not read {scheme}:// URLs; it reads s3://"):
+            call()
+    out = subprocess.run([sys.executable, "-m", "loaderx", "info", url],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and f"does not read {scheme}://" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert os.listdir(tmp_path) == []  # nothing was written under a path named after the URL

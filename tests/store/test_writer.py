@@ -54,6 +54,42 @@ def test_every_writer_follows_the_same_mode_words(tmp_path, writer):
 
 
 @pytest.mark.parametrize("writer", ["from_numpy", "from_iterator", "convert"])
+def test_an_overwrite_removes_only_what_loaderx_wrote(tmp_path, writer):
+    """Before, an overwrite of a store or dataset removed everything in its
+    directory: a user's notes beside it, a folder, a nested dataset."""
+    write = _writers(tmp_path)[writer]
+    write("w", progress=False).close()
+    (tmp_path / "w" / "notes.txt").write_text("mine")
+    (tmp_path / "w" / "mine").mkdir()
+    before = sorted(os.listdir(tmp_path / "w"))
+    with pytest.raises(DestinationExistsError, match=r"2 entries that are not .*'mine', "
+                                                     r"'notes.txt'.*refusing to overwrite"):
+        write("w", mode="overwrite", progress=False)
+    assert sorted(os.listdir(tmp_path / "w")) == before
+    assert (tmp_path / "w" / "notes.txt").read_text() == "mine"
+    (tmp_path / "w" / "notes.txt").unlink()
+    (tmp_path / "w" / "mine").rmdir()
+    got = write("w", mode="overwrite", progress=False)
+    assert len(got) == 100
+    got.close()
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "convert"])
+def test_an_overwrite_never_replaces_a_store_a_writer_has_open(tmp_path, writer):
+    """Before, the overwrite went ahead and the open writer's later appends
+    were lost when it closed."""
+    write = _writers(tmp_path)[writer]
+    loaderx.from_numpy(tmp_path / "w", ROWS[:10]).close()
+    with loaderx.DenseStore.create(tmp_path / "w", np.uint8, (92,), mode="append") as writer_:
+        writer_.append(ROWS[10:13])
+        with pytest.raises(loaderx.errors.LockedError, match="writer lock"):
+            write("w", mode="overwrite", progress=False)
+        writer_.append(ROWS[13:20])
+    with loaderx.open_store(tmp_path / "w") as store:
+        assert len(store) == 20
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "from_iterator", "convert"])
 def test_every_writer_takes_the_same_codecs(tmp_path, writer):
     write = _writers(tmp_path)[writer]
     with pytest.raises(ValueError, match=r"codec must be one of \('raw', 'zstd', 'zstd_dict'\)"):
