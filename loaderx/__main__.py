@@ -473,16 +473,17 @@ def cmd_convert(args) -> int:
 def cmd_select(args) -> int:
     from .subset import select
 
-    if args.out:
-        _refuse_url_output(args.out, "--out")
+    if args.out is not None:
+        _output_file(args.out, "--out")
     t0 = time.perf_counter()
     sub = select(args.dataset, args.where, engine=args.engine)
     elapsed = time.perf_counter() - t0
     view = next(iter(sub.values()))
     rows, total = view.rows, view.selection.total
     try:
-        if args.out:
-            np.save(args.out, rows)
+        if args.out is not None:
+            with open(args.out, "wb") as f:  # exactly there (np.save adds .npy to a name)
+                np.save(f, rows)
         if args.count:
             print(len(rows))
             return 0
@@ -658,6 +659,30 @@ def _refuse_url_output(path: str, flag: str) -> None:
                                    path=path)
 
 
+def _output_file(path: str, flag: str) -> str:
+    """The file `flag` names, checked before any work: a local regular file
+    (or none yet), written exactly there, and never inside a loaderx store
+    or dataset, whose own files it would replace."""
+    _refuse_url_output(path, flag)
+    if not path:
+        raise InvalidArgumentError(f"{flag} needs a file name")
+    full = os.path.abspath(path)
+    if os.path.lexists(full) and (os.path.islink(full) or not os.path.isfile(full)):
+        raise InvalidArgumentError(f"{path}: {flag} exists and is not a regular file; name a "
+                                   "new file or a file to replace", path=path)
+    folder = os.path.dirname(full)
+    while True:
+        for marker, what in (("meta", "store"), ("loaderx.json", "dataset")):
+            if os.path.isfile(os.path.join(folder, marker)):
+                raise InvalidArgumentError(
+                    f"{path}: {flag} is inside the loaderx {what} {folder}, whose files it "
+                    "could replace; write it elsewhere", path=path)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return path
+        folder = parent
+
+
 def _dict_source(args):
     """(training source, things to close) for a .npy, a store or a dataset column."""
     from .dataset import open_dataset, open_store
@@ -684,7 +709,11 @@ def cmd_train_dict(args) -> int:
     from .converters._progress import Ticker
     from .zrecord import train_dict
 
-    _refuse_url_output(args.output, "-o/--output")
+    _output_file(args.output, "-o/--output")
+    if os.path.isfile(args.output) and os.path.exists(args.src) \
+            and os.path.samefile(args.src, args.output):
+        raise InvalidArgumentError(f"{args.output}: -o/--output is the source it trains on",
+                                   path=args.output)
     source, owned = _dict_source(args)
     t0 = time.perf_counter()
     try:
@@ -893,7 +922,8 @@ def _convert_parser(sub, quiet) -> None:
     )
     _image_arguments(p)
     p.add_argument(
-        "--row-length", type=int, default=None, help="cut 1-D arrays into rows of this length"
+        "--row-length", type=_row_length, default=None,
+        help="cut 1-D arrays into rows of this length"
     )
     p.add_argument("--allow-tiny-records", action="store_true",
                    help="accepted for compatibility (scalar columns need no flag)")
@@ -941,6 +971,17 @@ def _image_arguments(p) -> None:
     )
 
 
+def _row_length(text: str) -> int:
+    """--row-length: a whole number of elements, 1 to 2**40."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"must be 1 to 2**40 elements, got {text}")
+    return n
+
+
 def _shape(text: str) -> tuple:
     """--item-shape: comma-separated non-negative ints ('' for a scalar)."""
     try:
@@ -954,9 +995,11 @@ def _shape(text: str) -> tuple:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["demo"]:
-        # The demo parses its own options (--records, --steps, ...).
-        args = argparse.Namespace(cmd="demo", fn=cmd_demo, rest=argv[1:])
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    if argv[first:first + 1] == ["demo"] and not {"-h", "--help", "--version"} & set(argv[:first]):
+        # The demo parses its own options (--records, --steps, ...), and says
+        # which of the ones before it (-q) it does not take.
+        args = argparse.Namespace(cmd="demo", fn=cmd_demo, rest=argv[:first] + argv[first + 1:])
     else:
         args = _parser().parse_args(argv)
     from .errors import LoaderxError
@@ -970,7 +1013,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"loaderx {args.cmd}: interrupted", file=sys.stderr)
         return 130
-    except (LoaderxError, OSError, ValueError, TypeError, KeyError) as e:
+    except (LoaderxError, OSError, ValueError, TypeError, KeyError, OverflowError) as e:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1

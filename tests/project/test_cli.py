@@ -292,3 +292,44 @@ def test_convert_image_column_flags(tmp_path, run):
     assert out.returncode == 0, out.stderr
     assert list(json.loads((tmp_path / "b" / "loaderx.json").read_text())["columns"]) == ["png"]
     assert "DenseStore uint8[4, 4], stored as L (the first 3 images: L 3)" in out.stderr
+
+
+def test_output_files_go_exactly_where_named_and_never_into_a_dataset(tmp_path, capsys):
+    """Before: `select --out /dev/full` wrote /dev/full.npy, `--out ds/x`
+    wrote ds/x.npy inside the dataset, `--out ""` was ignored, and
+    `train-dict -o` replaced a store's meta, a manifest, or its own source."""
+    ds = tmp_path / "ds"
+    loaderx.convert({"label": np.arange(100)}, ds, progress=False)
+    store = tmp_path / "s"
+    loaderx.from_numpy(store, np.arange(1000)).close()
+    npy = tmp_path / "src.npy"
+    np.save(npy, np.arange(1000))
+    before = {p: p.read_bytes() for p in (ds / "loaderx.json", store / "meta", npy)}
+    bad = [
+        (["select", str(ds), "label < 5", "--out", ""], "needs a file name"),
+        (["select", str(ds), "label < 5", "--out", str(ds / "rows")], "inside the loaderx dataset"),
+        (["select", str(ds), "label < 5", "--out", "/dev/null"], "not a regular file"),
+        (["train-dict", str(ds), "-o", str(ds / "loaderx.json")], "inside the loaderx dataset"),
+        (["train-dict", str(store), "-o", str(store / "meta")], "inside the loaderx store"),
+        (["train-dict", str(npy), "-o", str(npy)], "is the source it trains on"),
+    ]
+    for argv, why in bad:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, (argv, err)
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (ds / "rows.npy").exists()
+    out = tmp_path / "rows"  # no .npy added
+    assert main(["select", str(ds), "label < 5", "--out", str(out)]) == 0
+    assert np.load(out).tolist() == [0, 1, 2, 3, 4] and not (tmp_path / "rows.npy").exists()
+
+
+def test_options_before_demo_and_out_of_range_numbers_are_refused_clearly(run, tmp_path):
+    out = run("-q", "demo")
+    assert out.returncode == 2 and "unrecognized arguments: -q" in out.stderr
+    assert "Traceback" not in out.stderr
+    np.save(tmp_path / "a.npy", np.arange(100))
+    for length in ("99999999999999999999", "0", "ten"):
+        out = run("convert", str(tmp_path / "a.npy"), str(tmp_path / "o"), "--row-length", length)
+        assert out.returncode == 2 and "argument --row-length" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and not (tmp_path / "o").exists()
