@@ -197,6 +197,19 @@ def _url_destination(fn):
     return convert_anywhere
 
 
+def _refuse_overlap(source: Any, dest) -> None:
+    """A local source and DEST must not contain each other: DEST inside the
+    source would be read as part of it (an image folder's output, a class),
+    and an overwrite of a DEST holding the source would remove it."""
+    if not isinstance(source, (str, os.PathLike)) or _objstore.is_url(os.fspath(source)):
+        return
+    src = os.path.realpath(os.fspath(source))
+    out = os.path.realpath(os.fspath(dest))
+    if os.path.commonpath([src, out]) in (src, out) and (os.path.isdir(src) or src == out):
+        raise ValueError(f"{dest}: the destination and the source ({source}) contain one "
+                         "another; convert into a directory outside the source")
+
+
 @_url_destination
 def _convert(source: Any, dest, job: dict) -> dict:
     """The one conversion `convert` and `convert_to_directory` run; returns
@@ -224,6 +237,7 @@ def _convert(source: Any, dest, job: dict) -> dict:
     if fill_null is not None and not isinstance(fill_null, Mapping):
         raise TypeError(f"fill_null must be a dict of column -> value, got {fill_null!r}")
     check_mode(job["mode"])
+    _refuse_overlap(source, dest)
     options = Options(
         columns=list(columns) if columns is not None else None,
         skip_columns=list(skip_columns or []),

@@ -180,3 +180,18 @@ def test_a_bad_argument_never_costs_the_store_an_overwrite_would_replace(tmp_pat
         loaderx.DenseStore.create(tmp_path / "s", np.uint8, (92,), mode="overwrite", **bad)
     with loaderx.DenseStore.open(tmp_path / "s") as s:
         assert len(s) == 10
+
+
+def test_a_conversion_never_writes_inside_its_source_or_onto_it(tmp_path):
+    """Before, `convert imgs imgs/out` wrote into the source folder (a later
+    append read its own output as a class) and an .npy could be converted
+    onto itself."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "x.npy", np.arange(10))
+    for dest in (src / "out", src):
+        with pytest.raises(ValueError, match="contain one another"):
+            loaderx.convert(src, dest, progress=False)
+    with pytest.raises(ValueError, match="contain one another"):
+        loaderx.convert(src / "x.npy", src / "x.npy", progress=False)
+    assert sorted(os.listdir(src)) == ["x.npy"]
