@@ -31,8 +31,10 @@ __all__ = ["KINDS", "WRITE_MODES", "check_mode", "is_int", "is_stream", "check_o
 KINDS = ("dense", "ragged", "bytes")
 #: What a write does when its destination holds data already.
 WRITE_MODES = ("create", "append", "overwrite")
-#: The range of a C int, which a zstd level is.
-_INT_MAX = 2**31 - 1
+#: zstd's levels (ZSTD_minCLevel(), ZSTD_maxCLevel() of the pinned zstd, which
+#: src/codec.zig checks again): known here so that a writer's overwrite
+#: refuses a bad level before it removes anything.
+ZSTD_LEVEL_MIN, ZSTD_LEVEL_MAX = -(1 << 17), 22
 
 
 def check_mode(mode: Any) -> None:
@@ -80,8 +82,9 @@ def check_level(level: Any, path: str | None = None) -> None:
     if not is_int(level):
         raise ArgumentTypeError(f"{where}level must be an int, not {type(level).__name__}",
                                 path=path)
-    if not -_INT_MAX - 1 <= level <= _INT_MAX:
-        raise InvalidArgumentError(f"{where}zstd level {level} is out of range", path=path)
+    if not ZSTD_LEVEL_MIN <= level <= ZSTD_LEVEL_MAX:
+        raise InvalidArgumentError(f"{where}zstd level {level} is out of range "
+                                   f"({ZSTD_LEVEL_MIN} to {ZSTD_LEVEL_MAX}, not 0)", path=path)
     if level == 0:
         raise InvalidArgumentError(f"{where}level 0 is not a zstd level: level must be a "
                                    "non-zero int zstd level or None (the default, 3)", path=path)

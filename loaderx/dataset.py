@@ -188,6 +188,8 @@ def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]
                          "codec='zstd_dict' without dict_bytes=")
     # Every argument is checked before "overwrite" may remove the store there.
     identity.check_dtype(ident[0])
+    from .converters._progress import make_progress
+    make_progress(progress, total, "", unit).close()  # (a bad progress= raises here)
     check_new_store(path, "zstd" if codec == "zstd_dict" and dict_bytes is None else codec,
                     level, dict_bytes)
     appending = _writer.prepare_store(path, mode)

@@ -195,3 +195,18 @@ def test_a_conversion_never_writes_inside_its_source_or_onto_it(tmp_path):
     with pytest.raises(ValueError, match="contain one another"):
         loaderx.convert(src / "x.npy", src / "x.npy", progress=False)
     assert sorted(os.listdir(src)) == ["x.npy"]
+
+
+@pytest.mark.parametrize("bad", [dict(level=999), dict(level=23), dict(progress="nope")])
+def test_an_overwrite_with_a_bad_argument_keeps_the_store(tmp_path, bad):
+    """Before, a level zstd refuses (999) or a bad progress= was found only
+    once the old store was removed."""
+    loaderx.from_numpy(tmp_path / "s", np.arange(5)).close()
+    with pytest.raises((loaderx.errors.InvalidArgumentError, ValueError),
+                       match="level .* is out of range|progress must be one of"):
+        if "progress" in bad:
+            loaderx.from_numpy(tmp_path / "s", np.arange(3), mode="overwrite", **bad)
+        else:
+            loaderx.DenseStore.create(tmp_path / "s", np.int64, (), mode="overwrite", **bad)
+    with loaderx.open_store(tmp_path / "s") as store:
+        assert store[:].tolist() == [0, 1, 2, 3, 4]
