@@ -8,10 +8,14 @@ threadlocal var buffer: [1024]u8 = undefined;
 threadlocal var length: usize = 0;
 
 /// Formats the message; too long a message is truncated, never an error.
+/// `args` may hold this thread's message itself (a caller that prefixes the
+/// message it got, `get()`): it is formatted apart, then copied in.
 pub fn set(comptime fmt: []const u8, args: anytype) void {
-    const out = std.fmt.bufPrint(buffer[0 .. buffer.len - 1], fmt, args) catch blk: {
-        break :blk buffer[0 .. buffer.len - 1];
+    var scratch: [buffer.len]u8 = undefined;
+    const out = std.fmt.bufPrint(scratch[0 .. scratch.len - 1], fmt, args) catch blk: {
+        break :blk scratch[0 .. scratch.len - 1];
     };
+    @memcpy(buffer[0..out.len], out);
     length = out.len;
     buffer[length] = 0;
 }
@@ -30,6 +34,13 @@ pub fn get() [*:0]const u8 {
 pub fn fail(err: anytype, comptime fmt: []const u8, args: anytype) @TypeOf(err) {
     set(fmt, args);
     return err;
+}
+
+test "a message prefixed with the message before it reads whole" {
+    set("its pipeline is invalid: std {d}", .{0});
+    set("column {d}: {s}", .{ 3, get() });
+    try std.testing.expectEqualStrings("column 3: its pipeline is invalid: std 0", std.mem.span(get()));
+    clear();
 }
 
 test "messages are formatted and truncated safely" {
