@@ -39,7 +39,8 @@ pub fn fail(err: anytype, comptime fmt: []const u8, args: anytype) @TypeOf(err) 
 test "a message prefixed with the message before it reads whole" {
     set("its pipeline is invalid: std {d}", .{0});
     set("column {d}: {s}", .{ 3, get() });
-    try std.testing.expectEqualStrings("column 3: its pipeline is invalid: std 0", std.mem.span(get()));
+    const want = "column 3: its pipeline is invalid: std 0";
+    try std.testing.expectEqualStrings(want, std.mem.span(get()));
     clear();
 }
 
