@@ -197,6 +197,10 @@ def _url_destination(fn):
     return convert_anywhere
 
 
+#: The most worker processes a conversion starts (the loader's thread bound).
+WORKERS_MAX = 256
+
+
 def _refuse_overlap(source: Any, dest) -> None:
     """A local source and DEST must not contain each other: DEST inside the
     source would be read as part of it (an image folder's output, a class),
@@ -226,8 +230,9 @@ def _convert(source: Any, dest, job: dict) -> dict:
     if job["dict_size"] is not None and job["codec"] != "zstd_dict":
         raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
                          "codec='zstd_dict'")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be a positive int or None, got {workers!r}")
+    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= WORKERS_MAX):
+        raise ValueError(f"workers must be an int from 1 to {WORKERS_MAX} (a process each) or "
+                         f"None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):
         raise ValueError(f"row_length must be a positive int, got {row_length!r}")
     if not isinstance(batch_bytes, int) or batch_bytes < 1:

@@ -210,3 +210,12 @@ def test_an_overwrite_with_a_bad_argument_keeps_the_store(tmp_path, bad):
             loaderx.DenseStore.create(tmp_path / "s", np.int64, (), mode="overwrite", **bad)
     with loaderx.open_store(tmp_path / "s") as store:
         assert store[:].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_convert_refuses_more_workers_than_it_would_start(tmp_path):
+    """Before, workers=10**6 ran for minutes (1,000 made 100 shards of 100 rows)."""
+    for workers in (0, 257, 10**6, 1.5):
+        with pytest.raises(ValueError, match="workers must be an int from 1 to 256"):
+            loaderx.convert({"x": np.arange(10)}, tmp_path / "o", workers=workers,
+                            progress=False)
+    assert not (tmp_path / "o").exists()
