@@ -44,6 +44,12 @@ def _open(shard: Any) -> tuple[Any, bool]:
             f"a shard must be a store path or an open DenseStore, RaggedStore or "
             f"Zrecord, not {type(shard).__name__}"
         )
+    if getattr(shard, "selection", None) is not None:
+        # A ShardSet reads whole stores: over a view it read the first
+        # records of the view's store, not the view's.
+        raise TypeError("a shard must be a whole store, not a select view (a subset of "
+                        f"{getattr(shard.base, 'path', 'its store')}): select over the "
+                        "ShardSet instead, or pass the stores")
     return shard, False
 
 

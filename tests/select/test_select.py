@@ -186,6 +186,18 @@ def test_views_read_the_selected_records_of_every_column(data):
     assert "label = 3 AND score > 0.5" in repr(sub["id"]) and sub["id"].where.startswith("label")
 
 
+def test_a_shardset_of_a_view_is_refused_not_read_as_its_whole_store(data):
+    """Before, ShardSet([view]) had the view's length but read the first
+    records of the view's store."""
+    _, df, ds, _, _ = data
+    sub = loaderx.select(ds, "label = 3 AND score > 0.5")
+    assert sub["id"].rows[0] != 0  # (else the old mistake read the right first record)
+    with pytest.raises(TypeError, match="not a select view .*select over the ShardSet"):
+        loaderx.ShardSet([sub["id"]])
+    for view in sub.values():
+        view.close()
+
+
 def test_masks_and_index_arrays(data):
     _, df, ds, _, _ = data
     mask = (df.label.to_numpy() % 2 == 0)
