@@ -342,6 +342,9 @@ FETCH_FLAGS = {"over_limit": 1, "disk_nearly_full": 2, "index_due": 4,
     "bad_record": 8}
 CACHE_PIN_CALLS = 128
 CACHE_SLOTS = 1024
+#: A store directory's own files (src/format.zig).
+STORE_FILES = ("meta", "index", "data", "lock", "journal", "meta.tmp")
+WINDOWS_INDEX_FILE = "windows.idx"
 LOADER_COLUMNS_MAX = 1024
 LOADER_SOURCES_MAX = 256
 PARTS_MAX = 65535

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Any, Callable
 
-from . import _locks
+from . import _abi, _locks
 from ._checks import check_mode
 from ._store import deprecated
 from .errors import DestinationExistsError, LockedError
@@ -41,14 +41,11 @@ def is_store_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "meta"))
 
 
-#: The files a store directory holds (src/store_create.zig's list, and meta).
-STORE_FILES = frozenset({"meta", "meta.tmp", "index", "data", "lock", "journal"})
-
-
 def is_store_file(name: str) -> bool:
-    """Whether `name` is one of a store directory's own files (its token
-    windows' index included: src/store_maintain.zig's isWindowsIndexName)."""
-    return name in STORE_FILES or name.startswith("windows.idx") \
+    """Whether `name` is one of a store directory's own files (`_abi`'s,
+    generated from src/format.zig; the token windows' index and its older
+    `windows-*.idx` names as src/store_maintain.zig's isWindowsIndexName)."""
+    return name in _abi.STORE_FILES or name.startswith(_abi.WINDOWS_INDEX_FILE) \
         or (name.startswith("windows-") and name.endswith(".idx"))
 
 

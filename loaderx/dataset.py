@@ -188,8 +188,9 @@ def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]
                          "codec='zstd_dict' without dict_bytes=")
     # Every argument is checked before "overwrite" may remove the store there.
     identity.check_dtype(ident[0])
-    from .converters._progress import make_progress
-    make_progress(progress, total, "", unit).close()  # (a bad progress= raises here)
+    from .converters._progress import resolve_mode
+    if not callable(progress):
+        resolve_mode(progress)  # (a bad progress= raises here, and no bar is drawn)
     check_new_store(path, "zstd" if codec == "zstd_dict" and dict_bytes is None else codec,
                     level, dict_bytes)
     appending = _writer.prepare_store(path, mode)

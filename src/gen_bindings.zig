@@ -228,6 +228,7 @@ const python = blk: {
     text = text ++ "#: Kinds of file-system calls, for lx_debug_fault's mask (bit = 1 << value).\n";
     text = text ++ enumDict("FAULT_OPS", fsio.Op);
     text = text ++ cacheConstants();
+    text = text ++ storeFiles();
     text = text ++ std.fmt.comptimePrint(
         \\LOADER_COLUMNS_MAX = {d}
         \\LOADER_SOURCES_MAX = {d}
@@ -268,4 +269,16 @@ const python = blk: {
 
 pub fn main(init: std.process.Init) !void {
     try std.Io.File.stdout().writeStreamingAll(init.io, python);
+}
+
+/// A store directory's own files (format.zig's `file_names`, and the token
+/// windows' index beside them), for the writers' overwrite rule.
+fn storeFiles() []const u8 {
+    const f = format.file_names;
+    return std.fmt.comptimePrint(
+        \\#: A store directory's own files (src/format.zig).
+        \\STORE_FILES = ("{s}", "{s}", "{s}", "{s}", "{s}", "{s}")
+        \\WINDOWS_INDEX_FILE = "{s}"
+        \\
+    , .{ f.meta, f.index, f.data, f.lock, f.journal, f.meta_tmp, format.WindowsIndex.file_name });
 }

@@ -205,13 +205,14 @@ def _named(manifest: dict | None) -> set:
     return {p.split("/")[0] for p in paths}
 
 
-def _ours(name: str, manifest: dict | None) -> bool:
+def _ours(name: str, named: set) -> bool:
     """Whether an overwrite may replace the entry `name` of DEST: the
-    manifest, a generation, what `manifest` names, or a store's files (a
-    single store at DEST). Hidden entries are loaderx's staging and trash,
-    which the sweeps own (an overwrite leaves them)."""
+    manifest, a generation, what the manifest names (`named`, `_named`'s),
+    or a store's files (a single store at DEST). Hidden entries are
+    loaderx's staging and trash, which the sweeps own (an overwrite leaves
+    them)."""
     return name == MANIFEST_NAME or bool(GENERATION_RE.fullmatch(name)) \
-        or name in _named(manifest) or is_store_file(name)
+        or name in named or is_store_file(name)
 
 
 def _retire(dest: str, name: str) -> bool:
@@ -388,9 +389,10 @@ class Destination:
             if self.mode == "append" or os.path.isfile(os.path.join(self.dest, MANIFEST_NAME)):
                 current = self._current_manifest()  # again: under the lock now
             if self.mode == "overwrite":
+                named = _named(current)
                 refuse_foreign(self.dest, sorted(
                     n for n in os.listdir(self.dest)
-                    if not n.startswith(".") and not _ours(n, current)), "loaderx dataset")
+                    if not n.startswith(".") and not _ours(n, named)), "loaderx dataset")
                 refuse_written(self.dest)  # (a single store at DEST)
             _sweep_inside(self.dest, current)
             self.staging = os.path.join(self.dest, f"{_PARTIAL}{tag}")
@@ -582,9 +584,9 @@ class Destination:
         sync_dir(dest)
         # What the old dataset was goes: its generation or version 1
         # columns, or the files of a store (begin() refused anything else).
+        named = _named(self.existing)
         old = sorted(n for n in os.listdir(dest) if n not in (gen, MANIFEST_NAME)
-                     and not n.startswith((".", MANIFEST_NAME + ".tmp-"))
-                     and _ours(n, self.existing))
+                     and not n.startswith((".", MANIFEST_NAME + ".tmp-")) and _ours(n, named))
         retired = os.path.join(dest, f"{_RETIRED}{uuid.uuid4().hex[:12]}.json")
         write_json(retired, {"remove": old})
         write_json(os.path.join(dest, MANIFEST_NAME), manifest)
