@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from . import _objstore, _openers
+from ._manifest import MANIFEST_NAME
+from ._writer import is_store_dir
 from .errors import InvalidArgumentError
 
 _TINY_RECORD_BYTES = 64
@@ -672,11 +674,12 @@ def _output_file(path: str, flag: str) -> str:
                                    "new file or a file to replace", path=path)
     folder = os.path.dirname(full)
     while True:
-        for marker, what in (("meta", "store"), ("loaderx.json", "dataset")):
-            if os.path.isfile(os.path.join(folder, marker)):
-                raise InvalidArgumentError(
-                    f"{path}: {flag} is inside the loaderx {what} {folder}, whose files it "
-                    "could replace; write it elsewhere", path=path)
+        what = "store" if is_store_dir(folder) else \
+            "dataset" if os.path.isfile(os.path.join(folder, MANIFEST_NAME)) else None
+        if what:
+            raise InvalidArgumentError(
+                f"{path}: {flag} is inside the loaderx {what} {folder}, whose files it could "
+                "replace; write it elsewhere", path=path)
         parent = os.path.dirname(folder)
         if parent == folder:
             return path

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _objstore, _openers
+from .. import _abi, _objstore, _openers
 from .._checks import check_level, check_mode
 from .._writer import codec_of
 from .._manifest import MANIFEST_NAME
@@ -197,8 +197,9 @@ def _url_destination(fn):
     return convert_anywhere
 
 
-#: The most worker processes a conversion starts (the loader's thread bound).
-WORKERS_MAX = 256
+#: The most worker processes a conversion starts (the same bound as the
+#: loader's threads).
+WORKERS_MAX = _abi.LOADER_THREADS_MAX
 
 
 def _refuse_overlap(source: Any, dest) -> None:
