@@ -116,7 +116,11 @@ class ReadOnly177:
         self._open()
         raise self._readonly_error("this operation")
 
-    def _w(self) -> Any:
+    def keep_rows(self, owner: str) -> "ReadOnly177":
+        """Nothing to keep: no write reaches the store (Store.keep_rows)."""
+        return self
+
+    def _w(self, rows: bool = False) -> Any:
         self._open()
         raise self._readonly_error("writing")
 

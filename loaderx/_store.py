@@ -18,6 +18,7 @@ Nothing here takes part.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
@@ -282,6 +283,9 @@ class Store:
         self._handle = None
         self._path = _store_path(path)
         self._readonly = False
+        # Set when the store is a dataset's column (`keep_rows`): its record
+        # count must stay the manifest's.
+        self._rows_owner: str | None = None
         # A URL opens the cache's replica of the remote store (through the
         # opener loaderx._openers holds); the native engine reads that
         # directory, `path` stays the URL.
@@ -289,6 +293,7 @@ class Store:
         self._native_path = self._remote.local_dir if self._remote is not None else self._path
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
+        self._staging_all = False  # inside `one_append`: every append stays staged
         # The content id of the data this store was converted from, when a
         # dataset's manifest says so (loaderx.dataset; see `content_id`).
         self._copied_from: str | None = None
@@ -455,9 +460,22 @@ class Store:
         self._readonly = True
         return self
 
-    def _w(self):
-        """The native handle for a mutation; `ReadOnlyError` for a store
-        reopened from a pickle (a read-only reference)."""
+    def keep_rows(self, owner: str):
+        """Makes this handle refuse every change of its record count (append,
+        delete; `ReadOnlyError`) from now on: `owner` says what its rows stay
+        aligned with (a dataset opens its columns so). Returns it."""
+        self._rows_owner = owner
+        return self
+
+    def _w(self, rows: bool = False):
+        """The native handle for a mutation (`rows`: one that changes the
+        record count); `ReadOnlyError` for a store reopened from a pickle (a
+        read-only reference) or, for `rows`, one that keeps its rows."""
+        if rows and self._rows_owner is not None:
+            raise ReadOnlyError(f"{self._path}: this store is {self._rows_owner}; appending or "
+                                "deleting through it would misalign it with the other columns "
+                                "(write the dataset anew: loaderx.from_numpy, from_iterator or "
+                                "convert)", path=self._path)
         if self._remote is not None:
             raise ReadOnlyError(f"{self._path}: a remote store is read-only; write a dataset "
                                 "locally and upload it (loaderx.convert, from_numpy and "
@@ -557,7 +575,7 @@ class Store:
         rows, ascending by ``to``: the record that was at ``from`` is now at
         ``to``; every other survivor kept its index. Durable when it returns.
         """
-        h = self._w()
+        h = self._w(rows=True)
         idx, _ = self._indices(key)
         moves = np.zeros((len(idx), 2), dtype=U64)
         if len(idx):
@@ -686,7 +704,7 @@ class Store:
                     keep=None, *, stage: bool = False) -> int:
         first = ffi.new("uint64_t *")
         rc = lib.lx_append(
-            self._w(), len(sizes),
+            self._w(rows=True), len(sizes),
             ffi.cast("const uint8_t *const *", ffi.from_buffer(ptrs)),
             u64_ptr(sizes),
             (ffi.cast("const uint8_t *const *", ffi.from_buffer(aux_ptrs))
@@ -697,12 +715,31 @@ class Store:
         check(rc, self._path, "append")
         return int(first[0])
 
+    @contextlib.contextmanager
+    def one_append(self) -> Iterator[None]:
+        """Makes every append in the block ONE atomic append: each is written
+        but stays invisible until the block ends without an error, which
+        publishes them all at once; an error (or Ctrl-C) drops them and leaves
+        the store as it was. The writers that take an iterable use it."""
+        self._w(rows=True)
+        self._staging_all = True
+        try:
+            yield
+        except BaseException:
+            self._staging_all = False
+            h = self._handle
+            if h is not None:
+                lib.lx_publish(h, 0)
+            raise
+        self._staging_all = False
+        check(lib.lx_publish(self._w(rows=True), 1), self._path, "append")
+
     def _append_chunks(self, chunks) -> int:
         """Appends chunks `(ptrs, sizes, aux_ptrs, aux_sizes, keep_alive)` as ONE
         atomic append: every chunk but the last is staged (written, invisible),
         the last publishes them all; an error drops what was staged. One chunk
         is held in memory ahead of the one being written."""
-        self._w()
+        self._w(rows=True)
         if self._append_thread == threading.get_ident():
             # The records iterator of an append on this thread appends again:
             # it would wait for the lock its own caller holds, forever.
@@ -721,8 +758,8 @@ class Store:
                         staged = True
                         first = f if first is None else first
                     pending = chunk
-                if pending is not None:
-                    f = self._append_raw(*pending, stage=False)
+                if pending is not None:  # (inside one_append: published by it)
+                    f = self._append_raw(*pending, stage=self._staging_all)
                     first = f if first is None else first
                 staged = False
             finally:

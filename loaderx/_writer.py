@@ -29,8 +29,9 @@ from ._checks import check_mode
 from ._store import deprecated
 from .errors import DestinationExistsError, LockedError
 
-__all__ = ["CODECS", "check_destination", "prepare_store", "codec_of", "is_store_dir",
-           "is_store_file", "refuse_foreign", "refuse_written"]
+__all__ = ["CODECS", "check_destination", "check_store", "prepare_store", "codec_of",
+           "is_store_dir", "is_store_file", "refuse_foreign", "refuse_written", "replacement_dir",
+           "swap_in"]
 
 #: The codecs every writer names (``mode`` words: `loaderx._checks.WRITE_MODES`).
 CODECS = ("raw", "zstd", "zstd_dict")
@@ -87,9 +88,10 @@ def check_destination(path, mode: str, *, ours: Callable[[str], bool], what: str
     return True
 
 
-def prepare_store(path, mode: str) -> bool:
-    """`check_destination` for a single store: ``overwrite`` removes the
-    existing store. Returns True when the writer appends to an existing one."""
+def check_store(path, mode: str) -> bool:
+    """`check_destination` for a single store, with what an overwrite also
+    needs (only the store's own files there, no live writer). Returns True
+    when a store is there (to append to or to replace)."""
     if not check_destination(path, mode, ours=is_store_dir, what="loaderx store"):
         return False
     if mode == "overwrite":
@@ -97,9 +99,47 @@ def prepare_store(path, mode: str) -> bool:
         refuse_foreign(p, sorted(n for n in os.listdir(p) if not is_store_file(n)),
                        "loaderx store")
         refuse_written(p)
-        shutil.rmtree(p)
+    return True
+
+
+def prepare_store(path, mode: str) -> bool:
+    """`check_store`, then ``overwrite`` removes the existing store (a store
+    created empty replaces it). Returns True when the writer appends to an
+    existing one."""
+    if not check_store(path, mode):
+        return False
+    if mode == "overwrite":
+        shutil.rmtree(os.fspath(path))
         return False
     return True
+
+
+def replacement_dir(path) -> str:
+    """Where a writer that replaces the store at `path` builds the new one:
+    a hidden sibling (same file system, so `swap_in` is a rename). One left by
+    a killed writer is removed; one a live writer holds is refused."""
+    p = os.path.abspath(os.fspath(path))
+    where = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.loaderx-replacing")
+    if os.path.lexists(where):
+        if _locks.writer_busy(where):
+            raise LockedError(f"{p}: another writer is replacing this store now (it builds "
+                              f"{where}); wait for it to finish", path=p)
+        shutil.rmtree(where)
+    return where
+
+
+def swap_in(where: str, path) -> None:
+    """Puts the store built in `where` at `path`, in place of the store
+    there: two renames, then the old store's files go (a reader that has it
+    open keeps reading them). A crash between the renames leaves the old
+    store whole beside `path`, as ``.<name>.loaderx-replaced``."""
+    p = os.fspath(path)
+    aside = os.path.join(os.path.dirname(where), f".{os.path.basename(p)}.loaderx-replaced")
+    if os.path.lexists(aside):
+        shutil.rmtree(aside)
+    os.rename(p, aside)
+    os.rename(where, p)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def codec_of(codec: Any, dict: Any = None, *, cli: bool = False) -> str:

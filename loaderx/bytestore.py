@@ -80,7 +80,7 @@ class Zrecord(Store):
 
     def append(self, records: Iterable) -> int:
         """Append bytes-like records; returns the index of the first one."""
-        self._w()
+        self._w(rows=True)
 
         def chunks():
             for chunk in chunks_of(_bytes_records(records)):
@@ -93,7 +93,7 @@ class Zrecord(Store):
         ``data[offsets[i]:offsets[i + 1]]`` (Arrow's binary and string layout,
         with ``offsets[0] == 0``). One native append with no Python object per
         record. Returns the index of the first record."""
-        self._w()
+        self._w(rows=True)
         if isinstance(data, np.ndarray) and data.dtype.hasobject:
             raise TypeError(f"data is an array of Python objects ({data.dtype}), not bytes")
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sized
 
@@ -69,7 +70,10 @@ def from_numpy(path, array, *, codec: str = "zstd", level: int | None = None,
     the open store. `mode`, `codec`, `dict_size` and `progress` (counted in
     rows) are the writers' one vocabulary (`loaderx._writer`): ``mode=
     "create"`` refuses an existing store, ``"append"`` adds to it,
-    ``"overwrite"`` replaces it. Each chunk is one atomic append. A URL
+    ``"overwrite"`` replaces it. The whole write is one atomic append (all or
+    nothing), and an overwrite builds the new store beside the old one and
+    swaps it in once complete: a source that fails part-way, or Ctrl-C,
+    leaves what was there as it was. A URL
     `path` (``s3://``, ``gs://``, ``az://``) builds the store locally,
     uploads it and returns it opened from there (read-only; ``"append"`` is
     refused: append to a dataset instead).
@@ -193,19 +197,35 @@ def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]
         resolve_mode(progress)  # (a bad progress= raises here, and no bar is drawn)
     check_new_store(path, "zstd" if codec == "zstd_dict" and dict_bytes is None else codec,
                     level, dict_bytes)
-    appending = _writer.prepare_store(path, mode)
+    # The whole write is one atomic append, and nothing that was there is
+    # lost when it fails: an append leaves the store as it was, a create
+    # leaves nothing, and an overwrite builds the new store beside the old
+    # one, which it replaces only once the write succeeded.
+    there = _writer.check_store(path, mode)
+    appending = there and mode == "append"
+    where = _writer.replacement_dir(path) if there and mode == "overwrite" else os.fspath(path)
+    was_dir = os.path.isdir(where)
     if codec == "zstd_dict" and dict_bytes is None:
         codec, dict_bytes = _own_dictionary(path, cls, sample, dict_size, appending)
-    store = cls(path, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
+    store = cls(where, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
     from .converters._progress import make_progress
     try:
-        with make_progress(progress, total, os.path.basename(os.fspath(path)), unit) as bar:
+        with make_progress(progress, total, os.path.basename(os.fspath(path)), unit) as bar, \
+                store.one_append():
             for records, count in chunks:
                 store.append(records)
                 bar.update(count)
     except BaseException:
         store.close()
+        if not appending:  # what this call created goes (an empty directory stays)
+            shutil.rmtree(where, ignore_errors=True)
+            if was_dir:
+                os.makedirs(where, exist_ok=True)
         raise
+    if where != os.fspath(path):
+        store.close()
+        _writer.swap_in(where, path)
+        store = cls(path)
     return store
 
 
@@ -345,6 +365,7 @@ def _open_column(root: str, name: str, col: dict, version: int) -> Any:
         stores = opened.shards if isinstance(opened, ShardSet) else [opened]
         for s, store in zip(shards, stores):
             _check_part(root, name, col, s, store, version)
+            store.keep_rows(f"column {name!r} of the dataset {root}")
             if len(store) != s["rows"]:
                 raise CorruptStoreError(
                     f"{root}: column {name!r} shard {s['path']} holds {len(store)} records, the "

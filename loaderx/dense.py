@@ -171,7 +171,7 @@ class DenseStore(Store):
         """Append ``(B, *item_shape)`` records of exactly this dtype; returns the
         first index. A list (or a scalar, for a store of scalars) is read as
         ``np.asarray`` reads it, and must then have exactly this dtype too."""
-        self._w()
+        self._w(rows=True)
         if isinstance(array, (list, tuple, np.generic)):  # as the original loaderx took them
             array = np.asarray(array)
         if not isinstance(array, np.ndarray):

@@ -157,7 +157,7 @@ class RaggedStore(Store):
 
     def append(self, records: Iterable) -> int:
         """Append arrays (a one-pass iterator is fine); returns the first index."""
-        self._w()
+        self._w(rows=True)
         if isinstance(records, np.ndarray) and records.ndim == 1 and not records.dtype.hasobject:
             # Each element would become one 0-d record: a document without its brackets.
             raise TypeError(f"{self._path}: append takes an iterable of records, and this 1-D "
@@ -187,7 +187,7 @@ class RaggedStore(Store):
         ``(n_i, *values.shape[1:])``. One native append with no Python object
         per record (the way to write a tokenized corpus: one flat token array
         and its document offsets). Returns the index of the first record."""
-        self._w()
+        self._w(rows=True)
         values = np.asarray(values)
         if values.dtype != self._dtype:
             raise IdentityError(f"{self._path}: values have dtype {values.dtype}, "

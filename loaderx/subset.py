@@ -186,6 +186,9 @@ def _room_for(nbytes: int) -> Optional[str]:
     return None
 
 
+#: A store's writes, which a view does not pass on to its base.
+_BASE_WRITES = frozenset({"append", "append_packed", "delete", "compact", "sync", "keep_rows",
+                          "read_only"})
 #: The name of a compact copy's directory begins with this (see `_sweep_compact_copies`).
 _COPY_PREFIX = "loaderx-view-"
 #: A compact copy is written in appends of about this many bytes.
@@ -475,6 +478,10 @@ class View:
         if attr.startswith("_") or attr in ("native_parts", "native_windows", "shards", "lengths",
                                              "prefetch", "prefetch_size"):
             raise AttributeError(attr)
+        if attr in _BASE_WRITES:
+            # The base's would act on the base's indices, not the view's.
+            raise AttributeError(f"a select view is read-only: it has no {attr} (its rows were "
+                                 "chosen when it was made; select again for other rows)")
         return getattr(self._base, attr)
 
     def close(self) -> None:

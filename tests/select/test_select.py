@@ -198,6 +198,19 @@ def test_a_shardset_of_a_view_is_refused_not_read_as_its_whole_store(data):
         view.close()
 
 
+def test_a_view_has_none_of_its_stores_writes(data):
+    """Before, ``view.delete(0)`` reached the store through the view's
+    attribute passthrough and deleted the store's record 0."""
+    _, _, ds, _, _ = data
+    sub = loaderx.select(ds, "label = 3")
+    before = len(ds["id"])
+    for attr in ("append", "append_packed", "delete", "compact", "sync", "read_only"):
+        assert not hasattr(sub["id"], attr)
+        with pytest.raises(AttributeError, match=f"select view is read-only: it has no {attr}"):
+            getattr(sub["id"], attr)
+    assert len(ds["id"]) == before and sub["id"].codec == ds["id"].codec
+
+
 def test_masks_and_index_arrays(data):
     _, df, ds, _, _ = data
     mask = (df.label.to_numpy() % 2 == 0)

@@ -432,3 +432,37 @@ def test_open_dataset_never_follows_a_symlink_out_of_the_dataset(tmp_path):
     os.symlink(tmp_path / "column", column)  # a symlinked directory on the way
     with pytest.raises(CorruptStoreError, match="symlink"):
         loaderx.open_dataset(dest)
+
+
+def test_a_dataset_column_refuses_appends_and_deletes_and_stays_openable(tmp_path):
+    """Before the fix ``open_dataset(p)['lang'].delete([0])`` (or an append)
+    changed one column's record count and the dataset no longer opened."""
+    import loaderx
+    from loaderx.errors import ReadOnlyError
+
+    dest = tmp_path / "ds"
+    docs = [np.arange(i + 1, dtype=np.int32) for i in range(6)]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": np.arange(6), "tok": [d.tolist() for d in docs],
+                             "b": [b"ab"] * 6}), tmp_path / "t.parquet")
+    opened = loaderx.convert(tmp_path / "t.parquet", dest, progress=False)
+    writes = {"x": lambda s: s.append(np.arange(2)),
+              "tok": lambda s: s.append([np.arange(2)]),
+              "b": lambda s: s.append_packed(b"ab", [0, 2])}
+    for name, store in opened.items():
+        for write in (writes[name], lambda s: s.delete([0])):
+            with pytest.raises(ReadOnlyError, match=rf"column '{name}' of the dataset .*"
+                               r"misalign.*write the dataset anew"):
+                write(store)
+        store.compact()  # keeps the count: allowed
+        store.close()
+    again = loaderx.open_dataset(dest)
+    assert {k: len(v) for k, v in again.items()} == {"x": 6, "tok": 6, "b": 6}
+    assert_same(again["x"][:], np.arange(6))
+    for store in again.values():
+        store.close()
+    with DenseStore(_part(dest, "x")) as alone:  # by path: the store's own owner writes it
+        alone.delete([5])
+        assert len(alone) == 5

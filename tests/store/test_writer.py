@@ -219,3 +219,96 @@ def test_convert_refuses_more_workers_than_it_would_start(tmp_path):
             loaderx.convert({"x": np.arange(10)}, tmp_path / "o", workers=workers,
                             progress=False)
     assert not (tmp_path / "o").exists()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(calls: int):
+    """A progress callback that raises on its `calls`-th call: a write that
+    fails (or is interrupted) part-way through."""
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        if len(seen) == calls:
+            raise _Stop(f"stopped at {done}")
+    return progress
+
+
+@pytest.mark.parametrize("writer", ["from_numpy", "from_iterator"])
+@pytest.mark.parametrize("mode", ["create", "append", "overwrite"])
+def test_a_write_that_fails_part_way_leaves_what_was_there(tmp_path, writer, mode):
+    """Before the fix an overwrite removed the store first, and every chunk
+    was its own append: a failing source left a partial store and lost the
+    old one."""
+    def write(name, **kw):
+        if writer == "from_numpy":
+            return loaderx.from_numpy(tmp_path / name, ROWS[:1000], chunk_bytes=92 * 100, **kw)
+        return loaderx.from_iterator(tmp_path / name, iter(DOCS * 12), **kw)  # 3 chunks
+
+    if mode != "create":
+        write("w", progress=False).close()
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(_Stop):
+        write("w", progress=_stop_after(3), mode=mode)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing left beside it either
+    if mode == "create":
+        return
+    with loaderx.open_store(tmp_path / "w") as store:
+        want = ROWS[:1000] if writer == "from_numpy" else DOCS * 12
+        assert len(store) == len(want) and store.stats()["reclaimable"] == 0
+        got = store[:]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_failed_create_in_an_empty_directory_leaves_it_empty(tmp_path):
+    (tmp_path / "w").mkdir()
+    with pytest.raises(_Stop):
+        loaderx.from_iterator(tmp_path / "w", iter(DOCS * 12), progress=_stop_after(2))
+    assert os.listdir(tmp_path / "w") == []
+
+
+def test_an_overwrite_replaces_the_store_whole_and_readers_keep_the_old_one(tmp_path):
+    loaderx.from_numpy(tmp_path / "w", ROWS[:100], progress=False).close()
+    old = loaderx.open_store(tmp_path / "w")  # a reader
+    new = loaderx.from_numpy(tmp_path / "w", ROWS[100:130], mode="overwrite", progress=False)
+    assert len(new) == 30 and np.array_equal(new[:], ROWS[100:130])
+    assert len(old) == 100 and np.array_equal(old[[0, 99]], ROWS[[0, 99]])  # its files, unlinked
+    old.close()
+    new.close()
+    assert os.listdir(tmp_path) == ["w"]
+
+
+def test_an_overwrite_clears_what_a_killed_one_left_and_refuses_a_live_one(tmp_path):
+    from loaderx.errors import LockedError
+
+    loaderx.from_numpy(tmp_path / "w", ROWS[:10], progress=False).close()
+    left = tmp_path / ".w.loaderx-replacing"
+    loaderx.from_numpy(left, ROWS[:3], progress=False).close()  # a killed overwrite's
+    loaderx.from_numpy(tmp_path / "w", ROWS[:5], mode="overwrite", progress=False).close()
+    assert sorted(os.listdir(tmp_path)) == ["w"]
+    with loaderx.DenseStore(tmp_path / "w") as w:
+        assert len(w) == 5
+    with loaderx.from_numpy(left, ROWS[:3], progress=False):  # a live one: its writer is open
+        with pytest.raises(LockedError, match="another writer is replacing this store now"):
+            loaderx.from_numpy(tmp_path / "w", ROWS[:7], mode="overwrite", progress=False)
+    with loaderx.DenseStore(tmp_path / "w") as w:
+        assert len(w) == 5
+
+
+def test_one_append_publishes_its_appends_together_or_not_at_all(tmp_path):
+    with loaderx.RaggedStore.create(tmp_path / "r", np.uint8) as store:
+        with store.one_append():
+            store.append(DOCS[:2])
+            store.append(DOCS[2:5])
+            assert len(store) == 0  # nothing visible yet
+        assert len(store) == 5
+        with pytest.raises(_Stop):
+            with store.one_append():
+                store.append(DOCS[5:9])
+                raise _Stop
+        assert len(store) == 5 and np.array_equal(store[4], DOCS[4])
+        store.append(DOCS[5:6])
+        assert len(store) == 6 and np.array_equal(store[5], DOCS[5])
