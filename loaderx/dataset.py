@@ -496,8 +496,24 @@ def pad(records, row_splits=None, *, max_len: int | None = None, value=0,
         if a.dtype != dtype or a.shape[1:] != trailing:
             raise ValueError(f"record {i} has dtype {a.dtype} and trailing shape {a.shape[1:]}, "
                              f"record 0 has {dtype} and {trailing}")
-    out = np.full((len(arrays), int(max_len)) + trailing, value, dtype=dtype)
+    out = np.full((len(arrays), int(max_len)) + trailing, _pad_fill(value, dtype), dtype=dtype)
     for i, a in enumerate(arrays):
         out[i, :a.shape[0]] = a
     return out, lengths
+
+
+def _pad_fill(value, dtype: np.dtype) -> np.ndarray:
+    """`value` as one element of `dtype`; ValueError when it is not one
+    exactly (1.5 for ints, 2 for bools, 'xyz' for 'U2'; a float
+    dtype rounds, which is what it is for)."""
+    try:
+        fill = np.array(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"value={value!r} cannot pad records of dtype {dtype} ({e})") from None
+    if fill.ndim:
+        raise ValueError(f"value={value!r} is not one element of the records' dtype {dtype}")
+    if dtype.kind in "biuSU" and fill.item() != value:
+        raise ValueError(f"value={value!r} cannot pad records of dtype {dtype}: it would be "
+                         f"stored as {fill.item()!r}")
+    return fill
 

@@ -50,6 +50,9 @@ def check_dtype(dtype: Any) -> np.dtype:
     if dt.subdtype is not None:
         raise TypeError(f"dtype {dt} is a subarray type; store its base {dt.subdtype[0]} with the "
                         f"extra dimensions {dt.subdtype[1]} in the record shape instead")
+    if dt.itemsize == 0:  # np.dtype(str) is <U0: every value would be stored as ""
+        raise TypeError(f"dtype {dt} has no width (itemsize 0): every value would be stored "
+                        "empty; give one, as 'U16' or 'S16' (or store text in a Zrecord)")
     return dt
 
 

@@ -523,7 +523,14 @@ def _row_filler(pa, t, fill, spec: ColumnSpec):
     column ragged)."""
     listed = _is_list(pa, t) or pa.types.is_fixed_size_list(t)
     if fill is not None and not listed:
-        return pa.scalar(fill, t) if not isinstance(fill, pa.Scalar) else fill.cast(t)
+        if isinstance(fill, pa.Scalar):
+            return fill.cast(t)  # (a safe cast: it refuses to lose anything)
+        scalar = pa.scalar(fill, t)
+        # Arrow truncates a float into an integer type without a word
+        # (1.5 -> 1); a float column rounds, which is what a float is for.
+        if not pa.types.is_floating(t) and scalar.as_py() != fill:
+            raise ValueError(f"it would be stored as {scalar.as_py()!r}")
+        return scalar
     if spec.kind == "dense" and _is_list(pa, t):
         return pa.scalar(_zeros(pa, t, tuple(spec.dense_shape)), t)
     return pa.scalar(_zero(pa, t), t)

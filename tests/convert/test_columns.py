@@ -105,6 +105,11 @@ def test_fill_null_instead_of_a_mask(tmp_path, cli):
     with pytest.raises(ConvertError, match=r"column 'count' \(int64\): cannot replace its nulls"
                                            r" with fill_null value 'abc'"):
         loaderx.convert(tmp_path / "iris.parquet", tmp_path / "y", fill_null={"count": "abc"})
+    # (before, Arrow truncated it into the int column without a word)
+    with pytest.raises(ConvertError, match=r"column 'count' \(int64\): cannot replace its nulls"
+                                           r" with fill_null value 1.5 \(it would be stored as 1\)"):
+        loaderx.convert(tmp_path / "iris.parquet", tmp_path / "y", fill_null={"count": 1.5})
+    assert not (tmp_path / "y").exists()
     with pytest.raises(ConvertError, match="fill_null value 'oak' is not one of its categories"):
         loaderx.convert(tmp_path / "iris.parquet", tmp_path / "z", fill_null={"species": "oak"})
     out = cli("convert", tmp_path / "iris.parquet", tmp_path / "cli", "--fill-null", "count=7",

@@ -317,6 +317,27 @@ def test_pad_max_len_and_value():
     assert exact.shape == (2, 2)
 
 
+def test_pad_refuses_a_value_its_records_cannot_hold_exactly():
+    """Before, 1.5 padded ints as 1, 2 padded bools as True, 'xyz' padded
+    'U2' text as 'xy', and 'x' gave numpy's "invalid literal for int()"."""
+    ints, flags = [np.array([1, 2]), np.array([3])], [np.array([True]), np.array([], bool)]
+    text = [np.array(["ab"]), np.array([], "U2")]
+    for recs, value, said in ((ints, 1.5, "int64: it would be stored as 1"),
+                              (flags, 2, "bool: it would be stored as True"),
+                              (text, "xyz", "<U2: it would be stored as 'xy'"),
+                              (ints, "x", r"int64 \(invalid literal"),
+                              (ints, 2**70, r"int64 \(Python int too large"),
+                              ([np.array([1], np.uint8)], -1, r"uint8 \(Python integer -1 out"),
+                              (ints, [1, 2], "not one element of the records' dtype int64")):
+        with pytest.raises(ValueError, match=f"value={value!r} .*{said}".replace("[", "\\[")):
+            pad(recs, value=value)
+    assert pad(ints, value=2.0)[0].tolist() == [[1, 2], [3, 2]]
+    assert pad(flags, value=1)[0].tolist() == [[True], [True]]
+    assert pad(text, value="x")[0].tolist() == [["ab"], ["x"]]
+    f32 = pad([np.array([1], np.float32), np.array([], np.float32)], value=0.1)[0]
+    assert f32[1, 0] == np.float32(0.1)  # a float dtype rounds
+
+
 def test_pad_too_small_max_len_is_an_error():
     recs = [np.arange(5, dtype=np.int32), np.arange(2, dtype=np.int32)]
     with pytest.raises(ValueError, match="max_len"):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from _helpers import assert_same
 
+import loaderx
 from loaderx.errors import (
     ArgumentTypeError,
     ClosedError,
@@ -106,6 +107,19 @@ def test_object_dtype_refused(tmp_path):
     assert not (tmp_path / "d").exists()
     assert not (tmp_path / "r").exists()
     assert not (tmp_path / "s").exists()
+
+
+def test_a_dtype_without_width_is_refused(tmp_path):
+    """Before, ``DenseStore.create(p, str, (2,))`` made a ``<U0`` store: every
+    string appended to it read back as ""."""
+    for dtype, shown in ((str, "<U0"), (bytes, "|S0"), ("V0", "|V0"), (np.dtype([]), r"\[\]")):
+        with pytest.raises(TypeError, match=f"dtype {shown} has no width .*'U16'"):
+            DenseStore.create(tmp_path / "d", dtype, (2,))
+        with pytest.raises(TypeError, match=f"dtype {shown} has no width"):
+            RaggedStore.create(tmp_path / "r", dtype)
+    with pytest.raises(TypeError, match="dtype <U0 has no width"):
+        loaderx.from_iterator(tmp_path / "n", [np.zeros(3, "U1")], dtype=str)
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_structured_dtype_round_trips(tmp_path):
