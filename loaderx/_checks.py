@@ -9,7 +9,9 @@ point refuses the same input with the same words.
   `ShardSet`, `TokenWindows` and its subset windows);
 - `check_level`: a zstd level (the stores and `convert`), 0 refused;
 - `drop_source_rows`: dropping the pages of rows already copied from a
-  memory-mapped source (`from_numpy`, the numpy converter).
+  memory-mapped source (`from_numpy`, the numpy converter);
+- `path_arg`: a path a user passed (str, bytes or os.PathLike), as a str
+  with no NUL byte.
 
 It imports nothing of loaderx but `errors`, so any module may use it.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -24,7 +27,7 @@ import numpy as np
 from .errors import ArgumentTypeError, IdentityError, InvalidArgumentError, SizeMismatchError
 
 __all__ = ["KINDS", "WRITE_MODES", "check_mode", "is_int", "is_stream", "check_out", "check_level",
-           "drop_source_rows"]
+           "drop_source_rows", "path_arg"]
 
 #: The kinds of store and stream (fixed-shape records, records of their own
 #: shapes, raw bytes), in the order messages list them.
@@ -105,3 +108,18 @@ def drop_source_rows(array: Any, start: int, stop: int) -> None:
     hi = (array.ctypes.data - base + stop * row) // mmap.PAGESIZE * mmap.PAGESIZE
     if hi > lo:
         mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def path_arg(value: Any, what: str = "path") -> str:
+    """`value` (str, bytes or os.PathLike) as a str path: bytes are decoded as
+    the file system's (os.fsdecode); a NUL byte or an empty path is refused
+    (`InvalidArgumentError` naming `what`), never passed on to the OS."""
+    p = os.fspath(value)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if "\0" in p:
+        raise InvalidArgumentError(f"{what} {p!r} contains a NUL byte", path=p)
+    if not p:
+        raise InvalidArgumentError(f"{what} is empty")
+    return p
+

@@ -13,7 +13,7 @@ import stat
 from typing import Any
 
 from . import _objstore, _openers
-from ._checks import KINDS
+from ._checks import KINDS, path_arg
 from ._writer import is_store_dir
 from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError
 
@@ -42,7 +42,7 @@ def manifest_error(path: str, what: str) -> CorruptStoreError:
 def read_manifest(path, *, storage_options=None) -> dict:
     """The checked manifest of the dataset directory `path` (a dict); `path`
     may be a URL (`storage_options` as in `open_dataset`)."""
-    p = os.fspath(path)
+    p = path_arg(path, "dataset path")
     if _objstore.is_url(p):
         opener = _openers.remote(p)
         with opener.settings(None, None, storage_options):

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-__all__ = ["parse", "NeedsDuckDB", "Node", "ColumnInfo", "check", "evaluate"]
+__all__ = ["parse", "NeedsDuckDB", "Node", "ColumnInfo", "check", "evaluate", "not_scalar"]
 
 
 class NeedsDuckDB(Exception):
@@ -561,6 +561,12 @@ def _mismatch(node: Node, a: Node, b: Node) -> ValueError:
     return ValueError(f"type mismatch in {node.text!r}: {side(a)}, {side(b)}")
 
 
+def not_scalar(info: ColumnInfo) -> ValueError:
+    """The error for a predicate over a column of records (either engine)."""
+    return ValueError(f"column {info.name!r} holds {info.describe}; predicates apply to "
+                      "scalar columns (numbers, bools, strings, categoricals, times)")
+
+
 def _check(node: Node, columns: Dict[str, ColumnInfo]) -> None:
     """Types `node`, whose operands are typed already."""
     op = node.op
@@ -569,8 +575,7 @@ def _check(node: Node, columns: Dict[str, ColumnInfo]) -> None:
         if info is None:
             raise _unknown(node.value, columns)
         if not info.type:
-            raise ValueError(f"column {node.value!r} holds {info.describe}; predicates apply to "
-                             "scalar columns (numbers, bools, strings, categoricals, times)")
+            raise not_scalar(info)
         node.type = info.type
         node.extra["info"] = info
         node.extra["describe"] = info.describe

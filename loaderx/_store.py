@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from . import _lib, _objstore, _openers, _original, _records, identity
-from ._checks import check_level, is_int
+from ._checks import check_level, is_int, path_arg
 from ._lib import check, ffi, lib
 from .streams import NativePart
 from .errors import (
@@ -238,14 +238,7 @@ def _original_text(path: str, cls: str) -> str:
 
 
 def _store_path(path: Any) -> str:
-    p = os.fspath(path)
-    if isinstance(p, bytes):
-        p = os.fsdecode(p)
-    if "\0" in p:
-        raise InvalidArgumentError(f"store path {p!r} contains a NUL byte", path=p)
-    if not p:
-        raise InvalidArgumentError("store path is empty")
-    return p
+    return path_arg(path, "store path")
 
 
 def _identity_spec(ident: identity.Identity | None) -> tuple:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Sized
 import numpy as np
 
 from . import _locks, _objstore, _openers, _writer, identity
-from ._checks import drop_source_rows
+from ._checks import drop_source_rows, path_arg
 from ._manifest import (
     MANIFEST_NAME,
     check_inside,
@@ -265,7 +265,9 @@ def open_dataset(path, columns: Iterable[str] | None = None, *, cache_dir=None,
     is read once and its shards opened concurrently, each at the version on
     the server now (loaderx's writers never change a published object, so no
     lock is needed there)."""
-    p = os.fspath(path)
+    p = path_arg(path, "dataset path")
+    if isinstance(columns, (str, bytes)):
+        raise TypeError(f"columns must be a list of column names, not the string {columns!r}")
     wanted = None if columns is None else list(columns)
     if _objstore.is_url(p):
         with _openers.remote(p).settings(cache_dir, cache_limit, storage_options):
@@ -420,14 +422,18 @@ def labels(dataset, column: str) -> list[str] | None:
 def _manifest_of(dataset, column: str) -> tuple[dict, str]:
     """(manifest, directory) of a dataset directory path or of the columns
     `open_dataset` returned (found from the column's first shard)."""
-    if isinstance(dataset, (str, os.PathLike)):
-        where = os.fspath(dataset)
+    if isinstance(dataset, (str, bytes, os.PathLike)):
+        where = path_arg(dataset, "dataset path")
     elif isinstance(dataset, dict):
         if column not in dataset:
             raise KeyError(f"no column {column!r}; the dataset has {list(dataset)}")
         store = dataset[column]
         shards = getattr(store, "shards", None)
-        shard = (shards[0] if shards else store).path
+        shard = getattr(shards[0] if shards else store, "path", None)
+        if not isinstance(shard, str):
+            raise TypeError(f"column {column!r} is a {type(store).__name__}, not a column "
+                            "open_dataset opened; labels reads a dataset's manifest: give the "
+                            "dataset's directory or what open_dataset returned")
         if _objstore.is_url(shard):  # DEST/gen-N/<column dir>/part-NNNNN (or without gen-N)
             for where in (shard.rsplit("/", 3)[0], shard.rsplit("/", 2)[0]):
                 try:

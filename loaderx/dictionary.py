@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import path_arg
 from ._lib import check, ffi, lib
 from ._objstore import is_url
 from ._store import U64, Store, u64_ptr
@@ -84,6 +85,8 @@ def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
     Raises `DictionaryError` when zstd cannot train one (too few or too
     uniform samples).
     """
+    if path is not None:
+        path = path_arg(path)
     if path is not None and is_url(path):
         raise InvalidArgumentError(f"{path}: train_dict writes its dictionary to a local file; "
                                    "write it here (or keep the bytes it returns) and upload "

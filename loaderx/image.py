@@ -63,6 +63,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _abi, _lib
+from ._checks import is_int
 from ._lib import ffi, lib
 
 __all__ = ["Pipeline", "Decode", "Resize", "CenterCrop", "RandomResizedCrop",
@@ -193,7 +194,10 @@ class ToArray:
     std: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
-        dtype = np.dtype(self.dtype).name if not isinstance(self.dtype, str) else self.dtype
+        try:
+            dtype = np.dtype(self.dtype).name if not isinstance(self.dtype, str) else self.dtype
+        except TypeError:
+            dtype = None  # (not a dtype at all: refused below, naming it)
         if dtype not in _DTYPES:
             raise ValueError(f"ToArray: dtype must be one of {list(_DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
@@ -207,8 +211,10 @@ class ToArray:
                 raise ValueError(f"ToArray: {name} is for float outputs; uint8 keeps the pixels "
                                  "(normalise on the accelerator, or ask for float32)")
             try:
+                if isinstance(value, (str, bytes)):
+                    raise TypeError
                 numbers = tuple(float(v) for v in value)
-            except TypeError:
+            except (TypeError, ValueError):
                 raise TypeError(f"ToArray: {name} must be a sequence of numbers, "
                                 f"got {value!r}") from None
             if not all(math.isfinite(v) for v in numbers) or \
@@ -374,7 +380,7 @@ def _column(p: Pipeline, seed: int, input_shape: Optional[Sequence[int]]) -> Any
     spec.op_count = len(middle)
     for i, op in enumerate(middle):
         _lower(op, spec.ops[i])
-    col.seed = int(seed) & (2**64 - 1)
+    col.seed = int(seed) & (2**64 - 1)  # (a loader's seed is in [0, 2**64) already)
     if input_shape is None:
         col.input = _abi.IMAGE_INPUTS["encoded"]
     else:
@@ -403,6 +409,9 @@ def _lower(op: Any, out: Any) -> None:
 
 
 def _apply(p: Pipeline, records: Any, seed: int, step: int, position: int) -> np.ndarray:
+    for name, value in (("seed", seed), ("step", step), ("position", position)):
+        if not is_int(value) or not 0 <= value < 1 << 64:
+            raise ValueError(f"Pipeline.apply: {name} must be an int in [0, 2**64), got {value!r}")
     choose_decoder()
     if isinstance(records, np.ndarray) and records.dtype == np.uint8 and records.ndim in (3, 4):
         data = np.ascontiguousarray(records)

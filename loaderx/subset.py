@@ -57,6 +57,7 @@ import numpy as np
 
 from . import _duckdb_guard as guard
 from . import _locks, _sql
+from ._checks import path_arg
 from ._lib import usable_cores
 from ._objstore import is_url
 from ._store import deprecated, normalize_indices
@@ -512,8 +513,8 @@ def select(dataset: Any, where: Any, *, engine: Optional[str] = None) -> Dict[st
         raise ValueError(f"engine must be None, 'arrow' or 'duckdb', got {engine!r}")
     owned = False
     source = None
-    if isinstance(dataset, (str, os.PathLike)):
-        source = _located(dataset)
+    if isinstance(dataset, (str, bytes, os.PathLike)):
+        source = _located(path_arg(dataset, "dataset path"))
         dataset = open_dataset(source)
         owned = True
     try:
@@ -874,6 +875,8 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
         or "range" in {n.lower() for n in named}
     arrays = {}
     for name in named:
+        if not infos[name].type:
+            raise _sql.not_scalar(infos[name])
         data = _ColumnData(bases[name], infos[name], prior)
         arrays[name] = _whole_column(pa, data, space, infos[name])
     row = "__loaderx_row"

@@ -89,6 +89,12 @@ class TokenWindows:
             raise TypeError(f"TokenWindows reads an open store, not the path "
                             f"{os.fspath(store)!r}: open it first with loaderx.open_store(path) "
                             "(local paths and URLs alike)")
+        if getattr(store, "valid", None) is not None and getattr(store, "kind", None) == "ragged":
+            name = store.name
+            raise TypeError(f"column {name!r} has nulls (its mask {name}.valid), and a null is "
+                            "no document: TokenWindows reads documents natively, with no mask; "
+                            f"convert it with fill_null={{{name!r}: []}} (a null becomes an "
+                            "empty document, which gives no tokens)")
         kind = getattr(store, "kind", None)
         shape = getattr(store, "item_shape", None)
         flat = kind == "dense" and shape is not None and tuple(shape) == ()

@@ -131,3 +131,47 @@ def convert_quiet(src, dest, **kw):
     import loaderx
 
     return loaderx.convert(src, dest, progress="off", **kw)
+
+
+# ---------------------------------------------------------------- every public path-taking callable
+
+#: Parameters that name a place to read or write.
+PATH_PARAMS = ("path", "paths", "shards", "dataset", "source", "dest", "src", "dst", "store",
+               "sources", "streams")
+
+
+#: The public modules whose path-taking callables the walk finds by themselves.
+PUBLIC_MODULES = ("loaderx", "loaderx.dataset", "loaderx.zrecord", "loaderx.legacy",
+                  "loaderx.subset", "loaderx.converters", "loaderx.shardset", "loaderx.tokens",
+                  "loaderx.mixture", "loaderx.dataloader", "loaderx.utils", "loaderx.converter",
+                  "loaderx.ray")
+
+
+def path_callables() -> set:
+    """``{(callable, parameter)}`` of every public callable (a class: its
+    constructor, ``create`` and ``open``) with a parameter in PATH_PARAMS."""
+    import importlib
+    import inspect
+
+    found = set()
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, BaseException) or not callable(obj):
+                continue
+            targets = [(obj, obj)]
+            if isinstance(obj, type):
+                targets = [(obj, obj.__init__)] + [(getattr(obj, m), getattr(obj, m))
+                                                   for m in ("create", "open") if m in vars(obj)]
+            for key, fn in targets:
+                try:
+                    params = inspect.signature(fn).parameters
+                except (TypeError, ValueError):
+                    continue
+                found |= {(callable_name(key), p) for p in params if p in PATH_PARAMS}
+    return found
+
+
+def callable_name(obj) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"

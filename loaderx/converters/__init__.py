@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .. import _abi, _objstore, _openers
-from .._checks import check_level, check_mode
+from .._checks import check_level, check_mode, path_arg
 from .._writer import codec_of
 from .._manifest import MANIFEST_NAME
 from ..dataset import open_dataset
@@ -219,6 +219,9 @@ def _refuse_overlap(source: Any, dest) -> None:
 def _convert(source: Any, dest, job: dict) -> dict:
     """The one conversion `convert` and `convert_to_directory` run; returns
     the manifest written."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        source = path_arg(source, "source")
+    dest = path_arg(dest, "dest")
     flags = Flags(cli=job["cli"])
     columns, skip_columns = job["columns"], job["skip_columns"]
     level, workers, row_length = job["level"], job["workers"], job["row_length"]
@@ -315,6 +318,8 @@ def open_source(source: Any, options: Options) -> Source:
     from ._original177_src import Original177Source
     from ._original_src import OriginalSource, is_original_store
 
+    if isinstance(source, (str, bytes, os.PathLike)):
+        source = path_arg(source, "source")
     original = isinstance(source, (str, os.PathLike)) and is_original_store(os.fspath(source))
     if (options.dtype is not None or options.item_shape is not None) and not original:
         raise ConvertError(

@@ -104,6 +104,27 @@ def test_a_pipeline_is_validated_printable_picklable_and_comparable():
     assert li.Pipeline(li.Decode(), li.Resize(16), li.ToArray()).shape((40, 80)) == (16, 32, 3)
 
 
+def test_bad_arguments_name_themselves():
+    """Before, ToArray(dtype=5) raised numpy's "Cannot interpret '5' as a data
+    type", mean='abc' "could not convert string to float", and apply(step=-1)
+    cffi's "can't convert negative number to unsigned"; a seed of -1 was
+    taken as 2**64 - 1, which no loader accepts."""
+    with pytest.raises(ValueError, match=r"ToArray: dtype must be one of .* got 5"):
+        li.ToArray(dtype=5)
+    assert li.ToArray(dtype=np.float16).dtype == "float16"
+    for bad in ("abc", ["a", 1, 2]):
+        with pytest.raises(TypeError, match=r"ToArray: mean must be a sequence of numbers"):
+            li.ToArray("float32", mean=bad)
+    p = li.Pipeline(li.Decode(), li.CenterCrop(8), li.ToArray())
+    pixels = np.zeros((1, 8, 8, 3), np.uint8)
+    for name, value in (("step", -1), ("step", 2**64), ("seed", -1), ("position", True),
+                        ("seed", 1.0)):
+        with pytest.raises(ValueError, match=rf"Pipeline.apply: {name} must be an int in "
+                                             rf"\[0, 2\*\*64\), got {value!r}"):
+            p.apply(pixels, **{name: value})
+    assert p.apply(pixels, seed=2**64 - 1, step=2**64 - 1).shape == (1, 8, 8, 3)
+
+
 def test_a_pipeline_without_a_fixed_size_is_refused_when_the_loader_is_built(image_ds):
     free = li.Pipeline(li.Decode(), li.Resize(16), li.ToArray())
     with pytest.raises(ValueError, match="no fixed output size"):

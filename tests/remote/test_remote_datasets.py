@@ -21,7 +21,7 @@ from loaderx.errors import (  # noqa: E402
     ReadOnlyError,
 )
 
-from _helpers import assert_same  # noqa: E402
+from _helpers import assert_same, path_callables  # noqa: E402
 from _remote_helpers import N, RAW, _env, opened  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -327,48 +327,6 @@ def test_the_cli_takes_urls(tmp_path, s3, url, data):
 
 # ---------------------------------------------------------------- every path takes a URL (issue 38)
 
-#: Parameters that name a place to read or write.
-PATH_PARAMS = ("path", "paths", "shards", "dataset", "source", "dest", "src", "dst", "store",
-               "sources", "streams")
-
-
-#: The public modules whose path-taking callables the walk finds by themselves.
-PUBLIC_MODULES = ("loaderx", "loaderx.dataset", "loaderx.zrecord", "loaderx.legacy",
-                  "loaderx.subset", "loaderx.converters", "loaderx.shardset", "loaderx.tokens",
-                  "loaderx.mixture", "loaderx.dataloader", "loaderx.utils", "loaderx.converter",
-                  "loaderx.ray")
-
-
-def _path_callables() -> set:
-    """``{(callable, parameter)}`` of every public callable (a class: its
-    constructor, ``create`` and ``open``) with a parameter in PATH_PARAMS."""
-    import importlib
-    import inspect
-
-    found = set()
-    for module_name in PUBLIC_MODULES:
-        module = importlib.import_module(module_name)
-        for name in getattr(module, "__all__", []):
-            obj = getattr(module, name)
-            if isinstance(obj, type) and issubclass(obj, BaseException) or not callable(obj):
-                continue
-            targets = [(obj, obj)]
-            if isinstance(obj, type):
-                targets = [(obj, obj.__init__)] + [(getattr(obj, m), getattr(obj, m))
-                                                   for m in ("create", "open") if m in vars(obj)]
-            for key, fn in targets:
-                try:
-                    params = inspect.signature(fn).parameters
-                except (TypeError, ValueError):
-                    continue
-                found |= {(_callable_name(key), p) for p in params if p in PATH_PARAMS}
-    return found
-
-
-def _callable_name(obj) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
 def _walk_calls(c) -> dict:
     """``{(callable, parameter): (how the walk calls it with an s3:// URL, what
     it must do: "works", "refused", or a reason it is not called here)}``."""
@@ -475,7 +433,7 @@ def test_every_public_path_takes_a_url_or_refuses_it_naming_it(tmp_path, s3, url
          "bytes": s3.upload_dir(str(bytes_dir), "walk/bytes"), "tmp": tmp_path,
          "new": lambda: f"s3://{s3.bucket}/walk/new-{next(made)}"}
     calls = _walk_calls(c)
-    missing = sorted(_path_callables() - set(calls))
+    missing = sorted(path_callables() - set(calls))
     assert not missing, f"path-taking callables the walk does not call: {missing}"
     remote.configure(cache_dir=str(tmp_path / "cache"), storage_options=s3.options())
     try:

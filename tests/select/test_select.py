@@ -294,6 +294,10 @@ def test_duckdb_subqueries_and_errors(data):
         "label = 'x'": r"Could not convert string 'x'.* \(a type mismatch",
         "label = = 3": "Parser Error",
         "id IN (SELECT id FROM read_parquet('/nonexistent.parquet'))": "nonexistent",
+        # (before: AttributeError "'list' object has no attribute 'flags'")
+        "len(tokens) > 3": r"column 'tokens' holds ragged int32 records; predicates apply to "
+                           "scalar columns",
+        "vec IS NULL": r"column 'vec' holds dense float32\[4\] records; predicates apply",
     }.items():
         with pytest.raises(ValueError, match=message):
             loaderx.select(ds, where, engine="duckdb")

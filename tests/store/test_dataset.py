@@ -487,3 +487,20 @@ def test_a_dataset_column_refuses_appends_and_deletes_and_stays_openable(tmp_pat
     with DenseStore(_part(dest, "x")) as alone:  # by path: the store's own owner writes it
         alone.delete([5])
         assert len(alone) == 5
+
+
+def test_open_dataset_and_labels_name_a_bad_argument(tmp_path):
+    """Before, ``open_dataset(p, columns='lang')`` asked for the columns 'l',
+    'a', 'n', 'g', and ``labels({'a': array}, 'a')`` raised AttributeError
+    'numpy.ndarray' object has no attribute 'path'."""
+    import loaderx
+
+    dest = tmp_path / "ds"
+    loaderx.convert({"lang": np.arange(3)}, dest, progress=False)["lang"].close()
+    with pytest.raises(TypeError, match="columns must be a list of column names, not the "
+                                        "string 'lang'"):
+        loaderx.open_dataset(dest, columns="lang")
+    with pytest.raises(TypeError, match="column 'a' is a ndarray, not a column open_dataset "
+                                        "opened; labels reads a dataset's manifest"):
+        loaderx.labels({"a": np.arange(3)}, "a")
+    assert loaderx.labels(dest, "lang") is None

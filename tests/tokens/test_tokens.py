@@ -429,3 +429,23 @@ def test_a_shard_emptied_by_a_delete_does_not_refuse_new_windows(tmp_path):
     np.testing.assert_array_equal(tw.segments[np.arange(len(tw))], want_seg)
     for s in shards:
         s.close()
+
+
+def test_a_column_with_nulls_is_refused_naming_the_fill_that_makes_it_a_corpus(tmp_path):
+    """Before, a nullable token column was refused as "not Column", which
+    said neither why nor what to do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import loaderx
+
+    docs = [[1, 2, 3], None, [4, 5], [6, 7, 8, 9]]
+    pq.write_table(pa.table({"tok": pa.array(docs, pa.list_(pa.int32()))}), tmp_path / "t.pq")
+    ds = loaderx.convert(tmp_path / "t.pq", tmp_path / "nulls", progress=False)
+    with pytest.raises(TypeError, match=r"column 'tok' has nulls .*convert it with "
+                                        r"fill_null=\{'tok': \[\]\}"):
+        TokenWindows(ds["tok"], 2)
+    filled = loaderx.convert(tmp_path / "t.pq", tmp_path / "filled", progress=False,
+                             fill_null={"tok": []})
+    windows = TokenWindows(filled["tok"], 2)
+    assert [w.tolist() for w in windows[:]] == [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]
