@@ -151,6 +151,7 @@ class Ring:
         self.variable = [c for c in self.columns if c.ring_kind == _pipeline.COLUMN_VARIABLE]
         self.base = base  # where the steps from base.step start (a _state.Base)
         self.deliver = base.step  # the next undelivered step
+        self.last = base.last_step()  # the steps before it are taken (see Base.last_step)
         self.generation = 0  # resets of the native ring so far
         self.failures: Dict[int, BaseException] = {}  # steps a prefetch hook failed
         self.spare_args: List[_WaitArgs] = []  # (list.pop and append are atomic)
@@ -277,6 +278,7 @@ class Ring:
     def reset_locked(self, base: Any) -> None:
         """``reset()`` for the holder of ``consumer``; cut short, it leaves the
         ring ``torn`` and the next take resets again."""
+        last = base.last_step()
         self.torn = True
         self.handed = None
         closed = "DataLoader was closed during load_state_dict()"
@@ -295,6 +297,7 @@ class Ring:
                     self.generation = int(generation[0])
             self.base = base
             self.deliver = base.step
+            self.last = last
             self.failures.clear()
         if self.stage is not None:
             self.stage.resume(base.step)

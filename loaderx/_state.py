@@ -195,6 +195,22 @@ class Base:
             raise ValueError(f"step {step} is before this run's first step {self.step}")
         return self.track.position_at(self.step, self.position, step)
 
+    def last_step(self) -> int:
+        """The largest step of this run whose state `load_state` accepts (step
+        <= STEP_MAX, global position <= POSITION_MAX): a loader takes only the
+        steps before it, so every state_dict() it gives loads again. Positions
+        grow with the step, so a bisection finds it."""
+        low, high = self.step, STEP_MAX
+        if self.position_of(high) <= POSITION_MAX:
+            return high
+        while high - low > 1:  # position_of(low) fits, position_of(high) does not
+            mid = (low + high) // 2
+            if self.position_of(mid) <= POSITION_MAX:
+                low = mid
+            else:
+                high = mid
+        return low
+
     def __repr__(self) -> str:
         return f"Base(step={self.step}, position={self.position}, cursors={self.cursors})"
 

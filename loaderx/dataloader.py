@@ -243,6 +243,12 @@ class DataLoader:
         stop_after = self._options.stop_after
         if stop_after is not None and ring.next_step >= stop_after:
             raise StopIteration
+        if ring.deliver >= ring.last and ring.next_step >= ring.last:
+            # The state after this step would be one load_state_dict refuses.
+            raise OverflowError(f"the loader is at step {ring.last}: the state after it would "
+                                f"be past what a state_dict records (step <= {_state.STEP_MAX}, "
+                                "global position <= 2**63), so it takes no more steps; start "
+                                "again from step 0 (or with another seed)")
         step, batch, error = ring.take()
         if error is not None:
             self._failure = (step, error)

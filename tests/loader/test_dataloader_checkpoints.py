@@ -13,6 +13,7 @@ import pytest
 
 from loaderx import DenseStore
 from loaderx.dataloader import DataLoader
+from loaderx.zsampler import Sampler
 from _fakes import (
     FakeDenseStore,
     LENGTH,
@@ -158,6 +159,39 @@ def test_step_constructor_argument_resumes():
         assert resumed.state_dict()["step"] == 17
         for want in reference[17:]:
             np.testing.assert_array_equal(indices_of(next(resumed)), want)
+
+
+def test_every_state_a_loader_records_loads_again_even_at_the_last_step():
+    """Before, a loader resumed at the largest step it accepts took that
+    step, and its state_dict then held a step (or a global position past
+    2**63) that load_state_dict refused."""
+    from loaderx._state import POSITION_MAX, STEP_MAX
+
+    # CYCLIC serves 1000 // 16 = 62 whole batches of each cycle of LENGTH = 1000
+    # records: step s starts at (s // 62) * 1000 + (s % 62) * 16.
+    per = LENGTH // 16
+    cyclic = max(s for s in (POSITION_MAX // LENGTH * per + d for d in range(-2, per + 2))
+                 if (s // per) * LENGTH + (s % per) * 16 <= POSITION_MAX)
+    for batch, mode, last in ((1, "cyclic", STEP_MAX), (16, "iid", POSITION_MAX // 16),
+                              (16, "cyclic", cyclic)):
+        with DataLoader(fake_streams(), batch, seed=4, mode=mode, workers=1,
+                        step=last - 1) as loader:
+            np.testing.assert_array_equal(
+                indices_of(next(loader)),
+                expected_indices(last - 1, batch, mode=Sampler.Mode[mode.upper()], seed=4))
+            state = loader.state_dict()
+            assert state["step"] == last
+            with pytest.raises(OverflowError, match=f"at step {last}: the state after it would "
+                                                    "be past what a state_dict records"):
+                next(loader)
+            assert loader.state_dict() == state  # (nothing was taken)
+        with DataLoader(fake_streams(), batch, seed=4, mode=mode, workers=1) as again:
+            again.load_state_dict(state)
+            assert again.step == last
+            with pytest.raises(OverflowError, match="takes no more steps"):
+                next(again)
+    with pytest.raises(ValueError, match=f"must be in \\[0, {STEP_MAX}\\]"):
+        DataLoader(fake_streams(), 1, step=STEP_MAX + 1)
 
 
 def test_resume_beyond_many_epochs_is_immediate():
