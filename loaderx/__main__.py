@@ -427,6 +427,13 @@ def cmd_convert(args) -> int:
     from .converters import convert_to_directory
 
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    if args.dict and args.codec not in ("zstd", "zstd_dict"):
+        raise ValueError(f"--dict is --codec zstd_dict; it contradicts --codec {args.codec}")
+    fills = [col for col, _ in args.fill_null or []]
+    twice = sorted({c for c in fills if fills.count(c) > 1})
+    if twice:
+        raise ValueError(f"--fill-null names {', '.join(twice)} more than once; give each "
+                         "column one value")
     t0 = time.perf_counter()
     manifest = convert_to_directory(
         args.src,

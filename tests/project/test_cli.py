@@ -105,6 +105,21 @@ def test_info_of_a_single_store_and_tiny_records(tmp_path, run):
     assert report["index_bytes"] == 40 and report["ratio"] == 1.0
 
 
+def test_convert_refuses_flags_that_contradict_each_other(tmp_path, run):
+    """Before, ``--dict --codec raw`` wrote zstd_dict stores and a second
+    ``--fill-null`` of a column silently replaced the first."""
+    np.save(tmp_path / "x.npy", np.arange(12))
+    for flags, said in ((["--dict", "--codec", "raw"], "--dict is --codec zstd_dict; it "
+                                                        "contradicts --codec raw"),
+                        (["--fill-null", "x=1", "--fill-null", "x=2"],
+                         "--fill-null names x more than once")):
+        out = run("convert", tmp_path / "x.npy", tmp_path / "o", "-q", *flags)
+        assert out.returncode == 1 and said in out.stderr, out.stderr
+        assert not (tmp_path / "o").exists()
+    out = run("convert", tmp_path / "x.npy", tmp_path / "o", "-q", "--dict", "--codec", "zstd")
+    assert out.returncode == 0, out.stderr
+
+
 def test_convert_flags_reach_the_converter(tmp_path, run):
     np.save(tmp_path / "tok.npy", np.arange(5000, dtype=np.int32))
     out = run("convert", tmp_path / "tok.npy", tmp_path / "t0", "-q")  # a scalar column
