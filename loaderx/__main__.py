@@ -16,6 +16,7 @@ killed by SIGPIPE, silently) when stdout is a pipe closed early
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -798,9 +799,8 @@ def cmd_demo(args) -> int:
 # ----------------------------------------------------------------- parser
 
 
-def _parser() -> argparse.ArgumentParser:
-    from . import __version__
-
+def _common_options() -> tuple:
+    """The options several commands share: -q, and --timeout for URLs."""
     quiet = argparse.ArgumentParser(add_help=False)
     quiet.add_argument(
         "-q",
@@ -809,6 +809,19 @@ def _parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="no progress and no summary",
     )
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument(
+        "--timeout", type=_seconds, default=None, metavar="SECONDS",
+        help="a URL's request timeout (default 60); a server that never answers fails after "
+        f"{_objstore.ATTEMPTS} of them",
+    )
+    return quiet, remote
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    quiet, remote = _common_options()
     ap = argparse.ArgumentParser(
         prog="loaderx", description="loaderx record stores, datasets and loader"
     )
@@ -816,14 +829,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     p = sub.add_parser(
-        "info", parents=[quiet], help="records, sizes, index overhead, codec of a store or dataset"
+        "info", parents=[quiet, remote],
+        help="records, sizes, index overhead, codec of a store or dataset"
     )
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(fn=cmd_info)
-    _convert_parser(sub, quiet)
+    _convert_parser(sub, [quiet, remote])
     p = sub.add_parser(
-        "select", parents=[quiet], help="the records of a dataset where a SQL predicate holds",
+        "select", parents=[quiet, remote],
+        help="the records of a dataset where a SQL predicate holds",
         description="WHERE: a SQL boolean expression over the scalar columns (loaderx info "
         "lists them), e.g. \"label = 3 AND score > 0.5\"; subqueries need DuckDB.",
     )
@@ -838,11 +853,13 @@ def _parser() -> argparse.ArgumentParser:
         ("verify", cmd_verify, "check every record of a store or dataset"),
         ("compact", cmd_compact, "reclaim deleted bytes of a store or dataset"),
     ):
-        p = sub.add_parser(name, parents=[quiet], help=text)
+        p = sub.add_parser(name, parents=[quiet, remote] if name == "verify" else [quiet],
+                           help=text)
         p.add_argument("path")
         p.set_defaults(fn=fn)
     p = sub.add_parser(
-        "train-dict", parents=[quiet], help="train a zstd dictionary from a store, .npy or dataset"
+        "train-dict", parents=[quiet, remote],
+        help="train a zstd dictionary from a store, .npy or dataset",
     )
     p.add_argument("src", help="a store, a .npy file or a dataset directory")
     p.add_argument("-o", "--output", required=True, help="file to write the dictionary to")
@@ -884,6 +901,17 @@ def _fill_null(text: str) -> tuple:
     return col, parsed
 
 
+def _seconds(text: str) -> float:
+    """--timeout: a finite number of seconds above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
+
+
 def _batch_mib(text: str) -> float:
     """--batch-mib: a finite size of at least one byte."""
     try:
@@ -903,10 +931,10 @@ _CONVERT_TEXT = (
     "directory, or a URL (s3://, gs://, az://) it is uploaded to.")
 
 
-def _convert_parser(sub, quiet) -> None:
+def _convert_parser(sub, parents: list) -> None:
     p = sub.add_parser(
         "convert",
-        parents=[quiet],
+        parents=parents,
         help="convert data into a loaderx dataset directory",
         description=_CONVERT_TEXT,
     )
@@ -1015,7 +1043,7 @@ def main(argv=None) -> int:
     from .errors import LoaderxError
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _remote_settings(args):
             warnings.showwarning = _warning_printer(args)
             return args.fn(args)
     except BrokenPipeError:
@@ -1027,6 +1055,29 @@ def main(argv=None) -> int:
         text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
         print(f"loaderx {args.cmd}: {text}", file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def _remote_settings(args) -> Iterator[None]:
+    """--timeout for the URLs the command reads, and a line on stderr when a
+    server keeps a request waiting (instead of minutes of silence)."""
+    from . import remote
+
+    timeout = getattr(args, "timeout", None)
+    saved = dict(remote._DEFAULTS)
+    if timeout is not None:
+        remote.configure(storage_options={"timeout": f"{timeout:g}s"})
+
+    def notice(url: str, waited: float, budget: float) -> None:
+        print(f"loaderx {args.cmd}: {url}: no answer after {waited:g} s; still trying (it gives "
+              f"up after {budget:g} s; --timeout SECONDS shortens that)", file=sys.stderr)
+    _objstore.slow_notice = notice
+    try:
+        yield
+    finally:
+        _objstore.slow_notice = None
+        remote._DEFAULTS.clear()
+        remote._DEFAULTS.update(saved)
 
 
 def _warning_printer(args):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -92,6 +93,12 @@ RETRY_CONFIG = {
                 "base": 2},
     "retry_timeout": timedelta(seconds=60),
 }
+#: `slow_notice(url, waited_s, budget_s)` is called once for a HEAD or GET
+#: still unanswered after its first request timeout (at most SLOW_NOTICE_S),
+#: while it goes on trying: the CLI says so on stderr instead of waiting in
+#: silence. None (the library's default): nothing is said.
+slow_notice: Optional[Callable[[str, float, float], None]] = None
+SLOW_NOTICE_S = 10.0
 #: The largest object fetched whole (a store's meta, a manifest): a server
 #: that declares more is refused instead of read into memory.
 GET_MAX = 256 << 20
@@ -478,9 +485,17 @@ def _short(url: str, want: int, at: int, got: int) -> RemoteIOError:
     return RemoteIOError(f"short response: asked for {want} bytes at {at}, got {got}", path=url)
 
 
-def _on_loop(coro: Any) -> Any:
-    """Runs `coro` on this process's event loop thread and waits for it."""
-    return asyncio.run_coroutine_threadsafe(coro, _loop()).result()
+def _on_loop(coro: Any, url: str = "", opts: Optional[Options] = None) -> Any:
+    """Runs `coro` on this process's event loop thread and waits for it (a
+    read of `url` with `opts`: telling `slow_notice` when it is slow)."""
+    future = asyncio.run_coroutine_threadsafe(coro, _loop())
+    notice = slow_notice
+    if notice is not None and opts is not None:
+        after = min(SLOW_NOTICE_S, timeout_s(opts))
+        done, _ = concurrent.futures.wait([future], timeout=after)
+        if not done:
+            notice(url, after, read_budget_s(opts))
+    return future.result()
 
 
 # ----------------------------------------------------------------- the operations
@@ -519,7 +534,8 @@ def _head(url: str, opts: Options) -> dict:
 
     async def once() -> dict:
         return _meta(await obs.head_async(client, key))
-    return _on_loop(_attempted(url, "HEAD", opts, time.monotonic() + read_budget_s(opts), once))
+    return _on_loop(_attempted(url, "HEAD", opts, time.monotonic() + read_budget_s(opts), once),
+                    url, opts)
 
 
 def _get(url: str, opts: Options, etag: Optional[str] = None,
@@ -546,7 +562,8 @@ def _get(url: str, opts: Options, etag: Optional[str] = None,
         if len(data) != want:
             raise _short(url, want, byte_range[0] if byte_range is not None else 0, len(data))
         return data, meta
-    return _on_loop(_attempted(url, "GET", opts, time.monotonic() + read_budget_s(opts), once))
+    return _on_loop(_attempted(url, "GET", opts, time.monotonic() + read_budget_s(opts), once),
+                    url, opts)
 
 
 class _Files:

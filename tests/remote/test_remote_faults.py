@@ -229,6 +229,42 @@ def test_a_server_that_never_answers_fails_within_timeout_times_attempts(tmp_pat
         assert f"{u}/data" in str(e.value)
 
 
+def test_the_cli_says_when_a_server_keeps_it_waiting_and_takes_a_timeout(tmp_path):
+    """Before, ``loaderx info s3://...`` against a server that never answers
+    sat silent for 4 minutes (60 s x 4 attempts) before it failed; it had no
+    way to shorten that."""
+    import socket
+    import subprocess
+    import sys
+
+    from loaderx import _objstore
+
+    assert _objstore.slow_notice is None  # the library itself says nothing
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s",
+               AWS_REGION="us-east-1", AWS_ALLOW_HTTP="true",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{sock.getsockname()[1]}",
+               LOADERX_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        t = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "loaderx", "info", "s3://b/ds", "--timeout",
+                              "0.5"], env=env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t
+    finally:
+        sock.close()
+    lines = out.stderr.splitlines()
+    assert out.returncode == 1 and len(lines) == 2, out.stderr
+    assert lines[0] == ("loaderx info: s3://b/ds/loaderx.json: no answer after 0.5 s; still "
+                        "trying (it gives up after 2 s; --timeout SECONDS shortens that)")
+    assert "no complete answer within 2 s" in lines[1]
+    assert took < 15
+    out = subprocess.run([sys.executable, "-m", "loaderx", "info", "s3://b/ds", "--timeout", "0"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "must be a number of seconds above 0" in out.stderr
+
+
 # ----------------------------------------------------------------- the hostile-server corpus
 
 #: Cases of the seeded hostile-server corpus in a suite run (a few seconds);
