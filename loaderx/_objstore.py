@@ -787,6 +787,9 @@ async def _all(coros: list) -> list:
     request is bounded by its own deadline, see `_attempted`.)"""
     tasks = [asyncio.ensure_future(c) for c in coros]
     await asyncio.wait(tasks)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # (retrieved: a second failure is not logged as "never retrieved")
     return [t.result() for t in tasks]
 
 

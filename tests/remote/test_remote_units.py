@@ -99,3 +99,27 @@ def test_a_url_of_a_scheme_loaderx_does_not_read_is_refused_not_written_as_a_pat
     assert out.returncode == 1 and f"does not read {scheme}://" in out.stderr
     assert "Traceback" not in out.stderr
     assert os.listdir(tmp_path) == []  # nothing was written under a path named after the URL
+
+
+def test_every_failed_request_of_a_fetch_is_retrieved_not_logged_at_exit(caplog):
+    """Before, when two ranged calls of one fetch failed, the first error was
+    raised and the second task's was left unretrieved: asyncio printed "Task
+    exception was never retrieved" with its traceback on stderr."""
+    import asyncio
+    import gc
+
+    from loaderx import _objstore
+
+    async def fails(n):
+        await asyncio.sleep(0.01 * n)
+        raise OSError(f"request {n}")
+
+    async def fine():
+        return 7
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        with pytest.raises(OSError, match="request 1"):
+            asyncio.run(_objstore._all([fine(), fails(1), fails(2), fails(3)]))
+        assert asyncio.run(_objstore._all([fine(), fine()])) == [7, 7]
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
