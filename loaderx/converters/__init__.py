@@ -168,7 +168,7 @@ def _max_side(max_side: Any, keep_encoded: bool, flags: Flags) -> int | None:
     if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
         raise ValueError(f"max_side must be a positive int or None, got {max_side!r}")
     if not keep_encoded:
-        raise ValueError(f"{flags.opt('max_side')} shrinks the encoded images "
+        raise ValueError(f"{flags.opt('max_side', str(max_side))} shrinks the encoded images "
                          f"{flags.opt('keep_encoded')} stores; decoded images are stored at "
                          "their size (resize them in a loaderx.image pipeline)")
     return max_side
@@ -234,7 +234,8 @@ def _convert(source: Any, dest, job: dict) -> dict:
     if job["dict_size"] is not None and job["codec"] != "zstd_dict":
         raise ValueError("dict_size= sizes the dictionary a writer trains, which it does for "
                          "codec='zstd_dict'")
-    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= WORKERS_MAX):
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or not 1 <= workers <= WORKERS_MAX):
         raise ValueError(f"workers must be an int from 1 to {WORKERS_MAX} (a process each) or "
                          f"None, got {workers!r}")
     if row_length is not None and (not isinstance(row_length, int) or row_length < 1):

@@ -422,7 +422,9 @@ def test_max_side_reencodes_only_the_larger_images(tmp_path):
     assert stored["a/small.png"] == small
     shrunk = Image.open(io.BytesIO(stored["a/big.jpg"]))
     assert shrunk.format == "JPEG" and shrunk.size == (100, 67)
-    with pytest.raises(ValueError, match="keep_encoded"):
+    # (the message said "max_side=True", not the value given)
+    with pytest.raises(ValueError, match="max_side=100 shrinks the encoded images "
+                                         "keep_encoded=True stores"):
         loaderx.convert(str(tmp_path / "f"), str(tmp_path / "o2"), max_side=100)
 
 

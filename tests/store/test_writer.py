@@ -214,7 +214,7 @@ def test_an_overwrite_with_a_bad_argument_keeps_the_store(tmp_path, bad):
 
 def test_convert_refuses_more_workers_than_it_would_start(tmp_path):
     """Before, workers=10**6 ran for minutes (1,000 made 100 shards of 100 rows)."""
-    for workers in (0, 257, 10**6, 1.5):
+    for workers in (0, 257, 10**6, 1.5, True):  # (True was taken as 1)
         with pytest.raises(ValueError, match="workers must be an int from 1 to 256"):
             loaderx.convert({"x": np.arange(10)}, tmp_path / "o", workers=workers,
                             progress=False)
