@@ -114,7 +114,11 @@ def path_arg(value: Any, what: str = "path") -> str:
     """`value` (str, bytes or os.PathLike) as a str path: bytes are decoded as
     the file system's (os.fsdecode); a NUL byte or an empty path is refused
     (`InvalidArgumentError` naming `what`), never passed on to the OS."""
-    p = os.fspath(value)
+    try:
+        p = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a path (str, bytes or os.PathLike), not "
+                        f"{type(value).__name__}") from None
     if isinstance(p, bytes):
         p = os.fsdecode(p)
     if "\0" in p:

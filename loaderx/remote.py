@@ -44,7 +44,7 @@ import numpy as np
 
 from . import _abi, _objstore, _openers
 from ._cachedir import Cache, Replica, parse_limit
-from ._checks import check_mode
+from ._checks import check_mode, path_arg
 from ._lib import RESULTS, check, error_for, ffi, lib
 from ._manifest import MANIFEST_NAME, checked_manifest
 from ._objstore import Options, is_url, join
@@ -83,7 +83,7 @@ class Config:
             d = os.environ.get("LOADERX_CACHE_DIR") or os.path.join(
                 os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
                                                                   ".cache"), "loaderx")
-        self.cache_dir = os.path.abspath(os.path.expanduser(os.fspath(d)))
+        self.cache_dir = os.path.abspath(os.path.expanduser(path_arg(d, "cache_dir")))
         limit = cache_limit if cache_limit is not None else _DEFAULTS.get("cache_limit")
         if limit is None:
             limit = os.environ.get("LOADERX_CACHE_LIMIT") or None
@@ -116,8 +116,7 @@ def configure(*, cache_dir: Optional[str] = None, cache_limit: Any = None,
     """Process-wide defaults for remote opens that do not pass their own
     (``DenseStore("s3://...")``, pickled stores reopened elsewhere keep
     theirs). Arguments left None keep their current default."""
-    if cache_limit is not None:
-        parse_limit(cache_limit)
+    Config(cache_dir, cache_limit, storage_options)  # (checks them: a bad one is refused here)
     for k, v in (("cache_dir", cache_dir), ("cache_limit", cache_limit),
                  ("storage_options", storage_options)):
         if v is not None:

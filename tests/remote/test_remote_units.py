@@ -123,3 +123,24 @@ def test_every_failed_request_of_a_fetch_is_retrieved_not_logged_at_exit(caplog)
         assert asyncio.run(_objstore._all([fine(), fine()])) == [7, 7]
         gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def test_configure_refuses_a_bad_setting_at_once_and_keeps_the_defaults():
+    """Before, ``remote.configure(cache_dir=5)`` or ``storage_options=5`` was
+    kept, and every later remote open failed with os.fspath's "expected
+    str, bytes or os.PathLike object, not int"."""
+    from loaderx import remote
+    from loaderx.errors import InvalidArgumentError
+
+    before = dict(remote._DEFAULTS)
+    for kwargs, error, said in (
+            ({"cache_dir": 5}, TypeError, "cache_dir must be a path .*not int"),
+            ({"cache_dir": "a\0b"}, InvalidArgumentError, "cache_dir 'a\\\\x00b' contains a NUL"),
+            ({"storage_options": 5}, TypeError, "storage_options must be a dict, not int"),
+            ({"storage_options": {1: 2}}, InvalidArgumentError, "keys must be strings"),
+            ({"cache_limit": "lots"}, InvalidArgumentError, "cache_limit must be a positive")):
+        with pytest.raises(error, match=said):
+            remote.configure(**kwargs)
+        assert remote._DEFAULTS == before, kwargs
+    with pytest.raises(TypeError, match="cache_dir must be a path"):
+        remote.Config(cache_dir=5)
