@@ -718,8 +718,11 @@ def _dict_source(args):
 
 def cmd_train_dict(args) -> int:
     from .converters._progress import Ticker
+    from .dictionary import check_dict_size
     from .zrecord import train_dict
 
+    if args.size is not None:
+        check_dict_size(args.size)  # (before the sampling starts)
     _output_file(args.output, "-o/--output")
     if os.path.isfile(args.output) and os.path.exists(args.src) \
             and os.path.samefile(args.src, args.output):

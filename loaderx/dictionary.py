@@ -3,6 +3,8 @@ lets zstd's trainer build a dictionary. Training is always explicit: a store
 is created with ``dict_bytes=``; nothing is trained silently."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ._checks import path_arg
@@ -73,6 +75,14 @@ def _sample_records(source, budget: int) -> list[bytes]:
     return out
 
 
+def check_dict_size(size: Any) -> int:
+    """A dictionary size `train_dict` takes (bytes, 256 to 2 GiB)."""
+    if not isinstance(size, (int, np.integer)) or isinstance(size, (bool, np.bool_)) \
+            or not 256 <= size <= _DICT_SIZE_MAX:
+        raise ValueError(f"size must be an int from 256 to {_DICT_SIZE_MAX}, got {size!r}")
+    return int(size)
+
+
 def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
                size: int | None = None) -> bytes:
     """Train a zstd dictionary for a ``zstd_dict`` store.
@@ -97,10 +107,7 @@ def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
         raise ValueError(f"unknown tier {tier!r}; choose one of {sorted(DICT_TIERS)}")
     dict_size, budget = DICT_TIERS[tier]["size"], DICT_TIERS[tier]["samples"]
     if size is not None:
-        if not isinstance(size, (int, np.integer)) or isinstance(size, (bool, np.bool_)) \
-                or not 256 <= size <= _DICT_SIZE_MAX:
-            raise ValueError(f"size must be an int from 256 to {_DICT_SIZE_MAX}, got {size!r}")
-        dict_size = int(size)
+        dict_size = check_dict_size(size)
     samples = [s for s in _sample_records(source, budget) if s]
     if len(samples) < 8:
         raise DictionaryError("need at least 8 non-empty samples to train a dictionary, "

@@ -172,6 +172,11 @@ def test_train_dict_and_dict_conversion(tmp_path, run):
     assert report["columns"]["t"]["dictionary_bytes"] > 0
     out = run("train-dict", tmp_path / "ds", "--column", "nope", "-o", tmp_path / "x.dict")
     assert out.returncode == 1 and "no column 'nope'" in out.stderr
+    # (before: "train-dict (balanced): stopped after 0.0 s" first, as if it had begun)
+    out = run("train-dict", tmp_path / "ds", "--size", "5", "-o", tmp_path / "x.dict")
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "loaderx train-dict: size must be an int from 256 to 2147483648, got 5"]
+    assert not (tmp_path / "x.dict").exists()
 
 
 def test_cli_train_dict_refuses_a_damaged_npy(tmp_path, capsys):
