@@ -36,6 +36,7 @@ from .errors import (
     DictionaryError,
     IdentityError,
     InvalidArgumentError,
+    LoaderxError,
     LockedError,
     NotAStoreError,
     ReadOnlyError,
@@ -287,6 +288,12 @@ class Store:
         self._append_lock = threading.Lock()
         self._append_thread: int | None = None  # the thread inside _append_chunks
         self._staging_all = False  # inside `one_append`: every append stays staged
+        # Held by a `one_append` block (and by each append): another thread's
+        # append waits for the block instead of joining its transaction.
+        self._block_lock = threading.RLock()
+        # An append that failed inside the block after it began writing: the
+        # block's staged appends are gone, so its end publishes nothing.
+        self._block_broken: BaseException | None = None
         # The content id of the data this store was converted from, when a
         # dataset's manifest says so (loaderx.dataset; see `content_id`).
         self._copied_from: str | None = None
@@ -713,19 +720,33 @@ class Store:
         """Makes every append in the block ONE atomic append: each is written
         but stays invisible until the block ends without an error, which
         publishes them all at once; an error (or Ctrl-C) drops them and leaves
-        the store as it was. The writers that take an iterable use it."""
+        the store as it was. Appends from other threads wait until the block
+        ends. The writers that take an iterable use it."""
         self._w(rows=True)
-        self._staging_all = True
-        try:
-            yield
-        except BaseException:
+        with self._block_lock:
+            if self._staging_all:
+                raise LockedError(f"{self._path}: one_append inside another one_append of this "
+                                  "store; one block is one transaction", path=self._path)
+            self._staging_all, self._block_broken = True, None
+            try:
+                yield
+            except BaseException:
+                self._staging_all = False
+                h = self._handle
+                if h is not None:
+                    lib.lx_publish(h, 0)
+                raise
             self._staging_all = False
-            h = self._handle
-            if h is not None:
-                lib.lx_publish(h, 0)
-            raise
-        self._staging_all = False
-        check(lib.lx_publish(self._w(rows=True), 1), self._path, "append")
+            broken, self._block_broken = self._block_broken, None
+            if broken is not None:
+                h = self._handle
+                if h is not None:
+                    lib.lx_publish(h, 0)
+                raise LoaderxError(f"{self._path}: an append inside this one_append failed after "
+                                   f"it began writing ({type(broken).__name__}: {broken}), which "
+                                   "dropped the block's appends; nothing of the block was "
+                                   "published", path=self._path) from broken
+            check(lib.lx_publish(self._w(rows=True), 1), self._path, "append")
 
     def _append_chunks(self, chunks) -> int:
         """Appends chunks `(ptrs, sizes, aux_ptrs, aux_sizes, keep_alive)` as ONE
@@ -739,22 +760,28 @@ class Store:
             raise LockedError(f"{self._path}: append called while producing the records of "
                               "another append to this store; append after that call returns",
                               path=self._path)
-        with self._append_lock:
+        with self._block_lock, self._append_lock:
             self._append_thread = threading.get_ident()
             first = None
-            staged = False
+            staged = wrote = False
             try:
                 pending = None
                 for chunk in chunks:
                     if pending is not None:
+                        wrote = True
                         f = self._append_raw(*pending, stage=True)
                         staged = True
                         first = f if first is None else first
                     pending = chunk
                 if pending is not None:  # (inside one_append: published by it)
+                    wrote = True
                     f = self._append_raw(*pending, stage=self._staging_all)
                     first = f if first is None else first
                 staged = False
+            except BaseException as e:
+                if self._staging_all and wrote:
+                    self._block_broken = e
+                raise
             finally:
                 self._append_thread = None
                 h = self._handle

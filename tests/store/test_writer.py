@@ -312,3 +312,63 @@ def test_one_append_publishes_its_appends_together_or_not_at_all(tmp_path):
         assert len(store) == 5 and np.array_equal(store[4], DOCS[4])
         store.append(DOCS[5:6])
         assert len(store) == 6 and np.array_equal(store[5], DOCS[5])
+
+
+def test_one_append_is_one_transaction_across_threads_and_failures(tmp_path):
+    """Another thread's append waits for the block (it would otherwise join
+    its transaction, published or dropped with it); an append that fails
+    after it began writing inside the block, even if the caller catches it,
+    leaves the block nothing to publish; blocks do not nest."""
+    import threading
+
+    from loaderx.errors import LoaderxError, LockedError
+
+    with loaderx.RaggedStore.create(tmp_path / "r", np.uint8) as store:
+        entered, other_done = threading.Event(), threading.Event()
+
+        def other():
+            entered.wait()
+            store.append(DOCS[10:11])
+            other_done.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        with pytest.raises(_Stop):
+            with store.one_append():
+                store.append(DOCS[:2])
+                entered.set()
+                assert not other_done.wait(0.3)  # waits for the block
+                raise _Stop
+        t.join(10)
+        assert other_done.is_set() and len(store) == 1
+        assert np.array_equal(store[0], DOCS[10])
+
+        def failing(copies):
+            yield from DOCS * copies
+            raise _Stop
+
+        # Failing while it builds its second chunk, the append wrote nothing:
+        # the block goes on, and publishes what it holds.
+        with store.one_append():
+            store.append(DOCS[:3])
+            with pytest.raises(_Stop):
+                store.append(failing(7))  # (21,000 records: a chunk of 16,384 and a rest)
+            store.append(DOCS[3:4])
+        assert len(store) == 5
+        # Failing after its first chunk was written, it dropped them all.
+        with pytest.raises(LoaderxError, match="an append inside this one_append failed after "
+                                               "it began writing .*_Stop") as caught:
+            with store.one_append():
+                store.append(DOCS[:3])
+                with pytest.raises(_Stop):
+                    store.append(failing(12))  # (36,000 records: 3 chunks)
+                store.append(DOCS[3:4])
+        assert isinstance(caught.value.__cause__, _Stop)
+        assert len(store) == 5
+        with pytest.raises(LockedError, match="one_append inside another one_append"):
+            with store.one_append():
+                with store.one_append():
+                    pass
+        with store.one_append():
+            store.append(DOCS[:2])
+        assert len(store) == 7 and np.array_equal(store[4], DOCS[3])
