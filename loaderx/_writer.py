@@ -91,7 +91,9 @@ def check_destination(path, mode: str, *, ours: Callable[[str], bool], what: str
 def check_store(path, mode: str) -> bool:
     """`check_destination` for a single store, with what an overwrite also
     needs (only the store's own files there, no live writer). Returns True
-    when a store is there (to append to or to replace)."""
+    when a store is there (to append to or to replace). A replacement a
+    crash cut short (`swap_in`) is finished first."""
+    _finish_swap(path)
     if not check_destination(path, mode, ours=is_store_dir, what="loaderx store"):
         return False
     if mode == "overwrite":
@@ -114,12 +116,36 @@ def prepare_store(path, mode: str) -> bool:
     return True
 
 
+def _siblings(path) -> tuple[str, str, str]:
+    """(`path` made absolute, where its replacement is built, where the
+    store it replaces goes during the swap)."""
+    p = os.path.abspath(os.fspath(path))
+    stem = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.loaderx-")
+    return p, stem + "replacing", stem + "replaced"
+
+
+def _finish_swap(path) -> None:
+    """A crash between `swap_in`'s renames left the old store aside: with
+    the new one in place, the old one goes; with `path` empty, the new one
+    (complete: it was closed before the swap) moves in, or else the old one
+    moves back."""
+    p, where, aside = _siblings(path)
+    if not os.path.isdir(aside) or os.path.islink(aside):
+        return
+    if os.path.lexists(p):
+        shutil.rmtree(aside)
+    elif is_store_dir(where) and not _locks.writer_busy(where):
+        os.rename(where, p)
+        shutil.rmtree(aside)
+    elif is_store_dir(aside):
+        os.rename(aside, p)
+
+
 def replacement_dir(path) -> str:
     """Where a writer that replaces the store at `path` builds the new one:
     a hidden sibling (same file system, so `swap_in` is a rename). One left by
     a killed writer is removed; one a live writer holds is refused."""
-    p = os.path.abspath(os.fspath(path))
-    where = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.loaderx-replacing")
+    p, where, _ = _siblings(path)
     if os.path.lexists(where):
         if _locks.writer_busy(where):
             raise LockedError(f"{p}: another writer is replacing this store now (it builds "
@@ -132,9 +158,9 @@ def swap_in(where: str, path) -> None:
     """Puts the store built in `where` at `path`, in place of the store
     there: two renames, then the old store's files go (a reader that has it
     open keeps reading them). A crash between the renames leaves the old
-    store whole beside `path`, as ``.<name>.loaderx-replaced``."""
-    p = os.fspath(path)
-    aside = os.path.join(os.path.dirname(where), f".{os.path.basename(p)}.loaderx-replaced")
+    store whole beside `path`, as ``.<name>.loaderx-replaced``, and the next
+    write to `path` finishes the swap (`check_store`)."""
+    p, _, aside = _siblings(path)
     if os.path.lexists(aside):
         shutil.rmtree(aside)
     os.rename(p, aside)

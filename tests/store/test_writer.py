@@ -372,3 +372,24 @@ def test_one_append_is_one_transaction_across_threads_and_failures(tmp_path):
         with store.one_append():
             store.append(DOCS[:2])
         assert len(store) == 7 and np.array_equal(store[4], DOCS[3])
+
+
+@pytest.mark.parametrize("cut", ["after the first rename", "after the second rename",
+                                 "after the first rename, the new store gone"])
+def test_the_next_write_finishes_a_swap_a_crash_cut_short(tmp_path, cut):
+    """The states a kill -9 between swap_in's two renames (or just after
+    them) leaves; the next write to the path finds the store it should."""
+    old, new = ROWS[:10], ROWS[10:15]
+    loaderx.from_numpy(tmp_path / "w", old, progress=False).close()
+    loaderx.from_numpy(tmp_path / ".w.loaderx-replacing", new, progress=False).close()
+    os.rename(tmp_path / "w", tmp_path / ".w.loaderx-replaced")  # swap_in's first rename
+    if cut == "after the second rename":
+        os.rename(tmp_path / ".w.loaderx-replacing", tmp_path / "w")
+    elif cut == "after the first rename, the new store gone":
+        import shutil
+        shutil.rmtree(tmp_path / ".w.loaderx-replacing")
+    loaderx.from_numpy(tmp_path / "w", ROWS[15:16], mode="append", progress=False).close()
+    assert sorted(os.listdir(tmp_path)) == ["w"]
+    want = old if cut.endswith("gone") else new
+    with loaderx.DenseStore(tmp_path / "w") as w:
+        assert np.array_equal(w[:], np.concatenate([want, ROWS[15:16]]))
