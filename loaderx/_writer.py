@@ -25,7 +25,7 @@ import shutil
 from typing import Any, Callable
 
 from . import _abi, _locks
-from ._checks import check_mode
+from ._checks import check_mode, path_arg
 from ._store import deprecated
 from .errors import DestinationExistsError, LockedError
 
@@ -119,7 +119,7 @@ def prepare_store(path, mode: str) -> bool:
 def _siblings(path) -> tuple[str, str, str]:
     """(`path` made absolute, where its replacement is built, where the
     store it replaces goes during the swap)."""
-    p = os.path.abspath(os.fspath(path))
+    p = os.path.abspath(path_arg(path, "store path"))
     stem = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.loaderx-")
     return p, stem + "replacing", stem + "replaced"
 
