@@ -732,21 +732,23 @@ class Store:
                 yield
             except BaseException:
                 self._staging_all = False
-                h = self._handle
-                if h is not None:
-                    lib.lx_publish(h, 0)
+                self._drop_staged()
                 raise
             self._staging_all = False
             broken, self._block_broken = self._block_broken, None
             if broken is not None:
-                h = self._handle
-                if h is not None:
-                    lib.lx_publish(h, 0)
+                self._drop_staged()
                 raise LoaderxError(f"{self._path}: an append inside this one_append failed after "
                                    f"it began writing ({type(broken).__name__}: {broken}), which "
                                    "dropped the block's appends; nothing of the block was "
                                    "published", path=self._path) from broken
             check(lib.lx_publish(self._w(rows=True), 1), self._path, "append")
+
+    def _drop_staged(self) -> None:
+        """Drops the records staged through this handle (after an error)."""
+        h = self._handle
+        if h is not None:
+            lib.lx_publish(h, 0)
 
     def _append_chunks(self, chunks) -> int:
         """Appends chunks `(ptrs, sizes, aux_ptrs, aux_sizes, keep_alive)` as ONE
@@ -784,9 +786,8 @@ class Store:
                 raise
             finally:
                 self._append_thread = None
-                h = self._handle
-                if staged and h is not None:
-                    lib.lx_publish(h, 0)
+                if staged:
+                    self._drop_staged()
             return len(self) if first is None else first
 
     def _gather_alloc(self, idx: np.ndarray,
