@@ -538,6 +538,8 @@ def check(node: Node, columns: Dict[str, ColumnInfo], source: str) -> None:
     is not scalar, or the two sides of a type mismatch."""
     for n in post_order(node):
         _check(n, columns)
+    if node.type == RECORDS:
+        raise not_scalar(node.extra["info"])
     if node.type not in ("bool", "null"):
         raise ValueError(f"the predicate {source!r} is a {node.type} value, not a condition "
                          "(compare it: ... = ..., ... > ...)")
@@ -561,22 +563,31 @@ def _mismatch(node: Node, a: Node, b: Node) -> ValueError:
     return ValueError(f"type mismatch in {node.text!r}: {side(a)}, {side(b)}")
 
 
+#: The type of a column of records with nulls: only IS [NOT] NULL takes it.
+RECORDS = "records"
+
+
 def not_scalar(info: ColumnInfo) -> ValueError:
     """The error for a predicate over a column of records (either engine)."""
+    nulls = f"; of its records, only whether one is null can be asked ({info.name} IS NULL)" \
+        if info.nullable else ""
     return ValueError(f"column {info.name!r} holds {info.describe}; predicates apply to "
-                      "scalar columns (numbers, bools, strings, categoricals, times)")
+                      f"scalar columns (numbers, bools, strings, categoricals, times){nulls}")
 
 
 def _check(node: Node, columns: Dict[str, ColumnInfo]) -> None:
     """Types `node`, whose operands are typed already."""
     op = node.op
+    for a in node.args if op != "isnull" else ():
+        if a.type == RECORDS:
+            raise not_scalar(a.extra["info"])
     if op == "col":
         info = columns.get(node.value)
         if info is None:
             raise _unknown(node.value, columns)
-        if not info.type:
+        if not info.type and not info.nullable:
             raise not_scalar(info)
-        node.type = info.type
+        node.type = info.type or RECORDS
         node.extra["info"] = info
         node.extra["describe"] = info.describe
     elif op == "lit":

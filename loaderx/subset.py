@@ -682,7 +682,8 @@ def column_info(name: str, base: Any) -> _sql.ColumnInfo:
                                describe="strings")
     if not is_scalar(base):
         shape = list(base.item_shape) if base.kind == "dense" else ""
-        return _sql.ColumnInfo(name, "", dtype, describe=f"{base.kind} {dtype}{shape} records")
+        return _sql.ColumnInfo(name, "", dtype, describe=f"{base.kind} {dtype}{shape} records",
+                               nullable=isinstance(base, Column) and base.valid is not None)
     nullable = isinstance(base, Column) and base.valid is not None
     if isinstance(base, Column) and base.categorical:
         cats = list(base.categories or [])
@@ -768,9 +769,12 @@ class _ColumnData:
         self.text = isinstance(base, Column) and base.text
         self.valid = getattr(base, "valid", None) if isinstance(base, Column) else None
         stream = base.stream if isinstance(base, Column) else base
-        self.chunks = text_chunks(stream) if self.text else scalar_chunks(stream)
-        self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
+        # A column of records is asked only whether each is null: its mask.
+        self.records = info.type == ""
         self.valid_chunks = scalar_chunks(self.valid) if self.valid is not None else None
+        self.chunks = self.valid_chunks if self.records else \
+            text_chunks(stream) if self.text else scalar_chunks(stream)
+        self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
         # A mask's parts may split the records otherwise than the values' (an
         # append that brought a column's first nulls masks the old rows in one part).
         self.valid_starts = np.cumsum([0] + [len(c) for c in self.valid_chunks]) \
@@ -813,6 +817,8 @@ class _ColumnData:
             if self.valid_chunks else None
         if self.text:
             return self._strings(pa, start, stop, valid)
+        if self.records:  # (a null where there is no record: IS NULL is all it is asked)
+            return pa.array(np.zeros(len(valid), np.int8), mask=~valid)
         values = self.numpy(self.chunks, start, stop)
         if self.categories is not None:
             _check_codes(values, len(self.categories), self.info.name)
@@ -876,6 +882,10 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
     arrays = {}
     for name in named:
         if not infos[name].type:
+            if infos[name].nullable:
+                raise ValueError(f"column {name!r} holds {infos[name].describe}; DuckDB is given "
+                                 f"scalar columns only ({name} IS NULL is asked with the arrow "
+                                 "engine: engine=None or 'arrow')")
             raise _sql.not_scalar(infos[name])
         data = _ColumnData(bases[name], infos[name], prior)
         arrays[name] = _whole_column(pa, data, space, infos[name])

@@ -211,6 +211,34 @@ def test_a_view_has_none_of_its_stores_writes(data):
     assert len(ds["id"]) == before and sub["id"].codec == ds["id"].codec
 
 
+def test_a_list_column_with_nulls_is_asked_whether_each_is_null(tmp_path):
+    """Before, a predicate could not find the rows whose list is null: the
+    column was refused as "not scalar" and its mask is not a column of the
+    predicate. IS [NOT] NULL now asks the mask (the arrow engine), across
+    shards and within a prior selection; anything else is still refused."""
+    docs = [None if i % 5 == 2 else list(range(i % 4)) for i in range(300)]
+    pq.write_table(pa.table({"id": np.arange(300), "tok": pa.array(docs, pa.list_(pa.int32()))}),
+                   tmp_path / "t.parquet", row_group_size=64)
+    loaderx.convert(tmp_path / "t.parquet", tmp_path / "ds", workers=2, progress="off")
+    ds = loaderx.open_dataset(tmp_path / "ds")
+    nulls = np.array([i % 5 == 2 for i in range(300)])
+    assert_same(loaderx.select(ds, "tok IS NULL")["id"].rows, np.flatnonzero(nulls))
+    assert_same(loaderx.select(ds, "NOT tok IS NOT NULL OR id < 2")["id"].rows,
+                np.flatnonzero(nulls | (np.arange(300) < 2)))
+    prior = loaderx.select(ds, "id >= 100")
+    assert_same(loaderx.select(prior, "tok IS NOT NULL")["id"].rows,
+                np.flatnonzero(~nulls & (np.arange(300) >= 100)))
+    for where in ("tok", "tok = 1", "tok IS TRUE", "tok IN (1)"):
+        with pytest.raises(ValueError, match=r"column 'tok' holds ragged int32 records; .*only "
+                                             r"whether one is null can be asked \(tok IS NULL\)"):
+            loaderx.select(ds, where)
+    if "duckdb" in ENGINES:
+        with pytest.raises(ValueError, match="DuckDB is given scalar columns only"):
+            loaderx.select(ds, "tok IS NULL", engine="duckdb")
+    for col in ds.values():
+        col.close()
+
+
 def test_masks_and_index_arrays(data):
     _, df, ds, _, _ = data
     mask = (df.label.to_numpy() % 2 == 0)
