@@ -772,8 +772,12 @@ class _ColumnData:
         # A column of records is asked only whether each is null: its mask.
         self.records = info.type == ""
         self.valid_chunks = scalar_chunks(self.valid) if self.valid is not None else None
-        self.chunks = self.valid_chunks if self.records else \
-            text_chunks(stream) if self.text else scalar_chunks(stream)
+        self.chunks: list
+        if self.records:
+            assert self.valid_chunks is not None  # (only a column with nulls is asked so)
+            self.chunks = self.valid_chunks
+        else:
+            self.chunks = text_chunks(stream) if self.text else scalar_chunks(stream)
         self.starts = np.cumsum([0] + [self._length(c) for c in self.chunks])
         # A mask's parts may split the records otherwise than the values' (an
         # append that brought a column's first nulls masks the old rows in one part).
@@ -818,6 +822,7 @@ class _ColumnData:
         if self.text:
             return self._strings(pa, start, stop, valid)
         if self.records:  # (a null where there is no record: IS NULL is all it is asked)
+            assert valid is not None
             return pa.array(np.zeros(len(valid), np.int8), mask=~valid)
         values = self.numpy(self.chunks, start, stop)
         if self.categories is not None:
