@@ -422,7 +422,15 @@ def _apply(p: Pipeline, records: Any, seed: int, step: int, position: int) -> np
     else:
         if isinstance(records, (bytes, bytearray, memoryview, str)):
             raise TypeError("apply takes a sequence of records (a list of bytes), not one record")
-        blobs = [bytes(r) for r in records]
+        if isinstance(records, np.ndarray) and (records.dtype != np.uint8 or records.ndim > 2):
+            raise TypeError(f"Pipeline.apply: pixel records are a uint8 array of (N, H, W) or "
+                            f"(N, H, W, C); got {records.dtype} {records.shape}")
+        blobs = []
+        for i, r in enumerate(records):
+            if not isinstance(r, (bytes, bytearray, memoryview, np.ndarray)):
+                raise TypeError(f"Pipeline.apply: record {i} is a {type(r).__name__}, not the "
+                                "bytes of an encoded image")
+            blobs.append(bytes(r))
         n = len(blobs)
         lengths = np.array([len(b) for b in blobs], np.uint64)
         starts = np.zeros(n, np.uint64)

@@ -123,6 +123,13 @@ def test_bad_arguments_name_themselves():
                                              rf"\[0, 2\*\*64\), got {value!r}"):
             p.apply(pixels, **{name: value})
     assert p.apply(pixels, seed=2**64 - 1, step=2**64 - 1).shape == (1, 8, 8, 3)
+    # (before: bytes()'s "string argument without an encoding", and float
+    # pixels read as encoded records: "not a JPEG or PNG image")
+    with pytest.raises(TypeError, match="record 0 is a str, not the bytes of an encoded image"):
+        p.apply(["abc"])
+    with pytest.raises(TypeError, match=r"pixel records are a uint8 array .* got float32 "
+                                        r"\(1, 8, 8, 3\)"):
+        p.apply(pixels.astype(np.float32))
 
 
 def test_a_pipeline_without_a_fixed_size_is_refused_when_the_loader_is_built(image_ds):
