@@ -1067,20 +1067,17 @@ def _remote_settings(args) -> Iterator[None]:
     from . import remote
 
     timeout = getattr(args, "timeout", None)
-    saved = dict(remote._DEFAULTS)
-    if timeout is not None:
-        remote.configure(storage_options={"timeout": f"{timeout:g}s"})
+    settings = {} if timeout is None else {"storage_options": {"timeout": f"{timeout:g}s"}}
 
     def notice(url: str, waited: float, budget: float) -> None:
         print(f"loaderx {args.cmd}: {url}: no answer after {waited:g} s; still trying (it gives "
               f"up after {budget:g} s; --timeout SECONDS shortens that)", file=sys.stderr)
-    _objstore.slow_notice = notice
+    before, _objstore.slow_notice = _objstore.slow_notice, notice
     try:
-        yield
+        with remote.configured(**settings):
+            yield
     finally:
-        _objstore.slow_notice = None
-        remote._DEFAULTS.clear()
-        remote._DEFAULTS.update(saved)
+        _objstore.slow_notice = before
 
 
 def _warning_printer(args):

@@ -567,8 +567,13 @@ def _mismatch(node: Node, a: Node, b: Node) -> ValueError:
 RECORDS = "records"
 
 
-def not_scalar(info: ColumnInfo) -> ValueError:
-    """The error for a predicate over a column of records (either engine)."""
+def not_scalar(info: ColumnInfo, duckdb: bool = False) -> ValueError:
+    """The error for a predicate over a column of records (`duckdb`: one the
+    DuckDB engine was given, which never asks a records column's mask)."""
+    if duckdb and info.nullable:
+        return ValueError(f"column {info.name!r} holds {info.describe}; DuckDB is given scalar "
+                          f"columns only ({info.name} IS NULL is asked with the arrow engine: "
+                          "engine=None or 'arrow')")
     nulls = f"; of its records, only whether one is null can be asked ({info.name} IS NULL)" \
         if info.nullable else ""
     return ValueError(f"column {info.name!r} holds {info.describe}; predicates apply to "

@@ -238,10 +238,6 @@ def _original_text(path: str, cls: str) -> str:
             f"{convert}")
 
 
-def _store_path(path: Any) -> str:
-    return path_arg(path, "store path")
-
-
 def _identity_spec(ident: identity.Identity | None) -> tuple:
     """(lx_identity_t pointer or NULL, what keeps its texts alive) for a
     create's identity: the library writes and checks the stored bytes."""
@@ -275,7 +271,7 @@ class Store:
                  dict_bytes: bytes | None, ident: identity.Identity | None, fixed_size: int = 0,
                  frame_size: int = 0):
         self._handle = None
-        self._path = _store_path(path)
+        self._path = path_arg(path, "store path")
         self._readonly = False
         # Set when the store is a dataset's column (`keep_rows`): its record
         # count must stay the manifest's.

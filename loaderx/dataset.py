@@ -180,6 +180,7 @@ def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]
     every ``(records, count)`` of `chunks` appended, `progress` counting
     `count` of `total` in `unit`. ``sample()`` gives what a ``zstd_dict``
     dictionary is trained on when none is given."""
+    path = path_arg(path, "store path")
     if _objstore.is_url(path):  # built locally, uploaded, then opened from there
         _openers.remote(path).write_store(path, mode, lambda local: _write_store(
             local, cls, ident, chunks, total, unit, sample, codec=codec, level=level,
@@ -203,26 +204,29 @@ def _write_store(path, cls: type, ident: tuple, chunks: Iterator[tuple[Any, int]
     # one, which it replaces only once the write succeeded.
     there = _writer.check_store(path, mode)
     appending = there and mode == "append"
-    where = _writer.replacement_dir(path) if there and mode == "overwrite" else os.fspath(path)
+    replacing = there and mode == "overwrite"
+    where = _writer.replacement_dir(path) if replacing else path
     was_dir = os.path.isdir(where)
     if codec == "zstd_dict" and dict_bytes is None:
         codec, dict_bytes = _own_dictionary(path, cls, sample, dict_size, appending)
-    store = cls(where, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
     from .converters._progress import make_progress
+    store = None
     try:
-        with make_progress(progress, total, os.path.basename(os.fspath(path)), unit) as bar, \
+        store = cls(where, *ident, codec=codec, level=level, dict_bytes=dict_bytes)
+        with make_progress(progress, total, os.path.basename(path), unit) as bar, \
                 store.one_append():
             for records, count in chunks:
                 store.append(records)
                 bar.update(count)
     except BaseException:
-        store.close()
+        if store is not None:
+            store.close()
         if not appending:  # what this call created goes (an empty directory stays)
             shutil.rmtree(where, ignore_errors=True)
             if was_dir:
                 os.makedirs(where, exist_ok=True)
         raise
-    if where != os.fspath(path):
+    if replacing:
         store.close()
         _writer.swap_in(where, path)
         store = cls(path)

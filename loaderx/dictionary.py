@@ -97,10 +97,10 @@ def train_dict(source, tier: str | None = DICT_TIER_DEFAULT, path=None, *,
     """
     if path is not None:
         path = path_arg(path)
-    if path is not None and is_url(path):
-        raise InvalidArgumentError(f"{path}: train_dict writes its dictionary to a local file; "
-                                   "write it here (or keep the bytes it returns) and upload "
-                                   "it yourself", path=path)
+        if is_url(path):
+            raise InvalidArgumentError(f"{path}: train_dict writes its dictionary to a local "
+                                       "file; write it here (or keep the bytes it returns) and "
+                                       "upload it yourself", path=path)
     if tier is None:
         tier = DICT_TIER_DEFAULT
     if not isinstance(tier, str) or tier not in DICT_TIERS:

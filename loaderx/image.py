@@ -380,7 +380,8 @@ def _column(p: Pipeline, seed: int, input_shape: Optional[Sequence[int]]) -> Any
     spec.op_count = len(middle)
     for i, op in enumerate(middle):
         _lower(op, spec.ops[i])
-    col.seed = int(seed) & (2**64 - 1)  # (a loader's seed is in [0, 2**64) already)
+    _check_u64("seed", seed)
+    col.seed = seed
     if input_shape is None:
         col.input = _abi.IMAGE_INPUTS["encoded"]
     else:
@@ -408,10 +409,14 @@ def _lower(op: Any, out: Any) -> None:
         out.p = op.p
 
 
+def _check_u64(name: str, value: Any) -> None:
+    if not is_int(value) or not 0 <= value < 1 << 64:
+        raise ValueError(f"Pipeline.apply: {name} must be an int in [0, 2**64), got {value!r}")
+
+
 def _apply(p: Pipeline, records: Any, seed: int, step: int, position: int) -> np.ndarray:
     for name, value in (("seed", seed), ("step", step), ("position", position)):
-        if not is_int(value) or not 0 <= value < 1 << 64:
-            raise ValueError(f"Pipeline.apply: {name} must be an int in [0, 2**64), got {value!r}")
+        _check_u64(name, value)
     choose_decoder()
     if isinstance(records, np.ndarray) and records.dtype == np.uint8 and records.ndim in (3, 4):
         data = np.ascontiguousarray(records)

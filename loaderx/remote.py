@@ -63,7 +63,7 @@ from .errors import (
     ZrecordIOError,
 )
 
-__all__ = ["configure", "is_url", "Config"]
+__all__ = ["configure", "configured", "is_url", "Config"]
 
 _BEGIN = _abi.BEGIN_FLAGS
 _STATUS = _abi.FETCH_STATUS
@@ -121,6 +121,19 @@ def configure(*, cache_dir: Optional[str] = None, cache_limit: Any = None,
                  ("storage_options", storage_options)):
         if v is not None:
             _DEFAULTS[k] = v
+
+
+@contextlib.contextmanager
+def configured(**settings: Any) -> Iterator[None]:
+    """`configure(**settings)` for the block only: the defaults before it
+    come back when it ends (the command line's --timeout)."""
+    saved = dict(_DEFAULTS)
+    configure(**settings)
+    try:
+        yield
+    finally:
+        _DEFAULTS.clear()
+        _DEFAULTS.update(saved)
 
 
 def config(cache_dir: Any = None, cache_limit: Any = None,

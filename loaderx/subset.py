@@ -887,11 +887,7 @@ def _duckdb_rows(bases, prior, where: str, space: int, infos) -> np.ndarray:
     arrays = {}
     for name in named:
         if not infos[name].type:
-            if infos[name].nullable:
-                raise ValueError(f"column {name!r} holds {infos[name].describe}; DuckDB is given "
-                                 f"scalar columns only ({name} IS NULL is asked with the arrow "
-                                 "engine: engine=None or 'arrow')")
-            raise _sql.not_scalar(infos[name])
+            raise _sql.not_scalar(infos[name], duckdb=True)
         data = _ColumnData(bases[name], infos[name], prior)
         arrays[name] = _whole_column(pa, data, space, infos[name])
     row = "__loaderx_row"
