@@ -344,6 +344,8 @@ CACHE_PIN_CALLS = 128
 CACHE_SLOTS = 1024
 #: A store directory's own files (src/format.zig).
 STORE_FILES = ("meta", "index", "data", "lock", "journal", "meta.tmp")
+STORE_META_FILE = "meta"
+STORE_LOCK_FILE = "lock"
 WINDOWS_INDEX_FILE = "windows.idx"
 LOADER_COLUMNS_MAX = 1024
 LOADER_SOURCES_MAX = 256

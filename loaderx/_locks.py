@@ -57,6 +57,7 @@ try:
 except ImportError:  # no flock (Windows)
     fcntl = None  # type: ignore[assignment]
 
+from . import _abi
 from .errors import LockedError
 
 __all__ = ["OWNER", "abandoned", "lock_dataset", "own", "reading", "retire", "share_original",
@@ -123,7 +124,8 @@ def writer_busy(store: str) -> bool:
     if fcntl is None:
         return False
     try:
-        fd = _try_lock(os.path.join(store, "lock"), os.O_RDONLY | _NOFOLLOW, fcntl.LOCK_EX)
+        fd = _try_lock(os.path.join(store, _abi.STORE_LOCK_FILE), os.O_RDONLY | _NOFOLLOW,
+                       fcntl.LOCK_EX)
     except FileNotFoundError:
         return False
     if fd is None:

@@ -39,7 +39,7 @@ CODECS = ("raw", "zstd", "zstd_dict")
 
 def is_store_dir(path: str) -> bool:
     """Whether `path` is a directory holding a loaderx store."""
-    return os.path.isfile(os.path.join(path, "meta"))
+    return os.path.isfile(os.path.join(path, _abi.STORE_META_FILE))
 
 
 def is_store_file(name: str) -> bool:

@@ -278,7 +278,19 @@ fn storeFiles() []const u8 {
     return std.fmt.comptimePrint(
         \\#: A store directory's own files (src/format.zig).
         \\STORE_FILES = ("{s}", "{s}", "{s}", "{s}", "{s}", "{s}")
+        \\STORE_META_FILE = "{s}"
+        \\STORE_LOCK_FILE = "{s}"
         \\WINDOWS_INDEX_FILE = "{s}"
         \\
-    , .{ f.meta, f.index, f.data, f.lock, f.journal, f.meta_tmp, format.WindowsIndex.file_name });
+    , .{
+        f.meta,
+        f.index,
+        f.data,
+        f.lock,
+        f.journal,
+        f.meta_tmp,
+        f.meta,
+        f.lock,
+        format.WindowsIndex.file_name,
+    });
 }
